@@ -1,0 +1,1 @@
+//! cqrs-es aggregates whose `handle` only calls a pure `decide()`.

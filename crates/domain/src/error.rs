@@ -1,0 +1,190 @@
+//! Error codes of the spec, each with the one HTTP status it maps to.
+//!
+//! Every refusal the spec names has its own code here; transports (HTTP, NATS, CLI) map
+//! `ErrorCode` to their own representation in exactly one place each.
+
+use serde::{Deserialize, Serialize};
+
+/// One validation problem, naming the manifest or request key it is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    /// Dotted path of the key (`loop_control.max_iterations`, `os_operations[2]`).
+    pub key: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { key: key.into(), message: message.into() }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// The spec's error codes (`{"error": code}`), with their HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: the body is not JSON (R-DRAFT-14).
+    InvalidJson,
+    /// 401: no or unknown token (R-AUTH-1), or a missing/invalid assertion (R-AUTH-5).
+    Unauthenticated,
+    /// 403: known principal without the needed role or kind (R-AUTH-2).
+    Forbidden,
+    /// 403: a draft for `admin-pm`/`admin-ops` (R-DRAFT-4, INV-5).
+    SelfPrivilegeForbidden,
+    /// 403: deciding on one's own draft (R-AUTH-3).
+    SelfApprovalForbidden,
+    /// 403: mentor edit of a prohibited or unknown key (R-EDIT-2).
+    MentorEditProhibitedKey,
+    /// 403: a config edit that would widen capability (R-EDIT-3).
+    CapabilityChangeRequiresNewDraft,
+    /// 404: no such draft.
+    DraftNotFound,
+    /// 404: no such Box.
+    BoxNotFound,
+    /// 409: the draft was already decided, withdrawn or expired (R-APPROVE-2).
+    DraftNotPending,
+    /// 409: over_limit draft approved without `confirm_over_limit` (R-APPROVE-3).
+    OverLimitConfirmationRequired,
+    /// 409: `ATASIRA_MAX_BOXES` active Boxes already (R-BOX-3).
+    BoxLimitReached,
+    /// 409: a non-archived Box or a live reservation holds this box_type (R-BOX-3).
+    BoxTypeExists,
+    /// 409: a manifest file the registry did not write is in the way (R-BOX-2).
+    ManifestExists,
+    /// 409: the Box is archived (terminal) or otherwise not in a state for the command.
+    BoxNotActive,
+    /// 409: the approval token does not verify or does not bind this activation (R-BOX-1).
+    InvalidApprovalToken,
+    /// 413: body or manifest over 1 MiB (R-DRAFT-14, SPEC §8).
+    PayloadTooLarge,
+    /// 422: manifest or draft content invalid (R-DRAFT-2, R-DRAFT-3, R-DRAFT-5, R-DRAFT-6, R-MAN-*).
+    BoxManifestValidation,
+    /// 422: unknown fields or wrong types in a request body (R-DRAFT-14).
+    InvalidRequest,
+    /// 422: an Idempotency-Key reused with a different body (R-DRAFT-11).
+    IdempotencyKeyReuse,
+}
+
+impl ErrorCode {
+    /// The wire code, e.g. `box_limit_reached`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::SelfPrivilegeForbidden => "self_privilege_forbidden",
+            ErrorCode::SelfApprovalForbidden => "self_approval_forbidden",
+            ErrorCode::MentorEditProhibitedKey => "mentor_edit_prohibited_key",
+            ErrorCode::CapabilityChangeRequiresNewDraft => "capability_change_requires_new_draft",
+            ErrorCode::DraftNotFound => "draft_not_found",
+            ErrorCode::BoxNotFound => "box_not_found",
+            ErrorCode::DraftNotPending => "draft_not_pending",
+            ErrorCode::OverLimitConfirmationRequired => "over_limit_confirmation_required",
+            ErrorCode::BoxLimitReached => "box_limit_reached",
+            ErrorCode::BoxTypeExists => "box_type_exists",
+            ErrorCode::ManifestExists => "manifest_exists",
+            ErrorCode::BoxNotActive => "box_not_active",
+            ErrorCode::InvalidApprovalToken => "invalid_approval_token",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::BoxManifestValidation => "box_manifest_validation",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::IdempotencyKeyReuse => "idempotency_key_reuse",
+        }
+    }
+
+    /// The HTTP status this code always answers with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidJson => 400,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::Forbidden
+            | ErrorCode::SelfPrivilegeForbidden
+            | ErrorCode::SelfApprovalForbidden
+            | ErrorCode::MentorEditProhibitedKey
+            | ErrorCode::CapabilityChangeRequiresNewDraft => 403,
+            ErrorCode::DraftNotFound | ErrorCode::BoxNotFound => 404,
+            ErrorCode::DraftNotPending
+            | ErrorCode::OverLimitConfirmationRequired
+            | ErrorCode::BoxLimitReached
+            | ErrorCode::BoxTypeExists
+            | ErrorCode::ManifestExists
+            | ErrorCode::BoxNotActive
+            | ErrorCode::InvalidApprovalToken => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::BoxManifestValidation
+            | ErrorCode::InvalidRequest
+            | ErrorCode::IdempotencyKeyReuse => 422,
+        }
+    }
+
+    /// Refusals that the spec calls security violations (R-AUDIT-5): the refusing service
+    /// appends a `SecurityViolation` event for them.
+    pub fn is_security_violation(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::SelfApprovalForbidden
+                | ErrorCode::MentorEditProhibitedKey
+                | ErrorCode::InvalidApprovalToken
+        )
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_code_equals_serde_name_for_every_code() {
+        // One source of truth: the serde name and `as_str` never drift apart.
+        let all = [
+            ErrorCode::InvalidJson,
+            ErrorCode::Unauthenticated,
+            ErrorCode::Forbidden,
+            ErrorCode::SelfPrivilegeForbidden,
+            ErrorCode::SelfApprovalForbidden,
+            ErrorCode::MentorEditProhibitedKey,
+            ErrorCode::CapabilityChangeRequiresNewDraft,
+            ErrorCode::DraftNotFound,
+            ErrorCode::BoxNotFound,
+            ErrorCode::DraftNotPending,
+            ErrorCode::OverLimitConfirmationRequired,
+            ErrorCode::BoxLimitReached,
+            ErrorCode::BoxTypeExists,
+            ErrorCode::ManifestExists,
+            ErrorCode::BoxNotActive,
+            ErrorCode::InvalidApprovalToken,
+            ErrorCode::PayloadTooLarge,
+            ErrorCode::BoxManifestValidation,
+            ErrorCode::InvalidRequest,
+            ErrorCode::IdempotencyKeyReuse,
+        ];
+        for code in all {
+            let json = serde_json::to_value(code).expect("serializes");
+            assert_eq!(json, serde_json::Value::String(code.as_str().into()));
+            assert!((400..500).contains(&code.http_status()), "{code} is a 4xx");
+        }
+    }
+
+    #[test]
+    fn statuses_follow_the_spec() {
+        // R-DRAFT-14, R-APPROVE-3, R-BOX-3, R-AUTH-3
+        assert_eq!(ErrorCode::PayloadTooLarge.http_status(), 413);
+        assert_eq!(ErrorCode::InvalidJson.http_status(), 400);
+        assert_eq!(ErrorCode::OverLimitConfirmationRequired.http_status(), 409);
+        assert_eq!(ErrorCode::BoxLimitReached.http_status(), 409);
+        assert_eq!(ErrorCode::SelfApprovalForbidden.http_status(), 403);
+        assert_eq!(ErrorCode::CapabilityChangeRequiresNewDraft.http_status(), 403);
+    }
+}

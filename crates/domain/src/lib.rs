@@ -1,0 +1,26 @@
+//! The pure core of atasira: every rule of the spec that needs no IO.
+//!
+//! Architecture Invariant: this crate performs no IO and depends on no runtime, transport,
+//! database or wire-format crate (tokio, async-nats, sqlx, prost, axum). Adapters build
+//! commands from the outside world (clock, ids, keys, look-ups) and feed them in; the
+//! functions here decide. `tests/tidy.rs` enforces the dependency rule.
+
+pub mod assertion;
+pub mod box_type;
+pub mod context;
+pub mod draft_request;
+pub mod error;
+pub mod feasibility;
+pub mod manifest;
+pub mod os_operation;
+pub mod policy;
+pub mod principal;
+pub mod token;
+
+pub mod aggregates;
+
+pub use box_type::BoxType;
+pub use error::{ErrorCode, FieldError};
+pub use manifest::BoxManifest;
+pub use os_operation::OSOperation;
+pub use principal::{Kind, Principal, Role};

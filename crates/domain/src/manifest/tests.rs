@@ -1,0 +1,245 @@
+//! Given/when/then tests of the manifest schema (SPEC §8).
+
+use super::*;
+
+fn load(yaml: &str) -> Loaded {
+    match BoxManifest::from_yaml_str(yaml) {
+        Ok(l) => l,
+        Err(e) => panic!("expected a valid manifest, got {e}"),
+    }
+}
+
+fn errors(yaml: &str) -> Vec<FieldError> {
+    match BoxManifest::from_yaml_str(yaml) {
+        Err(LoadError::Invalid(report)) => report.errors,
+        other => panic!("expected validation errors, got {other:?}"),
+    }
+}
+
+fn keys(errs: &[FieldError]) -> Vec<&str> {
+    errs.iter().map(|e| e.key.as_str()).collect()
+}
+
+const MINIMAL: &str = "box_type: sales-report\npurpose: weekly sales report\n";
+
+#[test]
+fn given_only_the_required_keys_when_loaded_then_defaults_apply() {
+    // R-MAN-3
+    let m = load(MINIMAL).manifest;
+    assert_eq!(m.version, "1.0.0");
+    assert_eq!(m.agent_kind, AgentKind::Worker);
+    assert_eq!(m.network, Network::None);
+    assert_eq!(m.trigger_type, TriggerType::Manual);
+    assert_eq!(m.loop_control, LoopControl { max_iterations: 30, timeout_s: 300.0, escalate_on_failure: true });
+    assert!(m.tools.is_empty() && m.os_operations.is_empty() && m.config_defaults.is_empty());
+    assert!(m.shell.require_approval_outside_allowlist);
+}
+
+#[test]
+fn given_a_partial_loop_control_when_loaded_then_missing_limits_default() {
+    // R-MAN-3
+    let m = load(&format!("{MINIMAL}loop_control:\n  max_iterations: 5\n")).manifest;
+    assert_eq!(m.loop_control.max_iterations, 5);
+    assert_eq!(m.loop_control.timeout_s, 300.0);
+    assert!(m.loop_control.escalate_on_failure);
+}
+
+#[test]
+fn given_no_box_type_or_purpose_when_loaded_then_both_are_named() {
+    // SPEC §8: box_type and purpose are required
+    assert_eq!(keys(&errors("name: x\n")), vec!["box_type", "purpose"]);
+    assert_eq!(keys(&errors("")), vec!["box_type", "purpose"]);
+    assert_eq!(keys(&errors("box_type: a\npurpose: '   '\n")), vec!["purpose"]);
+}
+
+#[test]
+fn given_bad_enum_values_when_loaded_then_each_error_names_its_key() {
+    // R-MAN-1
+    let errs = errors(&format!("{MINIMAL}agent_kind: boss\nnetwork: internet\ntrigger_type: cron\nos_operations: [file:read, shell:run, 3]\n"));
+    assert_eq!(keys(&errs), vec!["agent_kind", "os_operations[1]", "os_operations[2]", "network", "trigger_type"]);
+    assert!(errs[0].message.contains("\"boss\""));
+    assert!(errs[1].message.contains("shell:run"));
+}
+
+#[test]
+fn given_a_reserved_or_malformed_box_type_when_loaded_then_box_type_is_named() {
+    // R-DRAFT-2, R-DRAFT-3
+    assert_eq!(keys(&errors("box_type: heartbeat\npurpose: p\n")), vec!["box_type"]);
+    assert_eq!(keys(&errors("box_type: Sales\npurpose: p\n")), vec!["box_type"]);
+}
+
+#[test]
+fn given_wrong_types_when_loaded_then_nested_keys_are_named() {
+    // R-MAN-1: errors name the key
+    let errs = errors(&format!(
+        "{MINIMAL}tools: [Read, 5]\nconfig_defaults: [1]\nloop_control: {{max_iterations: many}}\nbusiness_procedure: [{{step: 1}}, {{description: x}}]\nnotify: {{email: {{vault: 3}}}}\n"
+    ));
+    assert_eq!(keys(&errs), vec!["config_defaults", "tools[1]", "loop_control", "business_procedure[1]", "notify.email"]);
+}
+
+#[test]
+fn given_a_schedule_trigger_when_the_cron_is_bad_then_trigger_schedule_is_named() {
+    // R-MAN-5
+    let base = format!("{MINIMAL}trigger_type: schedule\n");
+    load(&format!("{base}trigger_schedule: '*/15 * * * *'\n"));
+    load(&format!("{base}trigger_schedule: '0 9 * * MON-FRI'\n"));
+    for bad in ["''", "'* * * *'", "'0 0 * * * *'", "'61 * * * *'", "'every monday'"] {
+        let errs = errors(&format!("{base}trigger_schedule: {bad}\n"));
+        assert_eq!(keys(&errs), vec!["trigger_schedule"], "{bad}");
+    }
+}
+
+#[test]
+fn given_a_bad_cron_without_schedule_trigger_then_it_is_only_a_warning() {
+    // R-MAN-5: validated when trigger_type is schedule
+    let loaded = load(&format!("{MINIMAL}trigger_schedule: 'nonsense'\n"));
+    assert!(loaded.warnings.iter().any(|w| w.contains("trigger_schedule")));
+}
+
+#[test]
+fn given_a_notify_vault_missing_from_credentials_then_the_double_gate_refuses() {
+    // R-MAN-7
+    let yaml = format!("{MINIMAL}notify:\n  email: {{vault: ops, item: smtp}}\n");
+    let errs = errors(&yaml);
+    assert_eq!(keys(&errs), vec!["notify.email.vault"]);
+    assert!(errs[0].message.contains("credentials.allowed_vaults"));
+    load(&format!("{yaml}credentials: {{allowed_vaults: [ops]}}\n"));
+}
+
+#[test]
+fn given_legacy_phase_lists_when_loaded_then_tools_are_the_ordered_union_with_a_warning() {
+    // R-MAN-2
+    let loaded = load(&format!(
+        "{MINIMAL}tools: [Read, Write]\npermissions:\n  tools:\n    phase1_allowed: [Write, Grep]\n    phase2_allowed: [Bash]\nos_operations: [browser:navigate, file:read]\n"
+    ));
+    assert_eq!(loaded.manifest.tools, vec!["Read", "Write", "Grep", "Bash"]);
+    assert_eq!(loaded.manifest.effective_tools(), vec!["Read", "Write", "Grep", "Bash", "browser:navigate", "file:read"]);
+    assert_eq!(loaded.warnings.iter().filter(|w| w.contains("deprecated")).count(), 2);
+}
+
+#[test]
+fn given_os_operations_duplicating_tools_then_effective_tools_are_deduplicated() {
+    // R-MAN-2
+    let m = load(&format!("{MINIMAL}tools: [file:read, Read]\nos_operations: [file:read, file:read]\n")).manifest;
+    assert_eq!(m.effective_tools(), vec!["file:read", "Read"]);
+    assert_eq!(m.effective().tools, m.effective_tools());
+}
+
+#[test]
+fn given_no_tools_at_all_then_a_fail_closed_warning() {
+    // R-MAN-2
+    assert!(load(MINIMAL).warnings.iter().any(|w| w.contains("fail-closed")));
+}
+
+#[test]
+fn given_llm_phase_and_model_then_they_are_dropped_with_warnings() {
+    // R-MAN-3
+    let loaded = load(&format!("{MINIMAL}llm: {{provider: anthropic, phase: 2, model: gpt, min_tier: 2}}\n"));
+    assert_eq!(loaded.manifest.llm.provider.as_deref(), Some("anthropic"));
+    assert!(loaded.warnings.iter().any(|w| w.contains("llm.phase")));
+    assert!(loaded.warnings.iter().any(|w| w.contains("llm.model")));
+}
+
+#[test]
+fn given_unknown_top_level_keys_then_the_loader_ignores_them_with_a_warning() {
+    // R-MAN-4
+    let loaded = load(&format!("{MINIMAL}quality_gate: strict\ndocspi: {{a: 1}}\n"));
+    assert!(loaded.warnings.iter().any(|w| w.contains("`quality_gate`")));
+    assert!(loaded.warnings.iter().any(|w| w.contains("`docspi`")));
+    assert!(!loaded.manifest.to_yaml().contains("quality_gate"));
+}
+
+#[test]
+fn given_a_secret_in_required_access_then_it_is_refused_by_name() {
+    // R-PROV-1: secrets are never stored
+    let errs = errors(&format!("{MINIMAL}required_access:\n  - {{type: netrc_entry, machine: m, login: l, vault: v, item: i, password: hunter2}}\n  - {{type: ftp}}\n"));
+    assert_eq!(keys(&errs), vec!["required_access[0].password", "required_access[1].type"]);
+    let ok = load(&format!("{MINIMAL}required_access:\n  - {{type: ssh_target, host: h, user: u}}\n")).manifest;
+    assert_eq!(ok.required_access, vec![RequiredAccess::SshTarget { host: "h".into(), user: "u".into(), port: 22 }]);
+}
+
+#[test]
+fn given_null_values_then_defaults_apply() {
+    // R-MAN-3
+    let m = load(&format!("{MINIMAL}name:\ntools:\nloop_control:\n")).manifest;
+    assert_eq!(m.name, "");
+    assert_eq!(m.loop_control, LoopControl::default());
+}
+
+#[test]
+fn given_hostile_input_then_loading_fails_cleanly() {
+    // SPEC §8: at most 1 MiB, refused before parsing
+    let big = vec![b'a'; MAX_MANIFEST_BYTES + 1];
+    assert_eq!(BoxManifest::from_yaml_bytes(&big), Err(LoadError::TooLarge { size: MAX_MANIFEST_BYTES + 1 }));
+    assert_eq!(BoxManifest::from_yaml_bytes(&[0xff, 0xfe, 0x00]), Err(LoadError::NotUtf8));
+    assert!(matches!(BoxManifest::from_yaml_str("- a\n- b\n"), Err(LoadError::NotAMapping(_))));
+    assert!(matches!(BoxManifest::from_yaml_str("just text"), Err(LoadError::NotAMapping(_))));
+    assert!(matches!(BoxManifest::from_yaml_str("a: [b\n"), Err(LoadError::Syntax(_))));
+    let deep = format!("box_type: a\npurpose: p\nconfig_defaults: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    assert!(matches!(BoxManifest::from_yaml_str(&deep), Err(LoadError::Syntax(_))));
+}
+
+#[test]
+fn version_bumps_minor_and_resets_patch() {
+    // R-EDIT-1
+    let mut m = load(MINIMAL).manifest;
+    assert_eq!(m.bumped_minor_version().as_deref(), Some("1.1.0"));
+    m.version = "2.9.4".into();
+    assert_eq!(m.bumped_minor_version().as_deref(), Some("2.10.0"));
+    assert_eq!(keys(&errors(&format!("{MINIMAL}version: one\n"))), vec!["version"]);
+}
+
+#[test]
+fn digest_is_stable_and_content_bound() {
+    // R-APPROVE-4: the token binds the manifest digest
+    let a = load(MINIMAL).manifest;
+    let b = load(&format!("{MINIMAL}name: ''\n")).manifest;
+    assert_eq!(a.digest(), b.digest());
+    assert!(a.digest().starts_with("sha256:"));
+    let c = load(&format!("{MINIMAL}name: other\n")).manifest;
+    assert_ne!(a.digest(), c.digest());
+}
+
+#[test]
+fn a_full_manifest_survives_yaml_round_trip() {
+    // SPEC §8
+    let yaml = r##"
+box_type: market-watch
+version: 1.2.0
+name: Market watch
+description: ''
+capabilities: [monitoring]
+agent_kind: worker
+resource_limits: {cpu: 1}
+tool_policies: {Bash: {confirm: true}}
+config_defaults: {watch_items: [{sku: A1, price: 1200}], purchase_enabled: false}
+tools: [Read, Bash]
+os_operations: [browser:navigate, shell:exec, notify:email]
+file_access: ["read:/data/*"]
+network: filtered
+url_allowlist: [example.com]
+allowed_apps: [Safari]
+dangerous_tool_overrides: {hotkey_quit: true}
+trigger_type: schedule
+trigger_schedule: "*/15 * * * *"
+trigger_event: ''
+purpose: Watch prices and report.
+prohibited_actions: [never buy]
+loop_control: {max_iterations: 10, timeout_s: 60.5, escalate_on_failure: false}
+business_procedure:
+  - {step: 1, description: "check {watch_items}", tool: "browser:navigate", args_schema: {url: "https://<host>/"}}
+outputs: [atasira.box.market-watch.result]
+llm: {provider: anthropic, node: local, required: true, min_tier: 2}
+required_access:
+  - {type: git_remote, url: "https://example.com/repo.git"}
+credentials: {allowed_vaults: [ops], token_env_var: OP_TOKEN}
+shell: {allowed_commands: [ls], allowed_cwd: /tmp, require_approval_outside_allowlist: true}
+notify: {email: {vault: ops, item: smtp, recipients: [a@example.com]}}
+browser: {approval_required_selectors: ["#buy"], approval_required_text_patterns: []}
+"##;
+    let loaded = load(yaml);
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    let again = load(&loaded.manifest.to_yaml());
+    assert_eq!(again.manifest, loaded.manifest);
+    assert_eq!(loaded.manifest.shell.allowed_cwd, vec!["/tmp"]);
+}

@@ -1,0 +1,194 @@
+//! Mentor edit (R-EDIT-1, R-EDIT-2; seed 000 §2.2): a human admin may change only the
+//! Box's wording — purpose, success criteria, prohibited actions, business procedure.
+
+use serde_json::{Map, Value};
+
+use crate::draft_request::{purpose_with_criteria, split_purpose};
+use crate::error::{ErrorCode, FieldError};
+use crate::manifest::{BoxManifest, MANIFEST_KEYS};
+
+/// R-EDIT-1: the only keys a mentor edit may carry.
+pub const MENTOR_EDITABLE_KEYS: &[&str] = &["purpose", "success_criteria", "prohibited_actions", "business_procedure"];
+
+/// R-EDIT-2: the seed's MENTOR_PROHIBITED_KEYS (15; `permissions` and `docspi` are not
+/// manifest fields but are named so that an attempt is reported as prohibited).
+pub const MENTOR_PROHIBITED_KEYS: &[&str] = &[
+    "loop_control", "permissions", "llm", "tools", "os_operations", "url_allowlist", "trigger_event",
+    "trigger_type", "outputs", "required_access", "docspi", "box_type", "version", "capabilities", "network",
+];
+
+/// Why a mentor edit is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MentorEditError {
+    /// 403 and a security violation (R-EDIT-2): names every offending key. `not_editable`
+    /// are manifest keys outside both lists (they belong to config edit or a new draft).
+    #[error("mentor edit may change only purpose, success_criteria, prohibited_actions and business_procedure; refused keys: {}", self.refused_keys().join(", "))]
+    RefusedKeys { prohibited: Vec<String>, not_editable: Vec<String>, unknown: Vec<String> },
+    /// 422: the edited manifest is invalid (wrong types, blank purpose).
+    #[error("the edited manifest is invalid: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Invalid(Vec<FieldError>),
+}
+
+impl MentorEditError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            MentorEditError::RefusedKeys { .. } => ErrorCode::MentorEditProhibitedKey,
+            MentorEditError::Invalid(_) => ErrorCode::BoxManifestValidation,
+        }
+    }
+
+    /// Every refused key, in the order prohibited, not editable, unknown.
+    pub fn refused_keys(&self) -> Vec<String> {
+        match self {
+            MentorEditError::RefusedKeys { prohibited, not_editable, unknown } => {
+                prohibited.iter().chain(not_editable).chain(unknown).cloned().collect()
+            }
+            MentorEditError::Invalid(_) => Vec::new(),
+        }
+    }
+}
+
+/// Applies a mentor edit: the four keys replace their values (`success_criteria` replaces
+/// the purpose's success-criteria section; an empty list removes it) and the version is
+/// minor-bumped. Any other key refuses the whole edit, so nothing changes.
+pub fn mentor_edit(manifest: &BoxManifest, patch: &Map<String, Value>) -> Result<BoxManifest, MentorEditError> {
+    let (mut prohibited, mut not_editable, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
+    for key in patch.keys() {
+        if MENTOR_EDITABLE_KEYS.contains(&key.as_str()) {
+            continue;
+        }
+        if MENTOR_PROHIBITED_KEYS.contains(&key.as_str()) {
+            prohibited.push(key.clone());
+        } else if MANIFEST_KEYS.contains(&key.as_str()) {
+            not_editable.push(key.clone());
+        } else {
+            unknown.push(key.clone());
+        }
+    }
+    if !(prohibited.is_empty() && not_editable.is_empty() && unknown.is_empty()) {
+        return Err(MentorEditError::RefusedKeys { prohibited, not_editable, unknown });
+    }
+
+    let mut errors = Vec::new();
+    let current = split_purpose(&manifest.purpose);
+    let body: String = match patch.get("purpose") {
+        Some(Value::String(p)) => p.clone(),
+        Some(other) => {
+            errors.push(FieldError::new("purpose", format!("must be a string, found {other}")));
+            String::new()
+        }
+        None => current.0.to_owned(),
+    };
+    if body.trim().is_empty() {
+        errors.push(FieldError::new("purpose", "must not be blank"));
+    }
+    let purpose = match patch.get("success_criteria") {
+        Some(v) => match serde_json::from_value::<Vec<String>>(v.clone()) {
+            Ok(criteria) => purpose_with_criteria(&body, &criteria),
+            Err(e) => {
+                errors.push(FieldError::new("success_criteria", format!("must be a list of strings: {e}")));
+                body
+            }
+        },
+        None => format!("{body}{}", current.1.unwrap_or_default()),
+    };
+    if !errors.is_empty() {
+        return Err(MentorEditError::Invalid(errors));
+    }
+
+    let mut obj = manifest.to_object();
+    obj.insert("purpose".into(), Value::from(purpose));
+    for key in ["prohibited_actions", "business_procedure"] {
+        if let Some(v) = patch.get(key) {
+            obj.insert(key.into(), v.clone());
+        }
+    }
+    let version = manifest.bumped_minor_version().unwrap_or_else(|| manifest.version.clone());
+    obj.insert("version".into(), Value::from(version));
+    BoxManifest::from_object(obj).map(|l| l.manifest).map_err(|r| MentorEditError::Invalid(r.errors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn manifest() -> BoxManifest {
+        BoxManifest::from_yaml_str(
+            "box_type: sales\nversion: 1.4.2\npurpose: \"Report sales.\\n\\n## Success criteria\\n- weekly\"\ntools: [Read]\nprohibited_actions: [never email customers]\n",
+        )
+        .expect("valid")
+        .manifest
+    }
+
+    fn patch(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => panic!("patch must be an object"),
+        }
+    }
+
+    #[test]
+    fn given_the_four_keys_when_edited_then_they_merge_and_the_minor_version_bumps() {
+        // R-EDIT-1
+        let edited = mentor_edit(&manifest(), &patch(json!({
+            "purpose": "Report sales and returns.",
+            "success_criteria": ["every Monday", "errors escalate"],
+            "prohibited_actions": ["never delete files"],
+            "business_procedure": [{"step": 1, "description": "collect", "tool": "Read"}]
+        })))
+        .expect("allowed");
+        assert_eq!(edited.purpose, "Report sales and returns.\n\n## Success criteria\n- every Monday\n- errors escalate");
+        assert_eq!(edited.prohibited_actions, vec!["never delete files"]);
+        assert_eq!(edited.business_procedure.len(), 1);
+        assert_eq!(edited.version, "1.5.0");
+        assert_eq!(edited.tools, vec!["Read"], "nothing else changes");
+    }
+
+    #[test]
+    fn given_only_purpose_then_the_existing_success_criteria_section_is_kept() {
+        // R-EDIT-1
+        let edited = mentor_edit(&manifest(), &patch(json!({"purpose": "New role."}))).expect("allowed");
+        assert_eq!(edited.purpose, "New role.\n\n## Success criteria\n- weekly");
+    }
+
+    #[test]
+    fn given_only_success_criteria_then_the_section_is_replaced() {
+        // R-EDIT-1: success_criteria replaces the purpose's success-criteria section
+        let edited = mentor_edit(&manifest(), &patch(json!({"success_criteria": ["daily"]}))).expect("allowed");
+        assert_eq!(edited.purpose, "Report sales.\n\n## Success criteria\n- daily");
+        let cleared = mentor_edit(&manifest(), &patch(json!({"success_criteria": []}))).expect("allowed");
+        assert_eq!(cleared.purpose, "Report sales.");
+    }
+
+    #[test]
+    fn given_any_prohibited_key_then_refused_naming_it() {
+        // R-EDIT-2: each of the 15 keys
+        assert_eq!(MENTOR_PROHIBITED_KEYS.len(), 15);
+        for key in MENTOR_PROHIBITED_KEYS {
+            let err = mentor_edit(&manifest(), &patch(json!({"purpose": "x", *key: "y"}))).expect_err("refused");
+            assert_eq!(err.refused_keys(), vec![key.to_string()]);
+            assert_eq!(err.code(), ErrorCode::MentorEditProhibitedKey);
+            assert_eq!(err.code().http_status(), 403);
+            assert!(err.code().is_security_violation());
+        }
+    }
+
+    #[test]
+    fn given_unknown_or_other_keys_then_refused_by_name() {
+        // R-EDIT-2, R-MAN-4: the mentor path rejects unknown keys
+        let err = mentor_edit(&manifest(), &patch(json!({"quality_gate": 1, "config_defaults": {}, "tools": []}))).expect_err("refused");
+        assert_eq!(
+            err,
+            MentorEditError::RefusedKeys { prohibited: vec!["tools".into()], not_editable: vec!["config_defaults".into()], unknown: vec!["quality_gate".into()] }
+        );
+    }
+
+    #[test]
+    fn given_a_blank_purpose_or_bad_types_then_invalid() {
+        // R-EDIT-1
+        assert_eq!(mentor_edit(&manifest(), &patch(json!({"purpose": " "}))).expect_err("blank").code(), ErrorCode::BoxManifestValidation);
+        assert!(matches!(mentor_edit(&manifest(), &patch(json!({"prohibited_actions": "x"}))), Err(MentorEditError::Invalid(_))));
+        assert!(matches!(mentor_edit(&manifest(), &patch(json!({"success_criteria": [1]}))), Err(MentorEditError::Invalid(_))));
+    }
+}

@@ -1,0 +1,1 @@
+//! Shared helpers for workspace-wide tests.
