@@ -1,1 +1,781 @@
+//! Tidy: workspace invariants checked by plain `cargo test`, in the style of
+//! rust-analyzer's `xtask/src/tidy.rs`.
+//!
+//! Every rule is a pure function from parsed inputs (one `toml::Table` per crate
+//! manifest, or the text of source files) to a list of violations. Each rule is
+//! therefore tested twice: the real workspace must pass it, and a synthetic input
+//! that breaks it must be reported, which proves that the check can fail at all.
 
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+
+use toml::{Table, Value};
+
+/// Package name of the pure core.
+const DOMAIN_PACKAGE: &str = "atasira-domain";
+
+/// Architecture Invariant: the domain crate does no IO. It must not depend directly
+/// (normal or build dependencies; dev-dependencies are for its tests only) on a
+/// runtime, a transport, a database driver, a wire format or an event-store adapter.
+/// `cqrs-es` itself is allowed: its `Aggregate` trait is how the domain is shaped.
+const DOMAIN_FORBIDDEN_DEPS: &[&str] = &[
+    "tokio",
+    "async-nats",
+    "sqlx",
+    "prost",
+    "prost-build",
+    "axum",
+    "hyper",
+    "tonic",
+    "reqwest",
+    "postgres-es",
+    "sqlite-es",
+];
+
+/// Architecture Invariant: services never depend on each other; they talk only over
+/// the bus. The gateway counts as a service here: it too reaches services only over
+/// the bus. Package name and the directory the crate lives in, relative to the root.
+const SERVICES: &[(&str, &str)] = &[
+    ("atasira-drafts", "crates/drafts"),
+    ("atasira-approval", "crates/approval"),
+    ("atasira-provisioner", "crates/provisioner"),
+    ("atasira-runtime-registry", "crates/runtime-registry"),
+    ("atasira-audit", "crates/audit"),
+    ("atasira-gateway", "crates/gateway"),
+];
+
+/// Source patterns that hide a test or a missing piece of code. They are assembled
+/// with `concat!` so that this file does not contain them and can be scanned too.
+const FORBIDDEN_PATTERNS: &[(&str, &str)] = &[
+    (
+        concat!("#[", "ignore"),
+        "a test that does not run proves nothing: fix it or delete it",
+    ),
+    (
+        concat!("todo", "!("),
+        "unfinished code panics at run time: return an error instead",
+    ),
+    (
+        concat!("unimplemented", "!("),
+        "unfinished code panics at run time: return an error instead",
+    ),
+    (
+        concat!("#[", "should_panic"),
+        "assert on the returned error (and its kind) instead of expecting a panic",
+    ),
+];
+
+/// One workspace member as the checks see it.
+#[derive(Debug, Clone)]
+struct Member {
+    /// Directory relative to the workspace root, e.g. `crates/domain`.
+    dir: PathBuf,
+    /// The parsed `Cargo.toml` of the member.
+    manifest: Table,
+}
+
+impl Member {
+    fn package_name(&self) -> Option<&str> {
+        self.manifest.get("package")?.get("name")?.as_str()
+    }
+
+    /// Name used in violation messages: the package name, or the manifest path.
+    fn label(&self) -> String {
+        let manifest = self.dir.join("Cargo.toml");
+        match self.package_name() {
+            Some(name) => format!("{} ({name})", manifest.display()),
+            None => manifest.display().to_string(),
+        }
+    }
+}
+
+/// Which dependency tables a check looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DepKind {
+    Normal,
+    Build,
+    Dev,
+}
+
+impl DepKind {
+    /// Section names, including the old underscore spellings Cargo still accepts.
+    fn sections(self) -> &'static [&'static str] {
+        match self {
+            DepKind::Normal => &["dependencies"],
+            DepKind::Build => &["build-dependencies", "build_dependencies"],
+            DepKind::Dev => &["dev-dependencies", "dev_dependencies"],
+        }
+    }
+}
+
+/// One dependency entry, resolved as far as the manifests allow.
+#[derive(Debug, Clone)]
+struct Dep {
+    /// Where it was declared, e.g. `[dependencies]` or `[target.'cfg(unix)'.dependencies]`.
+    section: String,
+    /// The key in that table (the name the code imports it under).
+    key: String,
+    /// The package it points at, with `package = "..."` renames honoured, also
+    /// through `[workspace.dependencies]` for `workspace = true` entries.
+    package: String,
+    /// Workspace-relative, lexically normalized directory of a path dependency.
+    path: Option<PathBuf>,
+}
+
+/// All dependencies of `member` of the given kinds, including target-specific ones.
+/// `workspace_deps` is the root `[workspace.dependencies]` table, used to resolve
+/// `foo.workspace = true` and `foo = { workspace = true }` entries.
+fn dependencies(member: &Member, workspace_deps: &Table, kinds: &[DepKind]) -> Vec<Dep> {
+    let mut tables: Vec<(String, &Table)> = Vec::new();
+    for kind in kinds {
+        for section in kind.sections() {
+            if let Some(table) = member.manifest.get(*section).and_then(Value::as_table) {
+                tables.push((format!("[{section}]"), table));
+            }
+            let targets = member.manifest.get("target").and_then(Value::as_table);
+            for (cfg, target) in targets.into_iter().flatten() {
+                if let Some(table) = target.get(*section).and_then(Value::as_table) {
+                    tables.push((format!("[target.'{cfg}'.{section}]"), table));
+                }
+            }
+        }
+    }
+
+    let mut deps = Vec::new();
+    for (section, table) in tables {
+        for (key, value) in table {
+            let (package, path) = resolve(key, value, &member.dir, workspace_deps);
+            deps.push(Dep {
+                section: section.clone(),
+                key: key.clone(),
+                package,
+                path,
+            });
+        }
+    }
+    deps
+}
+
+/// Resolves one dependency entry to (package name, workspace-relative path).
+fn resolve(key: &str, value: &Value, member_dir: &Path, workspace_deps: &Table) -> (String, Option<PathBuf>) {
+    let Some(entry) = value.as_table() else {
+        // `foo = "1"`: a registry dependency on package `foo`.
+        return (key.to_owned(), None);
+    };
+    let inherited = entry.get("workspace").and_then(Value::as_bool) == Some(true);
+    if inherited {
+        // Paths in `[workspace.dependencies]` are relative to the workspace root.
+        return match workspace_deps.get(key) {
+            Some(Value::Table(ws)) => (
+                package_of(key, ws),
+                ws.get("path").and_then(Value::as_str).map(|p| normalize(Path::new(p))),
+            ),
+            _ => (key.to_owned(), None),
+        };
+    }
+    (
+        package_of(key, entry),
+        entry
+            .get("path")
+            .and_then(Value::as_str)
+            .map(|p| normalize(&member_dir.join(p))),
+    )
+}
+
+fn package_of(key: &str, entry: &Table) -> String {
+    entry
+        .get("package")
+        .and_then(Value::as_str)
+        .unwrap_or(key)
+        .to_owned()
+}
+
+/// Lexical normalization (`crates/drafts/../approval` -> `crates/approval`), so that
+/// path dependencies compare equal to member directories without touching the disk.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Architecture Invariant: the domain crate (`atasira-domain`) has no IO dependencies.
+/// See [`DOMAIN_FORBIDDEN_DEPS`].
+fn check_domain_has_no_io_deps(members: &[Member], workspace_deps: &Table) -> Vec<String> {
+    let mut violations = Vec::new();
+    for member in members.iter().filter(|m| m.package_name() == Some(DOMAIN_PACKAGE)) {
+        for dep in dependencies(member, workspace_deps, &[DepKind::Normal, DepKind::Build]) {
+            let forbidden = DOMAIN_FORBIDDEN_DEPS
+                .iter()
+                .find(|name| **name == dep.package || **name == dep.key);
+            if let Some(name) = forbidden {
+                violations.push(format!(
+                    "{}: {} `{}` pulls in `{name}`; Architecture Invariant: the domain crate does no IO, \
+                     move this to an adapter crate (platform, contracts, a service)",
+                    member.label(),
+                    dep.section,
+                    dep.key,
+                ));
+            }
+        }
+    }
+    violations
+}
+
+/// Architecture Invariant: no service crate depends on another service crate, by name
+/// or by a path into its directory; services talk only over the bus. Dev-dependencies
+/// count too: a test that needs two services belongs in `tests/`.
+fn check_services_are_independent(members: &[Member], workspace_deps: &Table) -> Vec<String> {
+    let service_names: BTreeSet<&str> = SERVICES.iter().map(|(name, _)| *name).collect();
+    // The conventional directories, plus wherever a service crate actually lives.
+    let mut service_dirs: BTreeSet<PathBuf> = SERVICES.iter().map(|(_, dir)| PathBuf::from(dir)).collect();
+    for member in members {
+        if member.package_name().is_some_and(|n| service_names.contains(n)) {
+            service_dirs.insert(normalize(&member.dir));
+        }
+    }
+
+    let mut violations = Vec::new();
+    let services = members
+        .iter()
+        .filter(|m| m.package_name().is_some_and(|n| service_names.contains(n)));
+    for member in services {
+        let own_dir = normalize(&member.dir);
+        let kinds = [DepKind::Normal, DepKind::Build, DepKind::Dev];
+        for dep in dependencies(member, workspace_deps, &kinds) {
+            let by_name = service_names.contains(dep.package.as_str());
+            let by_path = dep
+                .path
+                .as_ref()
+                .is_some_and(|p| *p != own_dir && service_dirs.contains(p));
+            if by_name || by_path {
+                let target = match &dep.path {
+                    Some(path) => format!("`{}` (path {})", dep.package, path.display()),
+                    None => format!("`{}`", dep.package),
+                };
+                violations.push(format!(
+                    "{}: {} `{}` is the service {target}; Architecture Invariant: services never \
+                     depend on each other, they talk only over the bus",
+                    member.label(),
+                    dep.section,
+                    dep.key,
+                ));
+            }
+        }
+    }
+    violations
+}
+
+/// No test is switched off and no code is left unfinished: see [`FORBIDDEN_PATTERNS`].
+/// `files` holds (workspace-relative path, contents) pairs.
+fn check_forbidden_patterns(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (path, text) in files {
+        for (line_no, line) in text.lines().enumerate() {
+            for (pattern, why) in FORBIDDEN_PATTERNS {
+                if line.contains(pattern) {
+                    violations.push(format!(
+                        "{}:{}: `{pattern}`: {why}\n    {}",
+                        path.display(),
+                        line_no + 1,
+                        line.trim(),
+                    ));
+                }
+            }
+        }
+    }
+    violations
+}
+
+/// Every member inherits `[workspace.lints]` (`[lints] workspace = true`), so that the
+/// lint policy lives in one place and a new crate cannot silently opt out of it.
+fn check_lints_inherited(members: &[Member]) -> Vec<String> {
+    members
+        .iter()
+        .filter(|m| {
+            let inherits = m
+                .manifest
+                .get("lints")
+                .and_then(|lints| lints.get("workspace"))
+                .and_then(Value::as_bool);
+            inherits != Some(true)
+        })
+        .map(|m| format!("{}: missing `[lints] workspace = true`", m.label()))
+        .collect()
+}
+
+/// Crates are flat under `crates/` and named like their directory (`crates/foo` is
+/// `atasira-foo`, the binary `crates/atasira` is `atasira`). The service rule relies
+/// on it: a service crate under another name would slip past [`SERVICES`].
+fn check_crate_names_match_dirs(members: &[Member]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for member in members {
+        let mut components = member.dir.components();
+        let (Some(Component::Normal(parent)), Some(Component::Normal(dir)), None) =
+            (components.next(), components.next(), components.next())
+        else {
+            continue;
+        };
+        if parent != "crates" {
+            continue;
+        }
+        let dir = dir.to_string_lossy();
+        let expected = if dir == "atasira" { "atasira".to_owned() } else { format!("atasira-{dir}") };
+        if member.package_name() != Some(expected.as_str()) {
+            violations.push(format!(
+                "{}: the package in `{}` should be named `{expected}`",
+                member.label(),
+                member.dir.display(),
+            ));
+        }
+    }
+    violations
+}
+
+// ---------------------------------------------------------------------------------
+// Loading the real workspace.
+
+fn root() -> PathBuf {
+    atasira_tests::workspace_root()
+}
+
+fn read(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("failed to read {}: {e}", path.display()))
+}
+
+fn parse(path: &Path, text: &str) -> Table {
+    text.parse::<Table>()
+        .unwrap_or_else(|e| panic!("failed to parse {}: {e}", path.display()))
+}
+
+/// `crates/*/Cargo.toml` and `tests/Cargo.toml`, sorted by directory.
+fn workspace_members() -> Vec<Member> {
+    let root = root();
+    let crates = root.join("crates");
+    let entries = fs::read_dir(&crates).unwrap_or_else(|e| panic!("failed to list {}: {e}", crates.display()));
+    let mut dirs: Vec<PathBuf> = entries
+        .map(|entry| entry.unwrap_or_else(|e| panic!("failed to list {}: {e}", crates.display())))
+        .filter(|entry| entry.path().join("Cargo.toml").is_file())
+        .map(|entry| PathBuf::from("crates").join(entry.file_name()))
+        .collect();
+    dirs.sort();
+    dirs.push(PathBuf::from("tests"));
+
+    dirs.into_iter()
+        .map(|dir| {
+            let path = root.join(&dir).join("Cargo.toml");
+            let manifest = parse(&path, &read(&path));
+            Member { dir, manifest }
+        })
+        .collect()
+}
+
+/// The root `[workspace.dependencies]` table.
+fn workspace_deps() -> Table {
+    let path = root().join("Cargo.toml");
+    let manifest = parse(&path, &read(&path));
+    manifest
+        .get("workspace")
+        .and_then(|ws| ws.get("dependencies"))
+        .and_then(Value::as_table)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Every `.rs` file under `crates/` and `tests/`, skipping build output.
+fn workspace_sources() -> Vec<(PathBuf, String)> {
+    fn walk(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, String)>) {
+        let dir = root.join(rel);
+        let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
+        for entry in entries {
+            let entry = entry.unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
+            let name = entry.file_name();
+            let name_str = name.to_string_lossy();
+            if name_str.starts_with('.') || name_str == "target" {
+                continue;
+            }
+            let rel = rel.join(&name);
+            let file_type = entry
+                .file_type()
+                .unwrap_or_else(|e| panic!("failed to stat {}: {e}", rel.display()));
+            if file_type.is_dir() {
+                walk(root, &rel, out);
+            } else if name_str.ends_with(".rs") {
+                let text = read(&root.join(&rel));
+                out.push((rel, text));
+            }
+        }
+    }
+
+    let root = root();
+    let mut files = Vec::new();
+    for top in ["crates", "tests"] {
+        walk(&root, Path::new(top), &mut files);
+    }
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    files
+}
+
+#[track_caller]
+fn assert_clean(rule: &str, violations: &[String]) {
+    assert!(
+        violations.is_empty(),
+        "{rule}: {} violation(s):\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
+}
+
+/// Asserts that `violations` has exactly `count` entries, each mentioning its needle.
+#[track_caller]
+fn assert_reported(violations: &[String], needles: &[&str]) {
+    assert_eq!(
+        violations.len(),
+        needles.len(),
+        "expected {} violation(s) mentioning {needles:?}, got:\n{}",
+        needles.len(),
+        violations.join("\n")
+    );
+    for needle in needles {
+        assert!(
+            violations.iter().any(|v| v.contains(needle)),
+            "expected a violation mentioning `{needle}`, got:\n{}",
+            violations.join("\n")
+        );
+    }
+}
+
+/// A synthetic member for the negative tests.
+fn member(dir: &str, manifest: &str) -> Member {
+    Member {
+        dir: PathBuf::from(dir),
+        manifest: parse(Path::new(dir), manifest),
+    }
+}
+
+fn table(text: &str) -> Table {
+    parse(Path::new("<synthetic workspace>"), text)
+}
+
+// ---------------------------------------------------------------------------------
+// The real workspace passes.
+
+#[test]
+fn workspace_domain_has_no_io_deps() {
+    let members = workspace_members();
+    assert!(
+        members.iter().any(|m| m.package_name() == Some(DOMAIN_PACKAGE)),
+        "no `{DOMAIN_PACKAGE}` found among {:?}: the domain rule would check nothing",
+        members.iter().map(|m| m.dir.display().to_string()).collect::<Vec<_>>()
+    );
+    assert_clean(
+        "Architecture Invariant: the domain crate does no IO",
+        &check_domain_has_no_io_deps(&members, &workspace_deps()),
+    );
+}
+
+#[test]
+fn workspace_services_are_independent() {
+    assert_clean(
+        "Architecture Invariant: services never depend on each other",
+        &check_services_are_independent(&workspace_members(), &workspace_deps()),
+    );
+}
+
+#[test]
+fn workspace_has_no_ignored_or_unfinished_code() {
+    let files = workspace_sources();
+    assert!(
+        files.iter().any(|(path, _)| path.ends_with("tidy.rs")),
+        "the source walk missed tests/tidy.rs; it scanned {} file(s)",
+        files.len()
+    );
+    assert_clean(
+        "no ignored tests, expected panics or unfinished code",
+        &check_forbidden_patterns(&files),
+    );
+}
+
+#[test]
+fn workspace_crates_inherit_lints() {
+    assert_clean(
+        "every crate inherits [workspace.lints]",
+        &check_lints_inherited(&workspace_members()),
+    );
+}
+
+#[test]
+fn workspace_crates_are_named_like_their_dirs() {
+    assert_clean(
+        "crates are named like their directory",
+        &check_crate_names_match_dirs(&workspace_members()),
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Each check can fail.
+
+#[test]
+fn domain_with_tokio_version_is_reported() {
+    let domain = member(
+        "crates/domain",
+        r#"
+        [package]
+        name = "atasira-domain"
+
+        [dependencies]
+        serde = "1"
+        tokio = "1"
+        "#,
+    );
+    let violations = check_domain_has_no_io_deps(&[domain], &Table::new());
+    assert_reported(&violations, &["`tokio`"]);
+}
+
+#[test]
+fn domain_with_workspace_inherited_io_deps_is_reported() {
+    let domain = member(
+        "crates/domain",
+        r#"
+        [package]
+        name = "atasira-domain"
+
+        [dependencies]
+        cqrs-es.workspace = true
+        sqlx.workspace = true
+        axum = { workspace = true }
+
+        [build-dependencies]
+        prost-build = { workspace = true }
+        "#,
+    );
+    let ws = table(
+        r#"
+        cqrs-es = "0.5"
+        sqlx = { version = "0.8", features = ["postgres"] }
+        axum = "0.8"
+        prost-build = "0.13"
+        "#,
+    );
+    let violations = check_domain_has_no_io_deps(&[domain], &ws);
+    assert_reported(&violations, &["`sqlx`", "`axum`", "`prost-build`"]);
+}
+
+#[test]
+fn domain_with_renamed_or_target_specific_io_deps_is_reported() {
+    let domain = member(
+        "crates/domain",
+        r#"
+        [package]
+        name = "atasira-domain"
+
+        [dependencies]
+        db = { package = "sqlx", version = "0.8" }
+        bus.workspace = true
+
+        [target.'cfg(unix)'.dependencies]
+        tokio = { version = "1", features = ["rt"] }
+        "#,
+    );
+    let ws = table(r#"bus = { package = "async-nats", version = "0.40" }"#);
+    let violations = check_domain_has_no_io_deps(&[domain], &ws);
+    assert_reported(&violations, &["`sqlx`", "`async-nats`", "`tokio`"]);
+}
+
+#[test]
+fn domain_may_use_cqrs_es_and_io_in_dev_deps_only() {
+    let domain = member(
+        "crates/domain",
+        r#"
+        [package]
+        name = "atasira-domain"
+
+        [dependencies]
+        cqrs-es = "0.5"
+
+        [dev-dependencies]
+        tokio = { version = "1", features = ["macros", "rt"] }
+        "#,
+    );
+    let adapter = member(
+        "crates/platform",
+        r#"
+        [package]
+        name = "atasira-platform"
+
+        [dependencies]
+        tokio = "1"
+        sqlx = "0.8"
+        "#,
+    );
+    assert_clean(
+        "dev-deps of the domain and deps of other crates are allowed",
+        &check_domain_has_no_io_deps(&[domain, adapter], &Table::new()),
+    );
+}
+
+#[test]
+fn service_depending_on_service_by_path_is_reported() {
+    let drafts = member(
+        "crates/drafts",
+        r#"
+        [package]
+        name = "atasira-drafts"
+
+        [dependencies]
+        atasira-domain = { path = "../domain" }
+        atasira-approval = { path = "../approval" }
+        approval-impl = { path = "../approval/" }
+        "#,
+    );
+    let violations = check_services_are_independent(&[drafts], &Table::new());
+    assert_reported(&violations, &["`atasira-approval`", "`approval-impl`"]);
+}
+
+#[test]
+fn service_depending_on_service_via_workspace_is_reported() {
+    let drafts = member(
+        "crates/drafts",
+        r#"
+        [package]
+        name = "atasira-drafts"
+
+        [dependencies]
+        atasira-approval.workspace = true
+        "#,
+    );
+    let gateway = member(
+        "crates/gateway",
+        r#"
+        [package]
+        name = "atasira-gateway"
+
+        [dev-dependencies]
+        audit = { workspace = true }
+        "#,
+    );
+    // A workspace entry that hides the service behind another key and a moved path.
+    let ws = table(
+        r#"
+        atasira-approval = { path = "crates/approval" }
+        audit = { path = "services/audit", package = "atasira-audit" }
+        "#,
+    );
+    let violations = check_services_are_independent(&[drafts, gateway], &ws);
+    assert_reported(&violations, &["`atasira-approval`", "`atasira-audit`"]);
+}
+
+#[test]
+fn service_depending_on_moved_service_dir_is_reported() {
+    // The provisioner lives somewhere unconventional; a path into it still counts.
+    let provisioner = member(
+        "services/provisioner",
+        r#"
+        [package]
+        name = "atasira-provisioner"
+        "#,
+    );
+    let registry = member(
+        "crates/runtime-registry",
+        r#"
+        [package]
+        name = "atasira-runtime-registry"
+
+        [build-dependencies]
+        helper = { path = "../../services/provisioner" }
+        "#,
+    );
+    let violations = check_services_are_independent(&[provisioner, registry], &Table::new());
+    assert_reported(&violations, &["`helper`"]);
+}
+
+#[test]
+fn non_services_may_depend_on_services() {
+    let binary = member(
+        "crates/atasira",
+        r#"
+        [package]
+        name = "atasira"
+
+        [dependencies]
+        atasira-drafts = { path = "../drafts" }
+        atasira-gateway.workspace = true
+        "#,
+    );
+    let audit = member(
+        "crates/audit",
+        r#"
+        [package]
+        name = "atasira-audit"
+
+        [dependencies]
+        atasira-domain.workspace = true
+        atasira-platform = { path = "../platform" }
+        "#,
+    );
+    let ws = table(r#"atasira-gateway = { path = "crates/gateway" }"#);
+    assert_clean(
+        "the binary may wire services together; services may use shared crates",
+        &check_services_are_independent(&[binary, audit], &ws),
+    );
+}
+
+#[test]
+fn forbidden_patterns_are_reported_with_location() {
+    // Built at run time for the same reason as FORBIDDEN_PATTERNS.
+    let ignore = concat!("#[", "ignore", "]");
+    let should_panic = concat!("#[", "should_panic", "(expected = \"boom\")]");
+    let todo = concat!("todo", "!()");
+    let unimplemented = concat!("unimplemented", "!(\"later\")");
+    let bad = format!(
+        "#[test]\n{ignore}\nfn slow() {{}}\n\n#[test]\n{should_panic}\nfn boom() {{}}\n\
+         fn a() {{ {todo} }}\nfn b() {{ {unimplemented} }}\n"
+    );
+    let good = "//! Fine.\nfn ignore_case() -> bool { true }\n".to_owned();
+    let files = vec![
+        (PathBuf::from("crates/x/src/lib.rs"), bad),
+        (PathBuf::from("crates/x/src/ok.rs"), good),
+    ];
+    let violations = check_forbidden_patterns(&files);
+    assert_reported(
+        &violations,
+        &[
+            "crates/x/src/lib.rs:2:",
+            "crates/x/src/lib.rs:6:",
+            "crates/x/src/lib.rs:8:",
+            "crates/x/src/lib.rs:9:",
+        ],
+    );
+}
+
+#[test]
+fn crate_without_workspace_lints_is_reported() {
+    let missing = member("crates/a", "[package]\nname = \"atasira-a\"\n");
+    let own = member(
+        "crates/b",
+        "[package]\nname = \"atasira-b\"\n[lints.rust]\nunsafe_code = \"forbid\"\n",
+    );
+    let off = member("crates/c", "[package]\nname = \"atasira-c\"\n[lints]\nworkspace = false\n");
+    let dotted = member("crates/d", "[package]\nname = \"atasira-d\"\nlints.workspace = true\n");
+    let violations = check_lints_inherited(&[missing, own, off, dotted]);
+    assert_reported(&violations, &["atasira-a", "atasira-b", "atasira-c"]);
+}
+
+#[test]
+fn crate_named_unlike_its_dir_is_reported() {
+    let renamed = member("crates/drafts", "[package]\nname = \"drafts-service\"\n");
+    let binary = member("crates/atasira", "[package]\nname = \"atasira\"\n");
+    let tests = member("tests", "[package]\nname = \"atasira-tests\"\n");
+    let violations = check_crate_names_match_dirs(&[renamed, binary, tests]);
+    assert_reported(&violations, &["`atasira-drafts`"]);
+}

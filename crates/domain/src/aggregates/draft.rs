@@ -1,0 +1,284 @@
+//! The Draft aggregate (SPEC §3, §4): submitted always `pending_approval`; at most one
+//! decision; withdraw and expiry only while pending.
+//!
+//! Architecture Invariant: no command of this aggregate makes a Box; a draft only records
+//! the human decision and the approval token that the registry later verifies.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::aggregates::aggregate_via_decide;
+use crate::draft_request::DraftPlan;
+use crate::error::ErrorCode;
+use crate::manifest::BoxManifest;
+use crate::os_operation::OverLimit;
+use crate::principal::Principal;
+use crate::token::ApprovalToken;
+
+/// Where a draft is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftStatus {
+    PendingApproval,
+    Approved,
+    Rejected,
+    Withdrawn,
+    Expired,
+}
+
+/// A human decision on a draft.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub by: String,
+    pub at: DateTime<Utc>,
+    pub approved: bool,
+    pub reason: Option<String>,
+}
+
+/// The state of one draft, rebuilt from its events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DraftData {
+    pub draft_id: String,
+    pub manifest: BoxManifest,
+    pub over_limit: OverLimit,
+    pub warnings: Vec<String>,
+    pub requested_by: Principal,
+    pub submitted_at: DateTime<Utc>,
+    pub status: DraftStatus,
+    pub decision: Option<Decision>,
+}
+
+/// The aggregate: `None` until submitted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Draft {
+    pub data: Option<DraftData>,
+}
+
+#[derive(Debug, Clone)]
+pub enum DraftCommand {
+    /// R-DRAFT-1, R-DRAFT-10: the plan was made by [`crate::draft_request`].
+    Submit { draft_id: String, plan: DraftPlan, requested_by: Principal, at: DateTime<Utc> },
+    /// R-DRAFT-13: the requester, while pending.
+    Withdraw { by: Principal, at: DateTime<Utc> },
+    /// R-DRAFT-13: a sweeper; a no-op unless pending and older than `ttl`.
+    Expire { now: DateTime<Utc>, ttl: TimeDelta },
+    /// R-APPROVE-2..4, R-APPROVE-6: `token` was minted by the approval service for this draft.
+    Approve { by: Principal, confirm_over_limit: bool, token: ApprovalToken, at: DateTime<Utc> },
+    /// R-APPROVE-5.
+    Reject { by: Principal, reason: String, at: DateTime<Utc> },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum DraftEvent {
+    DraftSubmitted {
+        draft_id: String,
+        box_type: String,
+        manifest: BoxManifest,
+        over_limit: OverLimit,
+        warnings: Vec<String>,
+        requested_by: Principal,
+        submitted_at: DateTime<Utc>,
+    },
+    DraftWithdrawn { draft_id: String, withdrawn_by: String, at: DateTime<Utc> },
+    DraftExpired { draft_id: String, at: DateTime<Utc> },
+    DraftApproved {
+        draft_id: String,
+        box_type: String,
+        approved_by: String,
+        approved_at: DateTime<Utc>,
+        confirm_over_limit: bool,
+        token: ApprovalToken,
+    },
+    DraftRejected { draft_id: String, box_type: String, rejected_by: String, reason: String, at: DateTime<Utc> },
+}
+
+impl DraftEvent {
+    /// The R-ARCH-9 name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DraftEvent::DraftSubmitted { .. } => "DraftSubmitted",
+            DraftEvent::DraftWithdrawn { .. } => "DraftWithdrawn",
+            DraftEvent::DraftExpired { .. } => "DraftExpired",
+            DraftEvent::DraftApproved { .. } => "DraftApproved",
+            DraftEvent::DraftRejected { .. } => "DraftRejected",
+        }
+    }
+}
+
+/// Refusals, each with its code (and so its HTTP status).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DraftError {
+    /// 403: approve/reject need role admin AND kind human (R-AUTH-2).
+    #[error("only a human admin may approve or reject drafts")]
+    NotHumanAdmin,
+    /// 403: only the requester may withdraw (R-DRAFT-13).
+    #[error("only the requester may withdraw this draft")]
+    NotRequester,
+    /// 403 and a security violation (R-AUTH-3).
+    #[error("nobody may approve or reject a draft they submitted")]
+    SelfApproval,
+    /// 404.
+    #[error("no such draft")]
+    NotFound,
+    /// 409 (R-APPROVE-2, R-APPROVE-6).
+    #[error("the draft is no longer pending (it is {0:?})")]
+    NotPending(DraftStatus),
+    /// 409 (R-APPROVE-3).
+    #[error("the draft is over_limit; approve again with confirm_over_limit: true")]
+    OverLimitConfirmationRequired,
+    /// 409: the token does not belong to this draft (a wiring bug, never a user mistake).
+    #[error("the approval token does not bind this draft")]
+    TokenMismatch,
+}
+
+impl DraftError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            DraftError::NotHumanAdmin | DraftError::NotRequester => ErrorCode::Forbidden,
+            DraftError::SelfApproval => ErrorCode::SelfApprovalForbidden,
+            DraftError::NotFound => ErrorCode::DraftNotFound,
+            DraftError::NotPending(_) => ErrorCode::DraftNotPending,
+            DraftError::OverLimitConfirmationRequired => ErrorCode::OverLimitConfirmationRequired,
+            DraftError::TokenMismatch => ErrorCode::InvalidApprovalToken,
+        }
+    }
+}
+
+impl Draft {
+    /// The pure decision. Checks run in the spec's order: 403 (role), 404, 403
+    /// (self-approval), 409 (R-DRAFT-14).
+    pub fn decide(&self, command: DraftCommand) -> Result<Vec<DraftEvent>, DraftError> {
+        match command {
+            DraftCommand::Submit { draft_id, plan, requested_by, at } => {
+                if self.data.is_some() {
+                    // A redelivered submit of the same id: already recorded.
+                    return Ok(vec![]);
+                }
+                Ok(vec![DraftEvent::DraftSubmitted {
+                    draft_id,
+                    box_type: plan.manifest.box_type.to_string(),
+                    manifest: plan.manifest,
+                    over_limit: plan.over_limit,
+                    warnings: plan.warnings,
+                    requested_by,
+                    submitted_at: at,
+                }])
+            }
+            DraftCommand::Withdraw { by, at } => {
+                let d = self.data.as_ref().ok_or(DraftError::NotFound)?;
+                if d.requested_by.user_id != by.user_id {
+                    return Err(DraftError::NotRequester);
+                }
+                match d.status {
+                    DraftStatus::PendingApproval => Ok(vec![DraftEvent::DraftWithdrawn { draft_id: d.draft_id.clone(), withdrawn_by: by.user_id, at }]),
+                    DraftStatus::Withdrawn => Ok(vec![]),
+                    other => Err(DraftError::NotPending(other)),
+                }
+            }
+            DraftCommand::Expire { now, ttl } => match &self.data {
+                Some(d) if d.status == DraftStatus::PendingApproval && now >= d.submitted_at + ttl => {
+                    Ok(vec![DraftEvent::DraftExpired { draft_id: d.draft_id.clone(), at: now }])
+                }
+                _ => Ok(vec![]),
+            },
+            DraftCommand::Approve { by, confirm_over_limit, token, at } => {
+                let d = self.decidable(&by)?;
+                if let Some(done) = self.repeat_of(&by, true) {
+                    return done;
+                }
+                if d.status != DraftStatus::PendingApproval {
+                    return Err(DraftError::NotPending(d.status));
+                }
+                if d.over_limit.over_limit && !confirm_over_limit {
+                    return Err(DraftError::OverLimitConfirmationRequired);
+                }
+                let c = &token.claims;
+                if c.draft_id != d.draft_id || c.box_type != d.manifest.box_type.as_str() || c.manifest_digest != d.manifest.digest() || c.approver != by.user_id {
+                    return Err(DraftError::TokenMismatch);
+                }
+                Ok(vec![DraftEvent::DraftApproved {
+                    draft_id: d.draft_id.clone(),
+                    box_type: d.manifest.box_type.to_string(),
+                    approved_by: by.user_id,
+                    approved_at: at,
+                    confirm_over_limit,
+                    token,
+                }])
+            }
+            DraftCommand::Reject { by, reason, at } => {
+                let d = self.decidable(&by)?;
+                if let Some(done) = self.repeat_of(&by, false) {
+                    return done;
+                }
+                if d.status != DraftStatus::PendingApproval {
+                    return Err(DraftError::NotPending(d.status));
+                }
+                Ok(vec![DraftEvent::DraftRejected {
+                    draft_id: d.draft_id.clone(),
+                    box_type: d.manifest.box_type.to_string(),
+                    rejected_by: by.user_id,
+                    reason,
+                    at,
+                }])
+            }
+        }
+    }
+
+    /// R-AUTH-2, R-AUTH-3: who may decide at all on this draft.
+    fn decidable(&self, by: &Principal) -> Result<&DraftData, DraftError> {
+        if !by.is_human_admin() {
+            return Err(DraftError::NotHumanAdmin);
+        }
+        let d = self.data.as_ref().ok_or(DraftError::NotFound)?;
+        if d.requested_by.user_id == by.user_id {
+            return Err(DraftError::SelfApproval);
+        }
+        Ok(d)
+    }
+
+    /// R-APPROVE-6: the admin who made this same decision gets success again (so a retried
+    /// approve can complete an interrupted activation); anyone else falls through to 409.
+    fn repeat_of(&self, by: &Principal, approved: bool) -> Option<Result<Vec<DraftEvent>, DraftError>> {
+        let decision = self.data.as_ref()?.decision.as_ref()?;
+        (decision.approved == approved && decision.by == by.user_id).then(|| Ok(vec![]))
+    }
+
+    pub fn evolve(&mut self, event: DraftEvent) {
+        match event {
+            DraftEvent::DraftSubmitted { draft_id, manifest, over_limit, warnings, requested_by, submitted_at, .. } => {
+                self.data = Some(DraftData {
+                    draft_id,
+                    manifest,
+                    over_limit,
+                    warnings,
+                    requested_by,
+                    submitted_at,
+                    status: DraftStatus::PendingApproval,
+                    decision: None,
+                });
+            }
+            DraftEvent::DraftWithdrawn { .. } => self.set_status(DraftStatus::Withdrawn, None),
+            DraftEvent::DraftExpired { .. } => self.set_status(DraftStatus::Expired, None),
+            DraftEvent::DraftApproved { approved_by, approved_at, .. } => {
+                self.set_status(DraftStatus::Approved, Some(Decision { by: approved_by, at: approved_at, approved: true, reason: None }))
+            }
+            DraftEvent::DraftRejected { rejected_by, reason, at, .. } => {
+                self.set_status(DraftStatus::Rejected, Some(Decision { by: rejected_by, at, approved: false, reason: Some(reason) }))
+            }
+        }
+    }
+
+    fn set_status(&mut self, status: DraftStatus, decision: Option<Decision>) {
+        if let Some(d) = self.data.as_mut() {
+            d.status = status;
+            if decision.is_some() {
+                d.decision = decision;
+            }
+        }
+    }
+}
+
+aggregate_via_decide!(Draft, "draft", DraftCommand, DraftEvent, DraftError);
+
+#[cfg(test)]
+mod tests;

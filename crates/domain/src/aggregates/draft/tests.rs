@@ -1,0 +1,199 @@
+//! Given/when/then tests of the Draft aggregate (SPEC §3, §4).
+
+use chrono::{TimeZone, TimeDelta};
+
+use super::*;
+use crate::aggregates::testing::given_when;
+use crate::draft_request::BoxDraftCreateRequest;
+use crate::principal::{Kind, Role};
+use crate::token::ApprovalSigner;
+
+fn t(minute: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, 12, minute, 0).single().expect("valid time")
+}
+
+fn agent() -> Principal {
+    Principal::new("agent-1", Role::Member, Kind::Agent)
+}
+fn alice() -> Principal {
+    Principal::new("alice", Role::Admin, Kind::Human)
+}
+fn bob() -> Principal {
+    Principal::new("bob", Role::Admin, Kind::Human)
+}
+
+fn plan(over_limit: bool) -> DraftPlan {
+    let ops = if over_limit { serde_json::json!(["shell:exec"]) } else { serde_json::json!(["file:read"]) };
+    BoxDraftCreateRequest::from_value(serde_json::json!({"box_type": "sales", "purpose": "p", "os_operations": ops}))
+        .and_then(|r| r.plan())
+        .expect("valid plan")
+}
+
+fn submitted(over_limit: bool, by: Principal) -> DraftEvent {
+    let mut events = given_when::<Draft>(vec![], DraftCommand::Submit { draft_id: "d1".into(), plan: plan(over_limit), requested_by: by, at: t(0) })
+        .expect("submit is accepted");
+    events.remove(0)
+}
+
+fn token_for(event: &DraftEvent, approver: &str) -> ApprovalToken {
+    let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, .. } = event else { panic!("not a submit") };
+    ApprovalSigner::from_secret("k1".into(), [7; 32]).issue(draft_id, box_type, &manifest.digest(), approver, t(1))
+}
+
+fn approve(by: Principal, confirm: bool, token: ApprovalToken) -> DraftCommand {
+    DraftCommand::Approve { by, confirm_over_limit: confirm, token, at: t(1) }
+}
+
+#[test]
+fn given_nothing_when_submitted_then_pending_with_the_full_manifest() {
+    // R-DRAFT-1, R-DRAFT-10
+    let event = submitted(false, agent());
+    let DraftEvent::DraftSubmitted { manifest, requested_by, .. } = &event else { panic!("expected DraftSubmitted") };
+    assert_eq!(manifest.box_type.as_str(), "sales");
+    assert_eq!(requested_by.user_id, "agent-1");
+    let mut draft = Draft::default();
+    draft.evolve(event.clone());
+    assert_eq!(draft.data.as_ref().map(|d| d.status), Some(DraftStatus::PendingApproval));
+    assert_eq!(event.name(), "DraftSubmitted");
+}
+
+#[test]
+fn given_a_submitted_draft_when_submitted_again_then_nothing_new() {
+    // R-ARCH-6: redelivered commands are idempotent
+    let event = submitted(false, agent());
+    let again = given_when::<Draft>(vec![event], DraftCommand::Submit { draft_id: "d1".into(), plan: plan(false), requested_by: agent(), at: t(5) });
+    assert_eq!(again, Ok(vec![]));
+}
+
+#[test]
+fn given_pending_when_a_human_admin_approves_then_draft_approved() {
+    // R-APPROVE-2, R-APPROVE-4
+    let s = submitted(false, agent());
+    let token = token_for(&s, "alice");
+    let events = given_when::<Draft>(vec![s], approve(alice(), false, token.clone())).expect("approved");
+    assert_eq!(
+        events,
+        vec![DraftEvent::DraftApproved { draft_id: "d1".into(), box_type: "sales".into(), approved_by: "alice".into(), approved_at: t(1), confirm_over_limit: false, token }]
+    );
+}
+
+#[test]
+fn given_pending_when_an_agent_or_member_decides_then_403() {
+    // R-AUTH-2: an agent-kind admin can never approve; a member cannot either
+    let s = submitted(false, agent());
+    let token = token_for(&s, "x");
+    for who in [Principal::new("ops-bot", Role::Admin, Kind::Agent), Principal::new("carol", Role::Member, Kind::Human)] {
+        assert_eq!(given_when::<Draft>(vec![s.clone()], approve(who.clone(), true, token.clone())), Err(DraftError::NotHumanAdmin));
+        assert_eq!(given_when::<Draft>(vec![s.clone()], DraftCommand::Reject { by: who, reason: "r".into(), at: t(1) }), Err(DraftError::NotHumanAdmin));
+    }
+    assert_eq!(DraftError::NotHumanAdmin.code().http_status(), 403);
+}
+
+#[test]
+fn given_my_own_draft_when_i_decide_then_self_approval_forbidden() {
+    // R-AUTH-3
+    let s = submitted(false, alice());
+    let token = token_for(&s, "alice");
+    assert_eq!(given_when::<Draft>(vec![s.clone()], approve(alice(), false, token)), Err(DraftError::SelfApproval));
+    assert_eq!(given_when::<Draft>(vec![s], DraftCommand::Reject { by: alice(), reason: "r".into(), at: t(1) }), Err(DraftError::SelfApproval));
+    assert!(DraftError::SelfApproval.code().is_security_violation());
+}
+
+#[test]
+fn given_no_draft_when_decided_then_404() {
+    // R-APPROVE-2
+    let token = ApprovalSigner::from_secret("k1".into(), [7; 32]).issue("d1", "sales", "sha256:00", "alice", t(1));
+    assert_eq!(given_when::<Draft>(vec![], approve(alice(), false, token)), Err(DraftError::NotFound));
+    assert_eq!(DraftError::NotFound.code().http_status(), 404);
+}
+
+#[test]
+fn given_over_limit_when_approved_without_confirmation_then_409_and_with_it_200() {
+    // R-APPROVE-3
+    let s = submitted(true, agent());
+    let token = token_for(&s, "alice");
+    assert_eq!(given_when::<Draft>(vec![s.clone()], approve(alice(), false, token.clone())), Err(DraftError::OverLimitConfirmationRequired));
+    assert_eq!(DraftError::OverLimitConfirmationRequired.code().as_str(), "over_limit_confirmation_required");
+    assert_eq!(given_when::<Draft>(vec![s], approve(alice(), true, token)).map(|e| e.len()), Ok(1));
+}
+
+#[test]
+fn given_approved_when_the_same_admin_repeats_then_ok_without_new_events_and_others_409() {
+    // R-APPROVE-6: one decision only; the approver's retry completes, others conflict
+    let s = submitted(false, agent());
+    let token = token_for(&s, "alice");
+    let approved = given_when::<Draft>(vec![s.clone()], approve(alice(), false, token.clone())).expect("approved");
+    let history: Vec<DraftEvent> = std::iter::once(s).chain(approved).collect();
+    assert_eq!(given_when::<Draft>(history.clone(), approve(alice(), false, token.clone())), Ok(vec![]));
+    assert_eq!(given_when::<Draft>(history.clone(), approve(bob(), false, token_for(&history[0], "bob"))), Err(DraftError::NotPending(DraftStatus::Approved)));
+    assert_eq!(given_when::<Draft>(history, DraftCommand::Reject { by: bob(), reason: "late".into(), at: t(2) }), Err(DraftError::NotPending(DraftStatus::Approved)));
+}
+
+#[test]
+fn given_rejected_when_approved_then_409() {
+    // R-APPROVE-5, R-APPROVE-6
+    let s = submitted(false, agent());
+    let rejected = given_when::<Draft>(vec![s.clone()], DraftCommand::Reject { by: bob(), reason: "too broad".into(), at: t(1) }).expect("rejected");
+    assert_eq!(rejected[0].name(), "DraftRejected");
+    let history: Vec<DraftEvent> = std::iter::once(s.clone()).chain(rejected).collect();
+    let err = given_when::<Draft>(history.clone(), approve(alice(), false, token_for(&s, "alice"))).expect_err("conflict");
+    assert_eq!(err.code().as_str(), "draft_not_pending");
+    assert_eq!(err.code().http_status(), 409);
+    assert_eq!(given_when::<Draft>(history, DraftCommand::Reject { by: bob(), reason: "again".into(), at: t(2) }), Ok(vec![]));
+}
+
+#[test]
+fn given_a_token_for_another_draft_when_approved_then_refused() {
+    // R-APPROVE-4: the token binds draft, box_type, manifest digest and approver
+    let s = submitted(false, agent());
+    let wrong = ApprovalSigner::from_secret("k1".into(), [7; 32]).issue("d1", "sales", "sha256:00", "alice", t(1));
+    assert_eq!(given_when::<Draft>(vec![s.clone()], approve(alice(), false, wrong)), Err(DraftError::TokenMismatch));
+    let for_bob = token_for(&s, "bob");
+    assert_eq!(given_when::<Draft>(vec![s], approve(alice(), false, for_bob)), Err(DraftError::TokenMismatch));
+}
+
+#[test]
+fn given_pending_when_the_requester_withdraws_then_withdrawn_and_no_longer_decidable() {
+    // R-DRAFT-13
+    let s = submitted(false, agent());
+    assert_eq!(given_when::<Draft>(vec![s.clone()], DraftCommand::Withdraw { by: bob(), at: t(1) }), Err(DraftError::NotRequester));
+    let withdrawn = given_when::<Draft>(vec![s.clone()], DraftCommand::Withdraw { by: agent(), at: t(1) }).expect("withdrawn");
+    assert_eq!(withdrawn, vec![DraftEvent::DraftWithdrawn { draft_id: "d1".into(), withdrawn_by: "agent-1".into(), at: t(1) }]);
+    let history: Vec<DraftEvent> = std::iter::once(s.clone()).chain(withdrawn).collect();
+    assert_eq!(given_when::<Draft>(history.clone(), approve(alice(), false, token_for(&s, "alice"))), Err(DraftError::NotPending(DraftStatus::Withdrawn)));
+    assert_eq!(given_when::<Draft>(history, DraftCommand::Withdraw { by: agent(), at: t(2) }), Ok(vec![]));
+}
+
+#[test]
+fn given_a_decided_draft_when_withdrawn_then_409() {
+    // R-DRAFT-13: pending only
+    let s = submitted(false, agent());
+    let rejected = given_when::<Draft>(vec![s.clone()], DraftCommand::Reject { by: bob(), reason: "no".into(), at: t(1) }).expect("rejected");
+    let history: Vec<DraftEvent> = std::iter::once(s).chain(rejected).collect();
+    assert_eq!(given_when::<Draft>(history, DraftCommand::Withdraw { by: agent(), at: t(2) }), Err(DraftError::NotPending(DraftStatus::Rejected)));
+}
+
+#[test]
+fn given_pending_when_the_ttl_passes_then_expired_and_before_it_nothing() {
+    // R-DRAFT-13: ATASIRA_DRAFT_TTL
+    let s = submitted(false, agent());
+    let ttl = TimeDelta::minutes(30);
+    assert_eq!(given_when::<Draft>(vec![s.clone()], DraftCommand::Expire { now: t(29), ttl }), Ok(vec![]));
+    let expired = given_when::<Draft>(vec![s.clone()], DraftCommand::Expire { now: t(30), ttl }).expect("expired");
+    assert_eq!(expired, vec![DraftEvent::DraftExpired { draft_id: "d1".into(), at: t(30) }]);
+    let history: Vec<DraftEvent> = std::iter::once(s.clone()).chain(expired).collect();
+    assert_eq!(given_when::<Draft>(history.clone(), DraftCommand::Expire { now: t(59), ttl }), Ok(vec![]));
+    assert_eq!(given_when::<Draft>(history, approve(alice(), false, token_for(&s, "alice"))), Err(DraftError::NotPending(DraftStatus::Expired)));
+    assert_eq!(given_when::<Draft>(vec![], DraftCommand::Expire { now: t(59), ttl }), Ok(vec![]));
+}
+
+#[test]
+fn events_round_trip_through_json_with_their_catalog_names() {
+    // R-ARCH-9
+    use cqrs_es::DomainEvent;
+    let s = submitted(false, agent());
+    assert_eq!(s.event_type(), "DraftSubmitted");
+    assert_eq!(s.event_version(), "1");
+    let json = serde_json::to_string(&s).expect("serializes");
+    assert_eq!(serde_json::from_str::<DraftEvent>(&json).expect("deserializes"), s);
+}
