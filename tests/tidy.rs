@@ -158,7 +158,12 @@ fn dependencies(member: &Member, workspace_deps: &Table, kinds: &[DepKind]) -> V
 }
 
 /// Resolves one dependency entry to (package name, workspace-relative path).
-fn resolve(key: &str, value: &Value, member_dir: &Path, workspace_deps: &Table) -> (String, Option<PathBuf>) {
+fn resolve(
+    key: &str,
+    value: &Value,
+    member_dir: &Path,
+    workspace_deps: &Table,
+) -> (String, Option<PathBuf>) {
     let Some(entry) = value.as_table() else {
         // `foo = "1"`: a registry dependency on package `foo`.
         return (key.to_owned(), None);
@@ -169,7 +174,9 @@ fn resolve(key: &str, value: &Value, member_dir: &Path, workspace_deps: &Table) 
         return match workspace_deps.get(key) {
             Some(Value::Table(ws)) => (
                 package_of(key, ws),
-                ws.get("path").and_then(Value::as_str).map(|p| normalize(Path::new(p))),
+                ws.get("path")
+                    .and_then(Value::as_str)
+                    .map(|p| normalize(Path::new(p))),
             ),
             _ => (key.to_owned(), None),
         };
@@ -213,7 +220,10 @@ fn normalize(path: &Path) -> PathBuf {
 /// See [`DOMAIN_FORBIDDEN_DEPS`].
 fn check_domain_has_no_io_deps(members: &[Member], workspace_deps: &Table) -> Vec<String> {
     let mut violations = Vec::new();
-    for member in members.iter().filter(|m| m.package_name() == Some(DOMAIN_PACKAGE)) {
+    for member in members
+        .iter()
+        .filter(|m| m.package_name() == Some(DOMAIN_PACKAGE))
+    {
         for dep in dependencies(member, workspace_deps, &[DepKind::Normal, DepKind::Build]) {
             let forbidden = DOMAIN_FORBIDDEN_DEPS
                 .iter()
@@ -238,9 +248,13 @@ fn check_domain_has_no_io_deps(members: &[Member], workspace_deps: &Table) -> Ve
 fn check_services_are_independent(members: &[Member], workspace_deps: &Table) -> Vec<String> {
     let service_names: BTreeSet<&str> = SERVICES.iter().map(|(name, _)| *name).collect();
     // The conventional directories, plus wherever a service crate actually lives.
-    let mut service_dirs: BTreeSet<PathBuf> = SERVICES.iter().map(|(_, dir)| PathBuf::from(dir)).collect();
+    let mut service_dirs: BTreeSet<PathBuf> =
+        SERVICES.iter().map(|(_, dir)| PathBuf::from(dir)).collect();
     for member in members {
-        if member.package_name().is_some_and(|n| service_names.contains(n)) {
+        if member
+            .package_name()
+            .is_some_and(|n| service_names.contains(n))
+        {
             service_dirs.insert(normalize(&member.dir));
         }
     }
@@ -330,7 +344,11 @@ fn check_crate_names_match_dirs(members: &[Member]) -> Vec<String> {
             continue;
         }
         let dir = dir.to_string_lossy();
-        let expected = if dir == "atasira" { "atasira".to_owned() } else { format!("atasira-{dir}") };
+        let expected = if dir == "atasira" {
+            "atasira".to_owned()
+        } else {
+            format!("atasira-{dir}")
+        };
         if member.package_name() != Some(expected.as_str()) {
             violations.push(format!(
                 "{}: the package in `{}` should be named `{expected}`",
@@ -362,7 +380,8 @@ fn parse(path: &Path, text: &str) -> Table {
 fn workspace_members() -> Vec<Member> {
     let root = root();
     let crates = root.join("crates");
-    let entries = fs::read_dir(&crates).unwrap_or_else(|e| panic!("failed to list {}: {e}", crates.display()));
+    let entries = fs::read_dir(&crates)
+        .unwrap_or_else(|e| panic!("failed to list {}: {e}", crates.display()));
     let mut dirs: Vec<PathBuf> = entries
         .map(|entry| entry.unwrap_or_else(|e| panic!("failed to list {}: {e}", crates.display())))
         .filter(|entry| entry.path().join("Cargo.toml").is_file())
@@ -396,7 +415,8 @@ fn workspace_deps() -> Table {
 fn workspace_sources() -> Vec<(PathBuf, String)> {
     fn walk(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, String)>) {
         let dir = root.join(rel);
-        let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
+        let entries =
+            fs::read_dir(&dir).unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
         for entry in entries {
             let entry = entry.unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
             let name = entry.file_name();
@@ -436,7 +456,7 @@ fn assert_clean(rule: &str, violations: &[String]) {
     );
 }
 
-/// Asserts that `violations` has exactly `count` entries, each mentioning its needle.
+/// Asserts that `violations` has one entry per needle and every needle is mentioned.
 #[track_caller]
 fn assert_reported(violations: &[String], needles: &[&str]) {
     assert_eq!(
@@ -474,9 +494,14 @@ fn table(text: &str) -> Table {
 fn workspace_domain_has_no_io_deps() {
     let members = workspace_members();
     assert!(
-        members.iter().any(|m| m.package_name() == Some(DOMAIN_PACKAGE)),
+        members
+            .iter()
+            .any(|m| m.package_name() == Some(DOMAIN_PACKAGE)),
         "no `{DOMAIN_PACKAGE}` found among {:?}: the domain rule would check nothing",
-        members.iter().map(|m| m.dir.display().to_string()).collect::<Vec<_>>()
+        members
+            .iter()
+            .map(|m| m.dir.display().to_string())
+            .collect::<Vec<_>>()
     );
     assert_clean(
         "Architecture Invariant: the domain crate does no IO",
@@ -765,8 +790,14 @@ fn crate_without_workspace_lints_is_reported() {
         "crates/b",
         "[package]\nname = \"atasira-b\"\n[lints.rust]\nunsafe_code = \"forbid\"\n",
     );
-    let off = member("crates/c", "[package]\nname = \"atasira-c\"\n[lints]\nworkspace = false\n");
-    let dotted = member("crates/d", "[package]\nname = \"atasira-d\"\nlints.workspace = true\n");
+    let off = member(
+        "crates/c",
+        "[package]\nname = \"atasira-c\"\n[lints]\nworkspace = false\n",
+    );
+    let dotted = member(
+        "crates/d",
+        "lints.workspace = true\n[package]\nname = \"atasira-d\"\n",
+    );
     let violations = check_lints_inherited(&[missing, own, off, dotted]);
     assert_reported(&violations, &["atasira-a", "atasira-b", "atasira-c"]);
 }

@@ -501,10 +501,9 @@ impl BoxManifest {
     /// `sha256:<hex>` over the canonical JSON of the manifest (object keys sorted), the
     /// digest an approval token binds (R-APPROVE-4).
     pub fn digest(&self) -> String {
-        use sha2::{Digest, Sha256};
         let value = serde_json::to_value(self).unwrap_or(Value::Null);
         let bytes = serde_json::to_vec(&canonical(value)).unwrap_or_default();
-        format!("sha256:{}", hex::encode(Sha256::digest(&bytes)))
+        crate::token::manifest_digest(&bytes)
     }
 
     /// The manifest as a JSON object (for merge patches and wire payloads).

@@ -1,0 +1,178 @@
+//! Given/when/then tests of the Box aggregate (SPEC §5, §9).
+
+use chrono::TimeZone;
+use serde_json::json;
+
+use super::*;
+use crate::aggregates::testing::given_when;
+use crate::principal::{Kind, Role};
+use crate::token::{ApprovalSigner, Keyring};
+
+fn t(minute: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, 12, minute, 0).single().expect("valid time")
+}
+
+fn alice() -> Principal {
+    Principal::new("alice", Role::Admin, Kind::Human)
+}
+fn ops_bot() -> Principal {
+    Principal::new("ops-bot", Role::Admin, Kind::Agent)
+}
+fn dave() -> Principal {
+    Principal::new("dave", Role::Member, Kind::Human)
+}
+
+fn manifest() -> BoxManifest {
+    BoxManifest::from_yaml_str(
+        "box_type: sales\npurpose: Report sales.\ntools: [Read]\nos_operations: [notify:email]\ncredentials: {allowed_vaults: [ops]}\nnotify: {email: {vault: ops, item: smtp, recipients: [a@example.com]}}\n",
+    )
+    .expect("valid")
+    .manifest
+}
+
+fn signer() -> ApprovalSigner {
+    ApprovalSigner::from_secret("k1".into(), [9; 32])
+}
+
+fn verified(draft_id: &str, m: &BoxManifest) -> VerifiedApproval {
+    let token = signer().issue(draft_id, m.box_type.as_str(), &m.digest(), "alice", t(0));
+    Keyring::new(vec![signer().public_key()]).verify(&token, t(1)).expect("verifies")
+}
+
+fn activate(draft_id: &str, m: BoxManifest, approval: VerifiedApproval) -> BoxCommand {
+    BoxCommand::Activate { box_id: "b1".into(), draft_id: draft_id.into(), manifest: m, approval, at: t(1) }
+}
+
+fn activated() -> Vec<BoxEvent> {
+    let m = manifest();
+    given_when::<BoxAggregate>(vec![], activate("d1", m.clone(), verified("d1", &m))).expect("activates")
+}
+
+fn then(history: &[BoxEvent], command: BoxCommand) -> Result<Vec<BoxEvent>, BoxError> {
+    given_when::<BoxAggregate>(history.to_vec(), command)
+}
+
+fn with(history: &[BoxEvent], more: Vec<BoxEvent>) -> Vec<BoxEvent> {
+    history.iter().cloned().chain(more).collect()
+}
+
+#[test]
+fn given_a_verified_token_when_activated_then_the_box_is_idle() {
+    // R-BOX-1, R-BOX-4
+    let events = activated();
+    assert_eq!(events.len(), 1);
+    let BoxEvent::BoxActivated { box_type, approved_by, approval_key_id, manifest_digest, .. } = &events[0] else { panic!("expected BoxActivated") };
+    assert_eq!((box_type.as_str(), approved_by.as_str(), approval_key_id.as_str()), ("sales", "alice", "k1"));
+    assert_eq!(manifest_digest, &manifest().digest());
+    let mut b = BoxAggregate::default();
+    b.evolve(events[0].clone());
+    assert_eq!(b.data.map(|d| d.state), Some(BoxState::Idle));
+}
+
+#[test]
+fn given_an_active_box_when_the_same_activation_repeats_then_nothing_new() {
+    // R-APPROVE-7 (3): activation is at-least-once and idempotent
+    let h = activated();
+    let m = manifest();
+    assert_eq!(then(&h, activate("d1", m.clone(), verified("d1", &m))), Ok(vec![]));
+    assert_eq!(then(&h, activate("d2", m.clone(), verified("d2", &m))), Err(BoxError::BoxIdTaken));
+}
+
+#[test]
+fn given_a_token_for_another_draft_or_manifest_when_activated_then_refused() {
+    // R-BOX-1: altered manifest digest / other draft never activates
+    let m = manifest();
+    let err = then(&[], activate("d1", m.clone(), verified("d2", &m))).expect_err("other draft");
+    assert!(matches!(err, BoxError::InvalidApprovalToken(TokenError::BindingMismatch { .. })));
+    assert!(err.code().is_security_violation());
+    let mut altered = m.clone();
+    altered.os_operations.push(crate::os_operation::OSOperation::ShellExec);
+    assert!(matches!(then(&[], activate("d1", altered, verified("d1", &m))), Err(BoxError::InvalidApprovalToken(_))));
+}
+
+#[test]
+fn given_an_invalid_manifest_when_activated_then_re_validation_refuses() {
+    // R-APPROVE-4: the manifest is re-validated before activation
+    let mut m = manifest();
+    m.purpose = " ".into();
+    let err = then(&[], activate("d1", m.clone(), verified("d1", &m))).expect_err("invalid");
+    assert_eq!(err.code().as_str(), "box_manifest_validation");
+}
+
+#[test]
+fn given_a_box_when_a_human_admin_assigns_then_assigned_and_the_primary_may_assign_too() {
+    // R-BOX-6
+    let h = activated();
+    let assigned = then(&h, BoxCommand::AssignUser { by: alice(), user_id: "dave".into(), role_in_box: BoxRole::Primary, at: t(2) }).expect("assigned");
+    assert_eq!(assigned[0].name(), "BoxUserAssigned");
+    let h = with(&h, assigned);
+    let by_primary = then(&h, BoxCommand::AssignUser { by: dave(), user_id: "erin".into(), role_in_box: BoxRole::Member, at: t(3) });
+    assert_eq!(by_primary.map(|e| e.len()), Ok(1));
+    assert_eq!(then(&h, BoxCommand::AssignUser { by: alice(), user_id: "dave".into(), role_in_box: BoxRole::Primary, at: t(4) }), Ok(vec![]));
+}
+
+#[test]
+fn given_a_box_when_a_member_or_agent_assigns_then_403() {
+    // R-BOX-6, R-AUTH-2
+    let h = activated();
+    for who in [dave(), ops_bot()] {
+        let err = then(&h, BoxCommand::AssignUser { by: who, user_id: "x".into(), role_in_box: BoxRole::Member, at: t(2) }).expect_err("forbidden");
+        assert_eq!(err.code().http_status(), 403);
+    }
+}
+
+#[test]
+fn given_a_box_when_mentor_edited_then_version_bumps_and_prohibited_keys_refuse() {
+    // R-EDIT-1, R-EDIT-2
+    let h = activated();
+    let patch = |v: Value| v.as_object().cloned().expect("object");
+    let edited = then(&h, BoxCommand::MentorEdit { by: alice(), patch: patch(json!({"purpose": "Report sales weekly."})), at: t(2) }).expect("edited");
+    let BoxEvent::BoxManifestEdited { manifest, changed_keys, .. } = &edited[0] else { panic!("expected BoxManifestEdited") };
+    assert_eq!(manifest.version, "1.1.0");
+    assert_eq!(changed_keys, &vec!["purpose".to_string()]);
+    let refused = then(&h, BoxCommand::MentorEdit { by: alice(), patch: patch(json!({"network": "full"})), at: t(2) }).expect_err("refused");
+    assert_eq!(refused.code().as_str(), "mentor_edit_prohibited_key");
+    assert!(refused.code().is_security_violation());
+    let agent = then(&h, BoxCommand::MentorEdit { by: ops_bot(), patch: patch(json!({"purpose": "x"})), at: t(2) }).expect_err("agents cannot");
+    assert_eq!(agent.code().http_status(), 403);
+}
+
+#[test]
+fn given_a_box_when_config_edited_then_changes_within_capability_apply() {
+    // R-EDIT-3: admin (any kind) or primary; a widening patch needs a new draft
+    let h = activated();
+    let edited = then(&h, BoxCommand::ConfigEdit { by: ops_bot(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(2) }).expect("edited");
+    assert_eq!(edited[0].name(), "BoxConfigEdited");
+    let same = with(&h, edited);
+    assert_eq!(then(&same, BoxCommand::ConfigEdit { by: alice(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(3) }), Ok(vec![]), "no-op edits add no event");
+    let err = then(&h, BoxCommand::ConfigEdit { by: alice(), patch: json!({"os_operations": ["shell:exec"]}), at: t(2) }).expect_err("widening");
+    assert_eq!(err.code().as_str(), "capability_change_requires_new_draft");
+    let member = then(&h, BoxCommand::ConfigEdit { by: dave(), patch: json!({"config_defaults": {}}), at: t(2) }).expect_err("member");
+    assert_eq!(member.code().http_status(), 403);
+}
+
+#[test]
+fn given_a_box_when_stopped_resumed_and_archived_then_states_follow_and_archive_is_terminal() {
+    // R-BOX-7
+    let h = activated();
+    let stopped = then(&h, BoxCommand::Stop { by: alice(), at: t(2) }).expect("stopped");
+    assert_eq!(stopped[0].name(), "BoxStopped");
+    let h = with(&h, stopped);
+    assert_eq!(then(&h, BoxCommand::Stop { by: alice(), at: t(3) }), Ok(vec![]));
+    let resumed = then(&h, BoxCommand::Resume { by: alice(), at: t(3) }).expect("resumed");
+    assert_eq!(resumed[0].name(), "BoxResumed");
+    let h = with(&h, resumed);
+    let archived = then(&h, BoxCommand::Archive { by: alice(), at: t(4) }).expect("archived");
+    let h = with(&h, archived);
+    assert_eq!(then(&h, BoxCommand::Archive { by: alice(), at: t(5) }), Ok(vec![]));
+    assert_eq!(then(&h, BoxCommand::Resume { by: alice(), at: t(5) }), Err(BoxError::Archived));
+    assert_eq!(BoxError::Archived.code().http_status(), 409);
+}
+
+#[test]
+fn given_a_box_when_an_agent_admin_stops_then_403_and_unknown_box_404() {
+    // R-AUTH-2, R-BOX-7
+    let h = activated();
+    assert_eq!(then(&h, BoxCommand::Stop { by: ops_bot(), at: t(2) }), Err(BoxError::Forbidden(HUMAN_ADMIN)));
+    assert_eq!(then(&[], BoxCommand::Stop { by: alice(), at: t(2) }).map_err(|e| e.code().http_status()), Err(404));
+}
