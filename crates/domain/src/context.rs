@@ -514,7 +514,7 @@ business_procedure:
   <business_procedure>
     <step number="1" tool="browser:navigate">
       <description>Check [&apos;x&apos;] below 1.5</description>
-      <args_schema>{&quot;limit&quot;:3,&quot;url&quot;:&quot;https://example.com/[&apos;x&apos;]&quot;}</args_schema>
+      <args_schema>{&quot;url&quot;:&quot;https://example.com/[&apos;x&apos;]&quot;,&quot;limit&quot;:3}</args_schema>
     </step>
     <step number="2" tool="Read">
       <description></description>
@@ -625,7 +625,7 @@ business_procedure:
 "#,
         );
         let xml = m.to_agent_context_xml();
-        let expected = "<args_schema>{&quot;list&quot;:[&quot;{&apos;a&apos;: 1}&quot;,5,{&quot;inner&quot;:&quot;True&quot;}],&quot;{flag}&quot;:&quot;None&quot;}</args_schema>";
+        let expected = "<args_schema>{&quot;{flag}&quot;:&quot;None&quot;,&quot;list&quot;:[&quot;{&apos;a&apos;: 1}&quot;,5,{&quot;inner&quot;:&quot;True&quot;}]}</args_schema>";
         assert!(xml.contains(expected), "{xml}");
     }
 

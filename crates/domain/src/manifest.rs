@@ -400,6 +400,7 @@ impl BoxManifest {
             }
         }
         if !errors.is_empty() {
+            errors.extend(cross_key_errors_despite(&obj, &errors));
             return Err(ValidationReport { errors, warnings });
         }
 
@@ -513,6 +514,25 @@ impl BoxManifest {
             _ => Map::new(),
         }
     }
+}
+
+/// The cross-key rules, checked on what remains once the keys that already failed fall
+/// back to their defaults, so that one run reports every problem. Errors on keys that
+/// already failed are not repeated.
+fn cross_key_errors_despite(obj: &Map<String, Value>, known: &[FieldError]) -> Vec<FieldError> {
+    let failed = |key: &str| known.iter().any(|e| top_key(&e.key) == key);
+    let mut rest: Map<String, Value> = obj.iter().filter(|(k, _)| !failed(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    rest.entry("box_type").or_insert_with(|| Value::from("placeholder"));
+    rest.entry("purpose").or_insert_with(|| Value::from("placeholder"));
+    match serde_json::from_value::<BoxManifest>(Value::Object(rest)) {
+        Ok(m) => m.validate().into_iter().filter(|e| !failed(top_key(&e.key))).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// `notify.email.vault` -> `notify`, `os_operations[2]` -> `os_operations`.
+fn top_key(key: &str) -> &str {
+    key.split(['.', '[']).next().unwrap_or(key)
 }
 
 /// Sorts object keys recursively so that equal manifests give equal bytes whatever map

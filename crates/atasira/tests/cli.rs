@@ -1,0 +1,188 @@
+//! The offline CLI as a user runs it: the real binary, real files, exit codes and output.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn atasira(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_atasira")).args(args).output().expect("the binary runs")
+}
+
+fn atasira_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_atasira"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    child.stdin.take().expect("stdin").write_all(input).expect("writes");
+    child.wait_with_output().expect("finishes")
+}
+
+/// A file under the target dir's temp area, unique per test.
+fn file(name: &str, content: &[u8]) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("writes");
+    path
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn example() -> String {
+    format!("{}/../../examples/sales-report.yaml", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn validate_a_valid_manifest_prints_the_effective_manifest_and_exits_0() {
+    // R-MAN-2, R-MAN-3
+    let out = atasira(&["manifest", "validate", &example()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["manifest"]["box_type"], "sales-report");
+    assert_eq!(v["manifest"]["tools"], serde_json::json!(["Read", "file:read", "notify:email"]));
+    assert_eq!(v["manifest"]["loop_control"]["max_iterations"], 30);
+    assert!(v["warnings"].is_array());
+}
+
+#[test]
+fn validate_an_invalid_manifest_lists_errors_by_key_and_exits_1() {
+    // R-MAN-1, R-MAN-5, R-MAN-7
+    let path = file(
+        "invalid.yaml",
+        b"box_type: sales\npurpose: p\nnetwork: internet\ntrigger_type: schedule\ntrigger_schedule: soon\nnotify: {email: {vault: ops}}\nllm: {model: x}\n",
+    );
+    let out = atasira(&["manifest", "validate", path.to_str().expect("utf-8 path")]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    let keys: Vec<&str> = v["errors"].as_array().expect("errors").iter().map(|e| e["key"].as_str().expect("key")).collect();
+    assert_eq!(keys, vec!["network", "trigger_schedule", "notify.email.vault"]);
+    assert!(v["warnings"].as_array().expect("warnings").iter().any(|w| w.as_str().is_some_and(|w| w.contains("llm.model"))));
+}
+
+#[test]
+fn validate_an_empty_file_names_the_required_keys() {
+    // SPEC §8: box_type and purpose are required
+    let path = file("empty.yaml", b"");
+    let out = atasira(&["manifest", "validate", path.to_str().expect("utf-8 path")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json(&out)["errors"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn hostile_files_exit_2_with_a_message_and_never_panic() {
+    // SPEC §8: 1 MiB limit before parsing; bad input never panics or hangs
+    let mut fifty_mb = Vec::with_capacity(50 * 1024 * 1024);
+    fifty_mb.extend(b"box_type: big\npurpose: p\ndescription: ");
+    fifty_mb.resize(50 * 1024 * 1024, b'x');
+    let deep = format!("box_type: deep\npurpose: p\nconfig_defaults:\n  x: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    let deep_block = format!("box_type: deep\npurpose: p\nconfig_defaults:\n  x: {}x\n", "- ".repeat(10_000));
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("binary.bin", (0..=255u8).cycle().take(4096).collect(), "UTF-8"),
+        ("latin1.yaml", b"box_type: caf\xe9\npurpose: p\n".to_vec(), "UTF-8"),
+        ("deep-flow.yaml", deep.into_bytes(), "YAML"),
+        ("deep-block.yaml", deep_block.into_bytes(), "YAML"),
+        ("huge.yaml", fifty_mb, "limit"),
+        ("list.yaml", b"- a\n- b\n".to_vec(), "mapping"),
+        ("broken.yaml", b"box_type: [unclosed\n".to_vec(), "YAML"),
+    ];
+    for (name, content, needle) in cases {
+        let path = file(name, &content);
+        let out = atasira(&["manifest", "validate", path.to_str().expect("utf-8 path")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(needle), "{name}: stderr {stderr:?} should mention {needle}");
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        assert!(out.stdout.is_empty(), "{name}: nothing on stdout");
+    }
+    let missing = atasira(&["manifest", "validate", "/nonexistent/manifest.yaml"]);
+    assert_eq!(missing.status.code(), Some(2));
+    let dir = atasira(&["manifest", "validate", env!("CARGO_TARGET_TMPDIR")]);
+    assert_eq!(dir.status.code(), Some(2));
+}
+
+#[test]
+fn validate_reads_standard_input_with_a_dash() {
+    // R-CLI-1
+    let out = atasira_stdin(&["manifest", "validate", "-"], b"box_type: from-stdin\npurpose: p\n");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json(&out)["manifest"]["box_type"], "from-stdin");
+}
+
+#[test]
+fn context_prints_the_agent_context_xml_without_config_defaults() {
+    // R-MAN-6
+    let out = atasira(&["manifest", "context", &example()]);
+    assert_eq!(out.status.code(), Some(0));
+    let xml = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(xml.starts_with("<box_context box_type=\"sales-report\" version=\"1.0.0\">"), "{xml}");
+    assert!(xml.contains("<tool>notify:email</tool>"));
+    assert!(xml.contains("flag totals above 1000000"), "placeholders are substituted: {xml}");
+    assert!(!xml.contains("alert_threshold:"), "config_defaults are not dumped");
+}
+
+#[test]
+fn feasibility_answers_the_seven_keys() {
+    // R-FEAS-1
+    let out = atasira(&["manifest", "feasibility", &example(), "run a shell script every day"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = json(&out);
+    let mut keys: Vec<&str> = v.as_object().expect("object").keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, vec!["available_operations", "available_tools", "feasible", "missing_capabilities", "notes", "required_approvals", "summary"]);
+    assert_eq!(v["feasible"], false);
+    assert!(v["missing_capabilities"].as_array().expect("list").iter().any(|c| c == "shell:exec"));
+}
+
+fn preview(body: &str) -> Value {
+    let out = atasira(&["drafts", "preview", "--json", body]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    json(&out)
+}
+
+#[test]
+fn preview_answers_like_the_rest_endpoint() {
+    // R-DRAFT-1, R-DRAFT-4, R-DRAFT-8, R-DRAFT-10, R-DRAFT-14
+    let ok = preview(r#"{"box_type":"sales-report","purpose":"weekly","success_criteria":["on Monday"],"os_operations":["shell:exec"],"tools":["Read"]}"#);
+    assert_eq!(ok["status"], 201);
+    assert_eq!(ok["body"]["status"], "pending_approval");
+    assert_eq!(ok["body"]["over_limit"], true);
+    assert_eq!(ok["body"]["over_limit_ops"], serde_json::json!(["shell:exec"]));
+    assert_eq!(ok["body"]["manifest"]["purpose"], "weekly\n\n## Success criteria\n- on Monday");
+
+    let forbidden = preview(r#"{"box_type":"admin-ops","purpose":"p"}"#);
+    assert_eq!((forbidden["status"].as_u64(), forbidden["body"]["error"].as_str()), (Some(403), Some("self_privilege_forbidden")));
+
+    let invalid = preview(r#"{"box_type":"kill","purpose":"p"}"#);
+    assert_eq!((invalid["status"].as_u64(), invalid["body"]["error"].as_str()), (Some(422), Some("box_manifest_validation")));
+    assert_eq!(invalid["body"]["details"][0]["key"], "box_type");
+
+    let unknown = preview(r#"{"box_type":"a","purpose":"p","state":"active"}"#);
+    assert_eq!((unknown["status"].as_u64(), unknown["body"]["error"].as_str()), (Some(422), Some("invalid_request")));
+}
+
+#[test]
+fn preview_of_something_that_is_not_json_exits_2() {
+    // R-CLI-1: exit 2 with a message when BODY is not JSON
+    let out = atasira(&["drafts", "preview", "--json", "{box_type: nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("JSON"));
+    let piped = atasira_stdin(&["drafts", "preview", "--json", "-"], br#"{"box_type":"a","purpose":"p"}"#);
+    assert_eq!(json(&piped)["status"], 201);
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    // R-CLI-1: help text on every flag
+    for args in [vec!["--help"], vec!["manifest", "--help"], vec!["manifest", "validate", "--help"], vec!["drafts", "preview", "--help"]] {
+        let out = atasira(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(!out.stdout.is_empty());
+    }
+}
