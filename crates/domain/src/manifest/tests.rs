@@ -243,3 +243,125 @@ browser: {approval_required_selectors: ["#buy"], approval_required_text_patterns
     assert_eq!(again.manifest, loaded.manifest);
     assert_eq!(loaded.manifest.shell.allowed_cwd, vec!["/tmp"]);
 }
+
+mod round_trip {
+    //! SPEC §8: valid manifests survive a YAML round trip unchanged (property test).
+
+    use proptest::collection::{btree_map, vec};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::super::*;
+    use crate::box_type::RESERVED_BOX_TYPES;
+
+    fn text() -> impl Strategy<Value = String> {
+        // Any printable text, plus strings YAML would otherwise read as other types.
+        prop_oneof![
+            "\\PC{0,24}",
+            Just("null".to_owned()),
+            Just("~".to_owned()),
+            Just("true".to_owned()),
+            Just("1.5".to_owned()),
+            Just("0x1F".to_owned()),
+            Just("- a".to_owned()),
+            Just("a: b".to_owned()),
+            Just("line\nbreak".to_owned()),
+        ]
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            text().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![vec(inner.clone(), 0..4).prop_map(Value::from), btree_map("[a-z_]{1,8}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect()))]
+        })
+    }
+
+    fn object() -> impl Strategy<Value = Map<String, Value>> {
+        btree_map("[a-z_]{1,10}", json_value(), 0..4).prop_map(|m| m.into_iter().collect())
+    }
+
+    fn manifest() -> impl Strategy<Value = BoxManifest> {
+        let box_type = "[a-z0-9][a-z0-9_-]{0,20}".prop_filter("not reserved", |s| !RESERVED_BOX_TYPES.contains(&s.as_str()));
+        let ops = proptest::sample::subsequence(OSOperation::ALL.to_vec(), 0..6);
+        let words = || vec(text(), 0..4);
+        let step = (any::<i64>(), text(), text(), object()).prop_map(|(step, description, tool, args_schema)| ProcedureStep { step, description, tool, args_schema });
+        let access = prop_oneof![
+            text().prop_map(|url| RequiredAccess::GitRemote { url }),
+            (text(), text(), any::<u16>()).prop_map(|(host, user, port)| RequiredAccess::SshTarget { host, user, port }),
+            (text(), text(), text(), text()).prop_map(|(machine, login, vault, item)| RequiredAccess::NetrcEntry { machine, login, vault, item }),
+        ];
+        let part1 = (box_type, (0u32..50, 0u32..50, 0u32..50), text(), text(), words(), object(), object(), ops, words());
+        let part2 = (
+            prop_oneof![Just(Network::None), Just(Network::Local), Just(Network::Filtered), Just(Network::Full)],
+            prop_oneof![Just(AgentKind::Dialog), Just(AgentKind::Worker), Just(AgentKind::Mentor), Just(AgentKind::Custom)],
+            prop_oneof![Just((TriggerType::Manual, String::new())), Just((TriggerType::Schedule, "*/15 * * * *".to_owned())), Just((TriggerType::Event, "atasira.box.x.result".to_owned()))],
+            "\\PC{1,40}".prop_filter("not blank", |s| !s.trim().is_empty()),
+            (1u32..10_000, 0.001f64..1e9, any::<bool>()),
+            vec(step, 0..3),
+            vec(access, 0..3),
+            btree_map("[a-z]{1,6}", any::<bool>(), 0..3),
+            (vec("[a-z]{1,6}", 0..3), any::<bool>()),
+        );
+        (part1, part2).prop_map(
+            |((box_type, (ma, mi, pa), name, description, tools, config_defaults, resource_limits, os_operations, prohibited_actions),
+              (network, agent_kind, (trigger_type, trigger_schedule), purpose, (max_iterations, timeout_s, escalate_on_failure), business_procedure, required_access, dangerous_tool_overrides, (vaults, broadcast)))| {
+                let notify: BTreeMap<String, NotifyChannel> = vaults
+                    .first()
+                    .map(|v| [("line".to_owned(), NotifyChannel { vault: v.clone(), item: "bot".into(), recipients: vec!["u1".into()], broadcast })].into_iter().collect())
+                    .unwrap_or_default();
+                BoxManifest {
+                    box_type: BoxType::parse(&box_type).expect("strategy yields valid box types"),
+                    version: format!("{ma}.{mi}.{pa}"),
+                    name,
+                    description,
+                    capabilities: prohibited_actions.clone(),
+                    agent_kind,
+                    resource_limits,
+                    tool_policies: Map::new(),
+                    config_defaults,
+                    tools,
+                    os_operations,
+                    file_access: vec!["read:/data/*".into()],
+                    network,
+                    url_allowlist: vec![],
+                    allowed_apps: vec![],
+                    dangerous_tool_overrides,
+                    trigger_type,
+                    trigger_schedule,
+                    trigger_event: String::new(),
+                    purpose,
+                    prohibited_actions,
+                    loop_control: LoopControl { max_iterations, timeout_s, escalate_on_failure },
+                    business_procedure,
+                    outputs: vec![],
+                    llm: Llm { provider: Some("anthropic".into()), node: None, required: Some(true), min_tier: Some(json!(2)) },
+                    required_access,
+                    credentials: Credentials { allowed_vaults: vaults, token_env_var: String::new() },
+                    shell: Shell::default(),
+                    notify,
+                    browser: Browser::default(),
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+        /// SPEC §8: save then load gives the same manifest, and the same digest.
+        #[test]
+        fn valid_manifests_survive_a_yaml_round_trip(m in manifest()) {
+            prop_assert_eq!(m.validate(), vec![]);
+            let yaml = m.to_yaml();
+            let loaded = BoxManifest::from_yaml_str(&yaml).map_err(|e| TestCaseError::fail(format!("{e}\n{yaml}")))?;
+            prop_assert_eq!(&loaded.manifest, &m, "YAML was:\n{}", yaml);
+            prop_assert_eq!(loaded.manifest.digest(), m.digest());
+        }
+    }
+}
