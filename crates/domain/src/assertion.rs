@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use crate::principal::Principal;
+use crate::token::push_item;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -207,14 +208,6 @@ fn canonical_bytes(
     push_item(&mut out, correlation_id.as_bytes());
     push_item(&mut out, &expires_at.timestamp().to_be_bytes());
     out
-}
-
-/// Appends one length-prefixed item; lengths beyond u32 (4 GiB) saturate, which no header
-/// can reach ([`MAX_ENCODED_LEN`]).
-fn push_item(out: &mut Vec<u8>, bytes: &[u8]) {
-    let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(bytes);
 }
 
 /// The gateway's statement "this request comes from this principal", carried in a NATS

@@ -59,7 +59,7 @@ pub enum DraftRequestError {
     #[error("box_type {0:?} may not be drafted: it would grant the drafter admin privileges (INV-5)")]
     SelfPrivilege(String),
     /// 422 `box_manifest_validation` (R-DRAFT-2, -3, -5, -6).
-    #[error("the draft does not make a valid manifest: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    #[error("the draft does not make a valid manifest: {}", crate::error::joined(&.0))]
     Invalid(Vec<FieldError>),
 }
 

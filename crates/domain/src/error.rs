@@ -25,6 +25,11 @@ impl std::fmt::Display for FieldError {
     }
 }
 
+/// Field errors as one line (`key: message; key: message`), for error messages.
+pub fn joined(errors: &[FieldError]) -> String {
+    errors.iter().map(FieldError::to_string).collect::<Vec<_>>().join("; ")
+}
+
 /// The spec's error codes (`{"error": code}`), with their HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

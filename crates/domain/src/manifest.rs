@@ -333,7 +333,7 @@ pub enum LoadError {
     #[error("manifest must be a YAML mapping of keys, found {0}")]
     NotAMapping(&'static str),
     /// Parsed, but the content breaks the schema.
-    #[error("manifest is invalid: {}", .0.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    #[error("manifest is invalid: {}", crate::error::joined(&.0.errors))]
     Invalid(ValidationReport),
 }
 

@@ -109,7 +109,7 @@ pub enum BoxError {
     #[error("approval token refused: {0}")]
     InvalidApprovalToken(TokenError),
     /// 422: the approved manifest no longer validates (R-APPROVE-4 re-validation).
-    #[error("the approved manifest is invalid: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    #[error("the approved manifest is invalid: {}", crate::error::joined(&.0))]
     ManifestInvalid(Vec<FieldError>),
     /// 409: this Box id already belongs to another draft's activation.
     #[error("box id is taken by another activation")]

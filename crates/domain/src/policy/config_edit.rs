@@ -23,7 +23,7 @@ pub enum ConfigEditError {
     #[error("{key}: {reason}; {NEW_DRAFT_HINT}")]
     CapabilityChange { key: String, reason: String },
     /// 422: the patched manifest is invalid (bad cron, double gate, wrong types).
-    #[error("the edited manifest is invalid: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    #[error("the edited manifest is invalid: {}", crate::error::joined(&.0))]
     Invalid(Vec<FieldError>),
 }
 

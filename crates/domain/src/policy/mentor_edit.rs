@@ -25,7 +25,7 @@ pub enum MentorEditError {
     #[error("mentor edit may change only purpose, success_criteria, prohibited_actions and business_procedure; refused keys: {}", self.refused_keys().join(", "))]
     RefusedKeys { prohibited: Vec<String>, not_editable: Vec<String>, unknown: Vec<String> },
     /// 422: the edited manifest is invalid (wrong types, blank purpose).
-    #[error("the edited manifest is invalid: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    #[error("the edited manifest is invalid: {}", crate::error::joined(&.0))]
     Invalid(Vec<FieldError>),
 }
 
