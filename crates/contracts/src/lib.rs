@@ -25,7 +25,7 @@ pub trait Named: Message + Default {
 macro_rules! named {
     ($($t:ident),+) => { $(impl Named for v1::$t { const NAME: &'static str = concat!("atasira.v1.", stringify!($t)); })+ };
 }
-named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, PendingDraftsReply, WaitForPosition, WaitForPositionReply, EventNotification);
+named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, PendingDraftsReply, GetDraft, ListMyDrafts, DraftReply, WaitForPosition, WaitForPositionReply, EventNotification);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,199 @@
+//! The bus: request-reply between services on `atasira.box.<from>.<to>` (R-ARCH-2). One
+//! trait, two adapters with the same subjects, headers and protobuf bytes (R-ARCH-7):
+//! NATS (services API, so `$SRV.PING|INFO|STATS` answer; R-ARCH-8) and in-process.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+
+/// One request as a handler sees it.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub subject: String,
+    /// NATS headers; `traceparent` carries W3C trace context (R-OPS-1).
+    pub headers: BTreeMap<String, String>,
+    pub payload: Bytes,
+}
+
+/// Answers a request with reply bytes (an encoded `atasira.v1.Reply`).
+pub type Handler = Arc<dyn Fn(Message) -> BoxFuture<'static, Bytes> + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("no responder on {0}")]
+    NoResponders(String),
+    #[error("request on {0} timed out")]
+    Timeout(String),
+    #[error("bus failure: {0}")]
+    Other(String),
+}
+
+/// A running endpoint; dropping it does not stop it, `stop` does.
+#[derive(Debug)]
+pub struct Endpoint {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoint {
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+#[async_trait::async_trait]
+pub trait Bus: Send + Sync {
+    /// Sends a request and waits for the reply.
+    async fn request(&self, subject: &str, headers: BTreeMap<String, String>, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError>;
+
+    /// Serves `subject` (may contain `*` tokens) for `service`, registered under that name.
+    async fn serve(&self, service: &str, subject: &str, handler: Handler) -> Result<Endpoint, BusError>;
+}
+
+/// Whether a subject matches a pattern with `*` (one token) and `>` (the rest).
+pub fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut p = pattern.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// The embedded bus: same subjects and bytes, no server.
+#[derive(Default)]
+pub struct InprocBus {
+    routes: RwLock<Vec<(String, Handler)>>,
+}
+
+impl std::fmt::Debug for InprocBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InprocBus")
+    }
+}
+
+#[async_trait::async_trait]
+impl Bus for InprocBus {
+    async fn request(&self, subject: &str, headers: BTreeMap<String, String>, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError> {
+        let handler = {
+            let routes = self.routes.read().map_err(|_| BusError::Other("route table poisoned".into()))?;
+            routes.iter().find(|(p, _)| subject_matches(p, subject)).map(|(_, h)| h.clone())
+        };
+        let handler = handler.ok_or_else(|| BusError::NoResponders(subject.to_owned()))?;
+        let fut = handler(Message { subject: subject.to_owned(), headers, payload });
+        // Run the handler on its own task, like a NATS responder: a caller that gives up
+        // does not cancel work half-done.
+        let task = tokio::spawn(fut);
+        match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(e)) => Err(BusError::Other(format!("handler failed: {e}"))),
+            Err(_) => Err(BusError::Timeout(subject.to_owned())),
+        }
+    }
+
+    async fn serve(&self, _service: &str, subject: &str, handler: Handler) -> Result<Endpoint, BusError> {
+        self.routes.write().map_err(|_| BusError::Other("route table poisoned".into()))?.push((subject.to_owned(), handler));
+        Ok(Endpoint { task: tokio::spawn(async {}) })
+    }
+}
+
+/// The cluster bus on a NATS connection.
+#[derive(Debug, Clone)]
+pub struct NatsBus {
+    client: async_nats::Client,
+}
+
+impl NatsBus {
+    pub fn new(client: async_nats::Client) -> Self {
+        Self { client }
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+}
+
+#[async_trait::async_trait]
+impl Bus for NatsBus {
+    async fn request(&self, subject: &str, headers: BTreeMap<String, String>, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError> {
+        let mut h = async_nats::HeaderMap::new();
+        for (k, v) in &headers {
+            h.insert(k.as_str(), v.as_str());
+        }
+        let request = async_nats::Request::new().payload(payload).headers(h).timeout(Some(timeout));
+        match self.client.send_request(subject.to_owned(), request).await {
+            Ok(msg) => Ok(msg.payload),
+            Err(e) => Err(match e.kind() {
+                async_nats::RequestErrorKind::NoResponders => BusError::NoResponders(subject.to_owned()),
+                async_nats::RequestErrorKind::TimedOut => BusError::Timeout(subject.to_owned()),
+                _ => BusError::Other(e.to_string()),
+            }),
+        }
+    }
+
+    async fn serve(&self, service: &str, subject: &str, handler: Handler) -> Result<Endpoint, BusError> {
+        use async_nats::service::ServiceExt;
+        let svc = self
+            .client
+            .service_builder()
+            .description(format!("atasira {service} service"))
+            .start(service, env!("CARGO_PKG_VERSION"))
+            .await
+            .map_err(|e| BusError::Other(format!("cannot register service {service}: {e}")))?;
+        let mut endpoint = svc.endpoint_builder().name("requests").add(subject.to_owned()).await.map_err(|e| BusError::Other(e.to_string()))?;
+        let task = tokio::spawn(async move {
+            // Keeps the service (and its $SRV handlers) alive as long as the endpoint runs.
+            let _svc = svc;
+            while let Some(request) = endpoint.next().await {
+                let handler = handler.clone();
+                tokio::spawn(async move {
+                    let mut headers = BTreeMap::new();
+                    if let Some(h) = &request.message.headers {
+                        for (k, v) in h.iter() {
+                            if let Some(first) = v.first() {
+                                headers.insert(k.to_string(), first.to_string());
+                            }
+                        }
+                    }
+                    let msg = Message { subject: request.message.subject.to_string(), headers, payload: request.message.payload.clone() };
+                    let reply = handler(msg).await;
+                    if let Err(e) = request.respond(Ok(reply)).await {
+                        tracing::warn!(error = %e, "failed to respond");
+                    }
+                });
+            }
+        });
+        Ok(Endpoint { task })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_patterns_match_like_nats() {
+        assert!(subject_matches("atasira.box.*.drafts", "atasira.box.gateway.drafts"));
+        assert!(!subject_matches("atasira.box.*.drafts", "atasira.box.gateway.approval"));
+        assert!(!subject_matches("atasira.box.*.drafts", "atasira.box.drafts"));
+        assert!(subject_matches("atasira.>", "atasira.box.x.y"));
+    }
+
+    #[tokio::test]
+    async fn the_inproc_bus_routes_requests_and_reports_no_responders() {
+        let bus = InprocBus::default();
+        let handler: Handler = Arc::new(|m: Message| Box::pin(async move { Bytes::from([b"re:".as_slice(), &m.payload].concat()) }));
+        bus.serve("drafts", "atasira.box.*.drafts", handler).await.expect("serves");
+        let reply = bus.request("atasira.box.gateway.drafts", BTreeMap::new(), Bytes::from_static(b"hi"), Duration::from_secs(1)).await.expect("replies");
+        assert_eq!(&reply[..], b"re:hi");
+        assert!(matches!(bus.request("atasira.box.gateway.audit", BTreeMap::new(), Bytes::new(), Duration::from_secs(1)).await, Err(BusError::NoResponders(_))));
+    }
+}

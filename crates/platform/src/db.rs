@@ -1,0 +1,359 @@
+//! The one database: the shared event store (R-ARCH-1) plus each component's own tables.
+//!
+//! Two pools point at the same database: a typed one for cqrs-es (postgres-es or
+//! sqlite-es need `Pool<Postgres>` / `Pool<Sqlite>`) and an `Any` pool for everything this
+//! project writes itself, so that projection, checkpoint and token SQL is written once for
+//! both backends (`$n` placeholders work on both).
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use cqrs_es::persist::PersistedEventStore;
+use cqrs_es::{Aggregate, CqrsFramework};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AnyPool, PgPool, Row, SqlitePool};
+
+/// Which backend a [`Db`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone)]
+enum Typed {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Handle to the database; cheap to clone.
+#[derive(Clone)]
+pub struct Db {
+    typed: Typed,
+    any: AnyPool,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Db({:?})", self.kind())
+    }
+}
+
+/// cqrs-es over either backend (`EventStore` is not object safe, hence the enum).
+pub enum Cqrs<A: Aggregate<Services = ()>> {
+    Sqlite(CqrsFramework<A, PersistedEventStore<sqlite_es::SqliteEventRepository, A>>),
+    Postgres(CqrsFramework<A, PersistedEventStore<postgres_es::PostgresEventRepository, A>>),
+}
+
+impl<A: Aggregate<Services = ()>> std::fmt::Debug for Cqrs<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cqrs<{}>", A::TYPE)
+    }
+}
+
+impl<A: Aggregate<Services = ()>> Cqrs<A> {
+    /// Runs a command with event metadata; optimistic concurrency conflicts come back as
+    /// `AggregateError::AggregateConflict`.
+    pub async fn execute(&self, aggregate_id: &str, command: A::Command, metadata: std::collections::HashMap<String, String>) -> Result<(), cqrs_es::AggregateError<A::Error>> {
+        match self {
+            Cqrs::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
+            Cqrs::Postgres(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
+        }
+    }
+}
+
+/// One stored event with its place in the global order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// `<aggregate_type>/<aggregate_id>/<sequence>`: stable and unique, used for dedup
+    /// (JetStream `Nats-Msg-Id`, consumers' processed sets).
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub sequence: i64,
+    pub position: i64,
+    pub event_type: String,
+    pub event_version: String,
+    pub payload: serde_json::Value,
+    pub metadata: serde_json::Value,
+    pub recorded_at_ms: i64,
+}
+
+impl StoredEvent {
+    pub fn event_id_of(aggregate_type: &str, aggregate_id: &str, sequence: i64) -> String {
+        format!("{aggregate_type}/{aggregate_id}/{sequence}")
+    }
+}
+
+const SQLITE_SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS events (
+        aggregate_type TEXT NOT NULL,
+        aggregate_id TEXT NOT NULL,
+        sequence INTEGER NOT NULL CHECK (sequence >= 0),
+        event_type TEXT NOT NULL,
+        event_version TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        recorded_at_ms INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+        PRIMARY KEY (aggregate_type, aggregate_id, sequence)
+    )",
+    "CREATE TABLE IF NOT EXISTS snapshots (
+        aggregate_type TEXT NOT NULL,
+        aggregate_id TEXT NOT NULL,
+        last_sequence INTEGER NOT NULL,
+        current_snapshot INTEGER NOT NULL,
+        payload TEXT NOT NULL,
+        PRIMARY KEY (aggregate_type, aggregate_id, last_sequence)
+    )",
+    "CREATE TRIGGER IF NOT EXISTS events_append_only_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
+    "CREATE TRIGGER IF NOT EXISTS events_append_only_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
+];
+
+const POSTGRES_SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS events (
+        aggregate_type text NOT NULL,
+        aggregate_id text NOT NULL,
+        sequence bigint NOT NULL CHECK (sequence >= 0),
+        event_type text NOT NULL,
+        event_version text NOT NULL,
+        payload json NOT NULL,
+        metadata json NOT NULL,
+        global_position bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+        recorded_at_ms bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+        tx_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
+        PRIMARY KEY (aggregate_type, aggregate_id, sequence)
+    )",
+    "CREATE TABLE IF NOT EXISTS snapshots (
+        aggregate_type text NOT NULL,
+        aggregate_id text NOT NULL,
+        last_sequence bigint NOT NULL,
+        current_snapshot bigint NOT NULL,
+        payload json NOT NULL,
+        PRIMARY KEY (aggregate_type, aggregate_id, last_sequence)
+    )",
+    "CREATE OR REPLACE FUNCTION atasira_events_append_only() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'events are append-only'; END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_append_only') THEN
+            CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
+                FOR EACH ROW EXECUTE FUNCTION atasira_events_append_only();
+        END IF;
+    END $$",
+];
+
+/// Tables every component shares the shape of: projection checkpoints and processed sets.
+const COMMON_SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS projection_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS projection_processed (name TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (name, event_id))",
+    "CREATE TABLE IF NOT EXISTS relay_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+];
+
+impl Db {
+    /// Connects to `postgres://...` or `sqlite://...`, creating what the event store needs.
+    pub async fn connect(url: &str) -> anyhow::Result<Db> {
+        sqlx::any::install_default_drivers();
+        let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(10)).connect(url).await.with_context(|| format!("failed to connect to {}", redact(url)))?;
+            let any = AnyPoolOptions::new().max_connections(8).connect(url).await.context("failed to open the Any pool")?;
+            Db { typed: Typed::Postgres(pool), any }
+        } else if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(10))
+                .foreign_keys(true);
+            let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await.with_context(|| format!("failed to open {url}"))?;
+            let any = AnyPoolOptions::new()
+                .max_connections(4)
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
+                        Ok(())
+                    })
+                })
+                .connect(url)
+                .await
+                .context("failed to open the Any pool")?;
+            Db { typed: Typed::Sqlite(pool), any }
+        } else {
+            anyhow::bail!("unsupported database URL {:?}: use postgres://... or sqlite://...", redact(url));
+        };
+        db.migrate().await?;
+        Ok(db)
+    }
+
+    /// `sqlite://<dir>/atasira.db?mode=rwc` for a data directory.
+    pub fn sqlite_url(data_dir: &Path) -> String {
+        format!("sqlite://{}?mode=rwc", data_dir.join("atasira.db").display())
+    }
+
+    pub fn kind(&self) -> DbKind {
+        match self.typed {
+            Typed::Sqlite(_) => DbKind::Sqlite,
+            Typed::Postgres(_) => DbKind::Postgres,
+        }
+    }
+
+    /// The pool for this project's own SQL.
+    pub fn any(&self) -> &AnyPool {
+        &self.any
+    }
+
+    /// Creates the shared event store tables (idempotent; every component may call it).
+    async fn migrate(&self) -> anyhow::Result<()> {
+        let schema = match self.kind() {
+            DbKind::Sqlite => SQLITE_SCHEMA,
+            DbKind::Postgres => POSTGRES_SCHEMA,
+        };
+        // Concurrent first starts in cluster mode race on CREATE ... IF NOT EXISTS in
+        // PostgreSQL; an advisory lock serialises them.
+        let mut conn = self.any.acquire().await?;
+        if self.kind() == DbKind::Postgres {
+            sqlx::query("SELECT pg_advisory_lock(424242)").execute(&mut *conn).await?;
+        }
+        let mut result = Ok(());
+        for stmt in schema.iter().chain(COMMON_SCHEMA) {
+            if let Err(e) = sqlx::query(stmt).execute(&mut *conn).await {
+                result = Err(anyhow::Error::new(e).context(format!("failed to migrate: {}", stmt.lines().next().unwrap_or_default())));
+                break;
+            }
+        }
+        if self.kind() == DbKind::Postgres {
+            sqlx::query("SELECT pg_advisory_unlock(424242)").execute(&mut *conn).await?;
+        }
+        result
+    }
+
+    /// Runs a component's own DDL (idempotent statements).
+    pub async fn ensure_tables(&self, statements: &[&str]) -> anyhow::Result<()> {
+        for stmt in statements {
+            sqlx::query(stmt).execute(&self.any).await.with_context(|| format!("failed to create tables: {}", stmt.lines().next().unwrap_or_default()))?;
+        }
+        Ok(())
+    }
+
+    /// A cqrs-es framework for aggregate `A` on the shared event store.
+    pub fn cqrs<A>(&self) -> Cqrs<A>
+    where
+        A: Aggregate<Services = ()> + 'static,
+    {
+        match &self.typed {
+            Typed::Sqlite(pool) => Cqrs::Sqlite(CqrsFramework::new(
+                PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())),
+                vec![],
+                (),
+            )),
+            Typed::Postgres(pool) => Cqrs::Postgres(CqrsFramework::new(
+                PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())),
+                vec![],
+                (),
+            )),
+        }
+    }
+
+    /// Loads an aggregate's current state (for look-ups before a command).
+    pub async fn load<A>(&self, aggregate_id: &str) -> anyhow::Result<A>
+    where
+        A: Aggregate<Services = ()> + 'static,
+    {
+        use cqrs_es::EventStore;
+        Ok(match &self.typed {
+            Typed::Sqlite(pool) => {
+                let store = PersistedEventStore::<_, A>::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone()));
+                store.load_aggregate(aggregate_id).await.map_err(|e| anyhow::anyhow!("{e}"))?.aggregate
+            }
+            Typed::Postgres(pool) => {
+                let store = PersistedEventStore::<_, A>::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone()));
+                store.load_aggregate(aggregate_id).await.map_err(|e| anyhow::anyhow!("{e}"))?.aggregate
+            }
+        })
+    }
+
+    fn position_expr(&self) -> &'static str {
+        match self.kind() {
+            DbKind::Sqlite => "rowid",
+            DbKind::Postgres => "global_position",
+        }
+    }
+
+    /// The highest position of an aggregate's events (after a command committed them).
+    pub async fn position_of(&self, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<i64> {
+        let sql = format!("SELECT COALESCE(MAX({}), 0) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2", self.position_expr());
+        let row = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).fetch_one(&self.any).await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Events after `position` in global order, of the given aggregate types (all when
+    /// empty), at most `limit`.
+    ///
+    /// PostgreSQL: only events of transactions older than every transaction still in flight
+    /// (`tx_id < pg_snapshot_xmin(pg_current_snapshot())`) are returned, so an event whose
+    /// transaction commits after a later position was read is never skipped. SQLite has a
+    /// single writer, so positions appear in commit order.
+    pub async fn events_after(&self, position: i64, aggregate_types: &[&str], limit: i64) -> anyhow::Result<Vec<StoredEvent>> {
+        let pos = self.position_expr();
+        let visible = match self.kind() {
+            DbKind::Sqlite => "",
+            DbKind::Postgres => " AND tx_id < pg_snapshot_xmin(pg_current_snapshot())",
+        };
+        let types = if aggregate_types.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = aggregate_types.iter().map(|t| format!("'{}'", t.replace('\'', "''"))).collect();
+            format!(" AND aggregate_type IN ({})", list.join(", "))
+        };
+        let sql = format!(
+            "SELECT aggregate_type, aggregate_id, sequence, {pos}, event_type, event_version, CAST(payload AS TEXT), CAST(metadata AS TEXT), recorded_at_ms
+               FROM events WHERE {pos} > $1{visible}{types} ORDER BY {pos} LIMIT $2"
+        );
+        let rows = sqlx::query(&sql).bind(position).bind(limit).fetch_all(&self.any).await?;
+        rows.iter().map(row_to_event).collect()
+    }
+
+    /// The highest committed position (0 when empty).
+    pub async fn head_position(&self) -> anyhow::Result<i64> {
+        let sql = format!("SELECT COALESCE(MAX({}), 0) FROM events", self.position_expr());
+        Ok(sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<i64, _>(0)?)
+    }
+}
+
+fn row_to_event(row: &AnyRow) -> anyhow::Result<StoredEvent> {
+    let aggregate_type: String = row.try_get(0)?;
+    let aggregate_id: String = row.try_get(1)?;
+    let sequence: i64 = row.try_get(2)?;
+    let payload: String = row.try_get(6)?;
+    let metadata: String = row.try_get(7)?;
+    Ok(StoredEvent {
+        event_id: StoredEvent::event_id_of(&aggregate_type, &aggregate_id, sequence),
+        aggregate_type,
+        aggregate_id,
+        sequence,
+        position: row.try_get(3)?,
+        event_type: row.try_get(4)?,
+        event_version: row.try_get(5)?,
+        payload: serde_json::from_str(&payload)?,
+        metadata: serde_json::from_str(&metadata)?,
+        recorded_at_ms: row.try_get(8)?,
+    })
+}
+
+/// Hides a password in a database URL for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &creds[..colon], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,34 @@
+//! IO glue shared by every service: the one event store (SQLite embedded, PostgreSQL in
+//! cluster mode), the bus (NATS or in-process, same subjects and bytes), event feeds with
+//! one durable-consumer abstraction, the outbox relay, the projection runner, and PATs.
+//!
+//! Architecture Invariant: services see only the traits and types of this crate; whether
+//! they run embedded or clustered is decided once, in the binary, when it builds a
+//! [`Runtime`].
+
+pub mod auth;
+pub mod bus;
+pub mod db;
+pub mod feed;
+pub mod projection;
+pub mod relay;
+
+use std::sync::Arc;
+
+use atasira_domain::assertion::AssertionKeys;
+
+/// Everything a service needs from the outside world.
+#[derive(Clone)]
+pub struct Runtime {
+    pub db: db::Db,
+    pub bus: Arc<dyn bus::Bus>,
+    pub feeds: feed::FeedSource,
+    /// Verifies (and, in the gateway, signs) principal assertions (R-ARCH-3).
+    pub assertion_keys: Arc<AssertionKeys>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("db", &self.db.kind()).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,142 @@
+//! Projections: read models built from events. Each applies an event and stores its
+//! checkpoint in the same transaction as its rows, and skips an event id it has already
+//! applied (R-ARCH-5), so at-least-once delivery is exactly-once in effect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{Any, Row, Transaction};
+
+use crate::db::{Db, StoredEvent};
+use crate::feed::FeedSource;
+
+#[async_trait::async_trait]
+pub trait Projection: Send + Sync + 'static {
+    /// Unique name: checkpoint key and durable consumer name.
+    fn name(&self) -> &'static str;
+    /// The aggregate types whose events it reads.
+    fn aggregate_types(&self) -> &'static [&'static str];
+    /// Idempotent DDL for its tables.
+    fn tables(&self) -> &'static [&'static str];
+    /// The tables to empty on rebuild.
+    fn table_names(&self) -> &'static [&'static str];
+    /// Applies one event inside the runner's transaction.
+    async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()>;
+}
+
+/// The stored checkpoint of a projection (0 before the first event).
+pub async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<i64> {
+    let row = sqlx::query("SELECT position FROM projection_checkpoints WHERE name = $1").bind(name).fetch_optional(db.any()).await?;
+    Ok(match row {
+        Some(r) => r.try_get::<i64, _>(0)?,
+        None => 0,
+    })
+}
+
+/// Applies one event unless it was applied before; returns whether it was new.
+pub async fn apply_one(db: &Db, projection: &dyn Projection, event: &StoredEvent) -> anyhow::Result<bool> {
+    let mut tx = db.any().begin().await?;
+    let inserted = sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .bind(projection.name())
+        .bind(&event.event_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    if inserted == 1 {
+        projection.apply(&mut tx, event).await?;
+    }
+    sqlx::query(
+        "INSERT INTO projection_checkpoints (name, position) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET position = CASE WHEN projection_checkpoints.position > excluded.position THEN projection_checkpoints.position ELSE excluded.position END",
+    )
+    .bind(projection.name())
+    .bind(event.position)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(inserted == 1)
+}
+
+/// Creates the projection's tables.
+pub async fn prepare(db: &Db, projection: &dyn Projection) -> anyhow::Result<()> {
+    db.ensure_tables(projection.tables()).await
+}
+
+/// Runs a projection until `shutdown` resolves: feed, apply, ack; on failure the feed is
+/// reopened from the stored checkpoint after a pause, so nothing is lost.
+pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let name = projection.name();
+    loop {
+        let result: anyhow::Result<()> = async {
+            let from = checkpoint(&db, name).await?;
+            let mut feed = feeds.open(&db, name, projection.aggregate_types(), from).await?;
+            loop {
+                if *shutdown.borrow() {
+                    return Ok(());
+                }
+                let batch = tokio::select! {
+                    b = feed.next() => b?,
+                    _ = shutdown.changed() => return Ok(()),
+                };
+                for delivery in batch {
+                    apply_one(&db, projection.as_ref(), &delivery.event).await?;
+                    delivery.ack().await?;
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(projection = name, error = %e, "projection failed; retrying from its checkpoint");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+    }
+}
+
+/// Drops a projection's rows and rebuilds it from the whole event store (R-ARCH-5).
+pub async fn rebuild(db: &Db, projection: &dyn Projection) -> anyhow::Result<u64> {
+    prepare(db, projection).await?;
+    let mut tx = db.any().begin().await?;
+    for table in projection.table_names() {
+        sqlx::query(&format!("DELETE FROM {table}")).execute(&mut *tx).await?;
+    }
+    sqlx::query("DELETE FROM projection_processed WHERE name = $1").bind(projection.name()).execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM projection_checkpoints WHERE name = $1").bind(projection.name()).execute(&mut *tx).await?;
+    tx.commit().await?;
+    let mut position = 0;
+    let mut applied = 0;
+    loop {
+        let batch = db.events_after(position, projection.aggregate_types(), 1000).await?;
+        let Some(last) = batch.last() else { break };
+        position = last.position;
+        for event in &batch {
+            if apply_one(db, projection, event).await? {
+                applied += 1;
+            }
+        }
+    }
+    Ok(applied)
+}
+
+/// R-BOX-9: waits until every projection in `names` has applied `position`, at most
+/// `timeout`; returns the names still behind.
+pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: Duration) -> anyhow::Result<Vec<String>> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let mut lagging = Vec::new();
+        for name in names {
+            if checkpoint(db, name).await? < position {
+                lagging.push((*name).to_owned());
+            }
+        }
+        if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(lagging);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
