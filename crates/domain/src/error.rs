@@ -74,6 +74,10 @@ pub enum ErrorCode {
     InvalidRequest,
     /// 422: an Idempotency-Key reused with a different body (R-DRAFT-11).
     IdempotencyKeyReuse,
+    /// 500: a failure of ours (database, bug); never used for a user mistake.
+    Internal,
+    /// 503: a service did not answer in time or is not running.
+    ServiceUnavailable,
 }
 
 impl ErrorCode {
@@ -100,6 +104,8 @@ impl ErrorCode {
             ErrorCode::BoxManifestValidation => "box_manifest_validation",
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::IdempotencyKeyReuse => "idempotency_key_reuse",
+            ErrorCode::Internal => "internal",
+            ErrorCode::ServiceUnavailable => "service_unavailable",
         }
     }
 
@@ -125,6 +131,8 @@ impl ErrorCode {
             ErrorCode::BoxManifestValidation
             | ErrorCode::InvalidRequest
             | ErrorCode::IdempotencyKeyReuse => 422,
+            ErrorCode::Internal => 500,
+            ErrorCode::ServiceUnavailable => 503,
         }
     }
 
@@ -174,11 +182,14 @@ mod tests {
             ErrorCode::BoxManifestValidation,
             ErrorCode::InvalidRequest,
             ErrorCode::IdempotencyKeyReuse,
+            ErrorCode::Internal,
+            ErrorCode::ServiceUnavailable,
         ];
         for code in all {
             let json = serde_json::to_value(code).expect("serializes");
             assert_eq!(json, serde_json::Value::String(code.as_str().into()));
-            assert!((400..500).contains(&code.http_status()), "{code} is a 4xx");
+            let user_mistake = !matches!(code, ErrorCode::Internal | ErrorCode::ServiceUnavailable);
+            assert_eq!((400..500).contains(&code.http_status()), user_mistake, "{code}: user mistakes are 4xx, only our failures 5xx");
         }
     }
 

@@ -27,6 +27,16 @@ pub struct Runtime {
     pub assertion_keys: Arc<AssertionKeys>,
 }
 
+impl Runtime {
+    /// Tells embedded feeds that new events are in the store (no-op in cluster mode,
+    /// where the relay publishes them).
+    pub fn notify_committed(&self) {
+        if let feed::FeedSource::Store { wake } = &self.feeds {
+            wake.notify_waiters();
+        }
+    }
+}
+
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime").field("db", &self.db.kind()).finish_non_exhaustive()

@@ -1,0 +1,169 @@
+//! The drafts service (SPEC §3): accepts draft submissions over the bus, always as
+//! `pending_approval` (R-DRAFT-1), and serves the drafts projection (pending list,
+//! detail, mine) with read-your-writes waits (R-BOX-9).
+//!
+//! Architecture Invariant: no request to this service can produce anything but a
+//! `DraftSubmitted` event; decisions belong to the approval service.
+
+mod projection;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atasira_contracts::subjects;
+use atasira_contracts::v1;
+use atasira_contracts::{payload, reply_error, reply_ok, Envelope, Named, Reply};
+use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError};
+use atasira_domain::draft_request::BoxDraftCreateRequest;
+use atasira_domain::{ErrorCode, Principal};
+use atasira_platform::bus::{Handler, Message};
+use atasira_platform::projection::{self as proj, Projection};
+use atasira_platform::Runtime;
+use prost::Message as _;
+
+pub use projection::DraftsView;
+
+/// The service name (also its subject token).
+pub const SERVICE: &str = subjects::DRAFTS;
+/// Aggregate types whose events this service appends and relays.
+pub const AGGREGATE_TYPES: &[&str] = &["draft"];
+
+/// A refusal on its way to the wire.
+struct Refusal(ErrorCode, String, Option<serde_json::Value>);
+
+impl From<DraftError> for Refusal {
+    fn from(e: DraftError) -> Self {
+        Refusal(e.code(), e.to_string(), None)
+    }
+}
+
+struct Service {
+    rt: Runtime,
+    cqrs: atasira_platform::db::Cqrs<Draft>,
+}
+
+/// Starts the service: projection runner and bus endpoint. Returns when `shutdown` flips.
+pub async fn run(rt: Runtime, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
+    let view: Arc<dyn Projection> = Arc::new(DraftsView);
+    proj::prepare(&rt.db, view.as_ref()).await?;
+    let service = Arc::new(Service { cqrs: rt.db.cqrs::<Draft>(), rt: rt.clone() });
+    let handler: Handler = {
+        let service = service.clone();
+        Arc::new(move |msg: Message| {
+            let service = service.clone();
+            Box::pin(async move { service.handle(msg).await.encode_to_vec().into() })
+        })
+    };
+    let endpoint = rt.bus.serve(SERVICE, &format!("atasira.box.*.{SERVICE}"), handler).await?;
+    let runner = tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), view, shutdown.clone()));
+    let mut shutdown = shutdown;
+    while !*shutdown.borrow() {
+        if shutdown.changed().await.is_err() {
+            break;
+        }
+    }
+    endpoint.stop();
+    let _ = runner.await;
+    Ok(())
+}
+
+impl Service {
+    async fn handle(&self, msg: Message) -> Reply {
+        let env = match atasira_contracts::decode_envelope(&msg.payload) {
+            Ok(env) => env,
+            Err(e) => return reply_error(e.code(), e.to_string(), None),
+        };
+        match self.dispatch(&env).await {
+            Ok(reply) => reply,
+            Err(Refusal(code, message, details)) => reply_error(code, message, details.as_ref()),
+        }
+    }
+
+    /// R-ARCH-3: the principal only counts with a valid assertion bound to this request.
+    fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
+        let wire = env.assertion.as_ref().ok_or_else(|| Refusal(ErrorCode::Unauthenticated, "the request carries no principal assertion".into(), None))?;
+        let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| Refusal(ErrorCode::Unauthenticated, e.to_string(), None))?;
+        self.rt
+            .assertion_keys
+            .verify(&assertion, &env.correlation_id, chrono::Utc::now())
+            .map_err(|e| Refusal(ErrorCode::Unauthenticated, format!("invalid principal assertion: {}", e.reason()), None))
+    }
+
+    async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
+        let bad = |e: atasira_contracts::WireError| Refusal(e.code(), e.to_string(), None);
+        let internal = |e: anyhow::Error| {
+            tracing::error!(error = %e, "drafts service failure");
+            Refusal(ErrorCode::Internal, "internal failure; retry".into(), None)
+        };
+        if env.message_type == v1::WaitForPosition::NAME {
+            let w: v1::WaitForPosition = payload(env).map_err(bad)?;
+            let timeout = Duration::from_millis(u64::from(w.timeout_ms.min(30_000)));
+            let lagging = proj::wait_for(&self.rt.db, &[projection::NAME], w.position, timeout).await.map_err(internal)?;
+            return Ok(reply_ok(&v1::WaitForPositionReply { lagging }, 0));
+        }
+        let principal = self.principal(env)?;
+        match env.message_type.as_str() {
+            v1::SubmitDraft::NAME => {
+                let req: v1::SubmitDraft = payload(env).map_err(bad)?;
+                self.submit(principal, &req.request_json, env).await
+            }
+            v1::ListPendingDrafts::NAME => {
+                if !principal.is_admin() {
+                    return Err(Refusal(ErrorCode::Forbidden, "listing pending drafts needs role admin".into(), None));
+                }
+                let req: v1::ListPendingDrafts = payload(env).map_err(bad)?;
+                let (drafts, next) = projection::list(&self.rt.db, Some("pending_approval"), None, req.limit, &req.cursor).await.map_err(internal)?;
+                Ok(reply_ok(&v1::PendingDraftsReply { drafts_json: drafts, next_cursor: next }, 0))
+            }
+            v1::ListMyDrafts::NAME => {
+                let req: v1::ListMyDrafts = payload(env).map_err(bad)?;
+                let (drafts, next) = projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, &req.cursor).await.map_err(internal)?;
+                Ok(reply_ok(&v1::PendingDraftsReply { drafts_json: drafts, next_cursor: next }, 0))
+            }
+            v1::GetDraft::NAME => {
+                let req: v1::GetDraft = payload(env).map_err(bad)?;
+                let found = projection::get(&self.rt.db, &req.draft_id).await.map_err(internal)?;
+                match found {
+                    Some((requested_by, json)) if principal.is_admin() || requested_by == principal.user_id => Ok(reply_ok(&v1::DraftReply { draft_json: json }, 0)),
+                    // Not the requester: indistinguishable from absent, so ids do not leak.
+                    _ => Err(Refusal(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id), None)),
+                }
+            }
+            other => Err(Refusal(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"), None)),
+        }
+    }
+
+    async fn submit(&self, principal: Principal, body: &[u8], env: &Envelope) -> Result<Reply, Refusal> {
+        let request = BoxDraftCreateRequest::from_json_bytes(body).map_err(|e| Refusal(e.code(), e.to_string(), e.details()))?;
+        let plan = request.plan().map_err(|e| Refusal(e.code(), e.to_string(), e.details()))?;
+        let draft_id = uuid::Uuid::new_v4().to_string();
+        let reply = v1::SubmitDraftReply {
+            draft_id: draft_id.clone(),
+            box_type: plan.manifest.box_type.to_string(),
+            status: "pending_approval".into(),
+            over_limit: plan.over_limit.over_limit,
+            warnings: plan.warnings.clone(),
+        };
+        let metadata = HashMap::from([
+            ("correlation_id".to_owned(), env.correlation_id.clone()),
+            ("principal".to_owned(), principal.user_id.clone()),
+        ]);
+        let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal, at: chrono::Utc::now() };
+        self.cqrs.execute(&draft_id, command, metadata).await.map_err(|e| match e {
+            cqrs_es::AggregateError::UserError(e) => Refusal::from(e),
+            other => {
+                tracing::error!(error = %other, "failed to commit a draft");
+                Refusal(ErrorCode::Internal, "the draft could not be stored; retry".into(), None)
+            }
+        })?;
+        let position = self.rt.db.position_of("draft", &draft_id).await.map_err(|e| Refusal(ErrorCode::Internal, e.to_string(), None))?;
+        self.rt.notify_committed();
+        Ok(reply_ok(&reply, position))
+    }
+}
+
+/// The projections this service owns (for `atasira projections rebuild`).
+pub fn projections() -> Vec<Arc<dyn Projection>> {
+    vec![Arc::new(DraftsView)]
+}
