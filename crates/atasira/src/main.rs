@@ -1,12 +1,18 @@
-//! `atasira`: the one binary. Today: the offline verbs that need no server (R-CLI-1):
-//! `manifest validate|context|feasibility` and `drafts preview`.
+//! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
+//! `serve <service>` (cluster), operator verbs on a data dir or database (`tokens`,
+//! `projections rebuild`), and offline verbs (`manifest validate|context|feasibility`,
+//! `drafts preview`).
 
 mod offline;
+mod operator;
+mod services;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 /// atasira governs how AI employees ("Boxes") come into being and what they may do.
 #[derive(Debug, Parser)]
@@ -18,12 +24,62 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run every service in one process on SQLite and an in-process bus (no server needed).
+    Dev {
+        /// Where the event store, projections and keys live.
+        #[arg(long, env = "ATASIRA_DATA_DIR", default_value = "./atasira-data")]
+        data_dir: PathBuf,
+        /// Address of the REST API.
+        #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// Run one service as its own process on NATS and PostgreSQL (cluster mode).
+    Serve {
+        /// The service to run.
+        service: services::ServiceName,
+        /// NATS server (JetStream enabled).
+        #[arg(long, env = "ATASIRA_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+        nats_url: String,
+        /// PostgreSQL database holding the shared event store.
+        #[arg(long, env = "ATASIRA_DATABASE_URL")]
+        database_url: String,
+        /// Hex key (32+ bytes) that signs principal assertions; the same for every process.
+        #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true)]
+        internal_key: String,
+        /// Address of the REST API (gateway only).
+        #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// Issue and revoke personal access tokens (R-AUTH-4).
+    #[command(subcommand)]
+    Tokens(operator::TokensCommand),
+    /// Maintain projections.
+    #[command(subcommand)]
+    Projections(operator::ProjectionsCommand),
     /// Work with BoxManifest YAML files offline (no server needed).
     #[command(subcommand)]
     Manifest(ManifestCommand),
     /// Work with Box drafts.
     #[command(subcommand)]
     Drafts(DraftsCommand),
+}
+
+/// Gateway settings shared by `dev` and `serve gateway`.
+#[derive(Debug, Clone, Args)]
+struct GatewayArgs {
+    /// Seconds a write waits for the projections it affects (R-BOX-9).
+    #[arg(long, env = "ATASIRA_CONSISTENCY_WAIT", default_value_t = 5.0)]
+    consistency_wait: f64,
+}
+
+impl GatewayArgs {
+    fn config(&self) -> atasira_gateway::Config {
+        atasira_gateway::Config { consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)), ..Default::default() }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,6 +119,12 @@ enum DraftsCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
+        Command::Dev { data_dir, listen, gateway } => run_async(services::dev(data_dir, listen, gateway.config())),
+        Command::Serve { service, nats_url, database_url, internal_key, listen, gateway } => {
+            run_async(services::serve(service, &nats_url, &database_url, &internal_key, listen, gateway.config()))
+        }
+        Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
+        Command::Projections(cmd) => run_async(operator::projections(cmd)),
         Command::Manifest(ManifestCommand::Validate { file }) => offline::validate(&file),
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),
         Command::Manifest(ManifestCommand::Feasibility { file, task_description }) => offline::feasibility(&file, &task_description),
@@ -75,4 +137,12 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Runs an async command on a multi-threaded runtime with logs on stderr.
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Result<ExitCode, String> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(fut).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
 }

@@ -48,6 +48,10 @@ pub enum ErrorCode {
     MentorEditProhibitedKey,
     /// 403: a config edit that would widen capability (R-EDIT-3).
     CapabilityChangeRequiresNewDraft,
+    /// 404: no such route.
+    NotFound,
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
     /// 404: no such draft.
     DraftNotFound,
     /// 404: no such Box.
@@ -91,6 +95,8 @@ impl ErrorCode {
             ErrorCode::SelfApprovalForbidden => "self_approval_forbidden",
             ErrorCode::MentorEditProhibitedKey => "mentor_edit_prohibited_key",
             ErrorCode::CapabilityChangeRequiresNewDraft => "capability_change_requires_new_draft",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::DraftNotFound => "draft_not_found",
             ErrorCode::BoxNotFound => "box_not_found",
             ErrorCode::DraftNotPending => "draft_not_pending",
@@ -109,6 +115,11 @@ impl ErrorCode {
         }
     }
 
+    /// Parses a wire code (as carried in error replies between services).
+    pub fn parse(code: &str) -> Option<ErrorCode> {
+        serde_json::from_value(serde_json::Value::String(code.to_owned())).ok()
+    }
+
     /// The HTTP status this code always answers with.
     pub fn http_status(self) -> u16 {
         match self {
@@ -119,7 +130,8 @@ impl ErrorCode {
             | ErrorCode::SelfApprovalForbidden
             | ErrorCode::MentorEditProhibitedKey
             | ErrorCode::CapabilityChangeRequiresNewDraft => 403,
-            ErrorCode::DraftNotFound | ErrorCode::BoxNotFound => 404,
+            ErrorCode::NotFound | ErrorCode::DraftNotFound | ErrorCode::BoxNotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
             ErrorCode::DraftNotPending
             | ErrorCode::OverLimitConfirmationRequired
             | ErrorCode::BoxLimitReached
@@ -169,6 +181,8 @@ mod tests {
             ErrorCode::SelfApprovalForbidden,
             ErrorCode::MentorEditProhibitedKey,
             ErrorCode::CapabilityChangeRequiresNewDraft,
+            ErrorCode::NotFound,
+            ErrorCode::MethodNotAllowed,
             ErrorCode::DraftNotFound,
             ErrorCode::BoxNotFound,
             ErrorCode::DraftNotPending,
@@ -187,6 +201,7 @@ mod tests {
         ];
         for code in all {
             let json = serde_json::to_value(code).expect("serializes");
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
             assert_eq!(json, serde_json::Value::String(code.as_str().into()));
             let user_mistake = !matches!(code, ErrorCode::Internal | ErrorCode::ServiceUnavailable);
             assert_eq!((400..500).contains(&code.http_status()), user_mistake, "{code}: user mistakes are 4xx, only our failures 5xx");

@@ -1,0 +1,132 @@
+//! Operator verbs on a data dir (embedded) or a database URL (cluster): tokens and
+//! projection rebuilds. They work while `atasira dev` runs on the same data dir.
+
+use std::path::PathBuf;
+
+use atasira_domain::{Kind, Principal, Role};
+use atasira_platform::{auth, projection};
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::json;
+
+use crate::services::open_db;
+
+/// Where the database is.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct Target {
+    /// Data directory of `atasira dev` (embedded).
+    #[arg(long, env = "ATASIRA_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// PostgreSQL URL (cluster).
+    #[arg(long, env = "ATASIRA_DATABASE_URL")]
+    database_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RoleArg {
+    Admin,
+    Member,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum KindArg {
+    Human,
+    Agent,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Create a PAT; prints it on stdout (once) and nothing else.
+    Create {
+        /// The user the token acts for.
+        #[arg(long)]
+        user: String,
+        /// admin or member.
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// human or agent; only humans may approve.
+        #[arg(long, value_enum)]
+        kind: KindArg,
+        /// Lifetime such as 30m, 12h, 7d (no expiry when absent).
+        #[arg(long)]
+        ttl: Option<String>,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Revoke a PAT.
+    Revoke {
+        /// The token to revoke.
+        token: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectionsCommand {
+    /// Drop every projection and rebuild it from the event store (R-ARCH-5).
+    Rebuild {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// `30m`, `12h`, `7d`, `90s`.
+fn parse_ttl(s: &str) -> anyhow::Result<chrono::TimeDelta> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: i64 = num.parse().map_err(|_| anyhow::anyhow!("--ttl {s:?}: expected a number and a unit, like 12h"))?;
+    let delta = match unit {
+        "s" => chrono::TimeDelta::try_seconds(n),
+        "m" => chrono::TimeDelta::try_minutes(n),
+        "h" | "" => chrono::TimeDelta::try_hours(n),
+        "d" => chrono::TimeDelta::try_days(n),
+        other => anyhow::bail!("--ttl unit {other:?}: use s, m, h or d"),
+    };
+    delta.filter(|d| *d > chrono::TimeDelta::zero()).ok_or_else(|| anyhow::anyhow!("--ttl {s:?} is out of range"))
+}
+
+pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
+    match cmd {
+        TokensCommand::Create { user, role, kind, ttl, target } => {
+            if user.trim().is_empty() {
+                anyhow::bail!("--user must not be empty");
+            }
+            let ttl = ttl.as_deref().map(parse_ttl).transpose()?;
+            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            let role = match role {
+                RoleArg::Admin => Role::Admin,
+                RoleArg::Member => Role::Member,
+            };
+            let kind = match kind {
+                KindArg::Human => Kind::Human,
+                KindArg::Agent => Kind::Agent,
+            };
+            println!("{}", auth::create_token(&db, &Principal::new(user, role, kind), ttl).await?);
+            Ok(())
+        }
+        TokensCommand::Revoke { token, target } => {
+            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            if !auth::revoke_token(&db, &token).await? {
+                anyhow::bail!("no such token");
+            }
+            eprintln!("revoked");
+            Ok(())
+        }
+    }
+}
+
+pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
+    match cmd {
+        ProjectionsCommand::Rebuild { target } => {
+            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            let mut rebuilt = Vec::new();
+            for p in atasira_drafts::projections() {
+                eprintln!("rebuilding {} ...", p.name());
+                let applied = projection::rebuild(&db, p.as_ref()).await?;
+                rebuilt.push(json!({"projection": p.name(), "events_applied": applied}));
+            }
+            println!("{}", json!({"rebuilt": rebuilt}));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! The one error-to-HTTP mapping (R-DRAFT-14): `{"error": code, "message": text,
+//! "details": optional}` with the status the code always has.
+
+use atasira_domain::ErrorCode;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), details: None }
+    }
+
+    pub fn with_details(mut self, details: Option<Value>) -> Self {
+        self.details = details;
+        self
+    }
+
+    /// A service's typed refusal, as it came over the bus.
+    pub fn from_reply(e: atasira_contracts::ErrorReply) -> Self {
+        let code = ErrorCode::parse(&e.code).unwrap_or(ErrorCode::Internal);
+        let details = if e.details_json.is_empty() { None } else { serde_json::from_str(&e.details_json).ok() };
+        Self { code, message: e.message, details }
+    }
+
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %e, "gateway failure");
+        Self::new(ErrorCode::Internal, "internal failure; retry later")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut body = json!({"error": self.code.as_str(), "message": self.message});
+        if let Some(details) = self.details {
+            body["details"] = details;
+        }
+        (status, Json(body)).into_response()
+    }
+}
