@@ -122,7 +122,6 @@ pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, int
         }
         ServiceName::Drafts => {
             let relay = tokio::spawn(relay::run(db, js, atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES, rx.clone()));
-            eprintln!("atasira drafts: serving on {}", atasira_contracts::subjects::request("*", atasira_drafts::SERVICE));
             atasira_drafts::run(rt, rx).await?;
             let _ = relay.await;
             Ok(())

@@ -113,11 +113,10 @@ impl BoxDraftCreateRequest {
     /// Builds the draft's manifest and verdicts. 403 before 422 (R-DRAFT-14).
     pub fn plan(&self) -> Result<DraftPlan, DraftRequestError> {
         // R-DRAFT-4
-        if let Some(bt) = self.box_type.as_deref() {
-            if crate::box_type::SELF_PRIVILEGE_BOX_TYPES.contains(&bt) {
+        if let Some(bt) = self.box_type.as_deref()
+            && crate::box_type::SELF_PRIVILEGE_BOX_TYPES.contains(&bt) {
                 return Err(DraftRequestError::SelfPrivilege(bt.to_owned()));
             }
-        }
         let allow_network = self.allow_network.unwrap_or(false);
         let mut obj = Map::new();
         if let Some(bt) = &self.box_type {

@@ -458,11 +458,10 @@ impl BoxManifest {
             errors.push(FieldError::new("loop_control.timeout_s", "must be a positive number of seconds"));
         }
         // R-MAN-5
-        if self.trigger_type == TriggerType::Schedule {
-            if let Err(message) = validate_cron(&self.trigger_schedule) {
+        if self.trigger_type == TriggerType::Schedule
+            && let Err(message) = validate_cron(&self.trigger_schedule) {
                 errors.push(FieldError::new("trigger_schedule", message));
             }
-        }
         // R-MAN-7: the double gate.
         for (channel, cfg) in &self.notify {
             if !cfg.vault.is_empty() && !self.credentials.allowed_vaults.contains(&cfg.vault) {
@@ -773,11 +772,10 @@ fn check_required_access(value: &Value, errors: &mut Vec<FieldError>) {
                 format!("is not a key of {kind} (secrets are never stored in a manifest: name a vault and item instead)"),
             ));
         }
-        if ok {
-            if let Err(e) = from_json::<RequiredAccess>(item) {
+        if ok
+            && let Err(e) = from_json::<RequiredAccess>(item) {
                 errors.push(FieldError::new(key, e));
             }
-        }
     }
 }
 

@@ -55,7 +55,9 @@ pub async fn run(rt: Runtime, shutdown: tokio::sync::watch::Receiver<bool>) -> a
             Box::pin(async move { service.handle(msg).await.encode_to_vec().into() })
         })
     };
-    let endpoint = rt.bus.serve(SERVICE, &format!("atasira.box.*.{SERVICE}"), handler).await?;
+    let subject = format!("atasira.box.*.{SERVICE}");
+    let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
+    tracing::info!("drafts: serving on {subject}");
     let runner = tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), view, shutdown.clone()));
     let mut shutdown = shutdown;
     while !*shutdown.borrow() {
@@ -157,6 +159,7 @@ impl Service {
                 Refusal(ErrorCode::Internal, "the draft could not be stored; retry".into(), None)
             }
         })?;
+        atasira_platform::failpoint("drafts-after-commit");
         let position = self.rt.db.position_of("draft", &draft_id).await.map_err(|e| Refusal(ErrorCode::Internal, e.to_string(), None))?;
         self.rt.notify_committed();
         Ok(reply_ok(&reply, position))

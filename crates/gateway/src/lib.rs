@@ -160,11 +160,10 @@ fn consistency_headers(response: &mut Response, position: i64, lagging: &[String
     if let Ok(v) = HeaderValue::from_str(&position.to_string()) {
         response.headers_mut().insert(HeaderName::from_static("x-atasira-position"), v);
     }
-    if !lagging.is_empty() {
-        if let Ok(v) = HeaderValue::from_str(&lagging.join(",")) {
+    if !lagging.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&lagging.join(",")) {
             response.headers_mut().insert(HeaderName::from_static("x-atasira-lagging"), v);
         }
-    }
 }
 
 /// The body, or 413/400 as JSON.

@@ -175,7 +175,7 @@ impl Feed {
                             continue;
                         }
                     };
-                    if !types.iter().any(|t| *t == event.aggregate_type) {
+                    if !types.contains(&event.aggregate_type) {
                         let _ = msg.ack().await;
                         continue;
                     }

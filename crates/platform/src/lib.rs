@@ -17,6 +17,15 @@ use std::sync::Arc;
 
 use atasira_domain::assertion::AssertionKeys;
 
+/// Crash-test hook: when `ATASIRA_FAILPOINT` names this point, the process aborts here, as
+/// a SIGKILL would, so tests can prove that nothing committed before it is lost.
+pub fn failpoint(name: &str) {
+    if std::env::var("ATASIRA_FAILPOINT").is_ok_and(|v| v.split(',').any(|p| p == name)) {
+        eprintln!("failpoint {name}: aborting");
+        std::process::abort();
+    }
+}
+
 /// Everything a service needs from the outside world.
 #[derive(Clone)]
 pub struct Runtime {

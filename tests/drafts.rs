@@ -1,0 +1,239 @@
+//! Draft scenarios through the REST API, in embedded mode and in cluster mode (gateway
+//! and drafts service as separate processes on a real nats-server and PostgreSQL).
+
+use std::time::Duration;
+
+use atasira_tests::harness::{http, in_both_modes, Mode, System};
+use serde_json::{json, Value};
+
+fn draft(box_type: &str) -> Value {
+    json!({"box_type": box_type, "purpose": "週次売上レポートの自動作成", "success_criteria": ["毎週月曜にレポート生成"], "tools": ["Read"], "os_operations": ["file:read"]})
+}
+
+#[test]
+fn a_draft_is_pending_and_visible_to_admins_at_once() {
+    // R-DRAFT-1, R-DRAFT-10, R-APPROVE-1, R-BOX-9 (read-your-writes), R-AUTH-1
+    in_both_modes(|sys| {
+        let created = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &draft("sales-report"));
+        assert_eq!(created.status, 201, "{:?}: {}", sys.mode, created.raw);
+        assert_eq!(created.body["status"], "pending_approval");
+        assert_eq!(created.body["box_type"], "sales-report");
+        assert_eq!(created.body["over_limit"], false);
+        let position: i64 = created.header("x-atasira-position").expect("position header").parse().expect("number");
+        assert!(position > 0);
+        assert_eq!(created.header("x-atasira-lagging"), None, "the projection caught up within the wait");
+        // No polling: the write returned after the pending list applied it.
+        let pending = sys.pending();
+        assert_eq!(pending.len(), 1);
+        let item = &pending[0];
+        assert_eq!(item["draft_id"], created.body["draft_id"]);
+        assert_eq!(item["requested_by"], "agent");
+        for key in ["draft_id", "box_type", "purpose", "os_operations", "tools", "url_allowlist", "prohibited", "over_limit", "over_limit_ops", "over_limit_tools", "warnings", "requested_by", "status", "created_at", "network", "file_access", "allowed_apps", "required_access"] {
+            assert!(item.get(key).is_some(), "{key} missing from the pending item {item}");
+        }
+        assert_eq!(item["purpose"], "週次売上レポートの自動作成\n\n## Success criteria\n- 毎週月曜にレポート生成");
+        // Listing pending needs role admin; no or unknown token is 401.
+        assert_eq!(sys.get("/api/v1/boxes/box-drafts/pending", &sys.agent).status, 403);
+        let member = sys.token("carol", "member", "human");
+        let refused = sys.get("/api/v1/boxes/box-drafts/pending", &member);
+        assert_eq!((refused.status, refused.body["error"].as_str()), (403, Some("forbidden")));
+        assert_eq!(http("GET", &sys.url("/api/v1/boxes/box-drafts/pending"), None, &[], None).status, 401);
+        assert_eq!(sys.get("/api/v1/boxes/box-drafts/pending", "atasira_pat_unknown").body["error"], "unauthenticated");
+    });
+}
+
+#[test]
+fn over_limit_and_refusals_are_answered_with_the_specs_codes() {
+    // R-DRAFT-2, R-DRAFT-3, R-DRAFT-4, R-DRAFT-5, R-DRAFT-8, R-DRAFT-14
+    in_both_modes(|sys| {
+        let over = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &json!({"box_type": "ops-bot", "purpose": "p", "os_operations": ["shell:exec"], "tools": ["Bash"]}));
+        assert_eq!(over.status, 201);
+        assert_eq!(over.body["over_limit"], true);
+        let listed = sys.pending();
+        assert_eq!(listed[0]["over_limit_ops"], json!(["shell:exec"]));
+        assert_eq!(listed[0]["over_limit_tools"], json!(["Bash"]));
+        for (body, status, code) in [
+            (json!({"box_type": "admin-pm", "purpose": "p"}), 403, "self_privilege_forbidden"),
+            (json!({"box_type": "heartbeat", "purpose": "p"}), 422, "box_manifest_validation"),
+            (json!({"box_type": "Bad", "purpose": "p"}), 422, "box_manifest_validation"),
+            (json!({"box_type": "ok", "purpose": "p", "os_operations": ["shell:run"]}), 422, "box_manifest_validation"),
+            (json!({"box_type": "ok", "purpose": " "}), 422, "box_manifest_validation"),
+            (json!({"box_type": "ok", "purpose": "p", "status": "active"}), 422, "invalid_request"),
+        ] {
+            let a = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &body);
+            assert_eq!((a.status, a.body["error"].as_str()), (status, Some(code)), "{body}: {}", a.raw);
+        }
+        assert_eq!(sys.pending().len(), 1, "refusals change no state");
+    });
+}
+
+#[test]
+fn a_draft_is_readable_by_its_requester_and_admins_only() {
+    // R-DRAFT-12
+    in_both_modes(|sys| {
+        let created = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &draft("reader"));
+        let id = created.body["draft_id"].as_str().expect("id").to_owned();
+        let path = format!("/api/v1/boxes/box-drafts/{id}");
+        let mine = sys.get(&path, &sys.agent);
+        assert_eq!(mine.status, 200, "{}", mine.raw);
+        assert_eq!(mine.body["status"], "pending_approval");
+        assert_eq!(mine.body["decision"], Value::Null);
+        assert_eq!(mine.body["manifest"]["trigger_type"], "manual");
+        assert_eq!(sys.get(&path, &sys.admin).status, 200);
+        let other = sys.token("mallory", "member", "agent");
+        assert_eq!(sys.get(&path, &other).body["error"], "draft_not_found");
+        assert_eq!(sys.get("/api/v1/boxes/box-drafts/nope", &sys.admin).status, 404);
+        sys.post("/api/v1/boxes/box-drafts", &other, &draft("other"));
+        let list = sys.get("/api/v1/boxes/box-drafts?mine=true", &sys.agent);
+        assert_eq!(list.body["drafts"].as_array().map(Vec::len), Some(1), "{}", list.raw);
+        assert_eq!(sys.get("/api/v1/boxes/box-drafts", &sys.agent).status, 422, "mine=true is required");
+    });
+}
+
+#[test]
+fn idempotency_keys_return_the_first_answer_even_under_concurrency() {
+    // R-DRAFT-11
+    in_both_modes(|sys| {
+        let body = draft("idem").to_string();
+        let send = |key: &str, body: &str| http("POST", &sys.url("/api/v1/boxes/box-drafts"), Some(&sys.agent), &[("Idempotency-Key", key)], Some(body.as_bytes()));
+        let answers: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8).map(|_| s.spawn(|| send("k-1", &body))).collect();
+            handles.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        let ids: std::collections::BTreeSet<String> = answers.iter().map(|a| a.body["draft_id"].as_str().expect("201 with id").to_owned()).collect();
+        assert!(answers.iter().all(|a| a.status == 201), "{answers:?}");
+        assert_eq!(ids.len(), 1, "eight concurrent retries made one draft");
+        assert_eq!(sys.pending().len(), 1);
+        let reuse = send("k-1", &draft("different").to_string());
+        assert_eq!((reuse.status, reuse.body["error"].as_str()), (422, Some("idempotency_key_reuse")));
+        // The same key from another principal is another key.
+        let other = sys.token("dave", "member", "human");
+        let theirs = http("POST", &sys.url("/api/v1/boxes/box-drafts"), Some(&other), &[("Idempotency-Key", "k-1")], Some(body.as_bytes()));
+        assert_eq!(theirs.status, 201);
+        assert_ne!(theirs.body["draft_id"].as_str(), ids.iter().next().map(String::as_str));
+    });
+}
+
+#[test]
+fn drafts_survive_a_restart_and_a_rebuild_gives_the_same_projection() {
+    // R-ARCH-4, R-ARCH-5
+    in_both_modes(|sys| {
+        for i in 0..5 {
+            assert_eq!(sys.post("/api/v1/boxes/box-drafts", &sys.agent, &draft(&format!("box-{i}"))).status, 201);
+        }
+        let before = sys.pending();
+        sys.restart();
+        assert_eq!(sys.pending(), before, "{:?}: restart keeps the drafts", sys.mode);
+        let mut args = vec!["projections", "rebuild"];
+        let target = sys.target_args();
+        args.extend(target.iter().map(String::as_str));
+        let (code, out, err) = sys.cli(&args);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("drafts_view"), "{out}");
+        assert_eq!(sys.pending(), before, "rebuilt == live");
+    });
+}
+
+#[test]
+fn a_hundred_malformed_requests_get_4xx_json_and_change_nothing() {
+    // R-DRAFT-14, R-AUTH-1
+    in_both_modes(|sys| {
+        let url = sys.url("/api/v1/boxes/box-drafts");
+        let big = format!("{{\"box_type\":\"a\",\"purpose\":\"{}\"}}", "x".repeat(1024 * 1024 + 10));
+        let mut corpus: Vec<(Option<String>, Vec<u8>)> = Vec::new();
+        let admin = Some(sys.admin.clone());
+        let bodies: Vec<String> = vec![
+            String::new(), "{".into(), "}".into(), "[".into(), "null".into(), "true".into(), "1".into(), "\"s\"".into(), "[]".into(), "{}".into(),
+            "{\"box_type\":}".into(), "{box_type: 'a'}".into(), "\u{0}".into(), "{\"box_type\":\"a\",}".into(), "{\"a\":1}{\"b\":2}".into(),
+            "{\"box_type\":1,\"purpose\":\"p\"}".into(), "{\"box_type\":\"a\",\"purpose\":2}".into(), "{\"box_type\":\"a\",\"purpose\":\"p\",\"tools\":\"Bash\"}".into(),
+            "{\"box_type\":\"a\",\"purpose\":\"p\",\"tools\":[1]}".into(), "{\"box_type\":\"a\",\"purpose\":\"p\",\"allow_network\":\"yes\"}".into(),
+            "{\"box_type\":\"a\",\"purpose\":\"p\",\"success_criteria\":\"x\"}".into(), "{\"box_type\":\"a\",\"purpose\":\"p\",\"required_access\":[1]}".into(),
+            "{\"box_type\":\"a\",\"purpose\":\"p\",\"required_access\":[{\"type\":\"ftp\"}]}".into(),
+            "{\"box_type\":\"a\",\"purpose\":\"p\",\"required_access\":[{\"type\":\"netrc_entry\",\"machine\":\"m\",\"login\":\"l\",\"vault\":\"v\",\"item\":\"i\",\"password\":\"x\"}]}".into(),
+            "{\"box_type\":\"a\",\"purpose\":\"p\",\"os_operations\":[\"file:delete\"]}".into(), "{\"box_type\":\"a\",\"purpose\":\"p\",\"os_operations\":[null]}".into(),
+            "{\"box_type\":\"a\",\"purpose\":\"p\",\"manifest\":{}}".into(), "{\"box_type\":\"a\",\"purpose\":\"p\",\"state\":\"active\"}".into(),
+            "{\"box_type\":\"a\",\"purpose\":\"p\",\"version\":\"9.9.9\"}".into(), "{\"box_type\":\"a\",\"purpose\":\"p\",\"trigger_type\":\"schedule\"}".into(),
+            "{\"purpose\":\"p\"}".into(), "{\"box_type\":\"a\"}".into(), "{\"box_type\":\"\",\"purpose\":\"p\"}".into(), "{\"box_type\":\"-a\",\"purpose\":\"p\"}".into(),
+            "{\"box_type\":\"a b\",\"purpose\":\"p\"}".into(), format!("{{\"box_type\":\"{}\",\"purpose\":\"p\"}}", "a".repeat(65)),
+            "{\"box_type\":\"admin-pm\",\"purpose\":\"p\"}".into(), "{\"box_type\":\"admin-ops\",\"purpose\":\"p\"}".into(), "{\"box_type\":\"\u{00e9}t\u{00e9}\",\"purpose\":\"p\"}".into(),
+            big,
+        ];
+        let reserved = ["heartbeat", "task", "log", "result", "pause", "resume", "kill", "escalation", "events", "drafts", "approval", "provisioner", "runtime-registry", "audit", "gateway"];
+        for body in &bodies {
+            corpus.push((admin.clone(), body.clone().into_bytes()));
+        }
+        for word in reserved {
+            corpus.push((admin.clone(), format!("{{\"box_type\":\"{word}\",\"purpose\":\"p\"}}").into_bytes()));
+        }
+        for body in bodies.iter().take(20) {
+            corpus.push((None, body.clone().into_bytes()));
+            corpus.push((Some("atasira_pat_nope".into()), body.clone().into_bytes()));
+        }
+        for junk in [vec![0xff, 0xfe, 0xfd], vec![0u8; 64], b"{\"box_type\":\"a\",\"purpose\":\"\xff\"}".to_vec()] {
+            corpus.push((admin.clone(), junk));
+        }
+        for i in 0..6 {
+            corpus.push((admin.clone(), format!("{}1{}", "[".repeat(100_000 + i), "]".repeat(100_000 + i)).into_bytes()));
+        }
+        assert!(corpus.len() >= 100, "corpus has {} requests", corpus.len());
+        for (token, body) in &corpus {
+            let a = http("POST", &url, token.as_deref(), &[], Some(body));
+            let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
+            assert!((400..500).contains(&a.status), "{:?}: {shown:?} got {}: {}", sys.mode, a.status, a.raw);
+            assert!(a.body["error"].is_string() && a.body["message"].is_string(), "{shown:?}: not a JSON error: {}", a.raw);
+        }
+        // Wrong methods and routes are JSON too.
+        let wrong = http("DELETE", &url, admin.as_deref(), &[], None);
+        assert_eq!((wrong.status, wrong.body["error"].as_str()), (405, Some("method_not_allowed")));
+        assert_eq!(http("GET", &sys.url("/api/v1/nope"), admin.as_deref(), &[], None).body["error"], "not_found");
+        assert!(sys.pending().is_empty(), "no request of the corpus made a draft");
+        assert_eq!(sys.get("/api/v1/boxes/box-drafts?mine=true", &sys.admin).body["drafts"], json!([]));
+    });
+}
+
+#[test]
+fn the_openapi_document_and_health_need_no_token() {
+    // R-AUTH-2: /healthz and /api/v1/openapi.json are public
+    let sys = System::start(Mode::Embedded);
+    let doc = http("GET", &sys.url("/api/v1/openapi.json"), None, &[], None);
+    assert_eq!(doc.status, 200);
+    assert!(doc.body["paths"]["/api/v1/boxes/box-drafts"]["post"].is_object(), "{}", doc.raw);
+    assert!(doc.body["paths"]["/api/v1/boxes/box-drafts/pending"]["get"].is_object());
+    assert_eq!(http("GET", &sys.url("/healthz"), None, &[], None).status, 200);
+}
+
+#[test]
+fn every_service_answers_srv_ping_from_a_foreign_nats_client() {
+    // R-ARCH-8: nats-py, not our client, discovers the services
+    let mut sys = System::start(Mode::Cluster);
+    let python = std::env::var("ATASIRA_TEST_PYTHON").expect("ATASIRA_TEST_PYTHON (a python with nats-py) is set by scripts/test");
+    let script = r#"
+import asyncio, json, sys
+import nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish("$SRV.PING", b"", reply=inbox)
+    names = set()
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=1.5)
+            names.add(json.loads(msg.data)["name"])
+    except Exception:
+        pass
+    info = await nc.request("$SRV.INFO.drafts", b"", timeout=2)
+    stats = await nc.request("$SRV.STATS.drafts", b"", timeout=2)
+    print(json.dumps({"names": sorted(names), "info": json.loads(info.data), "stats": json.loads(stats.data)}))
+    await nc.close()
+asyncio.run(main())
+"#;
+    let url = sys.nats().url();
+    let out = std::process::Command::new(python).args(["-c", script, &url]).output().expect("python runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["names"], json!(["drafts"]), "{v}");
+    assert_eq!(v["info"]["endpoints"][0]["subject"], "atasira.box.*.drafts");
+    assert!(v["stats"]["endpoints"].is_array());
+    let _ = Duration::ZERO;
+}

@@ -1,0 +1,471 @@
+//! The system under test, started as a user would: the real binary, real servers.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Embedded (`atasira dev`) or cluster (`atasira serve ...` on NATS + PostgreSQL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Embedded,
+    Cluster,
+}
+
+/// The `atasira` binary that cargo built next to this test.
+pub fn atasira_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("atasira");
+    assert!(bin.exists(), "{} is missing: run the suite with scripts/test (or cargo build -p atasira first)", bin.display());
+    bin
+}
+
+fn required_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the suite with scripts/test, which starts nats-server and PostgreSQL"))
+}
+
+/// A directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A free TCP port on loopback (bound and released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+fn wait_for_port(port: u16, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process whose output lines are kept; killed on drop.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    pub stdout: Arc<Mutex<Vec<String>>>,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, program: &Path, args: &[&str], envs: &[(&str, String)]) -> Proc {
+        let mut cmd = Command::new(program);
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        for (pipe, sink) in [(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), stdout.clone()), (child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), stderr.clone())] {
+            if let Some(pipe) = pipe {
+                std::thread::spawn(move || {
+                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                        if let Ok(mut s) = sink.lock() {
+                            s.push(line);
+                        }
+                    }
+                });
+            }
+        }
+        Proc { name: name.to_owned(), child, stdout, stderr }
+    }
+
+    /// Waits until a line of stderr contains `needle`; returns that line.
+    pub fn wait_stderr(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.stderr.lock().expect("lines").iter().find(|l| l.contains(needle)) {
+                return line.clone();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited ({status}) before printing {needle:?}; stderr:\n{}", self.name, self.stderr_text());
+            }
+            assert!(Instant::now() < deadline, "{} did not print {needle:?}; stderr:\n{}", self.name, self.stderr_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- {} stderr ---\n{}", self.name, self.stderr_text());
+        }
+    }
+}
+
+/// A nats-server with JetStream on a free port; its store is deleted on drop.
+#[derive(Debug)]
+pub struct Nats {
+    pub port: u16,
+    dir: TempDir,
+    proc: Option<Proc>,
+}
+
+impl Nats {
+    pub fn start() -> Nats {
+        let mut nats = Nats { port: free_port(), dir: TempDir::new("atasira-nats"), proc: None };
+        nats.up();
+        nats
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (again) on the same port and store.
+    pub fn up(&mut self) {
+        let bin = PathBuf::from(required_env("ATASIRA_TEST_NATS_SERVER"));
+        let store = self.dir.0.display().to_string();
+        let port = self.port.to_string();
+        self.proc = Some(Proc::spawn("nats-server", &bin, &["-js", "-a", "127.0.0.1", "-p", &port, "-sd", &store], &[]));
+        wait_for_port(self.port, Duration::from_secs(10));
+    }
+
+    pub fn down(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+}
+
+/// A fresh PostgreSQL database, dropped on drop.
+#[derive(Debug)]
+pub struct Database {
+    pub url: String,
+    admin_url: String,
+    name: String,
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
+}
+
+impl Database {
+    pub fn create() -> Database {
+        let admin_url = required_env("ATASIRA_TEST_DATABASE_URL");
+        let name = format!("atasira_t_{}", uuid::Uuid::new_v4().simple());
+        block_on(async {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&admin_url).await.expect("connect to the test PostgreSQL");
+            sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("create database");
+        });
+        let base = admin_url.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap_or(admin_url.clone());
+        Database { url: format!("{base}/{name}"), admin_url, name }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let (url, name) = (self.admin_url.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            block_on(async {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+/// An HTTP answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
+    pub raw: String,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP request; non-2xx answers are answers, not errors.
+pub fn http(method: &str, url: &str, token: Option<&str>, headers: &[(&str, &str)], body: Option<&[u8]>) -> Answer {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build();
+    let mut req = agent.request(method, url);
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("Bearer {t}"));
+    }
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let result = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_bytes(b),
+        None => req.call(),
+    };
+    let response = match result {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        // The server went away mid-request (crash tests): status 0.
+        Err(e) => return Answer { status: 0, headers: vec![], body: Value::Null, raw: e.to_string() },
+    };
+    let status = response.status();
+    let headers = response.headers_names().into_iter().filter_map(|n| response.header(&n).map(|v| (n.clone(), v.to_owned()))).collect();
+    let raw = response.into_string().unwrap_or_default();
+    let body = serde_json::from_str(&raw).unwrap_or(Value::Null);
+    Answer { status, headers, body, raw }
+}
+
+/// The product, running.
+#[derive(Debug)]
+pub struct System {
+    pub mode: Mode,
+    pub base_url: String,
+    pub admin: String,
+    pub agent: String,
+    dir: TempDir,
+    nats: Option<Nats>,
+    database: Option<Database>,
+    internal_key: String,
+    procs: Vec<Proc>,
+}
+
+impl System {
+    pub fn start(mode: Mode) -> System {
+        let dir = TempDir::new("atasira-sys");
+        let (nats, database) = match mode {
+            Mode::Embedded => (None, None),
+            Mode::Cluster => (Some(Nats::start()), Some(Database::create())),
+        };
+        let internal_key: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
+        let mut sys = System { mode, base_url: String::new(), admin: String::new(), agent: String::new(), dir, nats, database, internal_key, procs: Vec::new() };
+        sys.start_services(&[]);
+        match mode {
+            Mode::Embedded => {
+                let out = sys.procs[0].stdout.lock().expect("lines").clone();
+                let pat = |prefix: &str| out.iter().find_map(|l| l.strip_prefix(prefix)).map(str::to_owned).unwrap_or_else(|| panic!("no {prefix:?} line in {out:?}"));
+                sys.admin = pat("admin PAT: ");
+                sys.agent = pat("agent PAT: ");
+            }
+            Mode::Cluster => {
+                sys.admin = sys.token("admin", "admin", "human");
+                sys.agent = sys.token("agent", "member", "agent");
+            }
+        }
+        sys
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.0.join("data")
+    }
+
+    /// `--data-dir DIR` or `--database-url URL`.
+    pub fn target_args(&self) -> Vec<String> {
+        match &self.database {
+            None => vec!["--data-dir".into(), self.data_dir().display().to_string()],
+            Some(db) => vec!["--database-url".into(), db.url.clone()],
+        }
+    }
+
+    pub fn database_url(&self) -> String {
+        match &self.database {
+            None => format!("sqlite://{}?mode=rwc", self.data_dir().join("atasira.db").display()),
+            Some(db) => db.url.clone(),
+        }
+    }
+
+    pub fn nats(&mut self) -> &mut Nats {
+        self.nats.as_mut().expect("cluster mode has NATS")
+    }
+
+    fn cluster_env(&self, extra: &[(&str, String)]) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::url).unwrap_or_default()),
+            ("ATASIRA_DATABASE_URL", self.database_url()),
+            ("ATASIRA_INTERNAL_KEY", self.internal_key.clone()),
+            ("RUST_LOG", "info,sqlx=warn".into()),
+        ];
+        for (k, v) in extra {
+            if let Some(slot) = env.iter_mut().find(|(name, _)| name == k) {
+                slot.1 = v.clone();
+            } else if *k == "ATASIRA_FAILPOINT" {
+                env.push(("ATASIRA_FAILPOINT", v.clone()));
+            }
+        }
+        env
+    }
+
+    /// Starts every process of the mode; waits until the API answers.
+    pub fn start_services(&mut self, extra_env: &[(&str, String)]) {
+        let bin = atasira_bin();
+        match self.mode {
+            Mode::Embedded => {
+                let data = self.data_dir().display().to_string();
+                let mut env = vec![("RUST_LOG", "info,sqlx=warn".to_owned())];
+                env.extend(extra_env.iter().map(|(k, v)| (*k, v.clone())));
+                let mut p = Proc::spawn("atasira dev", &bin, &["dev", "--data-dir", &data, "--listen", "127.0.0.1:0"], &env);
+                let line = p.wait_stderr("listening on http://", Duration::from_secs(30));
+                self.base_url = listening_url(&line);
+                self.procs.push(p);
+            }
+            Mode::Cluster => {
+                self.start_drafts(extra_env);
+                let env = self.cluster_env(&[]);
+                let mut g = Proc::spawn("atasira serve gateway", &bin, &["serve", "gateway", "--listen", "127.0.0.1:0"], &env);
+                let line = g.wait_stderr("listening on http://", Duration::from_secs(30));
+                self.base_url = listening_url(&line);
+                self.procs.push(g);
+            }
+        }
+        let health = http("GET", &format!("{}/healthz", self.base_url), None, &[], None);
+        assert_eq!(health.status, 200, "healthz: {}", health.raw);
+    }
+
+    /// Cluster: starts (another) drafts service process.
+    pub fn start_drafts(&mut self, extra_env: &[(&str, String)]) {
+        let env = self.cluster_env(extra_env);
+        let mut d = Proc::spawn("atasira serve drafts", &atasira_bin(), &["serve", "drafts"], &env);
+        d.wait_stderr("serving on", Duration::from_secs(30));
+        self.procs.push(d);
+    }
+
+    /// The process whose name contains `name`.
+    pub fn proc(&mut self, name: &str) -> &mut Proc {
+        self.procs.iter_mut().find(|p| p.name.contains(name)).unwrap_or_else(|| panic!("no process {name}"))
+    }
+
+    /// SIGKILLs and forgets the processes whose name contains `name`.
+    pub fn kill(&mut self, name: &str) {
+        for p in self.procs.iter_mut().filter(|p| p.name.contains(name)) {
+            p.kill();
+        }
+        self.procs.retain(|p| !p.name.contains(name));
+    }
+
+    /// Stops everything and starts it again on the same data.
+    pub fn restart(&mut self) {
+        self.restart_with(&[]);
+    }
+
+    /// Restarts with extra environment (failpoints).
+    pub fn restart_with(&mut self, extra_env: &[(&str, String)]) {
+        for p in &mut self.procs {
+            p.kill();
+        }
+        self.procs.clear();
+        self.start_services(extra_env);
+    }
+
+    /// Runs the binary with `args`; (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(atasira_bin()).args(args).output().expect("atasira runs");
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// A new PAT via `atasira tokens create`.
+    pub fn token(&self, user: &str, role: &str, kind: &str) -> String {
+        let mut args = vec!["tokens", "create", "--user", user, "--role", role, "--kind", kind];
+        let target = self.target_args();
+        args.extend(target.iter().map(String::as_str));
+        let (code, out, err) = self.cli(&args);
+        assert_eq!(code, 0, "tokens create failed: {err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "tokens create prints the token alone: {out:?}");
+        lines[0].to_owned()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base_url, path)
+    }
+
+    pub fn get(&self, path: &str, token: &str) -> Answer {
+        http("GET", &self.url(path), Some(token), &[], None)
+    }
+
+    pub fn post(&self, path: &str, token: &str, body: &Value) -> Answer {
+        http("POST", &self.url(path), Some(token), &[], Some(body.to_string().as_bytes()))
+    }
+
+    /// `GET /box-drafts/pending` as the admin: the list.
+    pub fn pending(&self) -> Vec<Value> {
+        let a = self.get("/api/v1/boxes/box-drafts/pending?limit=200", &self.admin);
+        assert_eq!(a.status, 200, "{}", a.raw);
+        a.body["drafts"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Polls `pending()` until `pred` holds (events may take a moment after a crash).
+    pub fn eventually_pending(&self, timeout: Duration, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Services may still be reconnecting: a 503 here is a reason to ask again.
+            let a = self.get("/api/v1/boxes/box-drafts/pending?limit=200", &self.admin);
+            let list = if a.status == 200 { a.body["drafts"].as_array().cloned().unwrap_or_default() } else { Vec::new() };
+            if a.status == 200 && pred(&list) {
+                return list;
+            }
+            assert!(Instant::now() < deadline, "pending list never matched; last answer {}: {}", a.status, a.raw);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn listening_url(line: &str) -> String {
+    let start = line.find("http://").expect("url in line");
+    let rest = &line[start..];
+    let end = rest.find(|c: char| c.is_whitespace()).unwrap_or(rest.len());
+    let url = &rest[..end];
+    let _: SocketAddr = url.trim_start_matches("http://").parse().expect("socket address");
+    url.to_owned()
+}
+
+/// Runs `scenario` against both modes, embedded first.
+pub fn in_both_modes(scenario: impl Fn(&mut System)) {
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        let mut sys = System::start(mode);
+        scenario(&mut sys);
+    }
+}
