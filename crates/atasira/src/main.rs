@@ -3,6 +3,7 @@
 //! `projections rebuild`), and offline verbs (`manifest validate|context|feasibility`,
 //! `drafts preview`).
 
+mod bench;
 mod offline;
 mod operator;
 mod services;
@@ -60,6 +61,9 @@ enum Command {
     /// Maintain projections.
     #[command(subcommand)]
     Projections(operator::ProjectionsCommand),
+    /// Measure throughput and latency against a floor measured in the same run.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Work with BoxManifest YAML files offline (no server needed).
     #[command(subcommand)]
     Manifest(ManifestCommand),
@@ -80,6 +84,25 @@ impl GatewayArgs {
     fn config(&self) -> atasira_gateway::Config {
         atasira_gateway::Config { consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)), ..Default::default() }
     }
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// The drafts command path vs. a raw NATS + PostgreSQL floor, then REST with read-your-writes.
+    Drafts {
+        /// NATS server (JetStream enabled).
+        #[arg(long, env = "ATASIRA_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+        nats_url: String,
+        /// A PostgreSQL database the benchmark may write to.
+        #[arg(long, env = "ATASIRA_DATABASE_URL")]
+        database_url: String,
+        /// Requests in flight.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Commands per measured run.
+        #[arg(long, default_value_t = 2000)]
+        count: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -125,6 +148,7 @@ fn main() -> ExitCode {
         }
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),
+        Command::Bench(BenchCommand::Drafts { nats_url, database_url, concurrency, count }) => run_async(bench::drafts(&nats_url, &database_url, concurrency, count)),
         Command::Manifest(ManifestCommand::Validate { file }) => offline::validate(&file),
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),
         Command::Manifest(ManifestCommand::Feasibility { file, task_description }) => offline::feasibility(&file, &task_description),

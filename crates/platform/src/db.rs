@@ -212,31 +212,29 @@ impl Db {
             DbKind::Sqlite => SQLITE_SCHEMA,
             DbKind::Postgres => POSTGRES_SCHEMA,
         };
-        // Concurrent first starts in cluster mode race on CREATE ... IF NOT EXISTS in
-        // PostgreSQL; an advisory lock serialises them.
+        let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).copied().collect();
+        self.ensure_tables(&all).await
+    }
+
+    /// Runs idempotent DDL. In PostgreSQL, concurrent `CREATE ... IF NOT EXISTS` of the same
+    /// table can still collide (processes starting together), so DDL holds an advisory lock.
+    pub async fn ensure_tables(&self, statements: &[&str]) -> anyhow::Result<()> {
         let mut conn = self.any.acquire().await?;
-        if self.kind() == DbKind::Postgres {
+        let postgres = self.kind() == DbKind::Postgres;
+        if postgres {
             sqlx::query("SELECT pg_advisory_lock(424242)").execute(&mut *conn).await?;
         }
         let mut result = Ok(());
-        for stmt in schema.iter().chain(COMMON_SCHEMA) {
+        for stmt in statements {
             if let Err(e) = sqlx::query(stmt).execute(&mut *conn).await {
-                result = Err(anyhow::Error::new(e).context(format!("failed to migrate: {}", stmt.lines().next().unwrap_or_default())));
+                result = Err(anyhow::Error::new(e).context(format!("failed to create tables: {}", stmt.lines().next().unwrap_or_default())));
                 break;
             }
         }
-        if self.kind() == DbKind::Postgres {
+        if postgres {
             sqlx::query("SELECT pg_advisory_unlock(424242)").execute(&mut *conn).await?;
         }
         result
-    }
-
-    /// Runs a component's own DDL (idempotent statements).
-    pub async fn ensure_tables(&self, statements: &[&str]) -> anyhow::Result<()> {
-        for stmt in statements {
-            sqlx::query(stmt).execute(&self.any).await.with_context(|| format!("failed to create tables: {}", stmt.lines().next().unwrap_or_default()))?;
-        }
-        Ok(())
     }
 
     /// A cqrs-es framework for aggregate `A` on the shared event store.
