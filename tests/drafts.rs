@@ -237,3 +237,50 @@ asyncio.run(main())
     assert!(v["stats"]["endpoints"].is_array());
     let _ = Duration::ZERO;
 }
+
+#[test]
+fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
+    // R-AUTH-5, R-ARCH-3: services refuse a request without a valid assertion
+    use atasira_contracts::v1;
+    use prost::Message as _;
+    let mut sys = System::start(Mode::Cluster);
+    let issued = http("POST", &sys.url("/api/v1/auth/nats-assertion"), Some(&sys.agent), &[], Some(br#"{"correlation_id":"tool-1"}"#));
+    assert_eq!(issued.status, 200, "{}", issued.raw);
+    assert_eq!(issued.body["correlation_id"], "tool-1");
+    assert_eq!(issued.body["assertion"]["principal"]["user_id"], "agent");
+    let wire = v1::PrincipalAssertion::decode(hex::decode(issued.body["assertion_protobuf_hex"].as_str().expect("hex")).expect("hex").as_slice()).expect("protobuf");
+    assert_eq!(http("POST", &sys.url("/api/v1/auth/nats-assertion"), None, &[], None).status, 401);
+
+    let url = sys.nats().url();
+    let request = |assertion: Option<v1::PrincipalAssertion>, correlation: &str| -> Result<String, String> {
+        let body = json!({"box_type": "from-nats", "purpose": "p", "tools": ["Read"]}).to_string();
+        let env = v1::Envelope {
+            message_type: "atasira.v1.SubmitDraft".into(),
+            correlation_id: correlation.into(),
+            causation_id: String::new(),
+            idempotency_key: String::new(),
+            assertion,
+            payload: v1::SubmitDraft { request_json: body.into_bytes() }.encode_to_vec(),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let client = async_nats::connect(url.clone()).await.expect("nats");
+            let reply = client.request("atasira.box.agent-tool.drafts", env.encode_to_vec().into()).await.expect("a reply");
+            match atasira_contracts::decode_reply::<v1::SubmitDraftReply>(&reply.payload).expect("decodes") {
+                Ok((r, _)) => Ok(r.draft_id),
+                Err(e) => Err(e.code),
+            }
+        })
+    };
+    assert_eq!(request(None, "tool-1"), Err("unauthenticated".to_owned()));
+    assert_eq!(request(Some(wire.clone()), "tool-2"), Err("unauthenticated".to_owned()), "bound to its correlation id");
+    let mut forged = wire.clone();
+    if let Some(p) = forged.principal.as_mut() {
+        p.role = "admin".into();
+    }
+    assert_eq!(request(Some(forged), "tool-1"), Err("unauthenticated".to_owned()), "the MAC covers the role");
+    let id = request(Some(wire), "tool-1").expect("accepted with the issued assertion");
+    let pending = sys.eventually_pending(Duration::from_secs(10), |l| l.len() == 1);
+    assert_eq!(pending[0]["draft_id"], id.as_str());
+    assert_eq!(pending[0]["requested_by"], "agent");
+}
