@@ -52,7 +52,9 @@ pub async fn run(rt: Runtime, shutdown: tokio::sync::watch::Receiver<bool>) -> a
         let service = service.clone();
         Arc::new(move |msg: Message| {
             let service = service.clone();
-            Box::pin(async move { service.handle(msg).await.encode_to_vec().into() })
+            // W3C trace context from the caller (R-OPS-1): one API call is one trace.
+            let span = tracing::info_span!("drafts.request", traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
+            Box::pin(tracing::Instrument::instrument(async move { service.handle(msg).await.encode_to_vec().into() }, span))
         })
     };
     let subject = format!("atasira.box.*.{SERVICE}");

@@ -17,11 +17,12 @@ use std::sync::Arc;
 
 use atasira_domain::assertion::AssertionKeys;
 
-/// Crash-test hook: when `ATASIRA_FAILPOINT` names this point, the process aborts here, as
-/// a SIGKILL would, so tests can prove that nothing committed before it is lost.
+/// Crash-test hook: when `ATASIRA_FAILPOINT` names this point, the process is SIGKILLed here, so tests can prove that nothing committed before it is lost.
 pub fn failpoint(name: &str) {
     if std::env::var("ATASIRA_FAILPOINT").is_ok_and(|v| v.split(',').any(|p| p == name)) {
-        eprintln!("failpoint {name}: aborting");
+        eprintln!("failpoint {name}: killing this process");
+        // A real SIGKILL (no unwinding, no flushing), like `kill -9` from outside.
+        let _ = std::process::Command::new("kill").arg("-KILL").arg(std::process::id().to_string()).status();
         std::process::abort();
     }
 }
