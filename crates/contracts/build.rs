@@ -2,7 +2,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files = ["atasira/v1/envelope.proto", "atasira/v1/drafts.proto"];
+    let files = ["atasira/v1/envelope.proto", "atasira/v1/drafts.proto", "atasira/v1/c9.proto"];
     let descriptors = protox::compile(files, [&root])?;
     prost_build::Config::new().compile_fds(descriptors)?;
     for f in files {

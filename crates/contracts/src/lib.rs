@@ -26,6 +26,9 @@ macro_rules! named {
     ($($t:ident),+) => { $(impl Named for v1::$t { const NAME: &'static str = concat!("atasira.v1.", stringify!($t)); })+ };
 }
 named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, PendingDraftsReply, GetDraft, ListMyDrafts, DraftReply, WaitForPosition, WaitForPositionReply, EventNotification);
+named!(ApproveDraft, RejectDraft, DecisionReply, GetApprovalKeys, ApprovalKeysReply, WithdrawDraft);
+named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxesReply, GetBox, AssignUser, BoxAction, BoxReply);
+named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

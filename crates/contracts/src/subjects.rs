@@ -31,9 +31,10 @@ pub fn events(service: &str) -> String {
 pub fn owner_of(aggregate_type: &str) -> &'static str {
     match aggregate_type {
         "draft" => DRAFTS,
-        "box" | "box_type_namespace" => RUNTIME_REGISTRY,
-        "audit" => AUDIT,
+        "box" | "box_type_namespace" | "registry_security" => RUNTIME_REGISTRY,
+        "audit_ledger" => AUDIT,
         "access" => PROVISIONER,
+        "approval_security" => APPROVAL,
         _ => APPROVAL,
     }
 }

@@ -6,6 +6,7 @@
 //! functions here decide. `tests/tidy.rs` enforces the dependency rule.
 
 pub mod assertion;
+pub mod audit;
 pub mod box_type;
 pub mod context;
 pub mod draft_request;

@@ -86,7 +86,7 @@ impl ApprovalClaims {
 /// Appends one length-prefixed item. A length that does not fit a u32 saturates; such an
 /// item (4 GiB) cannot come out of any request, so injectivity holds for real inputs.
 /// Shared with the principal assertion's canonical bytes.
-pub(crate) fn push_item(out: &mut Vec<u8>, bytes: &[u8]) {
+pub fn push_item(out: &mut Vec<u8>, bytes: &[u8]) {
     let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(bytes);

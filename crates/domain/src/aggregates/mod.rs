@@ -5,9 +5,12 @@
 //!
 //! Event names are the catalog of R-ARCH-9; every event carries `event_version` "1".
 
+pub mod access;
+pub mod audit_ledger;
 pub mod boxes;
 pub mod draft;
 pub mod namespace;
+pub mod security;
 
 /// Version of every event payload defined today; bump and upcast when a payload changes.
 pub const EVENT_VERSION: &str = "1";

@@ -1,0 +1,129 @@
+//! Security violations (R-AUDIT-5): a refusal the spec calls a security violation is
+//! recorded as an event by the service that refused, so that the audit ledger gets a row
+//! like for any other event. One aggregate per violation; the aggregate type names the
+//! refusing service (`approval_security`, `registry_security`) so each service appends
+//! only its own aggregate types.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::aggregates::aggregate_via_decide;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SecurityViolationRecord {
+    pub recorded: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum SecurityCommand {
+    Record { service: String, actor: String, target: String, kind: String, reason: String, at: DateTime<Utc> },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum SecurityEvent {
+    SecurityViolation {
+        /// The refusing service.
+        service: String,
+        /// Who tried.
+        actor: String,
+        /// What it was aimed at (draft id, box id).
+        target: String,
+        /// `self_approval`, `mentor_edit_prohibited_key`, `invalid_approval_token`, `invalid_assertion`.
+        kind: String,
+        reason: String,
+        at: DateTime<Utc>,
+    },
+}
+
+impl SecurityEvent {
+    pub fn name(&self) -> &'static str {
+        "SecurityViolation"
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecurityError {
+    #[error("this violation is already recorded")]
+    AlreadyRecorded,
+}
+
+impl SecurityViolationRecord {
+    pub fn decide(&self, command: SecurityCommand) -> Result<Vec<SecurityEvent>, SecurityError> {
+        if self.recorded {
+            // Redelivered: the one violation is already on record.
+            return Ok(vec![]);
+        }
+        let SecurityCommand::Record { service, actor, target, kind, reason, at } = command;
+        Ok(vec![SecurityEvent::SecurityViolation { service, actor, target, kind, reason, at }])
+    }
+
+    pub fn evolve(&mut self, _event: SecurityEvent) {
+        self.recorded = true;
+    }
+}
+
+/// The approval service's violations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalSecurity(pub SecurityViolationRecord);
+/// The runtime registry's violations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RegistrySecurity(pub SecurityViolationRecord);
+
+impl ApprovalSecurity {
+    pub fn decide(&self, c: SecurityCommand) -> Result<Vec<SecurityEvent>, SecurityError> {
+        self.0.decide(c)
+    }
+    pub fn evolve(&mut self, e: SecurityEvent) {
+        self.0.evolve(e)
+    }
+}
+
+impl RegistrySecurity {
+    pub fn decide(&self, c: SecurityCommand) -> Result<Vec<SecurityEvent>, SecurityError> {
+        self.0.decide(c)
+    }
+    pub fn evolve(&mut self, e: SecurityEvent) {
+        self.0.evolve(e)
+    }
+}
+
+aggregate_via_decide!(ApprovalSecurity, "approval_security", SecurityCommand, SecurityEvent, SecurityError);
+
+impl cqrs_es::Aggregate for RegistrySecurity {
+    const TYPE: &'static str = "registry_security";
+    type Command = SecurityCommand;
+    type Event = SecurityEvent;
+    type Error = SecurityError;
+    type Services = ();
+
+    async fn handle(&mut self, command: Self::Command, _services: &Self::Services, sink: &cqrs_es::event_sink::EventSink<Self>) -> Result<(), Self::Error> {
+        for event in self.decide(command)? {
+            sink.write(event, self).await;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, event: Self::Event) {
+        self.evolve(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregates::testing::given_when;
+
+    fn record() -> SecurityCommand {
+        SecurityCommand::Record { service: "approval".into(), actor: "alice".into(), target: "d1".into(), kind: "self_approval".into(), reason: "r".into(), at: Utc::now() }
+    }
+
+    #[test]
+    fn given_nothing_when_recorded_then_one_security_violation_and_a_redelivery_adds_nothing() {
+        // R-AUDIT-5
+        let events = given_when::<ApprovalSecurity>(vec![], record()).expect("recorded");
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].name(), "SecurityViolation");
+        assert_eq!(given_when::<ApprovalSecurity>(events.clone(), record()), Ok(vec![]));
+        assert_eq!(given_when::<RegistrySecurity>(vec![], record()).map(|e| e.len()), Ok(1));
+    }
+}
