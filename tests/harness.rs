@@ -47,6 +47,14 @@ impl Drop for TempDir {
     }
 }
 
+/// The service processes of cluster mode, besides the gateway.
+pub const CLUSTER_SERVICES: &[&str] = &["drafts", "approval", "runtime-registry", "provisioner", "audit"];
+
+/// Environment variable names are static strings in practice; tests pass literals.
+fn leak(name: &str) -> &'static str {
+    Box::leak(name.to_owned().into_boxed_str())
+}
+
 /// A free TCP port on loopback (bound and released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
@@ -299,7 +307,7 @@ impl System {
         sys
     }
 
-    fn data_dir(&self) -> PathBuf {
+    pub fn data_dir(&self) -> PathBuf {
         self.dir.0.join("data")
     }
 
@@ -327,13 +335,16 @@ impl System {
             ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::url).unwrap_or_default()),
             ("ATASIRA_DATABASE_URL", self.database_url()),
             ("ATASIRA_INTERNAL_KEY", self.internal_key.clone()),
+            ("ATASIRA_APPROVAL_KEY", "a1".repeat(32)),
+            ("ATASIRA_AUDIT_KEY", "b2".repeat(32)),
+            ("ATASIRA_DATA_DIR", self.data_dir().display().to_string()),
             ("RUST_LOG", "info,sqlx=warn".into()),
         ];
         for (k, v) in extra {
             if let Some(slot) = env.iter_mut().find(|(name, _)| name == k) {
                 slot.1 = v.clone();
-            } else if *k == "ATASIRA_FAILPOINT" {
-                env.push(("ATASIRA_FAILPOINT", v.clone()));
+            } else {
+                env.push((leak(k), v.clone()));
             }
         }
         env
@@ -353,8 +364,10 @@ impl System {
                 self.procs.push(p);
             }
             Mode::Cluster => {
-                self.start_drafts(extra_env);
-                let env = self.cluster_env(&[]);
+                for service in CLUSTER_SERVICES {
+                    self.start_service(service, extra_env);
+                }
+                let env = self.cluster_env(extra_env);
                 let mut g = Proc::spawn("atasira serve gateway", &bin, &["serve", "gateway", "--listen", "127.0.0.1:0"], &env);
                 let line = g.wait_stderr("listening on http://", Duration::from_secs(30));
                 self.base_url = listening_url(&line);
@@ -367,10 +380,16 @@ impl System {
 
     /// Cluster: starts (another) drafts service process.
     pub fn start_drafts(&mut self, extra_env: &[(&str, String)]) {
+        self.start_service("drafts", extra_env);
+    }
+
+    /// Cluster: starts one service process (`atasira serve <service>`), waiting until it
+    /// serves its subject.
+    pub fn start_service(&mut self, service: &str, extra_env: &[(&str, String)]) {
         let env = self.cluster_env(extra_env);
-        let mut d = Proc::spawn("atasira serve drafts", &atasira_bin(), &["serve", "drafts"], &env);
-        d.wait_stderr("serving on", Duration::from_secs(30));
-        self.procs.push(d);
+        let mut p = Proc::spawn(&format!("atasira serve {service}"), &atasira_bin(), &["serve", service], &env);
+        p.wait_stderr("serving on", Duration::from_secs(30));
+        self.procs.push(p);
     }
 
     /// The process whose name contains `name`.

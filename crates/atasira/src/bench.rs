@@ -149,7 +149,7 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
     let keys = Arc::new(crate::services::keys_from_hex(&hex::encode(auth::random_secret()))?);
     let rt = Runtime { db: db.clone(), bus: Arc::new(bus.clone()), feeds: FeedSource::JetStream { js: js.clone() }, assertion_keys: keys.clone() };
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let drafts_task = tokio::spawn(atasira_drafts::run(rt.clone(), rx.clone()));
+    let drafts_task = tokio::spawn(atasira_drafts::run(rt.clone(), atasira_drafts::DraftsConfig::default(), rx.clone()));
     let relay_task = tokio::spawn(relay::run(db.clone(), js, atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES, rx.clone()));
     let floor = start_floor(&bus, &db).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -203,7 +203,7 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
     // The full REST submit with read-your-writes, through a gateway in this process.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let gateway = tokio::spawn(atasira_gateway::serve(listener, rt.clone(), atasira_gateway::Config::default(), {
+    let gateway = tokio::spawn(atasira_gateway::serve(listener, rt.clone(), atasira_gateway::Config { read_models: vec![atasira_contracts::subjects::DRAFTS], ..Default::default() }, {
         let mut rx = rx.clone();
         async move {
             let _ = rx.changed().await;

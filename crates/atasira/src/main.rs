@@ -27,14 +27,14 @@ struct Cli {
 enum Command {
     /// Run every service in one process on SQLite and an in-process bus (no server needed).
     Dev {
-        /// Where the event store, projections and keys live.
+        /// Where the event store, projections, keys and managed files live.
         #[arg(long, env = "ATASIRA_DATA_DIR", default_value = "./atasira-data")]
         data_dir: PathBuf,
         /// Address of the REST API.
         #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         #[command(flatten)]
-        gateway: GatewayArgs,
+        common: CommonArgs,
     },
     /// Run one service as its own process on NATS and PostgreSQL (cluster mode).
     Serve {
@@ -49,12 +49,24 @@ enum Command {
         /// Hex key (32+ bytes) that signs principal assertions; the same for every process.
         #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true)]
         internal_key: String,
+        /// Ed25519 signing key of the approval service (64 hex digits; approval only).
+        #[arg(long, env = "ATASIRA_APPROVAL_KEY", hide_env_values = true)]
+        approval_key: Option<String>,
+        /// MAC key of the audit ledger (hex, 32+ bytes; audit only).
+        #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true)]
+        audit_key: Option<String>,
+        /// Where managed files live (manifests, workspaces, ssh config, netrc).
+        #[arg(long, env = "ATASIRA_DATA_DIR", default_value = "./atasira-data")]
+        data_dir: PathBuf,
         /// Address of the REST API (gateway only).
         #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         #[command(flatten)]
-        gateway: GatewayArgs,
+        common: CommonArgs,
     },
+    /// Verify the audit ledger (R-AUDIT-2).
+    #[command(subcommand)]
+    Audit(operator::AuditCommand),
     /// Issue and revoke personal access tokens (R-AUTH-4).
     #[command(subcommand)]
     Tokens(operator::TokensCommand),
@@ -72,17 +84,32 @@ enum Command {
     Drafts(DraftsCommand),
 }
 
-/// Gateway settings shared by `dev` and `serve gateway`.
+/// Settings shared by `dev` and `serve`.
 #[derive(Debug, Clone, Args)]
-struct GatewayArgs {
+struct CommonArgs {
     /// Seconds a write waits for the projections it affects (R-BOX-9).
     #[arg(long, env = "ATASIRA_CONSISTENCY_WAIT", default_value_t = 5.0)]
     consistency_wait: f64,
+    /// Where the manifest YAML files are written (default <data-dir>/manifests).
+    #[arg(long, env = "ATASIRA_MANIFESTS_DIR")]
+    manifests_dir: Option<PathBuf>,
+    /// At most this many active Boxes (R-BOX-3).
+    #[arg(long, env = "ATASIRA_MAX_BOXES", default_value_t = 3)]
+    max_boxes: usize,
+    /// Pending drafts expire after this many seconds (R-DRAFT-13; default 7 days).
+    #[arg(long, env = "ATASIRA_DRAFT_TTL", default_value_t = 604_800)]
+    draft_ttl: i64,
 }
 
-impl GatewayArgs {
-    fn config(&self) -> atasira_gateway::Config {
-        atasira_gateway::Config { consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)), ..Default::default() }
+impl CommonArgs {
+    fn settings(&self, data_dir: PathBuf) -> services::Settings {
+        services::Settings {
+            data_dir,
+            manifests_dir: self.manifests_dir.clone(),
+            max_boxes: self.max_boxes,
+            draft_ttl: chrono::TimeDelta::try_seconds(self.draft_ttl.max(1)).unwrap_or(chrono::TimeDelta::days(7)),
+            gateway: atasira_gateway::Config { consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)), ..Default::default() },
+        }
     }
 }
 
@@ -142,10 +169,12 @@ enum DraftsCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Dev { data_dir, listen, gateway } => run_async(services::dev(data_dir, listen, gateway.config())),
-        Command::Serve { service, nats_url, database_url, internal_key, listen, gateway } => {
-            run_async(services::serve(service, &nats_url, &database_url, &internal_key, listen, gateway.config()))
+        Command::Dev { data_dir, listen, common } => run_async(services::dev(common.settings(data_dir), listen)),
+        Command::Serve { service, nats_url, database_url, internal_key, approval_key, audit_key, data_dir, listen, common } => {
+            let keys = services::ClusterKeys { internal: internal_key, approval: approval_key, audit: audit_key };
+            run_async(services::serve(service, &nats_url, &database_url, keys, listen, common.settings(data_dir)))
         }
+        Command::Audit(cmd) => run_async_code(operator::audit(cmd)),
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),
         Command::Bench(BenchCommand::Drafts { nats_url, database_url, concurrency, count }) => run_async(bench::drafts(&nats_url, &database_url, concurrency, count)),
@@ -161,6 +190,16 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Like `run_async`, for commands that choose their exit code.
+fn run_async_code(fut: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> Result<ExitCode, String> {
+    let mut code = ExitCode::SUCCESS;
+    run_async(async {
+        code = fut.await?;
+        Ok(())
+    })?;
+    Ok(code)
 }
 
 /// Runs an async command on a multi-threaded runtime with logs on stderr.

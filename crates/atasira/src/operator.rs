@@ -64,8 +64,22 @@ pub enum TokensCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ProjectionsCommand {
-    /// Drop every projection and rebuild it from the event store (R-ARCH-5).
+    /// Drop every projection and rebuild it from the event store (R-ARCH-5); the audit
+    /// ledger is not rebuilt but checked: every auditable event has exactly one row.
     Rebuild {
+        #[command(flatten)]
+        target: Target,
+        /// Where the manifest YAML files are (default <data-dir>/manifests).
+        #[arg(long, env = "ATASIRA_MANIFESTS_DIR")]
+        manifests_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Check the hash chain and the latest signed checkpoint. Prints {"ok": true, "rows": N}
+    /// and exits 0, or {"ok": false, "first_bad_seq": S, "reason": ...} and exits 1.
+    Verify {
         #[command(flatten)]
         target: Target,
     },
@@ -115,17 +129,33 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
     }
 }
 
+pub async fn audit(cmd: AuditCommand) -> anyhow::Result<std::process::ExitCode> {
+    match cmd {
+        AuditCommand::Verify { target } => {
+            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            let keys = crate::services::audit_keys_for(target.data_dir.as_deref())?;
+            let result = atasira_audit::verify(&db, &keys).await?;
+            let json = serde_json::to_value(&result)?;
+            println!("{json}");
+            Ok(if json["ok"] == true { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
+        }
+    }
+}
+
 pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
     match cmd {
-        ProjectionsCommand::Rebuild { target } => {
+        ProjectionsCommand::Rebuild { target, manifests_dir } => {
             let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            let manifests_dir = manifests_dir.or_else(|| target.data_dir.as_ref().map(|d| d.join("manifests"))).unwrap_or_else(|| PathBuf::from("./atasira-data/manifests"));
+            let registry = atasira_runtime_registry::RegistryConfig { manifests_dir, max_boxes: 0, keys: atasira_runtime_registry::KeySource::FromApproval };
             let mut rebuilt = Vec::new();
-            for p in atasira_drafts::projections() {
+            for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
                 eprintln!("rebuilding {} ...", p.name());
                 let applied = projection::rebuild(&db, p.as_ref()).await?;
                 rebuilt.push(json!({"projection": p.name(), "events_applied": applied}));
             }
-            println!("{}", json!({"rebuilt": rebuilt}));
+            let ledger = atasira_audit::check_complete(&db).await?;
+            println!("{}", json!({"rebuilt": rebuilt, "audit_ledger": ledger}));
             Ok(())
         }
     }

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use atasira_domain::assertion::{AssertionKey, AssertionKeys};
+use atasira_domain::audit::{AuditKey, AuditKeys};
+use atasira_domain::token::{ApprovalSigner, Keyring};
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{InprocBus, NatsBus};
 use atasira_platform::db::Db;
@@ -18,21 +20,44 @@ use tokio::sync::watch;
 
 /// Key id of the internal assertion key.
 const INTERNAL_KEY_ID: &str = "internal-1";
+/// Key id of the approval signing key.
+const APPROVAL_KEY_ID: &str = "approval-1";
+/// Key id of the audit MAC key.
+const AUDIT_KEY_ID: &str = "audit-1";
 
-/// Loads (or, first time, creates) the embedded internal key in the data dir.
-fn embedded_key(data_dir: &Path) -> anyhow::Result<AssertionKeys> {
+/// Settings every service mode shares.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where embedded data, keys, managed files and workspaces live.
+    pub data_dir: PathBuf,
+    /// `--manifests-dir` (default `<data-dir>/manifests`).
+    pub manifests_dir: Option<PathBuf>,
+    /// `ATASIRA_MAX_BOXES`.
+    pub max_boxes: usize,
+    /// `ATASIRA_DRAFT_TTL` in seconds.
+    pub draft_ttl: chrono::TimeDelta,
+    pub gateway: atasira_gateway::Config,
+}
+
+impl Settings {
+    fn manifests_dir(&self) -> PathBuf {
+        self.manifests_dir.clone().unwrap_or_else(|| self.data_dir.join("manifests"))
+    }
+}
+
+/// Reads `<data_dir>/keys/<name>` or creates it with 32 random bytes (hex), mode 0600.
+fn key_file(data_dir: &Path, name: &str) -> anyhow::Result<String> {
     let dir = data_dir.join("keys");
     std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
-    let path = dir.join("internal.key");
-    let hex_key = match std::fs::read_to_string(&path) {
-        Ok(s) => s.trim().to_owned(),
+    let path = dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => Ok(s.trim().to_owned()),
         Err(_) => {
             let k = hex::encode(auth::random_secret());
             write_private(&path, &k)?;
-            k
+            Ok(k)
         }
-    };
-    keys_from_hex(&hex_key)
+    }
 }
 
 fn write_private(path: &Path, content: &str) -> anyhow::Result<()> {
@@ -55,12 +80,35 @@ pub fn keys_from_hex(hex_key: &str) -> anyhow::Result<AssertionKeys> {
     Ok(AssertionKeys::new(key, vec![]))
 }
 
-fn shutdown_channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
-    watch::channel(false)
+/// The Ed25519 signing key from 32 hex bytes.
+pub fn approval_signer(hex_key: &str) -> anyhow::Result<ApprovalSigner> {
+    let bytes = hex::decode(hex_key.trim()).context("the approval key must be hex")?;
+    let secret: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("the approval key must be exactly 32 bytes (64 hex digits)"))?;
+    Ok(ApprovalSigner::from_secret(APPROVAL_KEY_ID.into(), secret))
+}
+
+/// The audit MAC key from hex (32+ bytes).
+pub fn audit_keys(hex_key: &str) -> anyhow::Result<AuditKeys> {
+    let bytes = hex::decode(hex_key.trim()).context("the audit key must be hex")?;
+    let key = AuditKey::new(AUDIT_KEY_ID, &bytes).map_err(|e| anyhow::anyhow!("audit key: {e}"))?;
+    Ok(AuditKeys::new(key, vec![]))
+}
+
+/// The audit key of a data dir (embedded) or from `ATASIRA_AUDIT_KEY`.
+pub fn audit_keys_for(data_dir: Option<&Path>) -> anyhow::Result<AuditKeys> {
+    match (std::env::var("ATASIRA_AUDIT_KEY").ok(), data_dir) {
+        (Some(k), _) => audit_keys(&k),
+        (None, Some(dir)) => audit_keys(&key_file(dir, "audit.key")?),
+        (None, None) => anyhow::bail!("set ATASIRA_AUDIT_KEY (the audit service's key) to verify a cluster's ledger"),
+    }
 }
 
 async fn ctrl_c(tx: watch::Sender<bool>) {
-    let _ = tokio::signal::ctrl_c().await;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+    }
     let _ = tx.send(true);
 }
 
@@ -72,19 +120,38 @@ async fn wait(mut rx: watch::Receiver<bool>) {
     }
 }
 
+fn drafts_config(s: &Settings) -> atasira_drafts::DraftsConfig {
+    atasira_drafts::DraftsConfig { ttl: s.draft_ttl, ..Default::default() }
+}
+
+fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfig {
+    atasira_provisioner::ProvisionerConfig { data_dir: s.data_dir.clone(), backoff: atasira_provisioner::Backoff::from_env() }
+}
+
 /// `atasira dev`.
-pub async fn dev(data_dir: PathBuf, listen: SocketAddr, gateway: atasira_gateway::Config) -> anyhow::Result<()> {
+pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
+    let data_dir = settings.data_dir.clone();
     std::fs::create_dir_all(&data_dir).with_context(|| format!("failed to create {}", data_dir.display()))?;
     let db = Db::connect(&Db::sqlite_url(&data_dir)).await?;
     let rt = Runtime {
         db: db.clone(),
         bus: Arc::new(InprocBus::default()),
         feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
-        assertion_keys: Arc::new(embedded_key(&data_dir)?),
+        assertion_keys: Arc::new(keys_from_hex(&key_file(&data_dir, "internal.key")?)?),
     };
+    let signer = approval_signer(&key_file(&data_dir, "approval.key")?)?;
+    let keyring = Keyring::new(vec![signer.public_key()]);
+    let audit = audit_keys_for(Some(&data_dir))?;
     let first_start = !auth::has_tokens(&db).await?;
-    let (tx, rx) = shutdown_channel();
-    let drafts = tokio::spawn(atasira_drafts::run(rt.clone(), rx.clone()));
+    let (tx, rx) = watch::channel(false);
+    let mut services = vec![
+        tokio::spawn(atasira_drafts::run(rt.clone(), drafts_config(&settings), rx.clone())),
+        tokio::spawn(atasira_approval::run(rt.clone(), approval_config(signer), rx.clone())),
+        tokio::spawn(atasira_runtime_registry::run(rt.clone(), registry_config(&settings, atasira_runtime_registry::KeySource::Fixed(keyring)), rx.clone())),
+        tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(Arc::new(audit)), rx.clone())),
+        tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(&settings), rx.clone())),
+    ];
+    wait_ready(&rt, atasira_contracts::subjects::SERVICES).await?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
     if first_start {
         let admin = auth::create_token(&db, &Principal::new("admin", Role::Admin, Kind::Human), None).await?;
@@ -94,9 +161,19 @@ pub async fn dev(data_dir: PathBuf, listen: SocketAddr, gateway: atasira_gateway
     }
     eprintln!("atasira dev: listening on http://{} (data in {})", listener.local_addr()?, data_dir.display());
     tokio::spawn(ctrl_c(tx));
-    atasira_gateway::serve(listener, rt, gateway, wait(rx)).await?;
-    drafts.await.context("drafts service panicked")??;
+    atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)).await?;
+    for s in services.drain(..) {
+        s.await.context("a service panicked")??;
+    }
     Ok(())
+}
+
+fn approval_config(signer: ApprovalSigner) -> atasira_approval::ApprovalConfig {
+    atasira_approval::ApprovalConfig { signer, retired: vec![], activation_wait: Duration::from_secs(10) }
+}
+
+fn registry_config(s: &Settings, keys: atasira_runtime_registry::KeySource) -> atasira_runtime_registry::RegistryConfig {
+    atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes, keys }
 }
 
 /// What `atasira serve` can run.
@@ -104,29 +181,86 @@ pub async fn dev(data_dir: PathBuf, listen: SocketAddr, gateway: atasira_gateway
 pub enum ServiceName {
     Gateway,
     Drafts,
+    Approval,
+    RuntimeRegistry,
+    Provisioner,
+    Audit,
+}
+
+/// Cluster-mode secrets, from flags or the environment.
+#[derive(Debug, Clone)]
+pub struct ClusterKeys {
+    pub internal: String,
+    pub approval: Option<String>,
+    pub audit: Option<String>,
 }
 
 /// `atasira serve <service>`.
-pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, internal_key: &str, listen: SocketAddr, gateway: atasira_gateway::Config) -> anyhow::Result<()> {
+pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, keys: ClusterKeys, listen: SocketAddr, settings: Settings) -> anyhow::Result<()> {
     let db = Db::connect(database_url).await?;
     let client = connect_nats(nats_url).await?;
     let js = async_nats::jetstream::new(client.clone());
-    let rt = Runtime { db: db.clone(), bus: Arc::new(NatsBus::new(client)), feeds: FeedSource::JetStream { js: js.clone() }, assertion_keys: Arc::new(keys_from_hex(internal_key)?) };
-    let (tx, rx) = shutdown_channel();
+    let rt = Runtime { db: db.clone(), bus: Arc::new(NatsBus::new(client)), feeds: FeedSource::JetStream { js: js.clone() }, assertion_keys: Arc::new(keys_from_hex(&keys.internal)?) };
+    let (tx, rx) = watch::channel(false);
     tokio::spawn(ctrl_c(tx));
+    let relay_for = |name: &'static str, types: &'static [&'static str]| tokio::spawn(relay::run(db.clone(), js.clone(), name, types, rx.clone()));
     match service {
         ServiceName::Gateway => {
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
             eprintln!("atasira gateway: listening on http://{}", listener.local_addr()?);
-            atasira_gateway::serve(listener, rt, gateway, wait(rx)).await
+            atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)).await
         }
         ServiceName::Drafts => {
-            let relay = tokio::spawn(relay::run(db, js, atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES, rx.clone()));
-            atasira_drafts::run(rt, rx).await?;
+            let relay = relay_for(atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES);
+            atasira_drafts::run(rt, drafts_config(&settings), rx).await?;
+            let _ = relay.await;
+            Ok(())
+        }
+        ServiceName::Approval => {
+            let key = keys.approval.ok_or_else(|| anyhow::anyhow!("the approval service needs its signing key: --approval-key or ATASIRA_APPROVAL_KEY (64 hex digits)"))?;
+            let relay = relay_for(atasira_approval::SERVICE, atasira_approval::AGGREGATE_TYPES);
+            atasira_approval::run(rt, approval_config(approval_signer(&key)?), rx).await?;
+            let _ = relay.await;
+            Ok(())
+        }
+        ServiceName::RuntimeRegistry => {
+            let relay = relay_for(atasira_runtime_registry::SERVICE, atasira_runtime_registry::AGGREGATE_TYPES);
+            atasira_runtime_registry::run(rt, registry_config(&settings, atasira_runtime_registry::KeySource::FromApproval), rx).await?;
+            let _ = relay.await;
+            Ok(())
+        }
+        ServiceName::Provisioner => {
+            let relay = relay_for(atasira_provisioner::SERVICE, atasira_provisioner::AGGREGATE_TYPES);
+            atasira_provisioner::run(rt, provisioner_config(&settings), rx).await?;
+            let _ = relay.await;
+            Ok(())
+        }
+        ServiceName::Audit => {
+            let key = keys.audit.ok_or_else(|| anyhow::anyhow!("the audit service needs its MAC key: --audit-key or ATASIRA_AUDIT_KEY (hex, 32+ bytes)"))?;
+            let relay = relay_for(atasira_audit::SERVICE, atasira_audit::AGGREGATE_TYPES);
+            atasira_audit::run(rt, atasira_audit::AuditConfig::new(Arc::new(audit_keys(&key)?)), rx).await?;
             let _ = relay.await;
             Ok(())
         }
     }
+}
+
+/// Waits until every service answers on the bus, so `/healthz` means ready.
+async fn wait_ready(rt: &Runtime, services: &[&str]) -> anyhow::Result<()> {
+    use prost::Message as _;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for service in services {
+        let probe = atasira_contracts::envelope(&atasira_contracts::v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] }, "ready-probe", "", None);
+        loop {
+            let subject = atasira_contracts::subjects::request(atasira_contracts::subjects::GATEWAY, service);
+            match rt.bus.request(&subject, Default::default(), probe.encode_to_vec().into(), Duration::from_secs(5)).await {
+                Ok(_) => break,
+                Err(e) if tokio::time::Instant::now() >= deadline => anyhow::bail!("the {service} service did not start: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Connects to NATS, retrying for a while so services can start before the server.

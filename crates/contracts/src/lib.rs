@@ -76,7 +76,12 @@ pub fn payload<M: Named>(env: &Envelope) -> Result<M, WireError> {
 
 /// A successful reply carrying `message` and the position the request produced.
 pub fn reply_ok<M: Message>(message: &M, position: i64) -> Reply {
-    Reply { result: Some(v1::reply::Result::Ok(message.encode_to_vec())), position }
+    Reply { result: Some(v1::reply::Result::Ok(message.encode_to_vec())), position, event_ids: vec![] }
+}
+
+/// A successful write: the message, its position and the ids of the events it produced.
+pub fn reply_written<M: Message>(message: &M, position: i64, event_ids: Vec<String>) -> Reply {
+    Reply { result: Some(v1::reply::Result::Ok(message.encode_to_vec())), position, event_ids }
 }
 
 /// A typed refusal.
@@ -88,14 +93,23 @@ pub fn reply_error(code: ErrorCode, message: impl Into<String>, details: Option<
             details_json: details.map(|d| d.to_string()).unwrap_or_default(),
         })),
         position: 0,
+        event_ids: vec![],
     }
 }
 
 /// A decoded reply: the message and position, or the refusal.
 pub fn decode_reply<M: Message + Default>(bytes: &[u8]) -> Result<Result<(M, i64), ErrorReply>, WireError> {
+    Ok(decode_written::<M>(bytes)?.map(|(m, p, _)| (m, p)))
+}
+
+/// A write's reply: the message, its position and the ids of the events it produced.
+pub type Written<M> = (M, i64, Vec<String>);
+
+/// A decoded reply with the event ids the request produced.
+pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Written<M>, ErrorReply>, WireError> {
     let reply = Reply::decode(bytes).map_err(|source| WireError::Decode { what: "reply", source })?;
     match reply.result {
-        Some(v1::reply::Result::Ok(b)) => Ok(Ok((M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?, reply.position))),
+        Some(v1::reply::Result::Ok(b)) => Ok(Ok((M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?, reply.position, reply.event_ids))),
         Some(v1::reply::Result::Error(e)) => Ok(Err(e)),
         None => Ok(Err(ErrorReply { code: "internal".into(), message: "empty reply".into(), details_json: String::new() })),
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use atasira_contracts::subjects;
 use atasira_contracts::v1;
-use atasira_contracts::{payload, reply_error, reply_ok, Envelope, Named, Reply};
+use atasira_contracts::{payload, reply_error, reply_ok, reply_written, Envelope, Named, Reply};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
@@ -43,8 +43,27 @@ struct Service {
     cqrs: atasira_platform::db::Cqrs<Draft>,
 }
 
-/// Starts the service: projection runner and bus endpoint. Returns when `shutdown` flips.
-pub async fn run(rt: Runtime, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
+/// Settings of the drafts service.
+#[derive(Debug, Clone)]
+pub struct DraftsConfig {
+    /// R-DRAFT-13: pending drafts expire after this (`ATASIRA_DRAFT_TTL`, default 7 days).
+    pub ttl: chrono::TimeDelta,
+    /// How often the expiry sweep runs.
+    pub sweep_every: Duration,
+}
+
+impl Default for DraftsConfig {
+    fn default() -> Self {
+        Self { ttl: chrono::TimeDelta::days(7), sweep_every: Duration::from_secs(60) }
+    }
+}
+
+/// The projections this service answers read-your-writes waits for, with what they read.
+const READ_MODELS: &[(&str, &[&str])] = &[(projection::NAME, projection::READS)];
+
+/// Starts the service: projection runner, expiry sweep and bus endpoint. Returns when
+/// `shutdown` flips.
+pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
     let view: Arc<dyn Projection> = Arc::new(DraftsView);
     proj::prepare(&rt.db, view.as_ref()).await?;
     let service = Arc::new(Service { cqrs: rt.db.cqrs::<Draft>(), rt: rt.clone() });
@@ -61,6 +80,7 @@ pub async fn run(rt: Runtime, shutdown: tokio::sync::watch::Receiver<bool>) -> a
     let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
     tracing::info!("drafts: serving on {subject}");
     let runner = tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), view, shutdown.clone()));
+    let sweeper = tokio::spawn(sweep_expired(service.clone(), config, shutdown.clone()));
     let mut shutdown = shutdown;
     while !*shutdown.borrow() {
         if shutdown.changed().await.is_err() {
@@ -69,7 +89,32 @@ pub async fn run(rt: Runtime, shutdown: tokio::sync::watch::Receiver<bool>) -> a
     }
     endpoint.stop();
     let _ = runner.await;
+    let _ = sweeper.await;
     Ok(())
+}
+
+/// R-DRAFT-13: expires pending drafts older than the TTL (the aggregate decides; a draft
+/// decided meanwhile is left alone).
+async fn sweep_expired(service: Arc<Service>, config: DraftsConfig, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let cutoff = chrono::Utc::now() - config.ttl;
+        match projection::pending_older_than(&service.rt.db, cutoff).await {
+            Ok(ids) => {
+                for id in ids {
+                    let command = DraftCommand::Expire { now: chrono::Utc::now(), ttl: config.ttl };
+                    if let Err(e) = service.cqrs.execute(&id, command, HashMap::new()).await {
+                        tracing::warn!(draft_id = %id, error = %e, "expiry failed; next sweep retries");
+                    }
+                }
+                service.rt.notify_committed();
+            }
+            Err(e) => tracing::warn!(error = %e, "expiry sweep failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.sweep_every) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
 }
 
 impl Service {
@@ -102,8 +147,7 @@ impl Service {
         };
         if env.message_type == v1::WaitForPosition::NAME {
             let w: v1::WaitForPosition = payload(env).map_err(bad)?;
-            let timeout = Duration::from_millis(u64::from(w.timeout_ms.min(30_000)));
-            let lagging = proj::wait_for(&self.rt.db, &[projection::NAME], w.position, timeout).await.map_err(internal)?;
+            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(internal)?;
             return Ok(reply_ok(&v1::WaitForPositionReply { lagging }, 0));
         }
         let principal = self.principal(env)?;
@@ -124,6 +168,10 @@ impl Service {
                 let req: v1::ListMyDrafts = payload(env).map_err(bad)?;
                 let (drafts, next) = projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, &req.cursor).await.map_err(internal)?;
                 Ok(reply_ok(&v1::PendingDraftsReply { drafts_json: drafts, next_cursor: next }, 0))
+            }
+            v1::WithdrawDraft::NAME => {
+                let req: v1::WithdrawDraft = payload(env).map_err(bad)?;
+                self.withdraw(principal, &req.draft_id).await
             }
             v1::GetDraft::NAME => {
                 let req: v1::GetDraft = payload(env).map_err(bad)?;
@@ -162,9 +210,28 @@ impl Service {
             }
         })?;
         atasira_platform::failpoint("drafts-after-commit");
-        let position = self.rt.db.position_of("draft", &draft_id).await.map_err(|e| Refusal(ErrorCode::Internal, e.to_string(), None))?;
+        let (event_id, position) = self.rt.db.last_event("draft", &draft_id).await.ok().flatten().ok_or_else(|| Refusal(ErrorCode::Internal, "the committed draft is not readable".into(), None))?;
         self.rt.notify_committed();
-        Ok(reply_ok(&reply, position))
+        Ok(reply_written(&reply, position, vec![event_id]))
+    }
+
+    /// R-DRAFT-13: the requester withdraws a pending draft.
+    async fn withdraw(&self, principal: Principal, draft_id: &str) -> Result<Reply, Refusal> {
+        let draft: Draft = self.rt.db.load(draft_id).await.map_err(|e| Refusal(ErrorCode::Internal, e.to_string(), None))?;
+        // Someone else's draft is indistinguishable from no draft.
+        if draft.data.as_ref().is_none_or(|d| d.requested_by.user_id != principal.user_id && !principal.is_admin()) {
+            return Err(Refusal(ErrorCode::DraftNotFound, format!("no draft {draft_id:?} visible to you"), None));
+        }
+        let command = DraftCommand::Withdraw { by: principal, at: chrono::Utc::now() };
+        self.cqrs.execute(draft_id, command, HashMap::new()).await.map_err(|e| match e {
+            cqrs_es::AggregateError::UserError(e) => Refusal::from(e),
+            cqrs_es::AggregateError::AggregateConflict => Refusal(ErrorCode::DraftNotPending, "the draft changed meanwhile".into(), None),
+            other => Refusal(ErrorCode::Internal, other.to_string(), None),
+        })?;
+        let (event_id, position) = self.rt.db.last_event("draft", draft_id).await.ok().flatten().ok_or_else(|| Refusal(ErrorCode::Internal, "the draft is not readable".into(), None))?;
+        self.rt.notify_committed();
+        let body = serde_json::json!({"draft_id": draft_id, "status": "withdrawn"});
+        Ok(reply_written(&v1::DraftReply { draft_json: body.to_string().into_bytes() }, position, vec![event_id]))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The drafts view: one row per draft with what the approver must see (R-APPROVE-1) and
 //! its status and decision (R-DRAFT-12). The pending list is its `pending_approval` rows.
 
+use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_platform::db::{Db, StoredEvent};
 use atasira_platform::projection::Projection;
@@ -8,6 +9,8 @@ use serde_json::{json, Value};
 use sqlx::{Any, Row, Transaction};
 
 pub const NAME: &str = "drafts_view";
+/// The aggregate types this projection reads: its drafts, and Boxes for `active`/`box_id`.
+pub const READS: &[&str] = &["draft", "box"];
 
 const TABLES: &[&str] = &["CREATE TABLE IF NOT EXISTS drafts_view (
     draft_id TEXT PRIMARY KEY,
@@ -31,7 +34,7 @@ impl Projection for DraftsView {
         NAME
     }
     fn aggregate_types(&self) -> &'static [&'static str] {
-        &["draft"]
+        READS
     }
     fn tables(&self) -> &'static [&'static str] {
         TABLES
@@ -41,6 +44,19 @@ impl Projection for DraftsView {
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
+        if event.aggregate_type == "box" {
+            // R-APPROVE-4: the draft becomes `active` once its Box is.
+            if let Ok(BoxEvent::BoxActivated { box_id, draft_id, .. }) = serde_json::from_value::<BoxEvent>(event.payload.clone()) {
+                let row = sqlx::query("SELECT view_json FROM drafts_view WHERE draft_id = $1").bind(&draft_id).fetch_optional(&mut **tx).await?;
+                if let Some(row) = row {
+                    let mut view: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
+                    view["status"] = Value::from("active");
+                    view["box_id"] = Value::from(box_id);
+                    sqlx::query("UPDATE drafts_view SET status = 'active', view_json = $1 WHERE draft_id = $2").bind(view.to_string()).bind(&draft_id).execute(&mut **tx).await?;
+                }
+            }
+            return Ok(());
+        }
         let parsed: DraftEvent = serde_json::from_value(event.payload.clone())?;
         match parsed {
             DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at } => {
@@ -86,6 +102,7 @@ impl Projection for DraftsView {
             }
             DraftEvent::DraftExpired { draft_id, at } => set_status(tx, &draft_id, "expired", json!({"at": at})).await?,
             DraftEvent::DraftApproved { draft_id, approved_by, approved_at, .. } => {
+                // A Box activated already (replay in another order) keeps `active`.
                 set_status(tx, &draft_id, "approved", json!({"by": approved_by, "at": approved_at, "approved": true})).await?;
             }
             DraftEvent::DraftRejected { draft_id, rejected_by, reason, at, .. } => {
@@ -100,6 +117,9 @@ async fn set_status(tx: &mut Transaction<'static, Any>, draft_id: &str, status: 
     let row = sqlx::query("SELECT view_json FROM drafts_view WHERE draft_id = $1").bind(draft_id).fetch_optional(&mut **tx).await?;
     let Some(row) = row else { return Ok(()) };
     let mut view: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
+    // Relays of different services deliver in different orders: a Box that is already
+    // active keeps its draft `active`.
+    let status = if status == "approved" && view["status"] == "active" { "active" } else { status };
     view["status"] = Value::from(status);
     view["decision"] = decision;
     sqlx::query("UPDATE drafts_view SET status = $1, view_json = $2 WHERE draft_id = $3")
@@ -150,4 +170,18 @@ pub async fn get(db: &Db, draft_id: &str) -> anyhow::Result<Option<(String, Vec<
         Some(r) => Some((r.try_get(0)?, r.try_get::<String, _>(1)?.into_bytes())),
         None => None,
     })
+}
+
+/// Ids of pending drafts submitted before `cutoff` (R-DRAFT-13).
+pub async fn pending_older_than(db: &Db, cutoff: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Vec<String>> {
+    let rows = sqlx::query("SELECT draft_id, view_json FROM drafts_view WHERE status = 'pending_approval' ORDER BY position").fetch_all(db.any()).await?;
+    let mut out = Vec::new();
+    for row in rows {
+        let view: Value = serde_json::from_str(&row.try_get::<String, _>(1)?)?;
+        let created = view["created_at"].as_str().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok());
+        if created.is_some_and(|c| c < cutoff) {
+            out.push(row.try_get(0)?);
+        }
+    }
+    Ok(out)
 }

@@ -6,6 +6,7 @@
 mod error;
 mod idempotency;
 mod openapi;
+mod routes;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -41,11 +42,17 @@ pub struct Config {
     pub consistency_wait: Duration,
     /// How long a service may take to answer.
     pub request_timeout: Duration,
+    /// Services whose projections a write waits for.
+    pub read_models: Vec<&'static str>,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { consistency_wait: Duration::from_secs(5), request_timeout: Duration::from_secs(10) }
+        Self {
+            consistency_wait: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            read_models: vec![subjects::DRAFTS, subjects::RUNTIME_REGISTRY, subjects::AUDIT],
+        }
     }
 }
 
@@ -65,6 +72,17 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/boxes/box-drafts", post(submit_draft).get(list_drafts))
         .route("/boxes/box-drafts/pending", get(pending_drafts))
         .route("/boxes/box-drafts/{draft_id}", get(get_draft))
+        .route("/boxes/box-drafts/{draft_id}/approve", post(routes::approve))
+        .route("/boxes/box-drafts/{draft_id}/reject", post(routes::reject))
+        .route("/boxes/box-drafts/{draft_id}/withdraw", post(routes::withdraw))
+        .route("/boxes", get(routes::list_boxes))
+        .route("/boxes/{box_id}", get(routes::get_box))
+        .route("/boxes/{box_id}/user-assignments", post(routes::assign_user))
+        .route("/boxes/{box_id}/stop", post(routes::stop))
+        .route("/boxes/{box_id}/resume", post(routes::resume))
+        .route("/boxes/{box_id}/archive", post(routes::archive))
+        .route("/audit", get(routes::audit))
+        .route("/audit/verify", get(routes::audit_verify))
         .route("/openapi.json", get(openapi::serve))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
@@ -111,6 +129,11 @@ impl AppState {
 
     /// Sends `request` to `service` on behalf of `principal`; the reply and its position.
     async fn call<Req: Named, Resp: prost::Message + Default>(&self, service: &str, principal: &Principal, request: &Req) -> Result<(Resp, i64), ApiError> {
+        self.call_written(service, principal, request).await.map(|(r, p, _)| (r, p))
+    }
+
+    /// Like `call`, with the ids of the events the request produced.
+    async fn call_written<Req: Named, Resp: prost::Message + Default>(&self, service: &str, principal: &Principal, request: &Req) -> Result<(Resp, i64, Vec<String>), ApiError> {
         let correlation_id = uuid::Uuid::new_v4().to_string();
         let assertion = self.rt.assertion_keys.sign(principal, &correlation_id, chrono::Utc::now());
         let env = envelope(request, &correlation_id, "", Some(&assertion));
@@ -122,19 +145,25 @@ impl AppState {
             .request(&subjects::request(subjects::GATEWAY, service), headers, env.encode_to_vec().into(), self.config.request_timeout)
             .await
             .map_err(|e| ApiError::new(ErrorCode::ServiceUnavailable, format!("the {service} service did not answer: {e}")))?;
-        match decode_reply::<Resp>(&bytes) {
+        match atasira_contracts::decode_written::<Resp>(&bytes) {
             Ok(Ok(ok)) => Ok(ok),
             Ok(Err(refusal)) => Err(ApiError::from_reply(refusal)),
             Err(e) => Err(ApiError::internal(e)),
         }
     }
 
-    /// R-BOX-9: waits for `service`'s projections to apply `position`; the lagging ones.
-    async fn wait_for(&self, service: &str, position: i64) -> Vec<String> {
-        if position <= 0 {
+    /// R-BOX-9: waits (concurrently) for every service's projections to apply the events a
+    /// write produced; the names of the projections still behind.
+    async fn wait_for(&self, position: i64, event_ids: &[String]) -> Vec<String> {
+        if position <= 0 && event_ids.is_empty() {
             return vec![];
         }
-        let request = v1::WaitForPosition { position, timeout_ms: u32::try_from(self.config.consistency_wait.as_millis()).unwrap_or(u32::MAX) };
+        let waits = self.config.read_models.iter().map(|service| self.wait_one(service, position, event_ids));
+        futures::future::join_all(waits).await.into_iter().flatten().collect()
+    }
+
+    async fn wait_one(&self, service: &str, position: i64, event_ids: &[String]) -> Vec<String> {
+        let request = v1::WaitForPosition { position, timeout_ms: u32::try_from(self.config.consistency_wait.as_millis()).unwrap_or(u32::MAX), event_ids: event_ids.to_vec() };
         let env = envelope(&request, &uuid::Uuid::new_v4().to_string(), "", None);
         let timeout = self.config.consistency_wait + Duration::from_secs(1);
         let subject = subjects::request(subjects::GATEWAY, service);
@@ -201,8 +230,8 @@ async fn submit_draft(State(state): State<AppState>, headers: HeaderMap, body: R
     let body = body_or_error(body)?;
     idempotency::run(&state.rt.db, &principal, &headers, "POST /boxes/box-drafts", &body, async {
         require_json(&body)?;
-        let (reply, position): (v1::SubmitDraftReply, i64) = state.call(subjects::DRAFTS, &principal, &v1::SubmitDraft { request_json: body.to_vec() }).await?;
-        let lagging = state.wait_for(subjects::DRAFTS, position).await;
+        let (reply, position, event_ids): (v1::SubmitDraftReply, i64, Vec<String>) = state.call_written(subjects::DRAFTS, &principal, &v1::SubmitDraft { request_json: body.to_vec() }).await?;
+        let lagging = state.wait_for(position, &event_ids).await;
         let mut response = (
             StatusCode::CREATED,
             Json(json!({
@@ -302,3 +331,4 @@ async fn nats_assertion(State(state): State<AppState>, headers: HeaderMap, body:
         "assertion_protobuf_hex": hex::encode(wire),
     })))
 }
+

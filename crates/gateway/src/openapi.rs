@@ -58,6 +58,24 @@ pub struct ErrorBody {
     pub details: Option<serde_json::Value>,
 }
 
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ApproveRequest {
+    /// Required `true` for over_limit drafts (the second confirmation, R-APPROVE-3).
+    pub confirm_over_limit: Option<bool>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RejectRequest {
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AssignRequest {
+    pub user_id: String,
+    /// `primary` or `member`.
+    pub role_in_box: String,
+}
+
 struct PatAuth;
 
 impl Modify for PatAuth {
@@ -70,8 +88,10 @@ impl Modify for PatAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "atasira", description = "Box governance: drafts, approval, Boxes, audit."),
-    paths(crate::submit_draft, crate::pending_drafts, crate::list_drafts, crate::get_draft, crate::nats_assertion),
-    components(schemas(BoxDraftCreateRequest, BoxDraftCreateResponse, DraftPage, AssertionRequest, ErrorBody)),
+    paths(crate::submit_draft, crate::pending_drafts, crate::list_drafts, crate::get_draft, crate::nats_assertion,
+        crate::routes::approve, crate::routes::reject, crate::routes::withdraw, crate::routes::list_boxes, crate::routes::get_box,
+        crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify),
+    components(schemas(BoxDraftCreateRequest, BoxDraftCreateResponse, DraftPage, AssertionRequest, ErrorBody, ApproveRequest, RejectRequest, AssignRequest)),
     modifiers(&PatAuth)
 )]
 pub struct ApiDoc;

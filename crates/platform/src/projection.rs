@@ -140,3 +140,41 @@ pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: D
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// R-BOX-9, exact form: waits until every projection that reads an event's aggregate type
+/// has applied that event (by id), at most `timeout`; returns the names still behind.
+pub async fn wait_for_events(db: &Db, projections: &[(&'static str, &'static [&'static str])], event_ids: &[String], timeout: Duration) -> anyhow::Result<Vec<String>> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let mut lagging = Vec::new();
+        for (name, types) in projections {
+            for id in event_ids {
+                let aggregate_type = id.split('/').next().unwrap_or_default();
+                if !types.contains(&aggregate_type) {
+                    continue;
+                }
+                let done = sqlx::query("SELECT 1 FROM projection_processed WHERE name = $1 AND event_id = $2").bind(*name).bind(id).fetch_optional(db.any()).await?.is_some();
+                if !done {
+                    lagging.push((*name).to_owned());
+                    break;
+                }
+            }
+        }
+        if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(lagging);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Answers a `WaitForPosition` for a service's projections (by event ids when given,
+/// by position otherwise).
+pub async fn answer_wait(db: &Db, projections: &[(&'static str, &'static [&'static str])], request: &atasira_contracts::v1::WaitForPosition) -> anyhow::Result<Vec<String>> {
+    let timeout = Duration::from_millis(u64::from(request.timeout_ms.min(30_000)));
+    if request.event_ids.is_empty() {
+        let names: Vec<&'static str> = projections.iter().map(|(n, _)| *n).collect();
+        wait_for(db, &names, request.position, timeout).await
+    } else {
+        wait_for_events(db, projections, &request.event_ids, timeout).await
+    }
+}

@@ -17,6 +17,13 @@ use crate::policy::{config_edit, mentor_edit, ConfigEditError, MentorEditError};
 use crate::principal::Principal;
 use crate::token::{TokenError, VerifiedApproval};
 
+/// The Box id of a draft's activation: derived, so a replayed activation finds the same
+/// Box (R-APPROVE-7 (3)).
+pub fn box_id_for(draft_id: &str) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6174_6173_6972_612d_626f_782d_6964_7331);
+    uuid::Uuid::new_v5(&NAMESPACE, draft_id.as_bytes()).to_string()
+}
+
 /// R-BOX-4, R-BOX-7: `idle` is the active state a Box starts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

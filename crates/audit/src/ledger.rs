@@ -1,0 +1,286 @@
+//! The ledger table and everything that reads or writes it: appending one row per
+//! auditable event (R-AUDIT-1), pages (R-AUDIT-3), checkpoints and verification
+//! (R-AUDIT-2), and the completeness check `atasira projections rebuild` runs instead of a
+//! rebuild (R-ARCH-5).
+//!
+//! Architecture Invariant: rows are only ever appended, by [`append`]; nothing here
+//! updates or deletes them. The ledger is never rebuilt: a rebuild would re-MAC rows and
+//! so launder any tampering.
+
+use std::collections::HashMap;
+
+use anyhow::Context;
+use atasira_domain::aggregates::audit_ledger::{AuditCommand, AuditEvent, AuditLedger, LEDGER_ID};
+use atasira_domain::audit::{
+    action_of, actor_and_target, canonical_time, checkpoint_mac, payload_digest, verify_chain, AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification,
+};
+use atasira_platform::db::{Db, StoredEvent};
+use chrono::{DateTime, Utc};
+use sqlx::any::AnyRow;
+use sqlx::{Any, Row, Transaction};
+
+/// The writer's durable feed name and its checkpoint in `projection_checkpoints` (the same
+/// table the projection runner uses, so read-your-writes waits work unchanged).
+pub const NAME: &str = "audit_ledger";
+
+/// Aggregate types whose events may be audited (R-AUDIT-1, R-AUDIT-5). Not
+/// `box_type_namespace` (bookkeeping behind Box events that are audited themselves) and not
+/// `audit_ledger` (the ledger's own checkpoints).
+pub const AUDITABLE_TYPES: &[&str] = &["draft", "box", "access", "approval_security", "registry_security"];
+
+/// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and
+/// PostgreSQL. `event_id UNIQUE` makes a second row for one event impossible even if two
+/// writers raced past the existence check.
+pub const LEDGER_SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS audit_ledger_rows (
+    seq BIGINT PRIMARY KEY,
+    time TEXT NOT NULL,
+    action TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    target TEXT NOT NULL,
+    event_id TEXT NOT NULL UNIQUE,
+    payload_digest TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    mac TEXT NOT NULL
+)"];
+
+/// Largest page of a query (R-AUDIT-3).
+pub const PAGE_MAX: u32 = 500;
+/// Page size when the caller names none.
+pub const PAGE_DEFAULT: u32 = 50;
+
+const COLUMNS: &str = "seq, time, action, actor, target, event_id, payload_digest, key_id, mac";
+
+/// Creates the ledger table (idempotent).
+pub async fn prepare(db: &Db) -> anyhow::Result<()> {
+    db.ensure_tables(LEDGER_SCHEMA).await
+}
+
+/// Appends the row of one event, unless it is not auditable or already has a row, and
+/// advances the writer's checkpoint, all in one transaction. Returns whether a row was
+/// appended. Redeliveries are harmless: the event id decides.
+pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::Result<bool> {
+    let mut tx = db.any().begin().await?;
+    // The checkpoint is written first: on PostgreSQL its row lock serializes concurrent
+    // writers (the second reads the last row only after the first committed); on SQLite
+    // the transaction takes the write lock before reading, instead of failing to upgrade
+    // a read snapshot that a concurrent commit made stale.
+    sqlx::query(
+        "INSERT INTO projection_checkpoints (name, position) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET position = CASE WHEN projection_checkpoints.position > excluded.position THEN projection_checkpoints.position ELSE excluded.position END",
+    )
+    .bind(NAME)
+    .bind(event.position)
+    .execute(&mut *tx)
+    .await?;
+    // Marks the event as handled for waits by event id (`projection::wait_for_events`).
+    sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING").bind(NAME).bind(&event.event_id).execute(&mut *tx).await?;
+    let appended = match action_of(&event.aggregate_type, &event.event_type) {
+        Some(action) => append_row(&mut tx, keys, event, action).await?,
+        None => false,
+    };
+    tx.commit().await?;
+    Ok(appended)
+}
+
+async fn append_row(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event: &StoredEvent, action: &str) -> anyhow::Result<bool> {
+    let exists = sqlx::query("SELECT 1 FROM audit_ledger_rows WHERE event_id = $1").bind(&event.event_id).fetch_optional(&mut **tx).await?.is_some();
+    if exists {
+        return Ok(false);
+    }
+    let (last_seq, prev_mac) = match sqlx::query("SELECT seq, mac FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1").fetch_optional(&mut **tx).await? {
+        Some(row) => (row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?),
+        None => (0, String::new()),
+    };
+    let time = DateTime::<Utc>::from_timestamp_millis(event.recorded_at_ms).with_context(|| format!("event {} has an impossible recorded_at_ms {}", event.event_id, event.recorded_at_ms))?;
+    let (actor, target) = actor_and_target(&event.event_type, &event.aggregate_id, &event.payload);
+    let row = UnsignedRow {
+        seq: last_seq + 1,
+        time,
+        action: action.to_owned(),
+        actor,
+        target,
+        event_id: event.event_id.clone(),
+        payload_digest: payload_digest(&serde_json::to_vec(&event.payload)?),
+    }
+    .seal(keys, &prev_mac);
+    sqlx::query(&format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"))
+        .bind(row.seq)
+        .bind(canonical_time(row.time))
+        .bind(&row.action)
+        .bind(&row.actor)
+        .bind(&row.target)
+        .bind(&row.event_id)
+        .bind(&row.payload_digest)
+        .bind(&row.key_id)
+        .bind(&row.mac)
+        .execute(&mut **tx)
+        .await?;
+    Ok(true)
+}
+
+/// Catches the ledger up with the store from the writer's checkpoint, without a feed (for
+/// tests and one-shot tools). Returns how many rows were appended.
+pub async fn apply_pending(db: &Db, keys: &AuditKeys) -> anyhow::Result<usize> {
+    prepare(db).await?;
+    let mut position = atasira_platform::projection::checkpoint(db, NAME).await?;
+    let mut appended = 0;
+    loop {
+        let batch = db.events_after(position, AUDITABLE_TYPES, 256).await?;
+        let Some(last) = batch.last() else { return Ok(appended) };
+        position = last.position;
+        for event in &batch {
+            if append(db, keys, event).await? {
+                appended += 1;
+            }
+        }
+    }
+}
+
+/// The last row's seq and MAC, if any.
+pub async fn head(db: &Db) -> anyhow::Result<Option<(i64, String)>> {
+    let row = sqlx::query("SELECT seq, mac FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1").fetch_optional(db.any()).await?;
+    Ok(match row {
+        Some(r) => Some((r.try_get(0)?, r.try_get(1)?)),
+        None => None,
+    })
+}
+
+/// Records a signed checkpoint of the ledger's head as an `AuditCheckpoint` event
+/// (R-AUDIT-2) when the ledger grew since the last one. Returns the checkpointed seq, or
+/// `None` when there was nothing new.
+pub async fn checkpoint(db: &Db, keys: &AuditKeys) -> anyhow::Result<Option<i64>> {
+    let Some((seq, head_mac)) = head(db).await? else { return Ok(None) };
+    let last: AuditLedger = db.load(LEDGER_ID).await?;
+    if seq <= last.last_seq {
+        if seq < last.last_seq {
+            // Not for the checkpointer to repair: verification reports it.
+            tracing::warn!(seq, checkpointed = last.last_seq, "the audit ledger is shorter than its last checkpoint: rows were removed");
+        }
+        return Ok(None);
+    }
+    let mac = checkpoint_mac(keys, seq, &head_mac);
+    let command = AuditCommand::Checkpoint { seq, head_mac, key_id: keys.current_key_id().to_owned(), mac, at: Utc::now() };
+    db.cqrs::<AuditLedger>().execute(LEDGER_ID, command, HashMap::new()).await.map_err(|e| anyhow::anyhow!("failed to record an audit checkpoint: {e}"))?;
+    Ok(Some(seq))
+}
+
+/// The latest `AuditCheckpoint` in the store.
+pub async fn latest_checkpoint(db: &Db) -> anyhow::Result<Option<LedgerCheckpoint>> {
+    let row = sqlx::query("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence DESC LIMIT 1")
+        .bind(<AuditLedger as cqrs_es::Aggregate>::TYPE)
+        .bind(LEDGER_ID)
+        .fetch_optional(db.any())
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let payload: String = row.try_get(0)?;
+    let AuditEvent::AuditCheckpoint { seq, head_mac, key_id, mac, .. } = serde_json::from_str(&payload).context("unreadable AuditCheckpoint event")?;
+    Ok(Some(LedgerCheckpoint { seq, head_mac, key_id, mac }))
+}
+
+/// A stored row whose time may not parse (a tampered row must still be reportable).
+struct RawRow {
+    row: LedgerRow,
+    time_ok: bool,
+}
+
+fn raw_row(r: &AnyRow) -> anyhow::Result<RawRow> {
+    let time: String = r.try_get(1)?;
+    let parsed = DateTime::parse_from_rfc3339(&time).map(|t| t.with_timezone(&Utc));
+    Ok(RawRow {
+        time_ok: parsed.is_ok(),
+        row: LedgerRow {
+            seq: r.try_get(0)?,
+            time: parsed.unwrap_or(DateTime::UNIX_EPOCH),
+            action: r.try_get(2)?,
+            actor: r.try_get(3)?,
+            target: r.try_get(4)?,
+            event_id: r.try_get(5)?,
+            payload_digest: r.try_get(6)?,
+            key_id: r.try_get(7)?,
+            mac: r.try_get(8)?,
+        },
+    })
+}
+
+/// Verifies the stored ledger against its latest checkpoint (R-AUDIT-2).
+pub async fn verify(db: &Db, keys: &AuditKeys) -> anyhow::Result<Verification> {
+    prepare(db).await?;
+    // The checkpoint is read before the rows: rows only grow, so the rows read afterwards
+    // cover it unless some were removed. The other order could see a checkpoint taken
+    // after the rows were read and report a removed tail that is not.
+    let checkpoint = latest_checkpoint(db).await?;
+    let stored = sqlx::query(&format!("SELECT {COLUMNS} FROM audit_ledger_rows ORDER BY seq")).fetch_all(db.any()).await?;
+    let mut rows = Vec::with_capacity(stored.len());
+    for r in &stored {
+        let raw = raw_row(r)?;
+        if !raw.time_ok {
+            // Everything before it must verify first, so the first bad seq stays first.
+            return Ok(match verify_chain(keys, &rows, None) {
+                Verification::Ok { .. } => Verification::Broken { first_bad_seq: raw.row.seq, reason: "the row's time is not an RFC 3339 time: modified".into() },
+                broken => broken,
+            });
+        }
+        rows.push(raw.row);
+    }
+    Ok(verify_chain(keys, &rows, checkpoint.as_ref()))
+}
+
+/// A page of rows in seq order (R-AUDIT-3); empty filters match everything. The cursor is
+/// the seq of the last row of the previous page; the next cursor is empty on the last page.
+pub async fn page(db: &Db, action: &str, target: &str, since: Option<DateTime<Utc>>, limit: u32, after_seq: i64) -> anyhow::Result<(Vec<LedgerRow>, String)> {
+    let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
+    // Stored times are fixed-width canonical text, so text order is time order.
+    let since = since.map(canonical_time).unwrap_or_default();
+    let stored = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM audit_ledger_rows
+          WHERE seq > $1 AND ($2 = '' OR action = $2) AND ($3 = '' OR target = $3) AND ($4 = '' OR time >= $4)
+          ORDER BY seq LIMIT $5"
+    ))
+    .bind(after_seq)
+    .bind(action)
+    .bind(target)
+    .bind(&since)
+    .bind(i64::from(limit) + 1)
+    .fetch_all(db.any())
+    .await?;
+    let more = stored.len() > limit as usize;
+    let mut rows = Vec::with_capacity(stored.len().min(limit as usize));
+    for r in stored.iter().take(limit as usize) {
+        let raw = raw_row(r)?;
+        anyhow::ensure!(raw.time_ok, "ledger row {} has an unreadable time; run `atasira audit verify`", raw.row.seq);
+        rows.push(raw.row);
+    }
+    let next = match rows.last() {
+        Some(last) if more => last.seq.to_string(),
+        _ => String::new(),
+    };
+    Ok((rows, next))
+}
+
+/// R-ARCH-5 for the ledger, which is never rebuilt: every auditable event in the store
+/// must have exactly one row. Returns `{"ledger_rows": N, "auditable_events": M,
+/// "missing": [event ids], "duplicated": [event ids]}`.
+pub async fn check_complete(db: &Db) -> anyhow::Result<serde_json::Value> {
+    prepare(db).await?;
+    let ledger_rows: i64 = sqlx::query("SELECT COUNT(*) FROM audit_ledger_rows").fetch_one(db.any()).await?.try_get(0)?;
+    let mut per_event: HashMap<String, i64> = HashMap::new();
+    for r in sqlx::query("SELECT event_id, COUNT(*) FROM audit_ledger_rows GROUP BY event_id").fetch_all(db.any()).await? {
+        per_event.insert(r.try_get(0)?, r.try_get(1)?);
+    }
+    let (mut auditable, mut missing, mut duplicated) = (0u64, Vec::new(), Vec::new());
+    let mut position = 0;
+    loop {
+        let batch = db.events_after(position, AUDITABLE_TYPES, 1000).await?;
+        let Some(last) = batch.last() else { break };
+        position = last.position;
+        for event in batch.iter().filter(|e| action_of(&e.aggregate_type, &e.event_type).is_some()) {
+            auditable += 1;
+            match per_event.get(&event.event_id).copied().unwrap_or(0) {
+                0 => missing.push(event.event_id.clone()),
+                1 => {}
+                _ => duplicated.push(event.event_id.clone()),
+            }
+        }
+    }
+    Ok(serde_json::json!({"ledger_rows": ledger_rows, "auditable_events": auditable, "missing": missing, "duplicated": duplicated}))
+}

@@ -1,0 +1,233 @@
+//! The audit service (SPEC §7): writes one hash-chained HMAC row per auditable event
+//! (R-AUDIT-1), records a signed checkpoint of the ledger's head as an event every
+//! `checkpoint_every` and on shutdown (R-AUDIT-2), and serves ledger pages (R-AUDIT-3) and
+//! verification (R-AUDIT-2) to admins over the bus.
+//!
+//! Architecture Invariant: the ledger is append-only and never rebuilt (R-ARCH-5); the only
+//! events this service appends are `AuditCheckpoint`s of the `audit_ledger` aggregate.
+
+mod ledger;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use atasira_contracts::subjects;
+use atasira_contracts::v1;
+use atasira_contracts::{payload, reply_error, reply_ok, Envelope, Named, Reply};
+use atasira_domain::audit::AuditKeys;
+use atasira_domain::{ErrorCode, Principal};
+use atasira_platform::bus::{Handler, Message};
+use atasira_platform::projection as proj;
+use atasira_platform::Runtime;
+use prost::Message as _;
+use tokio::sync::watch;
+
+pub use ledger::{append, apply_pending, check_complete, checkpoint, head, latest_checkpoint, page, prepare, verify, AUDITABLE_TYPES, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX};
+
+/// The service name (also its subject token).
+pub const SERVICE: &str = subjects::AUDIT;
+/// Aggregate types whose events this service appends and relays.
+pub const AGGREGATE_TYPES: &[&str] = &["audit_ledger"];
+/// R-AUDIT-2: "every minute".
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
+
+/// The read models a `WaitForPosition` waits for, with the aggregate types they read.
+const READ_MODELS: &[(&str, &[&str])] = &[(NAME, AUDITABLE_TYPES)];
+
+/// Settings of the audit service.
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    /// MACs new rows and checkpoints with the current key; verifies with every key
+    /// (R-AUDIT-4). Not the internal assertion key: a leaked assertion key must not let
+    /// anyone re-MAC the ledger.
+    pub keys: Arc<AuditKeys>,
+    /// How often the head is checkpointed (R-AUDIT-2: a minute); tests shorten it.
+    pub checkpoint_every: Duration,
+}
+
+impl AuditConfig {
+    /// The configuration of the spec: checkpoints every minute.
+    pub fn new(keys: Arc<AuditKeys>) -> Self {
+        Self { keys, checkpoint_every: CHECKPOINT_EVERY }
+    }
+}
+
+/// A refusal on its way to the wire.
+struct Refusal(ErrorCode, String);
+
+struct Service {
+    rt: Runtime,
+    keys: Arc<AuditKeys>,
+}
+
+/// Starts the service: ledger writer, checkpointer and bus endpoint. Returns when
+/// `shutdown` flips, after a final checkpoint.
+pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    ledger::prepare(&rt.db).await?;
+    let service = Arc::new(Service { rt: rt.clone(), keys: config.keys.clone() });
+    let handler: Handler = {
+        let service = service.clone();
+        Arc::new(move |msg: Message| {
+            let service = service.clone();
+            // W3C trace context from the caller (R-OPS-1): one API call is one trace.
+            let span = tracing::info_span!("audit.request", traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
+            Box::pin(tracing::Instrument::instrument(async move { service.handle(msg).await.encode_to_vec().into() }, span))
+        })
+    };
+    let subject = format!("atasira.box.*.{SERVICE}");
+    let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
+    tracing::info!("audit: serving on {subject}");
+    let writer = tokio::spawn(write_ledger(rt.clone(), config.keys.clone(), shutdown.clone()));
+    let checkpointer = tokio::spawn(checkpoint_periodically(rt.clone(), config.keys.clone(), config.checkpoint_every, shutdown.clone()));
+    let mut shutdown = shutdown;
+    while !*shutdown.borrow() {
+        if shutdown.changed().await.is_err() {
+            break;
+        }
+    }
+    endpoint.stop();
+    let _ = writer.await;
+    let _ = checkpointer.await;
+    // R-AUDIT-2 "and on shutdown": the writer has stopped, so this covers every row.
+    record_checkpoint(&rt, &config.keys).await;
+    Ok(())
+}
+
+/// The ledger writer: a durable feed of auditable events; each delivery is appended (or
+/// skipped) in one transaction with the checkpoint, then acked. On failure the feed is
+/// reopened from the stored checkpoint after a pause, so nothing is lost (R-ARCH-6).
+async fn write_ledger(rt: Runtime, keys: Arc<AuditKeys>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let result: anyhow::Result<()> = async {
+            let from = proj::checkpoint(&rt.db, NAME).await?;
+            let mut feed = rt.feeds.open(&rt.db, NAME, AUDITABLE_TYPES, from).await?;
+            loop {
+                if *shutdown.borrow() {
+                    return Ok(());
+                }
+                let batch = tokio::select! {
+                    b = feed.next() => b?,
+                    _ = shutdown.changed() => return Ok(()),
+                };
+                for delivery in batch {
+                    ledger::append(&rt.db, &keys, &delivery.event).await?;
+                    delivery.ack().await?;
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "audit ledger writer failed; retrying from its checkpoint");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+    }
+}
+
+async fn checkpoint_periodically(rt: Runtime, keys: Arc<AuditKeys>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        record_checkpoint(&rt, &keys).await;
+    }
+}
+
+/// Records a checkpoint if the ledger grew; failures are logged and retried next time
+/// (a missed checkpoint only widens the window in which a removed tail goes unnoticed).
+async fn record_checkpoint(rt: &Runtime, keys: &AuditKeys) {
+    match ledger::checkpoint(&rt.db, keys).await {
+        Ok(Some(seq)) => {
+            tracing::debug!(seq, "audit checkpoint recorded");
+            rt.notify_committed();
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "audit checkpoint failed; the next one retries"),
+    }
+}
+
+impl Service {
+    async fn handle(&self, msg: Message) -> Reply {
+        let env = match atasira_contracts::decode_envelope(&msg.payload) {
+            Ok(env) => env,
+            Err(e) => return reply_error(e.code(), e.to_string(), None),
+        };
+        match self.dispatch(&env).await {
+            Ok(reply) => reply,
+            Err(Refusal(code, message)) => reply_error(code, message, None),
+        }
+    }
+
+    /// R-ARCH-3: the principal only counts with a valid assertion bound to this request.
+    fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
+        let wire = env.assertion.as_ref().ok_or_else(|| Refusal(ErrorCode::Unauthenticated, "the request carries no principal assertion".into()))?;
+        let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| Refusal(ErrorCode::Unauthenticated, e.to_string()))?;
+        self.rt
+            .assertion_keys
+            .verify(&assertion, &env.correlation_id, chrono::Utc::now())
+            .map_err(|e| Refusal(ErrorCode::Unauthenticated, format!("invalid principal assertion: {}", e.reason())))
+    }
+
+    /// R-AUDIT-2, R-AUDIT-3: the ledger is for admins only.
+    fn admin(&self, env: &Envelope, what: &str) -> Result<Principal, Refusal> {
+        let principal = self.principal(env)?;
+        if !principal.is_admin() {
+            return Err(Refusal(ErrorCode::Forbidden, format!("{what} needs role admin")));
+        }
+        Ok(principal)
+    }
+
+    async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
+        let bad = |e: atasira_contracts::WireError| Refusal(e.code(), e.to_string());
+        let internal = |e: anyhow::Error| {
+            tracing::error!(error = %e, "audit service failure");
+            Refusal(ErrorCode::Internal, "internal failure; retry".into())
+        };
+        match env.message_type.as_str() {
+            v1::WaitForPosition::NAME => {
+                let w: v1::WaitForPosition = payload(env).map_err(bad)?;
+                let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(internal)?;
+                Ok(reply_ok(&v1::WaitForPositionReply { lagging }, 0))
+            }
+            v1::QueryAudit::NAME => {
+                self.admin(env, "reading the audit ledger")?;
+                let q: v1::QueryAudit = payload(env).map_err(bad)?;
+                let since = match q.since.as_str() {
+                    "" => None,
+                    text => Some(
+                        chrono::DateTime::parse_from_rfc3339(text)
+                            .map_err(|e| Refusal(ErrorCode::InvalidRequest, format!("since must be an RFC 3339 time: {e}")))?
+                            .with_timezone(&chrono::Utc),
+                    ),
+                };
+                let after_seq: i64 = match q.cursor.as_str() {
+                    "" => 0,
+                    text => text.parse().map_err(|_| Refusal(ErrorCode::InvalidRequest, format!("bad cursor {text:?}")))?,
+                };
+                let (rows, next_cursor) = ledger::page(&self.rt.db, &q.action, &q.target, since, q.limit, after_seq).await.map_err(internal)?;
+                let rows_json = rows.iter().map(serde_json::to_vec).collect::<Result<Vec<_>, _>>().map_err(|e| internal(e.into()))?;
+                Ok(reply_ok(&v1::AuditPage { rows_json, next_cursor }, 0))
+            }
+            v1::VerifyAudit::NAME => {
+                self.admin(env, "verifying the audit ledger")?;
+                let _: v1::VerifyAudit = payload(env).map_err(bad)?;
+                let verification = ledger::verify(&self.rt.db, &self.keys).await.map_err(internal)?;
+                let result_json = serde_json::to_vec(&verification).map_err(|e| internal(e.into()))?;
+                Ok(reply_ok(&v1::VerifyReply { result_json }, 0))
+            }
+            other => Err(Refusal(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,383 @@
+//! The audit service on a real SQLite event store (R-AUDIT-1..4, R-ARCH-5): rows follow
+//! the events once each, tampering with the stored ledger is named, and the service
+//! answers over the in-process bus.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atasira_contracts::v1;
+use atasira_contracts::{decode_reply, envelope, ErrorReply, Named};
+use atasira_domain::aggregates::audit_ledger::{AuditLedger, LEDGER_ID};
+use atasira_domain::aggregates::draft::{Draft, DraftCommand};
+use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
+use atasira_domain::assertion::{AssertionKey, AssertionKeys};
+use atasira_domain::audit::{payload_digest, AuditKey, AuditKeys, LedgerRow, Verification};
+use atasira_domain::draft_request::BoxDraftCreateRequest;
+use atasira_domain::token::ApprovalSigner;
+use atasira_domain::{Kind, Principal, Role};
+use atasira_platform::bus::{Bus, InprocBus};
+use atasira_platform::db::Db;
+use atasira_platform::feed::FeedSource;
+use atasira_platform::Runtime;
+use chrono::Utc;
+use serde_json::json;
+
+use super::*;
+
+/// A data directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("atasira-audit-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn db(dir: &TempDir) -> Db {
+    Db::connect(&Db::sqlite_url(&dir.0)).await.expect("sqlite db")
+}
+
+fn keys() -> AuditKeys {
+    AuditKeys::new(AuditKey::new("audit-1", &[5; 32]).expect("key"), vec![])
+}
+
+fn agent() -> Principal {
+    Principal::new("agent-1", Role::Member, Kind::Agent)
+}
+
+fn alice() -> Principal {
+    Principal::new("alice", Role::Admin, Kind::Human)
+}
+
+/// Appends `DraftSubmitted` for `draft_id` (box_type = draft id).
+async fn submit(db: &Db, draft_id: &str) {
+    let plan = BoxDraftCreateRequest::from_value(json!({"box_type": draft_id, "purpose": "p"})).and_then(|r| r.plan()).expect("plan");
+    let command = DraftCommand::Submit { draft_id: draft_id.into(), plan, requested_by: agent(), at: Utc::now() };
+    db.cqrs::<Draft>().execute(draft_id, command, HashMap::new()).await.expect("submit");
+}
+
+/// Appends `DraftApproved` by alice for a submitted draft.
+async fn approve(db: &Db, draft_id: &str) {
+    let draft: Draft = db.load(draft_id).await.expect("load");
+    let data = draft.data.expect("submitted");
+    let now = Utc::now();
+    let token = ApprovalSigner::from_secret("k1".into(), [7; 32]).issue(draft_id, data.manifest.box_type.as_str(), &data.manifest.digest(), "alice", now);
+    let command = DraftCommand::Approve { by: alice(), confirm_over_limit: false, token, at: now };
+    db.cqrs::<Draft>().execute(draft_id, command, HashMap::new()).await.expect("approve");
+}
+
+async fn rows(db: &Db) -> Vec<LedgerRow> {
+    page(db, "", "", None, PAGE_MAX, 0).await.expect("page").0
+}
+
+fn first_bad(v: &Verification) -> Option<i64> {
+    match v {
+        Verification::Broken { first_bad_seq, .. } => Some(*first_bad_seq),
+        Verification::Ok { .. } => None,
+    }
+}
+
+#[tokio::test]
+async fn r_audit_1_one_row_per_auditable_event_in_order_and_never_twice() {
+    // given a submitted and an approved draft
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    submit(&db, "d1").await;
+    approve(&db, "d1").await;
+    // when the ledger catches up
+    assert_eq!(apply_pending(&db, &ks).await.expect("apply"), 2);
+    // then one row each, chained, with who and what
+    let got = rows(&db).await;
+    let summary: Vec<(i64, &str, &str, &str, &str)> = got.iter().map(|r| (r.seq, r.action.as_str(), r.actor.as_str(), r.target.as_str(), r.event_id.as_str())).collect();
+    assert_eq!(summary, vec![(1, "box_draft.create", "agent-1", "d1", "draft/d1/1"), (2, "box_draft.approve", "alice", "d1", "draft/d1/2")]);
+    assert!(got.iter().all(|r| r.key_id == "audit-1" && r.mac.len() == 64));
+    let events = db.events_after(0, &["draft"], 10).await.expect("events");
+    assert_eq!(got[0].payload_digest, payload_digest(&serde_json::to_vec(&events[0].payload).expect("json")));
+    // when applied again, and again after the checkpoint is lost (a redelivery of all)
+    assert_eq!(apply_pending(&db, &ks).await.expect("again"), 0);
+    sqlx::query("DELETE FROM projection_checkpoints WHERE name = $1").bind(NAME).execute(db.any()).await.expect("reset");
+    assert_eq!(apply_pending(&db, &ks).await.expect("redelivered"), 0);
+    for event in &events {
+        assert!(!append(&db, &ks, event).await.expect("append"), "{} has its row already", event.event_id);
+    }
+    // then nothing was added and the ledger verifies
+    assert_eq!(rows(&db).await.len(), 2);
+    assert_eq!(verify(&db, &ks).await.expect("verify"), Verification::Ok { rows: 2 });
+    assert_eq!(check_complete(&db).await.expect("check"), json!({"ledger_rows": 2, "auditable_events": 2, "missing": [], "duplicated": []}));
+}
+
+#[tokio::test]
+async fn r_audit_5_security_violations_get_rows_and_other_events_only_move_the_checkpoint() {
+    // given a security violation recorded by the approval service, then a submit
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    let record = SecurityCommand::Record { service: "approval".into(), actor: "bob".into(), target: "d7".into(), kind: "self_approval".into(), reason: "own draft".into(), at: Utc::now() };
+    db.cqrs::<ApprovalSecurity>().execute("v1", record, HashMap::new()).await.expect("record");
+    submit(&db, "d1").await;
+    // when the ledger catches up; then the violation is a row naming actor and target
+    assert_eq!(apply_pending(&db, &ks).await.expect("apply"), 2);
+    let got = rows(&db).await;
+    assert_eq!((got[0].action.as_str(), got[0].actor.as_str(), got[0].target.as_str()), ("security_violation", "bob", "d7"));
+    // and the writer's checkpoint is the last event's position
+    let mut last = db.events_after(0, AUDITABLE_TYPES, 10).await.expect("events").pop().expect("events");
+    assert_eq!(proj::checkpoint(&db, NAME).await.expect("checkpoint"), last.position);
+    // when an event without an action arrives; then no row, but the checkpoint moves on
+    last.event_type = "DraftNoted".into();
+    last.event_id = "draft/d1/9".into();
+    last.position += 10;
+    assert!(!append(&db, &ks, &last).await.expect("append"));
+    assert_eq!(rows(&db).await.len(), 2);
+    assert_eq!(proj::checkpoint(&db, NAME).await.expect("checkpoint"), last.position);
+    // and a checkpoint event is recorded once per growth of the ledger
+    assert_eq!(checkpoint(&db, &ks).await.expect("checkpoint"), Some(2));
+    assert_eq!(checkpoint(&db, &ks).await.expect("again"), None);
+    assert_eq!(check_complete(&db).await.expect("check")["missing"], json!([]));
+}
+
+#[tokio::test]
+async fn r_audit_2_a_modified_row_is_named() {
+    // given a verified 2-row ledger
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    submit(&db, "d1").await;
+    approve(&db, "d1").await;
+    apply_pending(&db, &ks).await.expect("apply");
+    assert!(verify(&db, &ks).await.expect("verify").is_ok());
+    // when someone with database access rewrites the actor of row 1
+    sqlx::query("UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 1").execute(db.any()).await.expect("tamper");
+    // then verification names seq 1
+    let v = verify(&db, &ks).await.expect("verify");
+    assert_eq!(first_bad(&v), Some(1), "{v:?}");
+    let wire = serde_json::to_value(&v).expect("json");
+    assert_eq!(wire["ok"], json!(false));
+    assert_eq!(wire["first_bad_seq"], json!(1));
+}
+
+#[tokio::test]
+async fn r_audit_2_an_unreadable_time_is_named_after_the_rows_before_it() {
+    // given a 2-row ledger; when row 2's time is no time at all; then seq 2 is named
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    submit(&db, "d1").await;
+    approve(&db, "d1").await;
+    apply_pending(&db, &ks).await.expect("apply");
+    sqlx::query("UPDATE audit_ledger_rows SET time = 'yesterday' WHERE seq = 2").execute(db.any()).await.expect("tamper");
+    assert_eq!(first_bad(&verify(&db, &ks).await.expect("verify")), Some(2));
+    // and when row 1 is modified too; then row 1 comes first
+    sqlx::query("UPDATE audit_ledger_rows SET target = 'd9' WHERE seq = 1").execute(db.any()).await.expect("tamper");
+    assert_eq!(first_bad(&verify(&db, &ks).await.expect("verify")), Some(1));
+}
+
+#[tokio::test]
+async fn r_audit_2_a_deleted_middle_row_is_named() {
+    // given a 3-row ledger
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    submit(&db, "d1").await;
+    approve(&db, "d1").await;
+    submit(&db, "d2").await;
+    assert_eq!(apply_pending(&db, &ks).await.expect("apply"), 3);
+    // when row 2 is deleted; then seq 2 is named
+    sqlx::query("DELETE FROM audit_ledger_rows WHERE seq = 2").execute(db.any()).await.expect("tamper");
+    let v = verify(&db, &ks).await.expect("verify");
+    assert_eq!(first_bad(&v), Some(2), "{v:?}");
+    // and the completeness check lists the event that lost its row
+    let check = check_complete(&db).await.expect("check");
+    assert_eq!(check["missing"], json!(["draft/d1/2"]));
+    assert_eq!(check["ledger_rows"], json!(2));
+    assert_eq!(check["auditable_events"], json!(3));
+}
+
+#[tokio::test]
+async fn r_audit_2_a_removed_tail_is_caught_by_the_checkpoint() {
+    // given a 3-row ledger with a signed checkpoint recorded in the event store
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    submit(&db, "d1").await;
+    approve(&db, "d1").await;
+    submit(&db, "d2").await;
+    apply_pending(&db, &ks).await.expect("apply");
+    assert_eq!(checkpoint(&db, &ks).await.expect("checkpoint"), Some(3));
+    let cp = latest_checkpoint(&db).await.expect("read").expect("recorded");
+    assert_eq!((cp.seq, cp.key_id.as_str()), (3, "audit-1"));
+    assert_eq!(verify(&db, &ks).await.expect("verify"), Verification::Ok { rows: 3 });
+    // when the last row is deleted (the chain of rows 1..2 is intact)
+    sqlx::query("DELETE FROM audit_ledger_rows WHERE seq = 3").execute(db.any()).await.expect("tamper");
+    // then verification reports the removed tail at seq 3
+    let v = verify(&db, &ks).await.expect("verify");
+    let Verification::Broken { first_bad_seq, reason } = &v else { panic!("truncation not detected") };
+    assert_eq!(*first_bad_seq, 3);
+    assert!(reason.contains("tail"), "{reason}");
+    // and the checkpointer does not paper over it with a shorter checkpoint
+    assert_eq!(checkpoint(&db, &ks).await.expect("checkpoint"), None);
+    assert_eq!(first_bad(&verify(&db, &ks).await.expect("verify")), Some(3));
+}
+
+#[tokio::test]
+async fn r_audit_4_rows_under_a_rotated_key_still_verify() {
+    // given 1 row under the old key
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let old = AuditKeys::new(AuditKey::new("audit-old", &[1; 32]).expect("key"), vec![]);
+    submit(&db, "d1").await;
+    apply_pending(&db, &old).await.expect("apply");
+    // when the key rotates and another row follows
+    let rotated = AuditKeys::new(AuditKey::new("audit-new", &[2; 32]).expect("key"), vec![AuditKey::new("audit-old", &[1; 32]).expect("key")]);
+    approve(&db, "d1").await;
+    apply_pending(&db, &rotated).await.expect("apply");
+    checkpoint(&db, &rotated).await.expect("checkpoint");
+    // then both rows verify, each under its own key id; without the old key, seq 1 fails
+    let key_ids: Vec<String> = rows(&db).await.into_iter().map(|r| r.key_id).collect();
+    assert_eq!(key_ids, vec!["audit-old", "audit-new"]);
+    assert_eq!(verify(&db, &rotated).await.expect("verify"), Verification::Ok { rows: 2 });
+    let forgotten = AuditKeys::new(AuditKey::new("audit-new", &[2; 32]).expect("key"), vec![]);
+    assert_eq!(first_bad(&verify(&db, &forgotten).await.expect("verify")), Some(1));
+}
+
+#[tokio::test]
+async fn r_audit_3_pages_filter_by_action_target_and_since() {
+    // given 5 rows over 3 drafts
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    for id in ["d1", "d2", "d3"] {
+        submit(&db, id).await;
+    }
+    approve(&db, "d1").await;
+    approve(&db, "d2").await;
+    apply_pending(&db, &ks).await.expect("apply");
+    // action and target filters
+    let creates = page(&db, "box_draft.create", "", None, 0, 0).await.expect("page").0;
+    assert_eq!(creates.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(), vec!["d1", "d2", "d3"]);
+    let d1 = page(&db, "", "d1", None, 0, 0).await.expect("page").0;
+    assert_eq!(d1.iter().map(|r| r.action.as_str()).collect::<Vec<_>>(), vec!["box_draft.create", "box_draft.approve"]);
+    // paging by cursor
+    let (first, cursor) = page(&db, "", "", None, 2, 0).await.expect("page");
+    assert_eq!((first.len(), cursor.as_str()), (2, "2"));
+    let (second, cursor) = page(&db, "", "", None, 2, 2).await.expect("page");
+    assert_eq!((second[0].seq, cursor.as_str()), (3, "4"));
+    let (last, cursor) = page(&db, "", "", None, 2, 4).await.expect("page");
+    assert_eq!((last.len(), cursor.as_str()), (1, ""));
+    // since: everything from the time of row 4 on
+    let all = rows(&db).await;
+    let since = page(&db, "", "", Some(all[3].time), 0, 0).await.expect("page").0;
+    assert!(since.iter().all(|r| r.time >= all[3].time));
+    assert!(since.iter().any(|r| r.seq == 5));
+    assert!(page(&db, "", "", Some(all[4].time + chrono::TimeDelta::seconds(1)), 0, 0).await.expect("page").0.is_empty());
+}
+
+/// Sends a request to the audit service over `bus`, as `who` (unsigned when `None`).
+async fn ask<M: Named, R: Named>(bus: &InprocBus, assertion_keys: &AssertionKeys, who: Option<Principal>, message: &M) -> Result<R, ErrorReply> {
+    let correlation = uuid::Uuid::new_v4().to_string();
+    let assertion = who.map(|p| assertion_keys.sign(&p, &correlation, Utc::now()));
+    let env = envelope(message, &correlation, "", assertion.as_ref());
+    let bytes = bus.request("atasira.box.gateway.audit", BTreeMap::new(), prost::Message::encode_to_vec(&env).into(), Duration::from_secs(10)).await.expect("bus");
+    decode_reply::<R>(&bytes).expect("reply").map(|(m, _)| m)
+}
+
+/// Waits until the service's endpoint is registered (it starts on a spawned task).
+async fn served(bus: &InprocBus) {
+    for _ in 0..250 {
+        match bus.request("atasira.box.gateway.audit", BTreeMap::new(), Vec::new().into(), Duration::from_secs(5)).await {
+            Err(atasira_platform::bus::BusError::NoResponders(_)) => tokio::time::sleep(Duration::from_millis(20)).await,
+            _ => return,
+        }
+    }
+    panic!("the audit service never served its subject");
+}
+
+#[tokio::test]
+async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on_shutdown() {
+    // given the service running embedded, with checkpoints far apart
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let bus = Arc::new(InprocBus::default());
+    let assertion_keys = AssertionKeys::new(AssertionKey::new("internal-1", &[9; 32]).expect("key"), vec![]);
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let rt = Runtime { db: db.clone(), bus: bus.clone(), feeds: FeedSource::Store { wake }, assertion_keys: Arc::new(assertion_keys.clone()) };
+    let (tx, rx) = watch::channel(false);
+    let config = AuditConfig { keys: Arc::new(keys()), checkpoint_every: Duration::from_secs(3600) };
+    let service = tokio::spawn(run(rt.clone(), config, rx));
+    // when a draft is submitted and approved
+    submit(&db, "d1").await;
+    approve(&db, "d1").await;
+    rt.notify_committed();
+    let position = db.head_position().await.expect("position");
+    // then a read-your-writes wait returns once the ledger has both rows
+    served(&bus).await;
+    let waited: v1::WaitForPositionReply = ask(&bus, &assertion_keys, None, &v1::WaitForPosition { position, timeout_ms: 5000, event_ids: vec![] }).await.expect("waited");
+    assert_eq!(waited.lagging, Vec::<String>::new());
+    // and an admin pages the ledger
+    let page: v1::AuditPage = ask(&bus, &assertion_keys, Some(alice()), &v1::QueryAudit { action: String::new(), target: "d1".into(), since: String::new(), limit: 0, cursor: String::new() }).await.expect("page");
+    let got: Vec<serde_json::Value> = page.rows_json.iter().map(|b| serde_json::from_slice(b).expect("row json")).collect();
+    assert_eq!(got.iter().map(|r| r["action"].clone()).collect::<Vec<_>>(), vec![json!("box_draft.create"), json!("box_draft.approve")]);
+    for field in ["seq", "time", "action", "actor", "target", "event_id", "payload_digest", "key_id", "mac"] {
+        assert!(got[0].get(field).is_some(), "{field}");
+    }
+    // and verifies it
+    let verified: v1::VerifyReply = ask(&bus, &assertion_keys, Some(alice()), &v1::VerifyAudit {}).await.expect("verify");
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&verified.result_json).expect("json"), json!({"ok": true, "rows": 2}));
+    // but nobody without an assertion, and no member
+    let unsigned = ask::<_, v1::AuditPage>(&bus, &assertion_keys, None, &v1::QueryAudit::default()).await.expect_err("unsigned");
+    assert_eq!(unsigned.code, "unauthenticated");
+    let member = ask::<_, v1::VerifyReply>(&bus, &assertion_keys, Some(agent()), &v1::VerifyAudit {}).await.expect_err("member");
+    assert_eq!(member.code, "forbidden");
+    let bad_since = ask::<_, v1::AuditPage>(&bus, &assertion_keys, Some(alice()), &v1::QueryAudit { since: "soon".into(), ..Default::default() }).await.expect_err("bad since");
+    assert_eq!(bad_since.code, "invalid_request");
+    // when the service shuts down; then it leaves a checkpoint over the whole ledger
+    let before: AuditLedger = db.load(LEDGER_ID).await.expect("load");
+    assert_eq!(before.last_seq, 0, "no periodic checkpoint yet");
+    tx.send(true).expect("shutdown");
+    service.await.expect("joined").expect("clean exit");
+    let after: AuditLedger = db.load(LEDGER_ID).await.expect("load");
+    assert_eq!(after.last_seq, 2);
+    assert_eq!(latest_checkpoint(&db).await.expect("read").map(|c| c.seq), Some(2));
+}
+
+#[tokio::test]
+async fn r_audit_2_the_service_checkpoints_periodically_when_the_ledger_grew() {
+    // given the service with a short checkpoint period and one auditable event
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let rt = Runtime {
+        db: db.clone(),
+        bus: Arc::new(InprocBus::default()),
+        feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
+        assertion_keys: Arc::new(AssertionKeys::new(AssertionKey::new("internal-1", &[9; 32]).expect("key"), vec![])),
+    };
+    let (tx, rx) = watch::channel(false);
+    let service = tokio::spawn(run(rt.clone(), AuditConfig { keys: Arc::new(keys()), checkpoint_every: Duration::from_millis(50) }, rx));
+    submit(&db, "d1").await;
+    rt.notify_committed();
+    // when time passes; then a checkpoint over seq 1 appears while it runs
+    let mut seen = None;
+    for _ in 0..200 {
+        seen = latest_checkpoint(&db).await.expect("read").map(|c| c.seq);
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen, Some(1));
+    tx.send(true).expect("shutdown");
+    service.await.expect("joined").expect("clean exit");
+    // and shutting down with nothing new adds no second checkpoint
+    let count = db.events_after(0, AGGREGATE_TYPES, 10).await.expect("events").len();
+    assert_eq!(count, 1);
+}

@@ -1,0 +1,312 @@
+//! The provisioner service (R-PROV-1): when a Box is activated with `required_access`
+//! entries, sets each one up best-effort (git workspace, ssh Host entry, netrc entry),
+//! retrying with backoff, and records each outcome as an `Access` event
+//! (`AccessProvisioned` / `AccessProvisionFailed`).
+//!
+//! Architecture Invariant: a provisioning failure never touches the Box; this service
+//! appends only `access` events. Managed files live under the data dir, never `~/.ssh`,
+//! and no secret is ever written (only vault and item names).
+//!
+//! Delivery is at-least-once: the feed's checkpoint is stored only after every entry's
+//! outcome is committed, so a crash re-runs the (idempotent) setups of that activation
+//! and the `Access` aggregate drops the duplicate outcomes.
+
+mod setup;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atasira_contracts::{payload, reply_error, reply_ok, subjects, v1, Named, Reply};
+use atasira_domain::aggregates::access::{Access, AccessCommand};
+use atasira_domain::aggregates::boxes::BoxEvent;
+use atasira_domain::manifest::RequiredAccess;
+use atasira_domain::{BoxType, ErrorCode};
+use atasira_platform::bus::{Handler, Message};
+use atasira_platform::db::{Cqrs, Db, StoredEvent};
+use atasira_platform::projection as proj;
+use atasira_platform::Runtime;
+use prost::Message as _;
+use tokio::sync::watch;
+
+use crate::setup::{describe, SetupError, Setups};
+
+/// The service name (also its subject token).
+pub const SERVICE: &str = subjects::PROVISIONER;
+/// Aggregate types whose events this service appends and relays.
+pub const AGGREGATE_TYPES: &[&str] = &["access"];
+
+/// Durable feed name and checkpoint key (in `projection_checkpoints`, so read-your-writes
+/// waits treat the provisioner like any projection).
+const CHECKPOINT: &str = "provisioner";
+/// What the feed reads.
+const READS: &[&str] = &["box"];
+/// The checkpoints `WaitForPosition` waits for, with the aggregate types they read.
+const READ_MODELS: &[(&str, &[&str])] = &[(CHECKPOINT, READS)];
+/// Environment variable overriding the first retry delay (milliseconds).
+pub const BACKOFF_ENV: &str = "ATASIRA_PROVISION_BACKOFF_MS";
+
+/// Retry policy of one `required_access` entry (R-PROV-1: 5 attempts, 1 s doubling to
+/// 30 s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Tries in total, the first included (at least one is always made).
+    pub attempts: u32,
+    /// Pause after the first failed try; each later pause doubles.
+    pub initial: Duration,
+    /// No pause is longer than this.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { attempts: 5, initial: Duration::from_secs(1), max: Duration::from_secs(30) }
+    }
+}
+
+impl Backoff {
+    /// The default policy, with the first delay from `ATASIRA_PROVISION_BACKOFF_MS` when it
+    /// is set (tests use 10 ms so failures are recorded quickly).
+    pub fn from_env() -> Self {
+        Self::with_initial_ms(std::env::var(BACKOFF_ENV).ok().as_deref())
+    }
+
+    /// [`Backoff::from_env`] without the environment: an unparsable value is reported and
+    /// ignored rather than fatal, because provisioning is best-effort.
+    fn with_initial_ms(raw: Option<&str>) -> Self {
+        let default = Self::default();
+        let Some(raw) = raw else { return default };
+        match raw.trim().parse::<u64>() {
+            Ok(ms) => {
+                let initial = Duration::from_millis(ms);
+                Self { initial, max: default.max.max(initial), ..default }
+            }
+            Err(_) => {
+                tracing::warn!(value = raw, "{BACKOFF_ENV} is not a number of milliseconds; using the default backoff");
+                default
+            }
+        }
+    }
+
+    /// The pause after failed try number `attempt` (1-based): `initial * 2^(attempt-1)`,
+    /// capped at `max`.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = 2u32.checked_pow(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.initial.checked_mul(factor).unwrap_or(self.max).min(self.max)
+    }
+}
+
+/// Settings of the provisioner.
+#[derive(Debug, Clone)]
+pub struct ProvisionerConfig {
+    /// Root of every managed file: `workspaces/<box_type>/` (git clones), `ssh/config`,
+    /// `netrc`. Never the home directory (R-PROV-1).
+    pub data_dir: PathBuf,
+    /// Retry policy per entry.
+    pub backoff: Backoff,
+}
+
+/// The final outcome of one entry after its retries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outcome {
+    /// `Ok(detail)` or `Err(reason)`.
+    result: Result<String, String>,
+    /// Tries made.
+    attempts: u32,
+}
+
+struct Service {
+    rt: Runtime,
+    setups: Setups,
+    backoff: Backoff,
+    access: Cqrs<Access>,
+}
+
+/// Starts the service: the bus endpoint (read-your-writes waits) and the feed of Box
+/// events. Returns when `shutdown` flips.
+pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    tokio::fs::create_dir_all(&config.data_dir).await.map_err(|e| anyhow::anyhow!("cannot create the data dir {}: {e}", config.data_dir.display()))?;
+    let service = Arc::new(Service { access: rt.db.cqrs::<Access>(), setups: Setups::new(config.data_dir), backoff: config.backoff, rt: rt.clone() });
+    let handler: Handler = {
+        let db = rt.db.clone();
+        Arc::new(move |msg: Message| {
+            let db = db.clone();
+            let span = tracing::info_span!("provisioner.request", traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
+            Box::pin(tracing::Instrument::instrument(async move { answer(&db, &msg.payload).await.encode_to_vec().into() }, span))
+        })
+    };
+    let subject = format!("atasira.box.*.{SERVICE}");
+    let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
+    tracing::info!("provisioner: serving on {subject}");
+    let worker = tokio::spawn(consume(service, shutdown.clone()));
+    stopped(shutdown).await;
+    endpoint.stop();
+    let _ = worker.await;
+    Ok(())
+}
+
+/// The bus endpoint: only `WaitForPosition`, so the gateway can wait for provisioning to
+/// have seen an activation. It reveals nothing but checkpoints, hence no principal check
+/// (like the drafts service's wait).
+async fn answer(db: &Db, bytes: &[u8]) -> Reply {
+    let env = match atasira_contracts::decode_envelope(bytes) {
+        Ok(env) => env,
+        Err(e) => return reply_error(e.code(), e.to_string(), None),
+    };
+    if env.message_type != v1::WaitForPosition::NAME {
+        return reply_error(ErrorCode::InvalidRequest, format!("unknown message type {:?}", env.message_type), None);
+    }
+    let wait: v1::WaitForPosition = match payload(&env) {
+        Ok(w) => w,
+        Err(e) => return reply_error(e.code(), e.to_string(), None),
+    };
+    match proj::answer_wait(db, READ_MODELS, &wait).await {
+        Ok(lagging) => reply_ok(&v1::WaitForPositionReply { lagging }, 0),
+        Err(e) => {
+            tracing::error!(error = %e, "provisioner wait failed");
+            reply_error(ErrorCode::Internal, "internal failure; retry", None)
+        }
+    }
+}
+
+/// Resolves once `shutdown` is true (or its sender is gone, which means the same).
+async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    while !*shutdown.borrow() {
+        if shutdown.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The feed loop: like the projection runner, on failure it reopens the feed from the
+/// stored checkpoint after a pause, so an activation is never lost.
+async fn consume(service: Arc<Service>, shutdown: watch::Receiver<bool>) {
+    loop {
+        let result: anyhow::Result<()> = async {
+            let db = &service.rt.db;
+            let from = proj::checkpoint(db, CHECKPOINT).await?;
+            let mut feed = service.rt.feeds.open(db, CHECKPOINT, READS, from).await?;
+            loop {
+                let batch = tokio::select! {
+                    b = feed.next() => b?,
+                    () = stopped(shutdown.clone()) => return Ok(()),
+                };
+                for delivery in batch {
+                    // Shutdown may cut an activation short: nothing is checkpointed then,
+                    // so it is delivered again and the finished entries dedupe.
+                    tokio::select! {
+                        r = service.handle(&delivery.event) => r?,
+                        () = stopped(shutdown.clone()) => return Ok(()),
+                    }
+                    store_checkpoint(db, &delivery.event).await?;
+                    delivery.ack().await?;
+                    service.rt.notify_committed();
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "provisioner feed failed; retrying from its checkpoint");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    () = stopped(shutdown.clone()) => return,
+                }
+            }
+        }
+    }
+}
+
+/// Marks a Box event as handled: its id (for waits by event id) and the checkpoint (for
+/// waits by position and for resuming), in one transaction.
+async fn store_checkpoint(db: &Db, event: &StoredEvent) -> anyhow::Result<()> {
+    let mut tx = db.any().begin().await?;
+    sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING").bind(CHECKPOINT).bind(&event.event_id).execute(&mut *tx).await?;
+    sqlx::query(
+        "INSERT INTO projection_checkpoints (name, position) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET position = CASE WHEN projection_checkpoints.position > excluded.position THEN projection_checkpoints.position ELSE excluded.position END",
+    )
+    .bind(CHECKPOINT)
+    .bind(event.position)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+impl Service {
+    /// Provisions an activation's entries in order and records each outcome; every other
+    /// Box event is none of this service's business.
+    async fn handle(&self, event: &StoredEvent) -> anyhow::Result<()> {
+        if event.event_type != "BoxActivated" {
+            return Ok(());
+        }
+        let (box_id, manifest) = match serde_json::from_value::<BoxEvent>(event.payload.clone()) {
+            Ok(BoxEvent::BoxActivated { box_id, manifest, .. }) => (box_id, manifest),
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                // Retrying cannot make it readable; holding the feed would stall every
+                // later activation.
+                tracing::error!(event_id = %event.event_id, error = %e, "unreadable BoxActivated; skipped");
+                return Ok(());
+            }
+        };
+        for (i, access) in manifest.required_access.iter().enumerate() {
+            let index = u32::try_from(i)?;
+            let outcome = provision(&self.setups, &self.backoff, &manifest.box_type, access).await;
+            match &outcome.result {
+                Ok(detail) => tracing::info!(box_id, index, attempts = outcome.attempts, "provisioned {}: {detail}", describe(access)),
+                Err(reason) => tracing::warn!(box_id, index, attempts = outcome.attempts, "could not provision {}: {reason}", describe(access)),
+            }
+            self.record(event, &box_id, &manifest.box_type, index, access, outcome).await?;
+        }
+        Ok(())
+    }
+
+    /// Appends the outcome to `access` `<box_id>/<index>`; the aggregate makes repeats
+    /// no-ops, and a concurrent writer (another provisioner on a redelivery) is resolved
+    /// by running the command again on the fresh state.
+    async fn record(&self, cause: &StoredEvent, box_id: &str, box_type: &BoxType, index: u32, access: &RequiredAccess, outcome: Outcome) -> anyhow::Result<()> {
+        let (box_id, box_type, access, at) = (box_id.to_owned(), box_type.to_string(), describe(access), chrono::Utc::now());
+        let attempts = outcome.attempts;
+        let command = match outcome.result {
+            Ok(detail) => AccessCommand::Provisioned { box_id: box_id.clone(), box_type, index, access, detail, attempts, at },
+            Err(reason) => AccessCommand::Failed { box_id: box_id.clone(), box_type, index, access, reason, attempts, at },
+        };
+        let mut metadata = HashMap::from([("causation_id".to_owned(), cause.event_id.clone())]);
+        if let Some(correlation) = cause.metadata.get("correlation_id").and_then(|v| v.as_str()) {
+            metadata.insert("correlation_id".to_owned(), correlation.to_owned());
+        }
+        let id = format!("{box_id}/{index}");
+        let mut conflicts = 0;
+        loop {
+            match self.access.execute(&id, command.clone(), metadata.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(cqrs_es::AggregateError::AggregateConflict) if conflicts < 3 => conflicts += 1,
+                Err(e) => anyhow::bail!("cannot record the outcome of access {id}: {e}"),
+            }
+        }
+    }
+}
+
+/// Tries one entry until it works, fails permanently, or the attempts run out.
+async fn provision(setups: &Setups, backoff: &Backoff, box_type: &BoxType, access: &RequiredAccess) -> Outcome {
+    let attempts = backoff.attempts.max(1);
+    let mut attempt = 1;
+    loop {
+        match setups.perform(box_type, access).await {
+            Ok(detail) => return Outcome { result: Ok(detail), attempts: attempt },
+            Err(SetupError::Transient(reason)) if attempt < attempts => {
+                tracing::debug!(attempt, "{}: {reason}; retrying", describe(access));
+                tokio::time::sleep(backoff.delay(attempt)).await;
+                attempt += 1;
+            }
+            Err(e) => return Outcome { result: Err(e.reason().to_owned()), attempts: attempt },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
