@@ -120,6 +120,12 @@ impl Proc {
         self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default()
     }
 
+    /// SIGINT (a graceful stop) and wait for the exit.
+    pub fn interrupt(&mut self) {
+        let _ = Command::new("kill").arg("-INT").arg(self.child.id().to_string()).status();
+        let _ = self.wait_exit(Duration::from_secs(20));
+    }
+
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -338,6 +344,7 @@ impl System {
             ("ATASIRA_APPROVAL_KEY", "a1".repeat(32)),
             ("ATASIRA_AUDIT_KEY", "b2".repeat(32)),
             ("ATASIRA_DATA_DIR", self.data_dir().display().to_string()),
+            ("ATASIRA_PROVISION_BACKOFF_MS", "10".into()),
             ("RUST_LOG", "info,sqlx=warn".into()),
         ];
         for (k, v) in extra {
@@ -356,7 +363,7 @@ impl System {
         match self.mode {
             Mode::Embedded => {
                 let data = self.data_dir().display().to_string();
-                let mut env = vec![("RUST_LOG", "info,sqlx=warn".to_owned())];
+                let mut env = vec![("RUST_LOG", "info,sqlx=warn".to_owned()), ("ATASIRA_PROVISION_BACKOFF_MS", "10".to_owned())];
                 env.extend(extra_env.iter().map(|(k, v)| (*k, v.clone())));
                 let mut p = Proc::spawn("atasira dev", &bin, &["dev", "--data-dir", &data, "--listen", "127.0.0.1:0"], &env);
                 let line = p.wait_stderr("listening on http://", Duration::from_secs(30));
@@ -419,9 +426,25 @@ impl System {
         self.start_services(extra_env);
     }
 
+    /// Stops every process gracefully (services write their final state, e.g. the audit
+    /// checkpoint), then forgets them.
+    pub fn stop_gracefully(&mut self) {
+        // The gateway first, then the services, as an operator would.
+        self.procs.sort_by_key(|p| !p.name.contains("gateway"));
+        for p in &mut self.procs {
+            p.interrupt();
+        }
+        self.procs.clear();
+    }
+
     /// Runs the binary with `args`; (exit code, stdout, stderr).
     pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
-        let out = Command::new(atasira_bin()).args(args).output().expect("atasira runs");
+        let mut cmd = Command::new(atasira_bin());
+        cmd.args(args).env_remove("ATASIRA_AUDIT_KEY");
+        if self.mode == Mode::Cluster {
+            cmd.env("ATASIRA_AUDIT_KEY", "b2".repeat(32));
+        }
+        let out = cmd.output().expect("atasira runs");
         (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     }
 
@@ -447,6 +470,48 @@ impl System {
 
     pub fn post(&self, path: &str, token: &str, body: &Value) -> Answer {
         http("POST", &self.url(path), Some(token), &[], Some(body.to_string().as_bytes()))
+    }
+
+    /// Submits a draft as the agent; its id.
+    pub fn draft(&self, body: &Value) -> String {
+        let a = self.post("/api/v1/boxes/box-drafts", &self.agent, body);
+        assert_eq!(a.status, 201, "{}", a.raw);
+        a.body["draft_id"].as_str().expect("draft_id").to_owned()
+    }
+
+    /// Approves as `token`.
+    pub fn approve(&self, draft_id: &str, token: &str, confirm: bool) -> Answer {
+        self.post(&format!("/api/v1/boxes/box-drafts/{draft_id}/approve"), token, &serde_json::json!({"confirm_over_limit": confirm}))
+    }
+
+    /// `atasira audit verify` on this system's store: (exit code, JSON).
+    pub fn audit_verify(&self) -> (i32, Value) {
+        let mut args = vec!["audit", "verify"];
+        let target = self.target_args();
+        args.extend(target.iter().map(String::as_str));
+        let (code, out, err) = self.cli(&args);
+        (code, serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("audit verify printed no JSON: {out} {err}")))
+    }
+
+    /// Runs SQL on this system's database (tampering tests).
+    pub fn sql(&self, statement: &str) {
+        let url = self.database_url();
+        block_on(async {
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::AnyPool::connect(&url).await.expect("database");
+            sqlx::query(statement).execute(&pool).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+        });
+    }
+
+    /// One scalar from this system's database.
+    pub fn sql_i64(&self, query: &str) -> i64 {
+        let url = self.database_url();
+        block_on(async {
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::AnyPool::connect(&url).await.expect("database");
+            let row = sqlx::query(query).fetch_one(&pool).await.unwrap_or_else(|e| panic!("{query}: {e}"));
+            sqlx::Row::try_get::<i64, _>(&row, 0).expect("an integer")
+        })
     }
 
     /// `GET /box-drafts/pending` as the admin: the list.
