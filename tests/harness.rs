@@ -374,15 +374,26 @@ impl System {
                 for service in CLUSTER_SERVICES {
                     self.start_service(service, extra_env);
                 }
-                let env = self.cluster_env(extra_env);
-                let mut g = Proc::spawn("atasira serve gateway", &bin, &["serve", "gateway", "--listen", "127.0.0.1:0"], &env);
-                let line = g.wait_stderr("listening on http://", Duration::from_secs(30));
-                self.base_url = listening_url(&line);
-                self.procs.push(g);
+                self.start_gateway(extra_env);
             }
         }
         let health = http("GET", &format!("{}/healthz", self.base_url), None, &[], None);
         assert_eq!(health.status, 200, "healthz: {}", health.raw);
+    }
+
+    /// Cluster: starts the gateway process; `base_url` follows its new port.
+    pub fn start_gateway(&mut self, extra_env: &[(&str, String)]) {
+        let env = self.cluster_env(extra_env);
+        let mut g = Proc::spawn("atasira serve gateway", &atasira_bin(), &["serve", "gateway", "--listen", "127.0.0.1:0"], &env);
+        let line = g.wait_stderr("listening on http://", Duration::from_secs(30));
+        self.base_url = listening_url(&line);
+        self.procs.push(g);
+    }
+
+    /// Embedded feeds poll the store at least every 250 ms; nothing to do but wait a
+    /// moment for events written behind the product's back.
+    pub fn notify_store_changed(&self) {
+        std::thread::sleep(Duration::from_millis(300));
     }
 
     /// Cluster: starts (another) drafts service process.

@@ -99,6 +99,9 @@ struct CommonArgs {
     /// Pending drafts expire after this many seconds (R-DRAFT-13; default 7 days).
     #[arg(long, env = "ATASIRA_DRAFT_TTL", default_value_t = 604_800)]
     draft_ttl: i64,
+    /// Seconds the gateway waits for a service to answer before 503.
+    #[arg(long, env = "ATASIRA_REQUEST_TIMEOUT", default_value_t = 30.0)]
+    request_timeout: f64,
 }
 
 impl CommonArgs {
@@ -108,7 +111,11 @@ impl CommonArgs {
             manifests_dir: self.manifests_dir.clone(),
             max_boxes: self.max_boxes,
             draft_ttl: chrono::TimeDelta::try_seconds(self.draft_ttl.max(1)).unwrap_or(chrono::TimeDelta::days(7)),
-            gateway: atasira_gateway::Config { consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)), ..Default::default() },
+            gateway: atasira_gateway::Config {
+                consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)),
+                request_timeout: Duration::from_secs_f64(self.request_timeout.clamp(0.1, 300.0)),
+                ..Default::default()
+            },
         }
     }
 }
