@@ -271,3 +271,28 @@ fn tampering_with_the_ledger_is_named_and_a_truncated_tail_is_caught() {
         assert!(v["reason"].as_str().is_some_and(|r| r.contains("checkpoint")), "{v}");
     });
 }
+
+#[test]
+fn a_pending_draft_expires_after_its_ttl() {
+    // R-DRAFT-13
+    for mode in [atasira_tests::harness::Mode::Embedded, atasira_tests::harness::Mode::Cluster] {
+        let sys = System::start_with(mode, &[("ATASIRA_DRAFT_TTL", "2".to_owned())]);
+        let id = sys.draft(&sales("short-lived"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let draft = loop {
+            let d = sys.get(&format!("/api/v1/boxes/box-drafts/{id}"), &sys.agent);
+            if d.body["status"] == "expired" || std::time::Instant::now() > deadline {
+                break d;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(draft.body["status"], "expired", "{mode:?}: {}", draft.raw);
+        assert!(sys.pending().is_empty());
+        assert_eq!(sys.approve(&id, &sys.admin, false).body["error"], "draft_not_pending");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !audit_actions(&sys).iter().any(|r| r.0 == "box_draft.expire") {
+            assert!(std::time::Instant::now() < deadline, "no box_draft.expire row");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -290,6 +290,11 @@ pub struct System {
 
 impl System {
     pub fn start(mode: Mode) -> System {
+        System::start_with(mode, &[])
+    }
+
+    /// Starts with extra environment for every process (settings such as a short TTL).
+    pub fn start_with(mode: Mode, extra_env: &[(&str, String)]) -> System {
         let dir = TempDir::new("atasira-sys");
         let (nats, database) = match mode {
             Mode::Embedded => (None, None),
@@ -297,7 +302,7 @@ impl System {
         };
         let internal_key: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
         let mut sys = System { mode, base_url: String::new(), admin: String::new(), agent: String::new(), dir, nats, database, internal_key, procs: Vec::new() };
-        sys.start_services(&[]);
+        sys.start_services(extra_env);
         match mode {
             Mode::Embedded => {
                 let out = sys.procs[0].stdout.lock().expect("lines").clone();

@@ -52,6 +52,9 @@ enum Command {
         /// Ed25519 signing key of the approval service (64 hex digits; approval only).
         #[arg(long, env = "ATASIRA_APPROVAL_KEY", hide_env_values = true)]
         approval_key: Option<String>,
+        /// File holding the approval signing key (64 hex digits; approval only).
+        #[arg(long, env = "ATASIRA_APPROVAL_KEY_FILE")]
+        approval_key_file: Option<PathBuf>,
         /// MAC key of the audit ledger (hex, 32+ bytes; audit only).
         #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true)]
         audit_key: Option<String>,
@@ -177,8 +180,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Dev { data_dir, listen, common } => run_async(services::dev(common.settings(data_dir), listen)),
-        Command::Serve { service, nats_url, database_url, internal_key, approval_key, audit_key, data_dir, listen, common } => {
-            let keys = services::ClusterKeys { internal: internal_key, approval: approval_key, audit: audit_key };
+        Command::Serve { service, nats_url, database_url, internal_key, approval_key, approval_key_file, audit_key, data_dir, listen, common } => {
+            let keys = services::ClusterKeys { internal: internal_key, approval: approval_key, approval_file: approval_key_file, audit: audit_key };
             run_async(services::serve(service, &nats_url, &database_url, keys, listen, common.settings(data_dir)))
         }
         Command::Audit(cmd) => run_async_code(operator::audit(cmd)),

@@ -121,7 +121,9 @@ async fn wait(mut rx: watch::Receiver<bool>) {
 }
 
 fn drafts_config(s: &Settings) -> atasira_drafts::DraftsConfig {
-    atasira_drafts::DraftsConfig { ttl: s.draft_ttl, ..Default::default() }
+    // Sweep at least twice per TTL, and at least every minute.
+    let half_ttl = s.draft_ttl.to_std().map(|d| d / 2).unwrap_or(Duration::from_secs(60));
+    atasira_drafts::DraftsConfig { ttl: s.draft_ttl, sweep_every: half_ttl.clamp(Duration::from_millis(200), Duration::from_secs(60)) }
 }
 
 fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfig {
@@ -192,6 +194,7 @@ pub enum ServiceName {
 pub struct ClusterKeys {
     pub internal: String,
     pub approval: Option<String>,
+    pub approval_file: Option<PathBuf>,
     pub audit: Option<String>,
 }
 
@@ -217,7 +220,11 @@ pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, key
             Ok(())
         }
         ServiceName::Approval => {
-            let key = keys.approval.ok_or_else(|| anyhow::anyhow!("the approval service needs its signing key: --approval-key or ATASIRA_APPROVAL_KEY (64 hex digits)"))?;
+            let key = match (keys.approval, keys.approval_file) {
+                (Some(k), _) => k,
+                (None, Some(path)) => std::fs::read_to_string(&path).with_context(|| format!("failed to read the approval key file {}", path.display()))?,
+                (None, None) => anyhow::bail!("the approval service needs its signing key: --approval-key-file FILE, --approval-key or ATASIRA_APPROVAL_KEY (64 hex digits)"),
+            };
             let relay = relay_for(atasira_approval::SERVICE, atasira_approval::AGGREGATE_TYPES);
             atasira_approval::run(rt, approval_config(approval_signer(&key)?), rx).await?;
             let _ = relay.await;
