@@ -16,8 +16,8 @@ use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftSt
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
 use atasira_domain::token::{ApprovalSigner, PublicKeyEntry, ACTIVATION_WINDOW};
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::bus::{Handler, Message};
 use atasira_platform::db::Cqrs;
+use atasira_platform::service as platform_service;
 use atasira_platform::Runtime;
 use prost::Message as _;
 use serde_json::{json, Value};
@@ -65,33 +65,18 @@ fn internal(e: impl std::fmt::Display) -> Refusal {
 /// Runs the service until `shutdown` flips.
 pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
     let service = Arc::new(Service { drafts: rt.db.cqrs(), rt: rt.clone(), config });
-    let handler: Handler = {
+    let endpoint = platform_service::serve(&rt, SERVICE, move |env| {
         let service = service.clone();
-        Arc::new(move |msg: Message| {
-            let service = service.clone();
-            let span = tracing::info_span!("approval.request", traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
-            Box::pin(tracing::Instrument::instrument(async move { service.handle(msg).await.encode_to_vec().into() }, span))
-        })
-    };
-    let subject = format!("atasira.box.*.{SERVICE}");
-    let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
-    tracing::info!("approval: serving on {subject}");
-    let mut shutdown = shutdown;
-    while !*shutdown.borrow() {
-        if shutdown.changed().await.is_err() {
-            break;
-        }
-    }
+        async move { service.handle(env).await }
+    })
+    .await?;
+    platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     Ok(())
 }
 
 impl Service {
-    async fn handle(&self, msg: Message) -> Reply {
-        let env = match atasira_contracts::decode_envelope(&msg.payload) {
-            Ok(env) => env,
-            Err(e) => return reply_error(e.code(), e.to_string(), None),
-        };
+    async fn handle(&self, env: Envelope) -> Reply {
         match self.dispatch(&env).await {
             Ok(r) => r,
             Err(Refusal(code, message)) => reply_error(code, message, None),
@@ -99,9 +84,7 @@ impl Service {
     }
 
     fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        let wire = env.assertion.as_ref().ok_or_else(|| Refusal(ErrorCode::Unauthenticated, "the request carries no principal assertion".into()))?;
-        let a = atasira_contracts::assertion_from_wire(wire).map_err(|e| Refusal(ErrorCode::Unauthenticated, e.to_string()))?;
-        self.rt.assertion_keys.verify(&a, &env.correlation_id, chrono::Utc::now()).map_err(|e| Refusal(ErrorCode::Unauthenticated, format!("invalid principal assertion: {}", e.reason())))
+        platform_service::verify_principal(&self.rt, env).map_err(|(code, message)| Refusal(code, message))
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {

@@ -16,10 +16,9 @@ use atasira_contracts::v1;
 use atasira_contracts::{payload, reply_error, reply_ok, Envelope, Named, Reply};
 use atasira_domain::audit::AuditKeys;
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::bus::{Handler, Message};
+use atasira_platform::service as platform_service;
 use atasira_platform::projection as proj;
 use atasira_platform::Runtime;
-use prost::Message as _;
 use tokio::sync::watch;
 
 pub use ledger::{append, apply_pending, check_complete, checkpoint, head, latest_checkpoint, page, prepare, verify, AUDITABLE_TYPES, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX};
@@ -65,26 +64,17 @@ struct Service {
 pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     ledger::prepare(&rt.db).await?;
     let service = Arc::new(Service { rt: rt.clone(), keys: config.keys.clone() });
-    let handler: Handler = {
+    let endpoint = {
         let service = service.clone();
-        Arc::new(move |msg: Message| {
+        platform_service::serve(&rt, SERVICE, move |env| {
             let service = service.clone();
-            // W3C trace context from the caller (R-OPS-1): one API call is one trace.
-            let span = tracing::info_span!("audit.request", traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
-            Box::pin(tracing::Instrument::instrument(async move { service.handle(msg).await.encode_to_vec().into() }, span))
+            async move { service.handle(env).await }
         })
+        .await?
     };
-    let subject = format!("atasira.box.*.{SERVICE}");
-    let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
-    tracing::info!("audit: serving on {subject}");
     let writer = tokio::spawn(write_ledger(rt.clone(), config.keys.clone(), shutdown.clone()));
     let checkpointer = tokio::spawn(checkpoint_periodically(rt.clone(), config.keys.clone(), config.checkpoint_every, shutdown.clone()));
-    let mut shutdown = shutdown;
-    while !*shutdown.borrow() {
-        if shutdown.changed().await.is_err() {
-            break;
-        }
-    }
+    platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     let _ = writer.await;
     let _ = checkpointer.await;
@@ -156,25 +146,15 @@ async fn record_checkpoint(rt: &Runtime, keys: &AuditKeys) {
 }
 
 impl Service {
-    async fn handle(&self, msg: Message) -> Reply {
-        let env = match atasira_contracts::decode_envelope(&msg.payload) {
-            Ok(env) => env,
-            Err(e) => return reply_error(e.code(), e.to_string(), None),
-        };
+    async fn handle(&self, env: Envelope) -> Reply {
         match self.dispatch(&env).await {
             Ok(reply) => reply,
             Err(Refusal(code, message)) => reply_error(code, message, None),
         }
     }
 
-    /// R-ARCH-3: the principal only counts with a valid assertion bound to this request.
     fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        let wire = env.assertion.as_ref().ok_or_else(|| Refusal(ErrorCode::Unauthenticated, "the request carries no principal assertion".into()))?;
-        let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| Refusal(ErrorCode::Unauthenticated, e.to_string()))?;
-        self.rt
-            .assertion_keys
-            .verify(&assertion, &env.correlation_id, chrono::Utc::now())
-            .map_err(|e| Refusal(ErrorCode::Unauthenticated, format!("invalid principal assertion: {}", e.reason())))
+        platform_service::verify_principal(&self.rt, env).map_err(|(code, message)| Refusal(code, message))
     }
 
     /// R-AUDIT-2, R-AUDIT-3: the ledger is for admins only.

@@ -17,10 +17,9 @@ use atasira_contracts::{payload, reply_error, reply_ok, reply_written, Envelope,
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::bus::{Handler, Message};
+use atasira_platform::service as platform_service;
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::Runtime;
-use prost::Message as _;
 
 pub use projection::DraftsView;
 
@@ -67,26 +66,17 @@ pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch
     let view: Arc<dyn Projection> = Arc::new(DraftsView);
     proj::prepare(&rt.db, view.as_ref()).await?;
     let service = Arc::new(Service { cqrs: rt.db.cqrs::<Draft>(), rt: rt.clone() });
-    let handler: Handler = {
+    let endpoint = {
         let service = service.clone();
-        Arc::new(move |msg: Message| {
+        platform_service::serve(&rt, SERVICE, move |env| {
             let service = service.clone();
-            // W3C trace context from the caller (R-OPS-1): one API call is one trace.
-            let span = tracing::info_span!("drafts.request", traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
-            Box::pin(tracing::Instrument::instrument(async move { service.handle(msg).await.encode_to_vec().into() }, span))
+            async move { service.handle(env).await }
         })
+        .await?
     };
-    let subject = format!("atasira.box.*.{SERVICE}");
-    let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
-    tracing::info!("drafts: serving on {subject}");
     let runner = tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), view, shutdown.clone()));
     let sweeper = tokio::spawn(sweep_expired(service.clone(), config, shutdown.clone()));
-    let mut shutdown = shutdown;
-    while !*shutdown.borrow() {
-        if shutdown.changed().await.is_err() {
-            break;
-        }
-    }
+    platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     let _ = runner.await;
     let _ = sweeper.await;
@@ -118,25 +108,15 @@ async fn sweep_expired(service: Arc<Service>, config: DraftsConfig, mut shutdown
 }
 
 impl Service {
-    async fn handle(&self, msg: Message) -> Reply {
-        let env = match atasira_contracts::decode_envelope(&msg.payload) {
-            Ok(env) => env,
-            Err(e) => return reply_error(e.code(), e.to_string(), None),
-        };
+    async fn handle(&self, env: Envelope) -> Reply {
         match self.dispatch(&env).await {
             Ok(reply) => reply,
             Err(Refusal(code, message, details)) => reply_error(code, message, details.as_ref()),
         }
     }
 
-    /// R-ARCH-3: the principal only counts with a valid assertion bound to this request.
     fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        let wire = env.assertion.as_ref().ok_or_else(|| Refusal(ErrorCode::Unauthenticated, "the request carries no principal assertion".into(), None))?;
-        let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| Refusal(ErrorCode::Unauthenticated, e.to_string(), None))?;
-        self.rt
-            .assertion_keys
-            .verify(&assertion, &env.correlation_id, chrono::Utc::now())
-            .map_err(|e| Refusal(ErrorCode::Unauthenticated, format!("invalid principal assertion: {}", e.reason()), None))
+        platform_service::verify_principal(&self.rt, env).map_err(|(code, message)| Refusal(code, message, None))
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {

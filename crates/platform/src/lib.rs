@@ -12,6 +12,7 @@ pub mod db;
 pub mod feed;
 pub mod projection;
 pub mod relay;
+pub mod service;
 
 use std::sync::Arc;
 

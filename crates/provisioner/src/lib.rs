@@ -23,11 +23,10 @@ use atasira_domain::aggregates::access::{Access, AccessCommand};
 use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::manifest::RequiredAccess;
 use atasira_domain::{BoxType, ErrorCode};
-use atasira_platform::bus::{Handler, Message};
+use atasira_platform::service as platform_service;
 use atasira_platform::db::{Cqrs, Db, StoredEvent};
 use atasira_platform::projection as proj;
 use atasira_platform::Runtime;
-use prost::Message as _;
 use tokio::sync::watch;
 
 use crate::setup::{describe, SetupError, Setups};
@@ -128,19 +127,16 @@ struct Service {
 pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     tokio::fs::create_dir_all(&config.data_dir).await.map_err(|e| anyhow::anyhow!("cannot create the data dir {}: {e}", config.data_dir.display()))?;
     let service = Arc::new(Service { access: rt.db.cqrs::<Access>(), setups: Setups::new(config.data_dir), backoff: config.backoff, rt: rt.clone() });
-    let handler: Handler = {
+    let endpoint = {
         let db = rt.db.clone();
-        Arc::new(move |msg: Message| {
+        platform_service::serve(&rt, SERVICE, move |env| {
             let db = db.clone();
-            let span = tracing::info_span!("provisioner.request", traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
-            Box::pin(tracing::Instrument::instrument(async move { answer(&db, &msg.payload).await.encode_to_vec().into() }, span))
+            async move { answer(&db, env).await }
         })
+        .await?
     };
-    let subject = format!("atasira.box.*.{SERVICE}");
-    let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
-    tracing::info!("provisioner: serving on {subject}");
     let worker = tokio::spawn(consume(service, shutdown.clone()));
-    stopped(shutdown).await;
+    platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     let _ = worker.await;
     Ok(())
@@ -149,11 +145,7 @@ pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiv
 /// The bus endpoint: only `WaitForPosition`, so the gateway can wait for provisioning to
 /// have seen an activation. It reveals nothing but checkpoints, hence no principal check
 /// (like the drafts service's wait).
-async fn answer(db: &Db, bytes: &[u8]) -> Reply {
-    let env = match atasira_contracts::decode_envelope(bytes) {
-        Ok(env) => env,
-        Err(e) => return reply_error(e.code(), e.to_string(), None),
-    };
+async fn answer(db: &Db, env: atasira_contracts::Envelope) -> Reply {
     if env.message_type != v1::WaitForPosition::NAME {
         return reply_error(ErrorCode::InvalidRequest, format!("unknown message type {:?}", env.message_type), None);
     }

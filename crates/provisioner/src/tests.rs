@@ -1,6 +1,7 @@
 //! Given/when/then tests of the provisioner: the retry policy, and the whole service on an
 //! SQLite store with the in-process bus (R-PROV-1).
 
+use prost::Message as _;
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -19,8 +19,8 @@ use atasira_domain::aggregates::boxes::{box_id_for, BoxAggregate, BoxCommand, Bo
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NamespaceCommand, NamespaceError, NAMESPACE_ID};
 use atasira_domain::token::{Keyring, PublicKeyEntry};
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::bus::{Handler, Message};
 use atasira_platform::db::Cqrs;
+use atasira_platform::service as platform_service;
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::Runtime;
 use prost::Message as _;
@@ -137,28 +137,20 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         rt: rt.clone(),
         config,
     });
-    let handler: Handler = {
+    let endpoint = {
         let registry = registry.clone();
-        Arc::new(move |msg: Message| {
+        platform_service::serve(&rt, SERVICE, move |env| {
             let registry = registry.clone();
-            let span = tracing::info_span!("registry.request", traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
-            Box::pin(tracing::Instrument::instrument(async move { registry.handle(msg).await.encode_to_vec().into() }, span))
+            async move { registry.handle(env).await }
         })
+        .await?
     };
-    let subject = format!("atasira.box.*.{SERVICE}");
-    let endpoint = rt.bus.serve(SERVICE, &subject, handler).await?;
-    tracing::info!("runtime-registry: serving on {subject}");
     let mut tasks = Vec::new();
     for p in projections {
         tasks.push(tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), p, shutdown.clone())));
     }
     tasks.push(tokio::spawn(activation::run(registry.clone(), shutdown.clone())));
-    let mut shutdown = shutdown;
-    while !*shutdown.borrow() {
-        if shutdown.changed().await.is_err() {
-            break;
-        }
-    }
+    platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     for t in tasks {
         let _ = t.await;
@@ -191,11 +183,7 @@ impl Registry {
         Err(NamespaceError::BoxTypeExists("namespace busy; retry".into()))
     }
 
-    async fn handle(&self, msg: Message) -> Reply {
-        let env = match atasira_contracts::decode_envelope(&msg.payload) {
-            Ok(env) => env,
-            Err(e) => return reply_error(e.code(), e.to_string(), None),
-        };
+    async fn handle(&self, env: Envelope) -> Reply {
         match self.dispatch(&env).await {
             Ok(r) => r,
             Err(Refusal(code, message)) => reply_error(code, message, None),
@@ -203,9 +191,7 @@ impl Registry {
     }
 
     fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        let wire = env.assertion.as_ref().ok_or_else(|| Refusal(ErrorCode::Unauthenticated, "the request carries no principal assertion".into()))?;
-        let a = atasira_contracts::assertion_from_wire(wire).map_err(|e| Refusal(ErrorCode::Unauthenticated, e.to_string()))?;
-        self.rt.assertion_keys.verify(&a, &env.correlation_id, chrono::Utc::now()).map_err(|e| Refusal(ErrorCode::Unauthenticated, format!("invalid principal assertion: {}", e.reason())))
+        platform_service::verify_principal(&self.rt, env).map_err(|(code, message)| Refusal(code, message))
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {

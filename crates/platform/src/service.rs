@@ -1,0 +1,61 @@
+//! The shape every service endpoint shares: decode the envelope, carry the caller's trace
+//! context into a span, register on `atasira.box.*.<service>` with the NATS services API,
+//! verify the principal assertion, stop on shutdown. Services only write `dispatch`.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use atasira_contracts::{reply_error, Envelope, Reply};
+use atasira_domain::{ErrorCode, Principal};
+use prost::Message as _;
+
+use crate::bus::{Endpoint, Handler, Message};
+use crate::Runtime;
+
+/// Serves `service`'s requests with `dispatch`; undecodable envelopes are answered with a
+/// typed error before `dispatch` sees them.
+pub async fn serve<F, Fut>(rt: &Runtime, service: &'static str, dispatch: F) -> anyhow::Result<Endpoint>
+where
+    F: Fn(Envelope) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
+    let dispatch = Arc::new(dispatch);
+    let handler: Handler = Arc::new(move |msg: Message| {
+        let dispatch = dispatch.clone();
+        // W3C trace context from the caller (R-OPS-1): one API call is one trace.
+        let span = tracing::info_span!("request", service, traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                let reply = match atasira_contracts::decode_envelope(&msg.payload) {
+                    Ok(env) => dispatch(env).await,
+                    Err(e) => reply_error(e.code(), e.to_string(), None),
+                };
+                reply.encode_to_vec().into()
+            },
+            span,
+        ))
+    });
+    let subject = format!("atasira.box.*.{service}");
+    let endpoint = rt.bus.serve(service, &subject, handler).await?;
+    tracing::info!("{service}: serving on {subject}");
+    Ok(endpoint)
+}
+
+/// R-ARCH-3: the principal only counts with a valid assertion bound to this request's
+/// correlation id; anything else is `unauthenticated`.
+pub fn verify_principal(rt: &Runtime, env: &Envelope) -> Result<Principal, (ErrorCode, String)> {
+    let wire = env.assertion.as_ref().ok_or_else(|| (ErrorCode::Unauthenticated, "the request carries no principal assertion".to_owned()))?;
+    let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| (ErrorCode::Unauthenticated, e.to_string()))?;
+    rt.assertion_keys
+        .verify(&assertion, &env.correlation_id, chrono::Utc::now())
+        .map_err(|e| (ErrorCode::Unauthenticated, format!("invalid principal assertion: {}", e.reason())))
+}
+
+/// Resolves once `shutdown` is true (or its sender is gone, which means the same).
+pub async fn until_shutdown(mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    while !*shutdown.borrow() {
+        if shutdown.changed().await.is_err() {
+            return;
+        }
+    }
+}
