@@ -203,6 +203,24 @@ fn the_openapi_document_and_health_need_no_token() {
 }
 
 #[test]
+fn a_revoked_token_is_refused_at_once() {
+    // R-AUTH-4, R-AUTH-1
+    in_both_modes(|sys| {
+        let token = sys.token("temp", "member", "human");
+        assert_eq!(sys.get("/api/v1/boxes/box-drafts?mine=true", &token).status, 200);
+        let mut args = vec!["tokens", "revoke", token.as_str()];
+        let target = sys.target_args();
+        args.extend(target.iter().map(String::as_str));
+        let (code, _, err) = sys.cli(&args);
+        assert_eq!(code, 0, "{err}");
+        let refused = sys.get("/api/v1/boxes/box-drafts?mine=true", &token);
+        assert_eq!((refused.status, refused.body["error"].as_str()), (401, Some("unauthenticated")));
+        let (code, _, err) = sys.cli(&args);
+        assert_ne!(code, 0, "revoking twice says so: {err}");
+    });
+}
+
+#[test]
 fn every_service_answers_srv_ping_from_a_foreign_nats_client() {
     // R-ARCH-8: nats-py, not our client, discovers the services
     let mut sys = System::start(Mode::Cluster);

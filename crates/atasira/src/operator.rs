@@ -121,7 +121,7 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
         TokensCommand::Revoke { token, target } => {
             let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
             if !auth::revoke_token(&db, &token).await? {
-                anyhow::bail!("no such token");
+                anyhow::bail!("no such token, or it is revoked already");
             }
             eprintln!("revoked");
             Ok(())
