@@ -250,7 +250,7 @@ asyncio.run(main())
     let out = std::process::Command::new(python).args(["-c", script, &url]).output().expect("python runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(v["names"], json!(["approval", "audit", "drafts", "provisioner", "runtime-registry"]), "{v}");
+    assert_eq!(v["names"], json!(["approval", "audit", "drafts", "gateway", "provisioner", "runtime-registry"]), "{v}");
     assert_eq!(v["info"]["endpoints"][0]["subject"], "atasira.box.*.drafts");
     assert!(v["stats"]["endpoints"].is_array());
     let _ = Duration::ZERO;

@@ -96,8 +96,20 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
 
 /// Serves until `shutdown` resolves (the same code drives tests and production).
 pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    // Registered with the NATS services API like every other process (R-ARCH-8), so that
+    // `$SRV.PING` finds the gateway too. It has no read models of its own.
+    let endpoint = atasira_platform::service::serve(&rt, subjects::GATEWAY, |env| async move {
+        if env.message_type == v1::WaitForPosition::NAME {
+            atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] }, 0)
+        } else {
+            atasira_contracts::reply_error(ErrorCode::InvalidRequest, "the gateway serves HTTP; over NATS it only answers WaitForPosition", None)
+        }
+    })
+    .await?;
     let app = router(rt, config).await?;
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    endpoint.stop();
+    served?;
     Ok(())
 }
 
