@@ -84,39 +84,14 @@ pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<boo
 }
 
 /// The ledger writer: a durable feed of auditable events; each delivery is appended (or
-/// skipped) in one transaction with the checkpoint, then acked. On failure the feed is
-/// reopened from the stored checkpoint after a pause, so nothing is lost (R-ARCH-6).
-async fn write_ledger(rt: Runtime, keys: Arc<AuditKeys>, mut shutdown: watch::Receiver<bool>) {
-    loop {
-        let result: anyhow::Result<()> = async {
-            let from = proj::checkpoint(&rt.db, NAME).await?;
-            let mut feed = rt.feeds.open(&rt.db, NAME, AUDITABLE_TYPES, from).await?;
-            loop {
-                if *shutdown.borrow() {
-                    return Ok(());
-                }
-                let batch = tokio::select! {
-                    b = feed.next() => b?,
-                    _ = shutdown.changed() => return Ok(()),
-                };
-                for delivery in batch {
-                    ledger::append(&rt.db, &keys, &delivery.event).await?;
-                    delivery.ack().await?;
-                }
-            }
-        }
-        .await;
-        match result {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "audit ledger writer failed; retrying from its checkpoint");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    _ = shutdown.changed() => return,
-                }
-            }
-        }
-    }
+/// skipped) in one transaction with the checkpoint, then acked (R-ARCH-6).
+async fn write_ledger(rt: Runtime, keys: Arc<AuditKeys>, shutdown: watch::Receiver<bool>) {
+    let db = rt.db.clone();
+    proj::consume(rt.db.clone(), rt.feeds.clone(), NAME, AUDITABLE_TYPES, shutdown, move |event| {
+        let (db, keys) = (db.clone(), keys.clone());
+        async move { ledger::append(&db, &keys, &event).await.map(|_| ()) }
+    })
+    .await
 }
 
 async fn checkpoint_periodically(rt: Runtime, keys: Arc<AuditKeys>, every: Duration, mut shutdown: watch::Receiver<bool>) {

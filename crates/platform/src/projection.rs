@@ -35,21 +35,33 @@ pub async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<i64> {
 
 /// Applies one event unless it was applied before; returns whether it was new.
 pub async fn apply_one(db: &Db, projection: &dyn Projection, event: &StoredEvent) -> anyhow::Result<bool> {
+    record(db, projection.name(), event, Some(projection)).await
+}
+
+/// Marks an event as handled by consumer `name` (for waits by event id and for resuming)
+/// without rows of its own: consumers whose effects are commands, not rows.
+pub async fn mark_processed(db: &Db, name: &str, event: &StoredEvent) -> anyhow::Result<bool> {
+    record(db, name, event, None).await
+}
+
+/// One transaction: the processed-set insert (dedup by event id), the rows (if new), the
+/// checkpoint.
+async fn record(db: &Db, name: &str, event: &StoredEvent, projection: Option<&dyn Projection>) -> anyhow::Result<bool> {
     let mut tx = db.any().begin().await?;
     let inserted = sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-        .bind(projection.name())
+        .bind(name)
         .bind(&event.event_id)
         .execute(&mut *tx)
         .await?
         .rows_affected();
-    if inserted == 1 {
-        projection.apply(&mut tx, event).await?;
+    if let Some(p) = projection.filter(|_| inserted == 1) {
+        p.apply(&mut tx, event).await?;
     }
     sqlx::query(
         "INSERT INTO projection_checkpoints (name, position) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET position = CASE WHEN projection_checkpoints.position > excluded.position THEN projection_checkpoints.position ELSE excluded.position END",
     )
-    .bind(projection.name())
+    .bind(name)
     .bind(event.position)
     .execute(&mut *tx)
     .await?;
@@ -57,19 +69,20 @@ pub async fn apply_one(db: &Db, projection: &dyn Projection, event: &StoredEvent
     Ok(inserted == 1)
 }
 
-/// Creates the projection's tables.
-pub async fn prepare(db: &Db, projection: &dyn Projection) -> anyhow::Result<()> {
-    db.ensure_tables(projection.tables()).await
-}
-
-/// Runs a projection until `shutdown` resolves: feed, apply, ack; on failure the feed is
-/// reopened from the stored checkpoint after a pause, so nothing is lost.
-pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let name = projection.name();
+/// The durable-consumer loop every consumer shares (R-ARCH-6): open feed `name` after its
+/// stored checkpoint, hand each event to `handle`, ack after it returned (its effects
+/// committed, checkpoint included); on failure reopen from the checkpoint after a pause.
+/// Shutdown may cut a handler short: nothing is checkpointed then, so the event is
+/// delivered again and the handler must be idempotent.
+pub async fn consume<F, Fut>(db: Db, feeds: FeedSource, name: &'static str, aggregate_types: &'static [&'static str], mut shutdown: tokio::sync::watch::Receiver<bool>, handle: F)
+where
+    F: Fn(StoredEvent) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
     loop {
         let result: anyhow::Result<()> = async {
             let from = checkpoint(&db, name).await?;
-            let mut feed = feeds.open(&db, name, projection.aggregate_types(), from).await?;
+            let mut feed = feeds.open(&db, name, aggregate_types, from).await?;
             loop {
                 if *shutdown.borrow() {
                     return Ok(());
@@ -79,7 +92,10 @@ pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, mut
                     _ = shutdown.changed() => return Ok(()),
                 };
                 for delivery in batch {
-                    apply_one(&db, projection.as_ref(), &delivery.event).await?;
+                    tokio::select! {
+                        r = handle(delivery.event.clone()) => r?,
+                        _ = shutdown.changed() => return Ok(()),
+                    }
                     delivery.ack().await?;
                 }
             }
@@ -88,7 +104,7 @@ pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, mut
         match result {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(projection = name, error = %e, "projection failed; retrying from its checkpoint");
+                tracing::warn!(consumer = name, error = %e, "consumer failed; retrying from its checkpoint");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     _ = shutdown.changed() => return,
@@ -96,6 +112,22 @@ pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, mut
             }
         }
     }
+}
+
+/// Creates the projection's tables.
+pub async fn prepare(db: &Db, projection: &dyn Projection) -> anyhow::Result<()> {
+    db.ensure_tables(projection.tables()).await
+}
+
+/// Runs a projection until `shutdown` resolves.
+pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, shutdown: tokio::sync::watch::Receiver<bool>) {
+    let (name, types) = (projection.name(), projection.aggregate_types());
+    let apply_db = db.clone();
+    consume(db, feeds, name, types, shutdown, move |event| {
+        let (db, projection) = (apply_db.clone(), projection.clone());
+        async move { apply_one(&db, projection.as_ref(), &event).await.map(|_| ()) }
+    })
+    .await
 }
 
 /// Drops a projection's rows and rebuilds it from the whole event store (R-ARCH-5).

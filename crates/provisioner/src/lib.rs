@@ -162,70 +162,22 @@ async fn answer(db: &Db, env: atasira_contracts::Envelope) -> Reply {
     }
 }
 
-/// Resolves once `shutdown` is true (or its sender is gone, which means the same).
-async fn stopped(mut shutdown: watch::Receiver<bool>) {
-    while !*shutdown.borrow() {
-        if shutdown.changed().await.is_err() {
-            return;
-        }
-    }
-}
 
-/// The feed loop: like the projection runner, on failure it reopens the feed from the
-/// stored checkpoint after a pause, so an activation is never lost.
+/// The durable feed of Box events: each activation's entries are set up, then the event
+/// is marked processed (checkpoint) and acked. Shutdown may cut an activation short:
+/// nothing is checkpointed then, so it is delivered again and the finished entries dedupe.
 async fn consume(service: Arc<Service>, shutdown: watch::Receiver<bool>) {
-    loop {
-        let result: anyhow::Result<()> = async {
-            let db = &service.rt.db;
-            let from = proj::checkpoint(db, CHECKPOINT).await?;
-            let mut feed = service.rt.feeds.open(db, CHECKPOINT, READS, from).await?;
-            loop {
-                let batch = tokio::select! {
-                    b = feed.next() => b?,
-                    () = stopped(shutdown.clone()) => return Ok(()),
-                };
-                for delivery in batch {
-                    // Shutdown may cut an activation short: nothing is checkpointed then,
-                    // so it is delivered again and the finished entries dedupe.
-                    tokio::select! {
-                        r = service.handle(&delivery.event) => r?,
-                        () = stopped(shutdown.clone()) => return Ok(()),
-                    }
-                    store_checkpoint(db, &delivery.event).await?;
-                    delivery.ack().await?;
-                    service.rt.notify_committed();
-                }
-            }
+    let (db, feeds) = (service.rt.db.clone(), service.rt.feeds.clone());
+    proj::consume(db, feeds, CHECKPOINT, READS, shutdown, move |event| {
+        let service = service.clone();
+        async move {
+            service.handle(&event).await?;
+            proj::mark_processed(&service.rt.db, CHECKPOINT, &event).await?;
+            service.rt.notify_committed();
+            Ok(())
         }
-        .await;
-        match result {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "provisioner feed failed; retrying from its checkpoint");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    () = stopped(shutdown.clone()) => return,
-                }
-            }
-        }
-    }
-}
-
-/// Marks a Box event as handled: its id (for waits by event id) and the checkpoint (for
-/// waits by position and for resuming), in one transaction.
-async fn store_checkpoint(db: &Db, event: &StoredEvent) -> anyhow::Result<()> {
-    let mut tx = db.any().begin().await?;
-    sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING").bind(CHECKPOINT).bind(&event.event_id).execute(&mut *tx).await?;
-    sqlx::query(
-        "INSERT INTO projection_checkpoints (name, position) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET position = CASE WHEN projection_checkpoints.position > excluded.position THEN projection_checkpoints.position ELSE excluded.position END",
-    )
-    .bind(CHECKPOINT)
-    .bind(event.position)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(())
+    })
+    .await
 }
 
 impl Service {

@@ -6,77 +6,32 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use atasira_domain::aggregates::boxes::{box_id_for, BoxCommand};
 use atasira_domain::aggregates::draft::{Draft, DraftEvent};
 use atasira_domain::aggregates::namespace::NamespaceCommand;
 use atasira_domain::aggregates::security::{RegistrySecurity, SecurityCommand};
 use atasira_platform::db::StoredEvent;
-use atasira_platform::projection::{self as proj, Projection};
-use sqlx::{Any, Transaction};
+use atasira_platform::projection as proj;
 
 use crate::Registry;
 
 pub const NAME: &str = "registry_activation";
 
-/// Stores the processor's checkpoint and processed set; its effects are commands.
-#[derive(Debug)]
-struct Marker;
-
-#[async_trait::async_trait]
-impl Projection for Marker {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-    fn aggregate_types(&self) -> &'static [&'static str] {
-        &["draft"]
-    }
-    fn tables(&self) -> &'static [&'static str] {
-        &[]
-    }
-    fn table_names(&self) -> &'static [&'static str] {
-        &[]
-    }
-    async fn apply(&self, _tx: &mut Transaction<'static, Any>, _event: &StoredEvent) -> anyhow::Result<()> {
-        Ok(())
-    }
-}
-
-/// Runs until shutdown: for each draft event, act (idempotently), then checkpoint and ack.
-pub async fn run(registry: Arc<Registry>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    loop {
-        let result: anyhow::Result<()> = async {
-            let from = proj::checkpoint(&registry.rt.db, NAME).await?;
-            let mut feed = registry.rt.feeds.open(&registry.rt.db, NAME, &["draft"], from).await?;
-            loop {
-                if *shutdown.borrow() {
-                    return Ok(());
-                }
-                let batch = tokio::select! {
-                    b = feed.next() => b?,
-                    _ = shutdown.changed() => return Ok(()),
-                };
-                for delivery in batch {
-                    handle(&registry, &delivery.event).await?;
-                    proj::apply_one(&registry.rt.db, &Marker, &delivery.event).await?;
-                    delivery.ack().await?;
-                    registry.rt.notify_committed();
-                }
-            }
+/// Runs until shutdown: for each draft event, act (idempotently), then mark it processed
+/// (checkpoint) and ack.
+pub async fn run(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver<bool>) {
+    let (db, feeds) = (registry.rt.db.clone(), registry.rt.feeds.clone());
+    proj::consume(db, feeds, NAME, &["draft"], shutdown, move |event| {
+        let registry = registry.clone();
+        async move {
+            handle(&registry, &event).await?;
+            proj::mark_processed(&registry.rt.db, NAME, &event).await?;
+            registry.rt.notify_committed();
+            Ok(())
         }
-        .await;
-        match result {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "activation failed; retrying from its checkpoint");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    _ = shutdown.changed() => return,
-                }
-            }
-        }
-    }
+    })
+    .await
 }
 
 async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> {
