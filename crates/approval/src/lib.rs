@@ -191,7 +191,12 @@ impl Service {
             match self.drafts.execute(draft_id, command, metadata).await {
                 Ok(()) => {}
                 Err(e) => {
-                    self.release(&principal, &box_type, draft_id, "decision lost").await;
+                    // A losing decision gives its reservation back, unless the winner was an
+                    // approval: the reservation (same draft) is then the winner's.
+                    let now_decided: Draft = self.rt.db.load(draft_id).await.map_err(internal)?;
+                    if now_decided.data.as_ref().is_none_or(|d| d.status != DraftStatus::Approved) {
+                        self.release(&principal, &box_type, draft_id, "decision lost").await;
+                    }
                     return Err(match e {
                         cqrs_es::AggregateError::UserError(e) => e.into(),
                         cqrs_es::AggregateError::AggregateConflict => Refusal(ErrorCode::DraftNotPending, "another decision on this draft was recorded first".into()),
