@@ -105,3 +105,39 @@ fn a_forged_approval_token_never_activates_a_box_and_leaves_a_security_violation
         assert_eq!(sys.approve(&ok, &sys.admin, false).status, 200);
     });
 }
+
+#[test]
+fn a_losing_approve_does_not_release_the_winners_reservation() {
+    // R-APPROVE-7 (2), R-BOX-3: two admins approve one draft; the loser must not give back
+    // the reservation the winner's activation needs, or a third approval could take the
+    // last slot and leave an approved draft without a Box. Activation is slowed down so
+    // the third approval lands before it.
+    let sys = System::start_with(Mode::Embedded, &[("ATASIRA_FAILPOINT_DELAY", "activation:2500".to_owned())]);
+    for bt in ["one", "two"] {
+        let id = sys.draft(&body(bt));
+        assert_eq!(sys.approve(&id, &sys.admin, false).status, 200);
+    }
+    let contested = sys.draft(&body("contested"));
+    let competitor = sys.draft(&body("competitor"));
+    let alice = sys.token("alice", "admin", "human");
+    let bob = sys.token("bob", "admin", "human");
+    let (winner, third) = std::thread::scope(|s| {
+        let a = s.spawn(|| sys.approve(&contested, &alice, false));
+        let b = s.spawn(|| sys.approve(&contested, &bob, false));
+        // The loser answers at once; wait for one 409, then try to take the last slot.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while sys.get(&format!("/api/v1/boxes/box-drafts/{contested}"), &sys.admin).body["status"] == "pending_approval" {
+            assert!(std::time::Instant::now() < deadline, "no decision recorded");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let third = sys.approve(&competitor, &sys.admin, false);
+        let answers = [a.join().expect("thread"), b.join().expect("thread")];
+        (answers.into_iter().find(|x| x.status == 200).expect("one approve wins"), third)
+    });
+    assert_eq!((third.status, third.body["error"].as_str()), (409, Some("box_limit_reached")), "the contested draft's reservation still holds the slot: {}", third.raw);
+    assert_eq!(winner.body["status"], "active", "{}", winner.raw);
+    let boxes = sys.get("/api/v1/boxes", &sys.admin).body["boxes"].as_array().cloned().unwrap_or_default();
+    assert!(boxes.iter().any(|b| b["box_type"] == "contested"), "{boxes:?}");
+    assert_eq!(boxes.len(), 3);
+}

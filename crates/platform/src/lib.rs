@@ -28,6 +28,21 @@ pub fn failpoint(name: &str) {
     }
 }
 
+/// Test hook for races: when `ATASIRA_FAILPOINT_DELAY` holds `name:millis` (comma
+/// separated), this point waits that long, so a test can force an interleaving.
+pub async fn failpoint_delay(name: &str) {
+    let Ok(spec) = std::env::var("ATASIRA_FAILPOINT_DELAY") else { return };
+    for item in spec.split(',') {
+        if let Some((point, ms)) = item.split_once(':') {
+            if point == name {
+                if let Ok(ms) = ms.parse::<u64>() {
+                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                }
+            }
+        }
+    }
+}
+
 /// Everything a service needs from the outside world.
 #[derive(Clone)]
 pub struct Runtime {

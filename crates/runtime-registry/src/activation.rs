@@ -38,6 +38,7 @@ async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> 
     let parsed: DraftEvent = serde_json::from_value(event.payload.clone())?;
     match parsed {
         DraftEvent::DraftApproved { draft_id, box_type, approved_at, token, .. } => {
+            atasira_platform::failpoint_delay("activation").await;
             let draft: Draft = registry.rt.db.load(&draft_id).await?;
             let Some(data) = draft.data else {
                 anyhow::bail!("approved draft {draft_id} has no submission");
