@@ -33,12 +33,11 @@ pub fn failpoint(name: &str) {
 pub async fn failpoint_delay(name: &str) {
     let Ok(spec) = std::env::var("ATASIRA_FAILPOINT_DELAY") else { return };
     for item in spec.split(',') {
-        if let Some((point, ms)) = item.split_once(':') {
-            if point == name {
-                if let Ok(ms) = ms.parse::<u64>() {
-                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-                }
-            }
+        if let Some((point, ms)) = item.split_once(':')
+            && point == name
+            && let Ok(ms) = ms.parse::<u64>()
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         }
     }
 }
