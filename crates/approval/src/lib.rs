@@ -10,14 +10,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::{envelope, payload, reply_error, reply_ok, reply_written, subjects, v1, Envelope, Named, Reply};
+use atasira_contracts::{envelope, payload, reply_ok, reply_written, subjects, v1, Envelope, Named, Reply};
 use atasira_domain::aggregates::boxes::box_id_for;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
 use atasira_domain::token::{ApprovalSigner, PublicKeyEntry, ACTIVATION_WINDOW};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::db::Cqrs;
-use atasira_platform::service as platform_service;
+use atasira_platform::service::{self as platform_service, Refusal};
 use atasira_platform::Runtime;
 use prost::Message as _;
 use serde_json::{json, Value};
@@ -49,25 +49,12 @@ struct Service {
     drafts: Cqrs<Draft>,
 }
 
-struct Refusal(ErrorCode, String);
-
-impl From<DraftError> for Refusal {
-    fn from(e: DraftError) -> Self {
-        Refusal(e.code(), e.to_string())
-    }
-}
-
-fn internal(e: impl std::fmt::Display) -> Refusal {
-    tracing::error!(error = %e, "approval failure");
-    Refusal(ErrorCode::Internal, "internal failure; retry".into())
-}
-
 /// Runs the service until `shutdown` flips.
 pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
     let service = Arc::new(Service { drafts: rt.db.cqrs(), rt: rt.clone(), config });
     let endpoint = platform_service::serve(&rt, SERVICE, move |env| {
         let service = service.clone();
-        async move { service.handle(env).await }
+        async move { service.dispatch(&env).await }
     })
     .await?;
     platform_service::until_shutdown(shutdown).await;
@@ -76,19 +63,11 @@ pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::wat
 }
 
 impl Service {
-    async fn handle(&self, env: Envelope) -> Reply {
-        match self.dispatch(&env).await {
-            Ok(r) => r,
-            Err(Refusal(code, message)) => reply_error(code, message, None),
-        }
-    }
-
     fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        platform_service::verify_principal(&self.rt, env).map_err(|(code, message)| Refusal(code, message))
+        platform_service::verify_principal(&self.rt, env)
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let bad = |e: atasira_contracts::WireError| Refusal(e.code(), e.to_string());
         match env.message_type.as_str() {
             // No projections of its own: always caught up.
             v1::WaitForPosition::NAME => Ok(reply_ok(&v1::WaitForPositionReply { lagging: vec![] }, 0)),
@@ -96,19 +75,19 @@ impl Service {
             v1::GetApprovalKeys::NAME => {
                 let mut keys = vec![self.config.signer.public_key()];
                 keys.extend(self.config.retired.iter().cloned());
-                Ok(reply_ok(&v1::ApprovalKeysReply { keys_json: serde_json::to_vec(&keys).map_err(internal)? }, 0))
+                Ok(reply_ok(&v1::ApprovalKeysReply { keys_json: serde_json::to_vec(&keys).map_err(Refusal::internal)? }, 0))
             }
             v1::ApproveDraft::NAME => {
-                let r: v1::ApproveDraft = payload(env).map_err(bad)?;
+                let r: v1::ApproveDraft = payload(env)?;
                 let principal = self.principal(env)?;
                 self.approve(principal, &r.draft_id, r.confirm_over_limit).await
             }
             v1::RejectDraft::NAME => {
-                let r: v1::RejectDraft = payload(env).map_err(bad)?;
+                let r: v1::RejectDraft = payload(env)?;
                 let principal = self.principal(env)?;
                 self.reject(principal, &r.draft_id, r.reason).await
             }
-            other => Err(Refusal(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
+            other => Err(Refusal::new(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
         }
     }
 
@@ -118,7 +97,7 @@ impl Service {
         if !principal.is_human_admin() {
             return Err(DraftError::NotHumanAdmin.into());
         }
-        let draft: Draft = self.rt.db.load(draft_id).await.map_err(internal)?;
+        let draft: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
         let Some(data) = &draft.data else { return Err(DraftError::NotFound.into()) };
         if data.requested_by.user_id == principal.user_id {
             self.record_self_approval(principal, draft_id).await?;
@@ -136,7 +115,7 @@ impl Service {
             reason: "a principal tried to decide on a draft they submitted (R-AUTH-3)".into(),
             at: chrono::Utc::now(),
         };
-        self.rt.db.cqrs::<ApprovalSecurity>().execute(&uuid::Uuid::new_v4().to_string(), command, HashMap::new()).await.map_err(internal)?;
+        self.rt.db.cqrs::<ApprovalSecurity>().execute(&uuid::Uuid::new_v4().to_string(), command, HashMap::new()).await.map_err(Refusal::internal)?;
         self.rt.notify_committed();
         Ok(())
     }
@@ -151,13 +130,13 @@ impl Service {
             .bus
             .request(&subjects::request(SERVICE, to), BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(30))
             .await
-            .map_err(|e| Refusal(ErrorCode::ServiceUnavailable, format!("the {to} service did not answer: {e}")))?;
-        atasira_contracts::decode_written::<Resp>(&bytes).map_err(internal)
+            .map_err(|e| Refusal::new(ErrorCode::ServiceUnavailable, format!("the {to} service did not answer: {e}")))?;
+        atasira_contracts::decode_written::<Resp>(&bytes).map_err(Refusal::internal)
     }
 
     async fn release(&self, principal: &Principal, box_type: &str, draft_id: &str, reason: &str) {
         let request = v1::ReleaseReservation { box_type: box_type.into(), draft_id: draft_id.into(), reason: reason.into() };
-        if let Err(Refusal(_, m)) | Ok(Err(v1::ErrorReply { message: m, .. })) = self.call::<_, v1::Ack>(subjects::RUNTIME_REGISTRY, principal, &request).await.map(|r| r.map(|_| ())) {
+        if let Err(Refusal { message: m, .. }) | Ok(Err(v1::ErrorReply { message: m, .. })) = self.call::<_, v1::Ack>(subjects::RUNTIME_REGISTRY, principal, &request).await.map(|r| r.map(|_| ())) {
             tracing::warn!(draft_id, error = m, "could not release the reservation; it lapses at its deadline");
         }
     }
@@ -181,7 +160,7 @@ impl Service {
             let now = chrono::Utc::now();
             let reserve = v1::ReserveBoxType { box_type: box_type.clone(), draft_id: draft_id.to_owned(), deadline_unix: (now + ACTIVATION_WINDOW).timestamp() };
             if let Err(e) = self.call::<_, v1::Ack>(subjects::RUNTIME_REGISTRY, &principal, &reserve).await? {
-                return Err(Refusal(ErrorCode::parse(&e.code).unwrap_or(ErrorCode::Internal), e.message));
+                return Err(Refusal::new(ErrorCode::parse(&e.code).unwrap_or(ErrorCode::Internal), e.message));
             }
             atasira_platform::failpoint("approval-after-reservation");
             // (2) Record the decision once, with the token.
@@ -193,28 +172,28 @@ impl Service {
                 Err(e) => {
                     // A losing decision gives its reservation back, unless the winner was an
                     // approval: the reservation (same draft) is then the winner's.
-                    let now_decided: Draft = self.rt.db.load(draft_id).await.map_err(internal)?;
+                    let now_decided: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
                     if now_decided.data.as_ref().is_none_or(|d| d.status != DraftStatus::Approved) {
                         self.release(&principal, &box_type, draft_id, "decision lost").await;
                     }
                     return Err(match e {
                         cqrs_es::AggregateError::UserError(e) => e.into(),
-                        cqrs_es::AggregateError::AggregateConflict => Refusal(ErrorCode::DraftNotPending, "another decision on this draft was recorded first".into()),
-                        other => internal(other),
+                        cqrs_es::AggregateError::AggregateConflict => Refusal::new(ErrorCode::DraftNotPending, "another decision on this draft was recorded first"),
+                        other => Refusal::internal(other),
                     });
                 }
             }
             self.rt.notify_committed();
             atasira_platform::failpoint("approval-after-decision");
         }
-        if let Some((id, p)) = self.rt.db.last_event("draft", draft_id).await.map_err(internal)? {
+        if let Some((id, p)) = self.rt.db.last_event("draft", draft_id).await.map_err(Refusal::internal)? {
             event_ids.push(id);
             position = p;
         }
         // (3) Activation is the registry's, driven by the recorded event; wait for it.
         let wait = v1::AwaitActivation { draft_id: draft_id.to_owned(), timeout_ms: u32::try_from(self.config.activation_wait.as_millis()).unwrap_or(u32::MAX) };
-        let reloaded: Draft = self.rt.db.load(draft_id).await.map_err(internal)?;
-        let decided = reloaded.data.and_then(|d| d.decision).ok_or_else(|| internal("decision not readable"))?;
+        let reloaded: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
+        let decided = reloaded.data.and_then(|d| d.decision).ok_or_else(|| Refusal::internal("decision not readable"))?;
         let mut body = json!({
             "draft_id": draft_id,
             "status": "approved",
@@ -225,7 +204,7 @@ impl Service {
         });
         match self.call::<_, v1::BoxReply>(subjects::RUNTIME_REGISTRY, &principal, &wait).await? {
             Ok((b, p, ids)) => {
-                let view: Value = serde_json::from_slice(&b.box_json).map_err(internal)?;
+                let view: Value = serde_json::from_slice(&b.box_json).map_err(Refusal::internal)?;
                 body["status"] = Value::from("active");
                 body["box_id"] = view["box_id"].clone();
                 event_ids.extend(ids);
@@ -242,11 +221,11 @@ impl Service {
         let command = DraftCommand::Reject { by: principal.clone(), reason, at: chrono::Utc::now() };
         self.drafts.execute(draft_id, command, HashMap::new()).await.map_err(|e| match e {
             cqrs_es::AggregateError::UserError(e) => e.into(),
-            cqrs_es::AggregateError::AggregateConflict => Refusal(ErrorCode::DraftNotPending, "another decision on this draft was recorded first".into()),
-            other => internal(other),
+            cqrs_es::AggregateError::AggregateConflict => Refusal::new(ErrorCode::DraftNotPending, "another decision on this draft was recorded first"),
+            other => Refusal::internal(other),
         })?;
         self.rt.notify_committed();
-        let (event_id, position) = self.rt.db.last_event("draft", draft_id).await.map_err(internal)?.ok_or_else(|| internal("no event"))?;
+        let (event_id, position) = self.rt.db.last_event("draft", draft_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
         let body = json!({"draft_id": draft_id, "status": "rejected"});
         Ok(reply_written(&v1::DecisionReply { body_json: body.to_string().into_bytes() }, position, vec![event_id]))
     }

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use atasira_contracts::subjects;
 use atasira_contracts::v1;
-use atasira_contracts::{payload, reply_error, reply_ok, Envelope, Named, Reply};
+use atasira_contracts::{payload, reply_ok, Envelope, Named, Reply};
 use atasira_domain::audit::AuditKeys;
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::service as platform_service;
+use atasira_platform::service::{self as platform_service, Refusal};
 use atasira_platform::projection as proj;
 use atasira_platform::Runtime;
 use tokio::sync::watch;
@@ -51,9 +51,6 @@ impl AuditConfig {
     }
 }
 
-/// A refusal on its way to the wire.
-struct Refusal(ErrorCode, String);
-
 struct Service {
     rt: Runtime,
     keys: Arc<AuditKeys>,
@@ -68,7 +65,7 @@ pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<boo
         let service = service.clone();
         platform_service::serve(&rt, SERVICE, move |env| {
             let service = service.clone();
-            async move { service.handle(env).await }
+            async move { service.dispatch(&env).await }
         })
         .await?
     };
@@ -121,65 +118,53 @@ async fn record_checkpoint(rt: &Runtime, keys: &AuditKeys) {
 }
 
 impl Service {
-    async fn handle(&self, env: Envelope) -> Reply {
-        match self.dispatch(&env).await {
-            Ok(reply) => reply,
-            Err(Refusal(code, message)) => reply_error(code, message, None),
-        }
-    }
-
     fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        platform_service::verify_principal(&self.rt, env).map_err(|(code, message)| Refusal(code, message))
+        platform_service::verify_principal(&self.rt, env)
     }
 
     /// R-AUDIT-2, R-AUDIT-3: the ledger is for admins only.
     fn admin(&self, env: &Envelope, what: &str) -> Result<Principal, Refusal> {
         let principal = self.principal(env)?;
         if !principal.is_admin() {
-            return Err(Refusal(ErrorCode::Forbidden, format!("{what} needs role admin")));
+            return Err(Refusal::new(ErrorCode::Forbidden, format!("{what} needs role admin")));
         }
         Ok(principal)
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let bad = |e: atasira_contracts::WireError| Refusal(e.code(), e.to_string());
-        let internal = |e: anyhow::Error| {
-            tracing::error!(error = %e, "audit service failure");
-            Refusal(ErrorCode::Internal, "internal failure; retry".into())
-        };
         match env.message_type.as_str() {
             v1::WaitForPosition::NAME => {
-                let w: v1::WaitForPosition = payload(env).map_err(bad)?;
-                let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(internal)?;
+                let w: v1::WaitForPosition = payload(env)?;
+                let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&v1::WaitForPositionReply { lagging }, 0))
             }
             v1::QueryAudit::NAME => {
                 self.admin(env, "reading the audit ledger")?;
-                let q: v1::QueryAudit = payload(env).map_err(bad)?;
+                let q: v1::QueryAudit = payload(env)?;
                 let since = match q.since.as_str() {
                     "" => None,
                     text => Some(
                         chrono::DateTime::parse_from_rfc3339(text)
-                            .map_err(|e| Refusal(ErrorCode::InvalidRequest, format!("since must be an RFC 3339 time: {e}")))?
+                            .map_err(|e| Refusal::new(ErrorCode::InvalidRequest, format!("since must be an RFC 3339 time: {e}")))?
                             .with_timezone(&chrono::Utc),
                     ),
                 };
                 let after_seq: i64 = match q.cursor.as_str() {
                     "" => 0,
-                    text => text.parse().map_err(|_| Refusal(ErrorCode::InvalidRequest, format!("bad cursor {text:?}")))?,
+                    text => text.parse().map_err(|_| Refusal::new(ErrorCode::InvalidRequest, format!("bad cursor {text:?}")))?,
                 };
-                let (rows, next_cursor) = ledger::page(&self.rt.db, &q.action, &q.target, since, q.limit, after_seq).await.map_err(internal)?;
-                let rows_json = rows.iter().map(serde_json::to_vec).collect::<Result<Vec<_>, _>>().map_err(|e| internal(e.into()))?;
+                let (rows, next_cursor) = ledger::page(&self.rt.db, &q.action, &q.target, since, q.limit, after_seq).await.map_err(Refusal::internal)?;
+                let rows_json = rows.iter().map(serde_json::to_vec).collect::<Result<Vec<_>, _>>().map_err(Refusal::internal)?;
                 Ok(reply_ok(&v1::AuditPage { rows_json, next_cursor }, 0))
             }
             v1::VerifyAudit::NAME => {
                 self.admin(env, "verifying the audit ledger")?;
-                let _: v1::VerifyAudit = payload(env).map_err(bad)?;
-                let verification = ledger::verify(&self.rt.db, &self.keys).await.map_err(internal)?;
-                let result_json = serde_json::to_vec(&verification).map_err(|e| internal(e.into()))?;
+                let _: v1::VerifyAudit = payload(env)?;
+                let verification = ledger::verify(&self.rt.db, &self.keys).await.map_err(Refusal::internal)?;
+                let result_json = serde_json::to_vec(&verification).map_err(Refusal::internal)?;
                 Ok(reply_ok(&v1::VerifyReply { result_json }, 0))
             }
-            other => Err(Refusal(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
+            other => Err(Refusal::new(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
         }
     }
 }

@@ -50,6 +50,12 @@ impl WireError {
     }
 }
 
+impl atasira_domain::Refusing for WireError {
+    fn error_code(&self) -> ErrorCode {
+        self.code()
+    }
+}
+
 /// Wraps `payload` into an envelope.
 pub fn envelope<M: Named>(payload: &M, correlation_id: &str, idempotency_key: &str, assertion: Option<&DomainAssertion>) -> Envelope {
     Envelope {

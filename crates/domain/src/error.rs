@@ -30,6 +30,27 @@ pub fn joined(errors: &[FieldError]) -> String {
     errors.iter().map(FieldError::to_string).collect::<Vec<_>>().join("; ")
 }
 
+/// A refusal that carries one of the spec's codes: what every transport needs to answer
+/// it (the code, the message, optional details).
+pub trait Refusing: std::fmt::Display {
+    fn error_code(&self) -> ErrorCode;
+    fn details(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// Implements [`Refusing`] for error enums that have an inherent `code()`.
+macro_rules! refusing_via_code {
+    ($($t:ty),+ $(,)?) => {
+        $(impl $crate::error::Refusing for $t {
+            fn error_code(&self) -> $crate::error::ErrorCode {
+                self.code()
+            }
+        })+
+    };
+}
+pub(crate) use refusing_via_code;
+
 /// The spec's error codes (`{"error": code}`), with their HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -21,7 +21,24 @@ pub mod token;
 pub mod aggregates;
 
 pub use box_type::BoxType;
-pub use error::{ErrorCode, FieldError};
+pub use error::{ErrorCode, FieldError, Refusing};
 pub use manifest::BoxManifest;
 pub use os_operation::OSOperation;
 pub use principal::{Kind, Principal, Role};
+
+error::refusing_via_code!(
+    aggregates::draft::DraftError,
+    aggregates::boxes::BoxError,
+    aggregates::namespace::NamespaceError,
+    policy::MentorEditError,
+    policy::ConfigEditError,
+);
+
+impl Refusing for draft_request::DraftRequestError {
+    fn error_code(&self) -> ErrorCode {
+        self.code()
+    }
+    fn details(&self) -> Option<serde_json::Value> {
+        draft_request::DraftRequestError::details(self)
+    }
+}

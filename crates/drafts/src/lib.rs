@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use atasira_contracts::subjects;
 use atasira_contracts::v1;
-use atasira_contracts::{payload, reply_error, reply_ok, reply_written, Envelope, Named, Reply};
-use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError};
+use atasira_contracts::{payload, reply_ok, reply_written, Envelope, Named, Reply};
+use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::service as platform_service;
+use atasira_platform::service::{self as platform_service, Refusal};
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::Runtime;
 
@@ -27,15 +27,6 @@ pub use projection::DraftsView;
 pub const SERVICE: &str = subjects::DRAFTS;
 /// Aggregate types whose events this service appends and relays.
 pub const AGGREGATE_TYPES: &[&str] = &["draft"];
-
-/// A refusal on its way to the wire.
-struct Refusal(ErrorCode, String, Option<serde_json::Value>);
-
-impl From<DraftError> for Refusal {
-    fn from(e: DraftError) -> Self {
-        Refusal(e.code(), e.to_string(), None)
-    }
-}
 
 struct Service {
     rt: Runtime,
@@ -70,7 +61,7 @@ pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch
         let service = service.clone();
         platform_service::serve(&rt, SERVICE, move |env| {
             let service = service.clone();
-            async move { service.handle(env).await }
+            async move { service.dispatch(&env).await }
         })
         .await?
     };
@@ -108,67 +99,55 @@ async fn sweep_expired(service: Arc<Service>, config: DraftsConfig, mut shutdown
 }
 
 impl Service {
-    async fn handle(&self, env: Envelope) -> Reply {
-        match self.dispatch(&env).await {
-            Ok(reply) => reply,
-            Err(Refusal(code, message, details)) => reply_error(code, message, details.as_ref()),
-        }
-    }
-
     fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        platform_service::verify_principal(&self.rt, env).map_err(|(code, message)| Refusal(code, message, None))
+        platform_service::verify_principal(&self.rt, env)
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let bad = |e: atasira_contracts::WireError| Refusal(e.code(), e.to_string(), None);
-        let internal = |e: anyhow::Error| {
-            tracing::error!(error = %e, "drafts service failure");
-            Refusal(ErrorCode::Internal, "internal failure; retry".into(), None)
-        };
         if env.message_type == v1::WaitForPosition::NAME {
-            let w: v1::WaitForPosition = payload(env).map_err(bad)?;
-            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(internal)?;
+            let w: v1::WaitForPosition = payload(env)?;
+            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(Refusal::internal)?;
             return Ok(reply_ok(&v1::WaitForPositionReply { lagging }, 0));
         }
         let principal = self.principal(env)?;
         match env.message_type.as_str() {
             v1::SubmitDraft::NAME => {
-                let req: v1::SubmitDraft = payload(env).map_err(bad)?;
+                let req: v1::SubmitDraft = payload(env)?;
                 self.submit(principal, &req.request_json, env).await
             }
             v1::ListPendingDrafts::NAME => {
                 if !principal.is_admin() {
-                    return Err(Refusal(ErrorCode::Forbidden, "listing pending drafts needs role admin".into(), None));
+                    return Err(Refusal::new(ErrorCode::Forbidden, "listing pending drafts needs role admin"));
                 }
-                let req: v1::ListPendingDrafts = payload(env).map_err(bad)?;
-                let (drafts, next) = projection::list(&self.rt.db, Some("pending_approval"), None, req.limit, &req.cursor).await.map_err(internal)?;
+                let req: v1::ListPendingDrafts = payload(env)?;
+                let (drafts, next) = projection::list(&self.rt.db, Some("pending_approval"), None, req.limit, &req.cursor).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&v1::PendingDraftsReply { drafts_json: drafts, next_cursor: next }, 0))
             }
             v1::ListMyDrafts::NAME => {
-                let req: v1::ListMyDrafts = payload(env).map_err(bad)?;
-                let (drafts, next) = projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, &req.cursor).await.map_err(internal)?;
+                let req: v1::ListMyDrafts = payload(env)?;
+                let (drafts, next) = projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, &req.cursor).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&v1::PendingDraftsReply { drafts_json: drafts, next_cursor: next }, 0))
             }
             v1::WithdrawDraft::NAME => {
-                let req: v1::WithdrawDraft = payload(env).map_err(bad)?;
+                let req: v1::WithdrawDraft = payload(env)?;
                 self.withdraw(principal, &req.draft_id).await
             }
             v1::GetDraft::NAME => {
-                let req: v1::GetDraft = payload(env).map_err(bad)?;
-                let found = projection::get(&self.rt.db, &req.draft_id).await.map_err(internal)?;
+                let req: v1::GetDraft = payload(env)?;
+                let found = projection::get(&self.rt.db, &req.draft_id).await.map_err(Refusal::internal)?;
                 match found {
                     Some((requested_by, json)) if principal.is_admin() || requested_by == principal.user_id => Ok(reply_ok(&v1::DraftReply { draft_json: json }, 0)),
                     // Not the requester: indistinguishable from absent, so ids do not leak.
-                    _ => Err(Refusal(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id), None)),
+                    _ => Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id))),
                 }
             }
-            other => Err(Refusal(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"), None)),
+            other => Err(Refusal::new(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
         }
     }
 
     async fn submit(&self, principal: Principal, body: &[u8], env: &Envelope) -> Result<Reply, Refusal> {
-        let request = BoxDraftCreateRequest::from_json_bytes(body).map_err(|e| Refusal(e.code(), e.to_string(), e.details()))?;
-        let plan = request.plan().map_err(|e| Refusal(e.code(), e.to_string(), e.details()))?;
+        let request = BoxDraftCreateRequest::from_json_bytes(body)?;
+        let plan = request.plan()?;
         let draft_id = uuid::Uuid::new_v4().to_string();
         let reply = v1::SubmitDraftReply {
             draft_id: draft_id.clone(),
@@ -186,29 +165,29 @@ impl Service {
             cqrs_es::AggregateError::UserError(e) => Refusal::from(e),
             other => {
                 tracing::error!(error = %other, "failed to commit a draft");
-                Refusal(ErrorCode::Internal, "the draft could not be stored; retry".into(), None)
+                Refusal::new(ErrorCode::Internal, "the draft could not be stored; retry")
             }
         })?;
         atasira_platform::failpoint("drafts-after-commit");
-        let (event_id, position) = self.rt.db.last_event("draft", &draft_id).await.ok().flatten().ok_or_else(|| Refusal(ErrorCode::Internal, "the committed draft is not readable".into(), None))?;
+        let (event_id, position) = self.rt.db.last_event("draft", &draft_id).await.ok().flatten().ok_or_else(|| Refusal::new(ErrorCode::Internal, "the committed draft is not readable"))?;
         self.rt.notify_committed();
         Ok(reply_written(&reply, position, vec![event_id]))
     }
 
     /// R-DRAFT-13: the requester withdraws a pending draft.
     async fn withdraw(&self, principal: Principal, draft_id: &str) -> Result<Reply, Refusal> {
-        let draft: Draft = self.rt.db.load(draft_id).await.map_err(|e| Refusal(ErrorCode::Internal, e.to_string(), None))?;
+        let draft: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
         // Someone else's draft is indistinguishable from no draft.
         if draft.data.as_ref().is_none_or(|d| d.requested_by.user_id != principal.user_id && !principal.is_admin()) {
-            return Err(Refusal(ErrorCode::DraftNotFound, format!("no draft {draft_id:?} visible to you"), None));
+            return Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {draft_id:?} visible to you")));
         }
         let command = DraftCommand::Withdraw { by: principal, at: chrono::Utc::now() };
         self.cqrs.execute(draft_id, command, HashMap::new()).await.map_err(|e| match e {
             cqrs_es::AggregateError::UserError(e) => Refusal::from(e),
-            cqrs_es::AggregateError::AggregateConflict => Refusal(ErrorCode::DraftNotPending, "the draft changed meanwhile".into(), None),
-            other => Refusal(ErrorCode::Internal, other.to_string(), None),
+            cqrs_es::AggregateError::AggregateConflict => Refusal::new(ErrorCode::DraftNotPending, "the draft changed meanwhile"),
+            other => Refusal::internal(other),
         })?;
-        let (event_id, position) = self.rt.db.last_event("draft", draft_id).await.ok().flatten().ok_or_else(|| Refusal(ErrorCode::Internal, "the draft is not readable".into(), None))?;
+        let (event_id, position) = self.rt.db.last_event("draft", draft_id).await.ok().flatten().ok_or_else(|| Refusal::new(ErrorCode::Internal, "the draft is not readable"))?;
         self.rt.notify_committed();
         let body = serde_json::json!({"draft_id": draft_id, "status": "withdrawn"});
         Ok(reply_written(&v1::DraftReply { draft_json: body.to_string().into_bytes() }, position, vec![event_id]))

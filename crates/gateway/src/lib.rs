@@ -100,9 +100,9 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
     // `$SRV.PING` finds the gateway too. It has no read models of its own.
     let endpoint = atasira_platform::service::serve(&rt, subjects::GATEWAY, |env| async move {
         if env.message_type == v1::WaitForPosition::NAME {
-            atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] }, 0)
+            Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] }, 0))
         } else {
-            atasira_contracts::reply_error(ErrorCode::InvalidRequest, "the gateway serves HTTP; over NATS it only answers WaitForPosition", None)
+            Err(atasira_platform::service::Refusal::new(ErrorCode::InvalidRequest, "the gateway serves HTTP; over NATS it only answers WaitForPosition"))
         }
     })
     .await?;

@@ -6,18 +6,49 @@ use std::future::Future;
 use std::sync::Arc;
 
 use atasira_contracts::{reply_error, Envelope, Reply};
-use atasira_domain::{ErrorCode, Principal};
+use atasira_domain::{ErrorCode, Principal, Refusing};
 use prost::Message as _;
 
 use crate::bus::{Endpoint, Handler, Message};
 use crate::Runtime;
 
+/// A typed refusal on its way to the wire (the spec's code, a message, optional details).
+#[derive(Debug)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+    pub details: Option<serde_json::Value>,
+}
+
+impl Refusal {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), details: None }
+    }
+
+    /// A failure of ours: logged with its cause, answered without it.
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %e, "service failure");
+        Self::new(ErrorCode::Internal, "internal failure; retry")
+    }
+
+    pub fn into_reply(self) -> Reply {
+        reply_error(self.code, self.message, self.details.as_ref())
+    }
+}
+
+/// Every coded domain or wire error converts with `?`.
+impl<E: Refusing> From<E> for Refusal {
+    fn from(e: E) -> Self {
+        Self { code: e.error_code(), message: e.to_string(), details: e.details() }
+    }
+}
+
 /// Serves `service`'s requests with `dispatch`; undecodable envelopes are answered with a
-/// typed error before `dispatch` sees them.
+/// typed error before `dispatch` sees them, and refusals become error replies.
 pub async fn serve<F, Fut>(rt: &Runtime, service: &'static str, dispatch: F) -> anyhow::Result<Endpoint>
 where
     F: Fn(Envelope) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Reply> + Send + 'static,
+    Fut: Future<Output = Result<Reply, Refusal>> + Send + 'static,
 {
     let dispatch = Arc::new(dispatch);
     let handler: Handler = Arc::new(move |msg: Message| {
@@ -27,8 +58,8 @@ where
         Box::pin(tracing::Instrument::instrument(
             async move {
                 let reply = match atasira_contracts::decode_envelope(&msg.payload) {
-                    Ok(env) => dispatch(env).await,
-                    Err(e) => reply_error(e.code(), e.to_string(), None),
+                    Ok(env) => dispatch(env).await.unwrap_or_else(Refusal::into_reply),
+                    Err(e) => Refusal::from(e).into_reply(),
                 };
                 reply.encode_to_vec().into()
             },
@@ -43,12 +74,13 @@ where
 
 /// R-ARCH-3: the principal only counts with a valid assertion bound to this request's
 /// correlation id; anything else is `unauthenticated`.
-pub fn verify_principal(rt: &Runtime, env: &Envelope) -> Result<Principal, (ErrorCode, String)> {
-    let wire = env.assertion.as_ref().ok_or_else(|| (ErrorCode::Unauthenticated, "the request carries no principal assertion".to_owned()))?;
-    let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| (ErrorCode::Unauthenticated, e.to_string()))?;
+pub fn verify_principal(rt: &Runtime, env: &Envelope) -> Result<Principal, Refusal> {
+    let unauthenticated = |m: String| Refusal::new(ErrorCode::Unauthenticated, m);
+    let wire = env.assertion.as_ref().ok_or_else(|| unauthenticated("the request carries no principal assertion".to_owned()))?;
+    let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| unauthenticated(e.to_string()))?;
     rt.assertion_keys
         .verify(&assertion, &env.correlation_id, chrono::Utc::now())
-        .map_err(|e| (ErrorCode::Unauthenticated, format!("invalid principal assertion: {}", e.reason())))
+        .map_err(|e| unauthenticated(format!("invalid principal assertion: {}", e.reason())))
 }
 
 /// Resolves once `shutdown` is true (or its sender is gone, which means the same).

@@ -131,7 +131,7 @@ pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiv
         let db = rt.db.clone();
         platform_service::serve(&rt, SERVICE, move |env| {
             let db = db.clone();
-            async move { answer(&db, env).await }
+            async move { Ok(answer(&db, env).await) }
         })
         .await?
     };

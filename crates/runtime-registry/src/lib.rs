@@ -14,13 +14,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::{payload, reply_error, reply_ok, reply_written, subjects, v1, Envelope, Named, Reply};
-use atasira_domain::aggregates::boxes::{box_id_for, BoxAggregate, BoxCommand, BoxError, BoxRole};
+use atasira_contracts::{payload, reply_ok, reply_written, subjects, v1, Envelope, Named, Reply};
+use atasira_domain::aggregates::boxes::{box_id_for, BoxAggregate, BoxCommand, BoxRole};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NamespaceCommand, NamespaceError, NAMESPACE_ID};
 use atasira_domain::token::{Keyring, PublicKeyEntry};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::db::Cqrs;
-use atasira_platform::service as platform_service;
+use atasira_platform::service::{self as platform_service, Refusal};
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::Runtime;
 use prost::Message as _;
@@ -95,25 +95,6 @@ pub(crate) struct Registry {
 /// The projections read-your-writes waits for, with what they read.
 const READ_MODELS: &[(&str, &[&str])] = &[(activation::NAME, &["draft"]), (views::BOXES, views::BOXES_READS), (views::MANIFESTS, views::MANIFESTS_READS)];
 
-struct Refusal(ErrorCode, String);
-
-impl From<NamespaceError> for Refusal {
-    fn from(e: NamespaceError) -> Self {
-        Refusal(e.code(), e.to_string())
-    }
-}
-
-impl From<BoxError> for Refusal {
-    fn from(e: BoxError) -> Self {
-        Refusal(e.code(), e.to_string())
-    }
-}
-
-fn internal(e: impl std::fmt::Display) -> Refusal {
-    tracing::error!(error = %e, "registry failure");
-    Refusal(ErrorCode::Internal, "internal failure; retry".into())
-}
-
 /// The registry's projections (for `atasira projections rebuild`).
 pub fn projections(config: &RegistryConfig) -> Vec<Arc<dyn Projection>> {
     vec![Arc::new(BoxesView), Arc::new(ManifestFiles { manifests_dir: config.manifests_dir.clone() })]
@@ -141,7 +122,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         let registry = registry.clone();
         platform_service::serve(&rt, SERVICE, move |env| {
             let registry = registry.clone();
-            async move { registry.handle(env).await }
+            async move { registry.dispatch(&env).await }
         })
         .await?
     };
@@ -183,100 +164,92 @@ impl Registry {
         Err(NamespaceError::BoxTypeExists("namespace busy; retry".into()))
     }
 
-    async fn handle(&self, env: Envelope) -> Reply {
-        match self.dispatch(&env).await {
-            Ok(r) => r,
-            Err(Refusal(code, message)) => reply_error(code, message, None),
-        }
-    }
-
     fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        platform_service::verify_principal(&self.rt, env).map_err(|(code, message)| Refusal(code, message))
+        platform_service::verify_principal(&self.rt, env)
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let bad = |e: atasira_contracts::WireError| Refusal(e.code(), e.to_string());
         if env.message_type == v1::WaitForPosition::NAME {
-            let w: v1::WaitForPosition = payload(env).map_err(bad)?;
-            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(internal)?;
+            let w: v1::WaitForPosition = payload(env)?;
+            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(Refusal::internal)?;
             return Ok(reply_ok(&v1::WaitForPositionReply { lagging }, 0));
         }
         let principal = self.principal(env)?;
         match env.message_type.as_str() {
             v1::ReserveBoxType::NAME => {
-                let r: v1::ReserveBoxType = payload(env).map_err(bad)?;
+                let r: v1::ReserveBoxType = payload(env)?;
                 if !principal.is_human_admin() {
-                    return Err(Refusal(ErrorCode::Forbidden, "only a human admin's approval reserves a box_type".into()));
+                    return Err(Refusal::new(ErrorCode::Forbidden, "only a human admin's approval reserves a box_type"));
                 }
-                let foreign = views::foreign_file(&self.rt.db, &self.config.manifests_dir, &r.box_type).await.map_err(internal)?;
-                let deadline = chrono::DateTime::from_timestamp(r.deadline_unix, 0).ok_or_else(|| Refusal(ErrorCode::InvalidRequest, "bad deadline".into()))?;
+                let foreign = views::foreign_file(&self.rt.db, &self.config.manifests_dir, &r.box_type).await.map_err(Refusal::internal)?;
+                let deadline = chrono::DateTime::from_timestamp(r.deadline_unix, 0).ok_or_else(|| Refusal::new(ErrorCode::InvalidRequest, "bad deadline"))?;
                 let command = NamespaceCommand::Reserve { box_type: r.box_type, draft_id: r.draft_id, now: chrono::Utc::now(), deadline, max_boxes: self.config.max_boxes, foreign_manifest_file: foreign };
                 self.namespace(command).await?;
                 Ok(reply_ok(&v1::Ack {}, 0))
             }
             v1::ReleaseReservation::NAME => {
-                let r: v1::ReleaseReservation = payload(env).map_err(bad)?;
+                let r: v1::ReleaseReservation = payload(env)?;
                 if !principal.is_human_admin() {
-                    return Err(Refusal(ErrorCode::Forbidden, "only the approval path releases reservations".into()));
+                    return Err(Refusal::new(ErrorCode::Forbidden, "only the approval path releases reservations"));
                 }
                 self.namespace(NamespaceCommand::Release { box_type: r.box_type, draft_id: r.draft_id, reason: r.reason }).await?;
                 Ok(reply_ok(&v1::Ack {}, 0))
             }
             v1::AwaitActivation::NAME => {
-                let r: v1::AwaitActivation = payload(env).map_err(bad)?;
+                let r: v1::AwaitActivation = payload(env)?;
                 let box_id = box_id_for(&r.draft_id);
                 let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(r.timeout_ms.min(30_000)));
                 loop {
-                    if let Some(view) = views::get(&self.rt.db, &self.config.manifests_dir, &box_id).await.map_err(internal)? {
-                        let event = self.rt.db.last_event("box", &box_id).await.map_err(internal)?;
+                    if let Some(view) = views::get(&self.rt.db, &self.config.manifests_dir, &box_id).await.map_err(Refusal::internal)? {
+                        let event = self.rt.db.last_event("box", &box_id).await.map_err(Refusal::internal)?;
                         let (ids, position) = event.map(|(id, p)| (vec![id], p)).unwrap_or_default();
                         return Ok(reply_written(&v1::BoxReply { box_json: view.to_string().into_bytes() }, position, ids));
                     }
                     if tokio::time::Instant::now() >= deadline {
-                        return Err(Refusal(ErrorCode::ServiceUnavailable, "the Box is not active yet; its activation is still running".into()));
+                        return Err(Refusal::new(ErrorCode::ServiceUnavailable, "the Box is not active yet; its activation is still running"));
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
             v1::ListBoxes::NAME => {
-                let boxes = views::list(&self.rt.db).await.map_err(internal)?;
+                let boxes = views::list(&self.rt.db).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&v1::BoxesReply { boxes_json: boxes.iter().map(|b| b.to_string().into_bytes()).collect() }, 0))
             }
             v1::GetBox::NAME => {
-                let r: v1::GetBox = payload(env).map_err(bad)?;
+                let r: v1::GetBox = payload(env)?;
                 let view = self.view(&r.box_id).await?;
                 Ok(reply_ok(&v1::BoxReply { box_json: view.to_string().into_bytes() }, 0))
             }
             v1::AssignUser::NAME => {
-                let r: v1::AssignUser = payload(env).map_err(bad)?;
+                let r: v1::AssignUser = payload(env)?;
                 let role = match r.role_in_box.as_str() {
                     "primary" => BoxRole::Primary,
                     "member" => BoxRole::Member,
-                    other => return Err(Refusal(ErrorCode::InvalidRequest, format!("role_in_box {other:?}: use primary or member"))),
+                    other => return Err(Refusal::new(ErrorCode::InvalidRequest, format!("role_in_box {other:?}: use primary or member"))),
                 };
                 if r.user_id.trim().is_empty() {
-                    return Err(Refusal(ErrorCode::InvalidRequest, "user_id must not be empty".into()));
+                    return Err(Refusal::new(ErrorCode::InvalidRequest, "user_id must not be empty"));
                 }
                 self.exists(&r.box_id).await?;
                 let command = BoxCommand::AssignUser { by: principal, user_id: r.user_id, role_in_box: role, at: chrono::Utc::now() };
                 self.box_command(&r.box_id, command).await
             }
             v1::BoxAction::NAME => {
-                let r: v1::BoxAction = payload(env).map_err(bad)?;
+                let r: v1::BoxAction = payload(env)?;
                 self.box_action(principal, &r.box_id, &r.action).await
             }
-            other => Err(Refusal(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
+            other => Err(Refusal::new(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
         }
     }
 
     async fn view(&self, box_id: &str) -> Result<Value, Refusal> {
-        views::get(&self.rt.db, &self.config.manifests_dir, box_id).await.map_err(internal)?.ok_or_else(|| Refusal(ErrorCode::BoxNotFound, format!("no Box {box_id:?}")))
+        views::get(&self.rt.db, &self.config.manifests_dir, box_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::new(ErrorCode::BoxNotFound, format!("no Box {box_id:?}")))
     }
 
     async fn exists(&self, box_id: &str) -> Result<BoxAggregate, Refusal> {
-        let b: BoxAggregate = self.rt.db.load(box_id).await.map_err(internal)?;
+        let b: BoxAggregate = self.rt.db.load(box_id).await.map_err(Refusal::internal)?;
         if b.data.is_none() {
-            return Err(Refusal(ErrorCode::BoxNotFound, format!("no Box {box_id:?}")));
+            return Err(Refusal::new(ErrorCode::BoxNotFound, format!("no Box {box_id:?}")));
         }
         Ok(b)
     }
@@ -285,12 +258,12 @@ impl Registry {
     async fn box_command(&self, box_id: &str, command: BoxCommand) -> Result<Reply, Refusal> {
         self.boxes.execute(box_id, command, HashMap::new()).await.map_err(|e| match e {
             cqrs_es::AggregateError::UserError(e) => Refusal::from(e),
-            cqrs_es::AggregateError::AggregateConflict => Refusal(ErrorCode::BoxNotActive, "the Box changed meanwhile; retry".into()),
-            other => internal(other),
+            cqrs_es::AggregateError::AggregateConflict => Refusal::new(ErrorCode::BoxNotActive, "the Box changed meanwhile; retry"),
+            other => Refusal::internal(other),
         })?;
         self.rt.notify_committed();
-        let (event_id, position) = self.rt.db.last_event("box", box_id).await.map_err(internal)?.ok_or_else(|| internal("no event"))?;
-        proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), Duration::from_secs(5)).await.map_err(internal)?;
+        let (event_id, position) = self.rt.db.last_event("box", box_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
+        proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), Duration::from_secs(5)).await.map_err(Refusal::internal)?;
         let view = self.view(box_id).await?;
         Ok(reply_written(&v1::BoxReply { box_json: view.to_string().into_bytes() }, position, vec![event_id]))
     }
@@ -301,7 +274,7 @@ impl Registry {
     /// an interrupted one.
     async fn box_action(&self, principal: Principal, box_id: &str, action: &str) -> Result<Reply, Refusal> {
         if !principal.is_human_admin() {
-            return Err(Refusal(ErrorCode::Forbidden, "stop, resume and archive need role admin and kind human".into()));
+            return Err(Refusal::new(ErrorCode::Forbidden, "stop, resume and archive need role admin and kind human"));
         }
         let current = self.exists(box_id).await?;
         let box_type = current.data.as_ref().map(|d| d.manifest.box_type.to_string()).unwrap_or_default();
@@ -316,7 +289,7 @@ impl Registry {
             }
             "resume" => {
                 if current.data.as_ref().is_some_and(|d| d.state == atasira_domain::aggregates::boxes::BoxState::Archived) {
-                    return Err(Refusal(ErrorCode::BoxNotActive, "the Box is archived".into()));
+                    return Err(Refusal::new(ErrorCode::BoxNotActive, "the Box is archived"));
                 }
                 self.namespace(NamespaceCommand::TakeSlot { box_type, box_id: box_id.to_owned(), now, max_boxes: self.config.max_boxes }).await?;
                 self.box_command(box_id, BoxCommand::Resume { by: principal, at: now }).await
@@ -328,7 +301,7 @@ impl Registry {
                 }
                 reply
             }
-            other => Err(Refusal(ErrorCode::InvalidRequest, format!("unknown action {other:?}"))),
+            other => Err(Refusal::new(ErrorCode::InvalidRequest, format!("unknown action {other:?}"))),
         }
     }
 }
