@@ -97,7 +97,7 @@ struct CommonArgs {
     #[arg(long, env = "ATASIRA_MANIFESTS_DIR")]
     manifests_dir: Option<PathBuf>,
     /// At most this many active Boxes (R-BOX-3).
-    #[arg(long, env = "ATASIRA_MAX_BOXES", default_value_t = 3)]
+    #[arg(long, env = "ATASIRA_MAX_BOXES", default_value_t = atasira_domain::aggregates::namespace::DEFAULT_MAX_BOXES)]
     max_boxes: usize,
     /// Pending drafts expire after this many seconds (R-DRAFT-13; default 7 days).
     #[arg(long, env = "ATASIRA_DRAFT_TTL", default_value_t = 604_800)]

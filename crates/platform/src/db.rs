@@ -281,13 +281,6 @@ impl Db {
         }
     }
 
-    /// The highest position of an aggregate's events (after a command committed them).
-    pub async fn position_of(&self, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<i64> {
-        let sql = format!("SELECT COALESCE(MAX({}), 0) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2", self.position_expr());
-        let row = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).fetch_one(&self.any).await?;
-        Ok(row.try_get::<i64, _>(0)?)
-    }
-
     /// The id and position of an aggregate's latest event.
     pub async fn last_event(&self, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<Option<(String, i64)>> {
         let sql = format!("SELECT sequence, {} FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence DESC LIMIT 1", self.position_expr());

@@ -1,7 +1,7 @@
 //! Config edit (R-EDIT-3; seed 000 §3 box-fulfill): operating parameters change within the
 //! approved capability. Anything that would widen capability needs a new C9 draft.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::{ErrorCode, FieldError};
 use crate::manifest::{BoxManifest, NotifyChannel};
@@ -109,11 +109,6 @@ fn check_channel(channel: &str, old: &NotifyChannel, new: &NotifyChannel) -> Res
         return Err(refuse(format!("notify.{channel}.broadcast"), "broadcast sends to every follower"));
     }
     Ok(())
-}
-
-/// The editable keys a patch touched (for events and audit rows).
-pub fn touched_keys(patch: &Map<String, Value>) -> Vec<String> {
-    patch.keys().cloned().collect()
 }
 
 #[cfg(test)]
