@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use atasira_tests::harness::{in_both_modes, System};
-use serde_json::{json, Value};
+use atasira_tests::harness::{System, in_both_modes};
+use serde_json::{Value, json};
 
 fn sales(box_type: &str) -> Value {
     json!({"box_type": box_type, "name": box_type, "purpose": "週次売上レポートの自動作成", "success_criteria": ["毎週月曜にレポート生成"], "tools": ["Read"], "os_operations": ["file:read"]})
@@ -17,7 +17,14 @@ fn audit_actions(sys: &System) -> Vec<(String, String, String, String)> {
         .as_array()
         .expect("rows")
         .iter()
-        .map(|r| (r["action"].as_str().unwrap_or_default().to_owned(), r["target"].as_str().unwrap_or_default().to_owned(), r["key_id"].as_str().unwrap_or_default().to_owned(), r["mac"].as_str().unwrap_or_default().to_owned()))
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap_or_default().to_owned(),
+                r["target"].as_str().unwrap_or_default().to_owned(),
+                r["key_id"].as_str().unwrap_or_default().to_owned(),
+                r["mac"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
         .collect()
 }
 
@@ -38,7 +45,12 @@ fn one_approval_passes_the_seeds_verification_list() {
         assert!(sys.pending().is_empty());
         // 2. The Box is listed, idle.
         let boxes = sys.get("/api/v1/boxes", &sys.agent);
-        assert_eq!(boxes.body["boxes"], json!([{"box_id": box_id, "box_type": "sales-report", "name": "sales-report", "state": "idle", "manifest_version": "1.0.0", "created_at": approved.body["approved_at"]}]), "{}", boxes.raw);
+        assert_eq!(
+            boxes.body["boxes"],
+            json!([{"box_id": box_id, "box_type": "sales-report", "name": "sales-report", "state": "idle", "manifest_version": "1.0.0", "created_at": approved.body["approved_at"]}]),
+            "{}",
+            boxes.raw
+        );
         // 3. The YAML exists and is the manifest.
         let yaml = std::fs::read_to_string(sys.data_dir().join("manifests/sales-report.yaml")).expect("the manifest file exists");
         assert!(yaml.contains("box_type: sales-report") && yaml.contains("trigger_type: manual"), "{yaml}");
@@ -60,7 +72,11 @@ fn one_approval_passes_the_seeds_verification_list() {
         let assigned = sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &sys.admin, &json!({"user_id": "agent", "role_in_box": "primary"}));
         assert_eq!(assigned.status, 200, "{}", assigned.raw);
         assert_eq!(assigned.body["assignments"], json!([{"user_id": "agent", "role_in_box": "primary"}]));
-        assert_eq!(sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &sys.agent, &json!({"user_id": "x", "role_in_box": "member"})).status, 200, "the Box's primary may assign");
+        assert_eq!(
+            sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &sys.agent, &json!({"user_id": "x", "role_in_box": "member"})).status,
+            200,
+            "the Box's primary may assign"
+        );
         let member = sys.token("carol", "member", "human");
         assert_eq!(sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &member, &json!({"user_id": "y", "role_in_box": "member"})).status, 403);
         // A repeat by the approving admin completes and answers 200 again (R-APPROVE-6).

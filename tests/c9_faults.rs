@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::token::{ApprovalSigner, ApprovalToken};
-use atasira_tests::harness::{in_both_modes, Mode, System};
-use serde_json::{json, Value};
+use atasira_tests::harness::{Mode, System, in_both_modes};
+use serde_json::{Value, json};
 
 fn body(box_type: &str) -> Value {
     json!({"box_type": box_type, "purpose": "p", "tools": ["Read"]})
@@ -48,7 +48,14 @@ fn an_approval_killed_between_its_steps_is_completed_by_a_retry() {
 /// Appends a forged `DraftApproved` straight into the store, as an attacker with database
 /// access (or a bug) would; the registry must refuse to activate on it.
 fn forge(sys: &System, draft_id: &str, token: ApprovalToken) {
-    let event = DraftEvent::DraftApproved { draft_id: draft_id.into(), box_type: token.claims.box_type.clone(), approved_by: "mallory".into(), approved_at: chrono::Utc::now(), confirm_over_limit: false, token };
+    let event = DraftEvent::DraftApproved {
+        draft_id: draft_id.into(),
+        box_type: token.claims.box_type.clone(),
+        approved_by: "mallory".into(),
+        approved_at: chrono::Utc::now(),
+        confirm_over_limit: false,
+        token,
+    };
     let payload = serde_json::to_string(&event).expect("json").replace('\'', "''");
     let values = match sys.mode {
         Mode::Embedded => format!("'{payload}', '{{}}'"),
@@ -135,7 +142,12 @@ fn a_losing_approve_does_not_release_the_winners_reservation() {
         let answers = [a.join().expect("thread"), b.join().expect("thread")];
         (answers.into_iter().find(|x| x.status == 200).expect("one approve wins"), third)
     });
-    assert_eq!((third.status, third.body["error"].as_str()), (409, Some("box_limit_reached")), "the contested draft's reservation still holds the slot: {}", third.raw);
+    assert_eq!(
+        (third.status, third.body["error"].as_str()),
+        (409, Some("box_limit_reached")),
+        "the contested draft's reservation still holds the slot: {}",
+        third.raw
+    );
     assert_eq!(winner.body["status"], "active", "{}", winner.raw);
     let boxes = sys.get("/api/v1/boxes", &sys.admin).body["boxes"].as_array().cloned().unwrap_or_default();
     assert!(boxes.iter().any(|b| b["box_type"] == "contested"), "{boxes:?}");

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use atasira_tests::harness::{http, in_both_modes, Mode, System};
-use serde_json::{json, Value};
+use atasira_tests::harness::{Mode, System, http, in_both_modes};
+use serde_json::{Value, json};
 
 fn draft(box_type: &str) -> Value {
     json!({"box_type": box_type, "purpose": "週次売上レポートの自動作成", "success_criteria": ["毎週月曜にレポート生成"], "tools": ["Read"], "os_operations": ["file:read"]})
@@ -28,7 +28,26 @@ fn a_draft_is_pending_and_visible_to_admins_at_once() {
         let item = &pending[0];
         assert_eq!(item["draft_id"], created.body["draft_id"]);
         assert_eq!(item["requested_by"], "agent");
-        for key in ["draft_id", "box_type", "purpose", "os_operations", "tools", "url_allowlist", "prohibited", "over_limit", "over_limit_ops", "over_limit_tools", "warnings", "requested_by", "status", "created_at", "network", "file_access", "allowed_apps", "required_access"] {
+        for key in [
+            "draft_id",
+            "box_type",
+            "purpose",
+            "os_operations",
+            "tools",
+            "url_allowlist",
+            "prohibited",
+            "over_limit",
+            "over_limit_ops",
+            "over_limit_tools",
+            "warnings",
+            "requested_by",
+            "status",
+            "created_at",
+            "network",
+            "file_access",
+            "allowed_apps",
+            "required_access",
+        ] {
             assert!(item.get(key).is_some(), "{key} missing from the pending item {item}");
         }
         assert_eq!(item["purpose"], "週次売上レポートの自動作成\n\n## Success criteria\n- 毎週月曜にレポート生成");
@@ -46,7 +65,11 @@ fn a_draft_is_pending_and_visible_to_admins_at_once() {
 fn over_limit_and_refusals_are_answered_with_the_specs_codes() {
     // R-DRAFT-2, R-DRAFT-3, R-DRAFT-4, R-DRAFT-5, R-DRAFT-8, R-DRAFT-14
     in_both_modes(|sys| {
-        let over = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &json!({"box_type": "ops-bot", "purpose": "p", "os_operations": ["shell:exec"], "tools": ["Bash"]}));
+        let over = sys.post(
+            "/api/v1/boxes/box-drafts",
+            &sys.agent,
+            &json!({"box_type": "ops-bot", "purpose": "p", "os_operations": ["shell:exec"], "tools": ["Bash"]}),
+        );
         assert_eq!(over.status, 201);
         assert_eq!(over.body["over_limit"], true);
         let listed = sys.pending();
@@ -95,7 +118,8 @@ fn idempotency_keys_return_the_first_answer_even_under_concurrency() {
     // R-DRAFT-11
     in_both_modes(|sys| {
         let body = draft("idem").to_string();
-        let send = |key: &str, body: &str| http("POST", &sys.url("/api/v1/boxes/box-drafts"), Some(&sys.agent), &[("Idempotency-Key", key)], Some(body.as_bytes()));
+        let send =
+            |key: &str, body: &str| http("POST", &sys.url("/api/v1/boxes/box-drafts"), Some(&sys.agent), &[("Idempotency-Key", key)], Some(body.as_bytes()));
         let answers: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..8).map(|_| s.spawn(|| send("k-1", &body))).collect();
             handles.into_iter().map(|h| h.join().expect("thread")).collect()
@@ -158,7 +182,23 @@ fn a_hundred_malformed_requests_get_4xx_json_and_change_nothing() {
             "{\"box_type\":\"admin-pm\",\"purpose\":\"p\"}".into(), "{\"box_type\":\"admin-ops\",\"purpose\":\"p\"}".into(), "{\"box_type\":\"\u{00e9}t\u{00e9}\",\"purpose\":\"p\"}".into(),
             big,
         ];
-        let reserved = ["heartbeat", "task", "log", "result", "pause", "resume", "kill", "escalation", "events", "drafts", "approval", "provisioner", "runtime-registry", "audit", "gateway"];
+        let reserved = [
+            "heartbeat",
+            "task",
+            "log",
+            "result",
+            "pause",
+            "resume",
+            "kill",
+            "escalation",
+            "events",
+            "drafts",
+            "approval",
+            "provisioner",
+            "runtime-registry",
+            "audit",
+            "gateway",
+        ];
         for body in &bodies {
             corpus.push((admin.clone(), body.clone().into_bytes()));
         }
@@ -266,7 +306,8 @@ fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
     assert_eq!(issued.status, 200, "{}", issued.raw);
     assert_eq!(issued.body["correlation_id"], "tool-1");
     assert_eq!(issued.body["assertion"]["principal"]["user_id"], "agent");
-    let wire = v1::PrincipalAssertion::decode(hex::decode(issued.body["assertion_protobuf_hex"].as_str().expect("hex")).expect("hex").as_slice()).expect("protobuf");
+    let wire =
+        v1::PrincipalAssertion::decode(hex::decode(issued.body["assertion_protobuf_hex"].as_str().expect("hex")).expect("hex").as_slice()).expect("protobuf");
     assert_eq!(http("POST", &sys.url("/api/v1/auth/nats-assertion"), None, &[], None).status, 401);
 
     let url = sys.nats().url();

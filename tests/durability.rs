@@ -8,7 +8,7 @@ use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::db::Db;
-use atasira_tests::harness::{http, in_both_modes, Mode, System};
+use atasira_tests::harness::{Mode, System, http, in_both_modes};
 use serde_json::json;
 
 #[test]
@@ -57,7 +57,12 @@ fn an_event_committed_while_nats_is_down_is_delivered_when_it_is_back() {
     runtime.block_on(async {
         let db = Db::connect(&url).await.expect("database");
         let plan = BoxDraftCreateRequest::from_value(json!({"box_type": "while-down", "purpose": "p"})).and_then(|r| r.plan()).expect("plan");
-        let command = DraftCommand::Submit { draft_id: "d-while-down".into(), plan, requested_by: Principal::new("agent", Role::Member, Kind::Agent), at: chrono::Utc::now() };
+        let command = DraftCommand::Submit {
+            draft_id: "d-while-down".into(),
+            plan,
+            requested_by: Principal::new("agent", Role::Member, Kind::Agent),
+            at: chrono::Utc::now(),
+        };
         db.cqrs::<Draft>().execute("d-while-down", command, HashMap::new()).await.expect("committed while NATS is down");
     });
     std::thread::sleep(Duration::from_millis(700));

@@ -87,7 +87,10 @@ impl Proc {
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let stderr = Arc::new(Mutex::new(Vec::new()));
-        for (pipe, sink) in [(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), stdout.clone()), (child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), stderr.clone())] {
+        for (pipe, sink) in [
+            (child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), stdout.clone()),
+            (child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), stderr.clone()),
+        ] {
             if let Some(pipe) = pipe {
                 std::thread::spawn(move || {
                     for line in BufReader::new(pipe).lines().map_while(Result::ok) {
@@ -301,12 +304,15 @@ impl System {
             Mode::Cluster => (Some(Nats::start()), Some(Database::create())),
         };
         let internal_key: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
-        let mut sys = System { mode, base_url: String::new(), admin: String::new(), agent: String::new(), dir, nats, database, internal_key, procs: Vec::new() };
+        let mut sys =
+            System { mode, base_url: String::new(), admin: String::new(), agent: String::new(), dir, nats, database, internal_key, procs: Vec::new() };
         sys.start_services(extra_env);
         match mode {
             Mode::Embedded => {
                 let out = sys.procs[0].stdout.lock().expect("lines").clone();
-                let pat = |prefix: &str| out.iter().find_map(|l| l.strip_prefix(prefix)).map(str::to_owned).unwrap_or_else(|| panic!("no {prefix:?} line in {out:?}"));
+                let pat = |prefix: &str| {
+                    out.iter().find_map(|l| l.strip_prefix(prefix)).map(str::to_owned).unwrap_or_else(|| panic!("no {prefix:?} line in {out:?}"))
+                };
                 sys.admin = pat("admin PAT: ");
                 sys.agent = pat("agent PAT: ");
             }

@@ -17,8 +17,5 @@ use std::path::{Path, PathBuf};
 /// Tests run with the package directory (`tests/`) as their working directory, so
 /// every workspace-relative path has to be anchored here rather than on `.`.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

@@ -19,19 +19,8 @@ const DOMAIN_PACKAGE: &str = "atasira-domain";
 /// (normal or build dependencies; dev-dependencies are for its tests only) on a
 /// runtime, a transport, a database driver, a wire format or an event-store adapter.
 /// `cqrs-es` itself is allowed: its `Aggregate` trait is how the domain is shaped.
-const DOMAIN_FORBIDDEN_DEPS: &[&str] = &[
-    "tokio",
-    "async-nats",
-    "sqlx",
-    "prost",
-    "prost-build",
-    "axum",
-    "hyper",
-    "tonic",
-    "reqwest",
-    "postgres-es",
-    "sqlite-es",
-];
+const DOMAIN_FORBIDDEN_DEPS: &[&str] =
+    &["tokio", "async-nats", "sqlx", "prost", "prost-build", "axum", "hyper", "tonic", "reqwest", "postgres-es", "sqlite-es"];
 
 /// Architecture Invariant: services never depend on each other; they talk only over
 /// the bus. The gateway counts as a service here: it too reaches services only over
@@ -48,22 +37,10 @@ const SERVICES: &[(&str, &str)] = &[
 /// Source patterns that hide a test or a missing piece of code. They are assembled
 /// with `concat!` so that this file does not contain them and can be scanned too.
 const FORBIDDEN_PATTERNS: &[(&str, &str)] = &[
-    (
-        concat!("#[", "ignore"),
-        "a test that does not run proves nothing: fix it or delete it",
-    ),
-    (
-        concat!("todo", "!("),
-        "unfinished code panics at run time: return an error instead",
-    ),
-    (
-        concat!("unimplemented", "!("),
-        "unfinished code panics at run time: return an error instead",
-    ),
-    (
-        concat!("#[", "should_panic"),
-        "assert on the returned error (and its kind) instead of expecting a panic",
-    ),
+    (concat!("#[", "ignore"), "a test that does not run proves nothing: fix it or delete it"),
+    (concat!("todo", "!("), "unfinished code panics at run time: return an error instead"),
+    (concat!("unimplemented", "!("), "unfinished code panics at run time: return an error instead"),
+    (concat!("#[", "should_panic"), "assert on the returned error (and its kind) instead of expecting a panic"),
 ];
 
 /// One workspace member as the checks see it.
@@ -146,24 +123,14 @@ fn dependencies(member: &Member, workspace_deps: &Table, kinds: &[DepKind]) -> V
     for (section, table) in tables {
         for (key, value) in table {
             let (package, path) = resolve(key, value, &member.dir, workspace_deps);
-            deps.push(Dep {
-                section: section.clone(),
-                key: key.clone(),
-                package,
-                path,
-            });
+            deps.push(Dep { section: section.clone(), key: key.clone(), package, path });
         }
     }
     deps
 }
 
 /// Resolves one dependency entry to (package name, workspace-relative path).
-fn resolve(
-    key: &str,
-    value: &Value,
-    member_dir: &Path,
-    workspace_deps: &Table,
-) -> (String, Option<PathBuf>) {
+fn resolve(key: &str, value: &Value, member_dir: &Path, workspace_deps: &Table) -> (String, Option<PathBuf>) {
     let Some(entry) = value.as_table() else {
         // `foo = "1"`: a registry dependency on package `foo`.
         return (key.to_owned(), None);
@@ -172,30 +139,15 @@ fn resolve(
     if inherited {
         // Paths in `[workspace.dependencies]` are relative to the workspace root.
         return match workspace_deps.get(key) {
-            Some(Value::Table(ws)) => (
-                package_of(key, ws),
-                ws.get("path")
-                    .and_then(Value::as_str)
-                    .map(|p| normalize(Path::new(p))),
-            ),
+            Some(Value::Table(ws)) => (package_of(key, ws), ws.get("path").and_then(Value::as_str).map(|p| normalize(Path::new(p)))),
             _ => (key.to_owned(), None),
         };
     }
-    (
-        package_of(key, entry),
-        entry
-            .get("path")
-            .and_then(Value::as_str)
-            .map(|p| normalize(&member_dir.join(p))),
-    )
+    (package_of(key, entry), entry.get("path").and_then(Value::as_str).map(|p| normalize(&member_dir.join(p))))
 }
 
 fn package_of(key: &str, entry: &Table) -> String {
-    entry
-        .get("package")
-        .and_then(Value::as_str)
-        .unwrap_or(key)
-        .to_owned()
+    entry.get("package").and_then(Value::as_str).unwrap_or(key).to_owned()
 }
 
 /// Lexical normalization (`crates/drafts/../approval` -> `crates/approval`), so that
@@ -220,14 +172,9 @@ fn normalize(path: &Path) -> PathBuf {
 /// See [`DOMAIN_FORBIDDEN_DEPS`].
 fn check_domain_has_no_io_deps(members: &[Member], workspace_deps: &Table) -> Vec<String> {
     let mut violations = Vec::new();
-    for member in members
-        .iter()
-        .filter(|m| m.package_name() == Some(DOMAIN_PACKAGE))
-    {
+    for member in members.iter().filter(|m| m.package_name() == Some(DOMAIN_PACKAGE)) {
         for dep in dependencies(member, workspace_deps, &[DepKind::Normal, DepKind::Build]) {
-            let forbidden = DOMAIN_FORBIDDEN_DEPS
-                .iter()
-                .find(|name| **name == dep.package || **name == dep.key);
+            let forbidden = DOMAIN_FORBIDDEN_DEPS.iter().find(|name| **name == dep.package || **name == dep.key);
             if let Some(name) = forbidden {
                 violations.push(format!(
                     "{}: {} `{}` pulls in `{name}`; Architecture Invariant: the domain crate does no IO, \
@@ -248,30 +195,21 @@ fn check_domain_has_no_io_deps(members: &[Member], workspace_deps: &Table) -> Ve
 fn check_services_are_independent(members: &[Member], workspace_deps: &Table) -> Vec<String> {
     let service_names: BTreeSet<&str> = SERVICES.iter().map(|(name, _)| *name).collect();
     // The conventional directories, plus wherever a service crate actually lives.
-    let mut service_dirs: BTreeSet<PathBuf> =
-        SERVICES.iter().map(|(_, dir)| PathBuf::from(dir)).collect();
+    let mut service_dirs: BTreeSet<PathBuf> = SERVICES.iter().map(|(_, dir)| PathBuf::from(dir)).collect();
     for member in members {
-        if member
-            .package_name()
-            .is_some_and(|n| service_names.contains(n))
-        {
+        if member.package_name().is_some_and(|n| service_names.contains(n)) {
             service_dirs.insert(normalize(&member.dir));
         }
     }
 
     let mut violations = Vec::new();
-    let services = members
-        .iter()
-        .filter(|m| m.package_name().is_some_and(|n| service_names.contains(n)));
+    let services = members.iter().filter(|m| m.package_name().is_some_and(|n| service_names.contains(n)));
     for member in services {
         let own_dir = normalize(&member.dir);
         let kinds = [DepKind::Normal, DepKind::Build, DepKind::Dev];
         for dep in dependencies(member, workspace_deps, &kinds) {
             let by_name = service_names.contains(dep.package.as_str());
-            let by_path = dep
-                .path
-                .as_ref()
-                .is_some_and(|p| *p != own_dir && service_dirs.contains(p));
+            let by_path = dep.path.as_ref().is_some_and(|p| *p != own_dir && service_dirs.contains(p));
             if by_name || by_path {
                 let target = match &dep.path {
                     Some(path) => format!("`{}` (path {})", dep.package, path.display()),
@@ -298,12 +236,7 @@ fn check_forbidden_patterns(files: &[(PathBuf, String)]) -> Vec<String> {
         for (line_no, line) in text.lines().enumerate() {
             for (pattern, why) in FORBIDDEN_PATTERNS {
                 if line.contains(pattern) {
-                    violations.push(format!(
-                        "{}:{}: `{pattern}`: {why}\n    {}",
-                        path.display(),
-                        line_no + 1,
-                        line.trim(),
-                    ));
+                    violations.push(format!("{}:{}: `{pattern}`: {why}\n    {}", path.display(), line_no + 1, line.trim(),));
                 }
             }
         }
@@ -317,11 +250,7 @@ fn check_lints_inherited(members: &[Member]) -> Vec<String> {
     members
         .iter()
         .filter(|m| {
-            let inherits = m
-                .manifest
-                .get("lints")
-                .and_then(|lints| lints.get("workspace"))
-                .and_then(Value::as_bool);
+            let inherits = m.manifest.get("lints").and_then(|lints| lints.get("workspace")).and_then(Value::as_bool);
             inherits != Some(true)
         })
         .map(|m| format!("{}: missing `[lints] workspace = true`", m.label()))
@@ -335,26 +264,16 @@ fn check_crate_names_match_dirs(members: &[Member]) -> Vec<String> {
     let mut violations = Vec::new();
     for member in members {
         let mut components = member.dir.components();
-        let (Some(Component::Normal(parent)), Some(Component::Normal(dir)), None) =
-            (components.next(), components.next(), components.next())
-        else {
+        let (Some(Component::Normal(parent)), Some(Component::Normal(dir)), None) = (components.next(), components.next(), components.next()) else {
             continue;
         };
         if parent != "crates" {
             continue;
         }
         let dir = dir.to_string_lossy();
-        let expected = if dir == "atasira" {
-            "atasira".to_owned()
-        } else {
-            format!("atasira-{dir}")
-        };
+        let expected = if dir == "atasira" { "atasira".to_owned() } else { format!("atasira-{dir}") };
         if member.package_name() != Some(expected.as_str()) {
-            violations.push(format!(
-                "{}: the package in `{}` should be named `{expected}`",
-                member.label(),
-                member.dir.display(),
-            ));
+            violations.push(format!("{}: the package in `{}` should be named `{expected}`", member.label(), member.dir.display(),));
         }
     }
     violations
@@ -372,16 +291,14 @@ fn read(path: &Path) -> String {
 }
 
 fn parse(path: &Path, text: &str) -> Table {
-    text.parse::<Table>()
-        .unwrap_or_else(|e| panic!("failed to parse {}: {e}", path.display()))
+    text.parse::<Table>().unwrap_or_else(|e| panic!("failed to parse {}: {e}", path.display()))
 }
 
 /// `crates/*/Cargo.toml` and `tests/Cargo.toml`, sorted by directory.
 fn workspace_members() -> Vec<Member> {
     let root = root();
     let crates = root.join("crates");
-    let entries = fs::read_dir(&crates)
-        .unwrap_or_else(|e| panic!("failed to list {}: {e}", crates.display()));
+    let entries = fs::read_dir(&crates).unwrap_or_else(|e| panic!("failed to list {}: {e}", crates.display()));
     let mut dirs: Vec<PathBuf> = entries
         .map(|entry| entry.unwrap_or_else(|e| panic!("failed to list {}: {e}", crates.display())))
         .filter(|entry| entry.path().join("Cargo.toml").is_file())
@@ -403,20 +320,14 @@ fn workspace_members() -> Vec<Member> {
 fn workspace_deps() -> Table {
     let path = root().join("Cargo.toml");
     let manifest = parse(&path, &read(&path));
-    manifest
-        .get("workspace")
-        .and_then(|ws| ws.get("dependencies"))
-        .and_then(Value::as_table)
-        .cloned()
-        .unwrap_or_default()
+    manifest.get("workspace").and_then(|ws| ws.get("dependencies")).and_then(Value::as_table).cloned().unwrap_or_default()
 }
 
 /// Every `.rs` file under `crates/` and `tests/`, skipping build output.
 fn workspace_sources() -> Vec<(PathBuf, String)> {
     fn walk(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, String)>) {
         let dir = root.join(rel);
-        let entries =
-            fs::read_dir(&dir).unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
+        let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
         for entry in entries {
             let entry = entry.unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
             let name = entry.file_name();
@@ -425,9 +336,7 @@ fn workspace_sources() -> Vec<(PathBuf, String)> {
                 continue;
             }
             let rel = rel.join(&name);
-            let file_type = entry
-                .file_type()
-                .unwrap_or_else(|e| panic!("failed to stat {}: {e}", rel.display()));
+            let file_type = entry.file_type().unwrap_or_else(|e| panic!("failed to stat {}: {e}", rel.display()));
             if file_type.is_dir() {
                 walk(root, &rel, out);
             } else if name_str.ends_with(".rs") {
@@ -448,39 +357,21 @@ fn workspace_sources() -> Vec<(PathBuf, String)> {
 
 #[track_caller]
 fn assert_clean(rule: &str, violations: &[String]) {
-    assert!(
-        violations.is_empty(),
-        "{rule}: {} violation(s):\n{}",
-        violations.len(),
-        violations.join("\n")
-    );
+    assert!(violations.is_empty(), "{rule}: {} violation(s):\n{}", violations.len(), violations.join("\n"));
 }
 
 /// Asserts that `violations` has one entry per needle and every needle is mentioned.
 #[track_caller]
 fn assert_reported(violations: &[String], needles: &[&str]) {
-    assert_eq!(
-        violations.len(),
-        needles.len(),
-        "expected {} violation(s) mentioning {needles:?}, got:\n{}",
-        needles.len(),
-        violations.join("\n")
-    );
+    assert_eq!(violations.len(), needles.len(), "expected {} violation(s) mentioning {needles:?}, got:\n{}", needles.len(), violations.join("\n"));
     for needle in needles {
-        assert!(
-            violations.iter().any(|v| v.contains(needle)),
-            "expected a violation mentioning `{needle}`, got:\n{}",
-            violations.join("\n")
-        );
+        assert!(violations.iter().any(|v| v.contains(needle)), "expected a violation mentioning `{needle}`, got:\n{}", violations.join("\n"));
     }
 }
 
 /// A synthetic member for the negative tests.
 fn member(dir: &str, manifest: &str) -> Member {
-    Member {
-        dir: PathBuf::from(dir),
-        manifest: parse(Path::new(dir), manifest),
-    }
+    Member { dir: PathBuf::from(dir), manifest: parse(Path::new(dir), manifest) }
 }
 
 fn table(text: &str) -> Table {
@@ -494,57 +385,33 @@ fn table(text: &str) -> Table {
 fn workspace_domain_has_no_io_deps() {
     let members = workspace_members();
     assert!(
-        members
-            .iter()
-            .any(|m| m.package_name() == Some(DOMAIN_PACKAGE)),
+        members.iter().any(|m| m.package_name() == Some(DOMAIN_PACKAGE)),
         "no `{DOMAIN_PACKAGE}` found among {:?}: the domain rule would check nothing",
-        members
-            .iter()
-            .map(|m| m.dir.display().to_string())
-            .collect::<Vec<_>>()
+        members.iter().map(|m| m.dir.display().to_string()).collect::<Vec<_>>()
     );
-    assert_clean(
-        "Architecture Invariant: the domain crate does no IO",
-        &check_domain_has_no_io_deps(&members, &workspace_deps()),
-    );
+    assert_clean("Architecture Invariant: the domain crate does no IO", &check_domain_has_no_io_deps(&members, &workspace_deps()));
 }
 
 #[test]
 fn workspace_services_are_independent() {
-    assert_clean(
-        "Architecture Invariant: services never depend on each other",
-        &check_services_are_independent(&workspace_members(), &workspace_deps()),
-    );
+    assert_clean("Architecture Invariant: services never depend on each other", &check_services_are_independent(&workspace_members(), &workspace_deps()));
 }
 
 #[test]
 fn workspace_has_no_ignored_or_unfinished_code() {
     let files = workspace_sources();
-    assert!(
-        files.iter().any(|(path, _)| path.ends_with("tidy.rs")),
-        "the source walk missed tests/tidy.rs; it scanned {} file(s)",
-        files.len()
-    );
-    assert_clean(
-        "no ignored tests, expected panics or unfinished code",
-        &check_forbidden_patterns(&files),
-    );
+    assert!(files.iter().any(|(path, _)| path.ends_with("tidy.rs")), "the source walk missed tests/tidy.rs; it scanned {} file(s)", files.len());
+    assert_clean("no ignored tests, expected panics or unfinished code", &check_forbidden_patterns(&files));
 }
 
 #[test]
 fn workspace_crates_inherit_lints() {
-    assert_clean(
-        "every crate inherits [workspace.lints]",
-        &check_lints_inherited(&workspace_members()),
-    );
+    assert_clean("every crate inherits [workspace.lints]", &check_lints_inherited(&workspace_members()));
 }
 
 #[test]
 fn workspace_crates_are_named_like_their_dirs() {
-    assert_clean(
-        "crates are named like their directory",
-        &check_crate_names_match_dirs(&workspace_members()),
-    );
+    assert_clean("crates are named like their directory", &check_crate_names_match_dirs(&workspace_members()));
 }
 
 // ---------------------------------------------------------------------------------
@@ -643,10 +510,7 @@ fn domain_may_use_cqrs_es_and_io_in_dev_deps_only() {
         sqlx = "0.8"
         "#,
     );
-    assert_clean(
-        "dev-deps of the domain and deps of other crates are allowed",
-        &check_domain_has_no_io_deps(&[domain, adapter], &Table::new()),
-    );
+    assert_clean("dev-deps of the domain and deps of other crates are allowed", &check_domain_has_no_io_deps(&[domain, adapter], &Table::new()));
 }
 
 #[test]
@@ -749,10 +613,7 @@ fn non_services_may_depend_on_services() {
         "#,
     );
     let ws = table(r#"atasira-gateway = { path = "crates/gateway" }"#);
-    assert_clean(
-        "the binary may wire services together; services may use shared crates",
-        &check_services_are_independent(&[binary, audit], &ws),
-    );
+    assert_clean("the binary may wire services together; services may use shared crates", &check_services_are_independent(&[binary, audit], &ws));
 }
 
 #[test]
@@ -767,37 +628,17 @@ fn forbidden_patterns_are_reported_with_location() {
          fn a() {{ {todo} }}\nfn b() {{ {unimplemented} }}\n"
     );
     let good = "//! Fine.\nfn ignore_case() -> bool { true }\n".to_owned();
-    let files = vec![
-        (PathBuf::from("crates/x/src/lib.rs"), bad),
-        (PathBuf::from("crates/x/src/ok.rs"), good),
-    ];
+    let files = vec![(PathBuf::from("crates/x/src/lib.rs"), bad), (PathBuf::from("crates/x/src/ok.rs"), good)];
     let violations = check_forbidden_patterns(&files);
-    assert_reported(
-        &violations,
-        &[
-            "crates/x/src/lib.rs:2:",
-            "crates/x/src/lib.rs:6:",
-            "crates/x/src/lib.rs:8:",
-            "crates/x/src/lib.rs:9:",
-        ],
-    );
+    assert_reported(&violations, &["crates/x/src/lib.rs:2:", "crates/x/src/lib.rs:6:", "crates/x/src/lib.rs:8:", "crates/x/src/lib.rs:9:"]);
 }
 
 #[test]
 fn crate_without_workspace_lints_is_reported() {
     let missing = member("crates/a", "[package]\nname = \"atasira-a\"\n");
-    let own = member(
-        "crates/b",
-        "[package]\nname = \"atasira-b\"\n[lints.rust]\nunsafe_code = \"forbid\"\n",
-    );
-    let off = member(
-        "crates/c",
-        "[package]\nname = \"atasira-c\"\n[lints]\nworkspace = false\n",
-    );
-    let dotted = member(
-        "crates/d",
-        "lints.workspace = true\n[package]\nname = \"atasira-d\"\n",
-    );
+    let own = member("crates/b", "[package]\nname = \"atasira-b\"\n[lints.rust]\nunsafe_code = \"forbid\"\n");
+    let off = member("crates/c", "[package]\nname = \"atasira-c\"\n[lints]\nworkspace = false\n");
+    let dotted = member("crates/d", "lints.workspace = true\n[package]\nname = \"atasira-d\"\n");
     let violations = check_lints_inherited(&[missing, own, off, dotted]);
     assert_reported(&violations, &["atasira-a", "atasira-b", "atasira-c"]);
 }

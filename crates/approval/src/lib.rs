@@ -10,17 +10,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::{envelope, payload, reply_ok, reply_written, subjects, v1, Envelope, Named, Reply};
+use atasira_contracts::{Envelope, Named, Reply, envelope, payload, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::box_id_for;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
-use atasira_domain::token::{ApprovalSigner, PublicKeyEntry, ACTIVATION_WINDOW};
+use atasira_domain::token::{ACTIVATION_WINDOW, ApprovalSigner, PublicKeyEntry};
 use atasira_domain::{ErrorCode, Principal};
+use atasira_platform::Runtime;
 use atasira_platform::db::Cqrs;
 use atasira_platform::service::{self as platform_service, Refusal};
-use atasira_platform::Runtime;
 use prost::Message as _;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 pub const SERVICE: &str = subjects::APPROVAL;
 /// Aggregate types this service appends on its own (its decisions go on the draft stream,
@@ -121,7 +121,12 @@ impl Service {
     }
 
     /// A request to another service on behalf of `principal`.
-    async fn call<Req: Named, Resp: prost::Message + Default>(&self, to: &str, principal: &Principal, request: &Req) -> Result<Result<(Resp, i64, Vec<String>), v1::ErrorReply>, Refusal> {
+    async fn call<Req: Named, Resp: prost::Message + Default>(
+        &self,
+        to: &str,
+        principal: &Principal,
+        request: &Req,
+    ) -> Result<Result<(Resp, i64, Vec<String>), v1::ErrorReply>, Refusal> {
         let correlation = uuid::Uuid::new_v4().to_string();
         let assertion = self.rt.assertion_keys.sign(principal, &correlation, chrono::Utc::now());
         let env = envelope(request, &correlation, "", Some(&assertion));
@@ -136,7 +141,9 @@ impl Service {
 
     async fn release(&self, principal: &Principal, box_type: &str, draft_id: &str, reason: &str) {
         let request = v1::ReleaseReservation { box_type: box_type.into(), draft_id: draft_id.into(), reason: reason.into() };
-        if let Err(Refusal { message: m, .. }) | Ok(Err(v1::ErrorReply { message: m, .. })) = self.call::<_, v1::Ack>(subjects::RUNTIME_REGISTRY, principal, &request).await.map(|r| r.map(|_| ())) {
+        if let Err(Refusal { message: m, .. }) | Ok(Err(v1::ErrorReply { message: m, .. })) =
+            self.call::<_, v1::Ack>(subjects::RUNTIME_REGISTRY, principal, &request).await.map(|r| r.map(|_| ()))
+        {
             tracing::warn!(draft_id, error = m, "could not release the reservation; it lapses at its deadline");
         }
     }
@@ -158,7 +165,8 @@ impl Service {
             }
             // (1) Reserve: limit, uniqueness and foreign manifest files are checked here.
             let now = chrono::Utc::now();
-            let reserve = v1::ReserveBoxType { box_type: box_type.clone(), draft_id: draft_id.to_owned(), deadline_unix: (now + ACTIVATION_WINDOW).timestamp() };
+            let reserve =
+                v1::ReserveBoxType { box_type: box_type.clone(), draft_id: draft_id.to_owned(), deadline_unix: (now + ACTIVATION_WINDOW).timestamp() };
             if let Err(e) = self.call::<_, v1::Ack>(subjects::RUNTIME_REGISTRY, &principal, &reserve).await? {
                 return Err(Refusal::new(ErrorCode::parse(&e.code).unwrap_or(ErrorCode::Internal), e.message));
             }
@@ -178,7 +186,9 @@ impl Service {
                     }
                     return Err(match e {
                         cqrs_es::AggregateError::UserError(e) => e.into(),
-                        cqrs_es::AggregateError::AggregateConflict => Refusal::new(ErrorCode::DraftNotPending, "another decision on this draft was recorded first"),
+                        cqrs_es::AggregateError::AggregateConflict => {
+                            Refusal::new(ErrorCode::DraftNotPending, "another decision on this draft was recorded first")
+                        }
                         other => Refusal::internal(other),
                     });
                 }
@@ -191,7 +201,8 @@ impl Service {
             position = p;
         }
         // (3) Activation is the registry's, driven by the recorded event; wait for it.
-        let wait = v1::AwaitActivation { draft_id: draft_id.to_owned(), timeout_ms: u32::try_from(self.config.activation_wait.as_millis()).unwrap_or(u32::MAX) };
+        let wait =
+            v1::AwaitActivation { draft_id: draft_id.to_owned(), timeout_ms: u32::try_from(self.config.activation_wait.as_millis()).unwrap_or(u32::MAX) };
         let reloaded: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
         let decided = reloaded.data.and_then(|d| d.decision).ok_or_else(|| Refusal::internal("decision not readable"))?;
         let mut body = json!({

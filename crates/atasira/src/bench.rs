@@ -14,7 +14,7 @@ use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{Bus, Handler, Message, NatsBus};
 use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
-use atasira_platform::{auth, relay, Runtime};
+use atasira_platform::{Runtime, auth, relay};
 use bytes::Bytes;
 use prost::Message as _;
 use serde_json::json;
@@ -118,8 +118,13 @@ async fn start_floor(bus: &NatsBus, db: &Db) -> anyhow::Result<atasira_platform:
         Box::pin(async move {
             let result: anyhow::Result<()> = async {
                 let mut tx = db.any().begin().await?;
-                sqlx::query("INSERT INTO bench_floor_events (payload) VALUES (CAST($1 AS json))").bind(String::from_utf8_lossy(&m.payload).into_owned()).execute(&mut *tx).await?;
-                sqlx::query("INSERT INTO bench_floor_view (k, n) VALUES ('k', 1) ON CONFLICT (k) DO UPDATE SET n = bench_floor_view.n + 1").execute(&mut *tx).await?;
+                sqlx::query("INSERT INTO bench_floor_events (payload) VALUES (CAST($1 AS json))")
+                    .bind(String::from_utf8_lossy(&m.payload).into_owned())
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("INSERT INTO bench_floor_view (k, n) VALUES ('k', 1) ON CONFLICT (k) DO UPDATE SET n = bench_floor_view.n + 1")
+                    .execute(&mut *tx)
+                    .await?;
                 tx.commit().await?;
                 Ok(())
             }
@@ -154,7 +159,11 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
     let floor = start_floor(&bus, &db).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    println!("atasira bench drafts: {count} commands per run, PostgreSQL {}, NATS {nats_url}, {} CPUs", atasira_platform::db::redact(database_url), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    println!(
+        "atasira bench drafts: {count} commands per run, PostgreSQL {}, NATS {nats_url}, {} CPUs",
+        atasira_platform::db::redact(database_url),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
     let timeout = Duration::from_secs(30);
     let floor_op = {
         let bus = bus.clone();
@@ -203,12 +212,17 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
     // The full REST submit with read-your-writes, through a gateway in this process.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let gateway = tokio::spawn(atasira_gateway::serve(listener, rt.clone(), atasira_gateway::Config { read_models: vec![atasira_contracts::subjects::DRAFTS], ..Default::default() }, {
-        let mut rx = rx.clone();
-        async move {
-            let _ = rx.changed().await;
-        }
-    }));
+    let gateway = tokio::spawn(atasira_gateway::serve(
+        listener,
+        rt.clone(),
+        atasira_gateway::Config { read_models: vec![atasira_contracts::subjects::DRAFTS], ..Default::default() },
+        {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.changed().await;
+            }
+        },
+    ));
     let pat = auth::create_token(&db, &agent, Some(chrono::TimeDelta::hours(1))).await?;
     let url = format!("http://{addr}/api/v1/boxes/box-drafts");
     let rest_op = move |i: usize| {

@@ -187,7 +187,9 @@ fn main() -> ExitCode {
         Command::Audit(cmd) => run_async_code(operator::audit(cmd)),
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),
-        Command::Bench(BenchCommand::Drafts { nats_url, database_url, concurrency, count }) => run_async(bench::drafts(&nats_url, &database_url, concurrency, count)),
+        Command::Bench(BenchCommand::Drafts { nats_url, database_url, concurrency, count }) => {
+            run_async(bench::drafts(&nats_url, &database_url, concurrency, count))
+        }
         Command::Manifest(ManifestCommand::Validate { file }) => offline::validate(&file),
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),
         Command::Manifest(ManifestCommand::Feasibility { file, task_description }) => offline::feasibility(&file, &task_description),

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::manifest::{LoadError, Loaded, MAX_MANIFEST_BYTES};
-use atasira_domain::{feasibility, BoxManifest};
-use serde_json::{json, Value};
+use atasira_domain::{BoxManifest, feasibility};
+use serde_json::{Value, json};
 
 /// Reads at most `MAX_MANIFEST_BYTES + 1` bytes, so that a huge (or endless) input is
 /// refused without being read whole.

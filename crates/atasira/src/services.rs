@@ -15,7 +15,7 @@ use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{InprocBus, NatsBus};
 use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
-use atasira_platform::{auth, relay, Runtime};
+use atasira_platform::{Runtime, auth, relay};
 use tokio::sync::watch;
 
 /// Key id of the internal assertion key.
@@ -203,7 +203,12 @@ pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, key
     let db = Db::connect(database_url).await?;
     let client = connect_nats(nats_url).await?;
     let js = async_nats::jetstream::new(client.clone());
-    let rt = Runtime { db: db.clone(), bus: Arc::new(NatsBus::new(client)), feeds: FeedSource::JetStream { js: js.clone() }, assertion_keys: Arc::new(keys_from_hex(&keys.internal)?) };
+    let rt = Runtime {
+        db: db.clone(),
+        bus: Arc::new(NatsBus::new(client)),
+        feeds: FeedSource::JetStream { js: js.clone() },
+        assertion_keys: Arc::new(keys_from_hex(&keys.internal)?),
+    };
     let (tx, rx) = watch::channel(false);
     tokio::spawn(ctrl_c(tx));
     let relay_for = |name: &'static str, types: &'static [&'static str]| tokio::spawn(relay::run(db.clone(), js.clone(), name, types, rx.clone()));
@@ -223,7 +228,9 @@ pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, key
             let key = match (keys.approval, keys.approval_file) {
                 (Some(k), _) => k,
                 (None, Some(path)) => std::fs::read_to_string(&path).with_context(|| format!("failed to read the approval key file {}", path.display()))?,
-                (None, None) => anyhow::bail!("the approval service needs its signing key: --approval-key-file FILE, --approval-key or ATASIRA_APPROVAL_KEY (64 hex digits)"),
+                (None, None) => anyhow::bail!(
+                    "the approval service needs its signing key: --approval-key-file FILE, --approval-key or ATASIRA_APPROVAL_KEY (64 hex digits)"
+                ),
             };
             let relay = relay_for(atasira_approval::SERVICE, atasira_approval::AGGREGATE_TYPES);
             atasira_approval::run(rt, approval_config(approval_signer(&key)?), rx).await?;
@@ -257,7 +264,8 @@ async fn wait_ready(rt: &Runtime, services: &[&str]) -> anyhow::Result<()> {
     use prost::Message as _;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     for service in services {
-        let probe = atasira_contracts::envelope(&atasira_contracts::v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] }, "ready-probe", "", None);
+        let probe =
+            atasira_contracts::envelope(&atasira_contracts::v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] }, "ready-probe", "", None);
         loop {
             let subject = atasira_contracts::subjects::request(atasira_contracts::subjects::GATEWAY, service);
             match rt.bus.request(&subject, Default::default(), probe.encode_to_vec().into(), Duration::from_secs(5)).await {

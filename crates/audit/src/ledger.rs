@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use anyhow::Context;
 use atasira_domain::aggregates::audit_ledger::{AuditCommand, AuditEvent, AuditLedger, LEDGER_ID};
 use atasira_domain::audit::{
-    action_of, actor_and_target, canonical_time, checkpoint_mac, payload_digest, verify_chain, AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification,
+    AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, payload_digest,
+    verify_chain,
 };
 use atasira_platform::db::{Db, StoredEvent};
 use chrono::{DateTime, Utc};
@@ -73,7 +74,11 @@ pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::R
     .execute(&mut *tx)
     .await?;
     // Marks the event as handled for waits by event id (`projection::wait_for_events`).
-    sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING").bind(NAME).bind(&event.event_id).execute(&mut *tx).await?;
+    sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .bind(NAME)
+        .bind(&event.event_id)
+        .execute(&mut *tx)
+        .await?;
     let appended = match action_of(&event.aggregate_type, &event.event_type) {
         Some(action) => append_row(&mut tx, keys, event, action).await?,
         None => false,
@@ -91,7 +96,8 @@ async fn append_row(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event:
         Some(row) => (row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?),
         None => (0, String::new()),
     };
-    let time = DateTime::<Utc>::from_timestamp_millis(event.recorded_at_ms).with_context(|| format!("event {} has an impossible recorded_at_ms {}", event.event_id, event.recorded_at_ms))?;
+    let time = DateTime::<Utc>::from_timestamp_millis(event.recorded_at_ms)
+        .with_context(|| format!("event {} has an impossible recorded_at_ms {}", event.event_id, event.recorded_at_ms))?;
     let (actor, target) = actor_and_target(&event.event_type, &event.aggregate_id, &event.payload);
     let row = UnsignedRow {
         seq: last_seq + 1,
@@ -216,7 +222,9 @@ pub async fn verify(db: &Db, keys: &AuditKeys) -> anyhow::Result<Verification> {
         if !raw.time_ok {
             // Everything before it must verify first, so the first bad seq stays first.
             return Ok(match verify_chain(keys, &rows, None) {
-                Verification::Ok { .. } => Verification::Broken { first_bad_seq: raw.row.seq, reason: "the row's time is not an RFC 3339 time: modified".into() },
+                Verification::Ok { .. } => {
+                    Verification::Broken { first_bad_seq: raw.row.seq, reason: "the row's time is not an RFC 3339 time: modified".into() }
+                }
                 broken => broken,
             });
         }

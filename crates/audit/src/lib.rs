@@ -13,15 +13,18 @@ use std::time::Duration;
 
 use atasira_contracts::subjects;
 use atasira_contracts::v1;
-use atasira_contracts::{payload, reply_ok, Envelope, Named, Reply};
+use atasira_contracts::{Envelope, Named, Reply, payload, reply_ok};
 use atasira_domain::audit::AuditKeys;
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::service::{self as platform_service, Refusal};
-use atasira_platform::projection as proj;
 use atasira_platform::Runtime;
+use atasira_platform::projection as proj;
+use atasira_platform::service::{self as platform_service, Refusal};
 use tokio::sync::watch;
 
-pub use ledger::{append, apply_pending, check_complete, checkpoint, head, latest_checkpoint, page, prepare, verify, AUDITABLE_TYPES, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX};
+pub use ledger::{
+    AUDITABLE_TYPES, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX, append, apply_pending, check_complete, checkpoint, head, latest_checkpoint, page, prepare,
+    verify,
+};
 
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::AUDIT;

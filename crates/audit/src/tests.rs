@@ -8,19 +8,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::v1;
-use atasira_contracts::{decode_reply, envelope, ErrorReply, Named};
+use atasira_contracts::{ErrorReply, Named, decode_reply, envelope};
 use atasira_domain::aggregates::audit_ledger::{AuditLedger, LEDGER_ID};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
 use atasira_domain::assertion::{AssertionKey, AssertionKeys};
-use atasira_domain::audit::{payload_digest, AuditKey, AuditKeys, LedgerRow, Verification};
+use atasira_domain::audit::{AuditKey, AuditKeys, LedgerRow, Verification, payload_digest};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::token::ApprovalSigner;
 use atasira_domain::{Kind, Principal, Role};
+use atasira_platform::Runtime;
 use atasira_platform::bus::{Bus, InprocBus};
 use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
-use atasira_platform::Runtime;
 use chrono::Utc;
 use serde_json::json;
 
@@ -99,7 +99,8 @@ async fn r_audit_1_one_row_per_auditable_event_in_order_and_never_twice() {
     assert_eq!(apply_pending(&db, &ks).await.expect("apply"), 2);
     // then one row each, chained, with who and what
     let got = rows(&db).await;
-    let summary: Vec<(i64, &str, &str, &str, &str)> = got.iter().map(|r| (r.seq, r.action.as_str(), r.actor.as_str(), r.target.as_str(), r.event_id.as_str())).collect();
+    let summary: Vec<(i64, &str, &str, &str, &str)> =
+        got.iter().map(|r| (r.seq, r.action.as_str(), r.actor.as_str(), r.target.as_str(), r.event_id.as_str())).collect();
     assert_eq!(summary, vec![(1, "box_draft.create", "agent-1", "d1", "draft/d1/1"), (2, "box_draft.approve", "alice", "d1", "draft/d1/2")]);
     assert!(got.iter().all(|r| r.key_id == "audit-1" && r.mac.len() == 64));
     let events = db.events_after(0, &["draft"], 10).await.expect("events");
@@ -123,7 +124,14 @@ async fn r_audit_5_security_violations_get_rows_and_other_events_only_move_the_c
     let dir = TempDir::new();
     let db = db(&dir).await;
     let ks = keys();
-    let record = SecurityCommand::Record { service: "approval".into(), actor: "bob".into(), target: "d7".into(), kind: "self_approval".into(), reason: "own draft".into(), at: Utc::now() };
+    let record = SecurityCommand::Record {
+        service: "approval".into(),
+        actor: "bob".into(),
+        target: "d7".into(),
+        kind: "self_approval".into(),
+        reason: "own draft".into(),
+        at: Utc::now(),
+    };
     db.cqrs::<ApprovalSecurity>().execute("v1", record, HashMap::new()).await.expect("record");
     submit(&db, "d1").await;
     // when the ledger catches up; then the violation is a row naming actor and target
@@ -287,7 +295,8 @@ async fn ask<M: Named, R: Named>(bus: &InprocBus, assertion_keys: &AssertionKeys
     let correlation = uuid::Uuid::new_v4().to_string();
     let assertion = who.map(|p| assertion_keys.sign(&p, &correlation, Utc::now()));
     let env = envelope(message, &correlation, "", assertion.as_ref());
-    let bytes = bus.request("atasira.box.gateway.audit", BTreeMap::new(), prost::Message::encode_to_vec(&env).into(), Duration::from_secs(10)).await.expect("bus");
+    let bytes =
+        bus.request("atasira.box.gateway.audit", BTreeMap::new(), prost::Message::encode_to_vec(&env).into(), Duration::from_secs(10)).await.expect("bus");
     decode_reply::<R>(&bytes).expect("reply").map(|(m, _)| m)
 }
 
@@ -321,10 +330,18 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
     let position = db.head_position().await.expect("position");
     // then a read-your-writes wait returns once the ledger has both rows
     served(&bus).await;
-    let waited: v1::WaitForPositionReply = ask(&bus, &assertion_keys, None, &v1::WaitForPosition { position, timeout_ms: 5000, event_ids: vec![] }).await.expect("waited");
+    let waited: v1::WaitForPositionReply =
+        ask(&bus, &assertion_keys, None, &v1::WaitForPosition { position, timeout_ms: 5000, event_ids: vec![] }).await.expect("waited");
     assert_eq!(waited.lagging, Vec::<String>::new());
     // and an admin pages the ledger
-    let page: v1::AuditPage = ask(&bus, &assertion_keys, Some(alice()), &v1::QueryAudit { action: String::new(), target: "d1".into(), since: String::new(), limit: 0, cursor: String::new() }).await.expect("page");
+    let page: v1::AuditPage = ask(
+        &bus,
+        &assertion_keys,
+        Some(alice()),
+        &v1::QueryAudit { action: String::new(), target: "d1".into(), since: String::new(), limit: 0, cursor: String::new() },
+    )
+    .await
+    .expect("page");
     let got: Vec<serde_json::Value> = page.rows_json.iter().map(|b| serde_json::from_slice(b).expect("row json")).collect();
     assert_eq!(got.iter().map(|r| r["action"].clone()).collect::<Vec<_>>(), vec![json!("box_draft.create"), json!("box_draft.approve")]);
     for field in ["seq", "time", "action", "actor", "target", "event_id", "payload_digest", "key_id", "mac"] {
@@ -338,7 +355,9 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
     assert_eq!(unsigned.code, "unauthenticated");
     let member = ask::<_, v1::VerifyReply>(&bus, &assertion_keys, Some(agent()), &v1::VerifyAudit {}).await.expect_err("member");
     assert_eq!(member.code, "forbidden");
-    let bad_since = ask::<_, v1::AuditPage>(&bus, &assertion_keys, Some(alice()), &v1::QueryAudit { since: "soon".into(), ..Default::default() }).await.expect_err("bad since");
+    let bad_since = ask::<_, v1::AuditPage>(&bus, &assertion_keys, Some(alice()), &v1::QueryAudit { since: "soon".into(), ..Default::default() })
+        .await
+        .expect_err("bad since");
     assert_eq!(bad_since.code, "invalid_request");
     // when the service shuts down; then it leaves a checkpoint over the whole ledger
     let before: AuditLedger = db.load(LEDGER_ID).await.expect("load");

@@ -25,7 +25,18 @@ pub trait Named: Message + Default {
 macro_rules! named {
     ($($t:ident),+) => { $(impl Named for v1::$t { const NAME: &'static str = concat!("atasira.v1.", stringify!($t)); })+ };
 }
-named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, PendingDraftsReply, GetDraft, ListMyDrafts, DraftReply, WaitForPosition, WaitForPositionReply, EventNotification);
+named!(
+    SubmitDraft,
+    SubmitDraftReply,
+    ListPendingDrafts,
+    PendingDraftsReply,
+    GetDraft,
+    ListMyDrafts,
+    DraftReply,
+    WaitForPosition,
+    WaitForPositionReply,
+    EventNotification
+);
 named!(ApproveDraft, RejectDraft, DecisionReply, GetApprovalKeys, ApprovalKeysReply, WithdrawDraft);
 named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxesReply, GetBox, AssignUser, BoxAction, BoxReply);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
@@ -115,7 +126,9 @@ pub type Written<M> = (M, i64, Vec<String>);
 pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Written<M>, ErrorReply>, WireError> {
     let reply = Reply::decode(bytes).map_err(|source| WireError::Decode { what: "reply", source })?;
     match reply.result {
-        Some(v1::reply::Result::Ok(b)) => Ok(Ok((M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?, reply.position, reply.event_ids))),
+        Some(v1::reply::Result::Ok(b)) => {
+            Ok(Ok((M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?, reply.position, reply.event_ids)))
+        }
         Some(v1::reply::Result::Error(e)) => Ok(Err(e)),
         None => Ok(Err(ErrorReply { code: "internal".into(), message: "empty reply".into(), details_json: String::new() })),
     }

@@ -53,14 +53,9 @@ impl AssertionKey {
     pub fn new(key_id: impl Into<String>, secret: &[u8]) -> Result<Self, AssertionKeyError> {
         let key_id = key_id.into();
         if secret.len() < MIN_SECRET_LEN {
-            return Err(AssertionKeyError::SecretTooShort {
-                key_id,
-                len: secret.len(),
-                min: MIN_SECRET_LEN,
-            });
+            return Err(AssertionKeyError::SecretTooShort { key_id, len: secret.len(), min: MIN_SECRET_LEN });
         }
-        let mac = <HmacSha256 as Mac>::new_from_slice(secret)
-            .map_err(|_| AssertionKeyError::InvalidSecret { key_id: key_id.clone() })?;
+        let mac = <HmacSha256 as Mac>::new_from_slice(secret).map_err(|_| AssertionKeyError::InvalidSecret { key_id: key_id.clone() })?;
         Ok(Self { key_id, mac })
     }
 
@@ -104,11 +99,7 @@ impl AssertionKeys {
     /// `current` signs; `retired` only verify. A retired key with the current key's id is
     /// ignored (the current key wins).
     pub fn new(current: AssertionKey, retired: Vec<AssertionKey>) -> Self {
-        let retired = retired
-            .into_iter()
-            .filter(|k| k.key_id != current.key_id)
-            .map(|k| (k.key_id.clone(), k))
-            .collect();
+        let retired = retired.into_iter().filter(|k| k.key_id != current.key_id).map(|k| (k.key_id.clone(), k)).collect();
         Self { current, retired }
     }
 
@@ -122,43 +113,21 @@ impl AssertionKeys {
 
     /// Mints an assertion for `principal` on the request `correlation_id`, valid until
     /// `now + ASSERTION_TTL` truncated to whole seconds (only unix seconds are MACed).
-    pub fn sign(
-        &self,
-        principal: &Principal,
-        correlation_id: &str,
-        now: DateTime<Utc>,
-    ) -> PrincipalAssertion {
-        let expires_at = now
-            .checked_add_signed(ASSERTION_TTL)
-            .unwrap_or(DateTime::<Utc>::MAX_UTC)
-            .trunc_subsecs(0);
+    pub fn sign(&self, principal: &Principal, correlation_id: &str, now: DateTime<Utc>) -> PrincipalAssertion {
+        let expires_at = now.checked_add_signed(ASSERTION_TTL).unwrap_or(DateTime::<Utc>::MAX_UTC).trunc_subsecs(0);
         let key_id = self.current.key_id.clone();
         let bytes = canonical_bytes(&key_id, principal, correlation_id, expires_at);
         let mac = hex::encode(self.current.tag(&bytes));
-        PrincipalAssertion {
-            key_id,
-            principal: principal.clone(),
-            correlation_id: correlation_id.to_owned(),
-            expires_at,
-            mac,
-        }
+        PrincipalAssertion { key_id, principal: principal.clone(), correlation_id: correlation_id.to_owned(), expires_at, mac }
     }
 
     /// Checks an assertion for the request `correlation_id` at `now` and yields the
     /// principal it vouches for. The MAC is compared in constant time (R-AUDIT-4).
-    pub fn verify(
-        &self,
-        a: &PrincipalAssertion,
-        correlation_id: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Principal, AssertionError> {
-        let key = self
-            .get(&a.key_id)
-            .ok_or_else(|| AssertionError::UnknownKeyId { key_id: a.key_id.clone() })?;
+    pub fn verify(&self, a: &PrincipalAssertion, correlation_id: &str, now: DateTime<Utc>) -> Result<Principal, AssertionError> {
+        let key = self.get(&a.key_id).ok_or_else(|| AssertionError::UnknownKeyId { key_id: a.key_id.clone() })?;
 
         let mut tag = [0u8; MAC_LEN];
-        hex::decode_to_slice(a.mac.as_bytes(), &mut tag)
-            .map_err(|_| AssertionError::MalformedMac)?;
+        hex::decode_to_slice(a.mac.as_bytes(), &mut tag).map_err(|_| AssertionError::MalformedMac)?;
 
         if a.expires_at.timestamp_subsec_nanos() != 0 {
             return Err(AssertionError::NonCanonicalTime);
@@ -185,21 +154,10 @@ impl AssertionKeys {
 /// The MACed bytes: purpose tag, key id, user_id, role, kind, correlation id, expires_at
 /// (i64 unix seconds big-endian), each prefixed by its u32 big-endian length so that no two
 /// distinct assertions share an encoding.
-fn canonical_bytes(
-    key_id: &str,
-    principal: &Principal,
-    correlation_id: &str,
-    expires_at: DateTime<Utc>,
-) -> Vec<u8> {
+fn canonical_bytes(key_id: &str, principal: &Principal, correlation_id: &str, expires_at: DateTime<Utc>) -> Vec<u8> {
     let role = principal.role.to_string();
     let kind = principal.kind.to_string();
-    let mut out = Vec::with_capacity(
-        96 + key_id.len()
-            + principal.user_id.len()
-            + correlation_id.len()
-            + role.len()
-            + kind.len(),
-    );
+    let mut out = Vec::with_capacity(96 + key_id.len() + principal.user_id.len() + correlation_id.len() + role.len() + kind.len());
     push_item(&mut out, PURPOSE_TAG.as_bytes());
     push_item(&mut out, key_id.as_bytes());
     push_item(&mut out, principal.user_id.as_bytes());
@@ -253,9 +211,7 @@ pub enum AssertionError {
     UnknownKeyId { key_id: String },
     #[error("principal assertion mac is not 64 hex characters")]
     MalformedMac,
-    #[error(
-        "principal assertion expiry carries fractions of a second, which the mac does not cover"
-    )]
+    #[error("principal assertion expiry carries fractions of a second, which the mac does not cover")]
     NonCanonicalTime,
     #[error("principal assertion mac does not match")]
     MacMismatch,
@@ -336,12 +292,10 @@ mod tests {
         // given an assertion; when user id, kind, correlation id or expiry change; then mismatch
         let ks = keys();
         let a = ks.sign(&member(), "corr-1", now0());
-        let alterations: Vec<fn(&mut PrincipalAssertion)> = vec![
-            |a| a.principal.user_id = "user-2".into(),
-            |a| a.principal.kind = Kind::Agent,
-            |a| a.correlation_id = "corr-2".into(),
-            |a| a.expires_at -= TimeDelta::seconds(1),
-        ];
+        let alterations: Vec<fn(&mut PrincipalAssertion)> =
+            vec![|a| a.principal.user_id = "user-2".into(), |a| a.principal.kind = Kind::Agent, |a| a.correlation_id = "corr-2".into(), |a| {
+                a.expires_at -= TimeDelta::seconds(1)
+            }];
         for alter in alterations {
             let mut forged = a.clone();
             alter(&mut forged);
@@ -366,8 +320,7 @@ mod tests {
         let ks = keys();
         let a = ks.sign(&member(), "corr-1", now0());
         assert!(ks.verify(&a, "corr-1", a.expires_at).is_ok());
-        let err =
-            ks.verify(&a, "corr-1", a.expires_at + TimeDelta::seconds(1)).expect_err("expired");
+        let err = ks.verify(&a, "corr-1", a.expires_at + TimeDelta::seconds(1)).expect_err("expired");
         assert_eq!(err, AssertionError::Expired { expires_at: a.expires_at });
         assert_eq!(err.reason(), "expired");
     }

@@ -289,7 +289,14 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
 fn row_bytes(row: &UnsignedRow, key_id: &str, prev_mac: &str) -> Vec<u8> {
     let time = canonical_time(row.time);
     let mut out = Vec::with_capacity(
-        128 + time.len() + row.action.len() + row.actor.len() + row.target.len() + row.event_id.len() + row.payload_digest.len() + key_id.len() + prev_mac.len(),
+        128 + time.len()
+            + row.action.len()
+            + row.actor.len()
+            + row.target.len()
+            + row.event_id.len()
+            + row.payload_digest.len()
+            + key_id.len()
+            + prev_mac.len(),
     );
     push_item(&mut out, ROW_PURPOSE_TAG.as_bytes());
     push_item(&mut out, &row.seq.to_be_bytes());
@@ -359,7 +366,9 @@ impl Serialize for Verification {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let wire = match self {
             Verification::Ok { rows } => VerificationWire { ok: true, rows: Some(*rows), first_bad_seq: None, reason: None },
-            Verification::Broken { first_bad_seq, reason } => VerificationWire { ok: false, rows: None, first_bad_seq: Some(*first_bad_seq), reason: Some(reason.clone()) },
+            Verification::Broken { first_bad_seq, reason } => {
+                VerificationWire { ok: false, rows: None, first_bad_seq: Some(*first_bad_seq), reason: Some(reason.clone()) }
+            }
         };
         wire.serialize(s)
     }
@@ -370,7 +379,9 @@ impl<'de> Deserialize<'de> for Verification {
         let wire = VerificationWire::deserialize(d)?;
         match wire {
             VerificationWire { ok: true, rows: Some(rows), first_bad_seq: None, reason: None } => Ok(Verification::Ok { rows }),
-            VerificationWire { ok: false, rows: None, first_bad_seq: Some(first_bad_seq), reason: Some(reason) } => Ok(Verification::Broken { first_bad_seq, reason }),
+            VerificationWire { ok: false, rows: None, first_bad_seq: Some(first_bad_seq), reason: Some(reason) } => {
+                Ok(Verification::Broken { first_bad_seq, reason })
+            }
             _ => Err(serde::de::Error::custom("expected {\"ok\": true, \"rows\": N} or {\"ok\": false, \"first_bad_seq\": S, \"reason\": ...}")),
         }
     }
@@ -453,7 +464,10 @@ pub fn verify_chain(keys: &AuditKeys, rows: &[LedgerRow], latest_checkpoint: Opt
             return Verification::broken(cp.seq, "the latest checkpoint's mac does not verify: forged checkpoint");
         }
         if cp.seq > last_seq {
-            return Verification::broken(last_seq + 1, format!("the ledger ends at seq {last_seq} but the latest checkpoint covers seq {}: rows were removed from the tail", cp.seq));
+            return Verification::broken(
+                last_seq + 1,
+                format!("the ledger ends at seq {last_seq} but the latest checkpoint covers seq {}: rows were removed from the tail", cp.seq),
+            );
         }
         if cp.seq >= 1 {
             // In range: rows[0..last_seq] hold seqs 1..=last_seq in order.

@@ -13,8 +13,21 @@ pub const BOX_TYPE_PATTERN: &str = "^[a-z0-9][a-z0-9_-]{0,63}$";
 
 /// R-DRAFT-3: channel words and every service/subject token of the cluster.
 pub const RESERVED_BOX_TYPES: &[&str] = &[
-    "heartbeat", "task", "log", "result", "pause", "resume", "kill", "escalation", "events",
-    "drafts", "approval", "provisioner", "runtime-registry", "audit", "gateway",
+    "heartbeat",
+    "task",
+    "log",
+    "result",
+    "pause",
+    "resume",
+    "kill",
+    "escalation",
+    "events",
+    "drafts",
+    "approval",
+    "provisioner",
+    "runtime-registry",
+    "audit",
+    "gateway",
 ];
 
 /// R-DRAFT-4 (INV-5): box_types whose drafts would be self-privilege escalation.

@@ -234,11 +234,7 @@ pub fn substitute_placeholders(text: &str, config_defaults: &Map<String, Value>)
         // All delimiters are ASCII, so every index found here is a char boundary.
         let placeholder = text[body_start..].find([opener, closer]).and_then(|len| {
             let end = body_start + len;
-            if text[end..].starts_with(closer) {
-                config_defaults.get(&text[body_start..end]).map(|value| (end, value))
-            } else {
-                None
-            }
+            if text[end..].starts_with(closer) { config_defaults.get(&text[body_start..end]).map(|value| (end, value)) } else { None }
         });
         match placeholder {
             Some((end, value)) => {
@@ -310,12 +306,7 @@ impl BoxManifest {
     pub fn to_agent_context_xml(&self) -> String {
         let mut out = String::new();
         push_line_start(&mut out, 0);
-        let _ = write!(
-            out,
-            "<box_context box_type=\"{}\" version=\"{}\">",
-            escape(self.box_type.to_string()),
-            escape(self.version.as_str())
-        );
+        let _ = write!(out, "<box_context box_type=\"{}\" version=\"{}\">", escape(self.box_type.to_string()), escape(self.version.as_str()));
         push_leaf(&mut out, 1, "purpose", &self.purpose);
         push_list(&mut out, 1, "prohibited_actions", "action", &self.prohibited_actions);
         push_list(&mut out, 1, "tools", "tool", &self.effective_tools());

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{ErrorCode, FieldError};
 use crate::manifest::{BoxManifest, DEFAULT_VERSION, MAX_MANIFEST_BYTES};
-use crate::os_operation::{over_limit, OverLimit};
+use crate::os_operation::{OverLimit, over_limit};
 
 /// The heading under which `success_criteria` are appended to `purpose` (R-DRAFT-6).
 pub const SUCCESS_CRITERIA_HEADING: &str = "\n\n## Success criteria\n";
@@ -114,9 +114,10 @@ impl BoxDraftCreateRequest {
     pub fn plan(&self) -> Result<DraftPlan, DraftRequestError> {
         // R-DRAFT-4
         if let Some(bt) = self.box_type.as_deref()
-            && crate::box_type::SELF_PRIVILEGE_BOX_TYPES.contains(&bt) {
-                return Err(DraftRequestError::SelfPrivilege(bt.to_owned()));
-            }
+            && crate::box_type::SELF_PRIVILEGE_BOX_TYPES.contains(&bt)
+        {
+            return Err(DraftRequestError::SelfPrivilege(bt.to_owned()));
+        }
         let allow_network = self.allow_network.unwrap_or(false);
         let mut obj = Map::new();
         if let Some(bt) = &self.box_type {
@@ -187,10 +188,7 @@ fn draft_warnings(manifest: &BoxManifest, allow_network: bool, verdict: &OverLim
     }
     if verdict.over_limit {
         let hits: Vec<&str> = verdict.over_limit_ops.iter().chain(&verdict.over_limit_tools).map(String::as_str).collect();
-        warnings.push(format!(
-            "over_limit ({}): approval needs a second explicit confirmation (confirm_over_limit: true)",
-            hits.join(", ")
-        ));
+        warnings.push(format!("over_limit ({}): approval needs a second explicit confirmation (confirm_over_limit: true)", hits.join(", ")));
     }
     for access in &manifest.required_access {
         warnings.push(format!("required_access: once approved the Box gets external access: {}", access.describe()));
@@ -273,7 +271,8 @@ mod tests {
     #[test]
     fn given_over_limit_capabilities_then_the_hits_are_listed_and_warned() {
         // R-DRAFT-8
-        let plan = request(json!({"box_type": "a", "purpose": "p", "os_operations": ["shell:exec", "file:read"], "tools": ["Bash", "Read"]})).plan().expect("valid");
+        let plan =
+            request(json!({"box_type": "a", "purpose": "p", "os_operations": ["shell:exec", "file:read"], "tools": ["Bash", "Read"]})).plan().expect("valid");
         assert!(plan.over_limit.over_limit);
         assert_eq!(plan.over_limit.over_limit_ops, vec!["shell:exec"]);
         assert_eq!(plan.over_limit.over_limit_tools, vec!["Bash"]);

@@ -161,9 +161,7 @@ impl ErrorCode {
             | ErrorCode::BoxNotActive
             | ErrorCode::InvalidApprovalToken => 409,
             ErrorCode::PayloadTooLarge => 413,
-            ErrorCode::BoxManifestValidation
-            | ErrorCode::InvalidRequest
-            | ErrorCode::IdempotencyKeyReuse => 422,
+            ErrorCode::BoxManifestValidation | ErrorCode::InvalidRequest | ErrorCode::IdempotencyKeyReuse => 422,
             ErrorCode::Internal => 500,
             ErrorCode::ServiceUnavailable => 503,
         }
@@ -172,12 +170,7 @@ impl ErrorCode {
     /// Refusals that the spec calls security violations (R-AUDIT-5): the refusing service
     /// appends a `SecurityViolation` event for them.
     pub fn is_security_violation(self) -> bool {
-        matches!(
-            self,
-            ErrorCode::SelfApprovalForbidden
-                | ErrorCode::MentorEditProhibitedKey
-                | ErrorCode::InvalidApprovalToken
-        )
+        matches!(self, ErrorCode::SelfApprovalForbidden | ErrorCode::MentorEditProhibitedKey | ErrorCode::InvalidApprovalToken)
     }
 }
 

@@ -115,73 +115,139 @@ pub const KEYWORD_TABLE: &[CapabilityKeywords] = &[
     op(
         OSOperation::BrowserNavigate,
         &[
-            Fold("browse"), Fold("website"), Fold("web site"), Fold("web page"), Fold("webpage"), Fold("url"),
-            Fold("http://"), Fold("https://"), Fold("open the site"), Fold("open the page"), Fold("visit"),
-            Fold("navigate"), Fold("ブラウザ"), Fold("サイト"), Fold("ウェブ"), Fold("webページ"), Fold("ホームページ"),
-            Fold("ページを開"), Fold("閲覧"),
+            Fold("browse"),
+            Fold("website"),
+            Fold("web site"),
+            Fold("web page"),
+            Fold("webpage"),
+            Fold("url"),
+            Fold("http://"),
+            Fold("https://"),
+            Fold("open the site"),
+            Fold("open the page"),
+            Fold("visit"),
+            Fold("navigate"),
+            Fold("ブラウザ"),
+            Fold("サイト"),
+            Fold("ウェブ"),
+            Fold("webページ"),
+            Fold("ホームページ"),
+            Fold("ページを開"),
+            Fold("閲覧"),
         ],
     ),
     op(OSOperation::BrowserClick, &[Fold("click"), Fold("press the button"), Fold("クリック"), Fold("ボタンを押")]),
     op(
         OSOperation::BrowserType,
         &[
-            Fold("fill in"), Fold("fill out"), Fold("type into"), Fold("enter text"), Fold("input field"),
-            Fold("submit the form"), Fold("web form"), Fold("入力"), Fold("フォーム"),
+            Fold("fill in"),
+            Fold("fill out"),
+            Fold("type into"),
+            Fold("enter text"),
+            Fold("input field"),
+            Fold("submit the form"),
+            Fold("web form"),
+            Fold("入力"),
+            Fold("フォーム"),
         ],
     ),
     op(OSOperation::BrowserScroll, &[Fold("scroll"), Fold("スクロール")]),
     op(
         OSOperation::BrowserScreenshot,
         &[
-            Fold("page screenshot"), Fold("screenshot of the page"), Fold("screenshot of the web"),
-            Fold("screenshot of the site"), Fold("ページのスクリーンショット"), Fold("ページのスクショ"),
-            Fold("サイトのスクリーンショット"), Fold("サイトのスクショ"),
+            Fold("page screenshot"),
+            Fold("screenshot of the page"),
+            Fold("screenshot of the web"),
+            Fold("screenshot of the site"),
+            Fold("ページのスクリーンショット"),
+            Fold("ページのスクショ"),
+            Fold("サイトのスクリーンショット"),
+            Fold("サイトのスクショ"),
         ],
     ),
     op(
         OSOperation::BrowserTabManage,
         &[
-            Fold("new tab"), Fold("browser tab"), Fold("tabs"), Fold("switch tab"), Fold("close the tab"),
-            Fold("open a tab"), Fold("新しいタブ"), Fold("別タブ"), Fold("タブを開"), Fold("タブを切"), Fold("タブを閉"),
+            Fold("new tab"),
+            Fold("browser tab"),
+            Fold("tabs"),
+            Fold("switch tab"),
+            Fold("close the tab"),
+            Fold("open a tab"),
+            Fold("新しいタブ"),
+            Fold("別タブ"),
+            Fold("タブを開"),
+            Fold("タブを切"),
+            Fold("タブを閉"),
         ],
     ),
     op(OSOperation::ApplescriptExecute, &[Fold("applescript"), Fold("apple script"), Fold("osascript"), Fold("アップルスクリプト")]),
     op(
         OSOperation::ApplescriptOpenApp,
         &[
-            Fold("open app"), Fold("open the app"), Fold("launch"), Fold("start the app"), Fold("アプリを開"),
-            Fold("アプリを起動"), Fold("アプリケーションを開"), Fold("アプリケーションを起動"),
+            Fold("open app"),
+            Fold("open the app"),
+            Fold("launch"),
+            Fold("start the app"),
+            Fold("アプリを開"),
+            Fold("アプリを起動"),
+            Fold("アプリケーションを開"),
+            Fold("アプリケーションを起動"),
         ],
     ),
     op(OSOperation::ApplescriptMenuClick, &[Fold("menu"), Fold("メニュー")]),
     op(
         OSOperation::GuiMouseClick,
         &[
-            Fold("mouse click"), Fold("click the mouse"), Fold("right-click"), Fold("right click"), Fold("double-click"),
-            Fold("double click"), Fold("マウスでクリック"), Fold("マウスクリック"), Fold("右クリック"), Fold("ダブルクリック"),
+            Fold("mouse click"),
+            Fold("click the mouse"),
+            Fold("right-click"),
+            Fold("right click"),
+            Fold("double-click"),
+            Fold("double click"),
+            Fold("マウスでクリック"),
+            Fold("マウスクリック"),
+            Fold("右クリック"),
+            Fold("ダブルクリック"),
         ],
     ),
     op(OSOperation::GuiMouseMove, &[Fold("mouse"), Fold("move the mouse"), Fold("cursor"), Fold("マウス"), Fold("カーソル")]),
     op(OSOperation::GuiKeyboardType, &[Fold("keyboard"), Fold("keystroke"), Fold("キーボード"), Fold("キー入力")]),
-    op(
-        OSOperation::GuiKeyboardHotkey,
-        &[Fold("hotkey"), Fold("shortcut"), Fold("keyboard shortcut"), Fold("ショートカット"), Fold("ホットキー")],
-    ),
+    op(OSOperation::GuiKeyboardHotkey, &[Fold("hotkey"), Fold("shortcut"), Fold("keyboard shortcut"), Fold("ショートカット"), Fold("ホットキー")]),
     op(OSOperation::GuiDragDrop, &[Fold("drag"), Fold("ドラッグ")]),
     op_or_tools(
         OSOperation::FileRead,
         &[
-            Fold("read file"), Fold("read the file"), Fold("read a file"), Fold("open the file"), Fold("load the file"),
-            Fold("from the file"), Fold("csv"), Fold("spreadsheet"), Fold("excel"), Fold("ファイルを読"), Fold("読み込"),
-            Fold("読み取"), Fold("ファイルを開"), Fold("ファイルから"),
+            Fold("read file"),
+            Fold("read the file"),
+            Fold("read a file"),
+            Fold("open the file"),
+            Fold("load the file"),
+            Fold("from the file"),
+            Fold("csv"),
+            Fold("spreadsheet"),
+            Fold("excel"),
+            Fold("ファイルを読"),
+            Fold("読み込"),
+            Fold("読み取"),
+            Fold("ファイルを開"),
+            Fold("ファイルから"),
         ],
         &["Read"],
     ),
     op_or_tools(
         OSOperation::FileWrite,
         &[
-            Fold("write file"), Fold("write the file"), Fold("write a file"), Fold("write to"), Fold("save"),
-            Fold("export"), Fold("保存"), Fold("書き出"), Fold("書き込"), Fold("ファイルに書"),
+            Fold("write file"),
+            Fold("write the file"),
+            Fold("write a file"),
+            Fold("write to"),
+            Fold("save"),
+            Fold("export"),
+            Fold("保存"),
+            Fold("書き出"),
+            Fold("書き込"),
+            Fold("ファイルに書"),
         ],
         &["Write"],
     ),
@@ -190,75 +256,157 @@ pub const KEYWORD_TABLE: &[CapabilityKeywords] = &[
     op(
         OSOperation::ScreenshotCapture,
         &[
-            Fold("screenshot"), Fold("screen shot"), Fold("screen capture"), Fold("capture the screen"),
-            Fold("スクリーンショット"), Fold("スクショ"), Fold("画面キャプチャ"),
+            Fold("screenshot"),
+            Fold("screen shot"),
+            Fold("screen capture"),
+            Fold("capture the screen"),
+            Fold("スクリーンショット"),
+            Fold("スクショ"),
+            Fold("画面キャプチャ"),
         ],
     ),
     op(
         OSOperation::ScreenshotRegion,
         &[
-            Fold("region screenshot"), Fold("screenshot of a region"), Fold("screenshot of part"),
-            Fold("region of the screen"), Fold("part of the screen"), Fold("area of the screen"), Fold("画面の一部"),
-            Fold("範囲のスクリーンショット"), Fold("部分キャプチャ"),
+            Fold("region screenshot"),
+            Fold("screenshot of a region"),
+            Fold("screenshot of part"),
+            Fold("region of the screen"),
+            Fold("part of the screen"),
+            Fold("area of the screen"),
+            Fold("画面の一部"),
+            Fold("範囲のスクリーンショット"),
+            Fold("部分キャプチャ"),
         ],
     ),
     op(
         OSOperation::CronSchedule,
         &[
-            Fold("every day"), Fold("every week"), Fold("every month"), Fold("every hour"), Fold("every minute"),
-            Fold("every morning"), Fold("every evening"), Fold("every night"), Fold("every monday"),
-            Fold("every tuesday"), Fold("every wednesday"), Fold("every thursday"), Fold("every friday"),
-            Fold("every saturday"), Fold("every sunday"), Fold("schedule"), Fold("cron"), Fold("daily"),
-            Fold("weekly"), Fold("monthly"), Fold("hourly"), Fold("periodically"), Fold("毎日"), Fold("毎週"),
-            Fold("毎月"), Fold("毎時"), Fold("毎朝"), Fold("毎晩"), Fold("毎夜"), Fold("定期"), Fold("スケジュール"),
-            Fold("時間ごと"), Fold("分ごと"),
+            Fold("every day"),
+            Fold("every week"),
+            Fold("every month"),
+            Fold("every hour"),
+            Fold("every minute"),
+            Fold("every morning"),
+            Fold("every evening"),
+            Fold("every night"),
+            Fold("every monday"),
+            Fold("every tuesday"),
+            Fold("every wednesday"),
+            Fold("every thursday"),
+            Fold("every friday"),
+            Fold("every saturday"),
+            Fold("every sunday"),
+            Fold("schedule"),
+            Fold("cron"),
+            Fold("daily"),
+            Fold("weekly"),
+            Fold("monthly"),
+            Fold("hourly"),
+            Fold("periodically"),
+            Fold("毎日"),
+            Fold("毎週"),
+            Fold("毎月"),
+            Fold("毎時"),
+            Fold("毎朝"),
+            Fold("毎晩"),
+            Fold("毎夜"),
+            Fold("定期"),
+            Fold("スケジュール"),
+            Fold("時間ごと"),
+            Fold("分ごと"),
         ],
     ),
     op(
         OSOperation::ProcessKill,
         &[
-            Fold("kill"), Fold("terminate process"), Fold("terminate the process"), Fold("stop the process"),
-            Fold("end the process"), Fold("プロセスを終了"), Fold("プロセスを停止"), Fold("強制終了"),
+            Fold("kill"),
+            Fold("terminate process"),
+            Fold("terminate the process"),
+            Fold("stop the process"),
+            Fold("end the process"),
+            Fold("プロセスを終了"),
+            Fold("プロセスを停止"),
+            Fold("強制終了"),
         ],
     ),
     op_or_tools(
         OSOperation::ShellExec,
         &[
-            Fold("shell"), Fold("command"), Fold("script"), Fold("terminal"), Fold("bash"), Fold("シェル"),
-            Fold("コマンド"), Fold("スクリプト"), Fold("ターミナル"),
+            Fold("shell"),
+            Fold("command"),
+            Fold("script"),
+            Fold("terminal"),
+            Fold("bash"),
+            Fold("シェル"),
+            Fold("コマンド"),
+            Fold("スクリプト"),
+            Fold("ターミナル"),
         ],
         &["Bash", "shell"],
     ),
     op(
         OSOperation::OpRead,
         &[
-            Fold("password"), Fold("1password"), Fold("secret"), Fold("credential"), Fold("api key"), Fold("vault"),
-            Fold("パスワード"), Fold("認証情報"), Fold("シークレット"), Fold("ログイン情報"),
+            Fold("password"),
+            Fold("1password"),
+            Fold("secret"),
+            Fold("credential"),
+            Fold("api key"),
+            Fold("vault"),
+            Fold("パスワード"),
+            Fold("認証情報"),
+            Fold("シークレット"),
+            Fold("ログイン情報"),
         ],
     ),
     op(
         OSOperation::OpCreate,
         &[
-            Fold("create a password"), Fold("create password"), Fold("generate a password"), Fold("new password"),
-            Fold("save the password"), Fold("store secret"), Fold("store a secret"), Fold("store the secret"),
-            Fold("パスワードを作成"), Fold("パスワードを生成"), Fold("パスワードを保存"), Fold("認証情報を保存"),
+            Fold("create a password"),
+            Fold("create password"),
+            Fold("generate a password"),
+            Fold("new password"),
+            Fold("save the password"),
+            Fold("store secret"),
+            Fold("store a secret"),
+            Fold("store the secret"),
+            Fold("パスワードを作成"),
+            Fold("パスワードを生成"),
+            Fold("パスワードを保存"),
+            Fold("認証情報を保存"),
         ],
     ),
     op(OSOperation::NotifyEmail, &[Fold("email"), Fold("e-mail"), Fold("mail"), Fold("gmail"), Fold("メール")]),
     op(
         OSOperation::NotifyLine,
-        &[
-            Exact("LINE"), Fold("line message"), Fold("line messaging"), Fold("line notify"),
-            Fold("line official account"), Fold("line bot"),
-        ],
+        &[Exact("LINE"), Fold("line message"), Fold("line messaging"), Fold("line notify"), Fold("line official account"), Fold("line bot")],
     ),
     CapabilityKeywords {
         capability: Capability::Network(Network::Filtered),
         keywords: &[
-            Fold("internet"), Fold("online"), Fold("website"), Fold("web site"), Fold("web page"), Fold("webpage"),
-            Fold("url"), Fold("http://"), Fold("https://"), Fold("browse"), Fold("download"), Fold("upload"),
-            Fold("web api"), Fold("rest api"), Fold("インターネット"), Fold("オンライン"), Fold("ウェブ"), Fold("サイト"),
-            Fold("webページ"), Fold("ホームページ"), Fold("ダウンロード"), Fold("アップロード"),
+            Fold("internet"),
+            Fold("online"),
+            Fold("website"),
+            Fold("web site"),
+            Fold("web page"),
+            Fold("webpage"),
+            Fold("url"),
+            Fold("http://"),
+            Fold("https://"),
+            Fold("browse"),
+            Fold("download"),
+            Fold("upload"),
+            Fold("web api"),
+            Fold("rest api"),
+            Fold("インターネット"),
+            Fold("オンライン"),
+            Fold("ウェブ"),
+            Fold("サイト"),
+            Fold("webページ"),
+            Fold("ホームページ"),
+            Fold("ダウンロード"),
+            Fold("アップロード"),
         ],
         covered_by_tools: &[],
     },
@@ -335,15 +483,7 @@ pub fn assess(manifest: &BoxManifest, task_description: &str) -> Feasibility {
     }
 
     let summary = summary(manifest, &needed, &missing);
-    Feasibility {
-        feasible: missing.is_empty(),
-        available_operations,
-        available_tools,
-        missing_capabilities: missing,
-        required_approvals,
-        summary,
-        notes,
-    }
+    Feasibility { feasible: missing.is_empty(), available_operations, available_tools, missing_capabilities: missing, required_approvals, summary, notes }
 }
 
 enum Coverage {
@@ -380,14 +520,9 @@ fn approval_line(manifest: &BoxManifest, capability: Capability) -> String {
         Capability::Op(_) => "not declared by this Box".to_owned(),
         Capability::Network(_) => format!("the Box's network is `{}`", network_name(manifest.network)),
     };
-    let mut line = format!(
-        "{}: {what}; adding it needs a new C9 draft (/box-create) approved by a human admin",
-        capability.as_str()
-    );
+    let mut line = format!("{}: {what}; adding it needs a new C9 draft (/box-create) approved by a human admin", capability.as_str());
     if capability.is_over_limit() {
-        line.push_str(
-            "; it is over_limit, so the approval also needs the second over_limit confirmation (confirm_over_limit: true)",
-        );
+        line.push_str("; it is over_limit, so the approval also needs the second over_limit confirmation (confirm_over_limit: true)");
     }
     line
 }
@@ -416,15 +551,9 @@ fn box_notes(manifest: &BoxManifest, tools: &[String], needed: &[Capability]) ->
     let shell_declared = manifest.os_operations.contains(&OSOperation::ShellExec) || tools.iter().any(|t| t == "shell:exec");
     if shell_declared {
         if manifest.shell.allowed_commands.is_empty() {
-            notes.push(
-                "shell:exec is declared but shell.allowed_commands is empty: the Box is fail-closed and every command is refused"
-                    .to_owned(),
-            );
+            notes.push("shell:exec is declared but shell.allowed_commands is empty: the Box is fail-closed and every command is refused".to_owned());
         } else if needs(OSOperation::ShellExec) {
-            notes.push(format!(
-                "shell:exec is limited to shell.allowed_commands: {}",
-                manifest.shell.allowed_commands.join(", ")
-            ));
+            notes.push(format!("shell:exec is limited to shell.allowed_commands: {}", manifest.shell.allowed_commands.join(", ")));
         }
     }
 
@@ -510,9 +639,7 @@ fn matched_keywords(text: &str) -> Vec<Vec<&'static str>> {
             }
         }
     }
-    let kept = |h: &Hit| {
-        !hits.iter().any(|o| o.row != h.row && o.start <= h.start && h.end <= o.end && o.end - o.start > h.end - h.start)
-    };
+    let kept = |h: &Hit| !hits.iter().any(|o| o.row != h.row && o.start <= h.start && h.end <= o.end && o.end - o.start > h.end - h.start);
     let mut out: Vec<Vec<&'static str>> = vec![Vec::new(); KEYWORD_TABLE.len()];
     let mut surviving: Vec<(usize, usize)> = hits.iter().filter(|h| kept(h)).map(|h| (h.row, h.keyword)).collect();
     surviving.sort_unstable();
@@ -548,8 +675,7 @@ fn url_hosts(text: &str) -> Vec<String> {
     for scheme in ["http://", "https://"] {
         for (start, _) in lower.match_indices(scheme) {
             let rest = &lower[start + scheme.len()..];
-            let host: String =
-                rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '-').collect();
+            let host: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '-').collect();
             let host = host.trim_end_matches('.');
             if !host.is_empty() {
                 found.push((start, host.to_owned()));
@@ -646,10 +772,7 @@ mod tests {
     #[test]
     fn given_a_fully_covered_task_when_assessed_then_feasible_with_nothing_missing() {
         // R-FEAS-1
-        let m = manifest(
-            "browser:navigate, browser:click, cron:schedule, notify:email",
-            "network: filtered\nurl_allowlist: [\"*.example.com\"]\n",
-        );
+        let m = manifest("browser:navigate, browser:click, cron:schedule, notify:email", "network: filtered\nurl_allowlist: [\"*.example.com\"]\n");
         let f = assess(&m, "Every Monday, open https://shop.example.com/sales, click the first row and e-mail the totals");
         assert!(f.feasible, "{f:?}");
         assert!(f.missing_capabilities.is_empty());
@@ -712,17 +835,8 @@ mod tests {
         // R-FEAS-1
         let value = serde_json::to_value(assess(&manifest("", ""), "anything")).expect("serializes");
         let keys: BTreeSet<&str> = value.as_object().expect("an object").keys().map(String::as_str).collect();
-        let expected: BTreeSet<&str> = [
-            "feasible",
-            "available_operations",
-            "available_tools",
-            "missing_capabilities",
-            "required_approvals",
-            "summary",
-            "notes",
-        ]
-        .into_iter()
-        .collect();
+        let expected: BTreeSet<&str> =
+            ["feasible", "available_operations", "available_tools", "missing_capabilities", "required_approvals", "summary", "notes"].into_iter().collect();
         assert_eq!(keys, expected);
     }
 

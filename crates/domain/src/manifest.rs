@@ -26,12 +26,36 @@ pub const DEFAULT_VERSION: &str = "1.0.0";
 
 /// Every top-level key of the seed's schema, in the seed's order.
 pub const MANIFEST_KEYS: &[&str] = &[
-    "box_type", "version", "name", "description", "capabilities", "agent_kind",
-    "resource_limits", "tool_policies", "config_defaults", "tools", "os_operations",
-    "file_access", "network", "url_allowlist", "allowed_apps", "dangerous_tool_overrides",
-    "trigger_type", "trigger_schedule", "trigger_event", "purpose", "prohibited_actions",
-    "loop_control", "business_procedure", "outputs", "llm", "required_access", "credentials",
-    "shell", "notify", "browser",
+    "box_type",
+    "version",
+    "name",
+    "description",
+    "capabilities",
+    "agent_kind",
+    "resource_limits",
+    "tool_policies",
+    "config_defaults",
+    "tools",
+    "os_operations",
+    "file_access",
+    "network",
+    "url_allowlist",
+    "allowed_apps",
+    "dangerous_tool_overrides",
+    "trigger_type",
+    "trigger_schedule",
+    "trigger_event",
+    "purpose",
+    "prohibited_actions",
+    "loop_control",
+    "business_procedure",
+    "outputs",
+    "llm",
+    "required_access",
+    "credentials",
+    "shell",
+    "notify",
+    "browser",
 ];
 
 /// R-MAN-1: how the Box runs.
@@ -132,14 +156,21 @@ pub struct Llm {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RequiredAccess {
-    GitRemote { url: String },
+    GitRemote {
+        url: String,
+    },
     SshTarget {
         host: String,
         user: String,
         #[serde(default = "default_ssh_port")]
         port: u16,
     },
-    NetrcEntry { machine: String, login: String, vault: String, item: String },
+    NetrcEntry {
+        machine: String,
+        login: String,
+        vault: String,
+        item: String,
+    },
 }
 
 fn default_ssh_port() -> u16 {
@@ -356,9 +387,7 @@ impl BoxManifest {
         let yaml: yaml_serde::Value = yaml_serde::from_str(text).map_err(|e| LoadError::Syntax(e.to_string()))?;
         let json = match yaml {
             yaml_serde::Value::Null => Value::Object(Map::new()),
-            yaml_serde::Value::Mapping(_) => {
-                serde_json::to_value(&yaml).map_err(|e| LoadError::Syntax(format!("unsupported YAML content: {e}")))?
-            }
+            yaml_serde::Value::Mapping(_) => serde_json::to_value(&yaml).map_err(|e| LoadError::Syntax(format!("unsupported YAML content: {e}")))?,
             yaml_serde::Value::Sequence(_) => return Err(LoadError::NotAMapping("a sequence")),
             yaml_serde::Value::Tagged(_) => return Err(LoadError::NotAMapping("a tagged value")),
             _ => return Err(LoadError::NotAMapping("a scalar")),
@@ -459,9 +488,10 @@ impl BoxManifest {
         }
         // R-MAN-5
         if self.trigger_type == TriggerType::Schedule
-            && let Err(message) = validate_cron(&self.trigger_schedule) {
-                errors.push(FieldError::new("trigger_schedule", message));
-            }
+            && let Err(message) = validate_cron(&self.trigger_schedule)
+        {
+            errors.push(FieldError::new("trigger_schedule", message));
+        }
         // R-MAN-7: the double gate.
         for (channel, cfg) in &self.notify {
             if !cfg.vault.is_empty() && !self.credentials.allowed_vaults.contains(&cfg.vault) {
@@ -616,9 +646,7 @@ fn take_legacy_permissions(obj: &mut Map<String, Value>, errors: &mut Vec<FieldE
             if let Some(v) = tools.remove(phase) {
                 match from_json::<Vec<String>>(&v) {
                     Ok(list) => {
-                        warnings.push(format!(
-                            "permissions.tools.{phase} is deprecated: its tools are merged into `tools`; declare them there"
-                        ));
+                        warnings.push(format!("permissions.tools.{phase} is deprecated: its tools are merged into `tools`; declare them there"));
                         out.extend(list);
                     }
                     Err(_) => errors.push(FieldError::new(format!("permissions.tools.{phase}"), format!("must be a list of strings, found {}", kind_of(&v)))),
@@ -772,10 +800,9 @@ fn check_required_access(value: &Value, errors: &mut Vec<FieldError>) {
                 format!("is not a key of {kind} (secrets are never stored in a manifest: name a vault and item instead)"),
             ));
         }
-        if ok
-            && let Err(e) = from_json::<RequiredAccess>(item) {
-                errors.push(FieldError::new(key, e));
-            }
+        if ok && let Err(e) = from_json::<RequiredAccess>(item) {
+            errors.push(FieldError::new(key, e));
+        }
     }
 }
 

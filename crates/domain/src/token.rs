@@ -59,13 +59,8 @@ impl ApprovalClaims {
     /// would cover both. With them the encoding is injective (for fields below 4 GiB, far
     /// beyond anything a request can carry).
     pub fn canonical_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(
-            128 + self.key_id.len()
-                + self.draft_id.len()
-                + self.box_type.len()
-                + self.manifest_digest.len()
-                + self.approver.len(),
-        );
+        let mut out =
+            Vec::with_capacity(128 + self.key_id.len() + self.draft_id.len() + self.box_type.len() + self.manifest_digest.len() + self.approver.len());
         push_item(&mut out, PURPOSE_TAG.as_bytes());
         push_item(&mut out, self.key_id.as_bytes());
         push_item(&mut out, self.draft_id.as_bytes());
@@ -127,9 +122,7 @@ mod hex32 {
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
         let text = String::deserialize(d)?;
         let mut out = [0u8; 32];
-        hex::decode_to_slice(text.as_bytes(), &mut out).map_err(|e| {
-            D::Error::custom(format!("public_key: expected 64 hex characters: {e}"))
-        })?;
+        hex::decode_to_slice(text.as_bytes(), &mut out).map_err(|e| D::Error::custom(format!("public_key: expected 64 hex characters: {e}")))?;
         Ok(out)
     }
 }
@@ -153,28 +146,15 @@ impl ApprovalSigner {
 
     /// The entry verifiers put in their [`Keyring`].
     pub fn public_key(&self) -> PublicKeyEntry {
-        PublicKeyEntry {
-            key_id: self.key_id.clone(),
-            public_key: self.signing_key.verifying_key().to_bytes(),
-        }
+        PublicKeyEntry { key_id: self.key_id.clone(), public_key: self.signing_key.verifying_key().to_bytes() }
     }
 
     /// Signs an approval. `issued_at` is truncated to whole seconds because only unix seconds
     /// are signed; the deadline is `issued_at + ACTIVATION_WINDOW` (clamped at the end of
     /// representable time, which only shortens the window).
-    pub fn issue(
-        &self,
-        draft_id: &str,
-        box_type: &str,
-        manifest_digest: &str,
-        approver: &str,
-        issued_at: DateTime<Utc>,
-    ) -> ApprovalToken {
+    pub fn issue(&self, draft_id: &str, box_type: &str, manifest_digest: &str, approver: &str, issued_at: DateTime<Utc>) -> ApprovalToken {
         let issued_at = issued_at.trunc_subsecs(0);
-        let deadline = issued_at
-            .checked_add_signed(ACTIVATION_WINDOW)
-            .unwrap_or(DateTime::<Utc>::MAX_UTC)
-            .trunc_subsecs(0);
+        let deadline = issued_at.checked_add_signed(ACTIVATION_WINDOW).unwrap_or(DateTime::<Utc>::MAX_UTC).trunc_subsecs(0);
         let claims = ApprovalClaims {
             key_id: self.key_id.clone(),
             draft_id: draft_id.to_owned(),
@@ -229,24 +209,15 @@ impl Keyring {
     /// strict Ed25519 verification, a window no longer than [`ACTIVATION_WINDOW`], and
     /// `now <= deadline`. Only then does it hand out a [`VerifiedApproval`]; the caller still
     /// binds it to the draft at hand with [`VerifiedApproval::check_binding`].
-    pub fn verify(
-        &self,
-        token: &ApprovalToken,
-        now: DateTime<Utc>,
-    ) -> Result<VerifiedApproval, TokenError> {
+    pub fn verify(&self, token: &ApprovalToken, now: DateTime<Utc>) -> Result<VerifiedApproval, TokenError> {
         let claims = &token.claims;
-        let key_bytes = self
-            .keys
-            .get(&claims.key_id)
-            .ok_or_else(|| TokenError::UnknownKeyId { key_id: claims.key_id.clone() })?;
+        let key_bytes = self.keys.get(&claims.key_id).ok_or_else(|| TokenError::UnknownKeyId { key_id: claims.key_id.clone() })?;
 
         let mut sig_bytes = [0u8; SIGNATURE_LEN];
-        hex::decode_to_slice(token.signature.as_bytes(), &mut sig_bytes)
-            .map_err(|_| TokenError::MalformedSignature)?;
+        hex::decode_to_slice(token.signature.as_bytes(), &mut sig_bytes).map_err(|_| TokenError::MalformedSignature)?;
         let signature = Signature::from_bytes(&sig_bytes);
 
-        let verifying_key = VerifyingKey::from_bytes(key_bytes)
-            .map_err(|_| TokenError::InvalidPublicKey { key_id: claims.key_id.clone() })?;
+        let verifying_key = VerifyingKey::from_bytes(key_bytes).map_err(|_| TokenError::InvalidPublicKey { key_id: claims.key_id.clone() })?;
 
         if !claims.times_are_canonical() {
             return Err(TokenError::NonCanonicalTime);
@@ -254,9 +225,7 @@ impl Keyring {
 
         // verify_strict rejects small-order keys and non-canonical signatures, so one
         // approval has exactly one valid signature encoding.
-        verifying_key
-            .verify_strict(&claims.canonical_bytes(), &signature)
-            .map_err(|_| TokenError::BadSignature)?;
+        verifying_key.verify_strict(&claims.canonical_bytes(), &signature).map_err(|_| TokenError::BadSignature)?;
 
         if claims.deadline.signed_duration_since(claims.issued_at) > ACTIVATION_WINDOW {
             return Err(TokenError::OverlongWindow);
@@ -282,12 +251,7 @@ impl VerifiedApproval {
 
     /// A valid token for another draft, box_type or manifest must not activate this one:
     /// the caller passes what it is about to activate and gets the first differing field.
-    pub fn check_binding(
-        &self,
-        draft_id: &str,
-        box_type: &str,
-        manifest_digest: &str,
-    ) -> Result<(), TokenError> {
+    pub fn check_binding(&self, draft_id: &str, box_type: &str, manifest_digest: &str) -> Result<(), TokenError> {
         if self.claims.draft_id != draft_id {
             return Err(TokenError::BindingMismatch { field: "draft_id" });
         }
@@ -545,8 +509,7 @@ mod tests {
     fn r_box_1_check_binding_reports_each_mismatching_field() {
         // given a verified approval for draft-1 / invoice-reader / digest
         let s = signer("k1", SECRET_A);
-        let verified =
-            Keyring::new(vec![s.public_key()]).verify(&sample_token(&s), now0()).expect("valid");
+        let verified = Keyring::new(vec![s.public_key()]).verify(&sample_token(&s), now0()).expect("valid");
         let d = digest();
         // when checked against another draft, box_type or manifest; then that field is named
         let cases = [
@@ -582,10 +545,7 @@ mod tests {
     #[test]
     fn r_approve_4_manifest_digest_is_prefixed_sha256_hex() {
         // given the empty input; when digested; then the well-known SHA-256 with prefix
-        assert_eq!(
-            manifest_digest(b""),
-            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
+        assert_eq!(manifest_digest(b""), "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }
 
     #[test]
@@ -614,8 +574,7 @@ mod tests {
     fn arb_time() -> impl Strategy<Value = DateTime<Utc>> {
         // Mostly whole seconds, so that arbitrary tokens also reach signature verification.
         let nanos = prop_oneof![3 => Just(0u32), 1 => 0u32..2_000_000_000u32];
-        (-100_000_000_000i64..100_000_000_000i64, nanos)
-            .prop_map(|(s, n)| DateTime::from_timestamp(s, n).unwrap_or(DateTime::UNIX_EPOCH))
+        (-100_000_000_000i64..100_000_000_000i64, nanos).prop_map(|(s, n)| DateTime::from_timestamp(s, n).unwrap_or(DateTime::UNIX_EPOCH))
     }
 
     proptest! {

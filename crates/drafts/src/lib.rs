@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use atasira_contracts::subjects;
 use atasira_contracts::v1;
-use atasira_contracts::{payload, reply_ok, reply_written, Envelope, Named, Reply};
+use atasira_contracts::{Envelope, Named, Reply, payload, reply_ok, reply_written};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::service::{self as platform_service, Refusal};
-use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::Runtime;
+use atasira_platform::projection::{self as proj, Projection};
+use atasira_platform::service::{self as platform_service, Refusal};
 
 pub use projection::DraftsView;
 
@@ -136,7 +136,9 @@ impl Service {
                 let req: v1::GetDraft = payload(env)?;
                 let found = projection::get(&self.rt.db, &req.draft_id).await.map_err(Refusal::internal)?;
                 match found {
-                    Some((requested_by, json)) if principal.is_admin() || requested_by == principal.user_id => Ok(reply_ok(&v1::DraftReply { draft_json: json }, 0)),
+                    Some((requested_by, json)) if principal.is_admin() || requested_by == principal.user_id => {
+                        Ok(reply_ok(&v1::DraftReply { draft_json: json }, 0))
+                    }
                     // Not the requester: indistinguishable from absent, so ids do not leak.
                     _ => Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id))),
                 }
@@ -156,10 +158,7 @@ impl Service {
             over_limit: plan.over_limit.over_limit,
             warnings: plan.warnings.clone(),
         };
-        let metadata = HashMap::from([
-            ("correlation_id".to_owned(), env.correlation_id.clone()),
-            ("principal".to_owned(), principal.user_id.clone()),
-        ]);
+        let metadata = HashMap::from([("correlation_id".to_owned(), env.correlation_id.clone()), ("principal".to_owned(), principal.user_id.clone())]);
         let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal, at: chrono::Utc::now() };
         self.cqrs.execute(&draft_id, command, metadata).await.map_err(|e| match e {
             cqrs_es::AggregateError::UserError(e) => Refusal::from(e),
@@ -169,7 +168,14 @@ impl Service {
             }
         })?;
         atasira_platform::failpoint("drafts-after-commit");
-        let (event_id, position) = self.rt.db.last_event("draft", &draft_id).await.ok().flatten().ok_or_else(|| Refusal::new(ErrorCode::Internal, "the committed draft is not readable"))?;
+        let (event_id, position) = self
+            .rt
+            .db
+            .last_event("draft", &draft_id)
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| Refusal::new(ErrorCode::Internal, "the committed draft is not readable"))?;
         self.rt.notify_committed();
         Ok(reply_written(&reply, position, vec![event_id]))
     }
@@ -187,7 +193,8 @@ impl Service {
             cqrs_es::AggregateError::AggregateConflict => Refusal::new(ErrorCode::DraftNotPending, "the draft changed meanwhile"),
             other => Refusal::internal(other),
         })?;
-        let (event_id, position) = self.rt.db.last_event("draft", draft_id).await.ok().flatten().ok_or_else(|| Refusal::new(ErrorCode::Internal, "the draft is not readable"))?;
+        let (event_id, position) =
+            self.rt.db.last_event("draft", draft_id).await.ok().flatten().ok_or_else(|| Refusal::new(ErrorCode::Internal, "the draft is not readable"))?;
         self.rt.notify_committed();
         let body = serde_json::json!({"draft_id": draft_id, "status": "withdrawn"});
         Ok(reply_written(&v1::DraftReply { draft_json: body.to_string().into_bytes() }, position, vec![event_id]))

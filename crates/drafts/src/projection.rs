@@ -5,7 +5,7 @@ use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_platform::db::{Db, StoredEvent};
 use atasira_platform::projection::Projection;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sqlx::{Any, Row, Transaction};
 
 pub const NAME: &str = "drafts_view";
@@ -52,7 +52,11 @@ impl Projection for DraftsView {
                     let mut view: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
                     view["status"] = Value::from("active");
                     view["box_id"] = Value::from(box_id);
-                    sqlx::query("UPDATE drafts_view SET status = 'active', view_json = $1 WHERE draft_id = $2").bind(view.to_string()).bind(&draft_id).execute(&mut **tx).await?;
+                    sqlx::query("UPDATE drafts_view SET status = 'active', view_json = $1 WHERE draft_id = $2")
+                        .bind(view.to_string())
+                        .bind(&draft_id)
+                        .execute(&mut **tx)
+                        .await?;
                 }
             }
             return Ok(());

@@ -2,10 +2,10 @@
 //! "details": optional}` with the status the code always has.
 
 use atasira_domain::ErrorCode;
+use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// An error answer.
 #[derive(Debug)]

@@ -33,7 +33,14 @@ const MAX_KEY_LEN: usize = 255;
 const REPLAYED: &[&str] = &["content-type", "x-atasira-position", "x-atasira-lagging"];
 
 /// Runs `work` at most once per (principal, key); without a key it just runs it.
-pub async fn run(db: &Db, principal: &Principal, headers: &HeaderMap, route: &str, body: &[u8], work: impl Future<Output = Result<Response, ApiError>>) -> Result<Response, ApiError> {
+pub async fn run(
+    db: &Db,
+    principal: &Principal,
+    headers: &HeaderMap,
+    route: &str,
+    body: &[u8],
+    work: impl Future<Output = Result<Response, ApiError>>,
+) -> Result<Response, ApiError> {
     let Some(key) = headers.get("idempotency-key") else { return work.await };
     let key = key.to_str().map_err(|_| ApiError::new(ErrorCode::InvalidRequest, "Idempotency-Key must be visible ASCII"))?.to_owned();
     if key.is_empty() || key.len() > MAX_KEY_LEN {
@@ -77,7 +84,12 @@ async fn store(db: &Db, user: &str, key: &str, response: Response) -> Result<Res
     let (parts, body) = response.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX).await.map_err(ApiError::internal)?;
     if parts.status.is_server_error() {
-        sqlx::query("DELETE FROM gateway_idempotency WHERE principal = $1 AND idem_key = $2").bind(user).bind(key).execute(db.any()).await.map_err(ApiError::internal)?;
+        sqlx::query("DELETE FROM gateway_idempotency WHERE principal = $1 AND idem_key = $2")
+            .bind(user)
+            .bind(key)
+            .execute(db.any())
+            .await
+            .map_err(ApiError::internal)?;
     } else {
         let headers: serde_json::Map<String, serde_json::Value> = REPLAYED
             .iter()

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use atasira_contracts::subjects;
 use atasira_contracts::v1;
-use atasira_contracts::{decode_reply, envelope, Named};
+use atasira_contracts::{Named, decode_reply, envelope};
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::auth;
 use atasira_platform::Runtime;
+use atasira_platform::auth;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -28,7 +28,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use prost::Message as _;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 pub use error::ApiError;
 
@@ -86,12 +86,7 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/openapi.json", get(openapi::serve))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
-    Ok(Router::new()
-        .route("/healthz", get(healthz))
-        .nest("/api/v1", api)
-        .fallback(not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state))
+    Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))
 }
 
 /// Serves until `shutdown` resolves (the same code drives tests and production).
@@ -145,7 +140,12 @@ impl AppState {
     }
 
     /// Like `call`, with the ids of the events the request produced.
-    async fn call_written<Req: Named, Resp: prost::Message + Default>(&self, service: &str, principal: &Principal, request: &Req) -> Result<(Resp, i64, Vec<String>), ApiError> {
+    async fn call_written<Req: Named, Resp: prost::Message + Default>(
+        &self,
+        service: &str,
+        principal: &Principal,
+        request: &Req,
+    ) -> Result<(Resp, i64, Vec<String>), ApiError> {
         let correlation_id = uuid::Uuid::new_v4().to_string();
         let assertion = self.rt.assertion_keys.sign(principal, &correlation_id, chrono::Utc::now());
         let env = envelope(request, &correlation_id, "", Some(&assertion));
@@ -175,7 +175,11 @@ impl AppState {
     }
 
     async fn wait_one(&self, service: &str, position: i64, event_ids: &[String]) -> Vec<String> {
-        let request = v1::WaitForPosition { position, timeout_ms: u32::try_from(self.config.consistency_wait.as_millis()).unwrap_or(u32::MAX), event_ids: event_ids.to_vec() };
+        let request = v1::WaitForPosition {
+            position,
+            timeout_ms: u32::try_from(self.config.consistency_wait.as_millis()).unwrap_or(u32::MAX),
+            event_ids: event_ids.to_vec(),
+        };
         let env = envelope(&request, &uuid::Uuid::new_v4().to_string(), "", None);
         let timeout = self.config.consistency_wait + Duration::from_secs(1);
         let subject = subjects::request(subjects::GATEWAY, service);
@@ -202,9 +206,10 @@ fn consistency_headers(response: &mut Response, position: i64, lagging: &[String
         response.headers_mut().insert(HeaderName::from_static("x-atasira-position"), v);
     }
     if !lagging.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&lagging.join(",")) {
-            response.headers_mut().insert(HeaderName::from_static("x-atasira-lagging"), v);
-        }
+        && let Ok(v) = HeaderValue::from_str(&lagging.join(","))
+    {
+        response.headers_mut().insert(HeaderName::from_static("x-atasira-lagging"), v);
+    }
 }
 
 /// The body, or 413/400 as JSON.
@@ -220,7 +225,9 @@ fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError>
 
 /// R-DRAFT-14: bad JSON is 400 here, before the service sees it.
 fn require_json(body: &[u8]) -> Result<(), ApiError> {
-    serde_json::from_slice::<serde::de::IgnoredAny>(body).map(|_| ()).map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body is not valid JSON: {e}")))
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+        .map(|_| ())
+        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body is not valid JSON: {e}")))
 }
 
 /// `POST /api/v1/boxes/box-drafts` (R-DRAFT-1..10): any authenticated principal; the
@@ -242,7 +249,8 @@ async fn submit_draft(State(state): State<AppState>, headers: HeaderMap, body: R
     let body = body_or_error(body)?;
     idempotency::run(&state.rt.db, &principal, &headers, "POST /boxes/box-drafts", &body, async {
         require_json(&body)?;
-        let (reply, position, event_ids): (v1::SubmitDraftReply, i64, Vec<String>) = state.call_written(subjects::DRAFTS, &principal, &v1::SubmitDraft { request_json: body.to_vec() }).await?;
+        let (reply, position, event_ids): (v1::SubmitDraftReply, i64, Vec<String>) =
+            state.call_written(subjects::DRAFTS, &principal, &v1::SubmitDraft { request_json: body.to_vec() }).await?;
         let lagging = state.wait_for(position, &event_ids).await;
         let mut response = (
             StatusCode::CREATED,
@@ -278,7 +286,11 @@ fn page(drafts: Vec<Vec<u8>>, next_cursor: String) -> Result<Json<Value>, ApiErr
     params(("limit" = Option<u32>, Query, description = "Page size (default 50, at most 200)"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     responses((status = 200, description = "Pending drafts", body = openapi::DraftPage), (status = 401, body = openapi::ErrorBody), (status = 403, body = openapi::ErrorBody)),
     security(("pat" = [])))]
-async fn pending_drafts(State(state): State<AppState>, headers: HeaderMap, query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>) -> Result<Json<Value>, ApiError> {
+async fn pending_drafts(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
     let principal = state.principal(&headers).await?;
     let Query(q) = query.map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.body_text()))?;
     let request = v1::ListPendingDrafts { limit: q.limit.unwrap_or(0), cursor: q.cursor.unwrap_or_default() };
@@ -291,7 +303,11 @@ async fn pending_drafts(State(state): State<AppState>, headers: HeaderMap, query
     params(("mine" = bool, Query, description = "Must be true: lists the caller's drafts"), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)),
     responses((status = 200, description = "The caller's drafts", body = openapi::DraftPage), (status = 401, body = openapi::ErrorBody), (status = 422, body = openapi::ErrorBody)),
     security(("pat" = [])))]
-async fn list_drafts(State(state): State<AppState>, headers: HeaderMap, query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>) -> Result<Json<Value>, ApiError> {
+async fn list_drafts(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
     let principal = state.principal(&headers).await?;
     let Query(q) = query.map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.body_text()))?;
     if q.mine != Some(true) {
@@ -343,4 +359,3 @@ async fn nats_assertion(State(state): State<AppState>, headers: HeaderMap, body:
         "assertion_protobuf_hex": hex::encode(wire),
     })))
 }
-

@@ -81,7 +81,10 @@ struct PatAuth;
 impl Modify for PatAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("pat", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some("atasira personal access token")).build()));
+        components.add_security_scheme(
+            "pat",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some("atasira personal access token")).build()),
+        );
     }
 }
 

@@ -2,19 +2,19 @@
 //! authenticates, forwards to its service, waits for the projections a write affects
 //! (R-BOX-9) and answers JSON.
 
-use atasira_contracts::{subjects, v1, Named};
+use atasira_contracts::{Named, subjects, v1};
 use atasira_domain::ErrorCode;
+use axum::Json;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use bytes::Bytes;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 
-use crate::{body_or_error, consistency_headers, idempotency, openapi, require_json, ApiError, AppState};
+use crate::{ApiError, AppState, body_or_error, consistency_headers, idempotency, openapi, require_json};
 
 /// Parses a JSON body with unknown fields refused (R-DRAFT-14); an empty body is `{}`.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -62,7 +62,12 @@ struct ApproveBody {
         (status = 403, description = "forbidden, self_approval_forbidden", body = openapi::ErrorBody), (status = 404, body = openapi::ErrorBody),
         (status = 409, description = "draft_not_pending, over_limit_confirmation_required, box_limit_reached, box_type_exists, manifest_exists", body = openapi::ErrorBody)),
     security(("pat" = [])))]
-pub async fn approve(State(state): State<AppState>, headers: HeaderMap, Path(draft_id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn approve(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(draft_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     state.principal(&headers).await?;
     let body = body_or_error(body)?;
     let b: ApproveBody = parse(&body)?;
@@ -82,7 +87,12 @@ struct RejectBody {
     params(("draft_id" = String, Path)), request_body(content = openapi::RejectRequest),
     responses((status = 200, description = "Rejected", body = Object), (status = 403, body = openapi::ErrorBody), (status = 404, body = openapi::ErrorBody), (status = 409, body = openapi::ErrorBody)),
     security(("pat" = [])))]
-pub async fn reject(State(state): State<AppState>, headers: HeaderMap, Path(draft_id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn reject(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(draft_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     state.principal(&headers).await?;
     let body = body_or_error(body)?;
     let b: RejectBody = parse(&body)?;
@@ -95,11 +105,17 @@ pub async fn reject(State(state): State<AppState>, headers: HeaderMap, Path(draf
     params(("draft_id" = String, Path)), request_body(content = Object, description = "Empty or {}"),
     responses((status = 200, description = "Withdrawn", body = Object), (status = 404, body = openapi::ErrorBody), (status = 409, body = openapi::ErrorBody)),
     security(("pat" = [])))]
-pub async fn withdraw(State(state): State<AppState>, headers: HeaderMap, Path(draft_id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn withdraw(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(draft_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     state.principal(&headers).await?;
     let body = body_or_error(body)?;
     let _: serde_json::Map<String, Value> = parse(&body)?;
-    write(&state, &headers, (&format!("withdraw {draft_id}"), &body), subjects::DRAFTS, v1::WithdrawDraft { draft_id }, |r: &v1::DraftReply| &r.draft_json).await
+    write(&state, &headers, (&format!("withdraw {draft_id}"), &body), subjects::DRAFTS, v1::WithdrawDraft { draft_id }, |r: &v1::DraftReply| &r.draft_json)
+        .await
 }
 
 /// `GET /api/v1/boxes` (R-BOX-5): active Boxes, one per box_type; any authenticated caller.
@@ -130,7 +146,12 @@ struct AssignBody {
 /// `POST /api/v1/boxes/{box_id}/user-assignments` (R-BOX-6): a human admin or the Box's primary.
 #[utoipa::path(post, path = "/api/v1/boxes/{box_id}/user-assignments", tag = "boxes", params(("box_id" = String, Path)), request_body(content = openapi::AssignRequest),
     responses((status = 200, description = "The Box", body = Object), (status = 403, body = openapi::ErrorBody), (status = 404, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn assign_user(State(state): State<AppState>, headers: HeaderMap, Path(box_id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn assign_user(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(box_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     state.principal(&headers).await?;
     let body = body_or_error(body)?;
     let b: AssignBody = parse(&body)?;
@@ -148,19 +169,34 @@ async fn box_action(state: AppState, headers: HeaderMap, box_id: String, body: R
 
 /// `POST /api/v1/boxes/{box_id}/stop` (R-BOX-7): frees the slot, keeps the manifest.
 #[utoipa::path(post, path = "/api/v1/boxes/{box_id}/stop", tag = "boxes", params(("box_id" = String, Path)), request_body(content = Object, description = "Empty or {}"), responses((status = 200, body = Object), (status = 403, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn stop(State(state): State<AppState>, headers: HeaderMap, Path(box_id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn stop(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(box_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     box_action(state, headers, box_id, body, "stop").await
 }
 
 /// `POST /api/v1/boxes/{box_id}/resume` (R-BOX-7): takes a slot again or 409 `box_limit_reached`.
 #[utoipa::path(post, path = "/api/v1/boxes/{box_id}/resume", tag = "boxes", params(("box_id" = String, Path)), request_body(content = Object, description = "Empty or {}"), responses((status = 200, body = Object), (status = 409, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn resume(State(state): State<AppState>, headers: HeaderMap, Path(box_id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn resume(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(box_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     box_action(state, headers, box_id, body, "resume").await
 }
 
 /// `POST /api/v1/boxes/{box_id}/archive` (R-BOX-7): terminal; the YAML moves to `.archived/`.
 #[utoipa::path(post, path = "/api/v1/boxes/{box_id}/archive", tag = "boxes", params(("box_id" = String, Path)), request_body(content = Object, description = "Empty or {}"), responses((status = 200, body = Object), (status = 403, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn archive(State(state): State<AppState>, headers: HeaderMap, Path(box_id): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn archive(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(box_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     box_action(state, headers, box_id, body, "archive").await
 }
 

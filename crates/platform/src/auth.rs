@@ -60,7 +60,11 @@ pub async fn create_token(db: &Db, principal: &Principal, ttl: Option<chrono::Ti
 /// Revokes a token; returns whether it existed.
 pub async fn revoke_token(db: &Db, token: &str) -> anyhow::Result<bool> {
     db.ensure_tables(TOKENS_SCHEMA).await?;
-    let n = sqlx::query("UPDATE gateway_tokens SET revoked = 1 WHERE token_hash = $1 AND revoked = 0").bind(hash_token(token)).execute(db.any()).await?.rows_affected();
+    let n = sqlx::query("UPDATE gateway_tokens SET revoked = 1 WHERE token_hash = $1 AND revoked = 0")
+        .bind(hash_token(token))
+        .execute(db.any())
+        .await?
+        .rows_affected();
     Ok(n > 0)
 }
 

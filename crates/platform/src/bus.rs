@@ -7,8 +7,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 
 /// One request as a handler sees it.
 #[derive(Debug, Clone)]
@@ -194,6 +194,9 @@ mod tests {
         bus.serve("drafts", "atasira.box.*.drafts", handler).await.expect("serves");
         let reply = bus.request("atasira.box.gateway.drafts", BTreeMap::new(), Bytes::from_static(b"hi"), Duration::from_secs(1)).await.expect("replies");
         assert_eq!(&reply[..], b"re:hi");
-        assert!(matches!(bus.request("atasira.box.gateway.audit", BTreeMap::new(), Bytes::new(), Duration::from_secs(1)).await, Err(BusError::NoResponders(_))));
+        assert!(matches!(
+            bus.request("atasira.box.gateway.audit", BTreeMap::new(), Bytes::new(), Duration::from_secs(1)).await,
+            Err(BusError::NoResponders(_))
+        ));
     }
 }

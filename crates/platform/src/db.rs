@@ -58,7 +58,12 @@ impl<A: Aggregate<Services = ()>> std::fmt::Debug for Cqrs<A> {
 impl<A: Aggregate<Services = ()>> Cqrs<A> {
     /// Runs a command with event metadata; optimistic concurrency conflicts come back as
     /// `AggregateError::AggregateConflict`.
-    pub async fn execute(&self, aggregate_id: &str, command: A::Command, metadata: std::collections::HashMap<String, String>) -> Result<(), cqrs_es::AggregateError<A::Error>> {
+    pub async fn execute(
+        &self,
+        aggregate_id: &str,
+        command: A::Command,
+        metadata: std::collections::HashMap<String, String>,
+    ) -> Result<(), cqrs_es::AggregateError<A::Error>> {
         match self {
             Cqrs::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
             Cqrs::Postgres(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
@@ -159,7 +164,12 @@ impl Db {
     pub async fn connect(url: &str) -> anyhow::Result<Db> {
         sqlx::any::install_default_drivers();
         let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let pool = PgPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(10)).connect(url).await.with_context(|| format!("failed to connect to {}", redact(url)))?;
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect(url)
+                .await
+                .with_context(|| format!("failed to connect to {}", redact(url)))?;
             let any = AnyPoolOptions::new().max_connections(8).connect(url).await.context("failed to open the Any pool")?;
             Db { typed: Typed::Postgres(pool), any }
         } else if url.starts_with("sqlite:") {
@@ -243,16 +253,12 @@ impl Db {
         A: Aggregate<Services = ()> + 'static,
     {
         match &self.typed {
-            Typed::Sqlite(pool) => Cqrs::Sqlite(CqrsFramework::new(
-                PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())),
-                vec![],
-                (),
-            )),
-            Typed::Postgres(pool) => Cqrs::Postgres(CqrsFramework::new(
-                PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())),
-                vec![],
-                (),
-            )),
+            Typed::Sqlite(pool) => {
+                Cqrs::Sqlite(CqrsFramework::new(PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())), vec![], ()))
+            }
+            Typed::Postgres(pool) => {
+                Cqrs::Postgres(CqrsFramework::new(PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())), vec![], ()))
+            }
         }
     }
 
@@ -283,7 +289,8 @@ impl Db {
 
     /// The id and position of an aggregate's latest event.
     pub async fn last_event(&self, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<Option<(String, i64)>> {
-        let sql = format!("SELECT sequence, {} FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence DESC LIMIT 1", self.position_expr());
+        let sql =
+            format!("SELECT sequence, {} FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence DESC LIMIT 1", self.position_expr());
         let row = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).fetch_optional(&self.any).await?;
         Ok(match row {
             Some(r) => Some((StoredEvent::event_id_of(aggregate_type, aggregate_id, r.try_get(0)?), r.try_get(1)?)),

@@ -74,8 +74,14 @@ async fn record(db: &Db, name: &str, event: &StoredEvent, projection: Option<&dy
 /// committed, checkpoint included); on failure reopen from the checkpoint after a pause.
 /// Shutdown may cut a handler short: nothing is checkpointed then, so the event is
 /// delivered again and the handler must be idempotent.
-pub async fn consume<F, Fut>(db: Db, feeds: FeedSource, name: &'static str, aggregate_types: &'static [&'static str], mut shutdown: tokio::sync::watch::Receiver<bool>, handle: F)
-where
+pub async fn consume<F, Fut>(
+    db: Db,
+    feeds: FeedSource,
+    name: &'static str,
+    aggregate_types: &'static [&'static str],
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    handle: F,
+) where
     F: Fn(StoredEvent) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
@@ -175,7 +181,12 @@ pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: D
 
 /// R-BOX-9, exact form: waits until every projection that reads an event's aggregate type
 /// has applied that event (by id), at most `timeout`; returns the names still behind.
-pub async fn wait_for_events(db: &Db, projections: &[(&'static str, &'static [&'static str])], event_ids: &[String], timeout: Duration) -> anyhow::Result<Vec<String>> {
+pub async fn wait_for_events(
+    db: &Db,
+    projections: &[(&'static str, &'static [&'static str])],
+    event_ids: &[String],
+    timeout: Duration,
+) -> anyhow::Result<Vec<String>> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let mut lagging = Vec::new();
@@ -185,7 +196,12 @@ pub async fn wait_for_events(db: &Db, projections: &[(&'static str, &'static [&'
                 if !types.contains(&aggregate_type) {
                     continue;
                 }
-                let done = sqlx::query("SELECT 1 FROM projection_processed WHERE name = $1 AND event_id = $2").bind(*name).bind(id).fetch_optional(db.any()).await?.is_some();
+                let done = sqlx::query("SELECT 1 FROM projection_processed WHERE name = $1 AND event_id = $2")
+                    .bind(*name)
+                    .bind(id)
+                    .fetch_optional(db.any())
+                    .await?
+                    .is_some();
                 if !done {
                     lagging.push((*name).to_owned());
                     break;
@@ -201,7 +217,11 @@ pub async fn wait_for_events(db: &Db, projections: &[(&'static str, &'static [&'
 
 /// Answers a `WaitForPosition` for a service's projections (by event ids when given,
 /// by position otherwise).
-pub async fn answer_wait(db: &Db, projections: &[(&'static str, &'static [&'static str])], request: &atasira_contracts::v1::WaitForPosition) -> anyhow::Result<Vec<String>> {
+pub async fn answer_wait(
+    db: &Db,
+    projections: &[(&'static str, &'static [&'static str])],
+    request: &atasira_contracts::v1::WaitForPosition,
+) -> anyhow::Result<Vec<String>> {
     let timeout = Duration::from_millis(u64::from(request.timeout_ms.min(30_000)));
     if request.event_ids.is_empty() {
         let names: Vec<&'static str> = projections.iter().map(|(n, _)| *n).collect();

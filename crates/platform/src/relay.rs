@@ -43,10 +43,8 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
     for event in &events {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", event.event_id.as_str());
-        let ack = js
-            .publish_with_headers(subject.clone(), headers, encode_notification(event).into())
-            .await
-            .map_err(|e| anyhow::anyhow!("publish failed: {e}"))?;
+        let ack =
+            js.publish_with_headers(subject.clone(), headers, encode_notification(event).into()).await.map_err(|e| anyhow::anyhow!("publish failed: {e}"))?;
         ack.await.map_err(|e| anyhow::anyhow!("JetStream did not acknowledge: {e}"))?;
     }
     if let Some(last) = events.last() {
@@ -57,7 +55,13 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
 
 /// Runs the relay until shutdown; failures (NATS down) are retried with a pause and no
 /// event is skipped.
-pub async fn run(db: Db, js: jetstream::Context, service: &'static str, aggregate_types: &'static [&'static str], mut shutdown: tokio::sync::watch::Receiver<bool>) {
+pub async fn run(
+    db: Db,
+    js: jetstream::Context,
+    service: &'static str,
+    aggregate_types: &'static [&'static str],
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let mut stream_ready = false;
     loop {
         if *shutdown.borrow() {

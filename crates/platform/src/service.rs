@@ -5,12 +5,12 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use atasira_contracts::{reply_error, Envelope, Reply};
+use atasira_contracts::{Envelope, Reply, reply_error};
 use atasira_domain::{ErrorCode, Principal, Refusing};
 use prost::Message as _;
 
-use crate::bus::{Endpoint, Handler, Message};
 use crate::Runtime;
+use crate::bus::{Endpoint, Handler, Message};
 
 /// A typed refusal on its way to the wire (the spec's code, a message, optional details).
 #[derive(Debug)]

@@ -18,18 +18,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::{payload, reply_error, reply_ok, subjects, v1, Named, Reply};
+use atasira_contracts::{Named, Reply, payload, reply_error, reply_ok, subjects, v1};
 use atasira_domain::aggregates::access::{Access, AccessCommand};
 use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::manifest::RequiredAccess;
 use atasira_domain::{BoxType, ErrorCode};
-use atasira_platform::service as platform_service;
+use atasira_platform::Runtime;
 use atasira_platform::db::{Cqrs, Db, StoredEvent};
 use atasira_platform::projection as proj;
-use atasira_platform::Runtime;
+use atasira_platform::service as platform_service;
 use tokio::sync::watch;
 
-use crate::setup::{describe, SetupError, Setups};
+use crate::setup::{SetupError, Setups, describe};
 
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::PROVISIONER;
@@ -161,7 +161,6 @@ async fn answer(db: &Db, env: atasira_contracts::Envelope) -> Reply {
         }
     }
 }
-
 
 /// The durable feed of Box events: each activation's entries are set up, then the event
 /// is marked processed (checkpoint) and acked. Shutdown may cut an activation short:

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use atasira_domain::manifest::RequiredAccess;
 use atasira_domain::BoxType;
+use atasira_domain::manifest::RequiredAccess;
 
 /// How long one `git ls-remote` may take: long enough for a slow remote, short enough
 /// that an unresponsive one does not stall the provisioner.
@@ -97,7 +97,10 @@ impl Setups {
         let dest = root.join(box_type.as_str());
         let shown = format!("workspaces/{box_type}");
         if tokio::fs::try_exists(dest.join(".git")).await.unwrap_or(false) {
-            let origin = self.git([OsStr::new("-C"), dest.as_os_str(), OsStr::new("remote"), OsStr::new("get-url"), OsStr::new("origin")], LS_REMOTE_TIMEOUT).await.map_err(SetupError::Transient)?;
+            let origin = self
+                .git([OsStr::new("-C"), dest.as_os_str(), OsStr::new("remote"), OsStr::new("get-url"), OsStr::new("origin")], LS_REMOTE_TIMEOUT)
+                .await
+                .map_err(SetupError::Transient)?;
             let origin = origin.trim();
             if origin != url {
                 return Err(SetupError::Permanent(format!("{shown} already holds a clone of {origin}, not of {url}")));
@@ -111,7 +114,9 @@ impl Setups {
         // A crash mid-clone leaves only this partial directory, never a half-cloned workspace.
         let partial = root.join(format!(".{box_type}.partial"));
         remove_dir_if_present(&partial).await.map_err(|e| SetupError::Transient(format!("cannot clear {}: {e}", partial.display())))?;
-        self.git([OsStr::new("clone"), OsStr::new("--quiet"), OsStr::new("--"), OsStr::new(url), partial.as_os_str()], TRANSFER_TIMEOUT).await.map_err(SetupError::Transient)?;
+        self.git([OsStr::new("clone"), OsStr::new("--quiet"), OsStr::new("--"), OsStr::new(url), partial.as_os_str()], TRANSFER_TIMEOUT)
+            .await
+            .map_err(SetupError::Transient)?;
         // rename(2) replaces an empty directory, so an empty leftover `dest` is fine.
         tokio::fs::rename(&partial, &dest).await.map_err(|e| SetupError::Transient(format!("cannot move the clone into {shown}: {e}")))?;
         Ok(format!("cloned {url} into {shown}"))
@@ -158,9 +163,7 @@ fn check_git_url(url: &str) -> Result<(), SetupError> {
     if GIT_URL_PREFIXES.iter().any(|p| url.starts_with(p)) || url.starts_with('/') {
         return Ok(());
     }
-    Err(SetupError::Permanent(format!(
-        "git_remote url {url:?} is refused: only https://, http://, ssh://, git@, file:// or an absolute path are provisioned"
-    )))
+    Err(SetupError::Permanent(format!("git_remote url {url:?} is refused: only https://, http://, ssh://, git@, file:// or an absolute path are provisioned")))
 }
 
 /// Where the password of a `scheme://user:password@host/...` URL is, if it has one.
@@ -272,10 +275,7 @@ fn netrc_block(box_type: &BoxType, machine: &str, login: &str, vault: &str, item
     Ok(Block {
         begin: format!("# BEGIN atasira {box_type} {machine}"),
         end: format!("# END atasira {box_type} {machine}"),
-        body: vec![
-            format!("# atasira {box_type}: password from vault {vault}, item {item} (never stored here)"),
-            format!("machine {machine} login {login}"),
-        ],
+        body: vec![format!("# atasira {box_type}: password from vault {vault}, item {item} (never stored here)"), format!("machine {machine} login {login}")],
         mode: 0o600,
     })
 }
@@ -287,7 +287,8 @@ pub(crate) fn replace_block(existing: &str, block: &Block) -> String {
     let mut out: Vec<&str> = Vec::new();
     let mut replaced = false;
     let mut inside = false;
-    let rendered: Vec<&str> = std::iter::once(block.begin.as_str()).chain(block.body.iter().map(String::as_str)).chain(std::iter::once(block.end.as_str())).collect();
+    let rendered: Vec<&str> =
+        std::iter::once(block.begin.as_str()).chain(block.body.iter().map(String::as_str)).chain(std::iter::once(block.end.as_str())).collect();
     for line in existing.lines() {
         if inside {
             inside = line != block.end;

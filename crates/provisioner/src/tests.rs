@@ -16,7 +16,7 @@ use atasira_platform::bus::InprocBus;
 use atasira_platform::feed::FeedSource;
 
 use super::*;
-use crate::setup::tests::{bare_repo_with_a_commit, TempDir};
+use crate::setup::tests::{TempDir, bare_repo_with_a_commit};
 
 fn fast() -> Backoff {
     Backoff { attempts: 3, initial: Duration::from_millis(10), max: Duration::from_millis(40) }
@@ -151,7 +151,8 @@ async fn given_an_activation_with_a_good_and_a_bad_remote_when_the_service_runs_
     );
     let activated = activate(&db, "b1", "d1", &yaml).await;
     let alice = Principal::new("alice", Role::Admin, Kind::Human);
-    let assign = BoxCommand::AssignUser { by: alice, user_id: "dave".into(), role_in_box: atasira_domain::aggregates::boxes::BoxRole::Member, at: chrono::Utc::now() };
+    let assign =
+        BoxCommand::AssignUser { by: alice, user_id: "dave".into(), role_in_box: atasira_domain::aggregates::boxes::BoxRole::Member, at: chrono::Utc::now() };
     db.cqrs::<BoxAggregate>().execute("b1", assign, HashMap::new()).await.expect("assigned");
     let last = activate(&db, "b2", "d2", "box_type: support\npurpose: Answer tickets.\n").await;
 
@@ -165,9 +166,13 @@ async fn given_an_activation_with_a_good_and_a_bad_remote_when_the_service_runs_
     let events = access_events(&db).await;
     assert_eq!(events.iter().map(|e| e.aggregate_id.as_str()).collect::<Vec<_>>(), ["b1/0", "b1/1"]);
     let decoded: Vec<AccessEvent> = events.iter().map(|e| serde_json::from_value(e.payload.clone()).expect("access event")).collect();
-    let AccessEvent::AccessProvisioned { index: 0, attempts: 1, detail, box_type, .. } = &decoded[0] else { panic!("expected AccessProvisioned: {:?}", decoded[0]) };
+    let AccessEvent::AccessProvisioned { index: 0, attempts: 1, detail, box_type, .. } = &decoded[0] else {
+        panic!("expected AccessProvisioned: {:?}", decoded[0])
+    };
     assert_eq!((detail.as_str(), box_type.as_str()), (format!("cloned {} into workspaces/sales", bare.display()).as_str(), "sales"));
-    let AccessEvent::AccessProvisionFailed { index: 1, attempts: 3, reason, access, .. } = &decoded[1] else { panic!("expected AccessProvisionFailed: {:?}", decoded[1]) };
+    let AccessEvent::AccessProvisionFailed { index: 1, attempts: 3, reason, access, .. } = &decoded[1] else {
+        panic!("expected AccessProvisionFailed: {:?}", decoded[1])
+    };
     assert!(reason.contains("/nonexistent/repo.git"), "{reason}");
     assert_eq!(access, "git_remote file:///nonexistent/repo.git");
     assert_eq!(events[1].metadata["causation_id"], activated.event_id.as_str());

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use atasira_domain::aggregates::boxes::{box_id_for, BoxCommand};
+use atasira_domain::aggregates::boxes::{BoxCommand, box_id_for};
 use atasira_domain::aggregates::draft::{Draft, DraftEvent};
 use atasira_domain::aggregates::namespace::NamespaceCommand;
 use atasira_domain::aggregates::security::{RegistrySecurity, SecurityCommand};
@@ -53,7 +53,13 @@ async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> 
                 }
             };
             let box_id = box_id_for(&draft_id);
-            let bind = NamespaceCommand::Bind { box_type: box_type.clone(), draft_id: draft_id.clone(), box_id: box_id.clone(), now: chrono::Utc::now(), max_boxes: registry.config.max_boxes };
+            let bind = NamespaceCommand::Bind {
+                box_type: box_type.clone(),
+                draft_id: draft_id.clone(),
+                box_id: box_id.clone(),
+                now: chrono::Utc::now(),
+                max_boxes: registry.config.max_boxes,
+            };
             if let Err(e) = registry.namespace(bind).await {
                 // Reserved before the decision, so this only happens when the reservation
                 // lapsed and someone else took the box_type or the last slot meanwhile.
@@ -95,6 +101,13 @@ async fn release(registry: &Registry, box_type: &str, draft_id: &str, reason: &s
 async fn record_violation(registry: &Registry, actor: &str, target: &str, reason: &str) -> anyhow::Result<()> {
     // One violation per refused approval event: replays find it recorded.
     let id = format!("invalid-token:{target}");
-    let command = SecurityCommand::Record { service: "runtime-registry".into(), actor: actor.to_owned(), target: target.to_owned(), kind: "invalid_approval_token".into(), reason: reason.to_owned(), at: chrono::Utc::now() };
+    let command = SecurityCommand::Record {
+        service: "runtime-registry".into(),
+        actor: actor.to_owned(),
+        target: target.to_owned(),
+        kind: "invalid_approval_token".into(),
+        reason: reason.to_owned(),
+        at: chrono::Utc::now(),
+    };
     registry.rt.db.cqrs::<RegistrySecurity>().execute(&id, command, HashMap::new()).await.map_err(|e| anyhow::anyhow!("cannot record the violation: {e}"))
 }

@@ -14,15 +14,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::{payload, reply_ok, reply_written, subjects, v1, Envelope, Named, Reply};
-use atasira_domain::aggregates::boxes::{box_id_for, BoxAggregate, BoxCommand, BoxRole};
-use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NamespaceCommand, NamespaceError, NAMESPACE_ID};
+use atasira_contracts::{Envelope, Named, Reply, payload, reply_ok, reply_written, subjects, v1};
+use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, BoxRole, box_id_for};
+use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand, NamespaceError};
 use atasira_domain::token::{Keyring, PublicKeyEntry};
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::db::Cqrs;
-use atasira_platform::service::{self as platform_service, Refusal};
-use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::Runtime;
+use atasira_platform::db::Cqrs;
+use atasira_platform::projection::{self as proj, Projection};
+use atasira_platform::service::{self as platform_service, Refusal};
 use prost::Message as _;
 use serde_json::Value;
 
@@ -75,7 +75,11 @@ impl KeyProvider {
 
     async fn fetch_keys(&self) -> anyhow::Result<Vec<PublicKeyEntry>> {
         let env = atasira_contracts::envelope(&v1::GetApprovalKeys {}, &uuid::Uuid::new_v4().to_string(), "", None);
-        let bytes = self.rt.bus.request(&subjects::request(SERVICE, subjects::APPROVAL), Default::default(), env.encode_to_vec().into(), Duration::from_secs(5)).await?;
+        let bytes = self
+            .rt
+            .bus
+            .request(&subjects::request(SERVICE, subjects::APPROVAL), Default::default(), env.encode_to_vec().into(), Duration::from_secs(5))
+            .await?;
         match atasira_contracts::decode_reply::<v1::ApprovalKeysReply>(&bytes)? {
             Ok((reply, _)) => Ok(serde_json::from_slice(&reply.keys_json)?),
             Err(e) => anyhow::bail!("approval refused: {}", e.message),
@@ -183,7 +187,14 @@ impl Registry {
                 }
                 let foreign = views::foreign_file(&self.rt.db, &self.config.manifests_dir, &r.box_type).await.map_err(Refusal::internal)?;
                 let deadline = chrono::DateTime::from_timestamp(r.deadline_unix, 0).ok_or_else(|| Refusal::new(ErrorCode::InvalidRequest, "bad deadline"))?;
-                let command = NamespaceCommand::Reserve { box_type: r.box_type, draft_id: r.draft_id, now: chrono::Utc::now(), deadline, max_boxes: self.config.max_boxes, foreign_manifest_file: foreign };
+                let command = NamespaceCommand::Reserve {
+                    box_type: r.box_type,
+                    draft_id: r.draft_id,
+                    now: chrono::Utc::now(),
+                    deadline,
+                    max_boxes: self.config.max_boxes,
+                    foreign_manifest_file: foreign,
+                };
                 self.namespace(command).await?;
                 Ok(reply_ok(&v1::Ack {}, 0))
             }
@@ -243,7 +254,10 @@ impl Registry {
     }
 
     async fn view(&self, box_id: &str) -> Result<Value, Refusal> {
-        views::get(&self.rt.db, &self.config.manifests_dir, box_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::new(ErrorCode::BoxNotFound, format!("no Box {box_id:?}")))
+        views::get(&self.rt.db, &self.config.manifests_dir, box_id)
+            .await
+            .map_err(Refusal::internal)?
+            .ok_or_else(|| Refusal::new(ErrorCode::BoxNotFound, format!("no Box {box_id:?}")))
     }
 
     async fn exists(&self, box_id: &str) -> Result<BoxAggregate, Refusal> {
@@ -263,7 +277,9 @@ impl Registry {
         })?;
         self.rt.notify_committed();
         let (event_id, position) = self.rt.db.last_event("box", box_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
-        proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), Duration::from_secs(5)).await.map_err(Refusal::internal)?;
+        proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), Duration::from_secs(5))
+            .await
+            .map_err(Refusal::internal)?;
         let view = self.view(box_id).await?;
         Ok(reply_written(&v1::BoxReply { box_json: view.to_string().into_bytes() }, position, vec![event_id]))
     }

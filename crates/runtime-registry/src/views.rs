@@ -4,12 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
+use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::BoxEvent;
-use atasira_domain::BoxManifest;
 use atasira_platform::db::{Db, StoredEvent};
 use atasira_platform::projection::Projection;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sqlx::{Any, Row, Transaction};
 
@@ -132,7 +132,12 @@ async fn update(tx: &mut Transaction<'static, Any>, box_id: &str, edit: impl FnO
     let Some(row) = row else { return Ok(()) };
     let mut view: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
     let state = edit(&mut view).map(str::to_owned).unwrap_or(row.try_get::<String, _>(1)?);
-    sqlx::query("UPDATE registry_boxes SET view_json = $1, state = $2 WHERE box_id = $3").bind(view.to_string()).bind(state).bind(box_id).execute(&mut **tx).await?;
+    sqlx::query("UPDATE registry_boxes SET view_json = $1, state = $2 WHERE box_id = $3")
+        .bind(view.to_string())
+        .bind(state)
+        .bind(box_id)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -233,10 +238,16 @@ impl Projection for ManifestFiles {
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
         let parsed: BoxEvent = serde_json::from_value(event.payload.clone())?;
         let (box_id, manifest): (String, BoxManifest) = match parsed {
-            BoxEvent::BoxActivated { box_id, manifest, .. } | BoxEvent::BoxManifestEdited { box_id, manifest, .. } | BoxEvent::BoxConfigEdited { box_id, manifest, .. } => (box_id, manifest),
+            BoxEvent::BoxActivated { box_id, manifest, .. }
+            | BoxEvent::BoxManifestEdited { box_id, manifest, .. }
+            | BoxEvent::BoxConfigEdited { box_id, manifest, .. } => (box_id, manifest),
             BoxEvent::BoxArchived { box_id, box_type, .. } => {
                 let path = manifest_path(&self.manifests_dir, &box_type);
-                let ours = sqlx::query("SELECT digest FROM registry_manifest_files WHERE box_type = $1 AND box_id = $2").bind(&box_type).bind(&box_id).fetch_optional(&mut **tx).await?;
+                let ours = sqlx::query("SELECT digest FROM registry_manifest_files WHERE box_type = $1 AND box_id = $2")
+                    .bind(&box_type)
+                    .bind(&box_id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
                 if let Some(row) = ours {
                     let digest_now = std::fs::read(&path).ok().map(|b| digest(&b));
                     if digest_now.as_deref() == Some(row.try_get::<String, _>(0)?.as_str()) {
@@ -254,7 +265,12 @@ impl Projection for ManifestFiles {
         let path = manifest_path(&self.manifests_dir, &box_type);
         let yaml = manifest.to_yaml();
         let new_digest = digest(yaml.as_bytes());
-        let previous = sqlx::query("SELECT digest FROM registry_manifest_files WHERE box_type = $1").bind(&box_type).fetch_optional(&mut **tx).await?.map(|r| r.try_get::<String, _>(0)).transpose()?;
+        let previous = sqlx::query("SELECT digest FROM registry_manifest_files WHERE box_type = $1")
+            .bind(&box_type)
+            .fetch_optional(&mut **tx)
+            .await?
+            .map(|r| r.try_get::<String, _>(0))
+            .transpose()?;
         let on_disk = std::fs::read(&path).ok().map(|b| digest(&b));
         let ours_or_absent = on_disk.is_none() || on_disk == previous || on_disk.as_deref() == Some(new_digest.as_str());
         if !ours_or_absent {

@@ -69,10 +69,26 @@ mod tests {
     use crate::aggregates::testing::given_when;
 
     fn failed() -> AccessCommand {
-        AccessCommand::Failed { box_id: "b".into(), box_type: "t".into(), index: 0, access: "git_remote x".into(), reason: "unreachable".into(), attempts: 5, at: Utc::now() }
+        AccessCommand::Failed {
+            box_id: "b".into(),
+            box_type: "t".into(),
+            index: 0,
+            access: "git_remote x".into(),
+            reason: "unreachable".into(),
+            attempts: 5,
+            at: Utc::now(),
+        }
     }
     fn ok() -> AccessCommand {
-        AccessCommand::Provisioned { box_id: "b".into(), box_type: "t".into(), index: 0, access: "git_remote x".into(), detail: "cloned".into(), attempts: 1, at: Utc::now() }
+        AccessCommand::Provisioned {
+            box_id: "b".into(),
+            box_type: "t".into(),
+            index: 0,
+            access: "git_remote x".into(),
+            detail: "cloned".into(),
+            attempts: 1,
+            at: Utc::now(),
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use crate::aggregates::aggregate_via_decide;
 use crate::error::{ErrorCode, FieldError};
 use crate::manifest::BoxManifest;
-use crate::policy::{config_edit, mentor_edit, ConfigEditError, MentorEditError};
+use crate::policy::{ConfigEditError, MentorEditError, config_edit, mentor_edit};
 use crate::principal::Principal;
 use crate::token::{TokenError, VerifiedApproval};
 
@@ -88,12 +88,45 @@ pub enum BoxEvent {
         approval_key_id: String,
         activated_at: DateTime<Utc>,
     },
-    BoxUserAssigned { box_id: String, user_id: String, role_in_box: BoxRole, assigned_by: String, at: DateTime<Utc> },
-    BoxManifestEdited { box_id: String, manifest: BoxManifest, changed_keys: Vec<String>, edited_by: String, at: DateTime<Utc> },
-    BoxConfigEdited { box_id: String, manifest: BoxManifest, changed_keys: Vec<String>, edited_by: String, at: DateTime<Utc> },
-    BoxStopped { box_id: String, box_type: String, by: String, at: DateTime<Utc> },
-    BoxResumed { box_id: String, box_type: String, by: String, at: DateTime<Utc> },
-    BoxArchived { box_id: String, box_type: String, by: String, at: DateTime<Utc> },
+    BoxUserAssigned {
+        box_id: String,
+        user_id: String,
+        role_in_box: BoxRole,
+        assigned_by: String,
+        at: DateTime<Utc>,
+    },
+    BoxManifestEdited {
+        box_id: String,
+        manifest: BoxManifest,
+        changed_keys: Vec<String>,
+        edited_by: String,
+        at: DateTime<Utc>,
+    },
+    BoxConfigEdited {
+        box_id: String,
+        manifest: BoxManifest,
+        changed_keys: Vec<String>,
+        edited_by: String,
+        at: DateTime<Utc>,
+    },
+    BoxStopped {
+        box_id: String,
+        box_type: String,
+        by: String,
+        at: DateTime<Utc>,
+    },
+    BoxResumed {
+        box_id: String,
+        box_type: String,
+        by: String,
+        at: DateTime<Utc>,
+    },
+    BoxArchived {
+        box_id: String,
+        box_type: String,
+        by: String,
+        at: DateTime<Utc>,
+    },
 }
 
 impl BoxEvent {

@@ -79,8 +79,15 @@ pub enum DraftEvent {
         requested_by: Principal,
         submitted_at: DateTime<Utc>,
     },
-    DraftWithdrawn { draft_id: String, withdrawn_by: String, at: DateTime<Utc> },
-    DraftExpired { draft_id: String, at: DateTime<Utc> },
+    DraftWithdrawn {
+        draft_id: String,
+        withdrawn_by: String,
+        at: DateTime<Utc>,
+    },
+    DraftExpired {
+        draft_id: String,
+        at: DateTime<Utc>,
+    },
     DraftApproved {
         draft_id: String,
         box_type: String,
@@ -89,7 +96,13 @@ pub enum DraftEvent {
         confirm_over_limit: bool,
         token: ApprovalToken,
     },
-    DraftRejected { draft_id: String, box_type: String, rejected_by: String, reason: String, at: DateTime<Utc> },
+    DraftRejected {
+        draft_id: String,
+        box_type: String,
+        rejected_by: String,
+        reason: String,
+        at: DateTime<Utc>,
+    },
 }
 
 impl DraftEvent {
@@ -193,7 +206,11 @@ impl Draft {
                     return Err(DraftError::OverLimitConfirmationRequired);
                 }
                 let c = &token.claims;
-                if c.draft_id != d.draft_id || c.box_type != d.manifest.box_type.as_str() || c.manifest_digest != d.manifest.digest() || c.approver != by.user_id {
+                if c.draft_id != d.draft_id
+                    || c.box_type != d.manifest.box_type.as_str()
+                    || c.manifest_digest != d.manifest.digest()
+                    || c.approver != by.user_id
+                {
                     return Err(DraftError::TokenMismatch);
                 }
                 Ok(vec![DraftEvent::DraftApproved {

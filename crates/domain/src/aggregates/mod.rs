@@ -61,8 +61,8 @@ pub(crate) mod testing {
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
 
-    use cqrs_es::event_sink::EventSink;
     use cqrs_es::Aggregate;
+    use cqrs_es::event_sink::EventSink;
 
     /// Drives a future that never waits on IO (our `handle` only locks an uncontended
     /// mutex) to completion without an async runtime.

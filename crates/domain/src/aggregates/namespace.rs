@@ -167,14 +167,12 @@ impl BoxTypeNamespace {
                 Ok(events)
             }
             NamespaceCommand::Release { box_type, draft_id, reason } => Ok(self.release_reservation(box_type, draft_id, reason)),
-            NamespaceCommand::Expire { box_type, draft_id, now } => {
-                match self.entries.get(&box_type) {
-                    Some(e) if !e.is_live(now) && e.draft_id.as_deref() == Some(draft_id.as_str()) => {
-                        Ok(self.release_reservation(box_type, draft_id, "expired".into()))
-                    }
-                    _ => Ok(vec![]),
+            NamespaceCommand::Expire { box_type, draft_id, now } => match self.entries.get(&box_type) {
+                Some(e) if !e.is_live(now) && e.draft_id.as_deref() == Some(draft_id.as_str()) => {
+                    Ok(self.release_reservation(box_type, draft_id, "expired".into()))
                 }
-            }
+                _ => Ok(vec![]),
+            },
             NamespaceCommand::Bind { box_type, draft_id, box_id, now, max_boxes } => {
                 let mut events = Vec::new();
                 match self.entries.get(&box_type) {
@@ -207,7 +205,13 @@ impl BoxTypeNamespace {
                 if !e.holds_slot {
                     return Ok(vec![]);
                 }
-                Ok(vec![NamespaceEvent::BoxTypeReleased { box_type, draft_id: None, box_id: Some(box_id), scope: ReleaseScope::Slot, reason: "stopped".into() }])
+                Ok(vec![NamespaceEvent::BoxTypeReleased {
+                    box_type,
+                    draft_id: None,
+                    box_id: Some(box_id),
+                    scope: ReleaseScope::Slot,
+                    reason: "stopped".into(),
+                }])
             }
             NamespaceCommand::TakeSlot { box_type, box_id, now, max_boxes } => {
                 let e = self.held_by(&box_type, &box_id)?;

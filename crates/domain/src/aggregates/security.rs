@@ -114,7 +114,14 @@ mod tests {
     use crate::aggregates::testing::given_when;
 
     fn record() -> SecurityCommand {
-        SecurityCommand::Record { service: "approval".into(), actor: "alice".into(), target: "d1".into(), kind: "self_approval".into(), reason: "r".into(), at: Utc::now() }
+        SecurityCommand::Record {
+            service: "approval".into(),
+            actor: "alice".into(),
+            target: "d1".into(),
+            kind: "self_approval".into(),
+            reason: "r".into(),
+            at: Utc::now(),
+        }
     }
 
     #[test]

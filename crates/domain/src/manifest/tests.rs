@@ -152,7 +152,9 @@ fn given_unknown_top_level_keys_then_the_loader_ignores_them_with_a_warning() {
 #[test]
 fn given_a_secret_in_required_access_then_it_is_refused_by_name() {
     // R-PROV-1: secrets are never stored
-    let errs = errors(&format!("{MINIMAL}required_access:\n  - {{type: netrc_entry, machine: m, login: l, vault: v, item: i, password: hunter2}}\n  - {{type: ftp}}\n"));
+    let errs = errors(&format!(
+        "{MINIMAL}required_access:\n  - {{type: netrc_entry, machine: m, login: l, vault: v, item: i, password: hunter2}}\n  - {{type: ftp}}\n"
+    ));
     assert_eq!(keys(&errs), vec!["required_access[0].password", "required_access[1].type"]);
     let ok = load(&format!("{MINIMAL}required_access:\n  - {{type: ssh_target, host: h, user: u}}\n")).manifest;
     assert_eq!(ok.required_access, vec![RequiredAccess::SshTarget { host: "h".into(), user: "u".into(), port: 22 }]);
@@ -278,7 +280,10 @@ mod round_trip {
             text().prop_map(Value::from),
         ];
         leaf.prop_recursive(3, 16, 4, |inner| {
-            prop_oneof![vec(inner.clone(), 0..4).prop_map(Value::from), btree_map("[a-z_]{1,8}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect()))]
+            prop_oneof![
+                vec(inner.clone(), 0..4).prop_map(Value::from),
+                btree_map("[a-z_]{1,8}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect()))
+            ]
         })
     }
 
@@ -290,7 +295,8 @@ mod round_trip {
         let box_type = "[a-z0-9][a-z0-9_-]{0,20}".prop_filter("not reserved", |s| !RESERVED_BOX_TYPES.contains(&s.as_str()));
         let ops = proptest::sample::subsequence(OSOperation::ALL.to_vec(), 0..6);
         let words = || vec(text(), 0..4);
-        let step = (any::<i64>(), text(), text(), object()).prop_map(|(step, description, tool, args_schema)| ProcedureStep { step, description, tool, args_schema });
+        let step =
+            (any::<i64>(), text(), text(), object()).prop_map(|(step, description, tool, args_schema)| ProcedureStep { step, description, tool, args_schema });
         let access = prop_oneof![
             text().prop_map(|url| RequiredAccess::GitRemote { url }),
             (text(), text(), any::<u16>()).prop_map(|(host, user, port)| RequiredAccess::SshTarget { host, user, port }),
@@ -300,7 +306,11 @@ mod round_trip {
         let part2 = (
             prop_oneof![Just(Network::None), Just(Network::Local), Just(Network::Filtered), Just(Network::Full)],
             prop_oneof![Just(AgentKind::Dialog), Just(AgentKind::Worker), Just(AgentKind::Mentor), Just(AgentKind::Custom)],
-            prop_oneof![Just((TriggerType::Manual, String::new())), Just((TriggerType::Schedule, "*/15 * * * *".to_owned())), Just((TriggerType::Event, "atasira.box.x.result".to_owned()))],
+            prop_oneof![
+                Just((TriggerType::Manual, String::new())),
+                Just((TriggerType::Schedule, "*/15 * * * *".to_owned())),
+                Just((TriggerType::Event, "atasira.box.x.result".to_owned()))
+            ],
             "\\PC{1,40}".prop_filter("not blank", |s| !s.trim().is_empty()),
             (1u32..10_000, 0.001f64..1e9, any::<bool>()),
             vec(step, 0..3),
@@ -309,11 +319,27 @@ mod round_trip {
             (vec("[a-z]{1,6}", 0..3), any::<bool>()),
         );
         (part1, part2).prop_map(
-            |((box_type, (ma, mi, pa), name, description, tools, config_defaults, resource_limits, os_operations, prohibited_actions),
-              (network, agent_kind, (trigger_type, trigger_schedule), purpose, (max_iterations, timeout_s, escalate_on_failure), business_procedure, required_access, dangerous_tool_overrides, (vaults, broadcast)))| {
+            |(
+                (box_type, (ma, mi, pa), name, description, tools, config_defaults, resource_limits, os_operations, prohibited_actions),
+                (
+                    network,
+                    agent_kind,
+                    (trigger_type, trigger_schedule),
+                    purpose,
+                    (max_iterations, timeout_s, escalate_on_failure),
+                    business_procedure,
+                    required_access,
+                    dangerous_tool_overrides,
+                    (vaults, broadcast),
+                ),
+            )| {
                 let notify: BTreeMap<String, NotifyChannel> = vaults
                     .first()
-                    .map(|v| [("line".to_owned(), NotifyChannel { vault: v.clone(), item: "bot".into(), recipients: vec!["u1".into()], broadcast })].into_iter().collect())
+                    .map(|v| {
+                        [("line".to_owned(), NotifyChannel { vault: v.clone(), item: "bot".into(), recipients: vec!["u1".into()], broadcast })]
+                            .into_iter()
+                            .collect()
+                    })
                     .unwrap_or_default();
                 BoxManifest {
                     box_type: BoxType::parse(&box_type).expect("strategy yields valid box types"),

@@ -147,14 +147,17 @@ browser: {approval_required_selectors: ["#buy"]}
     #[test]
     fn given_operating_parameters_when_patched_then_they_change() {
         // R-EDIT-3
-        let edited = config_edit(&manifest(), &json!({
-            "config_defaults": {"watch_items": ["A1", "B2"], "purchase_enabled": false},
-            "trigger_schedule": "*/15 * * * *",
-            "notify": {"email": {"recipients": ["a@example.com", "b@example.com"], "item": "smtp2"}},
-            "credentials": {"allowed_vaults": ["ops", "team"], "token_env_var": "OP_TOKEN"},
-            "shell": {"allowed_commands": ["ls", "cat"]},
-            "browser": {"approval_required_selectors": ["#buy", "#pay"]}
-        }))
+        let edited = config_edit(
+            &manifest(),
+            &json!({
+                "config_defaults": {"watch_items": ["A1", "B2"], "purchase_enabled": false},
+                "trigger_schedule": "*/15 * * * *",
+                "notify": {"email": {"recipients": ["a@example.com", "b@example.com"], "item": "smtp2"}},
+                "credentials": {"allowed_vaults": ["ops", "team"], "token_env_var": "OP_TOKEN"},
+                "shell": {"allowed_commands": ["ls", "cat"]},
+                "browser": {"approval_required_selectors": ["#buy", "#pay"]}
+            }),
+        )
         .expect("allowed");
         assert_eq!(edited.config_defaults["watch_items"], json!(["A1", "B2"]));
         assert_eq!(edited.trigger_schedule, "*/15 * * * *");

@@ -13,8 +13,21 @@ pub const MENTOR_EDITABLE_KEYS: &[&str] = &["purpose", "success_criteria", "proh
 /// R-EDIT-2: the seed's MENTOR_PROHIBITED_KEYS (15; `permissions` and `docspi` are not
 /// manifest fields but are named so that an attempt is reported as prohibited).
 pub const MENTOR_PROHIBITED_KEYS: &[&str] = &[
-    "loop_control", "permissions", "llm", "tools", "os_operations", "url_allowlist", "trigger_event",
-    "trigger_type", "outputs", "required_access", "docspi", "box_type", "version", "capabilities", "network",
+    "loop_control",
+    "permissions",
+    "llm",
+    "tools",
+    "os_operations",
+    "url_allowlist",
+    "trigger_event",
+    "trigger_type",
+    "outputs",
+    "required_access",
+    "docspi",
+    "box_type",
+    "version",
+    "capabilities",
+    "network",
 ];
 
 /// Why a mentor edit is refused.
@@ -40,9 +53,7 @@ impl MentorEditError {
     /// Every refused key, in the order prohibited, not editable, unknown.
     pub fn refused_keys(&self) -> Vec<String> {
         match self {
-            MentorEditError::RefusedKeys { prohibited, not_editable, unknown } => {
-                prohibited.iter().chain(not_editable).chain(unknown).cloned().collect()
-            }
+            MentorEditError::RefusedKeys { prohibited, not_editable, unknown } => prohibited.iter().chain(not_editable).chain(unknown).cloned().collect(),
             MentorEditError::Invalid(_) => Vec::new(),
         }
     }
@@ -131,12 +142,15 @@ mod tests {
     #[test]
     fn given_the_four_keys_when_edited_then_they_merge_and_the_minor_version_bumps() {
         // R-EDIT-1
-        let edited = mentor_edit(&manifest(), &patch(json!({
-            "purpose": "Report sales and returns.",
-            "success_criteria": ["every Monday", "errors escalate"],
-            "prohibited_actions": ["never delete files"],
-            "business_procedure": [{"step": 1, "description": "collect", "tool": "Read"}]
-        })))
+        let edited = mentor_edit(
+            &manifest(),
+            &patch(json!({
+                "purpose": "Report sales and returns.",
+                "success_criteria": ["every Monday", "errors escalate"],
+                "prohibited_actions": ["never delete files"],
+                "business_procedure": [{"step": 1, "description": "collect", "tool": "Read"}]
+            })),
+        )
         .expect("allowed");
         assert_eq!(edited.purpose, "Report sales and returns.\n\n## Success criteria\n- every Monday\n- errors escalate");
         assert_eq!(edited.prohibited_actions, vec!["never delete files"]);
@@ -180,7 +194,11 @@ mod tests {
         let err = mentor_edit(&manifest(), &patch(json!({"quality_gate": 1, "config_defaults": {}, "tools": []}))).expect_err("refused");
         assert_eq!(
             err,
-            MentorEditError::RefusedKeys { prohibited: vec!["tools".into()], not_editable: vec!["config_defaults".into()], unknown: vec!["quality_gate".into()] }
+            MentorEditError::RefusedKeys {
+                prohibited: vec!["tools".into()],
+                not_editable: vec!["config_defaults".into()],
+                unknown: vec!["quality_gate".into()]
+            }
         );
     }
 

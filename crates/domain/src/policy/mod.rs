@@ -3,5 +3,5 @@
 pub mod config_edit;
 pub mod mentor_edit;
 
-pub use config_edit::{config_edit, ConfigEditError};
-pub use mentor_edit::{mentor_edit, MentorEditError, MENTOR_EDITABLE_KEYS, MENTOR_PROHIBITED_KEYS};
+pub use config_edit::{ConfigEditError, config_edit};
+pub use mentor_edit::{MENTOR_EDITABLE_KEYS, MENTOR_PROHIBITED_KEYS, MentorEditError, mentor_edit};

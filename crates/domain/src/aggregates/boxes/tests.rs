@@ -144,7 +144,11 @@ fn given_a_box_when_config_edited_then_changes_within_capability_apply() {
     let edited = then(&h, BoxCommand::ConfigEdit { by: ops_bot(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(2) }).expect("edited");
     assert_eq!(edited[0].name(), "BoxConfigEdited");
     let same = with(&h, edited);
-    assert_eq!(then(&same, BoxCommand::ConfigEdit { by: alice(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(3) }), Ok(vec![]), "no-op edits add no event");
+    assert_eq!(
+        then(&same, BoxCommand::ConfigEdit { by: alice(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(3) }),
+        Ok(vec![]),
+        "no-op edits add no event"
+    );
     let err = then(&h, BoxCommand::ConfigEdit { by: alice(), patch: json!({"os_operations": ["shell:exec"]}), at: t(2) }).expect_err("widening");
     assert_eq!(err.code().as_str(), "capability_change_requires_new_draft");
     let member = then(&h, BoxCommand::ConfigEdit { by: dave(), patch: json!({"config_defaults": {}}), at: t(2) }).expect_err("member");

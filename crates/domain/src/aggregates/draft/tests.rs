@@ -1,6 +1,6 @@
 //! Given/when/then tests of the Draft aggregate (SPEC §3, §4).
 
-use chrono::{TimeZone, TimeDelta};
+use chrono::{TimeDelta, TimeZone};
 
 use super::*;
 use crate::aggregates::testing::given_when;
@@ -73,7 +73,14 @@ fn given_pending_when_a_human_admin_approves_then_draft_approved() {
     let events = given_when::<Draft>(vec![s], approve(alice(), false, token.clone())).expect("approved");
     assert_eq!(
         events,
-        vec![DraftEvent::DraftApproved { draft_id: "d1".into(), box_type: "sales".into(), approved_by: "alice".into(), approved_at: t(1), confirm_over_limit: false, token }]
+        vec![DraftEvent::DraftApproved {
+            draft_id: "d1".into(),
+            box_type: "sales".into(),
+            approved_by: "alice".into(),
+            approved_at: t(1),
+            confirm_over_limit: false,
+            token
+        }]
     );
 }
 
@@ -126,7 +133,10 @@ fn given_approved_when_the_same_admin_repeats_then_ok_without_new_events_and_oth
     let history: Vec<DraftEvent> = std::iter::once(s).chain(approved).collect();
     assert_eq!(given_when::<Draft>(history.clone(), approve(alice(), false, token.clone())), Ok(vec![]));
     assert_eq!(given_when::<Draft>(history.clone(), approve(bob(), false, token_for(&history[0], "bob"))), Err(DraftError::NotPending(DraftStatus::Approved)));
-    assert_eq!(given_when::<Draft>(history, DraftCommand::Reject { by: bob(), reason: "late".into(), at: t(2) }), Err(DraftError::NotPending(DraftStatus::Approved)));
+    assert_eq!(
+        given_when::<Draft>(history, DraftCommand::Reject { by: bob(), reason: "late".into(), at: t(2) }),
+        Err(DraftError::NotPending(DraftStatus::Approved))
+    );
 }
 
 #[test]

@@ -85,7 +85,8 @@ fn given_the_limit_with_a_lapsed_reservation_then_the_lapsed_one_does_not_count(
 #[test]
 fn given_a_foreign_manifest_file_when_reserved_then_manifest_exists() {
     // R-BOX-2
-    let cmd = NamespaceCommand::Reserve { box_type: "sales".into(), draft_id: "d1".into(), now: t(0), deadline: t(10), max_boxes: 3, foreign_manifest_file: true };
+    let cmd =
+        NamespaceCommand::Reserve { box_type: "sales".into(), draft_id: "d1".into(), now: t(0), deadline: t(10), max_boxes: 3, foreign_manifest_file: true };
     let err = given_when::<BoxTypeNamespace>(vec![], cmd).expect_err("refused");
     assert_eq!(err.code().as_str(), "manifest_exists");
 }
@@ -140,8 +141,14 @@ fn given_a_full_house_when_a_box_stops_then_its_slot_is_free_and_resume_needs_a_
     let stop = NamespaceCommand::FreeSlot { box_type: "a".into(), box_id: "box-a".into() };
     let h = history([active("a"), active("b"), active("c"), vec![stop.clone()]].concat());
     assert_eq!(given_when::<BoxTypeNamespace>(h.clone(), stop), Ok(vec![]), "stop is idempotent");
-    assert_eq!(given_when::<BoxTypeNamespace>(h.clone(), reserve("a", "d-again", 3)), Err(NamespaceError::BoxTypeExists("a".into())), "a stopped Box keeps its box_type");
-    let h2 = history([active("a"), active("b"), active("c"), vec![NamespaceCommand::FreeSlot { box_type: "a".into(), box_id: "box-a".into() }], active("d")].concat());
+    assert_eq!(
+        given_when::<BoxTypeNamespace>(h.clone(), reserve("a", "d-again", 3)),
+        Err(NamespaceError::BoxTypeExists("a".into())),
+        "a stopped Box keeps its box_type"
+    );
+    let h2 = history(
+        [active("a"), active("b"), active("c"), vec![NamespaceCommand::FreeSlot { box_type: "a".into(), box_id: "box-a".into() }], active("d")].concat(),
+    );
     let resume = NamespaceCommand::TakeSlot { box_type: "a".into(), box_id: "box-a".into(), now: t(5), max_boxes: 3 };
     assert_eq!(given_when::<BoxTypeNamespace>(h2, resume.clone()), Err(NamespaceError::BoxLimitReached { max: 3 }));
     assert_eq!(given_when::<BoxTypeNamespace>(h, resume).map(|e| e.len()), Ok(1));
