@@ -312,14 +312,14 @@ fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
 
     let url = sys.nats().url();
     let request = |assertion: Option<v1::PrincipalAssertion>, correlation: &str| -> Result<String, String> {
-        let body = json!({"box_type": "from-nats", "purpose": "p", "tools": ["Read"]}).to_string();
+        let body = v1::BoxDraftCreateRequest { box_type: "from-nats".into(), purpose: "p".into(), tools: vec!["Read".into()], ..Default::default() };
         let env = v1::Envelope {
             message_type: "atasira.v1.SubmitDraft".into(),
             correlation_id: correlation.into(),
             causation_id: String::new(),
             idempotency_key: String::new(),
             assertion,
-            payload: v1::SubmitDraft { request_json: body.into_bytes() }.encode_to_vec(),
+            payload: v1::SubmitDraft { request: Some(body) }.encode_to_vec(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         runtime.block_on(async {
@@ -327,7 +327,7 @@ fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
             let reply = client.request("atasira.box.agent-tool.drafts", env.encode_to_vec().into()).await.expect("a reply");
             match atasira_contracts::decode_reply::<v1::SubmitDraftReply>(&reply.payload).expect("decodes") {
                 Ok((r, _)) => Ok(r.draft_id),
-                Err(e) => Err(e.code),
+                Err(e) => Err(e.code.as_str().to_owned()),
             }
         })
     };
@@ -335,7 +335,7 @@ fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
     assert_eq!(request(Some(wire.clone()), "tool-2"), Err("unauthenticated".to_owned()), "bound to its correlation id");
     let mut forged = wire.clone();
     if let Some(p) = forged.principal.as_mut() {
-        p.role = "admin".into();
+        p.role = v1::Role::Admin as i32;
     }
     assert_eq!(request(Some(forged), "tool-1"), Err("unauthenticated".to_owned()), "the MAC covers the role");
     let id = request(Some(wire), "tool-1").expect("accepted with the issued assertion");

@@ -309,6 +309,12 @@ impl System {
         sys.start_services(extra_env);
         match mode {
             Mode::Embedded => {
+                // stdout and stderr are read by separate threads: the token lines may trail
+                // the "listening" line on stderr.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !sys.procs[0].stdout.lock().expect("lines").iter().any(|l| l.starts_with("agent PAT: ")) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 let out = sys.procs[0].stdout.lock().expect("lines").clone();
                 let pat = |prefix: &str| {
                     out.iter().find_map(|l| l.strip_prefix(prefix)).map(str::to_owned).unwrap_or_else(|| panic!("no {prefix:?} line in {out:?}"))

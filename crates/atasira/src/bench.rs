@@ -184,8 +184,14 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
             async move {
                 let correlation = format!("bench-{i}-{}", uuid_like(i));
                 let assertion = keys.sign(&agent, &correlation, chrono::Utc::now());
-                let body = json!({"box_type": format!("bench-{}", i % 1000), "purpose": "Weekly sales report from the CSV exports, mailed to the leads.", "tools": ["Read"], "os_operations": ["file:read", "notify:email"]});
-                let env = envelope(&v1::SubmitDraft { request_json: body.to_string().into_bytes() }, &correlation, "", Some(&assertion));
+                let request = v1::BoxDraftCreateRequest {
+                    box_type: format!("bench-{}", i % 1000),
+                    purpose: "Weekly sales report from the CSV exports, mailed to the leads.".into(),
+                    tools: vec!["Read".into()],
+                    os_operations: vec!["file:read".into(), "notify:email".into()],
+                    ..Default::default()
+                };
+                let env = envelope(&v1::SubmitDraft { request: Some(request) }, &correlation, "", Some(&assertion));
                 let reply = bus.request("atasira.box.bench.drafts", BTreeMap::new(), env.encode_to_vec().into(), timeout).await?;
                 match atasira_contracts::decode_reply::<v1::SubmitDraftReply>(&reply)? {
                     Ok(_) => Ok(()),

@@ -109,8 +109,11 @@ pub fn preview_answer(body: &[u8]) -> Result<(u16, Value), String> {
 
 fn error_answer(e: &atasira_domain::draft_request::DraftRequestError) -> (u16, Value) {
     let mut body = json!({"error": e.code().as_str(), "message": e.to_string()});
-    if let (Some(details), Some(obj)) = (e.details(), body.as_object_mut()) {
-        obj.insert("details".into(), details);
+    let field_errors = atasira_domain::Refusing::field_errors(e);
+    if !field_errors.is_empty()
+        && let Some(obj) = body.as_object_mut()
+    {
+        obj.insert("details".into(), json!(field_errors));
     }
     (e.code().http_status(), body)
 }

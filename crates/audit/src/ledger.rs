@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use anyhow::Context;
 use atasira_domain::aggregates::audit_ledger::{AuditCommand, AuditEvent, AuditLedger, LEDGER_ID};
+use atasira_domain::aggregates::types;
 use atasira_domain::audit::{
     AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, payload_digest,
     verify_chain,
@@ -27,7 +28,7 @@ pub const NAME: &str = "audit_ledger";
 /// Aggregate types whose events may be audited (R-AUDIT-1, R-AUDIT-5). Not
 /// `box_type_namespace` (bookkeeping behind Box events that are audited themselves) and not
 /// `audit_ledger` (the ledger's own checkpoints).
-pub const AUDITABLE_TYPES: &[&str] = &["draft", "box", "access", "approval_security", "registry_security"];
+pub const AUDITABLE_TYPES: &[&str] = &[types::DRAFT, types::BOX, types::ACCESS, types::APPROVAL_SECURITY, types::REGISTRY_SECURITY];
 
 /// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and
 /// PostgreSQL. `event_id UNIQUE` makes a second row for one event impossible even if two

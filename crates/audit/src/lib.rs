@@ -11,9 +11,8 @@ mod ledger;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::subjects;
-use atasira_contracts::v1;
-use atasira_contracts::{Envelope, Named, Reply, payload, reply_ok};
+use atasira_contracts::requests::AuditRequest;
+use atasira_contracts::{Envelope, Reply, convert, reply_ok, subjects, v1};
 use atasira_domain::audit::AuditKeys;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
@@ -29,7 +28,7 @@ pub use ledger::{
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::AUDIT;
 /// Aggregate types whose events this service appends and relays.
-pub const AGGREGATE_TYPES: &[&str] = &["audit_ledger"];
+pub const AGGREGATE_TYPES: &[&str] = &[atasira_domain::aggregates::types::AUDIT_LEDGER];
 /// R-AUDIT-2: "every minute".
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 
@@ -121,13 +120,9 @@ async fn record_checkpoint(rt: &Runtime, keys: &AuditKeys) {
 }
 
 impl Service {
-    fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        platform_service::verify_principal(&self.rt, env)
-    }
-
     /// R-AUDIT-2, R-AUDIT-3: the ledger is for admins only.
     fn admin(&self, env: &Envelope, what: &str) -> Result<Principal, Refusal> {
-        let principal = self.principal(env)?;
+        let principal = platform_service::verify_principal(&self.rt, env)?;
         if !principal.is_admin() {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("{what} needs role admin")));
         }
@@ -135,39 +130,27 @@ impl Service {
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        match env.message_type.as_str() {
-            v1::WaitForPosition::NAME => {
-                let w: v1::WaitForPosition = payload(env)?;
+        match AuditRequest::decode(env)? {
+            AuditRequest::WaitForPosition(w) => {
                 let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(Refusal::internal)?;
-                Ok(reply_ok(&v1::WaitForPositionReply { lagging }, 0))
+                Ok(reply_ok(&v1::WaitForPositionReply { lagging }))
             }
-            v1::QueryAudit::NAME => {
+            AuditRequest::Query(q) => {
                 self.admin(env, "reading the audit ledger")?;
-                let q: v1::QueryAudit = payload(env)?;
-                let since = match q.since.as_str() {
-                    "" => None,
-                    text => Some(
-                        chrono::DateTime::parse_from_rfc3339(text)
-                            .map_err(|e| Refusal::new(ErrorCode::InvalidRequest, format!("since must be an RFC 3339 time: {e}")))?
-                            .with_timezone(&chrono::Utc),
-                    ),
+                let since = match &q.since {
+                    None => None,
+                    Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| Refusal::new(ErrorCode::InvalidQuery, "since is out of range"))?),
                 };
-                let after_seq: i64 = match q.cursor.as_str() {
-                    "" => 0,
-                    text => text.parse().map_err(|_| Refusal::new(ErrorCode::InvalidRequest, format!("bad cursor {text:?}")))?,
-                };
+                let after_seq = i64::try_from(q.after).map_err(|_| Refusal::new(ErrorCode::InvalidCursor, "the cursor is out of range"))?;
                 let (rows, next_cursor) = ledger::page(&self.rt.db, &q.action, &q.target, since, q.limit, after_seq).await.map_err(Refusal::internal)?;
-                let rows_json = rows.iter().map(serde_json::to_vec).collect::<Result<Vec<_>, _>>().map_err(Refusal::internal)?;
-                Ok(reply_ok(&v1::AuditPage { rows_json, next_cursor }, 0))
+                let next_cursor = if next_cursor.is_empty() { 0 } else { next_cursor.parse().map_err(Refusal::internal)? };
+                Ok(reply_ok(&v1::AuditPage { rows: rows.iter().map(convert::ledger_row_to_wire).collect(), next_cursor }))
             }
-            v1::VerifyAudit::NAME => {
+            AuditRequest::Verify(_) => {
                 self.admin(env, "verifying the audit ledger")?;
-                let _: v1::VerifyAudit = payload(env)?;
                 let verification = ledger::verify(&self.rt.db, &self.keys).await.map_err(Refusal::internal)?;
-                let result_json = serde_json::to_vec(&verification).map_err(Refusal::internal)?;
-                Ok(reply_ok(&v1::VerifyReply { result_json }, 0))
+                Ok(reply_ok(&convert::verification_to_wire(&verification)))
             }
-            other => Err(Refusal::new(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
         }
     }
 }

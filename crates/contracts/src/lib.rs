@@ -1,7 +1,10 @@
-//! Wire contracts between atasira services: the prost types compiled from `proto/`, the
-//! subject names (R-ARCH-2), and the one place where domain values become wire values and
-//! back (R-ARCH-3).
+//! Wire contracts between atasira's processes: the prost types compiled from `proto/`, the
+//! subject names, each service's closed set of requests, and the one place where domain
+//! values become wire values and back (`convert`, `manifest`).
 
+pub mod convert;
+pub mod manifest;
+pub mod requests;
 pub mod subjects;
 
 /// Types generated from `proto/atasira/v1/*.proto`.
@@ -11,34 +14,24 @@ pub mod v1 {
 }
 
 use atasira_domain::assertion::PrincipalAssertion as DomainAssertion;
-use atasira_domain::{ErrorCode, Kind, Principal, Role};
-use chrono::{DateTime, Utc};
+use atasira_domain::{ErrorCode, FieldError};
 use prost::Message;
 
+pub use convert::{assertion_from_wire, assertion_to_wire};
 pub use v1::{Envelope, ErrorReply, Reply};
 
-/// A request's payload type name, carried in `Envelope.message_type`.
+/// A message's type name, carried in `Envelope.message_type`.
 pub trait Named: Message + Default {
     const NAME: &'static str;
 }
 
 macro_rules! named {
-    ($($t:ident),+) => { $(impl Named for v1::$t { const NAME: &'static str = concat!("atasira.v1.", stringify!($t)); })+ };
+    ($($t:ident),+ $(,)?) => { $(impl Named for v1::$t { const NAME: &'static str = concat!("atasira.v1.", stringify!($t)); })+ };
 }
-named!(
-    SubmitDraft,
-    SubmitDraftReply,
-    ListPendingDrafts,
-    PendingDraftsReply,
-    GetDraft,
-    ListMyDrafts,
-    DraftReply,
-    WaitForPosition,
-    WaitForPositionReply,
-    EventNotification
-);
-named!(ApproveDraft, RejectDraft, DecisionReply, GetApprovalKeys, ApprovalKeysReply, WithdrawDraft);
-named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxesReply, GetBox, AssignUser, BoxAction, BoxReply);
+named!(WaitForPosition, WaitForPositionReply, EventNotification);
+named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, ListMyDrafts, DraftPage, GetDraft, DraftReply, WithdrawDraft, WithdrawReply);
+named!(ApproveDraft, RejectDraft, DecisionReply, GetApprovalKeys, ApprovalKeysReply);
+named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxList, GetBox, BoxReply, AssignUser, BoxAction);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 
 /// Why bytes from the wire are not what they should be.
@@ -48,11 +41,19 @@ pub enum WireError {
     Decode { what: &'static str, source: prost::DecodeError },
     #[error("expected a {expected} payload, got {got:?}")]
     WrongType { expected: &'static str, got: String },
+    #[error("the {service} service does not answer {got:?}")]
+    UnknownRequest { service: &'static str, got: String },
     #[error("malformed principal assertion: {0}")]
     Assertion(String),
+    #[error("{field}: {problem}")]
+    Field { field: String, problem: String },
 }
 
 impl WireError {
+    pub fn field(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        WireError::Field { field: field.into(), problem: problem.into() }
+    }
+
     pub fn code(&self) -> ErrorCode {
         match self {
             WireError::Assertion(_) => ErrorCode::Unauthenticated,
@@ -64,6 +65,12 @@ impl WireError {
 impl atasira_domain::Refusing for WireError {
     fn error_code(&self) -> ErrorCode {
         self.code()
+    }
+    fn field_errors(&self) -> Vec<FieldError> {
+        match self {
+            WireError::Field { field, problem } => vec![FieldError::new(field.clone(), problem.clone())],
+            _ => Vec::new(),
+        }
     }
 }
 
@@ -91,9 +98,9 @@ pub fn payload<M: Named>(env: &Envelope) -> Result<M, WireError> {
     M::decode(env.payload.as_slice()).map_err(|source| WireError::Decode { what: M::NAME, source })
 }
 
-/// A successful reply carrying `message` and the position the request produced.
-pub fn reply_ok<M: Message>(message: &M, position: i64) -> Reply {
-    Reply { result: Some(v1::reply::Result::Ok(message.encode_to_vec())), position, event_ids: vec![] }
+/// A successful read: the message, no position.
+pub fn reply_ok<M: Message>(message: &M) -> Reply {
+    Reply { result: Some(v1::reply::Result::Ok(message.encode_to_vec())), position: 0, event_ids: vec![] }
 }
 
 /// A successful write: the message, its position and the ids of the events it produced.
@@ -102,85 +109,85 @@ pub fn reply_written<M: Message>(message: &M, position: i64, event_ids: Vec<Stri
 }
 
 /// A typed refusal.
-pub fn reply_error(code: ErrorCode, message: impl Into<String>, details: Option<&serde_json::Value>) -> Reply {
+pub fn reply_error(code: ErrorCode, message: impl Into<String>, field_errors: &[FieldError]) -> Reply {
     Reply {
         result: Some(v1::reply::Result::Error(ErrorReply {
-            code: code.as_str().to_owned(),
+            code: convert::error_code_to_wire(code) as i32,
             message: message.into(),
-            details_json: details.map(|d| d.to_string()).unwrap_or_default(),
+            field_errors: field_errors.iter().map(|f| v1::FieldError { key: f.key.clone(), message: f.message.clone() }).collect(),
         })),
         position: 0,
         event_ids: vec![],
     }
 }
 
-/// A decoded reply: the message and position, or the refusal.
-pub fn decode_reply<M: Message + Default>(bytes: &[u8]) -> Result<Result<(M, i64), ErrorReply>, WireError> {
-    Ok(decode_written::<M>(bytes)?.map(|(m, p, _)| (m, p)))
+/// A refusal as it came over the wire, in domain terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub code: ErrorCode,
+    pub message: String,
+    pub field_errors: Vec<FieldError>,
+}
+
+impl From<ErrorReply> for Refused {
+    fn from(e: ErrorReply) -> Self {
+        Refused {
+            code: convert::error_code_from_wire(e.code),
+            message: e.message,
+            field_errors: e.field_errors.into_iter().map(|f| FieldError::new(f.key, f.message)).collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl atasira_domain::Refusing for Refused {
+    fn error_code(&self) -> ErrorCode {
+        self.code
+    }
+    fn field_errors(&self) -> Vec<FieldError> {
+        self.field_errors.clone()
+    }
 }
 
 /// A write's reply: the message, its position and the ids of the events it produced.
 pub type Written<M> = (M, i64, Vec<String>);
 
+/// A decoded reply: the message and position, or the refusal.
+pub fn decode_reply<M: Message + Default>(bytes: &[u8]) -> Result<Result<(M, i64), Refused>, WireError> {
+    Ok(decode_written::<M>(bytes)?.map(|(m, p, _)| (m, p)))
+}
+
 /// A decoded reply with the event ids the request produced.
-pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Written<M>, ErrorReply>, WireError> {
+pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Written<M>, Refused>, WireError> {
     let reply = Reply::decode(bytes).map_err(|source| WireError::Decode { what: "reply", source })?;
     match reply.result {
         Some(v1::reply::Result::Ok(b)) => {
             Ok(Ok((M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?, reply.position, reply.event_ids)))
         }
-        Some(v1::reply::Result::Error(e)) => Ok(Err(e)),
-        None => Ok(Err(ErrorReply { code: "internal".into(), message: "empty reply".into(), details_json: String::new() })),
+        Some(v1::reply::Result::Error(e)) => Ok(Err(e.into())),
+        None => Ok(Err(Refused { code: ErrorCode::Internal, message: "empty reply".into(), field_errors: vec![] })),
     }
-}
-
-/// Domain -> wire.
-pub fn assertion_to_wire(a: &DomainAssertion) -> v1::PrincipalAssertion {
-    v1::PrincipalAssertion {
-        key_id: a.key_id.clone(),
-        principal: Some(v1::Principal { user_id: a.principal.user_id.clone(), role: a.principal.role.to_string(), kind: a.principal.kind.to_string() }),
-        correlation_id: a.correlation_id.clone(),
-        expires_at_unix: a.expires_at.timestamp(),
-        mac: a.mac.clone(),
-    }
-}
-
-/// Wire -> domain; the MAC is checked by the receiver with its keys.
-pub fn assertion_from_wire(w: &v1::PrincipalAssertion) -> Result<DomainAssertion, WireError> {
-    let p = w.principal.as_ref().ok_or_else(|| WireError::Assertion("no principal".into()))?;
-    let role = match p.role.as_str() {
-        "admin" => Role::Admin,
-        "member" => Role::Member,
-        other => return Err(WireError::Assertion(format!("unknown role {other:?}"))),
-    };
-    let kind = match p.kind.as_str() {
-        "human" => Kind::Human,
-        "agent" => Kind::Agent,
-        other => return Err(WireError::Assertion(format!("unknown kind {other:?}"))),
-    };
-    let expires_at: DateTime<Utc> = DateTime::from_timestamp(w.expires_at_unix, 0).ok_or_else(|| WireError::Assertion("expiry out of range".into()))?;
-    Ok(DomainAssertion {
-        key_id: w.key_id.clone(),
-        principal: Principal::new(p.user_id.clone(), role, kind),
-        correlation_id: w.correlation_id.clone(),
-        expires_at,
-        mac: w.mac.clone(),
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use atasira_domain::assertion::{AssertionKey, AssertionKeys};
+    use atasira_domain::{Kind, Principal, Role};
 
     #[test]
     fn an_assertion_survives_the_wire_and_still_verifies() {
         // R-ARCH-3
         let keys = AssertionKeys::new(AssertionKey::new("k1", &[3; 32]).expect("key"), vec![]);
-        let now = Utc::now();
+        let now = chrono::Utc::now();
         let principal = Principal::new("alice", Role::Admin, Kind::Human);
         let signed = keys.sign(&principal, "corr-1", now);
-        let env = envelope(&v1::ListPendingDrafts { limit: 5, cursor: String::new() }, "corr-1", "", Some(&signed));
+        let env = envelope(&v1::ListPendingDrafts { limit: 5, after: 0 }, "corr-1", "", Some(&signed));
         let bytes = env.encode_to_vec();
         let back = decode_envelope(&bytes).expect("decodes");
         let a = assertion_from_wire(back.assertion.as_ref().expect("has assertion")).expect("converts");
@@ -192,11 +199,12 @@ mod tests {
     #[test]
     fn replies_carry_either_a_message_or_a_typed_error() {
         // R-DRAFT-14
-        let ok = reply_ok(&v1::WaitForPositionReply { lagging: vec![] }, 7).encode_to_vec();
+        let ok = reply_written(&v1::WaitForPositionReply { lagging: vec![] }, 7, vec![]).encode_to_vec();
         assert!(matches!(decode_reply::<v1::WaitForPositionReply>(&ok), Ok(Ok((_, 7)))));
-        let err = reply_error(ErrorCode::Forbidden, "no", None).encode_to_vec();
+        let err = reply_error(ErrorCode::BoxManifestValidation, "no", &[FieldError::new("purpose", "missing")]).encode_to_vec();
         let e = decode_reply::<v1::WaitForPositionReply>(&err).expect("decodes").expect_err("is an error");
-        assert_eq!(e.code, "forbidden");
+        assert_eq!(e.code, ErrorCode::BoxManifestValidation);
+        assert_eq!(e.field_errors, vec![FieldError::new("purpose", "missing")]);
         assert!(decode_reply::<v1::WaitForPositionReply>(b"\xff\xff").is_err());
     }
 }

@@ -27,16 +27,18 @@ pub fn events(service: &str) -> String {
     format!("atasira.box.{service}.events")
 }
 
-/// Which service owns (publishes) events of an aggregate type (R-ARCH-9).
-pub fn owner_of(aggregate_type: &str) -> &'static str {
-    match aggregate_type {
-        "draft" => DRAFTS,
-        "box" | "box_type_namespace" | "registry_security" => RUNTIME_REGISTRY,
-        "audit_ledger" => AUDIT,
-        "access" => PROVISIONER,
-        "approval_security" => APPROVAL,
-        _ => APPROVAL,
-    }
+/// Which service publishes events of an aggregate type (R-ARCH-9); `None` for a type that
+/// is not one of atasira's aggregates.
+pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
+    use atasira_domain::aggregates::types;
+    Some(match aggregate_type {
+        types::DRAFT => DRAFTS,
+        types::BOX | types::BOX_TYPE_NAMESPACE | types::REGISTRY_SECURITY => RUNTIME_REGISTRY,
+        types::AUDIT_LEDGER => AUDIT,
+        types::ACCESS => PROVISIONER,
+        types::APPROVAL_SECURITY => APPROVAL,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -48,5 +50,14 @@ mod tests {
         assert_eq!(request(GATEWAY, DRAFTS), "atasira.box.gateway.drafts");
         assert_eq!(request(APPROVAL, RUNTIME_REGISTRY), "atasira.box.approval.runtime-registry");
         assert_eq!(events(DRAFTS), "atasira.box.drafts.events");
+    }
+
+    #[test]
+    fn every_aggregate_type_has_one_publisher_and_nothing_else_has_one() {
+        for t in atasira_domain::aggregates::types::ALL {
+            assert!(owner_of(t).is_some(), "{t}");
+        }
+        assert_eq!(owner_of("drafts"), None);
+        assert_eq!(owner_of(""), None);
     }
 }

@@ -73,14 +73,6 @@ impl DraftRequestError {
             DraftRequestError::Invalid(_) => ErrorCode::BoxManifestValidation,
         }
     }
-
-    /// `details` of the error body: the field errors, if any.
-    pub fn details(&self) -> Option<Value> {
-        match self {
-            DraftRequestError::Invalid(errors) => serde_json::to_value(errors).ok(),
-            _ => None,
-        }
-    }
 }
 
 /// What a valid request becomes: the generated manifest and what the approver must see.

@@ -31,11 +31,12 @@ pub fn joined(errors: &[FieldError]) -> String {
 }
 
 /// A refusal that carries one of the spec's codes: what every transport needs to answer
-/// it (the code, the message, optional details).
+/// it (the code, the message, the keys at fault).
 pub trait Refusing: std::fmt::Display {
     fn error_code(&self) -> ErrorCode;
-    fn details(&self) -> Option<serde_json::Value> {
-        None
+    /// The request or manifest keys at fault, if the refusal is about keys.
+    fn field_errors(&self) -> Vec<FieldError> {
+        Vec::new()
     }
 }
 
@@ -103,9 +104,52 @@ pub enum ErrorCode {
     Internal,
     /// 503: a service did not answer in time or is not running.
     ServiceUnavailable,
+    /// 409: a concurrent change to the same thing won; retrying may succeed.
+    Conflict,
+    /// 503: too much contention right now; retry after a moment (`Retry-After`).
+    Busy,
+    /// 400: a `cursor` query parameter that no page ever returned.
+    InvalidCursor,
+    /// 400: a `limit` query parameter that is not a whole number in range.
+    InvalidLimit,
+    /// 400: another malformed query parameter (named in the details).
+    InvalidQuery,
 }
 
 impl ErrorCode {
+    /// Every code, in declaration order.
+    pub const ALL: [ErrorCode; 29] = [
+        ErrorCode::InvalidJson,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
+        ErrorCode::SelfPrivilegeForbidden,
+        ErrorCode::SelfApprovalForbidden,
+        ErrorCode::MentorEditProhibitedKey,
+        ErrorCode::CapabilityChangeRequiresNewDraft,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::DraftNotFound,
+        ErrorCode::BoxNotFound,
+        ErrorCode::DraftNotPending,
+        ErrorCode::OverLimitConfirmationRequired,
+        ErrorCode::BoxLimitReached,
+        ErrorCode::BoxTypeExists,
+        ErrorCode::ManifestExists,
+        ErrorCode::BoxNotActive,
+        ErrorCode::InvalidApprovalToken,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::BoxManifestValidation,
+        ErrorCode::InvalidRequest,
+        ErrorCode::IdempotencyKeyReuse,
+        ErrorCode::Internal,
+        ErrorCode::ServiceUnavailable,
+        ErrorCode::Conflict,
+        ErrorCode::Busy,
+        ErrorCode::InvalidCursor,
+        ErrorCode::InvalidLimit,
+        ErrorCode::InvalidQuery,
+    ];
+
     /// The wire code, e.g. `box_limit_reached`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -133,6 +177,11 @@ impl ErrorCode {
             ErrorCode::IdempotencyKeyReuse => "idempotency_key_reuse",
             ErrorCode::Internal => "internal",
             ErrorCode::ServiceUnavailable => "service_unavailable",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Busy => "busy",
+            ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::InvalidLimit => "invalid_limit",
+            ErrorCode::InvalidQuery => "invalid_query",
         }
     }
 
@@ -144,7 +193,7 @@ impl ErrorCode {
     /// The HTTP status this code always answers with.
     pub fn http_status(self) -> u16 {
         match self {
-            ErrorCode::InvalidJson => 400,
+            ErrorCode::InvalidJson | ErrorCode::InvalidCursor | ErrorCode::InvalidLimit | ErrorCode::InvalidQuery => 400,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::Forbidden
             | ErrorCode::SelfPrivilegeForbidden
@@ -159,11 +208,12 @@ impl ErrorCode {
             | ErrorCode::BoxTypeExists
             | ErrorCode::ManifestExists
             | ErrorCode::BoxNotActive
-            | ErrorCode::InvalidApprovalToken => 409,
+            | ErrorCode::InvalidApprovalToken
+            | ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::BoxManifestValidation | ErrorCode::InvalidRequest | ErrorCode::IdempotencyKeyReuse => 422,
             ErrorCode::Internal => 500,
-            ErrorCode::ServiceUnavailable => 503,
+            ErrorCode::ServiceUnavailable | ErrorCode::Busy => 503,
         }
     }
 
@@ -187,37 +237,11 @@ mod tests {
     #[test]
     fn wire_code_equals_serde_name_for_every_code() {
         // One source of truth: the serde name and `as_str` never drift apart.
-        let all = [
-            ErrorCode::InvalidJson,
-            ErrorCode::Unauthenticated,
-            ErrorCode::Forbidden,
-            ErrorCode::SelfPrivilegeForbidden,
-            ErrorCode::SelfApprovalForbidden,
-            ErrorCode::MentorEditProhibitedKey,
-            ErrorCode::CapabilityChangeRequiresNewDraft,
-            ErrorCode::NotFound,
-            ErrorCode::MethodNotAllowed,
-            ErrorCode::DraftNotFound,
-            ErrorCode::BoxNotFound,
-            ErrorCode::DraftNotPending,
-            ErrorCode::OverLimitConfirmationRequired,
-            ErrorCode::BoxLimitReached,
-            ErrorCode::BoxTypeExists,
-            ErrorCode::ManifestExists,
-            ErrorCode::BoxNotActive,
-            ErrorCode::InvalidApprovalToken,
-            ErrorCode::PayloadTooLarge,
-            ErrorCode::BoxManifestValidation,
-            ErrorCode::InvalidRequest,
-            ErrorCode::IdempotencyKeyReuse,
-            ErrorCode::Internal,
-            ErrorCode::ServiceUnavailable,
-        ];
-        for code in all {
+        for code in ErrorCode::ALL {
             let json = serde_json::to_value(code).expect("serializes");
             assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
             assert_eq!(json, serde_json::Value::String(code.as_str().into()));
-            let user_mistake = !matches!(code, ErrorCode::Internal | ErrorCode::ServiceUnavailable);
+            let user_mistake = !matches!(code, ErrorCode::Internal | ErrorCode::ServiceUnavailable | ErrorCode::Busy);
             assert_eq!((400..500).contains(&code.http_status()), user_mistake, "{code}: user mistakes are 4xx, only our failures 5xx");
         }
     }

@@ -32,13 +32,17 @@ error::refusing_via_code!(
     aggregates::namespace::NamespaceError,
     policy::MentorEditError,
     policy::ConfigEditError,
+    aggregates::security::SecurityError,
 );
 
 impl Refusing for draft_request::DraftRequestError {
     fn error_code(&self) -> ErrorCode {
         self.code()
     }
-    fn details(&self) -> Option<serde_json::Value> {
-        draft_request::DraftRequestError::details(self)
+    fn field_errors(&self) -> Vec<error::FieldError> {
+        match self {
+            draft_request::DraftRequestError::Invalid(errors) => errors.clone(),
+            _ => Vec::new(),
+        }
     }
 }

@@ -11,22 +11,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::subjects;
-use atasira_contracts::v1;
-use atasira_contracts::{Envelope, Named, Reply, payload, reply_ok, reply_written};
+use atasira_contracts::requests::DraftsRequest;
+use atasira_contracts::{Envelope, Reply, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
+use atasira_domain::aggregates::types;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
+use atasira_platform::command::{self, Retry};
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::service::{self as platform_service, Refusal};
 
-pub use projection::DraftsView;
+pub use projection::{DraftRow, DraftsView, RowStatus};
 
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::DRAFTS;
 /// Aggregate types whose events this service appends and relays.
-pub const AGGREGATE_TYPES: &[&str] = &["draft"];
+pub const AGGREGATE_TYPES: &[&str] = &[types::DRAFT];
 
 struct Service {
     rt: Runtime,
@@ -99,106 +100,79 @@ async fn sweep_expired(service: Arc<Service>, config: DraftsConfig, mut shutdown
 }
 
 impl Service {
-    fn principal(&self, env: &Envelope) -> Result<Principal, Refusal> {
-        platform_service::verify_principal(&self.rt, env)
-    }
-
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        if env.message_type == v1::WaitForPosition::NAME {
-            let w: v1::WaitForPosition = payload(env)?;
-            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(Refusal::internal)?;
-            return Ok(reply_ok(&v1::WaitForPositionReply { lagging }, 0));
+        let request = DraftsRequest::decode(env)?;
+        if let DraftsRequest::WaitForPosition(w) = &request {
+            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, w).await.map_err(Refusal::internal)?;
+            return Ok(reply_ok(&v1::WaitForPositionReply { lagging }));
         }
-        let principal = self.principal(env)?;
-        match env.message_type.as_str() {
-            v1::SubmitDraft::NAME => {
-                let req: v1::SubmitDraft = payload(env)?;
-                self.submit(principal, &req.request_json, env).await
-            }
-            v1::ListPendingDrafts::NAME => {
+        let principal = platform_service::verify_principal(&self.rt, env)?;
+        match request {
+            DraftsRequest::WaitForPosition(_) => unreachable_wait(),
+            DraftsRequest::Submit(req) => self.submit(principal, req, env).await,
+            DraftsRequest::ListPending(req) => {
                 if !principal.is_admin() {
                     return Err(Refusal::new(ErrorCode::Forbidden, "listing pending drafts needs role admin"));
                 }
-                let req: v1::ListPendingDrafts = payload(env)?;
-                let (drafts, next) = projection::list(&self.rt.db, Some("pending_approval"), None, req.limit, &req.cursor).await.map_err(Refusal::internal)?;
-                Ok(reply_ok(&v1::PendingDraftsReply { drafts_json: drafts, next_cursor: next }, 0))
+                let (rows, next_cursor) =
+                    projection::list(&self.rt.db, Some(RowStatus::PendingApproval), None, req.limit, req.after).await.map_err(Refusal::internal)?;
+                Ok(reply_ok(&v1::DraftPage { drafts: rows.iter().map(|r| r.to_wire(false)).collect(), next_cursor }))
             }
-            v1::ListMyDrafts::NAME => {
-                let req: v1::ListMyDrafts = payload(env)?;
-                let (drafts, next) = projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, &req.cursor).await.map_err(Refusal::internal)?;
-                Ok(reply_ok(&v1::PendingDraftsReply { drafts_json: drafts, next_cursor: next }, 0))
+            DraftsRequest::ListMine(req) => {
+                let (rows, next_cursor) =
+                    projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, req.after).await.map_err(Refusal::internal)?;
+                Ok(reply_ok(&v1::DraftPage { drafts: rows.iter().map(|r| r.to_wire(false)).collect(), next_cursor }))
             }
-            v1::WithdrawDraft::NAME => {
-                let req: v1::WithdrawDraft = payload(env)?;
-                self.withdraw(principal, &req.draft_id).await
-            }
-            v1::GetDraft::NAME => {
-                let req: v1::GetDraft = payload(env)?;
-                let found = projection::get(&self.rt.db, &req.draft_id).await.map_err(Refusal::internal)?;
-                match found {
-                    Some((requested_by, json)) if principal.is_admin() || requested_by == principal.user_id => {
-                        Ok(reply_ok(&v1::DraftReply { draft_json: json }, 0))
-                    }
-                    // Not the requester: indistinguishable from absent, so ids do not leak.
-                    _ => Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id))),
-                }
-            }
-            other => Err(Refusal::new(ErrorCode::InvalidRequest, format!("unknown message type {other:?}"))),
+            DraftsRequest::Withdraw(req) => self.withdraw(principal, &req.draft_id).await,
+            DraftsRequest::Get(req) => match projection::get(&self.rt.db, &req.draft_id).await.map_err(Refusal::internal)? {
+                Some(row) if principal.is_admin() || row.requested_by == principal.user_id => Ok(reply_ok(&v1::DraftReply { draft: Some(row.to_wire(true)) })),
+                // Not the requester: indistinguishable from absent, so ids do not leak.
+                _ => Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id))),
+            },
         }
     }
 
-    async fn submit(&self, principal: Principal, body: &[u8], env: &Envelope) -> Result<Reply, Refusal> {
-        let request = BoxDraftCreateRequest::from_json_bytes(body)?;
+    async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
+        let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
         let plan = request.plan()?;
         let draft_id = uuid::Uuid::new_v4().to_string();
         let reply = v1::SubmitDraftReply {
             draft_id: draft_id.clone(),
             box_type: plan.manifest.box_type.to_string(),
-            status: "pending_approval".into(),
+            status: v1::DraftStatus::PendingApproval as i32,
             over_limit: plan.over_limit.over_limit,
             warnings: plan.warnings.clone(),
         };
         let metadata = HashMap::from([("correlation_id".to_owned(), env.correlation_id.clone()), ("principal".to_owned(), principal.user_id.clone())]);
         let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal, at: chrono::Utc::now() };
-        self.cqrs.execute(&draft_id, command, metadata).await.map_err(|e| match e {
-            cqrs_es::AggregateError::UserError(e) => Refusal::from(e),
-            other => {
-                tracing::error!(error = %other, "failed to commit a draft");
-                Refusal::new(ErrorCode::Internal, "the draft could not be stored; retry")
-            }
-        })?;
+        command::execute(&self.cqrs, &draft_id, command, metadata, Retry::ONCE).await?;
         atasira_platform::failpoint("drafts-after-commit");
+        self.written(&draft_id, &reply).await
+    }
+
+    /// R-DRAFT-13: the requester withdraws a pending draft (the aggregate decides who may).
+    async fn withdraw(&self, principal: Principal, draft_id: &str) -> Result<Reply, Refusal> {
+        let command = DraftCommand::Withdraw { by: principal, at: chrono::Utc::now() };
+        command::execute(&self.cqrs, draft_id, command, HashMap::new(), Retry::ONCE).await?;
+        self.written(draft_id, &v1::WithdrawReply { draft_id: draft_id.to_owned(), status: v1::DraftStatus::Withdrawn as i32 }).await
+    }
+
+    /// The reply to a command on `draft_id`, with its last event for read-your-writes.
+    async fn written<M: prost::Message>(&self, draft_id: &str, reply: &M) -> Result<Reply, Refusal> {
         let (event_id, position) = self
             .rt
             .db
-            .last_event("draft", &draft_id)
+            .last_event(types::DRAFT, draft_id)
             .await
-            .ok()
-            .flatten()
-            .ok_or_else(|| Refusal::new(ErrorCode::Internal, "the committed draft is not readable"))?;
+            .map_err(Refusal::internal)?
+            .ok_or_else(|| Refusal::internal("the committed draft is not readable"))?;
         self.rt.notify_committed();
-        Ok(reply_written(&reply, position, vec![event_id]))
+        Ok(reply_written(reply, position, vec![event_id]))
     }
+}
 
-    /// R-DRAFT-13: the requester withdraws a pending draft.
-    async fn withdraw(&self, principal: Principal, draft_id: &str) -> Result<Reply, Refusal> {
-        let draft: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
-        // Someone else's draft is indistinguishable from no draft.
-        if draft.data.as_ref().is_none_or(|d| d.requested_by.user_id != principal.user_id && !principal.is_admin()) {
-            return Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {draft_id:?} visible to you")));
-        }
-        let command = DraftCommand::Withdraw { by: principal, at: chrono::Utc::now() };
-        self.cqrs.execute(draft_id, command, HashMap::new()).await.map_err(|e| match e {
-            cqrs_es::AggregateError::UserError(e) => Refusal::from(e),
-            cqrs_es::AggregateError::AggregateConflict => Refusal::new(ErrorCode::DraftNotPending, "the draft changed meanwhile"),
-            other => Refusal::internal(other),
-        })?;
-        let (event_id, position) =
-            self.rt.db.last_event("draft", draft_id).await.ok().flatten().ok_or_else(|| Refusal::new(ErrorCode::Internal, "the draft is not readable"))?;
-        self.rt.notify_committed();
-        let body = serde_json::json!({"draft_id": draft_id, "status": "withdrawn"});
-        Ok(reply_written(&v1::DraftReply { draft_json: body.to_string().into_bytes() }, position, vec![event_id]))
-    }
+fn unreachable_wait() -> Result<Reply, Refusal> {
+    Err(Refusal::internal("WaitForPosition is answered before authentication"))
 }
 
 /// The projections this service owns (for `atasira projections rebuild`).

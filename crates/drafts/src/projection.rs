@@ -1,32 +1,261 @@
-//! The drafts view: one row per draft with what the approver must see (R-APPROVE-1) and
-//! its status and decision (R-DRAFT-12). The pending list is its `pending_approval` rows.
+//! The drafts view: one typed row per draft with what the approver must see (R-APPROVE-1)
+//! and its status and decision (R-DRAFT-12). The pending list is its `pending_approval`
+//! rows. `DraftRow::apply` is the pure half (given/when/then tests below); the
+//! `Projection` impl loads the row, applies the event and stores it, in the runner's
+//! transaction.
 
+use atasira_contracts::convert::{draft_status_to_wire, timestamp};
+use atasira_contracts::v1;
+use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::boxes::BoxEvent;
-use atasira_domain::aggregates::draft::DraftEvent;
+use atasira_domain::aggregates::draft::{DraftEvent, DraftStatus};
+use atasira_domain::aggregates::types;
+use atasira_domain::os_operation::OverLimit;
 use atasira_platform::db::{Db, StoredEvent};
 use atasira_platform::projection::Projection;
-use serde_json::{Value, json};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 pub const NAME: &str = "drafts_view";
 /// The aggregate types this projection reads: its drafts, and Boxes for `active`/`box_id`.
-pub const READS: &[&str] = &["draft", "box"];
+pub const READS: &[&str] = &[types::DRAFT, types::BOX];
 
-const TABLES: &[&str] = &["CREATE TABLE IF NOT EXISTS drafts_view (
+const TABLES: &[&str] = &["CREATE TABLE IF NOT EXISTS draft_rows (
     draft_id TEXT PRIMARY KEY,
     box_type TEXT NOT NULL,
     requested_by TEXT NOT NULL,
     status TEXT NOT NULL,
     position BIGINT NOT NULL,
-    view_json TEXT NOT NULL
+    submitted_at_ns BIGINT NOT NULL,
+    decided_by TEXT,
+    decided_at_ns BIGINT,
+    decision_reason TEXT,
+    box_id TEXT,
+    over_limit_json TEXT NOT NULL,
+    warnings_json TEXT NOT NULL,
+    manifest_json TEXT NOT NULL
 )"];
 
-/// The projection of draft events into `drafts_view`.
-#[derive(Debug)]
-pub struct DraftsView;
+const COLUMNS: &str = "draft_id, box_type, requested_by, status, position, submitted_at_ns, decided_by, decided_at_ns, decision_reason, box_id, over_limit_json, warnings_json, manifest_json";
 
 const PAGE_MAX: u32 = 200;
 const PAGE_DEFAULT: u32 = 50;
+
+/// Where a draft is, as its readers see it: the aggregate's status, plus `active` once its
+/// Box is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowStatus {
+    PendingApproval,
+    Approved,
+    Active,
+    Rejected,
+    Withdrawn,
+    Expired,
+}
+
+impl RowStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowStatus::PendingApproval => "pending_approval",
+            RowStatus::Approved => "approved",
+            RowStatus::Active => "active",
+            RowStatus::Rejected => "rejected",
+            RowStatus::Withdrawn => "withdrawn",
+            RowStatus::Expired => "expired",
+        }
+    }
+
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "pending_approval" => RowStatus::PendingApproval,
+            "approved" => RowStatus::Approved,
+            "active" => RowStatus::Active,
+            "rejected" => RowStatus::Rejected,
+            "withdrawn" => RowStatus::Withdrawn,
+            "expired" => RowStatus::Expired,
+            other => anyhow::bail!("unknown draft status {other:?} in draft_rows"),
+        })
+    }
+
+    fn to_wire(self) -> v1::DraftStatus {
+        match self {
+            RowStatus::Active => v1::DraftStatus::Active,
+            RowStatus::PendingApproval => draft_status_to_wire(DraftStatus::PendingApproval),
+            RowStatus::Approved => draft_status_to_wire(DraftStatus::Approved),
+            RowStatus::Rejected => draft_status_to_wire(DraftStatus::Rejected),
+            RowStatus::Withdrawn => draft_status_to_wire(DraftStatus::Withdrawn),
+            RowStatus::Expired => draft_status_to_wire(DraftStatus::Expired),
+        }
+    }
+}
+
+/// One draft in the view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftRow {
+    pub draft_id: String,
+    pub box_type: String,
+    pub requested_by: String,
+    pub status: RowStatus,
+    /// The store position of its submission: the list order and the cursor.
+    pub position: i64,
+    pub submitted_at: DateTime<Utc>,
+    /// Who closed it (approver, rejecter, withdrawer; none for expiry) and when.
+    pub decided_by: Option<String>,
+    pub decided_at: Option<DateTime<Utc>>,
+    pub decision_reason: Option<String>,
+    pub box_id: Option<String>,
+    pub over_limit: OverLimit,
+    pub warnings: Vec<String>,
+    pub manifest: BoxManifest,
+}
+
+impl DraftRow {
+    /// A new row from its submission; other events need a row to apply to.
+    pub fn submitted(event: &DraftEvent, position: i64) -> Option<DraftRow> {
+        let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at } = event else { return None };
+        Some(DraftRow {
+            draft_id: draft_id.clone(),
+            box_type: box_type.clone(),
+            requested_by: requested_by.user_id.clone(),
+            status: RowStatus::PendingApproval,
+            position,
+            submitted_at: *submitted_at,
+            decided_by: None,
+            decided_at: None,
+            decision_reason: None,
+            box_id: None,
+            over_limit: over_limit.clone(),
+            warnings: warnings.clone(),
+            manifest: manifest.clone(),
+        })
+    }
+
+    /// A later event of the same draft.
+    pub fn apply(&mut self, event: &DraftEvent) {
+        let (status, by, at, reason) = match event {
+            DraftEvent::DraftSubmitted { .. } => return,
+            DraftEvent::DraftWithdrawn { withdrawn_by, at, .. } => (RowStatus::Withdrawn, Some(withdrawn_by), at, None),
+            DraftEvent::DraftExpired { at, .. } => (RowStatus::Expired, None, at, None),
+            // Relays of different services deliver in different orders: a Box that is
+            // already active keeps its draft `active`.
+            DraftEvent::DraftApproved { approved_by, approved_at, .. } => {
+                (if self.status == RowStatus::Active { RowStatus::Active } else { RowStatus::Approved }, Some(approved_by), approved_at, None)
+            }
+            DraftEvent::DraftRejected { rejected_by, reason, at, .. } => (RowStatus::Rejected, Some(rejected_by), at, Some(reason)),
+        };
+        self.status = status;
+        self.decided_by = by.cloned();
+        self.decided_at = Some(*at);
+        self.decision_reason = reason.cloned();
+    }
+
+    /// R-APPROVE-4: the draft is `active` once its Box is.
+    pub fn activated(&mut self, box_id: &str) {
+        self.status = RowStatus::Active;
+        self.box_id = Some(box_id.to_owned());
+    }
+
+    /// The wire form; `with_manifest` for the detail, not for lists.
+    pub fn to_wire(&self, with_manifest: bool) -> v1::DraftView {
+        let m = &self.manifest;
+        let decision = self.decided_at.map(|at| v1::DraftDecision {
+            outcome: match self.status {
+                RowStatus::Approved | RowStatus::Active => v1::draft_decision::Outcome::Approved,
+                RowStatus::Rejected => v1::draft_decision::Outcome::Rejected,
+                RowStatus::Withdrawn => v1::draft_decision::Outcome::Withdrawn,
+                RowStatus::Expired => v1::draft_decision::Outcome::Expired,
+                RowStatus::PendingApproval => v1::draft_decision::Outcome::Unspecified,
+            } as i32,
+            by: self.decided_by.clone().unwrap_or_default(),
+            at: Some(timestamp(at)),
+            reason: self.decision_reason.clone().unwrap_or_default(),
+        });
+        v1::DraftView {
+            draft_id: self.draft_id.clone(),
+            box_type: self.box_type.clone(),
+            name: m.name.clone(),
+            purpose: m.purpose.clone(),
+            os_operations: m.os_operations.iter().map(|o| o.as_str().to_owned()).collect(),
+            tools: m.tools.clone(),
+            url_allowlist: m.url_allowlist.clone(),
+            prohibited: m.prohibited_actions.clone(),
+            over_limit: self.over_limit.over_limit,
+            over_limit_ops: self.over_limit.over_limit_ops.clone(),
+            over_limit_tools: self.over_limit.over_limit_tools.clone(),
+            warnings: self.warnings.clone(),
+            requested_by: self.requested_by.clone(),
+            status: self.status.to_wire() as i32,
+            created_at: Some(timestamp(self.submitted_at)),
+            network: atasira_contracts::manifest::network_to_proto(m.network) as i32,
+            file_access: m.file_access.clone(),
+            allowed_apps: m.allowed_apps.clone(),
+            required_access: m.required_access.iter().map(v1::RequiredAccess::from).collect(),
+            decision,
+            box_id: self.box_id.clone().unwrap_or_default(),
+            manifest: with_manifest.then(|| v1::BoxManifest::from(m)),
+        }
+    }
+
+    fn from_sql(row: &AnyRow) -> anyhow::Result<DraftRow> {
+        let time = |ns: i64| -> anyhow::Result<DateTime<Utc>> { Ok(DateTime::from_timestamp_nanos(ns)) };
+        Ok(DraftRow {
+            draft_id: row.try_get(0)?,
+            box_type: row.try_get(1)?,
+            requested_by: row.try_get(2)?,
+            status: RowStatus::parse(&row.try_get::<String, _>(3)?)?,
+            position: row.try_get(4)?,
+            submitted_at: time(row.try_get(5)?)?,
+            decided_by: row.try_get(6)?,
+            decided_at: row.try_get::<Option<i64>, _>(7)?.map(time).transpose()?,
+            decision_reason: row.try_get(8)?,
+            box_id: row.try_get(9)?,
+            over_limit: serde_json::from_str(&row.try_get::<String, _>(10)?)?,
+            warnings: serde_json::from_str(&row.try_get::<String, _>(11)?)?,
+            manifest: serde_json::from_str(&row.try_get::<String, _>(12)?)?,
+        })
+    }
+
+    async fn save(&self, tx: &mut Transaction<'static, Any>) -> anyhow::Result<()> {
+        sqlx::query(&format!(
+            "INSERT INTO draft_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+             ON CONFLICT (draft_id) DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by, decided_at_ns = excluded.decided_at_ns,
+               decision_reason = excluded.decision_reason, box_id = excluded.box_id"
+        ))
+        .bind(&self.draft_id)
+        .bind(&self.box_type)
+        .bind(&self.requested_by)
+        .bind(self.status.as_str())
+        .bind(self.position)
+        .bind(nanos(self.submitted_at))
+        .bind(self.decided_by.clone())
+        .bind(self.decided_at.map(nanos))
+        .bind(self.decision_reason.clone())
+        .bind(self.box_id.clone())
+        .bind(serde_json::to_string(&self.over_limit)?)
+        .bind(serde_json::to_string(&self.warnings)?)
+        .bind(serde_json::to_string(&self.manifest)?)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Times are stored as nanoseconds since the epoch (exact, and ordered as numbers).
+fn nanos(t: DateTime<Utc>) -> i64 {
+    t.timestamp_nanos_opt().unwrap_or(i64::MAX)
+}
+
+async fn load(tx: &mut Transaction<'static, Any>, draft_id: &str) -> anyhow::Result<Option<DraftRow>> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM draft_rows WHERE draft_id = $1")).bind(draft_id).fetch_optional(&mut **tx).await?;
+    row.as_ref().map(DraftRow::from_sql).transpose()
+}
+
+/// The projection of draft events into `draft_rows`.
+#[derive(Debug)]
+pub struct DraftsView;
 
 #[async_trait::async_trait]
 impl Projection for DraftsView {
@@ -40,152 +269,153 @@ impl Projection for DraftsView {
         TABLES
     }
     fn table_names(&self) -> &'static [&'static str] {
-        &["drafts_view"]
+        &["draft_rows"]
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
-        if event.aggregate_type == "box" {
-            // R-APPROVE-4: the draft becomes `active` once its Box is.
-            if let Ok(BoxEvent::BoxActivated { box_id, draft_id, .. }) = serde_json::from_value::<BoxEvent>(event.payload.clone()) {
-                let row = sqlx::query("SELECT view_json FROM drafts_view WHERE draft_id = $1").bind(&draft_id).fetch_optional(&mut **tx).await?;
-                if let Some(row) = row {
-                    let mut view: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
-                    view["status"] = Value::from("active");
-                    view["box_id"] = Value::from(box_id);
-                    sqlx::query("UPDATE drafts_view SET status = 'active', view_json = $1 WHERE draft_id = $2")
-                        .bind(view.to_string())
-                        .bind(&draft_id)
-                        .execute(&mut **tx)
-                        .await?;
-                }
+        if event.aggregate_type == types::BOX {
+            if let BoxEvent::BoxActivated { box_id, draft_id, .. } = serde_json::from_value::<BoxEvent>(event.payload.clone())?
+                && let Some(mut row) = load(tx, &draft_id).await?
+            {
+                row.activated(&box_id);
+                row.save(tx).await?;
             }
             return Ok(());
         }
         let parsed: DraftEvent = serde_json::from_value(event.payload.clone())?;
-        match parsed {
-            DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at } => {
-                let view = json!({
-                    "draft_id": draft_id,
-                    "box_type": box_type,
-                    "name": manifest.name,
-                    "purpose": manifest.purpose,
-                    "os_operations": manifest.os_operations,
-                    "tools": manifest.tools,
-                    "url_allowlist": manifest.url_allowlist,
-                    "prohibited": manifest.prohibited_actions,
-                    "over_limit": over_limit.over_limit,
-                    "over_limit_ops": over_limit.over_limit_ops,
-                    "over_limit_tools": over_limit.over_limit_tools,
-                    "warnings": warnings,
-                    "requested_by": requested_by.user_id,
-                    "status": "pending_approval",
-                    "created_at": submitted_at,
-                    "network": manifest.network,
-                    "file_access": manifest.file_access,
-                    "allowed_apps": manifest.allowed_apps,
-                    "required_access": manifest.required_access,
-                    "decision": Value::Null,
-                    "box_id": Value::Null,
-                    "manifest": manifest,
-                });
-                sqlx::query(
-                    "INSERT INTO drafts_view (draft_id, box_type, requested_by, status, position, view_json) VALUES ($1, $2, $3, $4, $5, $6)
-                     ON CONFLICT (draft_id) DO NOTHING",
-                )
-                .bind(&draft_id)
-                .bind(&box_type)
-                .bind(&requested_by.user_id)
-                .bind("pending_approval")
-                .bind(event.position)
-                .bind(view.to_string())
-                .execute(&mut **tx)
-                .await?;
+        let row = match DraftRow::submitted(&parsed, event.position) {
+            // A redelivered submission leaves the row as it is.
+            Some(new) => load(tx, &new.draft_id).await?.is_none().then_some(new),
+            None => {
+                let draft_id = event.aggregate_id.as_str();
+                load(tx, draft_id).await?.map(|mut row| {
+                    row.apply(&parsed);
+                    row
+                })
             }
-            DraftEvent::DraftWithdrawn { draft_id, withdrawn_by, at } => {
-                set_status(tx, &draft_id, "withdrawn", json!({"withdrawn_by": withdrawn_by, "at": at})).await?;
-            }
-            DraftEvent::DraftExpired { draft_id, at } => set_status(tx, &draft_id, "expired", json!({"at": at})).await?,
-            DraftEvent::DraftApproved { draft_id, approved_by, approved_at, .. } => {
-                // A Box activated already (replay in another order) keeps `active`.
-                set_status(tx, &draft_id, "approved", json!({"by": approved_by, "at": approved_at, "approved": true})).await?;
-            }
-            DraftEvent::DraftRejected { draft_id, rejected_by, reason, at, .. } => {
-                set_status(tx, &draft_id, "rejected", json!({"by": rejected_by, "at": at, "approved": false, "reason": reason})).await?;
-            }
+        };
+        if let Some(row) = row {
+            row.save(tx).await?;
         }
         Ok(())
     }
 }
 
-async fn set_status(tx: &mut Transaction<'static, Any>, draft_id: &str, status: &str, decision: Value) -> anyhow::Result<()> {
-    let row = sqlx::query("SELECT view_json FROM drafts_view WHERE draft_id = $1").bind(draft_id).fetch_optional(&mut **tx).await?;
-    let Some(row) = row else { return Ok(()) };
-    let mut view: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
-    // Relays of different services deliver in different orders: a Box that is already
-    // active keeps its draft `active`.
-    let status = if status == "approved" && view["status"] == "active" { "active" } else { status };
-    view["status"] = Value::from(status);
-    view["decision"] = decision;
-    sqlx::query("UPDATE drafts_view SET status = $1, view_json = $2 WHERE draft_id = $3")
-        .bind(status)
-        .bind(view.to_string())
-        .bind(draft_id)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
-/// A page of drafts in submission order, filtered by status and/or requester. The cursor
-/// is the position of the last row of the previous page.
-pub async fn list(db: &Db, status: Option<&str>, requested_by: Option<&str>, limit: u32, cursor: &str) -> anyhow::Result<(Vec<Vec<u8>>, String)> {
+/// Rows in submission order after position `after`, filtered by status and/or requester,
+/// and the cursor of the next page (0 when this is the last).
+pub async fn list(db: &Db, status: Option<RowStatus>, requested_by: Option<&str>, limit: u32, after: u64) -> anyhow::Result<(Vec<DraftRow>, u64)> {
     let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
-    let after: i64 = if cursor.is_empty() { 0 } else { cursor.parse().map_err(|_| anyhow::anyhow!("bad cursor"))? };
-    let rows = sqlx::query(
-        "SELECT position, view_json FROM drafts_view
+    let after = i64::try_from(after).unwrap_or(i64::MAX);
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM draft_rows
           WHERE position > $1 AND ($2 = '' OR status = $2) AND ($3 = '' OR requested_by = $3)
-          ORDER BY position LIMIT $4",
-    )
+          ORDER BY position LIMIT $4"
+    ))
     .bind(after)
-    .bind(status.unwrap_or(""))
+    .bind(status.map(RowStatus::as_str).unwrap_or(""))
     .bind(requested_by.unwrap_or(""))
     .bind(i64::from(limit) + 1)
     .fetch_all(db.any())
     .await?;
     let more = rows.len() > limit as usize;
-    let mut out = Vec::new();
-    let mut last = 0i64;
-    for row in rows.iter().take(limit as usize) {
-        last = row.try_get(0)?;
-        let json: String = row.try_get(1)?;
-        let mut v: Value = serde_json::from_str(&json)?;
-        // The list shows what the approver needs; the full manifest is in the detail.
-        if let Some(o) = v.as_object_mut() {
-            o.remove("manifest");
-        }
-        out.push(v.to_string().into_bytes());
-    }
-    Ok((out, if more { last.to_string() } else { String::new() }))
+    let page = rows.iter().take(limit as usize).map(DraftRow::from_sql).collect::<anyhow::Result<Vec<_>>>()?;
+    let next = if more { page.last().map_or(0, |r| u64::try_from(r.position).unwrap_or(0)) } else { 0 };
+    Ok((page, next))
 }
 
-/// The requester and the full view of one draft.
-pub async fn get(db: &Db, draft_id: &str) -> anyhow::Result<Option<(String, Vec<u8>)>> {
-    let row = sqlx::query("SELECT requested_by, view_json FROM drafts_view WHERE draft_id = $1").bind(draft_id).fetch_optional(db.any()).await?;
-    Ok(match row {
-        Some(r) => Some((r.try_get(0)?, r.try_get::<String, _>(1)?.into_bytes())),
-        None => None,
-    })
+/// One draft.
+pub async fn get(db: &Db, draft_id: &str) -> anyhow::Result<Option<DraftRow>> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM draft_rows WHERE draft_id = $1")).bind(draft_id).fetch_optional(db.any()).await?;
+    row.as_ref().map(DraftRow::from_sql).transpose()
 }
 
 /// Ids of pending drafts submitted before `cutoff` (R-DRAFT-13).
-pub async fn pending_older_than(db: &Db, cutoff: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Vec<String>> {
-    let rows = sqlx::query("SELECT draft_id, view_json FROM drafts_view WHERE status = 'pending_approval' ORDER BY position").fetch_all(db.any()).await?;
-    let mut out = Vec::new();
-    for row in rows {
-        let view: Value = serde_json::from_str(&row.try_get::<String, _>(1)?)?;
-        let created = view["created_at"].as_str().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok());
-        if created.is_some_and(|c| c < cutoff) {
-            out.push(row.try_get(0)?);
+pub async fn pending_older_than(db: &Db, cutoff: DateTime<Utc>) -> anyhow::Result<Vec<String>> {
+    let rows = sqlx::query("SELECT draft_id FROM draft_rows WHERE status = 'pending_approval' AND submitted_at_ns < $1 ORDER BY position")
+        .bind(nanos(cutoff))
+        .fetch_all(db.any())
+        .await?;
+    rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use atasira_domain::draft_request::BoxDraftCreateRequest;
+    use atasira_domain::{Kind, Principal, Role};
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000 + s, 0).expect("time")
+    }
+
+    fn submitted() -> DraftEvent {
+        let request = BoxDraftCreateRequest {
+            box_type: Some("ops-bot".into()),
+            purpose: Some("p".into()),
+            os_operations: Some(vec!["shell:exec".into()]),
+            ..Default::default()
+        };
+        let plan = request.plan().expect("plan");
+        DraftEvent::DraftSubmitted {
+            draft_id: "d1".into(),
+            box_type: "ops-bot".into(),
+            manifest: plan.manifest,
+            over_limit: plan.over_limit,
+            warnings: plan.warnings,
+            requested_by: Principal::new("agent", Role::Member, Kind::Agent),
+            submitted_at: t(0),
         }
     }
-    Ok(out)
+
+    #[test]
+    fn given_a_submission_then_a_pending_row_with_what_the_approver_must_see() {
+        // R-APPROVE-1
+        let row = DraftRow::submitted(&submitted(), 7).expect("row");
+        assert_eq!((row.status, row.position, row.requested_by.as_str()), (RowStatus::PendingApproval, 7, "agent"));
+        let wire = row.to_wire(false);
+        assert!(wire.over_limit);
+        assert_eq!(wire.over_limit_ops, vec!["shell:exec".to_owned()]);
+        assert!(wire.manifest.is_none() && wire.decision.is_none());
+        assert!(row.to_wire(true).manifest.is_some());
+    }
+
+    #[test]
+    fn given_an_active_box_when_its_approval_arrives_late_then_the_draft_stays_active() {
+        // Relays of different services deliver in different orders.
+        let mut row = DraftRow::submitted(&submitted(), 1).expect("row");
+        row.activated("b1");
+        let approved = DraftEvent::DraftApproved {
+            draft_id: "d1".into(),
+            box_type: "ops-bot".into(),
+            approved_by: "alice".into(),
+            approved_at: t(5),
+            confirm_over_limit: true,
+            token: placeholder_token(),
+        };
+        row.apply(&approved);
+        assert_eq!(row.status, RowStatus::Active);
+        assert_eq!((row.decided_by.as_deref(), row.box_id.as_deref()), (Some("alice"), Some("b1")));
+        assert_eq!(row.to_wire(false).decision.map(|d| d.outcome), Some(v1::draft_decision::Outcome::Approved as i32));
+    }
+
+    #[test]
+    fn given_pending_when_rejected_then_the_decision_carries_the_reason() {
+        // R-APPROVE-5
+        let mut row = DraftRow::submitted(&submitted(), 1).expect("row");
+        row.apply(&DraftEvent::DraftRejected {
+            draft_id: "d1".into(),
+            box_type: "ops-bot".into(),
+            rejected_by: "alice".into(),
+            reason: "too wide".into(),
+            at: t(3),
+        });
+        assert_eq!(row.status, RowStatus::Rejected);
+        let d = row.to_wire(false).decision.expect("decision");
+        assert_eq!((d.by.as_str(), d.reason.as_str()), ("alice", "too wide"));
+    }
+
+    fn placeholder_token() -> atasira_domain::token::ApprovalToken {
+        let signer = atasira_domain::token::ApprovalSigner::from_secret("k1".into(), [7; 32]);
+        signer.issue("d1", "ops-bot", "sha256:00", "alice", t(5))
+    }
 }

@@ -26,10 +26,9 @@ impl ApiError {
     }
 
     /// A service's typed refusal, as it came over the bus.
-    pub fn from_reply(e: atasira_contracts::ErrorReply) -> Self {
-        let code = ErrorCode::parse(&e.code).unwrap_or(ErrorCode::Internal);
-        let details = if e.details_json.is_empty() { None } else { serde_json::from_str(&e.details_json).ok() };
-        Self { code, message: e.message, details }
+    pub fn from_reply(e: atasira_contracts::Refused) -> Self {
+        let details = if e.field_errors.is_empty() { None } else { Some(json!(e.field_errors)) };
+        Self { code: e.code, message: e.message, details }
     }
 
     pub fn internal(e: impl std::fmt::Display) -> Self {
@@ -45,6 +44,11 @@ impl IntoResponse for ApiError {
         if let Some(details) = self.details {
             body["details"] = details;
         }
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if self.code == ErrorCode::Busy {
+            // Contention passes in moments; say when to come back.
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        response
     }
 }

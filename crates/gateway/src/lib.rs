@@ -7,6 +7,7 @@ mod error;
 mod idempotency;
 mod openapi;
 mod routes;
+mod wire_json;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -95,7 +96,7 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
     // `$SRV.PING` finds the gateway too. It has no read models of its own.
     let endpoint = atasira_platform::service::serve(&rt, subjects::GATEWAY, |env| async move {
         if env.message_type == v1::WaitForPosition::NAME {
-            Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] }, 0))
+            Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] }))
         } else {
             Err(atasira_platform::service::Refusal::new(ErrorCode::InvalidRequest, "the gateway serves HTTP; over NATS it only answers WaitForPosition"))
         }
@@ -249,15 +250,15 @@ async fn submit_draft(State(state): State<AppState>, headers: HeaderMap, body: R
     let body = body_or_error(body)?;
     idempotency::run(&state.rt.db, &principal, &headers, "POST /boxes/box-drafts", &body, async {
         require_json(&body)?;
-        let (reply, position, event_ids): (v1::SubmitDraftReply, i64, Vec<String>) =
-            state.call_written(subjects::DRAFTS, &principal, &v1::SubmitDraft { request_json: body.to_vec() }).await?;
+        let request = v1::SubmitDraft { request: Some(wire_json::draft_request(&body)?) };
+        let (reply, position, event_ids): (v1::SubmitDraftReply, i64, Vec<String>) = state.call_written(subjects::DRAFTS, &principal, &request).await?;
         let lagging = state.wait_for(position, &event_ids).await;
         let mut response = (
             StatusCode::CREATED,
             Json(json!({
                 "draft_id": reply.draft_id,
                 "box_type": reply.box_type,
-                "status": reply.status,
+                "status": "pending_approval",
                 "over_limit": reply.over_limit,
                 "warnings": reply.warnings,
             })),
@@ -276,11 +277,6 @@ struct PageQuery {
     mine: Option<bool>,
 }
 
-fn page(drafts: Vec<Vec<u8>>, next_cursor: String) -> Result<Json<Value>, ApiError> {
-    let items: Vec<Value> = drafts.iter().map(|d| serde_json::from_slice(d)).collect::<Result<_, _>>().map_err(ApiError::internal)?;
-    Ok(Json(json!({"drafts": items, "next_cursor": if next_cursor.is_empty() { Value::Null } else { Value::from(next_cursor) }})))
-}
-
 /// `GET /api/v1/boxes/box-drafts/pending` (R-APPROVE-1): admins only.
 #[utoipa::path(get, path = "/api/v1/boxes/box-drafts/pending", tag = "drafts",
     params(("limit" = Option<u32>, Query, description = "Page size (default 50, at most 200)"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
@@ -293,9 +289,9 @@ async fn pending_drafts(
 ) -> Result<Json<Value>, ApiError> {
     let principal = state.principal(&headers).await?;
     let Query(q) = query.map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.body_text()))?;
-    let request = v1::ListPendingDrafts { limit: q.limit.unwrap_or(0), cursor: q.cursor.unwrap_or_default() };
-    let (reply, _): (v1::PendingDraftsReply, i64) = state.call(subjects::DRAFTS, &principal, &request).await?;
-    page(reply.drafts_json, reply.next_cursor)
+    let request = v1::ListPendingDrafts { limit: q.limit.unwrap_or(0), after: wire_json::parse_cursor(q.cursor.as_deref())? };
+    let (reply, _): (v1::DraftPage, i64) = state.call(subjects::DRAFTS, &principal, &request).await?;
+    Ok(Json(wire_json::draft_page(reply)?))
 }
 
 /// `GET /api/v1/boxes/box-drafts?mine=true` (R-DRAFT-12): the caller's drafts.
@@ -313,9 +309,9 @@ async fn list_drafts(
     if q.mine != Some(true) {
         return Err(ApiError::new(ErrorCode::InvalidRequest, "use ?mine=true for your drafts, or /box-drafts/pending (admin)"));
     }
-    let request = v1::ListMyDrafts { limit: q.limit.unwrap_or(0), cursor: q.cursor.unwrap_or_default() };
-    let (reply, _): (v1::PendingDraftsReply, i64) = state.call(subjects::DRAFTS, &principal, &request).await?;
-    page(reply.drafts_json, reply.next_cursor)
+    let request = v1::ListMyDrafts { limit: q.limit.unwrap_or(0), after: wire_json::parse_cursor(q.cursor.as_deref())? };
+    let (reply, _): (v1::DraftPage, i64) = state.call(subjects::DRAFTS, &principal, &request).await?;
+    Ok(Json(wire_json::draft_page(reply)?))
 }
 
 /// `GET /api/v1/boxes/box-drafts/{draft_id}` (R-DRAFT-12): the requester or an admin.
@@ -326,7 +322,7 @@ async fn list_drafts(
 async fn get_draft(State(state): State<AppState>, headers: HeaderMap, Path(draft_id): Path<String>) -> Result<Json<Value>, ApiError> {
     let principal = state.principal(&headers).await?;
     let (reply, _): (v1::DraftReply, i64) = state.call(subjects::DRAFTS, &principal, &v1::GetDraft { draft_id }).await?;
-    Ok(Json(serde_json::from_slice(&reply.draft_json).map_err(ApiError::internal)?))
+    Ok(Json(wire_json::draft(reply.draft.ok_or_else(|| ApiError::internal("empty draft reply"))?)?))
 }
 
 /// `POST /api/v1/auth/nats-assertion` (R-AUTH-5): a principal assertion for the caller's

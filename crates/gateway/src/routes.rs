@@ -14,17 +14,13 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::{ApiError, AppState, body_or_error, consistency_headers, idempotency, openapi, require_json};
+use crate::{ApiError, AppState, body_or_error, consistency_headers, idempotency, openapi, require_json, wire_json};
 
 /// Parses a JSON body with unknown fields refused (R-DRAFT-14); an empty body is `{}`.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) { b"{}" } else { body };
     require_json(body)?;
     serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))
-}
-
-fn json_of(bytes: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(bytes).map_err(ApiError::internal)
 }
 
 /// A write: forward, wait for read models, answer 200 with the service's JSON body.
@@ -34,14 +30,14 @@ async fn write<Req: Named, Resp: prost::Message + Default>(
     (route, body): (&str, &[u8]),
     service: &str,
     request: Req,
-    body_of: fn(&Resp) -> &[u8],
+    body_of: fn(Resp) -> Result<Value, ApiError>,
 ) -> Result<Response, ApiError> {
     let status = StatusCode::OK;
     let principal = state.principal(headers).await?;
     idempotency::run(&state.rt.db, &principal, headers, route, body, async {
         let (reply, position, event_ids): (Resp, i64, Vec<String>) = state.call_written(service, &principal, &request).await?;
         let lagging = state.wait_for(position, &event_ids).await;
-        let mut response = (status, Json(json_of(body_of(&reply))?)).into_response();
+        let mut response = (status, Json(body_of(reply)?)).into_response();
         consistency_headers(&mut response, position, &lagging);
         Ok(response)
     })
@@ -72,7 +68,7 @@ pub async fn approve(
     let body = body_or_error(body)?;
     let b: ApproveBody = parse(&body)?;
     let request = v1::ApproveDraft { draft_id: draft_id.clone(), confirm_over_limit: b.confirm_over_limit };
-    write(&state, &headers, (&format!("approve {draft_id}"), &body), subjects::APPROVAL, request, |r: &v1::DecisionReply| &r.body_json).await
+    write(&state, &headers, (&format!("approve {draft_id}"), &body), subjects::APPROVAL, request, wire_json::decision).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -97,7 +93,7 @@ pub async fn reject(
     let body = body_or_error(body)?;
     let b: RejectBody = parse(&body)?;
     let request = v1::RejectDraft { draft_id: draft_id.clone(), reason: b.reason };
-    write(&state, &headers, (&format!("reject {draft_id}"), &body), subjects::APPROVAL, request, |r: &v1::DecisionReply| &r.body_json).await
+    write(&state, &headers, (&format!("reject {draft_id}"), &body), subjects::APPROVAL, request, wire_json::decision).await
 }
 
 /// `POST /api/v1/boxes/box-drafts/{draft_id}/withdraw` (R-DRAFT-13): the requester, pending only.
@@ -114,16 +110,15 @@ pub async fn withdraw(
     state.principal(&headers).await?;
     let body = body_or_error(body)?;
     let _: serde_json::Map<String, Value> = parse(&body)?;
-    write(&state, &headers, (&format!("withdraw {draft_id}"), &body), subjects::DRAFTS, v1::WithdrawDraft { draft_id }, |r: &v1::DraftReply| &r.draft_json)
-        .await
+    write(&state, &headers, (&format!("withdraw {draft_id}"), &body), subjects::DRAFTS, v1::WithdrawDraft { draft_id }, wire_json::withdrawn).await
 }
 
 /// `GET /api/v1/boxes` (R-BOX-5): active Boxes, one per box_type; any authenticated caller.
 #[utoipa::path(get, path = "/api/v1/boxes", tag = "boxes", responses((status = 200, description = "Active Boxes", body = Object), (status = 401, body = openapi::ErrorBody)), security(("pat" = [])))]
 pub async fn list_boxes(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     let principal = state.principal(&headers).await?;
-    let (reply, _): (v1::BoxesReply, i64) = state.call(subjects::RUNTIME_REGISTRY, &principal, &v1::ListBoxes {}).await?;
-    let boxes: Vec<Value> = reply.boxes_json.iter().map(|b| json_of(b)).collect::<Result<_, _>>()?;
+    let (reply, _): (v1::BoxList, i64) = state.call(subjects::RUNTIME_REGISTRY, &principal, &v1::ListBoxes {}).await?;
+    let boxes: Vec<Value> = reply.boxes.iter().map(wire_json::box_summary).collect();
     Ok(Json(json!({"boxes": boxes})))
 }
 
@@ -133,14 +128,21 @@ pub async fn list_boxes(State(state): State<AppState>, headers: HeaderMap) -> Re
 pub async fn get_box(State(state): State<AppState>, headers: HeaderMap, Path(box_id): Path<String>) -> Result<Json<Value>, ApiError> {
     let principal = state.principal(&headers).await?;
     let (reply, _): (v1::BoxReply, i64) = state.call(subjects::RUNTIME_REGISTRY, &principal, &v1::GetBox { box_id }).await?;
-    Ok(Json(json_of(&reply.box_json)?))
+    Ok(Json(wire_json::box_view(reply)?))
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AssignBody {
     user_id: String,
-    role_in_box: String,
+    role_in_box: BoxRoleBody,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum BoxRoleBody {
+    Primary,
+    Member,
 }
 
 /// `POST /api/v1/boxes/{box_id}/user-assignments` (R-BOX-6): a human admin or the Box's primary.
@@ -155,16 +157,25 @@ pub async fn assign_user(
     state.principal(&headers).await?;
     let body = body_or_error(body)?;
     let b: AssignBody = parse(&body)?;
-    let request = v1::AssignUser { box_id: box_id.clone(), user_id: b.user_id, role_in_box: b.role_in_box };
-    write(&state, &headers, (&format!("assign {box_id}"), &body), subjects::RUNTIME_REGISTRY, request, |r: &v1::BoxReply| &r.box_json).await
+    let role_in_box = match b.role_in_box {
+        BoxRoleBody::Primary => v1::BoxRole::Primary,
+        BoxRoleBody::Member => v1::BoxRole::Member,
+    } as i32;
+    let request = v1::AssignUser { box_id: box_id.clone(), user_id: b.user_id, role_in_box };
+    write(&state, &headers, (&format!("assign {box_id}"), &body), subjects::RUNTIME_REGISTRY, request, wire_json::box_view).await
 }
 
 async fn box_action(state: AppState, headers: HeaderMap, box_id: String, body: Result<Bytes, BytesRejection>, action: &str) -> Result<Response, ApiError> {
     state.principal(&headers).await?;
     let body = body_or_error(body)?;
     let _: serde_json::Map<String, Value> = parse(&body)?;
-    let request = v1::BoxAction { box_id: box_id.clone(), action: action.to_owned() };
-    write(&state, &headers, (&format!("{action} {box_id}"), &body), subjects::RUNTIME_REGISTRY, request, |r: &v1::BoxReply| &r.box_json).await
+    let wire_action = match action {
+        "stop" => v1::box_action::Action::Stop,
+        "resume" => v1::box_action::Action::Resume,
+        _ => v1::box_action::Action::Archive,
+    } as i32;
+    let request = v1::BoxAction { box_id: box_id.clone(), action: wire_action };
+    write(&state, &headers, (&format!("{action} {box_id}"), &body), subjects::RUNTIME_REGISTRY, request, wire_json::box_view).await
 }
 
 /// `POST /api/v1/boxes/{box_id}/stop` (R-BOX-7): frees the slot, keeps the manifest.
@@ -219,13 +230,19 @@ pub async fn audit(State(state): State<AppState>, headers: HeaderMap, query: Res
     let request = v1::QueryAudit {
         action: q.action.unwrap_or_default(),
         target: q.target.unwrap_or_default(),
-        since: q.since.unwrap_or_default(),
+        since: match q.since.as_deref() {
+            None | Some("") => None,
+            Some(text) => Some(atasira_contracts::convert::timestamp(
+                chrono::DateTime::parse_from_rfc3339(text)
+                    .map_err(|e| ApiError::new(ErrorCode::InvalidQuery, format!("since must be an RFC 3339 time: {e}")))?
+                    .with_timezone(&chrono::Utc),
+            )),
+        },
         limit: q.limit.unwrap_or(0),
-        cursor: q.cursor.unwrap_or_default(),
+        after: wire_json::parse_cursor(q.cursor.as_deref())?,
     };
     let (reply, _): (v1::AuditPage, i64) = state.call(subjects::AUDIT, &principal, &request).await?;
-    let rows: Vec<Value> = reply.rows_json.iter().map(|r| json_of(r)).collect::<Result<_, _>>()?;
-    Ok(Json(json!({"rows": rows, "next_cursor": if reply.next_cursor.is_empty() { Value::Null } else { Value::from(reply.next_cursor) }})))
+    Ok(Json(wire_json::audit_page(reply)?))
 }
 
 /// `GET /api/v1/audit/verify` (R-AUDIT-2): `{"ok": true, "rows": N}` or the first bad row.
@@ -233,5 +250,5 @@ pub async fn audit(State(state): State<AppState>, headers: HeaderMap, query: Res
 pub async fn audit_verify(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     let principal = state.principal(&headers).await?;
     let (reply, _): (v1::VerifyReply, i64) = state.call(subjects::AUDIT, &principal, &v1::VerifyAudit {}).await?;
-    Ok(Json(json_of(&reply.result_json)?))
+    Ok(Json(wire_json::verification(reply)?))
 }

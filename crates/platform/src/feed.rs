@@ -64,16 +64,15 @@ impl FeedSource {
     /// `position` (the consumer's own checkpoint).
     pub async fn open(&self, db: &Db, name: &str, aggregate_types: &[&str], position: i64) -> anyhow::Result<Feed> {
         let types: Vec<String> = aggregate_types.iter().map(|s| s.to_string()).collect();
+        let owners = aggregate_types
+            .iter()
+            .map(|t| atasira_contracts::subjects::owner_of(t).ok_or_else(|| anyhow::anyhow!("feed {name}: {t:?} is not an aggregate type")))
+            .collect::<anyhow::Result<std::collections::BTreeSet<_>>>()?;
         match self {
             FeedSource::Store { wake } => Ok(Feed::Store { db: db.clone(), wake: wake.clone(), types, position }),
             FeedSource::JetStream { js } => {
                 let stream = ensure_stream(js).await?;
-                let subjects: Vec<String> = aggregate_types
-                    .iter()
-                    .map(|t| atasira_contracts::subjects::events(atasira_contracts::subjects::owner_of(t)))
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .into_iter()
-                    .collect();
+                let subjects: Vec<String> = owners.into_iter().map(atasira_contracts::subjects::events).collect();
                 let consumer = stream
                     .get_or_create_consumer(
                         name,
@@ -117,7 +116,7 @@ pub fn decode_notification(bytes: &[u8]) -> anyhow::Result<StoredEvent> {
         event_type: n.event_type,
         event_version: n.event_version,
         payload: serde_json::from_slice(&n.payload_json)?,
-        metadata: serde_json::from_slice(&n.metadata_json)?,
+        metadata: serde_json::to_value(n.metadata)?,
         recorded_at_ms: n.recorded_at_unix_ms,
     })
 }
@@ -133,7 +132,11 @@ pub fn encode_notification(e: &StoredEvent) -> Vec<u8> {
         event_type: e.event_type.clone(),
         event_version: e.event_version.clone(),
         payload_json: serde_json::to_vec(&e.payload).unwrap_or_default(),
-        metadata_json: serde_json::to_vec(&e.metadata).unwrap_or_default(),
+        metadata: e
+            .metadata
+            .as_object()
+            .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned))).collect())
+            .unwrap_or_default(),
         recorded_at_unix_ms: e.recorded_at_ms,
     }
     .encode_to_vec()

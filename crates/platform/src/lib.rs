@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod bus;
+pub mod command;
 pub mod db;
 pub mod feed;
 pub mod projection;

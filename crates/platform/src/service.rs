@@ -6,23 +6,23 @@ use std::future::Future;
 use std::sync::Arc;
 
 use atasira_contracts::{Envelope, Reply, reply_error};
-use atasira_domain::{ErrorCode, Principal, Refusing};
+use atasira_domain::{ErrorCode, FieldError, Principal, Refusing};
 use prost::Message as _;
 
 use crate::Runtime;
 use crate::bus::{Endpoint, Handler, Message};
 
-/// A typed refusal on its way to the wire (the spec's code, a message, optional details).
+/// A typed refusal on its way to the wire (the spec's code, a message, the keys at fault).
 #[derive(Debug)]
 pub struct Refusal {
     pub code: ErrorCode,
     pub message: String,
-    pub details: Option<serde_json::Value>,
+    pub field_errors: Vec<FieldError>,
 }
 
 impl Refusal {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: None }
+        Self { code, message: message.into(), field_errors: Vec::new() }
     }
 
     /// A failure of ours: logged with its cause, answered without it.
@@ -32,14 +32,20 @@ impl Refusal {
     }
 
     pub fn into_reply(self) -> Reply {
-        reply_error(self.code, self.message, self.details.as_ref())
+        reply_error(self.code, self.message, &self.field_errors)
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
     }
 }
 
 /// Every coded domain or wire error converts with `?`.
 impl<E: Refusing> From<E> for Refusal {
     fn from(e: E) -> Self {
-        Self { code: e.error_code(), message: e.to_string(), details: e.details() }
+        Self { code: e.error_code(), message: e.to_string(), field_errors: e.field_errors() }
     }
 }
 

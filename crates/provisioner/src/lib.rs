@@ -18,7 +18,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::{Named, Reply, payload, reply_error, reply_ok, subjects, v1};
+use atasira_contracts::requests::WaitOnlyRequest;
+use atasira_contracts::{Reply, reply_error, reply_ok, subjects, v1};
 use atasira_domain::aggregates::access::{Access, AccessCommand};
 use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::manifest::RequiredAccess;
@@ -146,18 +147,15 @@ pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiv
 /// have seen an activation. It reveals nothing but checkpoints, hence no principal check
 /// (like the drafts service's wait).
 async fn answer(db: &Db, env: atasira_contracts::Envelope) -> Reply {
-    if env.message_type != v1::WaitForPosition::NAME {
-        return reply_error(ErrorCode::InvalidRequest, format!("unknown message type {:?}", env.message_type), None);
-    }
-    let wait: v1::WaitForPosition = match payload(&env) {
-        Ok(w) => w,
-        Err(e) => return reply_error(e.code(), e.to_string(), None),
+    let wait = match WaitOnlyRequest::decode(&env) {
+        Ok(WaitOnlyRequest::WaitForPosition(w)) => w,
+        Err(e) => return reply_error(e.code(), e.to_string(), &[]),
     };
     match proj::answer_wait(db, READ_MODELS, &wait).await {
-        Ok(lagging) => reply_ok(&v1::WaitForPositionReply { lagging }, 0),
+        Ok(lagging) => reply_ok(&v1::WaitForPositionReply { lagging }),
         Err(e) => {
             tracing::error!(error = %e, "provisioner wait failed");
-            reply_error(ErrorCode::Internal, "internal failure; retry", None)
+            reply_error(ErrorCode::Internal, "internal failure; retry", &[])
         }
     }
 }

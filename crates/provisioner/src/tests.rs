@@ -219,6 +219,6 @@ async fn given_the_endpoint_when_asked_anything_but_a_wait_then_invalid_request(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let refusal = atasira_contracts::decode_reply::<v1::WaitForPositionReply>(&answer.expect("answered")).expect("decodes").expect_err("refused");
-    assert_eq!(refusal.code, ErrorCode::InvalidRequest.as_str());
+    assert_eq!(refusal.code, ErrorCode::InvalidRequest);
     stop(tx, handle).await;
 }

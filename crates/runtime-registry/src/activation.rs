@@ -11,6 +11,7 @@ use atasira_domain::aggregates::boxes::{BoxCommand, box_id_for};
 use atasira_domain::aggregates::draft::{Draft, DraftEvent};
 use atasira_domain::aggregates::namespace::NamespaceCommand;
 use atasira_domain::aggregates::security::{RegistrySecurity, SecurityCommand};
+use atasira_domain::aggregates::types;
 use atasira_platform::db::StoredEvent;
 use atasira_platform::projection as proj;
 
@@ -22,7 +23,7 @@ pub const NAME: &str = "registry_activation";
 /// (checkpoint) and ack.
 pub async fn run(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let (db, feeds) = (registry.rt.db.clone(), registry.rt.feeds.clone());
-    proj::consume(db, feeds, NAME, &["draft"], shutdown, move |event| {
+    proj::consume(db, feeds, NAME, &[types::DRAFT], shutdown, move |event| {
         let registry = registry.clone();
         async move {
             handle(&registry, &event).await?;

@@ -4,19 +4,191 @@
 
 use std::path::{Path, PathBuf};
 
+use atasira_contracts::{convert, v1};
 use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::access::AccessEvent;
-use atasira_domain::aggregates::boxes::BoxEvent;
+use atasira_domain::aggregates::boxes::{BoxEvent, BoxRole, BoxState};
+use atasira_domain::aggregates::types;
 use atasira_platform::db::{Db, StoredEvent};
 use atasira_platform::projection::Projection;
-use serde_json::{Value, json};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 pub const BOXES: &str = "registry_boxes";
-pub const BOXES_READS: &[&str] = &["box", "access"];
+pub const BOXES_READS: &[&str] = &[types::BOX, types::ACCESS];
 pub const MANIFESTS: &str = "registry_manifests";
-pub const MANIFESTS_READS: &[&str] = &["box"];
+pub const MANIFESTS_READS: &[&str] = &[types::BOX];
+
+/// One Box in the view: what `GET /boxes/{id}` shows, built from its events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BoxRow {
+    pub box_id: String,
+    pub box_type: String,
+    pub draft_id: String,
+    pub state: BoxState,
+    /// The store position of its activation: the list order.
+    pub position: i64,
+    pub created_at: DateTime<Utc>,
+    pub approved_by: String,
+    pub manifest: BoxManifest,
+    pub assignments: Vec<AssignmentRow>,
+    pub provisioning: Vec<ProvisioningRow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssignmentRow {
+    pub user_id: String,
+    pub role_in_box: BoxRole,
+}
+
+/// The outcome of one `required_access` entry, as the provisioner recorded it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProvisioningRow {
+    pub index: u32,
+    /// The entry, described.
+    pub access: String,
+    pub provisioned: bool,
+    /// What was set up, or why it failed.
+    pub outcome: String,
+    pub attempts: u32,
+    pub at: DateTime<Utc>,
+}
+
+impl BoxRow {
+    /// A new row from an activation; other events need a row to apply to.
+    pub fn activated(event: &BoxEvent, position: i64) -> Option<BoxRow> {
+        let BoxEvent::BoxActivated { box_id, box_type, draft_id, manifest, approved_by, activated_at, .. } = event else { return None };
+        Some(BoxRow {
+            box_id: box_id.clone(),
+            box_type: box_type.clone(),
+            draft_id: draft_id.clone(),
+            state: BoxState::Idle,
+            position,
+            created_at: *activated_at,
+            approved_by: approved_by.clone(),
+            manifest: manifest.clone(),
+            assignments: vec![],
+            provisioning: vec![],
+        })
+    }
+
+    /// A later event of the same Box.
+    pub fn apply(&mut self, event: &BoxEvent) {
+        match event {
+            BoxEvent::BoxActivated { .. } => {}
+            BoxEvent::BoxUserAssigned { user_id, role_in_box, .. } => {
+                self.assignments.retain(|a| a.user_id != *user_id);
+                self.assignments.push(AssignmentRow { user_id: user_id.clone(), role_in_box: *role_in_box });
+            }
+            BoxEvent::BoxManifestEdited { manifest, .. } | BoxEvent::BoxConfigEdited { manifest, .. } => self.manifest = manifest.clone(),
+            BoxEvent::BoxStopped { .. } => self.state = BoxState::Stopped,
+            BoxEvent::BoxResumed { .. } => self.state = BoxState::Idle,
+            BoxEvent::BoxArchived { .. } => self.state = BoxState::Archived,
+        }
+    }
+
+    /// A provisioning outcome for one of its entries; a later outcome replaces an earlier.
+    pub fn provisioned(&mut self, event: &AccessEvent) {
+        let entry = match event {
+            AccessEvent::AccessProvisioned { index, access, detail, attempts, at, .. } => {
+                ProvisioningRow { index: *index, access: access.clone(), provisioned: true, outcome: detail.clone(), attempts: *attempts, at: *at }
+            }
+            AccessEvent::AccessProvisionFailed { index, access, reason, attempts, at, .. } => {
+                ProvisioningRow { index: *index, access: access.clone(), provisioned: false, outcome: reason.clone(), attempts: *attempts, at: *at }
+            }
+        };
+        self.provisioning.retain(|e| e.index != entry.index);
+        self.provisioning.push(entry);
+        self.provisioning.sort_by_key(|e| e.index);
+    }
+
+    pub fn summary(&self) -> v1::BoxSummary {
+        v1::BoxSummary {
+            box_id: self.box_id.clone(),
+            box_type: self.box_type.clone(),
+            name: self.manifest.name.clone(),
+            state: convert::box_state_to_wire(self.state) as i32,
+            manifest_version: self.manifest.version.clone(),
+            created_at: Some(convert::timestamp(self.created_at)),
+        }
+    }
+
+    /// The detail, with whether the file on disk drifted from what the registry wrote.
+    pub fn to_wire(&self, manifest_drift: bool) -> v1::BoxView {
+        v1::BoxView {
+            summary: Some(self.summary()),
+            draft_id: self.draft_id.clone(),
+            approved_by: self.approved_by.clone(),
+            manifest: Some(v1::BoxManifest::from(&self.manifest)),
+            assignments: self
+                .assignments
+                .iter()
+                .map(|a| v1::Assignment { user_id: a.user_id.clone(), role_in_box: convert::box_role_to_wire(a.role_in_box) as i32 })
+                .collect(),
+            provisioning: self
+                .provisioning
+                .iter()
+                .map(|p| v1::Provisioning {
+                    index: p.index,
+                    access: p.access.clone(),
+                    status: if p.provisioned { v1::provisioning::Status::Provisioned } else { v1::provisioning::Status::Failed } as i32,
+                    detail: if p.provisioned { p.outcome.clone() } else { String::new() },
+                    reason: if p.provisioned { String::new() } else { p.outcome.clone() },
+                    attempts: p.attempts,
+                    at: Some(convert::timestamp(p.at)),
+                })
+                .collect(),
+            manifest_drift,
+        }
+    }
+
+    fn from_sql(row: &AnyRow) -> anyhow::Result<BoxRow> {
+        Ok(BoxRow {
+            box_id: row.try_get(0)?,
+            box_type: row.try_get(1)?,
+            draft_id: row.try_get(2)?,
+            state: serde_json::from_value(serde_json::Value::String(row.try_get(3)?))?,
+            position: row.try_get(4)?,
+            created_at: DateTime::from_timestamp_nanos(row.try_get(5)?),
+            approved_by: row.try_get(6)?,
+            manifest: serde_json::from_str(&row.try_get::<String, _>(7)?)?,
+            assignments: serde_json::from_str(&row.try_get::<String, _>(8)?)?,
+            provisioning: serde_json::from_str(&row.try_get::<String, _>(9)?)?,
+        })
+    }
+
+    async fn save(&self, tx: &mut Transaction<'static, Any>) -> anyhow::Result<()> {
+        let state = serde_json::to_value(self.state)?.as_str().unwrap_or_default().to_owned();
+        sqlx::query(&format!(
+            "INSERT INTO box_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             ON CONFLICT (box_id) DO UPDATE SET state = excluded.state, manifest_json = excluded.manifest_json,
+               assignments_json = excluded.assignments_json, provisioning_json = excluded.provisioning_json"
+        ))
+        .bind(&self.box_id)
+        .bind(&self.box_type)
+        .bind(&self.draft_id)
+        .bind(state)
+        .bind(self.position)
+        .bind(self.created_at.timestamp_nanos_opt().unwrap_or(i64::MAX))
+        .bind(&self.approved_by)
+        .bind(serde_json::to_string(&self.manifest)?)
+        .bind(serde_json::to_string(&self.assignments)?)
+        .bind(serde_json::to_string(&self.provisioning)?)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
+
+const COLUMNS: &str = "box_id, box_type, draft_id, state, position, created_at_ns, approved_by, manifest_json, assignments_json, provisioning_json";
+
+async fn load(tx: &mut Transaction<'static, Any>, box_id: &str) -> anyhow::Result<Option<BoxRow>> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_id = $1")).bind(box_id).fetch_optional(&mut **tx).await?;
+    row.as_ref().map(BoxRow::from_sql).transpose()
+}
 
 /// The Box view.
 #[derive(Debug)]
@@ -31,142 +203,69 @@ impl Projection for BoxesView {
         BOXES_READS
     }
     fn tables(&self) -> &'static [&'static str] {
-        &["CREATE TABLE IF NOT EXISTS registry_boxes (
+        &["CREATE TABLE IF NOT EXISTS box_rows (
             box_id TEXT PRIMARY KEY,
             box_type TEXT NOT NULL,
             draft_id TEXT NOT NULL,
             state TEXT NOT NULL,
             position BIGINT NOT NULL,
-            view_json TEXT NOT NULL
+            created_at_ns BIGINT NOT NULL,
+            approved_by TEXT NOT NULL,
+            manifest_json TEXT NOT NULL,
+            assignments_json TEXT NOT NULL,
+            provisioning_json TEXT NOT NULL
         )"]
     }
     fn table_names(&self) -> &'static [&'static str] {
-        &["registry_boxes"]
+        &["box_rows"]
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
-        if event.aggregate_type == "access" {
+        let row = if event.aggregate_type == types::ACCESS {
             let outcome: AccessEvent = serde_json::from_value(event.payload.clone())?;
-            let (box_id, entry) = match outcome {
-                AccessEvent::AccessProvisioned { box_id, index, access, detail, attempts, at, .. } => {
-                    (box_id, json!({"index": index, "access": access, "status": "provisioned", "detail": detail, "attempts": attempts, "at": at}))
-                }
-                AccessEvent::AccessProvisionFailed { box_id, index, access, reason, attempts, at, .. } => {
-                    (box_id, json!({"index": index, "access": access, "status": "failed", "reason": reason, "attempts": attempts, "at": at}))
-                }
-            };
-            return update(tx, &box_id, |view| {
-                let list = view["provisioning"].as_array_mut();
-                if let Some(list) = list {
-                    list.retain(|e| e["index"] != entry["index"]);
-                    list.push(entry.clone());
-                    list.sort_by_key(|e| e["index"].as_u64().unwrap_or(0));
-                }
-                None
+            let (AccessEvent::AccessProvisioned { box_id, .. } | AccessEvent::AccessProvisionFailed { box_id, .. }) = &outcome;
+            load(tx, box_id).await?.map(|mut row| {
+                row.provisioned(&outcome);
+                row
             })
-            .await;
+        } else {
+            let parsed: BoxEvent = serde_json::from_value(event.payload.clone())?;
+            match BoxRow::activated(&parsed, event.position) {
+                // A redelivered activation leaves the row as it is.
+                Some(new) => load(tx, &new.box_id).await?.is_none().then_some(new),
+                None => load(tx, &event.aggregate_id).await?.map(|mut row| {
+                    row.apply(&parsed);
+                    row
+                }),
+            }
+        };
+        if let Some(row) = row {
+            row.save(tx).await?;
         }
-        let parsed: BoxEvent = serde_json::from_value(event.payload.clone())?;
-        match parsed {
-            BoxEvent::BoxActivated { box_id, box_type, draft_id, manifest, approved_by, activated_at, .. } => {
-                let view = json!({
-                    "box_id": box_id,
-                    "box_type": box_type,
-                    "name": manifest.name,
-                    "state": "idle",
-                    "manifest_version": manifest.version,
-                    "created_at": activated_at,
-                    "draft_id": draft_id,
-                    "approved_by": approved_by,
-                    "manifest": manifest,
-                    "assignments": [],
-                    "provisioning": [],
-                });
-                sqlx::query("INSERT INTO registry_boxes (box_id, box_type, draft_id, state, position, view_json) VALUES ($1, $2, $3, 'idle', $4, $5) ON CONFLICT (box_id) DO NOTHING")
-                    .bind(&box_id)
-                    .bind(&box_type)
-                    .bind(&draft_id)
-                    .bind(event.position)
-                    .bind(view.to_string())
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            }
-            BoxEvent::BoxUserAssigned { box_id, user_id, role_in_box, .. } => {
-                update(tx, &box_id, |view| {
-                    if let Some(list) = view["assignments"].as_array_mut() {
-                        list.retain(|a| a["user_id"] != user_id.as_str());
-                        list.push(json!({"user_id": user_id, "role_in_box": role_in_box}));
-                    }
-                    None
-                })
-                .await
-            }
-            BoxEvent::BoxManifestEdited { box_id, manifest, .. } | BoxEvent::BoxConfigEdited { box_id, manifest, .. } => {
-                update(tx, &box_id, |view| {
-                    view["manifest_version"] = Value::from(manifest.version.clone());
-                    view["name"] = Value::from(manifest.name.clone());
-                    view["manifest"] = serde_json::to_value(&manifest).unwrap_or(Value::Null);
-                    None
-                })
-                .await
-            }
-            BoxEvent::BoxStopped { box_id, .. } => set_state(tx, &box_id, "stopped").await,
-            BoxEvent::BoxResumed { box_id, .. } => set_state(tx, &box_id, "idle").await,
-            BoxEvent::BoxArchived { box_id, .. } => set_state(tx, &box_id, "archived").await,
-        }
+        Ok(())
     }
 }
 
-async fn set_state(tx: &mut Transaction<'static, Any>, box_id: &str, state: &'static str) -> anyhow::Result<()> {
-    update(tx, box_id, |view| {
-        view["state"] = Value::from(state);
-        Some(state)
-    })
-    .await
-}
-
-/// Read-modify-write of one view row; `edit` returns a new state column value if any.
-async fn update(tx: &mut Transaction<'static, Any>, box_id: &str, edit: impl FnOnce(&mut Value) -> Option<&'static str>) -> anyhow::Result<()> {
-    let row = sqlx::query("SELECT view_json, state FROM registry_boxes WHERE box_id = $1").bind(box_id).fetch_optional(&mut **tx).await?;
-    let Some(row) = row else { return Ok(()) };
-    let mut view: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
-    let state = edit(&mut view).map(str::to_owned).unwrap_or(row.try_get::<String, _>(1)?);
-    sqlx::query("UPDATE registry_boxes SET view_json = $1, state = $2 WHERE box_id = $3")
-        .bind(view.to_string())
-        .bind(state)
-        .bind(box_id)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
 /// R-BOX-5: active Boxes (not stopped or archived), one per box_type.
-pub async fn list(db: &Db) -> anyhow::Result<Vec<Value>> {
-    let rows = sqlx::query("SELECT view_json FROM registry_boxes WHERE state = 'idle' ORDER BY position").fetch_all(db.any()).await?;
+pub async fn list(db: &Db) -> anyhow::Result<Vec<BoxRow>> {
+    let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE state = 'idle' ORDER BY position")).fetch_all(db.any()).await?;
     let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     for row in rows {
-        let v: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
-        if seen.insert(v["box_type"].as_str().unwrap_or_default().to_owned()) {
-            out.push(json!({
-                "box_id": v["box_id"], "box_type": v["box_type"], "name": v["name"], "state": v["state"],
-                "manifest_version": v["manifest_version"], "created_at": v["created_at"],
-            }));
+        let row = BoxRow::from_sql(&row)?;
+        if seen.insert(row.box_type.clone()) {
+            out.push(row);
         }
     }
     Ok(out)
 }
 
 /// One Box with manifest, assignments, provisioning and drift.
-pub async fn get(db: &Db, manifests_dir: &Path, box_id: &str) -> anyhow::Result<Option<Value>> {
-    let row = sqlx::query("SELECT view_json FROM registry_boxes WHERE box_id = $1").bind(box_id).fetch_optional(db.any()).await?;
-    let Some(row) = row else { return Ok(None) };
-    let mut v: Value = serde_json::from_str(&row.try_get::<String, _>(0)?)?;
-    let box_type = v["box_type"].as_str().unwrap_or_default().to_owned();
-    let drift = if v["state"] == "archived" { false } else { drift(db, manifests_dir, &box_type).await? };
-    v["manifest_drift"] = Value::from(drift);
-    Ok(Some(v))
+pub async fn get(db: &Db, manifests_dir: &Path, box_id: &str) -> anyhow::Result<Option<v1::BoxView>> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_id = $1")).bind(box_id).fetch_optional(db.any()).await?;
+    let Some(row) = row.as_ref().map(BoxRow::from_sql).transpose()? else { return Ok(None) };
+    let drift = if row.state == BoxState::Archived { false } else { drift(db, manifests_dir, &row.box_type).await? };
+    Ok(Some(row.to_wire(drift)))
 }
 
 /// `<manifests_dir>/<box_type>.yaml`.

@@ -61,7 +61,7 @@ impl Access {
     }
 }
 
-aggregate_via_decide!(Access, "access", AccessCommand, AccessEvent, AccessError);
+aggregate_via_decide!(Access, super::types::ACCESS, AccessCommand, AccessEvent, AccessError);
 
 #[cfg(test)]
 mod tests {

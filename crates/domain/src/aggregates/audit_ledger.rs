@@ -58,7 +58,7 @@ impl AuditLedger {
     }
 }
 
-aggregate_via_decide!(AuditLedger, "audit_ledger", AuditCommand, AuditEvent, AuditError);
+aggregate_via_decide!(AuditLedger, super::types::AUDIT_LEDGER, AuditCommand, AuditEvent, AuditError);
 
 #[cfg(test)]
 mod tests {

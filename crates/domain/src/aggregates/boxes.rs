@@ -58,7 +58,7 @@ pub struct BoxAggregate {
     pub data: Option<BoxData>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum BoxCommand {
     /// R-BOX-1, R-APPROVE-4: driven by `DraftApproved`; `manifest` is the draft's.
     Activate { box_id: String, draft_id: String, manifest: BoxManifest, approval: VerifiedApproval, at: DateTime<Utc> },
@@ -163,6 +163,9 @@ pub enum BoxError {
     /// 409: archived Boxes accept nothing.
     #[error("the Box is archived")]
     Archived,
+    /// 422: an assignment without a user.
+    #[error("user_id must not be empty")]
+    EmptyUserId,
     #[error(transparent)]
     MentorEdit(MentorEditError),
     #[error(transparent)]
@@ -178,6 +181,7 @@ impl BoxError {
             BoxError::NotFound => ErrorCode::BoxNotFound,
             BoxError::Forbidden(_) => ErrorCode::Forbidden,
             BoxError::Archived => ErrorCode::BoxNotActive,
+            BoxError::EmptyUserId => ErrorCode::InvalidRequest,
             BoxError::MentorEdit(e) => e.code(),
             BoxError::ConfigEdit(e) => e.code(),
         }
@@ -213,6 +217,9 @@ impl BoxAggregate {
             }
             BoxCommand::AssignUser { by, user_id, role_in_box, at } => {
                 let d = self.live()?;
+                if user_id.trim().is_empty() {
+                    return Err(BoxError::EmptyUserId);
+                }
                 let is_primary = d.assignments.iter().any(|(u, r)| *u == by.user_id && *r == BoxRole::Primary);
                 if !(by.is_human_admin() || is_primary) {
                     return Err(BoxError::Forbidden("a human admin or the Box's primary"));
@@ -314,7 +321,7 @@ impl BoxAggregate {
     }
 }
 
-aggregate_via_decide!(BoxAggregate, "box", BoxCommand, BoxEvent, BoxError);
+aggregate_via_decide!(BoxAggregate, super::types::BOX, BoxCommand, BoxEvent, BoxError);
 
 #[cfg(test)]
 mod tests;

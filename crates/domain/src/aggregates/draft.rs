@@ -180,7 +180,8 @@ impl Draft {
             DraftCommand::Withdraw { by, at } => {
                 let d = self.data.as_ref().ok_or(DraftError::NotFound)?;
                 if d.requested_by.user_id != by.user_id {
-                    return Err(DraftError::NotRequester);
+                    // To those who may not read it, someone else's draft does not exist.
+                    return Err(if by.is_admin() { DraftError::NotRequester } else { DraftError::NotFound });
                 }
                 match d.status {
                     DraftStatus::PendingApproval => Ok(vec![DraftEvent::DraftWithdrawn { draft_id: d.draft_id.clone(), withdrawn_by: by.user_id, at }]),
@@ -295,7 +296,7 @@ impl Draft {
     }
 }
 
-aggregate_via_decide!(Draft, "draft", DraftCommand, DraftEvent, DraftError);
+aggregate_via_decide!(Draft, super::types::DRAFT, DraftCommand, DraftEvent, DraftError);
 
 #[cfg(test)]
 mod tests;

@@ -12,12 +12,25 @@ pub mod draft;
 pub mod namespace;
 pub mod security;
 
+/// The aggregate types: the names the store, the subjects and the feeds share. Every
+/// aggregate's `TYPE` is one of these; anything else is not an atasira aggregate.
+pub mod types {
+    pub const DRAFT: &str = "draft";
+    pub const BOX: &str = "box";
+    pub const BOX_TYPE_NAMESPACE: &str = "box_type_namespace";
+    pub const ACCESS: &str = "access";
+    pub const AUDIT_LEDGER: &str = "audit_ledger";
+    pub const APPROVAL_SECURITY: &str = "approval_security";
+    pub const REGISTRY_SECURITY: &str = "registry_security";
+    pub const ALL: &[&str] = &[DRAFT, BOX, BOX_TYPE_NAMESPACE, ACCESS, AUDIT_LEDGER, APPROVAL_SECURITY, REGISTRY_SECURITY];
+}
+
 /// Version of every event payload defined today; bump and upcast when a payload changes.
 pub const EVENT_VERSION: &str = "1";
 
 /// Implements `cqrs_es::Aggregate` by delegating to the aggregate's pure `decide`.
 macro_rules! aggregate_via_decide {
-    ($agg:ty, $type_name:literal, $cmd:ty, $event:ty, $err:ty) => {
+    ($agg:ty, $type_name:expr, $cmd:ty, $event:ty, $err:ty) => {
         impl cqrs_es::Aggregate for $agg {
             const TYPE: &'static str = $type_name;
             type Command = $cmd;

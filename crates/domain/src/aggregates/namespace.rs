@@ -275,7 +275,7 @@ impl BoxTypeNamespace {
     }
 }
 
-aggregate_via_decide!(BoxTypeNamespace, "box_type_namespace", NamespaceCommand, NamespaceEvent, NamespaceError);
+aggregate_via_decide!(BoxTypeNamespace, super::types::BOX_TYPE_NAMESPACE, NamespaceCommand, NamespaceEvent, NamespaceError);
 
 #[cfg(test)]
 mod tests;

@@ -47,6 +47,14 @@ pub enum SecurityError {
     AlreadyRecorded,
 }
 
+impl SecurityError {
+    pub fn code(&self) -> crate::ErrorCode {
+        match self {
+            SecurityError::AlreadyRecorded => crate::ErrorCode::Conflict,
+        }
+    }
+}
+
 impl SecurityViolationRecord {
     pub fn decide(&self, command: SecurityCommand) -> Result<Vec<SecurityEvent>, SecurityError> {
         if self.recorded {
@@ -87,10 +95,10 @@ impl RegistrySecurity {
     }
 }
 
-aggregate_via_decide!(ApprovalSecurity, "approval_security", SecurityCommand, SecurityEvent, SecurityError);
+aggregate_via_decide!(ApprovalSecurity, super::types::APPROVAL_SECURITY, SecurityCommand, SecurityEvent, SecurityError);
 
 impl cqrs_es::Aggregate for RegistrySecurity {
-    const TYPE: &'static str = "registry_security";
+    const TYPE: &'static str = super::types::REGISTRY_SECURITY;
     type Command = SecurityCommand;
     type Event = SecurityEvent;
     type Error = SecurityError;

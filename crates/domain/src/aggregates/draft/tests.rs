@@ -167,6 +167,8 @@ fn given_pending_when_the_requester_withdraws_then_withdrawn_and_no_longer_decid
     // R-DRAFT-13
     let s = submitted(false, agent());
     assert_eq!(given_when::<Draft>(vec![s.clone()], DraftCommand::Withdraw { by: bob(), at: t(1) }), Err(DraftError::NotRequester));
+    let mallory = Principal::new("mallory", Role::Member, Kind::Agent);
+    assert_eq!(given_when::<Draft>(vec![s.clone()], DraftCommand::Withdraw { by: mallory, at: t(1) }), Err(DraftError::NotFound), "invisible to members");
     let withdrawn = given_when::<Draft>(vec![s.clone()], DraftCommand::Withdraw { by: agent(), at: t(1) }).expect("withdrawn");
     assert_eq!(withdrawn, vec![DraftEvent::DraftWithdrawn { draft_id: "d1".into(), withdrawn_by: "agent-1".into(), at: t(1) }]);
     let history: Vec<DraftEvent> = std::iter::once(s.clone()).chain(withdrawn).collect();

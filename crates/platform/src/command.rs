@@ -1,0 +1,61 @@
+//! The one way a service runs a command: a refusal of the aggregate is answered with its
+//! own code; an optimistic-concurrency conflict (someone else appended to the same stream
+//! first) is retried on fresh state, then answered `conflict`, or `busy` for a contended
+//! stream; a store failure is ours (`internal`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use atasira_domain::{ErrorCode, Refusing};
+use cqrs_es::{Aggregate, AggregateError};
+
+use crate::db::Cqrs;
+use crate::service::Refusal;
+
+/// How often, and how patiently, a conflicting command is retried.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    /// The wait before the second attempt; it doubles up to `max_backoff`, plus jitter.
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+    /// The answer when every attempt conflicted.
+    pub exhausted: ErrorCode,
+}
+
+impl Retry {
+    /// A stream few writers share (a draft, a Box): one retry on fresh state, then 409.
+    pub const ONCE: Retry = Retry { attempts: 2, backoff: Duration::ZERO, max_backoff: Duration::ZERO, exhausted: ErrorCode::Conflict };
+    /// A stream every approval writes (the box_type namespace): patient, then 503 busy.
+    pub const CONTENDED: Retry = Retry { attempts: 200, backoff: Duration::from_millis(2), max_backoff: Duration::from_millis(50), exhausted: ErrorCode::Busy };
+}
+
+/// Runs `command` on `aggregate_id`, retrying conflicts as `retry` says.
+pub async fn execute<A>(cqrs: &Cqrs<A>, aggregate_id: &str, command: A::Command, metadata: HashMap<String, String>, retry: Retry) -> Result<(), Refusal>
+where
+    A: Aggregate<Services = ()>,
+    A::Command: Clone,
+    A::Error: Refusing,
+{
+    let mut delay = retry.backoff;
+    for attempt in 1..=retry.attempts.max(1) {
+        match cqrs.execute(aggregate_id, command.clone(), metadata.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(AggregateError::UserError(e)) => return Err(e.into()),
+            Err(AggregateError::AggregateConflict) if attempt < retry.attempts => {
+                if !delay.is_zero() {
+                    let jitter = Duration::from_micros(u64::from(uuid::Uuid::new_v4().as_fields().1) % 3000);
+                    tokio::time::sleep(delay + jitter).await;
+                    delay = (delay * 2).min(retry.max_backoff);
+                }
+            }
+            Err(AggregateError::AggregateConflict) => break,
+            Err(other) => return Err(Refusal::internal(format!("{} {aggregate_id}: {other}", A::TYPE))),
+        }
+    }
+    Err(match retry.exhausted {
+        ErrorCode::Busy => Refusal::new(ErrorCode::Busy, "too many concurrent changes right now; retry in a moment"),
+        code => Refusal::new(code, "a concurrent change to the same thing was recorded first; retry"),
+    })
+}
