@@ -156,6 +156,10 @@ impl CommonArgs {
 
     /// Arms the fault-injection hooks of this process (none unless a test asks).
     fn configure_failpoints(&self) {
+        if !self.failpoint.is_empty() || !self.failpoint_delay.is_empty() {
+            let pauses: Vec<String> = self.failpoint_delay.iter().map(|d| format!("{}:{}", d.point, d.delay.as_millis())).collect();
+            eprintln!("atasira: testing hooks armed: kill at {:?}, pause at {:?}", self.failpoint, pauses);
+        }
         let failpoints = atasira_platform::failpoints::Failpoints { kill: self.failpoint.clone(), delay: self.failpoint_delay.clone() };
         // Only `main` calls this, once; a second call could only repeat the same values.
         let _ = atasira_platform::failpoints::configure(failpoints);
