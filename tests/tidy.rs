@@ -43,6 +43,17 @@ const FORBIDDEN_PATTERNS: &[(&str, &str)] = &[
     (concat!("#[", "should_panic"), "assert on the returned error (and its kind) instead of expecting a panic"),
 ];
 
+/// The binary's crate: the one place that reads the environment (its clap config).
+const BINARY_DIR: &str = "crates/atasira";
+
+/// Calls that read the process environment at run time (`env!` is compile time).
+const ENV_READS: &[&str] = &["env::var(", "env::var_os(", "env::vars(", "env::vars_os("];
+
+/// Environment reads a library may make: (file, variable). The provisioner only checks
+/// whether the user set `GIT_SSH_COMMAND` for the git it runs, which inherits it; it is
+/// git's setting, not ours.
+const ENV_READS_ALLOWED: &[(&str, &str)] = &[("crates/provisioner/src/setup.rs", "GIT_SSH_COMMAND")];
+
 /// One workspace member as the checks see it.
 #[derive(Debug, Clone)]
 struct Member {
@@ -279,6 +290,91 @@ fn check_crate_names_match_dirs(members: &[Member]) -> Vec<String> {
     violations
 }
 
+/// Every `tests/*.rs` file is a test target. The tests package keeps its files at its
+/// root, where Cargo discovers nothing by itself: a file without a `[[test]]` entry in
+/// `tests/Cargo.toml` is never compiled, so its tests silently never run. Exempt are the
+/// package's library (`[lib] path`) and the modules that library declares (`mod x;`).
+/// `files` are the file names in `tests/`; `lib_rs` is the library's source.
+fn check_test_files_registered(manifest: &Table, files: &[String], lib_rs: &str) -> Vec<String> {
+    let lib = manifest.get("lib").and_then(|lib| lib.get("path")).and_then(Value::as_str).unwrap_or("lib.rs");
+    let modules: BTreeSet<String> = declared_modules(lib_rs).into_iter().map(|m| format!("{m}.rs")).collect();
+    let registered: BTreeSet<PathBuf> = manifest
+        .get("test")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|target| target.get("path").and_then(Value::as_str))
+        .map(|path| normalize(Path::new(path)))
+        .collect();
+    files
+        .iter()
+        .filter(|file| file.ends_with(".rs"))
+        .filter(|file| normalize(Path::new(file.as_str())) != normalize(Path::new(lib)) && !modules.contains(file.as_str()))
+        .filter(|file| !registered.contains(&normalize(Path::new(file.as_str()))))
+        .map(|file| {
+            let name = file.trim_end_matches(".rs");
+            format!(
+                "tests/{file} is not a test target, so it never runs: add\n    [[test]]\n    name = \"{name}\"\n    path = \"{file}\"\n  \
+                 to tests/Cargo.toml (or declare it as a module in tests/{lib})"
+            )
+        })
+        .collect()
+}
+
+/// The names of the modules `source` declares in files of their own (`mod x;`,
+/// `pub mod x;`, `pub(crate) mod x;`); inline modules (`mod x { ... }`) have no file.
+fn declared_modules(source: &str) -> Vec<String> {
+    let mut modules = Vec::new();
+    for line in source.lines() {
+        let mut rest = line.trim();
+        if let Some(after) = rest.strip_prefix("pub") {
+            rest = after.trim_start();
+            if rest.starts_with('(') {
+                let Some(close) = rest.find(')') else { continue };
+                rest = rest[close + 1..].trim_start();
+            }
+        }
+        let Some(after) = rest.strip_prefix("mod ") else { continue };
+        if let Some(name) = after.trim().strip_suffix(';') {
+            modules.push(name.trim().to_owned());
+        }
+    }
+    modules
+}
+
+/// Libraries take their settings as parameters: only the binary (`crates/atasira`)
+/// reads the environment, through its clap config, so that `atasira <cmd> --help` lists
+/// every setting. Checked in `crates/*/src/` (build scripts and a crate's own `tests/`
+/// may read what Cargo or the test runner sets). `(file, variable)` pairs in [`ENV_READS_ALLOWED`] are exempt.
+/// `files` holds (workspace-relative path, contents) pairs.
+fn check_libraries_read_no_env(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (path, text) in files {
+        let mut components = path.components().map(|c| c.as_os_str().to_string_lossy());
+        let in_library_src = components.next().as_deref() == Some("crates") && components.nth(1).as_deref() == Some("src");
+        if !in_library_src || path.starts_with(BINARY_DIR) {
+            continue;
+        }
+        for (line_no, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if !ENV_READS.iter().any(|pattern| code.contains(pattern)) {
+                continue;
+            }
+            let allowed = ENV_READS_ALLOWED.iter().any(|(file, var)| path == Path::new(file) && code.contains(&format!("\"{var}\"")));
+            if !allowed {
+                violations.push(format!(
+                    "{}:{}: a library reads the environment; take the setting as a parameter and give the binary's \
+                     clap config an `env = \"ATASIRA_...\"` argument for it\n    {}",
+                    path.display(),
+                    line_no + 1,
+                    line.trim(),
+                ));
+            }
+        }
+    }
+    violations
+}
+
 // ---------------------------------------------------------------------------------
 // Loading the real workspace.
 
@@ -355,6 +451,20 @@ fn workspace_sources() -> Vec<(PathBuf, String)> {
     files
 }
 
+/// The `.rs` files directly in `tests/` (names only), sorted.
+fn test_dir_files() -> Vec<String> {
+    let dir = root().join("tests");
+    let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()));
+    let mut files: Vec<String> = entries
+        .map(|entry| entry.unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display())))
+        .filter(|entry| entry.path().is_file())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".rs"))
+        .collect();
+    files.sort();
+    files
+}
+
 #[track_caller]
 fn assert_clean(rule: &str, violations: &[String]) {
     assert!(violations.is_empty(), "{rule}: {} violation(s):\n{}", violations.len(), violations.join("\n"));
@@ -412,6 +522,23 @@ fn workspace_crates_inherit_lints() {
 #[test]
 fn workspace_crates_are_named_like_their_dirs() {
     assert_clean("crates are named like their directory", &check_crate_names_match_dirs(&workspace_members()));
+}
+
+#[test]
+fn workspace_test_files_are_registered() {
+    let path = root().join("tests/Cargo.toml");
+    let manifest = parse(&path, &read(&path));
+    let lib = manifest.get("lib").and_then(|lib| lib.get("path")).and_then(Value::as_str).unwrap_or("lib.rs");
+    let lib_rs = read(&root().join("tests").join(lib));
+    let files = test_dir_files();
+    assert!(files.iter().any(|f| f == "tidy.rs"), "the listing of tests/ missed tidy.rs: {files:?}");
+    assert!(!declared_modules(&lib_rs).is_empty(), "tests/{lib} declares no module; the exemption would cover nothing");
+    assert_clean("every tests/*.rs file is a test target", &check_test_files_registered(&manifest, &files, &lib_rs));
+}
+
+#[test]
+fn workspace_libraries_read_no_env() {
+    assert_clean("only the binary reads the environment", &check_libraries_read_no_env(&workspace_sources()));
 }
 
 // ---------------------------------------------------------------------------------
@@ -650,4 +777,54 @@ fn crate_named_unlike_its_dir_is_reported() {
     let tests = member("tests", "[package]\nname = \"atasira-tests\"\n");
     let violations = check_crate_names_match_dirs(&[renamed, binary, tests]);
     assert_reported(&violations, &["`atasira-drafts`"]);
+}
+
+#[test]
+fn unregistered_test_file_is_reported() {
+    let manifest = table(
+        r#"
+        [lib]
+        path = "lib.rs"
+
+        [[test]]
+        name = "tidy"
+        path = "tidy.rs"
+
+        [[test]]
+        name = "drafts"
+        path = "./drafts.rs"
+        "#,
+    );
+    let lib_rs = "//! Helpers.\n\npub mod harness;\nmod fixtures;\npub(crate) mod wire;\nmod inline {\n}\n// mod commented;\n";
+    let files: Vec<String> =
+        ["lib.rs", "harness.rs", "fixtures.rs", "wire.rs", "tidy.rs", "drafts.rs", "forgotten.rs", "inline.rs", "README.md"].map(String::from).to_vec();
+    let violations = check_test_files_registered(&manifest, &files, lib_rs);
+    assert_reported(&violations, &["tests/forgotten.rs", "tests/inline.rs"]);
+    assert!(violations[0].contains("path = \"forgotten.rs\""), "the message shows the entry to add: {}", violations[0]);
+}
+
+#[test]
+fn test_file_without_any_test_targets_is_reported() {
+    let manifest = table("[lib]\npath = \"lib.rs\"\n");
+    let violations = check_test_files_registered(&manifest, &["lib.rs".to_owned(), "c9.rs".to_owned()], "");
+    assert_reported(&violations, &["tests/c9.rs"]);
+}
+
+#[test]
+fn library_reading_env_is_reported() {
+    let lib = "fn timeout() -> u64 {\n    std::env::var(\"ATASIRA_TIMEOUT\").ok().and_then(|v| v.parse().ok()).unwrap_or(5)\n}\n\
+               fn dir() -> Option<std::ffi::OsString> { env::var_os(\"HOME\") }\n\
+               // std::env::var(\"IN_A_COMMENT\") is fine\n\
+               const VERSION: &str = env!(\"CARGO_PKG_VERSION\");\n";
+    let setup = "if std::env::var_os(\"GIT_SSH_COMMAND\").is_none() {}\nlet _ = std::env::var(\"GIT_DIR\");\n";
+    let binary = "let key = std::env::var(\"ATASIRA_AUDIT_KEY\");\n";
+    let files = vec![
+        (PathBuf::from("crates/platform/src/lib.rs"), lib.to_owned()),
+        (PathBuf::from("crates/provisioner/src/setup.rs"), setup.to_owned()),
+        (PathBuf::from("crates/atasira/src/main.rs"), binary.to_owned()),
+        (PathBuf::from("tests/harness.rs"), binary.to_owned()),
+        (PathBuf::from("crates/contracts/build.rs"), "let out = std::env::var(\"OUT_DIR\");\n".to_owned()),
+    ];
+    let violations = check_libraries_read_no_env(&files);
+    assert_reported(&violations, &["crates/platform/src/lib.rs:2:", "crates/platform/src/lib.rs:4:", "crates/provisioner/src/setup.rs:2:"]);
 }

@@ -1,7 +1,12 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), operator verbs on a data dir or database (`tokens`,
-//! `projections rebuild`), and offline verbs (`manifest validate|context|feasibility`,
-//! `drafts preview`).
+//! `projections rebuild`, `audit verify`), `bench drafts`, and offline verbs (`manifest
+//! validate|context|feasibility`, `drafts preview`).
+//!
+//! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
+//! variable, parsed here and handed to the libraries as parameters (they never read the
+//! environment; `tests/tidy.rs` checks it). Doc comments on the clap types are the help
+//! users read: no spec ids there.
 
 mod bench;
 mod offline;
@@ -16,8 +21,22 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 /// atasira governs how AI employees ("Boxes") come into being and what they may do.
+///
+/// An agent or a person drafts a Box; only a human admin can approve it; an approved draft
+/// becomes an active Box with its manifest, user assignments and provisioned access (git
+/// workspaces, ssh and netrc entries). Every change is an event, and every decision is
+/// recorded in a tamper-evident audit ledger.
+///
+/// Run everything in one process with `dev` (SQLite, no servers needed), or one service per
+/// process with `serve <service>` on NATS and PostgreSQL. Operators issue tokens
+/// (`tokens`), rebuild read models (`projections rebuild`) and check the ledger (`audit
+/// verify`); `manifest` and `drafts preview` work offline; `bench drafts` measures the
+/// draft path.
+///
+/// Every setting is a flag or the ATASIRA_* environment variable shown next to it in the
+/// command's --help. Logs go to stderr; RUST_LOG filters them (default: info).
 #[derive(Debug, Parser)]
-#[command(name = "atasira", version, about, propagate_version = true)]
+#[command(name = "atasira", version, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,10 +60,10 @@ enum Command {
         /// The service to run.
         service: services::ServiceName,
         /// NATS server (JetStream enabled).
-        #[arg(long, env = "ATASIRA_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
         nats_url: String,
         /// PostgreSQL database holding the shared event store.
-        #[arg(long, env = "ATASIRA_DATABASE_URL")]
+        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// Hex key (32+ bytes) that signs principal assertions; the same for every process.
         #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true)]
@@ -67,13 +86,13 @@ enum Command {
         #[command(flatten)]
         common: CommonArgs,
     },
-    /// Verify the audit ledger (R-AUDIT-2).
+    /// Check the audit ledger's hash chain and signed checkpoints.
     #[command(subcommand)]
     Audit(operator::AuditCommand),
-    /// Issue and revoke personal access tokens (R-AUTH-4).
+    /// Issue and revoke personal access tokens (PATs) for the REST API.
     #[command(subcommand)]
     Tokens(operator::TokensCommand),
-    /// Maintain projections.
+    /// Maintain the read models (projections) built from the event store.
     #[command(subcommand)]
     Projections(operator::ProjectionsCommand),
     /// Measure throughput and latency against a floor measured in the same run.
@@ -90,21 +109,33 @@ enum Command {
 /// Settings shared by `dev` and `serve`.
 #[derive(Debug, Clone, Args)]
 struct CommonArgs {
-    /// Seconds a write waits for the projections it affects (R-BOX-9).
+    /// Seconds a write waits for the read models it affects, so the next read sees it.
     #[arg(long, env = "ATASIRA_CONSISTENCY_WAIT", default_value_t = 5.0)]
     consistency_wait: f64,
     /// Where the manifest YAML files are written (default <data-dir>/manifests).
     #[arg(long, env = "ATASIRA_MANIFESTS_DIR")]
     manifests_dir: Option<PathBuf>,
-    /// At most this many active Boxes (R-BOX-3).
+    /// At most this many active Boxes.
     #[arg(long, env = "ATASIRA_MAX_BOXES", default_value_t = atasira_domain::aggregates::namespace::DEFAULT_MAX_BOXES)]
     max_boxes: usize,
-    /// Pending drafts expire after this many seconds (R-DRAFT-13; default 7 days).
+    /// Pending drafts expire after this many seconds (default 7 days).
     #[arg(long, env = "ATASIRA_DRAFT_TTL", default_value_t = 604_800)]
     draft_ttl: i64,
     /// Seconds the gateway waits for a service to answer before 503.
     #[arg(long, env = "ATASIRA_REQUEST_TIMEOUT", default_value_t = 30.0)]
     request_timeout: f64,
+    /// Milliseconds before the first retry of a failed access setup (git clone, ssh,
+    /// netrc); each later retry waits twice as long, at most 30 s.
+    #[arg(long, env = "ATASIRA_PROVISION_BACKOFF_MS", default_value_t = 1000)]
+    provision_backoff_ms: u64,
+    /// Testing only: kill the process (SIGKILL) when it reaches one of these points
+    /// (comma separated), to prove that nothing committed before is lost.
+    #[arg(long, env = "ATASIRA_FAILPOINT", value_name = "POINT", value_delimiter = ',', help_heading = "Testing")]
+    failpoint: Vec<String>,
+    /// Testing only: pause at a point for some milliseconds (NAME:MILLIS, comma
+    /// separated), to force an interleaving.
+    #[arg(long, env = "ATASIRA_FAILPOINT_DELAY", value_name = "NAME:MILLIS", value_delimiter = ',', help_heading = "Testing")]
+    failpoint_delay: Vec<atasira_platform::failpoints::FailpointDelay>,
 }
 
 impl CommonArgs {
@@ -119,7 +150,19 @@ impl CommonArgs {
                 request_timeout: Duration::from_secs_f64(self.request_timeout.clamp(0.1, 300.0)),
                 ..Default::default()
             },
+            provision_backoff: Duration::from_millis(self.provision_backoff_ms),
         }
+    }
+
+    /// Arms the fault-injection hooks of this process (none unless a test asks).
+    fn configure_failpoints(&self) {
+        if !self.failpoint.is_empty() || !self.failpoint_delay.is_empty() {
+            let pauses: Vec<String> = self.failpoint_delay.iter().map(|d| format!("{}:{}", d.point, d.delay.as_millis())).collect();
+            eprintln!("atasira: testing hooks armed: kill at {:?}, pause at {:?}", self.failpoint, pauses);
+        }
+        let failpoints = atasira_platform::failpoints::Failpoints { kill: self.failpoint.clone(), delay: self.failpoint_delay.clone() };
+        // Only `main` calls this, once; a second call could only repeat the same values.
+        let _ = atasira_platform::failpoints::configure(failpoints);
     }
 }
 
@@ -128,10 +171,10 @@ enum BenchCommand {
     /// The drafts command path vs. a raw NATS + PostgreSQL floor, then REST with read-your-writes.
     Drafts {
         /// NATS server (JetStream enabled).
-        #[arg(long, env = "ATASIRA_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
         nats_url: String,
         /// A PostgreSQL database the benchmark may write to.
-        #[arg(long, env = "ATASIRA_DATABASE_URL")]
+        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// Requests in flight.
         #[arg(long, default_value_t = 16)]
@@ -151,12 +194,12 @@ enum ManifestCommand {
         /// The manifest YAML file (`-` reads standard input).
         file: PathBuf,
     },
-    /// Print the agent context XML of a manifest (R-MAN-6).
+    /// Print the agent context XML of a manifest (what reaches the Box's system prompt).
     Context {
         /// The manifest YAML file (`-` reads standard input).
         file: PathBuf,
     },
-    /// Check whether a task fits a Box's declared capabilities (R-FEAS-1), as JSON.
+    /// Check whether a task fits a Box's declared capabilities, or needs a new draft, as JSON.
     Feasibility {
         /// The manifest YAML file (`-` reads standard input).
         file: PathBuf,
@@ -179,8 +222,12 @@ enum DraftsCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Dev { data_dir, listen, common } => run_async(services::dev(common.settings(data_dir), listen)),
+        Command::Dev { data_dir, listen, common } => {
+            common.configure_failpoints();
+            run_async(services::dev(common.settings(data_dir), listen))
+        }
         Command::Serve { service, nats_url, database_url, internal_key, approval_key, approval_key_file, audit_key, data_dir, listen, common } => {
+            common.configure_failpoints();
             let keys = services::ClusterKeys { internal: internal_key, approval: approval_key, approval_file: approval_key_file, audit: audit_key };
             run_async(services::serve(service, &nats_url, &database_url, keys, listen, common.settings(data_dir)))
         }

@@ -18,7 +18,7 @@ pub struct Target {
     #[arg(long, env = "ATASIRA_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// PostgreSQL URL (cluster).
-    #[arg(long, env = "ATASIRA_DATABASE_URL")]
+    #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
 }
 
@@ -64,8 +64,8 @@ pub enum TokensCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ProjectionsCommand {
-    /// Drop every projection and rebuild it from the event store (R-ARCH-5); the audit
-    /// ledger is not rebuilt but checked: every auditable event has exactly one row.
+    /// Drop every projection and rebuild it from the event store; the audit ledger is not
+    /// rebuilt but checked: every auditable event has exactly one row.
     Rebuild {
         #[command(flatten)]
         target: Target,
@@ -82,6 +82,10 @@ pub enum AuditCommand {
     Verify {
         #[command(flatten)]
         target: Target,
+        /// MAC key of the audit ledger (hex; a cluster's audit service key). With
+        /// --data-dir it defaults to that data dir's key.
+        #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true)]
+        audit_key: Option<String>,
     },
 }
 
@@ -131,9 +135,9 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
 
 pub async fn audit(cmd: AuditCommand) -> anyhow::Result<std::process::ExitCode> {
     match cmd {
-        AuditCommand::Verify { target } => {
+        AuditCommand::Verify { target, audit_key } => {
             let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
-            let keys = crate::services::audit_keys_for(target.data_dir.as_deref())?;
+            let keys = crate::services::audit_keys_for(audit_key.as_deref(), target.data_dir.as_deref())?;
             let result = atasira_audit::verify(&db, &keys).await?;
             let json = serde_json::to_value(&result)?;
             println!("{json}");

@@ -37,6 +37,8 @@ pub struct Settings {
     /// `ATASIRA_DRAFT_TTL` in seconds.
     pub draft_ttl: chrono::TimeDelta,
     pub gateway: atasira_gateway::Config,
+    /// `ATASIRA_PROVISION_BACKOFF_MS`: the provisioner's first retry delay.
+    pub provision_backoff: Duration,
 }
 
 impl Settings {
@@ -94,12 +96,12 @@ pub fn audit_keys(hex_key: &str) -> anyhow::Result<AuditKeys> {
     Ok(AuditKeys::new(key, vec![]))
 }
 
-/// The audit key of a data dir (embedded) or from `ATASIRA_AUDIT_KEY`.
-pub fn audit_keys_for(data_dir: Option<&Path>) -> anyhow::Result<AuditKeys> {
-    match (std::env::var("ATASIRA_AUDIT_KEY").ok(), data_dir) {
-        (Some(k), _) => audit_keys(&k),
+/// The audit key given (`--audit-key`, `ATASIRA_AUDIT_KEY`), else the one of a data dir.
+pub fn audit_keys_for(audit_key: Option<&str>, data_dir: Option<&Path>) -> anyhow::Result<AuditKeys> {
+    match (audit_key, data_dir) {
+        (Some(k), _) => audit_keys(k),
         (None, Some(dir)) => audit_keys(&key_file(dir, "audit.key")?),
-        (None, None) => anyhow::bail!("set ATASIRA_AUDIT_KEY (the audit service's key) to verify a cluster's ledger"),
+        (None, None) => anyhow::bail!("to verify a cluster's ledger, pass --audit-key or set ATASIRA_AUDIT_KEY (the audit service's key)"),
     }
 }
 
@@ -127,7 +129,7 @@ fn drafts_config(s: &Settings) -> atasira_drafts::DraftsConfig {
 }
 
 fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfig {
-    atasira_provisioner::ProvisionerConfig { data_dir: s.data_dir.clone(), backoff: atasira_provisioner::Backoff::from_env() }
+    atasira_provisioner::ProvisionerConfig { data_dir: s.data_dir.clone(), backoff: atasira_provisioner::Backoff::with_initial(s.provision_backoff) }
 }
 
 /// `atasira dev`.
@@ -143,7 +145,7 @@ pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
     };
     let signer = approval_signer(&key_file(&data_dir, "approval.key")?)?;
     let keyring = Keyring::new(vec![signer.public_key()]);
-    let audit = audit_keys_for(Some(&data_dir))?;
+    let audit = audit_keys_for(None, Some(&data_dir))?;
     let first_start = !auth::has_tokens(&db).await?;
     let (tx, rx) = watch::channel(false);
     let mut services = vec![

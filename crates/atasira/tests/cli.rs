@@ -177,12 +177,135 @@ fn preview_of_something_that_is_not_json_exits_2() {
     assert_eq!(json(&piped)["status"], 201);
 }
 
-#[test]
-fn every_subcommand_has_help() {
-    // R-CLI-1: help text on every flag
-    for args in [vec!["--help"], vec!["manifest", "--help"], vec!["manifest", "validate", "--help"], vec!["drafts", "preview", "--help"]] {
-        let out = atasira(&args);
-        assert_eq!(out.status.code(), Some(0), "{args:?}");
-        assert!(!out.stdout.is_empty());
+/// `atasira <path> --help`, asserting it succeeds; the help text.
+fn help(path: &[&str]) -> String {
+    help_with_env(path, &[])
+}
+
+fn help_with_env(path: &[&str], env: &[(&str, &str)]) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_atasira"));
+    command.args(path).arg("--help").envs(env.iter().copied());
+    let out = command.output().expect("the binary runs");
+    assert_eq!(out.status.code(), Some(0), "atasira {} --help: {}", path.join(" "), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// The subcommands a help text lists under `Commands:` (without `help`).
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|line| line.trim_end() != "Commands:")
+        .skip(1)
+        .take_while(|line| line.starts_with(' '))
+        .filter_map(|line| {
+            // Entries are indented by two spaces; wrapped descriptions by more.
+            let entry = line.strip_prefix("  ").filter(|rest| !rest.starts_with(' '))?;
+            entry.split_whitespace().next().map(str::to_owned)
+        })
+        .filter(|name| name != "help")
+        .collect()
+}
+
+/// Every command path: `[]`, `["dev"]`, `["manifest"]`, `["manifest", "validate"]`, ...
+fn every_command() -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    let mut queue = vec![Vec::<String>::new()];
+    while let Some(path) = queue.pop() {
+        let text = help(&path.iter().map(String::as_str).collect::<Vec<_>>());
+        for sub in subcommands(&text) {
+            let mut child = path.clone();
+            child.push(sub);
+            queue.push(child);
+        }
+        found.push(path);
     }
+    found.sort();
+    found
+}
+
+/// The option entries of a help text: each starts at a line whose first non-blank
+/// character is `-` and runs until the next entry or section.
+fn options(help: &str) -> Vec<String> {
+    let mut entries: Vec<String> = Vec::new();
+    let mut in_entry = false;
+    for line in help.lines() {
+        if line.trim_start().starts_with('-') {
+            entries.push(line.trim().to_owned());
+            in_entry = true;
+        } else if !line.starts_with(' ') && !line.is_empty() {
+            // A section heading ("Options:", "Testing:") or the usage line.
+            in_entry = false;
+        } else if in_entry && let Some(entry) = entries.last_mut() {
+            entry.push(' ');
+            entry.push_str(line.trim());
+        }
+    }
+    entries
+}
+
+#[test]
+fn every_command_answers_help_in_words_users_know() {
+    // R-CLI-1: help on every command; user-facing text names no spec ids
+    let commands = every_command();
+    for expected in
+        [&["dev"][..], &["serve"], &["tokens", "create"], &["projections", "rebuild"], &["audit", "verify"], &["bench", "drafts"], &["drafts", "preview"]]
+    {
+        assert!(commands.iter().any(|c| c == expected), "`atasira {} --help` was not reached; found {commands:?}", expected.join(" "));
+    }
+    for command in &commands {
+        let text = help(&command.iter().map(String::as_str).collect::<Vec<_>>());
+        let spec_id = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).find(|word| {
+            let mut parts = word.split('-');
+            parts.next() == Some("R")
+                && parts.next().is_some_and(|area| !area.is_empty() && area.chars().all(|c| c.is_ascii_uppercase()))
+                && parts.next().is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        });
+        assert_eq!(spec_id, None, "`atasira {} --help` cites a spec id:\n{text}", command.join(" "));
+    }
+}
+
+#[test]
+fn every_setting_of_dev_and_serve_shows_its_environment_variable() {
+    // R-CLI-1: one configuration per process, each setting a flag or an ATASIRA_* variable
+    for command in ["dev", "serve"] {
+        let text = help(&[command]);
+        let valued: Vec<String> = options(&text).into_iter().filter(|entry| entry.split_whitespace().take(3).any(|word| word.starts_with('<'))).collect();
+        assert!(valued.len() >= 5, "`atasira {command} --help` lists too few settings: {valued:#?}\n{text}");
+        for entry in &valued {
+            assert!(entry.contains("[env: ATASIRA_"), "`atasira {command} --help`: a setting without its variable: {entry}");
+        }
+    }
+    let serve = help(&["serve"]);
+    for variable in ["ATASIRA_PROVISION_BACKOFF_MS", "ATASIRA_FAILPOINT", "ATASIRA_FAILPOINT_DELAY", "ATASIRA_REQUEST_TIMEOUT", "ATASIRA_INTERNAL_KEY"] {
+        assert!(serve.contains(&format!("[env: {variable}")), "`atasira serve --help` does not show {variable}");
+    }
+}
+
+#[test]
+fn help_never_prints_a_secret_from_the_environment() {
+    let secret = "s3cr3t-value-from-the-environment";
+    let url = format!("postgres://atasira:{secret}@db/atasira");
+    let nats = format!("nats://atasira:{secret}@nats:4222");
+    let env = [
+        ("ATASIRA_INTERNAL_KEY", secret),
+        ("ATASIRA_APPROVAL_KEY", secret),
+        ("ATASIRA_AUDIT_KEY", secret),
+        ("ATASIRA_DATABASE_URL", url.as_str()),
+        ("ATASIRA_NATS_URL", nats.as_str()),
+    ];
+    for command in [&["serve"][..], &["dev"], &["audit", "verify"], &["tokens", "create"], &["bench", "drafts"], &["projections", "rebuild"]] {
+        let text = help_with_env(command, &env);
+        assert!(!text.contains(secret), "`atasira {} --help` prints a secret:\n{text}", command.join(" "));
+    }
+}
+
+#[test]
+fn failpoint_settings_are_checked_before_anything_starts() {
+    // A malformed test hook is a usage error (exit 2), not a silently ignored setting.
+    let out = Command::new(env!("CARGO_BIN_EXE_atasira"))
+        .args(["dev", "--data-dir", "/nonexistent/atasira"])
+        .env("ATASIRA_FAILPOINT_DELAY", "activation:soon")
+        .output()
+        .expect("the binary runs");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ATASIRA_FAILPOINT_DELAY") || String::from_utf8_lossy(&out.stderr).contains("--failpoint-delay"));
 }

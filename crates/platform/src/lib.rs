@@ -10,6 +10,7 @@ pub mod auth;
 pub mod bus;
 pub mod command;
 pub mod db;
+pub mod failpoints;
 pub mod feed;
 pub mod projection;
 pub mod relay;
@@ -17,31 +18,9 @@ pub mod service;
 
 use std::sync::Arc;
 
+pub use failpoints::{failpoint, failpoint_delay};
+
 use atasira_domain::assertion::AssertionKeys;
-
-/// Crash-test hook: when `ATASIRA_FAILPOINT` names this point, the process is SIGKILLed here, so tests can prove that nothing committed before it is lost.
-pub fn failpoint(name: &str) {
-    if std::env::var("ATASIRA_FAILPOINT").is_ok_and(|v| v.split(',').any(|p| p == name)) {
-        eprintln!("failpoint {name}: killing this process");
-        // A real SIGKILL (no unwinding, no flushing), like `kill -9` from outside.
-        let _ = std::process::Command::new("kill").arg("-KILL").arg(std::process::id().to_string()).status();
-        std::process::abort();
-    }
-}
-
-/// Test hook for races: when `ATASIRA_FAILPOINT_DELAY` holds `name:millis` (comma
-/// separated), this point waits that long, so a test can force an interleaving.
-pub async fn failpoint_delay(name: &str) {
-    let Ok(spec) = std::env::var("ATASIRA_FAILPOINT_DELAY") else { return };
-    for item in spec.split(',') {
-        if let Some((point, ms)) = item.split_once(':')
-            && point == name
-            && let Ok(ms) = ms.parse::<u64>()
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-        }
-    }
-}
 
 /// Everything a service needs from the outside world.
 #[derive(Clone)]

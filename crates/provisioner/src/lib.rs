@@ -44,8 +44,6 @@ const CHECKPOINT: &str = "provisioner";
 const READS: &[&str] = &["box"];
 /// The checkpoints `WaitForPosition` waits for, with the aggregate types they read.
 const READ_MODELS: &[(&str, &[&str])] = &[(CHECKPOINT, READS)];
-/// Environment variable overriding the first retry delay (milliseconds).
-pub const BACKOFF_ENV: &str = "ATASIRA_PROVISION_BACKOFF_MS";
 
 /// Retry policy of one `required_access` entry (R-PROV-1: 5 attempts, 1 s doubling to
 /// 30 s).
@@ -66,27 +64,11 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The default policy, with the first delay from `ATASIRA_PROVISION_BACKOFF_MS` when it
-    /// is set (tests use 10 ms so failures are recorded quickly).
-    pub fn from_env() -> Self {
-        Self::with_initial_ms(std::env::var(BACKOFF_ENV).ok().as_deref())
-    }
-
-    /// [`Backoff::from_env`] without the environment: an unparsable value is reported and
-    /// ignored rather than fatal, because provisioning is best-effort.
-    fn with_initial_ms(raw: Option<&str>) -> Self {
+    /// The default policy with another first delay (tests use 10 ms so failures are
+    /// recorded quickly); the cap grows to it when it is longer.
+    pub fn with_initial(initial: Duration) -> Self {
         let default = Self::default();
-        let Some(raw) = raw else { return default };
-        match raw.trim().parse::<u64>() {
-            Ok(ms) => {
-                let initial = Duration::from_millis(ms);
-                Self { initial, max: default.max.max(initial), ..default }
-            }
-            Err(_) => {
-                tracing::warn!(value = raw, "{BACKOFF_ENV} is not a number of milliseconds; using the default backoff");
-                default
-            }
-        }
+        Self { initial, max: default.max.max(initial), ..default }
     }
 
     /// The pause after failed try number `attempt` (1-based): `initial * 2^(attempt-1)`,

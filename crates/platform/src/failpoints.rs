@@ -1,0 +1,85 @@
+//! Fault-injection hooks for the crash and race tests. The binary configures them once
+//! at start from its own settings (`--failpoint`, `--failpoint-delay`); until then, and
+//! in every normal run, each hook is a no-op.
+
+use std::str::FromStr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Which hooks fire in this process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Failpoints {
+    /// Points where the process SIGKILLs itself ([`failpoint`]).
+    pub kill: Vec<String>,
+    /// Points that pause first ([`failpoint_delay`]).
+    pub delay: Vec<FailpointDelay>,
+}
+
+/// One pausing point: `name:millis` on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailpointDelay {
+    pub point: String,
+    pub delay: Duration,
+}
+
+impl FromStr for FailpointDelay {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (point, ms) = s.split_once(':').ok_or_else(|| format!("expected NAME:MILLISECONDS, got {s:?}"))?;
+        let ms: u64 = ms.trim().parse().map_err(|_| format!("expected NAME:MILLISECONDS, got {s:?} (the pause is not a number)"))?;
+        let point = point.trim();
+        if point.is_empty() {
+            return Err(format!("expected NAME:MILLISECONDS, got {s:?} (no name)"));
+        }
+        Ok(Self { point: point.to_owned(), delay: Duration::from_millis(ms) })
+    }
+}
+
+static CONFIGURED: OnceLock<Failpoints> = OnceLock::new();
+
+/// Sets this process's hooks; call it once, at start, before any service runs. A second
+/// call changes nothing and hands its value back.
+pub fn configure(failpoints: Failpoints) -> Result<(), Failpoints> {
+    CONFIGURED.set(failpoints)
+}
+
+/// Crash-test hook: when `name` is configured as a kill point, the process is SIGKILLed
+/// here, so tests can prove that nothing committed before it is lost.
+pub fn failpoint(name: &str) {
+    if CONFIGURED.get().is_some_and(|f| f.kill.iter().any(|p| p == name)) {
+        eprintln!("failpoint {name}: killing this process");
+        // A real SIGKILL (no unwinding, no flushing), like `kill -9` from outside.
+        let _ = std::process::Command::new("kill").arg("-KILL").arg(std::process::id().to_string()).status();
+        std::process::abort();
+    }
+}
+
+/// Race hook: when `name` is configured as a pausing point, waits that long here, so a
+/// test can force an interleaving.
+pub async fn failpoint_delay(name: &str) {
+    let Some(failpoints) = CONFIGURED.get() else { return };
+    for d in failpoints.delay.iter().filter(|d| d.point == name) {
+        tokio::time::sleep(d.delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delay_parses_from_name_and_milliseconds() {
+        assert_eq!("activation:2500".parse(), Ok(FailpointDelay { point: "activation".into(), delay: Duration::from_millis(2500) }));
+        assert!("activation".parse::<FailpointDelay>().is_err());
+        assert!("activation:soon".parse::<FailpointDelay>().is_err());
+        assert!(":10".parse::<FailpointDelay>().is_err());
+    }
+
+    #[tokio::test]
+    async fn unconfigured_hooks_do_nothing() {
+        // No test in this crate configures failpoints: the process would die.
+        failpoint("anything");
+        failpoint_delay("anything").await;
+    }
+}
