@@ -375,6 +375,42 @@ fn check_libraries_read_no_env(files: &[(PathBuf, String)]) -> Vec<String> {
     violations
 }
 
+/// The contract between processes is typed: no message in `proto/` carries a JSON document
+/// in a `bytes`/`string` field named `..._json`, except the stored event payload of
+/// `EventNotification` (events are stored as JSON by the event store). `files` holds
+/// (workspace-relative path, contents) pairs of `.proto` files.
+fn check_proto_has_no_json_fields(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (path, text) in files {
+        let mut message = String::new();
+        for (line_no, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default().trim();
+            if let Some(rest) = code.strip_prefix("message ") {
+                message = rest.split_whitespace().next().unwrap_or_default().to_owned();
+            }
+            let mut words = code.split_whitespace().filter(|w| *w != "repeated" && *w != "optional");
+            let (Some(kind), Some(name)) = (words.next(), words.next()) else { continue };
+            let allowed = message == "EventNotification" && name == "payload_json";
+            if matches!(kind, "bytes" | "string") && name.ends_with("_json") && !allowed {
+                violations.push(format!("{}:{}: {message}.{name} carries JSON; give it a typed message", path.display(), line_no + 1));
+            }
+        }
+    }
+    violations
+}
+
+fn proto_files() -> Vec<(PathBuf, String)> {
+    let dir = root().join("proto/atasira/v1");
+    let mut files: Vec<(PathBuf, String)> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("failed to list {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "proto"))
+        .map(|p| (p.strip_prefix(root()).unwrap_or(&p).to_path_buf(), read(&p)))
+        .collect();
+    files.sort();
+    files
+}
+
 // ---------------------------------------------------------------------------------
 // Loading the real workspace.
 
@@ -534,6 +570,20 @@ fn workspace_test_files_are_registered() {
     assert!(files.iter().any(|f| f == "tidy.rs"), "the listing of tests/ missed tidy.rs: {files:?}");
     assert!(!declared_modules(&lib_rs).is_empty(), "tests/{lib} declares no module; the exemption would cover nothing");
     assert_clean("every tests/*.rs file is a test target", &check_test_files_registered(&manifest, &files, &lib_rs));
+}
+
+#[test]
+fn proto_messages_carry_no_json_but_the_event_payload() {
+    let files = proto_files();
+    assert!(files.len() >= 5, "found only {files:?}");
+    assert_clean("typed messages in proto/", &check_proto_has_no_json_fields(&files));
+}
+
+#[test]
+fn a_json_field_in_a_proto_message_is_reported() {
+    let proto = "message DecisionReply {\n  bytes body_json = 1; // the answer\n}\nmessage EventNotification {\n  bytes payload_json = 8;\n  repeated string rows_json = 9;\n}\n";
+    let v = check_proto_has_no_json_fields(&[(PathBuf::from("x.proto"), proto.to_owned())]);
+    assert_reported(&v, &["DecisionReply.body_json", "EventNotification.rows_json"]);
 }
 
 #[test]
