@@ -386,3 +386,84 @@ impl Projection for ManifestFiles {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use atasira_domain::draft_request::BoxDraftCreateRequest;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000 + s, 123_456_789).expect("time")
+    }
+
+    fn activated() -> BoxEvent {
+        let request = BoxDraftCreateRequest { box_type: Some("sales".into()), purpose: Some("p".into()), ..Default::default() };
+        let manifest = request.plan().expect("plan").manifest;
+        BoxEvent::BoxActivated {
+            box_id: "b1".into(),
+            box_type: "sales".into(),
+            draft_id: "d1".into(),
+            manifest_digest: manifest.digest(),
+            manifest,
+            approved_by: "alice".into(),
+            approval_key_id: "k1".into(),
+            activated_at: t(0),
+        }
+    }
+
+    #[test]
+    fn given_an_activation_then_an_idle_box_whose_time_is_exact() {
+        // R-BOX-5
+        let row = BoxRow::activated(&activated(), 4).expect("row");
+        assert_eq!((row.state, row.position, row.created_at), (BoxState::Idle, 4, t(0)));
+        let wire = row.to_wire(false);
+        let summary = wire.summary.expect("summary");
+        assert_eq!(summary.state, v1::BoxState::Idle as i32);
+        assert_eq!(convert::time_from_wire(summary.created_at.as_ref()), Some(t(0)));
+        assert_eq!(wire.manifest.map(|m| m.box_type), Some("sales".to_owned()));
+    }
+
+    #[test]
+    fn given_a_box_when_assigned_twice_then_the_later_role_counts_once() {
+        // R-BOX-6
+        let mut row = BoxRow::activated(&activated(), 1).expect("row");
+        for role in [BoxRole::Member, BoxRole::Primary] {
+            row.apply(&BoxEvent::BoxUserAssigned { box_id: "b1".into(), user_id: "bob".into(), role_in_box: role, assigned_by: "alice".into(), at: t(1) });
+        }
+        assert_eq!(row.assignments, vec![AssignmentRow { user_id: "bob".into(), role_in_box: BoxRole::Primary }]);
+        row.apply(&BoxEvent::BoxStopped { box_id: "b1".into(), box_type: "sales".into(), by: "alice".into(), at: t(2) });
+        assert_eq!(row.state, BoxState::Stopped);
+    }
+
+    #[test]
+    fn given_a_failed_entry_when_a_retry_succeeds_then_the_success_replaces_it_in_index_order() {
+        // R-PROV-1
+        let mut row = BoxRow::activated(&activated(), 1).expect("row");
+        let failed = |index| AccessEvent::AccessProvisionFailed {
+            box_id: "b1".into(),
+            box_type: "sales".into(),
+            index,
+            access: "git_remote x".into(),
+            reason: "unreachable".into(),
+            attempts: 5,
+            at: t(3),
+        };
+        row.provisioned(&failed(1));
+        row.provisioned(&failed(0));
+        row.provisioned(&AccessEvent::AccessProvisioned {
+            box_id: "b1".into(),
+            box_type: "sales".into(),
+            index: 1,
+            access: "git_remote x".into(),
+            detail: "cloned".into(),
+            attempts: 2,
+            at: t(4),
+        });
+        let wire = row.to_wire(false).provisioning;
+        assert_eq!(
+            wire.iter().map(|p| (p.index, p.status)).collect::<Vec<_>>(),
+            vec![(0, v1::provisioning::Status::Failed as i32), (1, v1::provisioning::Status::Provisioned as i32)]
+        );
+        assert_eq!((wire[0].reason.as_str(), wire[1].detail.as_str()), ("unreachable", "cloned"));
+    }
+}
