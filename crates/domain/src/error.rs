@@ -57,6 +57,13 @@ pub(crate) use refusing_via_code;
 pub enum ErrorCode {
     /// 400: the body is not JSON (R-DRAFT-14).
     InvalidJson,
+    /// 400: a query parameter that is unknown, repeated, empty or malformed (other than
+    /// `cursor` and `limit`); `details.parameter` names it.
+    InvalidQuery,
+    /// 400: a `cursor` that is not the `next_cursor` of an earlier page.
+    InvalidCursor,
+    /// 400: a `limit` that is not a whole number of at least 1.
+    InvalidLimit,
     /// 401: no or unknown token (R-AUTH-1), or a missing/invalid assertion (R-AUTH-5).
     Unauthenticated,
     /// 403: known principal without the needed role or kind (R-AUTH-2).
@@ -110,6 +117,9 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::InvalidQuery => "invalid_query",
+            ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::InvalidLimit => "invalid_limit",
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::SelfPrivilegeForbidden => "self_privilege_forbidden",
@@ -144,7 +154,7 @@ impl ErrorCode {
     /// The HTTP status this code always answers with.
     pub fn http_status(self) -> u16 {
         match self {
-            ErrorCode::InvalidJson => 400,
+            ErrorCode::InvalidJson | ErrorCode::InvalidQuery | ErrorCode::InvalidCursor | ErrorCode::InvalidLimit => 400,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::Forbidden
             | ErrorCode::SelfPrivilegeForbidden
@@ -189,6 +199,9 @@ mod tests {
         // One source of truth: the serde name and `as_str` never drift apart.
         let all = [
             ErrorCode::InvalidJson,
+            ErrorCode::InvalidQuery,
+            ErrorCode::InvalidCursor,
+            ErrorCode::InvalidLimit,
             ErrorCode::Unauthenticated,
             ErrorCode::Forbidden,
             ErrorCode::SelfPrivilegeForbidden,
@@ -227,6 +240,9 @@ mod tests {
         // R-DRAFT-14, R-APPROVE-3, R-BOX-3, R-AUTH-3
         assert_eq!(ErrorCode::PayloadTooLarge.http_status(), 413);
         assert_eq!(ErrorCode::InvalidJson.http_status(), 400);
+        assert_eq!(ErrorCode::InvalidCursor.http_status(), 400);
+        assert_eq!(ErrorCode::InvalidLimit.http_status(), 400);
+        assert_eq!(ErrorCode::InvalidQuery.http_status(), 400);
         assert_eq!(ErrorCode::OverLimitConfirmationRequired.http_status(), 409);
         assert_eq!(ErrorCode::BoxLimitReached.http_status(), 409);
         assert_eq!(ErrorCode::SelfApprovalForbidden.http_status(), 403);
