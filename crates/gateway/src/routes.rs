@@ -33,7 +33,6 @@ async fn read<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Err
 
 /// A write: at most once per Idempotency-Key; forward, wait for the read models, answer
 /// `status` with the reply as `Out` and the consistency headers.
-#[allow(clippy::too_many_arguments)]
 async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Error = ApiError> + Serialize>(
     state: &AppState,
     principal: &Principal,
