@@ -34,8 +34,9 @@ pub struct BoxDraftCreateRequest {
     /// with 403 `self_privilege_forbidden`.
     #[schema(schema_with = box_type_schema)]
     pub box_type: String,
-    /// The standing role of the Box; must not be blank.
-    #[schema(pattern = r"\S")]
+    /// The standing role of the Box; must not be blank (the pattern: a character that is
+    /// neither NUL nor Unicode white space).
+    #[schema(pattern = r"^[^\u0000]*[^\u0000\t\n\u000b\u000c\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$")]
     pub purpose: String,
     pub name: Option<String>,
     /// Appended to `purpose` under "## Success criteria", one line per item.
@@ -100,7 +101,7 @@ impl RoleInBox {
 #[serde(deny_unknown_fields)]
 pub struct AssignRequest {
     /// Must not be blank.
-    #[schema(pattern = r"\S")]
+    #[schema(pattern = r"^[^\u0000]*[^\u0000\t\n\u000b\u000c\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$")]
     pub user_id: String,
     pub role_in_box: RoleInBox,
 }

@@ -41,7 +41,12 @@ impl<S: Send + Sync> FromRequestParts<S> for Id {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        Path::<String>::from_request_parts(parts, state).await.map(|Path(id)| Id(id)).map_err(|e| ApiError::new(ErrorCode::NotFound, e.body_text()))
+        let Path(id) = Path::<String>::from_request_parts(parts, state).await.map_err(|e| ApiError::new(ErrorCode::NotFound, e.body_text()))?;
+        // No id holds a NUL character (and PostgreSQL text cannot).
+        if id.contains('\0') {
+            return Err(ApiError::new(ErrorCode::NotFound, "no such id: ids hold no NUL characters"));
+        }
+        Ok(Id(id))
     }
 }
 
@@ -89,24 +94,42 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 }
 
 impl RawBody {
-    /// Fails with 400 `invalid_json` unless the body is JSON.
+    /// Fails with 400 `invalid_json` unless the body is JSON, and with 422 `invalid_request`
+    /// when it holds a NUL character.
     pub fn require_json(&self) -> Result<(), ApiError> {
-        serde_json::from_slice::<serde::de::IgnoredAny>(&self.0)
-            .map(|_| ())
-            .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body is not valid JSON: {e}")))
+        self.value(&self.0).map(|_| ())
+    }
+
+    fn value(&self, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body is not valid JSON: {e}")))?;
+        if holds_nul(&value) {
+            return Err(ApiError::new(ErrorCode::InvalidRequest, "request body: text must not contain NUL characters (\\u0000)"));
+        }
+        Ok(value)
     }
 
     /// The body as `T`, a JSON object with unknown fields refused: bad JSON is 400
-    /// `invalid_json`, any other JSON value or an object that is not a `T` is 422
-    /// `invalid_request`. An empty body reads as `{}`.
+    /// `invalid_json`; any other JSON value, an object that is not a `T` or text with a NUL
+    /// character is 422 `invalid_request`. An empty body reads as `{}`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
         let body: &[u8] = if self.0.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &self.0 };
-        let value: serde_json::Value =
-            serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body is not valid JSON: {e}")))?;
+        let value = self.value(body)?;
         // Serde would read a struct from an array as well (`[]` as `{}`).
         if !value.is_object() {
             return Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object"));
         }
         serde_json::from_value(value).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))
+    }
+}
+
+/// Whether any text of a JSON value, keys included, holds a NUL character. Such text is
+/// refused at the door: PostgreSQL cannot store it, so it would fail only in cluster mode.
+fn holds_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
     }
 }

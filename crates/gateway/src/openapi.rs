@@ -10,7 +10,7 @@ use axum::Json;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::request_body::RequestBody;
-use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::schema::{ArrayItems, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi};
@@ -78,6 +78,64 @@ fn optional_not_null(body: &mut RequestBody) {
                 content.schema = Some(only.clone());
             }
         }
+    }
+}
+
+/// Text that requests may carry: anything but NUL (which PostgreSQL cannot store, so the
+/// gateway refuses it in every request; see `extract.rs`).
+pub const NUL_FREE: &str = r"^[^\u0000]*$";
+
+/// Says on every text of a request body that it holds no NUL: each string schema reachable
+/// from a request body that has no pattern or enum of its own gets [`NUL_FREE`].
+struct NulFreeText;
+
+impl Modify for NulFreeText {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let mut todo = Vec::new();
+        for op in operations(openapi) {
+            for content in op.request_body.iter_mut().flat_map(|b| b.content.values_mut()) {
+                if let Some(schema) = content.schema.as_mut() {
+                    nul_free(schema, &mut todo);
+                }
+            }
+        }
+        let mut done = std::collections::BTreeSet::new();
+        let Some(components) = openapi.components.as_mut() else { return };
+        while let Some(name) = todo.pop() {
+            if done.insert(name.clone())
+                && let Some(schema) = components.schemas.get_mut(&name)
+            {
+                nul_free(schema, &mut todo);
+            }
+        }
+    }
+}
+
+fn nul_free(schema: &mut RefOr<Schema>, refs: &mut Vec<String>) {
+    match schema {
+        RefOr::Ref(r) => refs.extend(r.ref_location.strip_prefix("#/components/schemas/").map(str::to_owned)),
+        RefOr::T(Schema::Object(o)) => {
+            let text = match &o.schema_type {
+                SchemaType::Type(t) => *t == Type::String,
+                SchemaType::Array(types) => types.contains(&Type::String),
+                SchemaType::AnyValue => false,
+            };
+            if text && o.pattern.is_none() && o.enum_values.is_none() {
+                o.pattern = Some(NUL_FREE.to_owned());
+            }
+            for property in o.properties.values_mut() {
+                nul_free(property, refs);
+            }
+        }
+        RefOr::T(Schema::Array(a)) => {
+            if let ArrayItems::RefOrSchema(items) = &mut a.items {
+                nul_free(items, refs);
+            }
+        }
+        RefOr::T(Schema::OneOf(o)) => o.items.iter_mut().for_each(|s| nul_free(s, refs)),
+        RefOr::T(Schema::AllOf(o)) => o.items.iter_mut().for_each(|s| nul_free(s, refs)),
+        RefOr::T(Schema::AnyOf(o)) => o.items.iter_mut().for_each(|s| nul_free(s, refs)),
+        RefOr::T(_) => {}
     }
 }
 
@@ -150,13 +208,13 @@ impl Modify for SharedResponses {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "atasira", description = "Box governance: drafts, approval, Boxes, audit. Every error is `{\"error\": code, \"message\": text, \"details\": optional}`. Request bodies refuse unknown fields; routes with query parameters refuse unknown ones."),
+    info(title = "atasira", description = "Box governance: drafts, approval, Boxes, audit. Every error is `{\"error\": code, \"message\": text, \"details\": optional}`. Request bodies refuse unknown fields; routes with query parameters refuse unknown ones. No text of a request may hold a NUL character (U+0000)."),
     paths(crate::routes::submit_draft, crate::routes::pending_drafts, crate::routes::list_drafts, crate::routes::get_draft, crate::routes::withdraw,
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
         crate::routes::nats_assertion),
     components(schemas(api::ErrorBody)),
-    modifiers(&PatAuth, &SharedResponses)
+    modifiers(&PatAuth, &SharedResponses, &NulFreeText)
 )]
 pub struct ApiDoc;
 

@@ -6,7 +6,8 @@
 //! - `limit`: a whole number of at least 1 (decimal digits); `0`, `-1`, `abc` or an empty
 //!   value are 400 `invalid_limit`. A limit over the route's maximum is clamped to it.
 //! - every other parameter: an unknown name, a repeated name, an empty value or a malformed
-//!   value is 400 `invalid_query`, with `details.parameter` naming it.
+//!   value (one with a NUL character, say) is 400 `invalid_query`, with `details.parameter`
+//!   naming it.
 
 use atasira_domain::ErrorCode;
 use axum::extract::{FromRequestParts, Query};
@@ -56,6 +57,9 @@ impl Pairs {
             }
             if value.is_empty() {
                 return Err(invalid(code_for(name), name, format!("query parameter {name} is empty")));
+            }
+            if value.contains('\0') {
+                return Err(invalid(code_for(name), name, format!("query parameter {name} holds a NUL character")));
             }
         }
         Ok(Self(pairs))
@@ -248,10 +252,10 @@ impl MineQuery {
 #[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// Only rows of this action, e.g. `box_draft.approve`.
-    #[param(min_length = 1)]
+    #[param(pattern = r"^[^\u0000]+$")]
     pub action: Option<String>,
     /// Only rows about this target (a draft or Box id).
-    #[param(min_length = 1)]
+    #[param(pattern = r"^[^\u0000]+$")]
     pub target: Option<String>,
     /// Only rows at or after this RFC 3339 time.
     #[param(value_type = Option<String>, format = DateTime)]
@@ -349,6 +353,7 @@ mod tests {
         assert_eq!(parse::<PendingQuery>("limit=5&foo=1").err(), Some(refusal("invalid_query", "foo")));
         assert_eq!(parse::<AuditQuery>("since=yesterday").err(), Some(refusal("invalid_query", "since")));
         assert_eq!(parse::<AuditQuery>("action=").err(), Some(refusal("invalid_query", "action")));
+        assert_eq!(parse::<AuditQuery>("target=a\0b").err(), Some(refusal("invalid_query", "target")));
         let q = parse::<AuditQuery>("action=box.activate&since=2026-01-01T00:00:00Z").expect("valid");
         assert_eq!((q.action.as_deref(), q.since.map(|s| s.timestamp())), (Some("box.activate"), Some(1_767_225_600)));
     }
