@@ -139,7 +139,8 @@ fn run(sys: &System, who: &str, token: &str) {
         .expect("schemathesis runs (is it installed in the venv of ATASIRA_TEST_PYTHON?)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("schemathesis as {who} ({:?}): {:?}, exit {:?}", sys.mode, started.elapsed(), out.status.code());
+    let summary = stdout.find("SUMMARY").map_or("", |at| &stdout[at..]);
+    eprintln!("schemathesis as {who} ({:?}): {:?}, exit {:?}\n{summary}", sys.mode, started.elapsed(), out.status.code());
     assert!(out.status.success(), "schemathesis as {who} ({:?}) found failures:\n{stdout}\n{stderr}", sys.mode);
 
     // Every route was reached with ids that exist: each answered 2xx at least once.
