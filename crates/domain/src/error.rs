@@ -251,6 +251,9 @@ mod tests {
         // R-DRAFT-14, R-APPROVE-3, R-BOX-3, R-AUTH-3
         assert_eq!(ErrorCode::PayloadTooLarge.http_status(), 413);
         assert_eq!(ErrorCode::InvalidJson.http_status(), 400);
+        assert_eq!(ErrorCode::InvalidCursor.http_status(), 400);
+        assert_eq!(ErrorCode::InvalidLimit.http_status(), 400);
+        assert_eq!(ErrorCode::InvalidQuery.http_status(), 400);
         assert_eq!(ErrorCode::OverLimitConfirmationRequired.http_status(), 409);
         assert_eq!(ErrorCode::BoxLimitReached.http_status(), 409);
         assert_eq!(ErrorCode::SelfApprovalForbidden.http_status(), 403);

@@ -162,7 +162,7 @@ pub enum RequiredAccess {
     SshTarget {
         host: String,
         user: String,
-        #[serde(default = "default_ssh_port")]
+        #[serde(default = "default_ssh_port", deserialize_with = "whole_port")]
         port: u16,
     },
     NetrcEntry {
@@ -175,6 +175,17 @@ pub enum RequiredAccess {
 
 fn default_ssh_port() -> u16 {
     22
+}
+
+/// A port is a whole number, however written: JSON's `22.0` is the integer 22 (JSON Schema
+/// agrees), and some JSON writers only write numbers that way.
+fn whole_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+    let n = f64::deserialize(d)?;
+    if n.fract() == 0.0 && (0.0..=f64::from(u16::MAX)).contains(&n) {
+        Ok(n as u16)
+    } else {
+        Err(serde::de::Error::custom(format!("port {n} is not a whole number from 0 to {}", u16::MAX)))
+    }
 }
 
 impl RequiredAccess {

@@ -9,12 +9,13 @@ use std::time::Duration;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::db::Db;
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 
 use crate::ApiError;
+use crate::extract::IdempotencyKey;
 
 pub const SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS gateway_idempotency (
     principal TEXT NOT NULL,
@@ -28,24 +29,20 @@ pub const SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS gateway_idempotency (
 )"];
 
 const KEEP: chrono::TimeDelta = chrono::TimeDelta::hours(24);
-const MAX_KEY_LEN: usize = 255;
 /// Headers replayed with a stored answer.
 const REPLAYED: &[&str] = &["content-type", "x-atasira-position", "x-atasira-lagging"];
 
-/// Runs `work` at most once per (principal, key); without a key it just runs it.
+/// Runs `work` at most once per (principal, key); without a key it just runs it. The key
+/// was checked by its extractor.
 pub async fn run(
     db: &Db,
     principal: &Principal,
-    headers: &HeaderMap,
+    key: &IdempotencyKey,
     route: &str,
     body: &[u8],
     work: impl Future<Output = Result<Response, ApiError>>,
 ) -> Result<Response, ApiError> {
-    let Some(key) = headers.get("idempotency-key") else { return work.await };
-    let key = key.to_str().map_err(|_| ApiError::new(ErrorCode::InvalidRequest, "Idempotency-Key must be visible ASCII"))?.to_owned();
-    if key.is_empty() || key.len() > MAX_KEY_LEN {
-        return Err(ApiError::new(ErrorCode::InvalidRequest, format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} characters")));
-    }
+    let Some(key) = key.0.clone() else { return work.await };
     let hash = hex::encode(Sha256::digest([route.as_bytes(), b"\n", body].concat()));
     let user = principal.user_id.as_str();
     let now = chrono::Utc::now();

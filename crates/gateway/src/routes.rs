@@ -1,254 +1,338 @@
-//! The C9 routes: decisions on drafts, the Box registry and the audit ledger. Each
-//! authenticates, forwards to its service, waits for the projections a write affects
-//! (R-BOX-9) and answers JSON.
+//! The routes. Each takes its caller, ids, query and body through the extractors of
+//! `extract.rs` and `query.rs`, forwards to its service, waits for the projections a write
+//! affects (R-BOX-9) and answers one of the HTTP types of `api.rs`.
+//!
+//! The OpenAPI annotations name each route's own refusals; `openapi.rs` adds the ones
+//! every route shares (401, 500, 503, and 400/413/422 for bodies, 400 for queries).
 
 use atasira_contracts::{Named, subjects, v1};
-use atasira_domain::ErrorCode;
+use atasira_domain::Principal;
 use axum::Json;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use prost::Message as _;
+use serde::Serialize;
 
-use crate::{ApiError, AppState, body_or_error, consistency_headers, idempotency, openapi, require_json, wire_json};
+use crate::api::{self, ErrorBody};
+use crate::extract::{Caller, Id, IdempotencyKey, RawBody};
+use crate::openapi::IdempotencyHeader;
+use crate::query::{AuditQuery, MineQuery, Params, PendingQuery};
+use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
-/// Parses a JSON body with unknown fields refused (R-DRAFT-14); an empty body is `{}`.
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) { b"{}" } else { body };
-    require_json(body)?;
-    serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))
+/// A read: ask the service, answer its reply as `Out`.
+async fn read<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Error = ApiError>>(
+    state: &AppState,
+    principal: &Principal,
+    service: &str,
+    request: Req,
+) -> Result<Json<Out>, ApiError> {
+    let (reply, _): (Resp, i64) = state.call(service, principal, &request).await?;
+    Out::try_from(reply).map(Json)
 }
 
-/// A write: forward, wait for read models, answer 200 with the service's JSON body.
-async fn write<Req: Named, Resp: prost::Message + Default>(
+/// A write: at most once per Idempotency-Key; forward, wait for the read models, answer
+/// `status` with the reply as `Out` and the consistency headers.
+async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Error = ApiError> + Serialize>(
     state: &AppState,
-    headers: &HeaderMap,
+    principal: &Principal,
+    key: &IdempotencyKey,
     (route, body): (&str, &[u8]),
     service: &str,
     request: Req,
-    body_of: fn(Resp) -> Result<Value, ApiError>,
+    status: StatusCode,
 ) -> Result<Response, ApiError> {
-    let status = StatusCode::OK;
-    let principal = state.principal(headers).await?;
-    idempotency::run(&state.rt.db, &principal, headers, route, body, async {
-        let (reply, position, event_ids): (Resp, i64, Vec<String>) = state.call_written(service, &principal, &request).await?;
+    idempotency::run(&state.rt.db, principal, key, route, body, async {
+        let (reply, position, event_ids): (Resp, i64, Vec<String>) = state.call_written(service, principal, &request).await?;
         let lagging = state.wait_for(position, &event_ids).await;
-        let mut response = (status, Json(body_of(reply)?)).into_response();
+        let mut response = (status, Json(Out::try_from(reply)?)).into_response();
         consistency_headers(&mut response, position, &lagging);
         Ok(response)
     })
     .await
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ApproveBody {
-    #[serde(default)]
-    confirm_over_limit: bool,
-}
+// --- drafts -----------------------------------------------------------------------------
 
-/// `POST /api/v1/boxes/box-drafts/{draft_id}/approve` (R-APPROVE-2..4, R-APPROVE-6).
-#[utoipa::path(post, path = "/api/v1/boxes/box-drafts/{draft_id}/approve", tag = "approval",
-    params(("draft_id" = String, Path)), request_body(content = openapi::ApproveRequest),
-    responses((status = 200, description = "Approved; the Box is active", body = Object), (status = 401, body = openapi::ErrorBody),
-        (status = 403, description = "forbidden, self_approval_forbidden", body = openapi::ErrorBody), (status = 404, body = openapi::ErrorBody),
-        (status = 409, description = "draft_not_pending, over_limit_confirmation_required, box_limit_reached, box_type_exists, manifest_exists", body = openapi::ErrorBody)),
+/// Submit a draft (any authenticated caller). The draft is always `pending_approval`.
+#[utoipa::path(post, path = "/api/v1/boxes/box-drafts", tag = "drafts", params(IdempotencyHeader),
+    request_body(content = api::BoxDraftCreateRequest, description = "The draft. Unknown fields are refused."),
+    responses(
+        (status = 201, description = "Stored, pending approval", body = api::DraftCreated),
+        (status = 403, description = "`self_privilege_forbidden`: box_type admin-pm or admin-ops", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details: the field errors), `invalid_request` (unknown fields, wrong types, a malformed Idempotency-Key), `idempotency_key_reuse`", body = ErrorBody),
+    ),
     security(("pat" = [])))]
-pub async fn approve(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(draft_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    state.principal(&headers).await?;
-    let body = body_or_error(body)?;
-    let b: ApproveBody = parse(&body)?;
-    let request = v1::ApproveDraft { draft_id: draft_id.clone(), confirm_over_limit: b.confirm_over_limit };
-    write(&state, &headers, (&format!("approve {draft_id}"), &body), subjects::APPROVAL, request, wire_json::decision).await
+pub async fn submit_draft(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, body: RawBody) -> Result<Response, ApiError> {
+    body.require_json()?;
+    let request = v1::SubmitDraft { request: Some(from_wire::draft_request(&body.0)?) };
+    write::<_, v1::SubmitDraftReply, api::DraftCreated>(
+        &state,
+        &principal,
+        &key,
+        ("POST /boxes/box-drafts", &body.0),
+        subjects::DRAFTS,
+        request,
+        StatusCode::CREATED,
+    )
+    .await
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RejectBody {
-    #[serde(default)]
-    reason: String,
-}
-
-/// `POST /api/v1/boxes/box-drafts/{draft_id}/reject` (R-APPROVE-5).
-#[utoipa::path(post, path = "/api/v1/boxes/box-drafts/{draft_id}/reject", tag = "approval",
-    params(("draft_id" = String, Path)), request_body(content = openapi::RejectRequest),
-    responses((status = 200, description = "Rejected", body = Object), (status = 403, body = openapi::ErrorBody), (status = 404, body = openapi::ErrorBody), (status = 409, body = openapi::ErrorBody)),
+/// Pending drafts, oldest first (admins).
+#[utoipa::path(get, path = "/api/v1/boxes/box-drafts/pending", tag = "drafts", params(PendingQuery),
+    responses(
+        (status = 200, description = "A page of pending drafts", body = api::DraftPage),
+        (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody),
+    ),
     security(("pat" = [])))]
-pub async fn reject(
+pub async fn pending_drafts(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(draft_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    state.principal(&headers).await?;
-    let body = body_or_error(body)?;
-    let b: RejectBody = parse(&body)?;
-    let request = v1::RejectDraft { draft_id: draft_id.clone(), reason: b.reason };
-    write(&state, &headers, (&format!("reject {draft_id}"), &body), subjects::APPROVAL, request, wire_json::decision).await
+    Caller(principal): Caller,
+    Params(q): Params<PendingQuery>,
+) -> Result<Json<api::DraftPage>, ApiError> {
+    let page = q.page();
+    read::<_, v1::DraftPage, _>(&state, &principal, subjects::DRAFTS, v1::ListPendingDrafts { limit: page.limit(), after: page.after() }).await
 }
 
-/// `POST /api/v1/boxes/box-drafts/{draft_id}/withdraw` (R-DRAFT-13): the requester, pending only.
-#[utoipa::path(post, path = "/api/v1/boxes/box-drafts/{draft_id}/withdraw", tag = "drafts",
-    params(("draft_id" = String, Path)), request_body(content = Object, description = "Empty or {}"),
-    responses((status = 200, description = "Withdrawn", body = Object), (status = 404, body = openapi::ErrorBody), (status = 409, body = openapi::ErrorBody)),
+/// The caller's own drafts, oldest first.
+#[utoipa::path(get, path = "/api/v1/boxes/box-drafts", tag = "drafts", params(MineQuery),
+    responses((status = 200, description = "A page of the caller's drafts", body = api::DraftPage)),
+    security(("pat" = [])))]
+pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<MineQuery>) -> Result<Json<api::DraftPage>, ApiError> {
+    let page = q.page();
+    read::<_, v1::DraftPage, _>(&state, &principal, subjects::DRAFTS, v1::ListMyDrafts { limit: page.limit(), after: page.after() }).await
+}
+
+/// One draft with its status, decision and manifest (the requester or an admin).
+#[utoipa::path(get, path = "/api/v1/boxes/box-drafts/{draft_id}", tag = "drafts", params(("draft_id" = String, Path)),
+    responses(
+        (status = 200, description = "The draft", body = api::DraftDetail),
+        (status = 404, description = "`draft_not_found`: no such draft, or not yours", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn get_draft(State(state): State<AppState>, Caller(principal): Caller, Id(draft_id): Id) -> Result<Json<api::DraftDetail>, ApiError> {
+    read::<_, v1::DraftReply, _>(&state, &principal, subjects::DRAFTS, v1::GetDraft { draft_id }).await
+}
+
+/// Withdraw a pending draft (the requester).
+#[utoipa::path(post, path = "/api/v1/boxes/box-drafts/{draft_id}/withdraw", tag = "drafts", params(("draft_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty or `{}`"),
+    responses(
+        (status = 200, description = "Withdrawn", body = api::DraftStatusChanged),
+        (status = 403, description = "`forbidden`: an admin may see the draft, but only its requester may withdraw it", body = ErrorBody),
+        (status = 404, description = "`draft_not_found`: no such draft, or not yours", body = ErrorBody),
+        (status = 409, description = "`draft_not_pending`", body = ErrorBody),
+    ),
     security(("pat" = [])))]
 pub async fn withdraw(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(draft_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(draft_id): Id,
+    body: RawBody,
 ) -> Result<Response, ApiError> {
-    state.principal(&headers).await?;
-    let body = body_or_error(body)?;
-    let _: serde_json::Map<String, Value> = parse(&body)?;
-    write(&state, &headers, (&format!("withdraw {draft_id}"), &body), subjects::DRAFTS, v1::WithdrawDraft { draft_id }, wire_json::withdrawn).await
+    let api::EmptyRequest {} = body.parse()?;
+    let route = format!("withdraw {draft_id}");
+    let request = v1::WithdrawDraft { draft_id };
+    write::<_, v1::WithdrawReply, api::DraftStatusChanged>(&state, &principal, &key, (&route, &body.0), subjects::DRAFTS, request, StatusCode::OK).await
 }
 
-/// `GET /api/v1/boxes` (R-BOX-5): active Boxes, one per box_type; any authenticated caller.
-#[utoipa::path(get, path = "/api/v1/boxes", tag = "boxes", responses((status = 200, description = "Active Boxes", body = Object), (status = 401, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn list_boxes(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    let principal = state.principal(&headers).await?;
-    let (reply, _): (v1::BoxList, i64) = state.call(subjects::RUNTIME_REGISTRY, &principal, &v1::ListBoxes {}).await?;
-    let boxes: Vec<Value> = reply.boxes.iter().map(wire_json::box_summary).collect();
-    Ok(Json(json!({"boxes": boxes})))
+// --- approval ---------------------------------------------------------------------------
+
+/// Approve a draft (a human admin, not the requester): the Box is activated.
+#[utoipa::path(post, path = "/api/v1/boxes/box-drafts/{draft_id}/approve", tag = "approval", params(("draft_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::ApproveRequest>, description = "Empty or `{\"confirm_over_limit\": bool}`"),
+    responses(
+        (status = 200, description = "Approved; the Box is active", body = api::Approved),
+        (status = 403, description = "`forbidden` (needs a human admin), `self_approval_forbidden`", body = ErrorBody),
+        (status = 404, description = "`draft_not_found`", body = ErrorBody),
+        (status = 409, description = "`draft_not_pending`, `over_limit_confirmation_required`, `box_limit_reached`, `box_type_exists`, `manifest_exists`", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn approve(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(draft_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let b: api::ApproveRequest = body.parse()?;
+    let route = format!("approve {draft_id}");
+    let request = v1::ApproveDraft { draft_id, confirm_over_limit: b.confirm_over_limit };
+    write::<_, v1::DecisionReply, api::Approved>(&state, &principal, &key, (&route, &body.0), subjects::APPROVAL, request, StatusCode::OK).await
 }
 
-/// `GET /api/v1/boxes/{box_id}`: the Box with manifest, assignments and provisioning.
+/// Reject a draft (a human admin, not the requester).
+#[utoipa::path(post, path = "/api/v1/boxes/box-drafts/{draft_id}/reject", tag = "approval", params(("draft_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::RejectRequest>, description = "Empty or `{\"reason\": text}`"),
+    responses(
+        (status = 200, description = "Rejected", body = api::DraftStatusChanged),
+        (status = 403, description = "`forbidden` (needs a human admin), `self_approval_forbidden`", body = ErrorBody),
+        (status = 404, description = "`draft_not_found`", body = ErrorBody),
+        (status = 409, description = "`draft_not_pending`", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn reject(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(draft_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let b: api::RejectRequest = body.parse()?;
+    let route = format!("reject {draft_id}");
+    let request = v1::RejectDraft { draft_id, reason: b.reason };
+    write::<_, v1::DecisionReply, api::DraftStatusChanged>(&state, &principal, &key, (&route, &body.0), subjects::APPROVAL, request, StatusCode::OK).await
+}
+
+// --- Boxes ------------------------------------------------------------------------------
+
+/// Active Boxes, one per box_type (any caller).
+#[utoipa::path(get, path = "/api/v1/boxes", tag = "boxes", responses((status = 200, description = "Active Boxes", body = api::BoxList)), security(("pat" = [])))]
+pub async fn list_boxes(State(state): State<AppState>, Caller(principal): Caller) -> Result<Json<api::BoxList>, ApiError> {
+    read::<_, v1::BoxList, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::ListBoxes {}).await
+}
+
+/// One Box with manifest, assignments, provisioning and drift (any caller).
 #[utoipa::path(get, path = "/api/v1/boxes/{box_id}", tag = "boxes", params(("box_id" = String, Path)),
-    responses((status = 200, description = "The Box", body = Object), (status = 404, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn get_box(State(state): State<AppState>, headers: HeaderMap, Path(box_id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let principal = state.principal(&headers).await?;
-    let (reply, _): (v1::BoxReply, i64) = state.call(subjects::RUNTIME_REGISTRY, &principal, &v1::GetBox { box_id }).await?;
-    Ok(Json(wire_json::box_view(reply)?))
+    responses((status = 200, description = "The Box", body = api::BoxDetail), (status = 404, description = "`box_not_found`", body = ErrorBody)),
+    security(("pat" = [])))]
+pub async fn get_box(State(state): State<AppState>, Caller(principal): Caller, Id(box_id): Id) -> Result<Json<api::BoxDetail>, ApiError> {
+    read::<_, v1::BoxReply, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetBox { box_id }).await
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AssignBody {
-    user_id: String,
-    role_in_box: BoxRoleBody,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum BoxRoleBody {
-    Primary,
-    Member,
-}
-
-/// `POST /api/v1/boxes/{box_id}/user-assignments` (R-BOX-6): a human admin or the Box's primary.
-#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/user-assignments", tag = "boxes", params(("box_id" = String, Path)), request_body(content = openapi::AssignRequest),
-    responses((status = 200, description = "The Box", body = Object), (status = 403, body = openapi::ErrorBody), (status = 404, body = openapi::ErrorBody)), security(("pat" = [])))]
+/// Assign a user to a Box (a human admin or the Box's primary).
+#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/user-assignments", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = api::AssignRequest, description = "Unknown fields are refused."),
+    responses(
+        (status = 200, description = "The Box", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary", body = ErrorBody),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+        (status = 409, description = "`box_not_active`: the Box is archived or changed meanwhile", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
 pub async fn assign_user(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(box_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
 ) -> Result<Response, ApiError> {
-    state.principal(&headers).await?;
-    let body = body_or_error(body)?;
-    let b: AssignBody = parse(&body)?;
+    let b: api::AssignRequest = body.parse()?;
+    let route = format!("assign {box_id}");
     let role_in_box = match b.role_in_box {
-        BoxRoleBody::Primary => v1::BoxRole::Primary,
-        BoxRoleBody::Member => v1::BoxRole::Member,
+        api::RoleInBox::Primary => v1::BoxRole::Primary,
+        api::RoleInBox::Member => v1::BoxRole::Member,
     } as i32;
-    let request = v1::AssignUser { box_id: box_id.clone(), user_id: b.user_id, role_in_box };
-    write(&state, &headers, (&format!("assign {box_id}"), &body), subjects::RUNTIME_REGISTRY, request, wire_json::box_view).await
+    let request = v1::AssignUser { box_id, user_id: b.user_id, role_in_box };
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
-async fn box_action(state: AppState, headers: HeaderMap, box_id: String, body: Result<Bytes, BytesRejection>, action: &str) -> Result<Response, ApiError> {
-    state.principal(&headers).await?;
-    let body = body_or_error(body)?;
-    let _: serde_json::Map<String, Value> = parse(&body)?;
-    let wire_action = match action {
+async fn box_action(state: AppState, principal: Principal, key: IdempotencyKey, box_id: String, body: RawBody, action: &str) -> Result<Response, ApiError> {
+    let api::EmptyRequest {} = body.parse()?;
+    let route = format!("{action} {box_id}");
+    let action = match action {
         "stop" => v1::box_action::Action::Stop,
         "resume" => v1::box_action::Action::Resume,
         _ => v1::box_action::Action::Archive,
-    } as i32;
-    let request = v1::BoxAction { box_id: box_id.clone(), action: wire_action };
-    write(&state, &headers, (&format!("{action} {box_id}"), &body), subjects::RUNTIME_REGISTRY, request, wire_json::box_view).await
+    };
+    let request = v1::BoxAction { box_id, action: action as i32 };
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
-/// `POST /api/v1/boxes/{box_id}/stop` (R-BOX-7): frees the slot, keeps the manifest.
-#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/stop", tag = "boxes", params(("box_id" = String, Path)), request_body(content = Object, description = "Empty or {}"), responses((status = 200, body = Object), (status = 403, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn stop(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(box_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    box_action(state, headers, box_id, body, "stop").await
+/// Stop a Box (a human admin): frees its slot, keeps the manifest.
+#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/stop", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty or `{}`"),
+    responses(
+        (status = 200, description = "The Box, stopped", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+        (status = 409, description = "`box_not_active`: not running (stopped or archived), or changed meanwhile", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn stop(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, Id(box_id): Id, body: RawBody) -> Result<Response, ApiError> {
+    box_action(state, principal, key, box_id, body, "stop").await
 }
 
-/// `POST /api/v1/boxes/{box_id}/resume` (R-BOX-7): takes a slot again or 409 `box_limit_reached`.
-#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/resume", tag = "boxes", params(("box_id" = String, Path)), request_body(content = Object, description = "Empty or {}"), responses((status = 200, body = Object), (status = 409, body = openapi::ErrorBody)), security(("pat" = [])))]
+/// Resume a stopped Box (a human admin): takes a slot again.
+#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/resume", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty or `{}`"),
+    responses(
+        (status = 200, description = "The Box, idle again", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+        (status = 409, description = "`box_limit_reached`, `box_not_active` (archived, not stopped, or changed meanwhile), `box_type_exists`", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
 pub async fn resume(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(box_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
 ) -> Result<Response, ApiError> {
-    box_action(state, headers, box_id, body, "resume").await
+    box_action(state, principal, key, box_id, body, "resume").await
 }
 
-/// `POST /api/v1/boxes/{box_id}/archive` (R-BOX-7): terminal; the YAML moves to `.archived/`.
-#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/archive", tag = "boxes", params(("box_id" = String, Path)), request_body(content = Object, description = "Empty or {}"), responses((status = 200, body = Object), (status = 403, body = openapi::ErrorBody)), security(("pat" = [])))]
+/// Archive a Box (a human admin): final; its YAML moves to `.archived/` and the box_type
+/// may be drafted again.
+#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/archive", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty or `{}`"),
+    responses(
+        (status = 200, description = "The Box, archived", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+        (status = 409, description = "`box_not_active`: archived already, or changed meanwhile", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
 pub async fn archive(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(box_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
 ) -> Result<Response, ApiError> {
-    box_action(state, headers, box_id, body, "archive").await
+    box_action(state, principal, key, box_id, body, "archive").await
 }
 
-#[derive(Debug, Deserialize)]
-pub struct AuditQuery {
-    action: Option<String>,
-    target: Option<String>,
-    since: Option<String>,
-    limit: Option<u32>,
-    cursor: Option<String>,
-}
+// --- audit ------------------------------------------------------------------------------
 
-/// `GET /api/v1/audit?action=&target=&since=` (R-AUDIT-3): admins.
-#[utoipa::path(get, path = "/api/v1/audit", tag = "audit",
-    params(("action" = Option<String>, Query), ("target" = Option<String>, Query), ("since" = Option<String>, Query, description = "RFC 3339"), ("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query)),
-    responses((status = 200, description = "Ledger rows", body = Object), (status = 403, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn audit(State(state): State<AppState>, headers: HeaderMap, query: Result<Query<AuditQuery>, QueryRejection>) -> Result<Json<Value>, ApiError> {
-    let principal = state.principal(&headers).await?;
-    let Query(q) = query.map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.body_text()))?;
+/// The audit ledger, a page of rows in seq order (admins).
+#[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditQuery),
+    responses((status = 200, description = "Ledger rows", body = api::AuditRows), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
+    security(("pat" = [])))]
+pub async fn audit(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<AuditQuery>) -> Result<Json<api::AuditRows>, ApiError> {
+    let page = q.page();
     let request = v1::QueryAudit {
         action: q.action.unwrap_or_default(),
         target: q.target.unwrap_or_default(),
-        since: match q.since.as_deref() {
-            None | Some("") => None,
-            Some(text) => Some(atasira_contracts::convert::timestamp(
-                chrono::DateTime::parse_from_rfc3339(text)
-                    .map_err(|e| ApiError::new(ErrorCode::InvalidQuery, format!("since must be an RFC 3339 time: {e}")))?
-                    .with_timezone(&chrono::Utc),
-            )),
-        },
-        limit: q.limit.unwrap_or(0),
-        after: wire_json::parse_cursor(q.cursor.as_deref())?,
+        since: q.since.map(atasira_contracts::convert::timestamp),
+        limit: page.limit(),
+        after: page.after(),
     };
-    let (reply, _): (v1::AuditPage, i64) = state.call(subjects::AUDIT, &principal, &request).await?;
-    Ok(Json(wire_json::audit_page(reply)?))
+    read::<_, v1::AuditPage, _>(&state, &principal, subjects::AUDIT, request).await
 }
 
-/// `GET /api/v1/audit/verify` (R-AUDIT-2): `{"ok": true, "rows": N}` or the first bad row.
-#[utoipa::path(get, path = "/api/v1/audit/verify", tag = "audit", responses((status = 200, description = "Verification result", body = Object), (status = 403, body = openapi::ErrorBody)), security(("pat" = [])))]
-pub async fn audit_verify(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    let principal = state.principal(&headers).await?;
-    let (reply, _): (v1::VerifyReply, i64) = state.call(subjects::AUDIT, &principal, &v1::VerifyAudit {}).await?;
-    Ok(Json(wire_json::verification(reply)?))
+/// Verifies the whole ledger against its latest signed checkpoint (admins).
+#[utoipa::path(get, path = "/api/v1/audit/verify", tag = "audit",
+    responses((status = 200, description = "The verification result", body = api::VerifyResult), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
+    security(("pat" = [])))]
+pub async fn audit_verify(State(state): State<AppState>, Caller(principal): Caller) -> Result<Json<api::VerifyResult>, ApiError> {
+    read::<_, v1::VerifyReply, _>(&state, &principal, subjects::AUDIT, v1::VerifyAudit {}).await
+}
+
+// --- auth -------------------------------------------------------------------------------
+
+/// A principal assertion for the caller's PAT, to put in the envelope of a NATS request
+/// with the same correlation id.
+#[utoipa::path(post, path = "/api/v1/auth/nats-assertion", tag = "auth",
+    request_body(content = Option<api::AssertionRequest>, description = "Empty, `{}` or `{\"correlation_id\": text}`"),
+    responses((status = 200, description = "The assertion", body = api::AssertionIssued)),
+    security(("pat" = [])))]
+pub async fn nats_assertion(State(state): State<AppState>, Caller(principal): Caller, body: RawBody) -> Result<Json<api::AssertionIssued>, ApiError> {
+    let req: api::AssertionRequest = body.parse()?;
+    let correlation_id = req.correlation_id.filter(|c| !c.is_empty()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let assertion = state.rt.assertion_keys.sign(&principal, &correlation_id, chrono::Utc::now());
+    let wire = atasira_contracts::assertion_to_wire(&assertion).encode_to_vec();
+    Ok(Json(api::AssertionIssued::new(&assertion, &wire)))
 }

@@ -161,6 +161,16 @@ fn given_a_secret_in_required_access_then_it_is_refused_by_name() {
 }
 
 #[test]
+fn given_a_port_with_a_zero_fraction_then_it_is_that_whole_number() {
+    let ok = load(&format!("{MINIMAL}required_access:\n  - {{type: ssh_target, host: h, user: u, port: 2222.0}}\n")).manifest;
+    assert_eq!(ok.required_access, vec![RequiredAccess::SshTarget { host: "h".into(), user: "u".into(), port: 2222 }]);
+    for bad in ["22.5", "-1", "65536", "\"22\""] {
+        let errs = errors(&format!("{MINIMAL}required_access:\n  - {{type: ssh_target, host: h, user: u, port: {bad}}}\n"));
+        assert_eq!(keys(&errs), vec!["required_access[0]"], "{bad}");
+    }
+}
+
+#[test]
 fn given_null_values_then_defaults_apply() {
     // R-MAN-3
     let m = load(&format!("{MINIMAL}name:\ntools:\nloop_control:\n")).manifest;

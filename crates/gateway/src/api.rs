@@ -1,0 +1,679 @@
+//! The HTTP shapes of the API: every request and response body, owned by the gateway and
+//! described in the OpenAPI document by these types (`ToSchema`).
+//!
+//! The services answer over the bus with typed protobuf replies; `from_wire.rs` turns each
+//! into its HTTP type, one `TryFrom` per (reply, HTTP type), and nowhere else.
+
+use std::collections::BTreeMap;
+
+use atasira_domain::OSOperation;
+use atasira_domain::assertion::PrincipalAssertion;
+use atasira_domain::box_type::{BOX_TYPE_PATTERN, RESERVED_BOX_TYPES};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{AdditionalProperties, ArrayBuilder, Object, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type};
+
+// --- request bodies ---------------------------------------------------------------------
+
+/// `POST /api/v1/boxes/box-drafts`: what an agent or a person asks for. The drafts service
+/// turns it into a manifest, always pending approval. Unknown fields are refused (422
+/// `invalid_request`); `null` means "not given". The domain's parser checks the body's
+/// shape (so every entry point reports the same errors); this type documents it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BoxDraftCreateRequest {
+    /// The Box's unique id: lowercase letters, digits, `_` and `-`, at most 64 characters,
+    /// not a reserved word (a NATS subject token). `admin-pm` and `admin-ops` are refused
+    /// with 403 `self_privilege_forbidden`.
+    #[schema(schema_with = box_type_schema)]
+    pub box_type: String,
+    /// The standing role of the Box; must not be blank (the pattern: a character that is
+    /// neither NUL nor Unicode white space).
+    #[schema(pattern = r"^[^\u0000]*[^\u0000\t\n\u000b\u000c\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$")]
+    pub purpose: String,
+    pub name: Option<String>,
+    /// Appended to `purpose` under "## Success criteria", one line per item.
+    pub success_criteria: Option<Vec<String>>,
+    /// OS operations the Box may perform.
+    #[schema(schema_with = os_operations_schema_nullable)]
+    pub os_operations: Option<Vec<String>>,
+    pub tools: Option<Vec<String>>,
+    pub allowed_apps: Option<Vec<String>>,
+    pub url_allowlist: Option<Vec<String>>,
+    pub file_access: Option<Vec<String>>,
+    pub prohibited_actions: Option<Vec<String>>,
+    /// `true`: the manifest's network is `filtered`; `false` or absent: `none`.
+    pub allow_network: Option<bool>,
+    /// External resources the provisioner sets up after activation (never secrets: only
+    /// vault and item names).
+    pub required_access: Option<Vec<RequiredAccess>>,
+}
+
+/// `POST .../approve`. An empty body is `{}`. Unknown fields are refused.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApproveRequest {
+    /// Must be `true` to approve an over_limit draft (the second confirmation).
+    #[serde(default)]
+    pub confirm_over_limit: bool,
+}
+
+/// `POST .../reject`. An empty body is `{}`. Unknown fields are refused.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RejectRequest {
+    /// Shown to the requester with the decision.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// The body of actions that take no input (withdraw, stop, resume, archive): empty or `{}`.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyRequest {}
+
+/// A user's role in one Box.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RoleInBox {
+    Primary,
+    Member,
+}
+
+impl RoleInBox {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RoleInBox::Primary => "primary",
+            RoleInBox::Member => "member",
+        }
+    }
+}
+
+/// `POST /api/v1/boxes/{box_id}/user-assignments`. Unknown fields are refused.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AssignRequest {
+    /// Must not be blank.
+    #[schema(pattern = r"^[^\u0000]*[^\u0000\t\n\u000b\u000c\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$")]
+    pub user_id: String,
+    pub role_in_box: RoleInBox,
+}
+
+/// `POST /api/v1/auth/nats-assertion`. An empty body is `{}`. Unknown fields are refused.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AssertionRequest {
+    /// The correlation id the NATS request will carry; one is generated when absent or empty.
+    #[serde(default)]
+    pub correlation_id: Option<String>,
+}
+
+// --- errors -----------------------------------------------------------------------------
+
+/// Every error answer: `{"error": code, "message": text, "details": optional}`. The code
+/// always maps to the same status.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error code, e.g. `draft_not_pending`, `invalid_cursor`.
+    pub error: String,
+    /// What went wrong, for people.
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = details_schema)]
+    pub details: Option<Value>,
+}
+
+// --- drafts -----------------------------------------------------------------------------
+
+/// Where a draft is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftStatus {
+    PendingApproval,
+    Approved,
+    Active,
+    Rejected,
+    Withdrawn,
+    Expired,
+}
+
+/// 201 of `POST /api/v1/boxes/box-drafts`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftCreated {
+    pub draft_id: String,
+    pub box_type: String,
+    /// Always `pending_approval`.
+    pub status: DraftStatus,
+    /// The approval needs `confirm_over_limit: true`.
+    pub over_limit: bool,
+    /// What is legal but likely wrong, and every external access asked for.
+    pub warnings: Vec<String>,
+}
+
+/// The decision on a draft, once there is one. Which keys are present depends on the
+/// outcome: approved `{by, at, approved: true}`, rejected `{by, at, approved: false,
+/// reason}`, withdrawn `{withdrawn_by, at}`, expired `{at}`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Decision {
+    /// The admin who approved or rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<bool>,
+    /// Why it was rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The requester (or an admin) who withdrew it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdrawn_by: Option<String>,
+}
+
+/// One draft as an approver sees it: every capability it asks for.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftSummary {
+    pub draft_id: String,
+    pub box_type: String,
+    pub name: String,
+    pub purpose: String,
+    #[schema(schema_with = os_operations_schema)]
+    pub os_operations: Vec<String>,
+    pub tools: Vec<String>,
+    pub url_allowlist: Vec<String>,
+    /// The manifest's `prohibited_actions`.
+    pub prohibited: Vec<String>,
+    pub over_limit: bool,
+    /// The os_operations that make it over_limit.
+    pub over_limit_ops: Vec<String>,
+    /// The tools that make it over_limit.
+    pub over_limit_tools: Vec<String>,
+    pub warnings: Vec<String>,
+    /// The user id of the requester.
+    pub requested_by: String,
+    pub status: DraftStatus,
+    pub created_at: DateTime<Utc>,
+    pub network: Network,
+    pub file_access: Vec<String>,
+    pub allowed_apps: Vec<String>,
+    pub required_access: Vec<RequiredAccess>,
+    /// `null` while pending.
+    pub decision: Option<Decision>,
+    /// The Box, once active.
+    pub box_id: Option<String>,
+}
+
+/// 200 of `GET /api/v1/boxes/box-drafts/{draft_id}`: the summary and the full manifest.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftDetail {
+    #[serde(flatten)]
+    pub summary: DraftSummary,
+    /// The manifest the approval would activate.
+    pub manifest: Manifest,
+}
+
+/// A page of drafts, in submission order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftPage {
+    pub drafts: Vec<DraftSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    #[schema(pattern = "^[0-9]{1,18}$")]
+    pub next_cursor: Option<String>,
+}
+
+/// 200 of approve: the draft's Box. `status` is `active` once the Box is (normally
+/// before the answer); `approved` when activation is still running.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Approved {
+    pub draft_id: String,
+    pub status: DraftStatus,
+    pub box_id: String,
+    pub box_type: String,
+    pub approved_by: String,
+    pub approved_at: DateTime<Utc>,
+}
+
+/// 200 of reject (`rejected`) and withdraw (`withdrawn`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftStatusChanged {
+    pub draft_id: String,
+    pub status: DraftStatus,
+}
+
+// --- the manifest -----------------------------------------------------------------------
+
+/// How the Box runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentKind {
+    Dialog,
+    Worker,
+    Mentor,
+    Custom,
+}
+
+/// How far the Box may reach on the network, from narrowest to widest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    None,
+    Local,
+    Filtered,
+    Full,
+}
+
+/// What starts the Box.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerType {
+    Manual,
+    Event,
+    Schedule,
+}
+
+/// An external resource the provisioner sets up after activation. Never a secret: only
+/// vault and item names. Other keys are refused. (Its schema is written out below: the
+/// derive cannot say "no other keys" for the variants of a tagged enum.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RequiredAccess {
+    GitRemote {
+        url: String,
+    },
+    SshTarget {
+        host: String,
+        user: String,
+        #[serde(default = "default_ssh_port")]
+        port: u16,
+    },
+    NetrcEntry {
+        machine: String,
+        login: String,
+        vault: String,
+        item: String,
+    },
+}
+
+fn default_ssh_port() -> u16 {
+    22
+}
+
+/// The loop limits, frozen when the engine starts.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LoopControl {
+    pub max_iterations: u32,
+    pub timeout_s: f64,
+    pub escalate_on_failure: bool,
+}
+
+/// One ordered step of `business_procedure`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcedureStep {
+    pub step: i64,
+    pub description: String,
+    pub tool: String,
+    #[schema(value_type = Object)]
+    pub args_schema: Map<String, Value>,
+}
+
+/// LLM routing; absent keys are not set.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Llm {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = min_tier_schema)]
+    pub min_tier: Option<Value>,
+}
+
+/// Vaults the Box may read from (names only).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Credentials {
+    pub allowed_vaults: Vec<String>,
+    pub token_env_var: String,
+}
+
+/// `shell:exec` limits; empty `allowed_commands` refuses every command.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Shell {
+    pub allowed_commands: Vec<String>,
+    pub allowed_cwd: Vec<String>,
+    pub require_approval_outside_allowlist: bool,
+}
+
+/// One notification channel; `item` names a vault item, not a secret.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct NotifyChannel {
+    pub vault: String,
+    pub item: String,
+    pub recipients: Vec<String>,
+    pub broadcast: bool,
+}
+
+/// Approval gates on browser clicks.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Browser {
+    pub approval_required_selectors: Vec<String>,
+    pub approval_required_text_patterns: Vec<String>,
+}
+
+/// A Box manifest: every key of the manifest schema, as written to the Box's YAML file.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Manifest {
+    pub box_type: String,
+    /// `MAJOR.MINOR.PATCH`.
+    pub version: String,
+    pub name: String,
+    pub description: String,
+    pub capabilities: Vec<String>,
+    pub agent_kind: AgentKind,
+    #[schema(value_type = Object)]
+    pub resource_limits: Map<String, Value>,
+    #[schema(value_type = Object)]
+    pub tool_policies: Map<String, Value>,
+    #[schema(value_type = Object)]
+    pub config_defaults: Map<String, Value>,
+    pub tools: Vec<String>,
+    #[schema(schema_with = os_operations_schema)]
+    pub os_operations: Vec<String>,
+    pub file_access: Vec<String>,
+    pub network: Network,
+    pub url_allowlist: Vec<String>,
+    pub allowed_apps: Vec<String>,
+    pub dangerous_tool_overrides: BTreeMap<String, bool>,
+    pub trigger_type: TriggerType,
+    pub trigger_schedule: String,
+    pub trigger_event: String,
+    pub purpose: String,
+    pub prohibited_actions: Vec<String>,
+    pub loop_control: LoopControl,
+    pub business_procedure: Vec<ProcedureStep>,
+    pub outputs: Vec<String>,
+    pub llm: Llm,
+    pub required_access: Vec<RequiredAccess>,
+    pub credentials: Credentials,
+    pub shell: Shell,
+    pub notify: BTreeMap<String, NotifyChannel>,
+    pub browser: Browser,
+}
+
+// --- Boxes ------------------------------------------------------------------------------
+
+/// `idle` is active; `stopped` frees its slot; `archived` is final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BoxState {
+    Idle,
+    Stopped,
+    Archived,
+}
+
+/// One row of `GET /api/v1/boxes`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BoxSummary {
+    pub box_id: String,
+    pub box_type: String,
+    pub name: String,
+    pub state: BoxState,
+    pub manifest_version: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// 200 of `GET /api/v1/boxes`: active Boxes, one per box_type.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BoxList {
+    pub boxes: Vec<BoxSummary>,
+}
+
+/// A user assigned to a Box.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Assignment {
+    pub user_id: String,
+    pub role_in_box: RoleInBox,
+}
+
+/// The outcome of one provisioning attempt series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProvisioningStatus {
+    Provisioned,
+    Failed,
+}
+
+/// How one `required_access` entry of the manifest was set up.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Provisioning {
+    /// The entry's index in `manifest.required_access`.
+    pub index: u32,
+    /// The entry, described.
+    pub access: String,
+    pub status: ProvisioningStatus,
+    /// What was set up (`provisioned`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Why it failed (`failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub attempts: u32,
+    pub at: DateTime<Utc>,
+}
+
+/// One Box with its manifest, assignments and provisioning outcomes.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BoxDetail {
+    pub box_id: String,
+    pub box_type: String,
+    pub name: String,
+    pub state: BoxState,
+    pub manifest_version: String,
+    pub created_at: DateTime<Utc>,
+    pub draft_id: String,
+    /// The admin whose approval activated it.
+    pub approved_by: String,
+    pub manifest: Manifest,
+    pub assignments: Vec<Assignment>,
+    pub provisioning: Vec<Provisioning>,
+    /// The manifest file on disk differs from (or is missing versus) what atasira wrote.
+    pub manifest_drift: bool,
+}
+
+// --- audit ------------------------------------------------------------------------------
+
+/// One ledger row: hash-chained and MACed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AuditRow {
+    pub seq: i64,
+    /// RFC 3339 in UTC with exactly three fractional digits (the MACed text).
+    #[schema(format = DateTime)]
+    pub time: String,
+    /// e.g. `box_draft.create`, `box.activate`, `security_violation`.
+    pub action: String,
+    pub actor: String,
+    pub target: String,
+    pub event_id: String,
+    /// `sha256:<hex>` of the event payload.
+    pub payload_digest: String,
+    /// The id of the key that made `mac`.
+    pub key_id: String,
+    /// Lowercase hex HMAC-SHA256 over the row and the previous row's MAC.
+    pub mac: String,
+}
+
+/// A page of ledger rows in seq order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AuditRows {
+    pub rows: Vec<AuditRow>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    #[schema(pattern = "^[0-9]{1,18}$")]
+    pub next_cursor: Option<String>,
+}
+
+/// `{"ok": true, "rows": N}` or `{"ok": false, "first_bad_seq": S, "reason": "..."}`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct VerifyResult {
+    pub ok: bool,
+    /// How many rows verified (`ok: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u64>,
+    /// The first row that does not verify (`ok: false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_bad_seq: Option<i64>,
+    /// What is wrong with it (`ok: false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+// --- auth -------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Admin,
+    Member,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Human,
+    Agent,
+}
+
+/// Who holds the token.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PrincipalView {
+    pub user_id: String,
+    pub role: Role,
+    pub kind: Kind,
+}
+
+/// The gateway's signed statement "this call comes from this principal".
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Assertion {
+    pub key_id: String,
+    pub principal: PrincipalView,
+    pub correlation_id: String,
+    pub expires_at: DateTime<Utc>,
+    /// Lowercase hex HMAC-SHA256.
+    pub mac: String,
+}
+
+/// 200 of `POST /api/v1/auth/nats-assertion`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AssertionIssued {
+    pub correlation_id: String,
+    pub expires_at: DateTime<Utc>,
+    pub assertion: Assertion,
+    /// The assertion as an `atasira.v1.PrincipalAssertion` protobuf, hex: put it in the
+    /// envelope of a NATS request with the same correlation id.
+    pub assertion_protobuf_hex: String,
+}
+
+impl AssertionIssued {
+    pub fn new(assertion: &PrincipalAssertion, protobuf: &[u8]) -> Self {
+        let p = &assertion.principal;
+        let principal = PrincipalView {
+            user_id: p.user_id.clone(),
+            role: match p.role {
+                atasira_domain::Role::Admin => Role::Admin,
+                atasira_domain::Role::Member => Role::Member,
+            },
+            kind: match p.kind {
+                atasira_domain::Kind::Human => Kind::Human,
+                atasira_domain::Kind::Agent => Kind::Agent,
+            },
+        };
+        Self {
+            correlation_id: assertion.correlation_id.clone(),
+            expires_at: assertion.expires_at,
+            assertion: Assertion {
+                key_id: assertion.key_id.clone(),
+                principal,
+                correlation_id: assertion.correlation_id.clone(),
+                expires_at: assertion.expires_at,
+                mac: assertion.mac.clone(),
+            },
+            assertion_protobuf_hex: hex::encode(protobuf),
+        }
+    }
+}
+
+// --- schemas the derive cannot express ----------------------------------------------------
+
+fn any_value(description: &str) -> Object {
+    ObjectBuilder::new().schema_type(SchemaType::AnyValue).description(Some(description)).build()
+}
+
+fn details_schema() -> Object {
+    any_value(
+        "More about the error when there is more: the field errors of a `box_manifest_validation` (a list of `{key, message}`), the `parameter` of an `invalid_query`.",
+    )
+}
+
+fn min_tier_schema() -> Object {
+    any_value("A tier name or number, kept as given.")
+}
+
+fn string() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(SchemaType::Type(Type::String))
+}
+
+/// One kind of `required_access` entry: `type` and exactly these keys.
+fn access_kind(kind: &str, required: &[&str], optional: &[(&str, Object)]) -> Object {
+    let mut object = ObjectBuilder::new()
+        .schema_type(SchemaType::Type(Type::Object))
+        .property("type", string().enum_values(Some([kind])))
+        .required("type")
+        .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)));
+    for key in required {
+        object = object.property(*key, string()).required(*key);
+    }
+    for (key, schema) in optional {
+        object = object.property(*key, schema.clone());
+    }
+    object.build()
+}
+
+impl utoipa::PartialSchema for RequiredAccess {
+    fn schema() -> RefOr<Schema> {
+        let port =
+            ObjectBuilder::new().schema_type(SchemaType::Type(Type::Integer)).minimum(Some(0)).maximum(Some(65535)).description(Some("Default 22.")).build();
+        OneOfBuilder::new()
+            .item(access_kind("git_remote", &["url"], &[]))
+            .item(access_kind("ssh_target", &["host", "user"], &[("port", port)]))
+            .item(access_kind("netrc_entry", &["machine", "login", "vault", "item"], &[]))
+            .description(Some(
+                "An external resource the provisioner sets up after activation. Never a secret: only vault and item names. Other keys are refused.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for RequiredAccess {}
+
+/// The box_type pattern, reserved words excluded.
+fn box_type_schema() -> impl Into<RefOr<Schema>> {
+    let reserved = RESERVED_BOX_TYPES.iter().map(|w| w.replace('-', "\\-")).collect::<Vec<_>>().join("|");
+    let shape = BOX_TYPE_PATTERN.trim_start_matches('^');
+    ObjectBuilder::new().schema_type(SchemaType::Type(Type::String)).pattern(Some(format!("^(?!(?:{reserved})$){shape}"))).max_length(Some(64))
+}
+
+fn os_operation_schema() -> ObjectBuilder {
+    string().enum_values(Some(OSOperation::ALL.iter().map(|op| op.as_str())))
+}
+
+/// A list of OS operation names.
+fn os_operations_schema() -> impl Into<RefOr<Schema>> {
+    ArrayBuilder::new().items(os_operation_schema())
+}
+
+/// A list of OS operation names, or null.
+fn os_operations_schema_nullable() -> impl Into<RefOr<Schema>> {
+    ArrayBuilder::new().schema_type(SchemaType::from_iter([Type::Array, Type::Null])).items(os_operation_schema())
+}

@@ -1,0 +1,135 @@
+//! What every handler takes from a request, checked once, with JSON refusals: the caller
+//! (401), a path id (404), the `Idempotency-Key` (422) and the body (413/400/422).
+
+use atasira_domain::{ErrorCode, Principal};
+use atasira_platform::auth;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use crate::{ApiError, AppState, MAX_BODY_BYTES};
+
+/// The authenticated caller: the principal of the `Authorization: Bearer <PAT>` token,
+/// looked up once per request. Without a known, live token the request ends here with 401.
+#[derive(Debug, Clone)]
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let value = parts.headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let token = value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")).map(str::trim).unwrap_or_default();
+        if token.is_empty() {
+            return Err(ApiError::new(ErrorCode::Unauthenticated, "send Authorization: Bearer <PAT>"));
+        }
+        auth::lookup_token(&state.rt.db, token)
+            .await
+            .map_err(ApiError::internal)?
+            .map(Caller)
+            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "unknown, revoked or expired token"))
+    }
+}
+
+/// A `{draft_id}` or `{box_id}` path segment. One that is not text names nothing: 404.
+#[derive(Debug, Clone)]
+pub struct Id(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Id {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state).await.map_err(|e| ApiError::new(ErrorCode::NotFound, e.body_text()))?;
+        // No id holds a NUL character (and PostgreSQL text cannot).
+        if id.contains('\0') {
+            return Err(ApiError::new(ErrorCode::NotFound, "no such id: ids hold no NUL characters"));
+        }
+        Ok(Id(id))
+    }
+}
+
+/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters, no spaces.
+#[derive(Debug, Clone, Default)]
+pub struct IdempotencyKey(pub Option<String>);
+
+impl IdempotencyKey {
+    /// The OpenAPI document says the same (`openapi::IdempotencyHeader`).
+    pub const MAX_LEN: usize = 255;
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let Some(value) = parts.headers.get("idempotency-key") else { return Ok(IdempotencyKey(None)) };
+        let bytes = value.as_bytes();
+        if bytes.is_empty() || bytes.len() > Self::MAX_LEN || !bytes.iter().all(|b| (b'!'..=b'~').contains(b)) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("Idempotency-Key must be 1 to {} visible ASCII characters without spaces", Self::MAX_LEN),
+            ));
+        }
+        Ok(IdempotencyKey(Some(String::from_utf8_lossy(bytes).into_owned())))
+    }
+}
+
+/// The raw request body, at most [`MAX_BODY_BYTES`] (413 beyond).
+#[derive(Debug, Clone)]
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state).await.map(RawBody).map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(ErrorCode::PayloadTooLarge, format!("request bodies are limited to {MAX_BODY_BYTES} bytes"))
+            } else {
+                ApiError::new(ErrorCode::InvalidJson, format!("unreadable body: {rejection}"))
+            }
+        })
+    }
+}
+
+impl RawBody {
+    /// Fails with 400 `invalid_json` unless the body is JSON, and with 422 `invalid_request`
+    /// when it holds a NUL character.
+    pub fn require_json(&self) -> Result<(), ApiError> {
+        self.value(&self.0).map(|_| ())
+    }
+
+    fn value(&self, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body is not valid JSON: {e}")))?;
+        if holds_nul(&value) {
+            return Err(ApiError::new(ErrorCode::InvalidRequest, "request body: text must not contain NUL characters (\\u0000)"));
+        }
+        Ok(value)
+    }
+
+    /// The body as `T`, a JSON object with unknown fields refused: bad JSON is 400
+    /// `invalid_json`; any other JSON value, an object that is not a `T` or text with a NUL
+    /// character is 422 `invalid_request`. An empty body reads as `{}`.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        let body: &[u8] = if self.0.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &self.0 };
+        let value = self.value(body)?;
+        // Serde would read a struct from an array as well (`[]` as `{}`).
+        if !value.is_object() {
+            return Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object"));
+        }
+        serde_json::from_value(value).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))
+    }
+}
+
+/// Whether any text of a JSON value, keys included, holds a NUL character. Such text is
+/// refused at the door: PostgreSQL cannot store it, so it would fail only in cluster mode.
+fn holds_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
+}

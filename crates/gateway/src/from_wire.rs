@@ -1,0 +1,308 @@
+//! Between the wire and HTTP: each typed protobuf reply of a service becomes its HTTP type
+//! (one `TryFrom` per pair), and the draft request body becomes its protobuf request. A
+//! reply we cannot read is our bug (500), never the caller's.
+
+use atasira_contracts::{convert, v1};
+use atasira_domain::BoxManifest;
+use atasira_domain::draft_request::BoxDraftCreateRequest as DomainRequest;
+use atasira_domain::{ErrorCode, Refusing};
+
+use crate::ApiError;
+use crate::api::{
+    Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxList, BoxState, BoxSummary, Decision, DraftCreated, DraftDetail, DraftPage, DraftStatus,
+    DraftStatusChanged, DraftSummary, Manifest, Network, Provisioning, ProvisioningStatus, RequiredAccess, RoleInBox, VerifyResult,
+};
+
+fn unreadable(what: &str, e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("unreadable {what} reply: {e}"))
+}
+
+fn time(what: &str, t: Option<&prost_types::Timestamp>) -> Result<chrono::DateTime<chrono::Utc>, ApiError> {
+    convert::time_from_wire(t).ok_or_else(|| unreadable(what, "a time is missing or out of range"))
+}
+
+fn cursor(next: u64) -> Option<String> {
+    (next != 0).then(|| next.to_string())
+}
+
+fn draft_status(s: i32) -> Result<DraftStatus, ApiError> {
+    Ok(match v1::DraftStatus::try_from(s).map_err(|e| unreadable("draft status", e))? {
+        v1::DraftStatus::PendingApproval => DraftStatus::PendingApproval,
+        v1::DraftStatus::Approved => DraftStatus::Approved,
+        v1::DraftStatus::Active => DraftStatus::Active,
+        v1::DraftStatus::Rejected => DraftStatus::Rejected,
+        v1::DraftStatus::Withdrawn => DraftStatus::Withdrawn,
+        v1::DraftStatus::Expired => DraftStatus::Expired,
+        v1::DraftStatus::Unspecified => return Err(unreadable("draft status", "unspecified")),
+    })
+}
+
+fn network(n: i32) -> Network {
+    match v1::Network::try_from(n).unwrap_or_default() {
+        v1::Network::Local => Network::Local,
+        v1::Network::Filtered => Network::Filtered,
+        v1::Network::Full => Network::Full,
+        v1::Network::None | v1::Network::Unspecified => Network::None,
+    }
+}
+
+fn access(a: v1::RequiredAccess) -> Result<RequiredAccess, ApiError> {
+    use v1::required_access::Kind;
+    Ok(match a.kind.ok_or_else(|| unreadable("required_access", "an entry without a kind"))? {
+        Kind::GitRemote(g) => RequiredAccess::GitRemote { url: g.url },
+        Kind::SshTarget(s) => RequiredAccess::SshTarget {
+            host: s.host,
+            user: s.user,
+            port: if s.port == 0 { atasira_contracts::manifest::DEFAULT_SSH_PORT } else { u16::try_from(s.port).map_err(|e| unreadable("ssh port", e))? },
+        },
+        Kind::NetrcEntry(n) => RequiredAccess::NetrcEntry { machine: n.machine, login: n.login, vault: n.vault, item: n.item },
+    })
+}
+
+/// The manifest as the API shows it: the domain's own form of it, key for key.
+fn manifest(m: Option<v1::BoxManifest>) -> Result<Manifest, ApiError> {
+    let domain = BoxManifest::try_from(m.ok_or_else(|| unreadable("manifest", "missing"))?).map_err(|e| unreadable("manifest", e))?;
+    serde_json::to_value(&domain).and_then(serde_json::from_value).map_err(|e| unreadable("manifest", e))
+}
+
+fn decision(d: v1::DraftDecision) -> Result<Decision, ApiError> {
+    use v1::draft_decision::Outcome;
+    let at = time("decision", d.at.as_ref())?;
+    let by = (!d.by.is_empty()).then_some(d.by);
+    Ok(match Outcome::try_from(d.outcome).unwrap_or_default() {
+        Outcome::Approved => Decision { by, at, approved: Some(true), reason: None, withdrawn_by: None },
+        Outcome::Rejected => Decision { by, at, approved: Some(false), reason: Some(d.reason), withdrawn_by: None },
+        Outcome::Withdrawn => Decision { by: None, at, approved: None, reason: None, withdrawn_by: by },
+        Outcome::Expired | Outcome::Unspecified => Decision { by: None, at, approved: None, reason: None, withdrawn_by: None },
+    })
+}
+
+fn summary(d: v1::DraftView) -> Result<(DraftSummary, Option<v1::BoxManifest>), ApiError> {
+    let summary = DraftSummary {
+        status: draft_status(d.status)?,
+        created_at: time("draft", d.created_at.as_ref())?,
+        network: network(d.network),
+        required_access: d.required_access.into_iter().map(access).collect::<Result<_, _>>()?,
+        decision: d.decision.map(decision).transpose()?,
+        box_id: (!d.box_id.is_empty()).then_some(d.box_id),
+        draft_id: d.draft_id,
+        box_type: d.box_type,
+        name: d.name,
+        purpose: d.purpose,
+        os_operations: d.os_operations,
+        tools: d.tools,
+        url_allowlist: d.url_allowlist,
+        prohibited: d.prohibited,
+        over_limit: d.over_limit,
+        over_limit_ops: d.over_limit_ops,
+        over_limit_tools: d.over_limit_tools,
+        warnings: d.warnings,
+        requested_by: d.requested_by,
+        file_access: d.file_access,
+        allowed_apps: d.allowed_apps,
+    };
+    Ok((summary, d.manifest))
+}
+
+impl TryFrom<v1::SubmitDraftReply> for DraftCreated {
+    type Error = ApiError;
+    fn try_from(r: v1::SubmitDraftReply) -> Result<Self, ApiError> {
+        Ok(Self { status: draft_status(r.status)?, draft_id: r.draft_id, box_type: r.box_type, over_limit: r.over_limit, warnings: r.warnings })
+    }
+}
+
+impl TryFrom<v1::DraftPage> for DraftPage {
+    type Error = ApiError;
+    fn try_from(r: v1::DraftPage) -> Result<Self, ApiError> {
+        let drafts = r.drafts.into_iter().map(|d| summary(d).map(|(s, _)| s)).collect::<Result<_, _>>()?;
+        Ok(Self { drafts, next_cursor: cursor(r.next_cursor) })
+    }
+}
+
+impl TryFrom<v1::DraftReply> for DraftDetail {
+    type Error = ApiError;
+    fn try_from(r: v1::DraftReply) -> Result<Self, ApiError> {
+        let (summary, m) = summary(r.draft.ok_or_else(|| unreadable("draft", "missing"))?)?;
+        Ok(Self { summary, manifest: manifest(m)? })
+    }
+}
+
+/// Withdraw.
+impl TryFrom<v1::WithdrawReply> for DraftStatusChanged {
+    type Error = ApiError;
+    fn try_from(r: v1::WithdrawReply) -> Result<Self, ApiError> {
+        Ok(Self { status: draft_status(r.status)?, draft_id: r.draft_id })
+    }
+}
+
+/// Reject.
+impl TryFrom<v1::DecisionReply> for DraftStatusChanged {
+    type Error = ApiError;
+    fn try_from(r: v1::DecisionReply) -> Result<Self, ApiError> {
+        Ok(Self { status: draft_status(r.status)?, draft_id: r.draft_id })
+    }
+}
+
+impl TryFrom<v1::DecisionReply> for Approved {
+    type Error = ApiError;
+    fn try_from(r: v1::DecisionReply) -> Result<Self, ApiError> {
+        Ok(Self {
+            status: draft_status(r.status)?,
+            approved_at: time("approval", r.approved_at.as_ref())?,
+            draft_id: r.draft_id,
+            box_id: r.box_id,
+            box_type: r.box_type,
+            approved_by: r.approved_by,
+        })
+    }
+}
+
+fn box_summary(s: v1::BoxSummary) -> Result<BoxSummary, ApiError> {
+    Ok(BoxSummary {
+        state: match v1::BoxState::try_from(s.state).map_err(|e| unreadable("Box state", e))? {
+            v1::BoxState::Idle => BoxState::Idle,
+            v1::BoxState::Stopped => BoxState::Stopped,
+            v1::BoxState::Archived => BoxState::Archived,
+            v1::BoxState::Unspecified => return Err(unreadable("Box state", "unspecified")),
+        },
+        created_at: time("Box", s.created_at.as_ref())?,
+        box_id: s.box_id,
+        box_type: s.box_type,
+        name: s.name,
+        manifest_version: s.manifest_version,
+    })
+}
+
+impl TryFrom<v1::BoxList> for BoxList {
+    type Error = ApiError;
+    fn try_from(r: v1::BoxList) -> Result<Self, ApiError> {
+        Ok(Self { boxes: r.boxes.into_iter().map(box_summary).collect::<Result<_, _>>()? })
+    }
+}
+
+impl TryFrom<v1::BoxReply> for BoxDetail {
+    type Error = ApiError;
+    fn try_from(r: v1::BoxReply) -> Result<Self, ApiError> {
+        let b = r.r#box.ok_or_else(|| unreadable("Box", "missing"))?;
+        let s = box_summary(b.summary.ok_or_else(|| unreadable("Box", "no summary"))?)?;
+        let assignments = b
+            .assignments
+            .into_iter()
+            .map(|a| {
+                let role_in_box = match convert::box_role_from_wire(a.role_in_box).map_err(|e| unreadable("assignment", e))? {
+                    atasira_domain::aggregates::boxes::BoxRole::Primary => RoleInBox::Primary,
+                    atasira_domain::aggregates::boxes::BoxRole::Member => RoleInBox::Member,
+                };
+                Ok(Assignment { user_id: a.user_id, role_in_box })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        let provisioning = b
+            .provisioning
+            .into_iter()
+            .map(|p| {
+                let ok = p.status == v1::provisioning::Status::Provisioned as i32;
+                Ok(Provisioning {
+                    at: time("provisioning", p.at.as_ref())?,
+                    index: p.index,
+                    access: p.access,
+                    status: if ok { ProvisioningStatus::Provisioned } else { ProvisioningStatus::Failed },
+                    detail: ok.then_some(p.detail),
+                    reason: (!ok).then_some(p.reason),
+                    attempts: p.attempts,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        Ok(Self {
+            box_id: s.box_id,
+            box_type: s.box_type,
+            name: s.name,
+            state: s.state,
+            manifest_version: s.manifest_version,
+            created_at: s.created_at,
+            draft_id: b.draft_id,
+            approved_by: b.approved_by,
+            manifest: manifest(b.manifest)?,
+            assignments,
+            provisioning,
+            manifest_drift: b.manifest_drift,
+        })
+    }
+}
+
+impl TryFrom<v1::AuditPage> for AuditRows {
+    type Error = ApiError;
+    fn try_from(r: v1::AuditPage) -> Result<Self, ApiError> {
+        let rows = r
+            .rows
+            .iter()
+            .map(|row| {
+                let row = convert::ledger_row_from_wire(row).map_err(|e| unreadable("audit row", e))?;
+                Ok(AuditRow {
+                    seq: row.seq,
+                    // The MACed text of the time, exactly as the ledger stores it.
+                    time: atasira_domain::audit::canonical_time(row.time),
+                    action: row.action,
+                    actor: row.actor,
+                    target: row.target,
+                    event_id: row.event_id,
+                    payload_digest: row.payload_digest,
+                    key_id: row.key_id,
+                    mac: row.mac,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        Ok(Self { rows, next_cursor: cursor(r.next_cursor) })
+    }
+}
+
+impl TryFrom<v1::VerifyReply> for VerifyResult {
+    type Error = ApiError;
+    fn try_from(r: v1::VerifyReply) -> Result<Self, ApiError> {
+        Ok(if r.ok {
+            Self { ok: true, rows: Some(r.rows), first_bad_seq: None, reason: None }
+        } else {
+            Self { ok: false, rows: None, first_bad_seq: Some(r.first_bad_seq), reason: Some(r.reason) }
+        })
+    }
+}
+
+/// The body of `POST /boxes/box-drafts` -> its wire form. The domain's parser checks the
+/// shape (size, JSON, unknown fields, types), so every entry point reports the same
+/// errors; each `required_access` entry takes only the keys of its kind.
+pub fn draft_request(body: &[u8]) -> Result<v1::BoxDraftCreateRequest, ApiError> {
+    let r = DomainRequest::from_json_bytes(body).map_err(|e| ApiError::new(e.error_code(), e.to_string()))?;
+    let required_access = r
+        .required_access
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            serde_json::from_value::<RequiredAccess>(v)
+                .map(|a| v1::RequiredAccess::from(&domain_access(a)))
+                .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("required_access[{i}]: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(v1::BoxDraftCreateRequest {
+        box_type: r.box_type.unwrap_or_default(),
+        purpose: r.purpose.unwrap_or_default(),
+        name: r.name.unwrap_or_default(),
+        success_criteria: r.success_criteria.unwrap_or_default(),
+        os_operations: r.os_operations.unwrap_or_default(),
+        tools: r.tools.unwrap_or_default(),
+        allowed_apps: r.allowed_apps.unwrap_or_default(),
+        url_allowlist: r.url_allowlist.unwrap_or_default(),
+        file_access: r.file_access.unwrap_or_default(),
+        prohibited_actions: r.prohibited_actions.unwrap_or_default(),
+        allow_network: r.allow_network.unwrap_or(false),
+        required_access,
+    })
+}
+
+fn domain_access(a: RequiredAccess) -> atasira_domain::manifest::RequiredAccess {
+    use atasira_domain::manifest::RequiredAccess as D;
+    match a {
+        RequiredAccess::GitRemote { url } => D::GitRemote { url },
+        RequiredAccess::SshTarget { host, user, port } => D::SshTarget { host, user, port },
+        RequiredAccess::NetrcEntry { machine, login, vault, item } => D::NetrcEntry { machine, login, vault, item },
+    }
+}

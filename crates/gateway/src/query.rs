@@ -1,0 +1,360 @@
+//! Query parameters, parsed into typed values before any service is asked. The rules, the
+//! same on every route that takes query parameters:
+//!
+//! - `cursor`: the `next_cursor` of the previous page, a decimal position (at most 18
+//!   digits); anything else is 400 `invalid_cursor`.
+//! - `limit`: a whole number of at least 1 (decimal digits); `0`, `-1`, `abc` or an empty
+//!   value are 400 `invalid_limit`. A limit over the route's maximum is clamped to it.
+//! - every other parameter: an unknown name, a repeated name, an empty value or a malformed
+//!   value (one with a NUL character, say) is 400 `invalid_query`, with `details.parameter`
+//!   naming it.
+
+use atasira_domain::ErrorCode;
+use axum::extract::{FromRequestParts, Query};
+use axum::http::request::Parts;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use utoipa::IntoParams;
+
+use crate::ApiError;
+
+/// Query parameters of one route, parsed from the query string's name/value pairs.
+pub trait FromQuery: Sized {
+    /// The names this route accepts.
+    const NAMES: &'static [&'static str];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError>;
+}
+
+/// The extractor: `Params<T>` for a route whose query parameters are `T`.
+#[derive(Debug)]
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: FromQuery> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidQuery, format!("unreadable query string: {}", e.body_text())))?;
+        let pairs = Pairs::new(pairs, T::NAMES)?;
+        T::from_query(&pairs).map(Params)
+    }
+}
+
+/// The checked name/value pairs of a query string: known names, each at most once, none
+/// empty.
+#[derive(Debug)]
+pub struct Pairs(Vec<(String, String)>);
+
+impl Pairs {
+    fn new(pairs: Vec<(String, String)>, names: &[&str]) -> Result<Self, ApiError> {
+        for (i, (name, value)) in pairs.iter().enumerate() {
+            if !names.contains(&name.as_str()) {
+                let known = names.join(", ");
+                return Err(invalid(ErrorCode::InvalidQuery, name, format!("unknown query parameter {name:?}; this route takes {known}")));
+            }
+            if pairs[..i].iter().any(|(n, _)| n == name) {
+                return Err(invalid(code_for(name), name, format!("query parameter {name} is given more than once")));
+            }
+            if value.is_empty() {
+                return Err(invalid(code_for(name), name, format!("query parameter {name} is empty")));
+            }
+            if value.contains('\0') {
+                return Err(invalid(code_for(name), name, format!("query parameter {name} holds a NUL character")));
+            }
+        }
+        Ok(Self(pairs))
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+fn code_for(name: &str) -> ErrorCode {
+    match name {
+        "cursor" => ErrorCode::InvalidCursor,
+        "limit" => ErrorCode::InvalidLimit,
+        _ => ErrorCode::InvalidQuery,
+    }
+}
+
+fn invalid(code: ErrorCode, parameter: &str, message: String) -> ApiError {
+    ApiError::new(code, message).with_details(Some(json!({"parameter": parameter})))
+}
+
+/// A position to continue after: the `next_cursor` of an earlier page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor(u64);
+
+impl Cursor {
+    /// The most digits a cursor has (every position fits in 18 digits).
+    const MAX_DIGITS: usize = 18;
+
+    fn parse(text: &str) -> Result<Self, ApiError> {
+        let bad = || invalid(ErrorCode::InvalidCursor, "cursor", format!("cursor {text:?} is not the next_cursor of a page"));
+        if text.is_empty() || text.len() > Self::MAX_DIGITS || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        text.parse().map(Cursor).map_err(|_| bad())
+    }
+
+    /// The position the services take.
+    pub fn wire(self) -> u64 {
+        self.0
+    }
+}
+
+/// A page size of at least 1, clamped to the route's maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit(u32);
+
+impl Limit {
+    fn parse(text: &str, max: u32) -> Result<Self, ApiError> {
+        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(invalid(ErrorCode::InvalidLimit, "limit", format!("limit {text:?} is not a whole number of at least 1")));
+        }
+        if text.bytes().all(|b| b == b'0') {
+            return Err(invalid(ErrorCode::InvalidLimit, "limit", "limit must be at least 1".to_owned()));
+        }
+        // All digits and not zero: only too large a number fails to parse, and that is clamped.
+        Ok(Limit(text.parse::<u32>().unwrap_or(u32::MAX).min(max)))
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// `limit` and `cursor` of a page; absent means the default size and the first page.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Page {
+    pub limit: Option<Limit>,
+    pub cursor: Option<Cursor>,
+}
+
+impl Page {
+    fn from_query(query: &Pairs, max: u32) -> Result<Self, ApiError> {
+        Ok(Self { limit: query.get("limit").map(|l| Limit::parse(l, max)).transpose()?, cursor: query.get("cursor").map(Cursor::parse).transpose()? })
+    }
+
+    /// The page size the services take (0: their default).
+    pub fn limit(&self) -> u32 {
+        self.limit.map(Limit::get).unwrap_or(0)
+    }
+
+    /// The position after which the page starts (0: the first page).
+    pub fn after(&self) -> u64 {
+        self.cursor.map(Cursor::wire).unwrap_or(0)
+    }
+}
+
+/// Largest page of drafts.
+pub const DRAFTS_PAGE_MAX: u32 = 200;
+/// Largest page of audit rows.
+pub const AUDIT_PAGE_MAX: u32 = 500;
+
+/// `GET /api/v1/boxes/box-drafts/pending`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PendingQuery {
+    /// Page size: a whole number of at least 1 (default 50); more than 200 is read as 200.
+    #[param(value_type = PageSize, inline, required = false)]
+    pub limit: Option<Limit>,
+    /// The `next_cursor` of the previous page.
+    #[param(value_type = Option<String>, pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<Cursor>,
+}
+
+impl FromQuery for PendingQuery {
+    const NAMES: &'static [&'static str] = &["limit", "cursor"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let page = Page::from_query(query, DRAFTS_PAGE_MAX)?;
+        Ok(Self { limit: page.limit, cursor: page.cursor })
+    }
+}
+
+impl PendingQuery {
+    pub fn page(&self) -> Page {
+        Page { limit: self.limit, cursor: self.cursor }
+    }
+}
+
+/// `GET /api/v1/boxes/box-drafts?mine=true`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MineQuery {
+    /// Must be `true`: the route lists the caller's own drafts (admins see pending drafts
+    /// at `/box-drafts/pending`).
+    #[param(value_type = OnlyTrue, inline, required = true)]
+    pub mine: bool,
+    /// Page size: a whole number of at least 1 (default 50); more than 200 is read as 200.
+    #[param(value_type = PageSize, inline, required = false)]
+    pub limit: Option<Limit>,
+    /// The `next_cursor` of the previous page.
+    #[param(value_type = Option<String>, pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<Cursor>,
+}
+
+/// The schema of `limit`: a whole number of at least 1, any size (larger than the route's
+/// maximum reads as the maximum).
+#[derive(Debug)]
+pub struct PageSize;
+
+impl utoipa::PartialSchema for PageSize {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+        ObjectBuilder::new().schema_type(SchemaType::Type(Type::Integer)).minimum(Some(1)).into()
+    }
+}
+
+impl utoipa::ToSchema for PageSize {}
+
+/// The schema of a flag that must be `true`.
+#[derive(Debug)]
+pub struct OnlyTrue;
+
+impl utoipa::PartialSchema for OnlyTrue {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+        ObjectBuilder::new().schema_type(SchemaType::Type(Type::Boolean)).enum_values(Some([true])).into()
+    }
+}
+
+impl utoipa::ToSchema for OnlyTrue {}
+
+impl FromQuery for MineQuery {
+    const NAMES: &'static [&'static str] = &["mine", "limit", "cursor"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        match query.get("mine") {
+            Some("true") => {}
+            Some(other) => {
+                return Err(invalid(
+                    ErrorCode::InvalidQuery,
+                    "mine",
+                    format!("mine={other} is not supported: use ?mine=true for your drafts, or /box-drafts/pending (admin)"),
+                ));
+            }
+            None => return Err(invalid(ErrorCode::InvalidQuery, "mine", "use ?mine=true for your drafts, or /box-drafts/pending (admin)".to_owned())),
+        }
+        let page = Page::from_query(query, DRAFTS_PAGE_MAX)?;
+        Ok(Self { mine: true, limit: page.limit, cursor: page.cursor })
+    }
+}
+
+impl MineQuery {
+    pub fn page(&self) -> Page {
+        Page { limit: self.limit, cursor: self.cursor }
+    }
+}
+
+/// `GET /api/v1/audit`: filters (all must match) and a page.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AuditQuery {
+    /// Only rows of this action, e.g. `box_draft.approve`.
+    #[param(pattern = r"^[^\u0000]+$")]
+    pub action: Option<String>,
+    /// Only rows about this target (a draft or Box id).
+    #[param(pattern = r"^[^\u0000]+$")]
+    pub target: Option<String>,
+    /// Only rows at or after this RFC 3339 time.
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub since: Option<DateTime<Utc>>,
+    /// Page size: a whole number of at least 1 (default 50); more than 500 is read as 500.
+    #[param(value_type = PageSize, inline, required = false)]
+    pub limit: Option<Limit>,
+    /// The `next_cursor` of the previous page.
+    #[param(value_type = Option<String>, pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<Cursor>,
+}
+
+impl FromQuery for AuditQuery {
+    const NAMES: &'static [&'static str] = &["action", "target", "since", "limit", "cursor"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let since = match query.get("since") {
+            None => None,
+            Some(text) => Some(
+                DateTime::parse_from_rfc3339(text)
+                    .map_err(|e| invalid(ErrorCode::InvalidQuery, "since", format!("since {text:?} is not an RFC 3339 time: {e}")))?
+                    .with_timezone(&Utc),
+            ),
+        };
+        let page = Page::from_query(query, AUDIT_PAGE_MAX)?;
+        Ok(Self {
+            action: query.get("action").map(str::to_owned),
+            target: query.get("target").map(str::to_owned),
+            since,
+            limit: page.limit,
+            cursor: page.cursor,
+        })
+    }
+}
+
+impl AuditQuery {
+    pub fn page(&self) -> Page {
+        Page { limit: self.limit, cursor: self.cursor }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse<T: FromQuery>(query: &str) -> Result<T, (u16, String, String)> {
+        let pairs: Vec<(String, String)> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (n, v) = p.split_once('=').unwrap_or((p, ""));
+                (n.to_owned(), v.to_owned())
+            })
+            .collect();
+        Pairs::new(pairs, T::NAMES).and_then(|p| T::from_query(&p)).map_err(|e| {
+            let parameter = e.details.as_ref().and_then(|d| d["parameter"].as_str()).unwrap_or_default().to_owned();
+            (e.code.http_status(), e.code.as_str().to_owned(), parameter)
+        })
+    }
+
+    fn refusal(code: &str, parameter: &str) -> (u16, String, String) {
+        (400, code.to_owned(), parameter.to_owned())
+    }
+
+    #[test]
+    fn cursors_are_decimal_positions() {
+        assert_eq!(parse::<PendingQuery>("cursor=42").map(|q| q.page().after()), Ok(42));
+        assert_eq!(parse::<PendingQuery>("").map(|q| q.page().after()), Ok(0));
+        for bad in ["cursor=abc", "cursor=-1", "cursor=1.5", "cursor=", "cursor=1234567890123456789", "cursor=%20", "cursor=1&cursor=2"] {
+            assert_eq!(parse::<PendingQuery>(bad).err(), Some(refusal("invalid_cursor", "cursor")), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_are_at_least_one_and_clamped() {
+        assert_eq!(parse::<PendingQuery>("limit=7").map(|q| q.page().limit()), Ok(7));
+        assert_eq!(parse::<PendingQuery>("limit=201").map(|q| q.page().limit()), Ok(DRAFTS_PAGE_MAX));
+        assert_eq!(parse::<PendingQuery>("limit=99999999999999999999999").map(|q| q.page().limit()), Ok(DRAFTS_PAGE_MAX));
+        assert_eq!(parse::<AuditQuery>("limit=501").map(|q| q.page().limit()), Ok(AUDIT_PAGE_MAX));
+        assert_eq!(parse::<PendingQuery>("").map(|q| q.page().limit()), Ok(0), "absent: the service's default");
+        for bad in ["limit=0", "limit=00", "limit=-1", "limit=abc", "limit=", "limit=1e3", "limit=+5"] {
+            assert_eq!(parse::<PendingQuery>(bad).err(), Some(refusal("invalid_limit", "limit")), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mine_must_be_true() {
+        assert!(parse::<MineQuery>("mine=true&limit=5").is_ok());
+        for bad in ["", "mine=false", "mine=1", "mine=", "mine=TRUE"] {
+            assert_eq!(parse::<MineQuery>(bad).err(), Some(refusal("invalid_query", "mine")), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unknown_and_malformed_parameters_are_named() {
+        assert_eq!(parse::<PendingQuery>("limit=5&foo=1").err(), Some(refusal("invalid_query", "foo")));
+        assert_eq!(parse::<AuditQuery>("since=yesterday").err(), Some(refusal("invalid_query", "since")));
+        assert_eq!(parse::<AuditQuery>("action=").err(), Some(refusal("invalid_query", "action")));
+        assert_eq!(parse::<AuditQuery>("target=a\0b").err(), Some(refusal("invalid_query", "target")));
+        let q = parse::<AuditQuery>("action=box.activate&since=2026-01-01T00:00:00Z").expect("valid");
+        assert_eq!((q.action.as_deref(), q.since.map(|s| s.timestamp())), (Some("box.activate"), Some(1_767_225_600)));
+    }
+}
