@@ -5,7 +5,9 @@ use atasira_domain::ErrorCode;
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::Value;
+
+use crate::api::ErrorBody;
 
 /// An error answer.
 #[derive(Debug)]
@@ -41,10 +43,6 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut body = json!({"error": self.code.as_str(), "message": self.message});
-        if let Some(details) = self.details {
-            body["details"] = details;
-        }
-        (status, Json(body)).into_response()
+        (status, Json(ErrorBody { error: self.code.as_str().to_owned(), message: self.message, details: self.details })).into_response()
     }
 }
