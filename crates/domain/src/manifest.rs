@@ -179,7 +179,7 @@ fn default_ssh_port() -> u16 {
 
 /// A port is a whole number, however written: JSON's `22.0` is the integer 22 (JSON Schema
 /// agrees), and some JSON writers only write numbers that way.
-fn whole_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+pub fn whole_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
     let n = f64::deserialize(d)?;
     if n.fract() == 0.0 && (0.0..=f64::from(u16::MAX)).contains(&n) {
         Ok(n as u16)

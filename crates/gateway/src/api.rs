@@ -285,7 +285,8 @@ pub enum RequiredAccess {
     SshTarget {
         host: String,
         user: String,
-        #[serde(default = "default_ssh_port")]
+        /// A whole number; `22.0` is 22, as JSON Schema reads it.
+        #[serde(default = "default_ssh_port", deserialize_with = "atasira_domain::manifest::whole_port")]
         port: u16,
     },
     NetrcEntry {
@@ -676,4 +677,77 @@ fn os_operations_schema() -> impl Into<RefOr<Schema>> {
 /// A list of OS operation names, or null.
 fn os_operations_schema_nullable() -> impl Into<RefOr<Schema>> {
     ArrayBuilder::new().schema_type(SchemaType::from_iter([Type::Array, Type::Null])).items(os_operation_schema())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::de::DeserializeOwned;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Reading the API's JSON into the HTTP type and writing it again changes nothing.
+    fn same<T: DeserializeOwned + Serialize>(value: Value) {
+        let typed: T = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{e}: {value}"));
+        assert_eq!(serde_json::to_value(typed).expect("serializes"), value);
+    }
+
+    fn manifest() -> Value {
+        json!({"box_type": "sales", "version": "1.0.0", "name": "", "description": "", "capabilities": [], "agent_kind": "worker",
+            "resource_limits": {"cpu": 2}, "tool_policies": {}, "config_defaults": {"k": [1, "x"]}, "tools": ["Bash"], "os_operations": ["shell:exec"],
+            "file_access": [], "network": "filtered", "url_allowlist": ["https://a"], "allowed_apps": [], "dangerous_tool_overrides": {"Bash": true},
+            "trigger_type": "manual", "trigger_schedule": "", "trigger_event": "", "purpose": "p", "prohibited_actions": [],
+            "loop_control": {"max_iterations": 30, "timeout_s": 300.0, "escalate_on_failure": true},
+            "business_procedure": [{"step": 1, "description": "d", "tool": "t", "args_schema": {"a": "{k}"}}], "outputs": [],
+            "llm": {"provider": "x", "min_tier": 2},
+            "required_access": [{"type": "git_remote", "url": "u"}, {"type": "ssh_target", "host": "h", "user": "u", "port": 22},
+                {"type": "netrc_entry", "machine": "m", "login": "l", "vault": "v", "item": "i"}],
+            "credentials": {"allowed_vaults": ["v"], "token_env_var": ""},
+            "shell": {"allowed_commands": [], "allowed_cwd": [], "require_approval_outside_allowlist": true},
+            "notify": {"email": {"vault": "v", "item": "i", "recipients": [], "broadcast": false}},
+            "browser": {"approval_required_selectors": [], "approval_required_text_patterns": []}})
+    }
+
+    fn draft(decision: Value, status: &str) -> Value {
+        json!({"draft_id": "d", "box_type": "sales", "name": "", "purpose": "p", "os_operations": ["shell:exec"], "tools": [], "url_allowlist": [],
+            "prohibited": [], "over_limit": true, "over_limit_ops": ["shell:exec"], "over_limit_tools": [], "warnings": ["w"], "requested_by": "agent",
+            "status": status, "created_at": "2026-12-01T11:27:26.695062222Z", "network": "none", "file_access": [], "allowed_apps": [],
+            "required_access": [], "decision": decision, "box_id": null})
+    }
+
+    #[test]
+    fn drafts_read_and_write_unchanged() {
+        let at = "2026-12-01T11:27:27.333043491Z";
+        for (decision, status) in [
+            (Value::Null, "pending_approval"),
+            (json!({"by": "admin", "at": at, "approved": true}), "approved"),
+            (json!({"by": "admin", "at": at, "approved": false, "reason": "no"}), "rejected"),
+            (json!({"withdrawn_by": "agent", "at": at}), "withdrawn"),
+            (json!({"at": at}), "expired"),
+        ] {
+            same::<DraftSummary>(draft(decision.clone(), status));
+            let mut detail = draft(decision, status);
+            detail["manifest"] = manifest();
+            same::<DraftDetail>(detail);
+        }
+        same::<Approved>(json!({"draft_id": "d", "status": "active", "box_id": "b", "box_type": "sales", "approved_by": "admin", "approved_at": at}));
+        same::<DraftStatusChanged>(json!({"draft_id": "d", "status": "rejected"}));
+    }
+
+    #[test]
+    fn boxes_audit_rows_and_verification_read_and_write_unchanged() {
+        let at = "2026-12-01T11:27:27.333043491Z";
+        same::<BoxDetail>(json!({"box_id": "b", "box_type": "sales", "name": "", "state": "idle", "manifest_version": "1.0.0", "created_at": at,
+            "draft_id": "d", "approved_by": "admin", "manifest": manifest(), "assignments": [{"user_id": "u", "role_in_box": "primary"}],
+            "provisioning": [{"index": 0, "access": "git_remote u", "status": "provisioned", "detail": "ok", "attempts": 1, "at": at},
+                {"index": 1, "access": "ssh_target u@h:22", "status": "failed", "reason": "down", "attempts": 5, "at": at}],
+            "manifest_drift": false}));
+        same::<BoxList>(json!({"boxes": [{"box_id": "b", "box_type": "sales", "name": "", "state": "idle", "manifest_version": "1.0.0", "created_at": at}]}));
+        same::<AuditRows>(json!({"rows": [{"seq": 1, "time": "2026-12-01T11:27:26.700Z", "action": "box_draft.create", "actor": "agent", "target": "d",
+            "event_id": "draft/d/1", "payload_digest": "sha256:00", "key_id": "audit-1", "mac": "ab"}], "next_cursor": "1"}));
+        same::<VerifyResult>(json!({"ok": true, "rows": 4}));
+        same::<VerifyResult>(json!({"ok": false, "first_bad_seq": 3, "reason": "modified"}));
+        same::<ErrorBody>(json!({"error": "invalid_query", "message": "m", "details": {"parameter": "since"}}));
+        same::<ErrorBody>(json!({"error": "box_manifest_validation", "message": "m", "details": [{"key": "purpose", "message": "blank"}]}));
+    }
 }

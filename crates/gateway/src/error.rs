@@ -7,6 +7,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::api::ErrorBody;
+
 /// An error answer.
 #[derive(Debug)]
 pub struct ApiError {
@@ -40,11 +42,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut body = json!({"error": self.code.as_str(), "message": self.message});
-        if let Some(details) = self.details {
-            body["details"] = details;
-        }
-        let mut response = (status, Json(body)).into_response();
+        let mut response = (status, Json(ErrorBody { error: self.code.as_str().to_owned(), message: self.message, details: self.details })).into_response();
         if self.code == ErrorCode::Busy {
             // Contention passes in moments; say when to come back.
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));

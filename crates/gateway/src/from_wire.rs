@@ -306,3 +306,38 @@ fn domain_access(a: RequiredAccess) -> atasira_domain::manifest::RequiredAccess 
         RequiredAccess::NetrcEntry { machine, login, vault, item } => D::NetrcEntry { machine, login, vault, item },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_draft_body_becomes_its_typed_request_and_foreign_keys_are_refused() {
+        let body = br#"{"box_type": "b", "purpose": "p", "required_access": [{"type": "ssh_target", "host": "h", "user": "u", "port": 943.0}]}"#;
+        let request = draft_request(body).expect("valid");
+        let Some(v1::required_access::Kind::SshTarget(ssh)) = request.required_access[0].kind.clone() else { panic!("{request:?}") };
+        assert_eq!((ssh.host.as_str(), ssh.port), ("h", 943));
+        let secret = br#"{"box_type": "b", "purpose": "p", "required_access": [{"type": "netrc_entry", "machine": "m", "login": "l", "vault": "v", "item": "i", "password": "x"}]}"#;
+        assert_eq!(draft_request(secret).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest), "a password is refused, never dropped");
+        assert_eq!(draft_request(b"{").map_err(|e| e.code).err(), Some(ErrorCode::InvalidJson));
+        assert_eq!(draft_request(br#"{"box_type": "b", "state": "active"}"#).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest));
+    }
+
+    #[test]
+    fn each_decision_outcome_answers_with_its_own_keys() {
+        use v1::draft_decision::Outcome;
+        let at = Some(convert::timestamp(chrono::DateTime::from_timestamp(1_700_000_000, 5).expect("time")));
+        let decided = |outcome: Outcome, by: &str, reason: &str| {
+            decision(v1::DraftDecision { outcome: outcome as i32, by: by.into(), at, reason: reason.into() }).expect("decision")
+        };
+        let rejected = decided(Outcome::Rejected, "alice", "too wide");
+        assert_eq!((rejected.by.as_deref(), rejected.approved, rejected.reason.as_deref()), (Some("alice"), Some(false), Some("too wide")));
+        let withdrawn = decided(Outcome::Withdrawn, "agent", "");
+        assert_eq!((withdrawn.by, withdrawn.withdrawn_by.as_deref(), withdrawn.approved), (None, Some("agent"), None));
+        assert_eq!(decided(Outcome::Expired, "", "").by, None);
+        assert!(
+            decision(v1::DraftDecision { outcome: Outcome::Approved as i32, by: "alice".into(), at: None, reason: String::new() }).is_err(),
+            "no time: our bug"
+        );
+    }
+}
