@@ -218,11 +218,16 @@ impl DraftRow {
         })
     }
 
-    async fn save(&self, tx: &mut Transaction<'static, Any>) -> anyhow::Result<()> {
+    async fn save(&self, tx: &mut Transaction<'static, Any>, on_conflict: OnConflict) -> anyhow::Result<()> {
+        let on_conflict = match on_conflict {
+            OnConflict::Keep => "DO NOTHING",
+            OnConflict::Update => {
+                "DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by, decided_at_ns = excluded.decided_at_ns,
+                   decision_reason = excluded.decision_reason, box_id = excluded.box_id"
+            }
+        };
         sqlx::query(&format!(
-            "INSERT INTO draft_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-             ON CONFLICT (draft_id) DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by, decided_at_ns = excluded.decided_at_ns,
-               decision_reason = excluded.decision_reason, box_id = excluded.box_id"
+            "INSERT INTO draft_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (draft_id) {on_conflict}"
         ))
         .bind(&self.draft_id)
         .bind(&self.box_type)
@@ -241,6 +246,15 @@ impl DraftRow {
         .await?;
         Ok(())
     }
+}
+
+/// What saving a row does to a row of the same draft already stored.
+#[derive(Debug, Clone, Copy)]
+enum OnConflict {
+    /// Leave it (a redelivered submission).
+    Keep,
+    /// Take this row's status, decision and Box.
+    Update,
 }
 
 /// Times are stored as nanoseconds since the epoch (exact, and ordered as numbers).
@@ -278,24 +292,18 @@ impl Projection for DraftsView {
                 && let Some(mut row) = load(tx, &draft_id).await?
             {
                 row.activated(&box_id);
-                row.save(tx).await?;
+                row.save(tx, OnConflict::Update).await?;
             }
             return Ok(());
         }
         let parsed: DraftEvent = serde_json::from_value(event.payload.clone())?;
-        let row = match DraftRow::submitted(&parsed, event.position) {
+        if let Some(new) = DraftRow::submitted(&parsed, event.position) {
             // A redelivered submission leaves the row as it is.
-            Some(new) => load(tx, &new.draft_id).await?.is_none().then_some(new),
-            None => {
-                let draft_id = event.aggregate_id.as_str();
-                load(tx, draft_id).await?.map(|mut row| {
-                    row.apply(&parsed);
-                    row
-                })
-            }
-        };
-        if let Some(row) = row {
-            row.save(tx).await?;
+            return new.save(tx, OnConflict::Keep).await;
+        }
+        if let Some(mut row) = load(tx, &event.aggregate_id).await? {
+            row.apply(&parsed);
+            row.save(tx, OnConflict::Update).await?;
         }
         Ok(())
     }

@@ -50,3 +50,29 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_says_when_to_come_back_and_a_conflict_does_not() {
+        let busy = ApiError::new(ErrorCode::Busy, "contended").into_response();
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(busy.headers().get(axum::http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("1"));
+        let conflict = ApiError::new(ErrorCode::Conflict, "lost a race").into_response();
+        assert_eq!(conflict.status(), StatusCode::CONFLICT);
+        assert!(conflict.headers().get(axum::http::header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn field_errors_of_a_refusal_are_its_details() {
+        let refused = atasira_contracts::Refused {
+            code: ErrorCode::BoxManifestValidation,
+            message: "invalid".into(),
+            field_errors: vec![atasira_domain::FieldError::new("purpose", "blank")],
+        };
+        let e = ApiError::from_reply(refused);
+        assert_eq!(e.details, Some(json!([{"key": "purpose", "message": "blank"}])));
+    }
+}

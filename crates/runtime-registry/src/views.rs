@@ -160,28 +160,29 @@ impl BoxRow {
         })
     }
 
-    async fn save(&self, tx: &mut Transaction<'static, Any>) -> anyhow::Result<()> {
+    /// Inserts the row; `on_conflict` says what happens to a stored row of the same Box.
+    async fn save(&self, tx: &mut Transaction<'static, Any>, on_conflict: &str) -> anyhow::Result<()> {
         let state = serde_json::to_value(self.state)?.as_str().unwrap_or_default().to_owned();
-        sqlx::query(&format!(
-            "INSERT INTO box_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-             ON CONFLICT (box_id) DO UPDATE SET state = excluded.state, manifest_json = excluded.manifest_json,
-               assignments_json = excluded.assignments_json, provisioning_json = excluded.provisioning_json"
-        ))
-        .bind(&self.box_id)
-        .bind(&self.box_type)
-        .bind(&self.draft_id)
-        .bind(state)
-        .bind(self.position)
-        .bind(self.created_at.timestamp_nanos_opt().unwrap_or(i64::MAX))
-        .bind(&self.approved_by)
-        .bind(serde_json::to_string(&self.manifest)?)
-        .bind(serde_json::to_string(&self.assignments)?)
-        .bind(serde_json::to_string(&self.provisioning)?)
-        .execute(&mut **tx)
-        .await?;
+        sqlx::query(&format!("INSERT INTO box_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (box_id) {on_conflict}"))
+            .bind(&self.box_id)
+            .bind(&self.box_type)
+            .bind(&self.draft_id)
+            .bind(state)
+            .bind(self.position)
+            .bind(self.created_at.timestamp_nanos_opt().unwrap_or(i64::MAX))
+            .bind(&self.approved_by)
+            .bind(serde_json::to_string(&self.manifest)?)
+            .bind(serde_json::to_string(&self.assignments)?)
+            .bind(serde_json::to_string(&self.provisioning)?)
+            .execute(&mut **tx)
+            .await?;
         Ok(())
     }
 }
+
+/// A later event's row replaces what changes.
+const UPDATE: &str = "DO UPDATE SET state = excluded.state, manifest_json = excluded.manifest_json,
+    assignments_json = excluded.assignments_json, provisioning_json = excluded.provisioning_json";
 
 const COLUMNS: &str = "box_id, box_type, draft_id, state, position, created_at_ns, approved_by, manifest_json, assignments_json, provisioning_json";
 
@@ -230,17 +231,17 @@ impl Projection for BoxesView {
             })
         } else {
             let parsed: BoxEvent = serde_json::from_value(event.payload.clone())?;
-            match BoxRow::activated(&parsed, event.position) {
+            if let Some(new) = BoxRow::activated(&parsed, event.position) {
                 // A redelivered activation leaves the row as it is.
-                Some(new) => load(tx, &new.box_id).await?.is_none().then_some(new),
-                None => load(tx, &event.aggregate_id).await?.map(|mut row| {
-                    row.apply(&parsed);
-                    row
-                }),
+                return new.save(tx, "DO NOTHING").await;
             }
+            load(tx, &event.aggregate_id).await?.map(|mut row| {
+                row.apply(&parsed);
+                row
+            })
         };
         if let Some(row) = row {
-            row.save(tx).await?;
+            row.save(tx, UPDATE).await?;
         }
         Ok(())
     }
