@@ -312,8 +312,8 @@ fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
     assert_eq!(http("POST", &sys.url("/api/v1/auth/nats-assertion"), None, &[], None).status, 401);
 
     let url = sys.nats().url();
-    let request = |assertion: Option<v1::PrincipalAssertion>, correlation: &str| -> Result<String, String> {
-        let body = v1::BoxDraftCreateRequest { box_type: "from-nats".into(), purpose: "p".into(), tools: vec!["Read".into()], ..Default::default() };
+    let request_with = |assertion: Option<v1::PrincipalAssertion>, correlation: &str, purpose: &str| -> Result<String, String> {
+        let body = v1::BoxDraftCreateRequest { box_type: "from-nats".into(), purpose: purpose.into(), tools: vec!["Read".into()], ..Default::default() };
         let env = v1::Envelope {
             message_type: "atasira.v1.SubmitDraft".into(),
             correlation_id: correlation.into(),
@@ -332,6 +332,7 @@ fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
             }
         })
     };
+    let request = |assertion: Option<v1::PrincipalAssertion>, correlation: &str| request_with(assertion, correlation, "p");
     assert_eq!(request(None, "tool-1"), Err("unauthenticated".to_owned()));
     assert_eq!(request(Some(wire.clone()), "tool-2"), Err("unauthenticated".to_owned()), "bound to its correlation id");
     let mut forged = wire.clone();
@@ -339,6 +340,8 @@ fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
         p.role = v1::Role::Admin as i32;
     }
     assert_eq!(request(Some(forged), "tool-1"), Err("unauthenticated".to_owned()), "the MAC covers the role");
+    // Text the store cannot keep is the caller's mistake, named, not our failure.
+    assert_eq!(request_with(Some(wire.clone()), "tool-1", "p\u{0}"), Err("invalid_request".to_owned()), "a NUL character over NATS");
     let id = request(Some(wire), "tool-1").expect("accepted with the issued assertion");
     let pending = sys.eventually_pending(Duration::from_secs(10), |l| l.len() == 1);
     assert_eq!(pending[0]["draft_id"], id.as_str());

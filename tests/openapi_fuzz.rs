@@ -128,15 +128,28 @@ fn run(sys: &System, who: &str, token: &str) {
     std::fs::write(&config_path, config(&plan)).expect("config");
     let har = dir.0.join("requests.har");
     let started = Instant::now();
-    let out = Command::new(python())
-        .args(["-m", "schemathesis.cli", "--config-file"])
-        .arg(&config_path)
-        .args(["run", &sys.url("/api/v1/openapi.json"), "--checks", "all", "--max-examples", MAX_EXAMPLES, "--workers", "2", "--no-color"])
-        .args(["--header", &format!("Authorization: Bearer {token}"), "--report", "har", "--report-har-path"])
-        .arg(&har)
-        .current_dir(&dir.0)
-        .output()
-        .expect("schemathesis runs (is it installed in the venv of ATASIRA_TEST_PYTHON?)");
+    let schemathesis = || {
+        Command::new(python())
+            .args(["-m", "schemathesis.cli", "--config-file"])
+            .arg(&config_path)
+            .args(["run", &sys.url("/api/v1/openapi.json"), "--checks", "all", "--max-examples", MAX_EXAMPLES, "--workers", "2", "--no-color"])
+            .args(["--header", &format!("Authorization: Bearer {token}"), "--report", "har", "--report-har-path"])
+            .arg(&har)
+            .current_dir(&dir.0)
+            .output()
+            .expect("schemathesis runs (is it installed in the venv of ATASIRA_TEST_PYTHON?)")
+    };
+    let mut out = schemathesis();
+    // A crash of the tool itself (Python's parser under threads, "Runtime Error" with no
+    // FAILURES section) says nothing about the API: run once more. A finding never retries.
+    let crashed = |o: &std::process::Output| {
+        let text = String::from_utf8_lossy(&o.stdout);
+        !o.status.success() && text.contains("Runtime Error") && !text.contains("FAILURES")
+    };
+    if crashed(&out) {
+        eprintln!("schemathesis as {who} ({:?}) crashed, not a finding; running it again:\n{}", sys.mode, String::from_utf8_lossy(&out.stdout));
+        out = schemathesis();
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let summary = stdout.find("SUMMARY").map_or("", |at| &stdout[at..]);

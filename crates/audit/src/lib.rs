@@ -137,6 +137,9 @@ impl Service {
             }
             AuditRequest::Query(q) => {
                 self.admin(env, "reading the audit ledger")?;
+                if q.action.contains('\0') || q.target.contains('\0') {
+                    return Err(Refusal::new(ErrorCode::InvalidQuery, "action and target must not contain NUL characters"));
+                }
                 let since = match &q.since {
                     None => None,
                     Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| Refusal::new(ErrorCode::InvalidQuery, "since is out of range"))?),

@@ -75,6 +75,19 @@ impl DraftRequestError {
     }
 }
 
+/// The first key (dotted path) whose text holds a NUL character.
+fn nul_key(value: &Value, path: &str) -> Option<String> {
+    match value {
+        Value::String(s) => s.contains('\0').then(|| path.to_owned()),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| nul_key(v, &format!("{path}[{i}]"))),
+        Value::Object(map) => map.iter().find_map(|(k, v)| {
+            let key = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+            if k.contains('\0') { Some(key) } else { nul_key(v, &key) }
+        }),
+        _ => None,
+    }
+}
+
 /// What a valid request becomes: the generated manifest and what the approver must see.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DraftPlan {
@@ -104,6 +117,11 @@ impl BoxDraftCreateRequest {
 
     /// Builds the draft's manifest and verdicts. 403 before 422 (R-DRAFT-14).
     pub fn plan(&self) -> Result<DraftPlan, DraftRequestError> {
+        // Text holds no NUL character: no store keeps one, and no person types one.
+        let value = serde_json::to_value(self).map_err(|e| DraftRequestError::InvalidRequest(e.to_string()))?;
+        if let Some(key) = nul_key(&value, "") {
+            return Err(DraftRequestError::InvalidRequest(format!("{key}: text must not contain NUL characters")));
+        }
         // R-DRAFT-4
         if let Some(bt) = self.box_type.as_deref()
             && crate::box_type::SELF_PRIVILEGE_BOX_TYPES.contains(&bt)
@@ -201,6 +219,21 @@ mod tests {
         match request(v).plan() {
             Err(DraftRequestError::Invalid(errors)) => errors.into_iter().map(|e| e.key).collect(),
             other => panic!("expected a validation error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn given_text_with_a_nul_character_when_planned_then_refused_naming_the_key() {
+        // Whichever entry point it came through (NATS skips the gateway's own check).
+        for (body, key) in [
+            (json!({"box_type": "a", "purpose": "p\u{0}"}), "purpose"),
+            (json!({"box_type": "a", "purpose": "p", "tools": ["Read", "B\u{0}"]}), "tools[1]"),
+            (json!({"box_type": "a", "purpose": "p", "required_access": [{"type": "git_remote", "url": "u\u{0}"}]}), "required_access[0].url"),
+        ] {
+            match request(body).plan() {
+                Err(e @ DraftRequestError::InvalidRequest(_)) => assert!(e.to_string().contains(key), "{e}"),
+                other => panic!("{key}: {other:?}"),
+            }
         }
     }
 

@@ -163,8 +163,8 @@ pub enum BoxError {
     /// 409: archived Boxes accept nothing.
     #[error("the Box is archived")]
     Archived,
-    /// 422: an assignment without a user.
-    #[error("user_id must not be empty")]
+    /// 422: an assignment without a user (empty, or text with a NUL character).
+    #[error("user_id must be non-empty text without NUL characters")]
     EmptyUserId,
     #[error(transparent)]
     MentorEdit(MentorEditError),
@@ -217,7 +217,7 @@ impl BoxAggregate {
             }
             BoxCommand::AssignUser { by, user_id, role_in_box, at } => {
                 let d = self.live()?;
-                if user_id.trim().is_empty() {
+                if user_id.trim().is_empty() || user_id.contains('\0') {
                     return Err(BoxError::EmptyUserId);
                 }
                 let is_primary = d.assignments.iter().any(|(u, r)| *u == by.user_id && *r == BoxRole::Primary);

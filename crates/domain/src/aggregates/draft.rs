@@ -139,6 +139,9 @@ pub enum DraftError {
     /// 409 (R-APPROVE-3).
     #[error("the draft is over_limit; approve again with confirm_over_limit: true")]
     OverLimitConfirmationRequired,
+    /// 422: a rejection reason with a NUL character.
+    #[error("reason must not contain NUL characters")]
+    InvalidReason,
     /// 409: the token does not belong to this draft (a wiring bug, never a user mistake).
     #[error("the approval token does not bind this draft")]
     TokenMismatch,
@@ -153,6 +156,7 @@ impl DraftError {
             DraftError::NotPending(_) => ErrorCode::DraftNotPending,
             DraftError::OverLimitConfirmationRequired => ErrorCode::OverLimitConfirmationRequired,
             DraftError::TokenMismatch => ErrorCode::InvalidApprovalToken,
+            DraftError::InvalidReason => ErrorCode::InvalidRequest,
         }
     }
 }
@@ -225,6 +229,9 @@ impl Draft {
             }
             DraftCommand::Reject { by, reason, at } => {
                 let d = self.decidable(&by)?;
+                if reason.contains('\0') {
+                    return Err(DraftError::InvalidReason);
+                }
                 if let Some(done) = self.repeat_of(&by, false) {
                     return done;
                 }

@@ -112,6 +112,16 @@ fn given_a_box_when_a_human_admin_assigns_then_assigned_and_the_primary_may_assi
 }
 
 #[test]
+fn given_a_box_when_assigning_no_user_then_422() {
+    let h = activated();
+    for user_id in ["", "  ", "da\0ve"] {
+        let err = then(&h, BoxCommand::AssignUser { by: alice(), user_id: user_id.into(), role_in_box: BoxRole::Member, at: t(2) }).expect_err("refused");
+        assert_eq!(err, BoxError::EmptyUserId, "{user_id:?}");
+        assert_eq!(err.code().http_status(), 422);
+    }
+}
+
+#[test]
 fn given_a_box_when_a_member_or_agent_assigns_then_403() {
     // R-BOX-6, R-AUTH-2
     let h = activated();

@@ -140,6 +140,14 @@ fn given_approved_when_the_same_admin_repeats_then_ok_without_new_events_and_oth
 }
 
 #[test]
+fn given_pending_when_rejected_with_a_nul_in_the_reason_then_422() {
+    let s = submitted(false, agent());
+    let err = given_when::<Draft>(vec![s], DraftCommand::Reject { by: bob(), reason: "no\0".into(), at: t(1) }).expect_err("refused");
+    assert_eq!(err, DraftError::InvalidReason);
+    assert_eq!(err.code().http_status(), 422);
+}
+
+#[test]
 fn given_rejected_when_approved_then_409() {
     // R-APPROVE-5, R-APPROVE-6
     let s = submitted(false, agent());
