@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::requests::ApprovalRequest;
+use atasira_contracts::requests::{ApprovalRequest, Incoming};
 use atasira_contracts::{Envelope, Named, Refused, Reply, Written, convert, envelope, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::box_id_for;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
@@ -66,9 +66,12 @@ pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::wat
 
 impl Service {
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        match ApprovalRequest::decode(env)? {
+        let request = match ApprovalRequest::decode(env)? {
             // No projections of its own: always caught up.
-            ApprovalRequest::WaitForPosition(_) => Ok(reply_ok(&v1::WaitForPositionReply { lagging: vec![] })),
+            Incoming::Wait(_) => return Ok(reply_ok(&v1::WaitForPositionReply { lagging: vec![] })),
+            Incoming::Request(request) => request,
+        };
+        match request {
             // Public keys are public (R-APPROVE-4: anyone may verify, nobody else may sign).
             ApprovalRequest::GetKeys(_) => {
                 let keys = std::iter::once(self.config.signer.public_key()).chain(self.config.retired.iter().cloned());

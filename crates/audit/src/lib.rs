@@ -11,7 +11,7 @@ mod ledger;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::requests::AuditRequest;
+use atasira_contracts::requests::{AuditRequest, Incoming};
 use atasira_contracts::{Envelope, Reply, convert, reply_ok, subjects, v1};
 use atasira_domain::audit::AuditKeys;
 use atasira_domain::{ErrorCode, Principal};
@@ -130,11 +130,11 @@ impl Service {
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        match AuditRequest::decode(env)? {
-            AuditRequest::WaitForPosition(w) => {
-                let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, &w).await.map_err(Refusal::internal)?;
-                Ok(reply_ok(&v1::WaitForPositionReply { lagging }))
-            }
+        let request = match AuditRequest::decode(env)? {
+            Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
+            Incoming::Request(request) => request,
+        };
+        match request {
             AuditRequest::Query(q) => {
                 self.admin(env, "reading the audit ledger")?;
                 if q.action.contains('\0') || q.target.contains('\0') {

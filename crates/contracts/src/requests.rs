@@ -1,24 +1,34 @@
-//! Each service's closed set of requests. A service decodes an envelope once into its
-//! enum and dispatches on the variant; a message type it does not serve is refused here.
+//! Each service's closed set of requests. A service decodes an envelope once into
+//! [`Incoming`] (a read-your-writes wait, which every process answers, or one of its own
+//! requests) and dispatches on the variant; a message type it does not serve is refused
+//! here.
 
 use crate::{Envelope, Named, WireError, payload, v1};
 
+/// What a process is asked: a read-your-writes wait, or one of its own requests `R`.
+#[derive(Debug)]
+pub enum Incoming<R> {
+    Wait(v1::WaitForPosition),
+    Request(R),
+}
+
 macro_rules! requests {
-    ($(#[$meta:meta])* $name:ident for $service:expr => { $($variant:ident($msg:ident)),+ $(,)? }) => {
+    ($(#[$meta:meta])* $name:ident for $service:expr => { $($variant:ident($msg:ident)),* $(,)? }) => {
         $(#[$meta])*
         #[derive(Debug)]
         pub enum $name {
-            $($variant(v1::$msg)),+
+            $($variant(v1::$msg)),*
         }
 
         impl $name {
-            /// The message types this service answers.
-            pub const MESSAGE_TYPES: &'static [&'static str] = &[$(<v1::$msg as Named>::NAME),+];
+            /// The message types this service answers besides waits.
+            pub const MESSAGE_TYPES: &'static [&'static str] = &[$(<v1::$msg as Named>::NAME),*];
 
             /// Decodes the envelope's payload into the request it names.
-            pub fn decode(env: &Envelope) -> Result<Self, WireError> {
+            pub fn decode(env: &Envelope) -> Result<Incoming<Self>, WireError> {
                 match env.message_type.as_str() {
-                    $(<v1::$msg as Named>::NAME => Ok(Self::$variant(payload(env)?)),)+
+                    <v1::WaitForPosition as Named>::NAME => Ok(Incoming::Wait(payload(env)?)),
+                    $(<v1::$msg as Named>::NAME => Ok(Incoming::Request(Self::$variant(payload(env)?))),)*
                     other => Err(WireError::UnknownRequest { service: $service, got: other.to_owned() }),
                 }
             }
@@ -29,7 +39,6 @@ macro_rules! requests {
 requests!(
     /// What the drafts service answers.
     DraftsRequest for crate::subjects::DRAFTS => {
-        WaitForPosition(WaitForPosition),
         Submit(SubmitDraft),
         ListPending(ListPendingDrafts),
         ListMine(ListMyDrafts),
@@ -41,7 +50,6 @@ requests!(
 requests!(
     /// What the approval service answers.
     ApprovalRequest for crate::subjects::APPROVAL => {
-        WaitForPosition(WaitForPosition),
         GetKeys(GetApprovalKeys),
         Approve(ApproveDraft),
         Reject(RejectDraft),
@@ -51,7 +59,6 @@ requests!(
 requests!(
     /// What the runtime registry answers.
     RegistryRequest for crate::subjects::RUNTIME_REGISTRY => {
-        WaitForPosition(WaitForPosition),
         Reserve(ReserveBoxType),
         Release(ReleaseReservation),
         AwaitActivation(AwaitActivation),
@@ -65,17 +72,14 @@ requests!(
 requests!(
     /// What the audit service answers.
     AuditRequest for crate::subjects::AUDIT => {
-        WaitForPosition(WaitForPosition),
         Query(QueryAudit),
         Verify(VerifyAudit),
     }
 );
 
 requests!(
-    /// What the provisioner and the gateway answer over NATS: only read-your-writes waits.
-    WaitOnlyRequest for "a service without requests of its own" => {
-        WaitForPosition(WaitForPosition),
-    }
+    /// The provisioner and the gateway answer nothing over NATS but read-your-writes waits.
+    WaitOnly for "a process without requests of its own" => {}
 );
 
 #[cfg(test)]
@@ -86,7 +90,10 @@ mod tests {
     #[test]
     fn a_request_decodes_once_into_its_variant_and_foreign_types_are_refused() {
         let env = envelope(&v1::GetDraft { draft_id: "d1".into() }, "c", "", None);
-        assert!(matches!(DraftsRequest::decode(&env), Ok(DraftsRequest::Get(g)) if g.draft_id == "d1"));
+        assert!(matches!(DraftsRequest::decode(&env), Ok(Incoming::Request(DraftsRequest::Get(g))) if g.draft_id == "d1"));
+        let wait = envelope(&v1::WaitForPosition { position: 3, ..Default::default() }, "c", "", None);
+        assert!(matches!(WaitOnly::decode(&wait), Ok(Incoming::Wait(w)) if w.position == 3));
+        assert!(matches!(WaitOnly::decode(&env), Err(WireError::UnknownRequest { .. })));
         assert!(matches!(RegistryRequest::decode(&env), Err(WireError::UnknownRequest { service: "runtime-registry", .. })));
         let garbage = Envelope { message_type: <v1::GetDraft as Named>::NAME.into(), payload: vec![0xff, 0xff], ..Default::default() };
         assert!(matches!(DraftsRequest::decode(&garbage), Err(WireError::Decode { .. })));

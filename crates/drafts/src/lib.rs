@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::requests::DraftsRequest;
+use atasira_contracts::requests::{DraftsRequest, Incoming};
 use atasira_contracts::{Envelope, Reply, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::aggregates::types;
@@ -101,14 +101,12 @@ async fn sweep_expired(service: Arc<Service>, config: DraftsConfig, mut shutdown
 
 impl Service {
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let request = DraftsRequest::decode(env)?;
-        if let DraftsRequest::WaitForPosition(w) = &request {
-            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, w).await.map_err(Refusal::internal)?;
-            return Ok(reply_ok(&v1::WaitForPositionReply { lagging }));
-        }
+        let request = match DraftsRequest::decode(env)? {
+            Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
+            Incoming::Request(request) => request,
+        };
         let principal = platform_service::verify_principal(&self.rt, env)?;
         match request {
-            DraftsRequest::WaitForPosition(_) => unreachable_wait(),
             DraftsRequest::Submit(req) => self.submit(principal, req, env).await,
             DraftsRequest::ListPending(req) => {
                 if !principal.is_admin() {
@@ -169,10 +167,6 @@ impl Service {
         self.rt.notify_committed();
         Ok(reply_written(reply, position, vec![event_id]))
     }
-}
-
-fn unreachable_wait() -> Result<Reply, Refusal> {
-    Err(Refusal::internal("WaitForPosition is answered before authentication"))
 }
 
 /// The projections this service owns (for `atasira projections rebuild`).

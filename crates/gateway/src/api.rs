@@ -83,15 +83,6 @@ pub enum RoleInBox {
     Member,
 }
 
-impl RoleInBox {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RoleInBox::Primary => "primary",
-            RoleInBox::Member => "member",
-        }
-    }
-}
-
 /// `POST /api/v1/boxes/{box_id}/user-assignments`. Unknown fields are refused.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

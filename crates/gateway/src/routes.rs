@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use prost::Message as _;
 use serde::Serialize;
+use v1::box_action::Action;
 
 use crate::api::{self, ErrorBody};
 use crate::extract::{Caller, Id, IdempotencyKey, RawBody};
@@ -228,14 +229,11 @@ pub async fn assign_user(
     write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
-async fn box_action(state: AppState, principal: Principal, key: IdempotencyKey, box_id: String, body: RawBody, action: &str) -> Result<Response, ApiError> {
+async fn box_action(state: AppState, principal: Principal, key: IdempotencyKey, box_id: String, body: RawBody, action: Action) -> Result<Response, ApiError> {
     let api::EmptyRequest {} = body.parse()?;
-    let route = format!("{action} {box_id}");
-    let action = match action {
-        "stop" => v1::box_action::Action::Stop,
-        "resume" => v1::box_action::Action::Resume,
-        _ => v1::box_action::Action::Archive,
-    };
+    // The idempotency scope: "stop <id>", "resume <id>", "archive <id>".
+    let verb = action.as_str_name().trim_start_matches("ACTION_").to_ascii_lowercase();
+    let route = format!("{verb} {box_id}");
     let request = v1::BoxAction { box_id, action: action as i32 };
     write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
@@ -251,7 +249,7 @@ async fn box_action(state: AppState, principal: Principal, key: IdempotencyKey, 
     ),
     security(("pat" = [])))]
 pub async fn stop(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, Id(box_id): Id, body: RawBody) -> Result<Response, ApiError> {
-    box_action(state, principal, key, box_id, body, "stop").await
+    box_action(state, principal, key, box_id, body, Action::Stop).await
 }
 
 /// Resume a stopped Box (a human admin): takes a slot again.
@@ -271,7 +269,7 @@ pub async fn resume(
     Id(box_id): Id,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    box_action(state, principal, key, box_id, body, "resume").await
+    box_action(state, principal, key, box_id, body, Action::Resume).await
 }
 
 /// Archive a Box (a human admin): final; its YAML moves to `.archived/` and the box_type
@@ -292,7 +290,7 @@ pub async fn archive(
     Id(box_id): Id,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    box_action(state, principal, key, box_id, body, "archive").await
+    box_action(state, principal, key, box_id, body, Action::Archive).await
 }
 
 // --- audit ------------------------------------------------------------------------------

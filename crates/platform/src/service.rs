@@ -89,6 +89,17 @@ pub fn verify_principal(rt: &Runtime, env: &Envelope) -> Result<Principal, Refus
         .map_err(|e| unauthenticated(format!("invalid principal assertion: {}", e.reason())))
 }
 
+/// The answer to a read-your-writes wait: which of `read_models` (name, aggregate types
+/// read) are still behind once the wait ends.
+pub async fn wait_reply(
+    rt: &Runtime,
+    read_models: &[(&'static str, &'static [&'static str])],
+    wait: &atasira_contracts::v1::WaitForPosition,
+) -> Result<Reply, Refusal> {
+    let lagging = crate::projection::answer_wait(&rt.db, read_models, wait).await.map_err(Refusal::internal)?;
+    Ok(atasira_contracts::reply_ok(&atasira_contracts::v1::WaitForPositionReply { lagging }))
+}
+
 /// Resolves once `shutdown` is true (or its sender is gone, which means the same).
 pub async fn until_shutdown(mut shutdown: tokio::sync::watch::Receiver<bool>) {
     while !*shutdown.borrow() {

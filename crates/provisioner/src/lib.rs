@@ -18,16 +18,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::requests::WaitOnlyRequest;
-use atasira_contracts::{Reply, reply_error, reply_ok, subjects, v1};
+use atasira_contracts::requests::{Incoming, WaitOnly};
+use atasira_contracts::{Reply, subjects};
+use atasira_domain::BoxType;
 use atasira_domain::aggregates::access::{Access, AccessCommand};
 use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::manifest::RequiredAccess;
-use atasira_domain::{BoxType, ErrorCode};
 use atasira_platform::Runtime;
-use atasira_platform::db::{Cqrs, Db, StoredEvent};
+use atasira_platform::db::{Cqrs, StoredEvent};
 use atasira_platform::projection as proj;
-use atasira_platform::service as platform_service;
+use atasira_platform::service::{self as platform_service, Refusal};
 use tokio::sync::watch;
 
 use crate::setup::{SetupError, Setups, describe};
@@ -111,10 +111,10 @@ pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiv
     tokio::fs::create_dir_all(&config.data_dir).await.map_err(|e| anyhow::anyhow!("cannot create the data dir {}: {e}", config.data_dir.display()))?;
     let service = Arc::new(Service { access: rt.db.cqrs::<Access>(), setups: Setups::new(config.data_dir), backoff: config.backoff, rt: rt.clone() });
     let endpoint = {
-        let db = rt.db.clone();
-        platform_service::serve(&rt, SERVICE, move |env| {
-            let db = db.clone();
-            async move { Ok(answer(&db, env).await) }
+        let rt = rt.clone();
+        platform_service::serve(&rt.clone(), SERVICE, move |env| {
+            let rt = rt.clone();
+            async move { answer(&rt, &env).await }
         })
         .await?
     };
@@ -127,18 +127,11 @@ pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiv
 
 /// The bus endpoint: only `WaitForPosition`, so the gateway can wait for provisioning to
 /// have seen an activation. It reveals nothing but checkpoints, hence no principal check
-/// (like the drafts service's wait).
-async fn answer(db: &Db, env: atasira_contracts::Envelope) -> Reply {
-    let wait = match WaitOnlyRequest::decode(&env) {
-        Ok(WaitOnlyRequest::WaitForPosition(w)) => w,
-        Err(e) => return reply_error(e.code(), e.to_string(), &[]),
-    };
-    match proj::answer_wait(db, READ_MODELS, &wait).await {
-        Ok(lagging) => reply_ok(&v1::WaitForPositionReply { lagging }),
-        Err(e) => {
-            tracing::error!(error = %e, "provisioner wait failed");
-            reply_error(ErrorCode::Internal, "internal failure; retry", &[])
-        }
+/// (like every service's wait).
+async fn answer(rt: &Runtime, env: &atasira_contracts::Envelope) -> Result<Reply, Refusal> {
+    match WaitOnly::decode(env)? {
+        Incoming::Wait(w) => platform_service::wait_reply(rt, READ_MODELS, &w).await,
+        Incoming::Request(never) => match never {},
     }
 }
 

@@ -7,12 +7,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use atasira_contracts::v1;
+use atasira_domain::ErrorCode;
 use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand};
 use atasira_domain::assertion::{AssertionKey, AssertionKeys};
 use atasira_domain::token::{ApprovalSigner, Keyring};
 use atasira_domain::{BoxManifest, Kind, Principal, Role};
 use atasira_platform::bus::InprocBus;
+use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
 
 use super::*;

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::requests::RegistryRequest;
+use atasira_contracts::requests::{Incoming, RegistryRequest};
 use atasira_contracts::{Envelope, Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, box_id_for};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
@@ -155,14 +155,12 @@ impl Registry {
     }
 
     async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let request = RegistryRequest::decode(env)?;
-        if let RegistryRequest::WaitForPosition(w) = &request {
-            let lagging = proj::answer_wait(&self.rt.db, READ_MODELS, w).await.map_err(Refusal::internal)?;
-            return Ok(reply_ok(&v1::WaitForPositionReply { lagging }));
-        }
+        let request = match RegistryRequest::decode(env)? {
+            Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
+            Incoming::Request(request) => request,
+        };
         let principal = platform_service::verify_principal(&self.rt, env)?;
         match request {
-            RegistryRequest::WaitForPosition(_) => Err(Refusal::internal("WaitForPosition is answered before authentication")),
             RegistryRequest::Reserve(r) => {
                 if !principal.is_human_admin() {
                     return Err(Refusal::new(ErrorCode::Forbidden, "only a human admin's approval reserves a box_type"));
