@@ -75,19 +75,6 @@ impl DraftRequestError {
     }
 }
 
-/// The first key (dotted path) whose text holds a NUL character.
-fn nul_key(value: &Value, path: &str) -> Option<String> {
-    match value {
-        Value::String(s) => s.contains('\0').then(|| path.to_owned()),
-        Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| nul_key(v, &format!("{path}[{i}]"))),
-        Value::Object(map) => map.iter().find_map(|(k, v)| {
-            let key = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-            if k.contains('\0') { Some(key) } else { nul_key(v, &key) }
-        }),
-        _ => None,
-    }
-}
-
 /// What a valid request becomes: the generated manifest and what the approver must see.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DraftPlan {
@@ -115,11 +102,32 @@ impl BoxDraftCreateRequest {
         serde_json::from_value(value).map_err(|e| DraftRequestError::InvalidRequest(e.to_string()))
     }
 
+    /// The first key whose text holds a NUL character, if any.
+    fn key_with_nul(&self) -> Option<String> {
+        let texts = [("box_type", &self.box_type), ("purpose", &self.purpose), ("name", &self.name)];
+        let lists = [
+            ("success_criteria", &self.success_criteria),
+            ("os_operations", &self.os_operations),
+            ("tools", &self.tools),
+            ("allowed_apps", &self.allowed_apps),
+            ("url_allowlist", &self.url_allowlist),
+            ("file_access", &self.file_access),
+            ("prohibited_actions", &self.prohibited_actions),
+        ];
+        texts
+            .into_iter()
+            .find_map(|(key, text)| text.as_deref().is_some_and(|t| t.contains('\0')).then(|| key.to_owned()))
+            .or_else(|| lists.into_iter().find_map(|(key, list)| list.as_deref()?.iter().position(|t| t.contains('\0')).map(|i| format!("{key}[{i}]"))))
+            .or_else(|| {
+                let entries = self.required_access.as_deref()?;
+                entries.iter().enumerate().find_map(|(i, entry)| crate::error::nul_key(entry).map(|key| format!("required_access[{i}]{key}")))
+            })
+    }
+
     /// Builds the draft's manifest and verdicts. 403 before 422 (R-DRAFT-14).
     pub fn plan(&self) -> Result<DraftPlan, DraftRequestError> {
         // Text holds no NUL character: no store keeps one, and no person types one.
-        let value = serde_json::to_value(self).map_err(|e| DraftRequestError::InvalidRequest(e.to_string()))?;
-        if let Some(key) = nul_key(&value, "") {
+        if let Some(key) = self.key_with_nul() {
             return Err(DraftRequestError::InvalidRequest(format!("{key}: text must not contain NUL characters")));
         }
         // R-DRAFT-4

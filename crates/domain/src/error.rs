@@ -30,6 +30,34 @@ pub fn joined(errors: &[FieldError]) -> String {
     errors.iter().map(FieldError::to_string).collect::<Vec<_>>().join("; ")
 }
 
+/// Where the first text holding a NUL character is in a JSON value, keys included: `""`
+/// for the value itself, else a path such as `.tools[1]` or `[0].url`. No store keeps such
+/// text (PostgreSQL refuses it), so every entry point refuses it, naming the key.
+pub fn nul_key(value: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    // Path segments innermost first; built only along the path that holds one.
+    fn walk(value: &Value) -> Option<Vec<String>> {
+        match value {
+            Value::String(s) => s.contains('\0').then(Vec::new),
+            Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| {
+                walk(v).map(|mut path| {
+                    path.push(format!("[{i}]"));
+                    path
+                })
+            }),
+            Value::Object(map) => map.iter().find_map(|(k, v)| {
+                let inner = if k.contains('\0') { Some(Vec::new()) } else { walk(v) };
+                inner.map(|mut path| {
+                    path.push(format!(".{k}"));
+                    path
+                })
+            }),
+            _ => None,
+        }
+    }
+    walk(value).map(|path| path.iter().rev().map(String::as_str).collect())
+}
+
 /// A refusal that carries one of the spec's codes: what every transport needs to answer
 /// it (the code, the message, the keys at fault).
 pub trait Refusing: std::fmt::Display {
@@ -244,6 +272,16 @@ mod tests {
             let user_mistake = !matches!(code, ErrorCode::Internal | ErrorCode::ServiceUnavailable | ErrorCode::Busy);
             assert_eq!((400..500).contains(&code.http_status()), user_mistake, "{code}: user mistakes are 4xx, only our failures 5xx");
         }
+    }
+
+    #[test]
+    fn the_key_of_text_with_a_nul_is_named() {
+        let v = serde_json::json!({"a": "ok", "tools": ["Read", "B\u{0}"], "n": 1});
+        assert_eq!(nul_key(&v), Some(".tools[1]".to_owned()));
+        assert_eq!(nul_key(&serde_json::json!([{"url": "u\u{0}"}])), Some("[0].url".to_owned()));
+        assert_eq!(nul_key(&serde_json::json!({"k\u{0}": 1})), Some(".k\u{0}".to_owned()));
+        assert_eq!(nul_key(&serde_json::json!("x\u{0}")), Some(String::new()));
+        assert_eq!(nul_key(&serde_json::json!({"a": ["b", {"c": null}]})), None);
     }
 
     #[test]

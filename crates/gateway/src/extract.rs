@@ -94,17 +94,18 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 }
 
 impl RawBody {
-    /// Fails with 400 `invalid_json` unless the body is JSON, and with 422 `invalid_request`
-    /// when it holds a NUL character.
-    pub fn require_json(&self) -> Result<(), ApiError> {
-        self.value(&self.0).map(|_| ())
+    /// The body as JSON: 400 `invalid_json` unless it is JSON, 422 `invalid_request` when
+    /// its text holds a NUL character (refused at the door: PostgreSQL cannot store it, so
+    /// it would fail only in cluster mode).
+    pub fn json(&self) -> Result<serde_json::Value, ApiError> {
+        Self::value(&self.0)
     }
 
-    fn value(&self, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    fn value(body: &[u8]) -> Result<serde_json::Value, ApiError> {
         let value: serde_json::Value =
             serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body is not valid JSON: {e}")))?;
-        if holds_nul(&value) {
-            return Err(ApiError::new(ErrorCode::InvalidRequest, "request body: text must not contain NUL characters (\\u0000)"));
+        if let Some(key) = atasira_domain::error::nul_key(&value) {
+            return Err(ApiError::new(ErrorCode::InvalidRequest, format!("request body{key}: text must not contain NUL characters (\\u0000)")));
         }
         Ok(value)
     }
@@ -114,22 +115,11 @@ impl RawBody {
     /// character is 422 `invalid_request`. An empty body reads as `{}`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
         let body: &[u8] = if self.0.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &self.0 };
-        let value = self.value(body)?;
+        let value = Self::value(body)?;
         // Serde would read a struct from an array as well (`[]` as `{}`).
         if !value.is_object() {
             return Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object"));
         }
         serde_json::from_value(value).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))
-    }
-}
-
-/// Whether any text of a JSON value, keys included, holds a NUL character. Such text is
-/// refused at the door: PostgreSQL cannot store it, so it would fail only in cluster mode.
-fn holds_nul(value: &serde_json::Value) -> bool {
-    match value {
-        serde_json::Value::String(s) => s.contains('\0'),
-        serde_json::Value::Array(items) => items.iter().any(holds_nul),
-        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
-        _ => false,
     }
 }

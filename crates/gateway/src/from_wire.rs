@@ -266,11 +266,11 @@ impl TryFrom<v1::VerifyReply> for VerifyResult {
     }
 }
 
-/// The body of `POST /boxes/box-drafts` -> its wire form. The domain's parser checks the
-/// shape (size, JSON, unknown fields, types), so every entry point reports the same
+/// The body of `POST /boxes/box-drafts` (already JSON) -> its wire form. The domain's
+/// parser checks the shape (unknown fields, types), so every entry point reports the same
 /// errors; each `required_access` entry takes only the keys of its kind.
-pub fn draft_request(body: &[u8]) -> Result<v1::BoxDraftCreateRequest, ApiError> {
-    let r = DomainRequest::from_json_bytes(body).map_err(|e| ApiError::new(e.error_code(), e.to_string()))?;
+pub fn draft_request(body: serde_json::Value) -> Result<v1::BoxDraftCreateRequest, ApiError> {
+    let r = DomainRequest::from_value(body).map_err(|e| ApiError::new(e.error_code(), e.to_string()))?;
     let required_access = r
         .required_access
         .unwrap_or_default()
@@ -309,18 +309,22 @@ fn domain_access(a: RequiredAccess) -> atasira_domain::manifest::RequiredAccess 
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
     fn a_draft_body_becomes_its_typed_request_and_foreign_keys_are_refused() {
-        let body = br#"{"box_type": "b", "purpose": "p", "required_access": [{"type": "ssh_target", "host": "h", "user": "u", "port": 943.0}]}"#;
+        let body = json!({"box_type": "b", "purpose": "p", "required_access": [{"type": "ssh_target", "host": "h", "user": "u", "port": 943.0}]});
         let request = draft_request(body).expect("valid");
         let Some(v1::required_access::Kind::SshTarget(ssh)) = request.required_access[0].kind.clone() else { panic!("{request:?}") };
         assert_eq!((ssh.host.as_str(), ssh.port), ("h", 943));
-        let secret = br#"{"box_type": "b", "purpose": "p", "required_access": [{"type": "netrc_entry", "machine": "m", "login": "l", "vault": "v", "item": "i", "password": "x"}]}"#;
+        let secret = json!({"box_type": "b", "purpose": "p", "required_access": [{"type": "netrc_entry", "machine": "m", "login": "l", "vault": "v", "item": "i", "password": "x"}]});
         assert_eq!(draft_request(secret).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest), "a password is refused, never dropped");
-        assert_eq!(draft_request(b"{").map_err(|e| e.code).err(), Some(ErrorCode::InvalidJson));
-        assert_eq!(draft_request(br#"{"box_type": "b", "state": "active"}"#).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest));
+        let unreadable = crate::extract::RawBody(bytes::Bytes::from_static(b"{"));
+        assert_eq!(unreadable.json().map_err(|e| e.code).err(), Some(ErrorCode::InvalidJson));
+        assert_eq!(draft_request(json!([])).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest));
+        assert_eq!(draft_request(json!({"box_type": "b", "state": "active"})).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest));
     }
 
     #[test]

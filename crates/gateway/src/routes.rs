@@ -65,8 +65,7 @@ async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Er
     ),
     security(("pat" = [])))]
 pub async fn submit_draft(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, body: RawBody) -> Result<Response, ApiError> {
-    body.require_json()?;
-    let request = v1::SubmitDraft { request: Some(from_wire::draft_request(&body.0)?) };
+    let request = v1::SubmitDraft { request: Some(from_wire::draft_request(body.json()?)?) };
     write::<_, v1::SubmitDraftReply, api::DraftCreated>(
         &state,
         &principal,
