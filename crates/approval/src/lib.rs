@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::requests::{ApprovalRequest, Incoming};
-use atasira_contracts::{Envelope, Named, Refused, Reply, Written, convert, envelope, reply_ok, reply_written, subjects, v1};
+use atasira_contracts::{Named, Refused, Reply, Written, convert, envelope, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::box_id_for;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
@@ -21,7 +21,7 @@ use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
 use atasira_platform::db::Cqrs;
-use atasira_platform::service::{self as platform_service, Refusal};
+use atasira_platform::service::{self as platform_service, Call, Refusal};
 use prost::Message as _;
 
 pub const SERVICE: &str = subjects::APPROVAL;
@@ -54,9 +54,9 @@ struct Service {
 /// Runs the service until `shutdown` flips.
 pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
     let service = Arc::new(Service { drafts: rt.db.cqrs(), rt: rt.clone(), config });
-    let endpoint = platform_service::serve(&rt, SERVICE, move |env| {
+    let endpoint = platform_service::serve(&rt, SERVICE, move |call| {
         let service = service.clone();
-        async move { service.dispatch(&env).await }
+        async move { service.dispatch(&call).await }
     })
     .await?;
     platform_service::until_shutdown(shutdown).await;
@@ -65,8 +65,10 @@ pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::wat
 }
 
 impl Service {
-    async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let request = match ApprovalRequest::decode(env)? {
+    async fn dispatch(&self, call: &Call) -> Result<Reply, Refusal> {
+        // Decisions are made through the API only (a human admin, R-AUTH-2).
+        call.only_services("the approval service")?;
+        let request = match ApprovalRequest::decode(&call.env)? {
             // No projections of its own: always caught up.
             Incoming::Wait(_) => return Ok(reply_ok(&v1::WaitForPositionReply { lagging: vec![] })),
             Incoming::Request(request) => request,
@@ -78,11 +80,13 @@ impl Service {
                 Ok(reply_ok(&v1::ApprovalKeysReply { keys: keys.map(|k| convert::public_key_to_wire(&k)).collect() }))
             }
             ApprovalRequest::Approve(r) => {
-                let principal = platform_service::verify_principal(&self.rt, env)?;
+                call.only_from(&[subjects::GATEWAY], "deciding on a draft")?;
+                let principal = call.principal(&self.rt).await?;
                 self.approve(principal, &r.draft_id, r.confirm_over_limit).await
             }
             ApprovalRequest::Reject(r) => {
-                let principal = platform_service::verify_principal(&self.rt, env)?;
+                call.only_from(&[subjects::GATEWAY], "deciding on a draft")?;
+                let principal = call.principal(&self.rt).await?;
                 self.reject(principal, &r.draft_id, r.reason).await
             }
         }

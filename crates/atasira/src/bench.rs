@@ -132,7 +132,7 @@ async fn start_floor(bus: &NatsBus, db: &Db) -> anyhow::Result<atasira_platform:
             Bytes::from(if result.is_ok() { "ok" } else { "error" })
         })
     });
-    Ok(bus.serve("bench-floor", FLOOR_SUBJECT, handler).await?)
+    Ok(bus.serve("bench-floor", &[FLOOR_SUBJECT.to_owned()], handler).await?)
 }
 
 fn floor_payload(i: usize) -> Bytes {

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::requests::{AuditRequest, Incoming};
-use atasira_contracts::{Envelope, Reply, convert, reply_ok, subjects, v1};
+use atasira_contracts::{Reply, convert, reply_ok, subjects, v1};
 use atasira_domain::audit::AuditKeys;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::projection as proj;
-use atasira_platform::service::{self as platform_service, Refusal};
+use atasira_platform::service::{self as platform_service, Call, Refusal};
 use tokio::sync::watch;
 
 pub use ledger::{
@@ -65,9 +65,9 @@ pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<boo
     let service = Arc::new(Service { rt: rt.clone(), keys: config.keys.clone() });
     let endpoint = {
         let service = service.clone();
-        platform_service::serve(&rt, SERVICE, move |env| {
+        platform_service::serve(&rt, SERVICE, move |call| {
             let service = service.clone();
-            async move { service.dispatch(&env).await }
+            async move { service.dispatch(&call).await }
         })
         .await?
     };
@@ -121,22 +121,22 @@ async fn record_checkpoint(rt: &Runtime, keys: &AuditKeys) {
 
 impl Service {
     /// R-AUDIT-2, R-AUDIT-3: the ledger is for admins only.
-    fn admin(&self, env: &Envelope, what: &str) -> Result<Principal, Refusal> {
-        let principal = platform_service::verify_principal(&self.rt, env)?;
+    async fn admin(&self, call: &Call, what: &str) -> Result<Principal, Refusal> {
+        let principal = call.principal(&self.rt).await?;
         if !principal.is_admin() {
             return Err(Refusal::new(ErrorCode::Forbidden, format!("{what} needs role admin")));
         }
         Ok(principal)
     }
 
-    async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let request = match AuditRequest::decode(env)? {
+    async fn dispatch(&self, call: &Call) -> Result<Reply, Refusal> {
+        let request = match AuditRequest::decode(&call.env)? {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
             Incoming::Request(request) => request,
         };
         match request {
             AuditRequest::Query(q) => {
-                self.admin(env, "reading the audit ledger")?;
+                self.admin(call, "reading the audit ledger").await?;
                 if q.action.contains('\0') || q.target.contains('\0') {
                     return Err(Refusal::new(ErrorCode::InvalidQuery, "action and target must not contain NUL characters"));
                 }
@@ -150,7 +150,7 @@ impl Service {
                 Ok(reply_ok(&v1::AuditPage { rows: rows.iter().map(convert::ledger_row_to_wire).collect(), next_cursor }))
             }
             AuditRequest::Verify(_) => {
-                self.admin(env, "verifying the audit ledger")?;
+                self.admin(call, "verifying the audit ledger").await?;
                 let verification = ledger::verify(&self.rt.db, &self.keys).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&convert::verification_to_wire(&verification)))
             }

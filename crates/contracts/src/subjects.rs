@@ -27,6 +27,37 @@ pub fn events(service: &str) -> String {
     format!("atasira.box.{service}.events")
 }
 
+/// The subject token that marks a request from a NATS publisher authenticated with a PAT:
+/// `atasira.box.client.<token hash>.<to>` (five tokens, so never a Box's subject).
+pub const CLIENT: &str = "client";
+
+/// Who sent a request, as its subject says. In cluster mode NATS permissions make the
+/// subject an identity: only a service may publish on `atasira.box.<service>.<to>`, and only
+/// the holder of a PAT on `atasira.box.client.<its hash>.<to>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// One of atasira's processes (a service or the gateway).
+    Service(&'static str),
+    /// A NATS publisher, known by the SHA-256 (hex) of its PAT.
+    Client { token_hash: String },
+}
+
+/// The origin of a request on `subject` addressed to `to`; `None` for any other subject.
+pub fn origin(subject: &str, to: &str) -> Option<Origin> {
+    let rest = subject.strip_prefix("atasira.box.")?;
+    let from = rest.strip_suffix(to)?.strip_suffix('.')?;
+    if let Some(hash) = from.strip_prefix("client.") {
+        let valid = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        return valid.then(|| Origin::Client { token_hash: hash.to_owned() });
+    }
+    std::iter::once(GATEWAY).chain(SERVICES.iter().copied()).find(|s| *s == from).map(Origin::Service)
+}
+
+/// The subject on which `to` serves NATS publishers.
+pub fn client_requests(to: &str) -> String {
+    format!("atasira.box.{CLIENT}.*.{to}")
+}
+
 /// Which service publishes events of an aggregate type (R-ARCH-9); `None` for a type that
 /// is not one of atasira's aggregates.
 pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
@@ -50,6 +81,21 @@ mod tests {
         assert_eq!(request(GATEWAY, DRAFTS), "atasira.box.gateway.drafts");
         assert_eq!(request(APPROVAL, RUNTIME_REGISTRY), "atasira.box.approval.runtime-registry");
         assert_eq!(events(DRAFTS), "atasira.box.drafts.events");
+    }
+
+    #[test]
+    fn the_origin_of_a_request_is_its_sender_token() {
+        assert_eq!(origin("atasira.box.gateway.drafts", DRAFTS), Some(Origin::Service(GATEWAY)));
+        assert_eq!(origin("atasira.box.approval.runtime-registry", RUNTIME_REGISTRY), Some(Origin::Service(APPROVAL)));
+        let hash = "ab".repeat(32);
+        assert_eq!(origin(&format!("atasira.box.client.{hash}.drafts"), DRAFTS), Some(Origin::Client { token_hash: hash.clone() }));
+        // Anything else has no origin: a Box, a malformed hash, another addressee.
+        assert_eq!(origin("atasira.box.my-box.drafts", DRAFTS), None);
+        assert_eq!(origin("atasira.box.client.xyz.drafts", DRAFTS), None);
+        assert_eq!(origin(&format!("atasira.box.client.{}.drafts", "AB".repeat(32)), DRAFTS), None);
+        assert_eq!(origin("atasira.box.gateway.drafts", AUDIT), None);
+        assert_eq!(origin("atasira.box.drafts", DRAFTS), None);
+        assert_eq!(origin("other.box.gateway.drafts", DRAFTS), None);
     }
 
     #[test]

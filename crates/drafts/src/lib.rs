@@ -20,7 +20,7 @@ use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
 use atasira_platform::projection::{self as proj, Projection};
-use atasira_platform::service::{self as platform_service, Refusal};
+use atasira_platform::service::{self as platform_service, Call, Refusal};
 
 pub use projection::{DraftRow, DraftsView, RowStatus};
 
@@ -60,9 +60,9 @@ pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch
     let service = Arc::new(Service { cqrs: rt.db.cqrs::<Draft>(), rt: rt.clone() });
     let endpoint = {
         let service = service.clone();
-        platform_service::serve(&rt, SERVICE, move |env| {
+        platform_service::serve(&rt, SERVICE, move |call| {
             let service = service.clone();
-            async move { service.dispatch(&env).await }
+            async move { service.dispatch(&call).await }
         })
         .await?
     };
@@ -100,12 +100,13 @@ async fn sweep_expired(service: Arc<Service>, config: DraftsConfig, mut shutdown
 }
 
 impl Service {
-    async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
+    async fn dispatch(&self, call: &Call) -> Result<Reply, Refusal> {
+        let env = &call.env;
         let request = match DraftsRequest::decode(env)? {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
             Incoming::Request(request) => request,
         };
-        let principal = platform_service::verify_principal(&self.rt, env)?;
+        let principal = call.principal(&self.rt).await?;
         match request {
             DraftsRequest::Submit(req) => self.submit(principal, req, env).await,
             DraftsRequest::ListPending(req) => {
@@ -121,7 +122,11 @@ impl Service {
                     projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, req.after).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&v1::DraftPage { drafts: rows.iter().map(|r| r.to_wire(false)).collect(), next_cursor }))
             }
-            DraftsRequest::Withdraw(req) => self.withdraw(principal, &req.draft_id).await,
+            DraftsRequest::Withdraw(req) => {
+                // Over NATS, publishers submit and read; withdrawing is the API's.
+                call.only_services("withdrawing a draft")?;
+                self.withdraw(principal, &req.draft_id).await
+            }
             DraftsRequest::Get(req) => match projection::get(&self.rt.db, &req.draft_id).await.map_err(Refusal::internal)? {
                 Some(row) if principal.is_admin() || row.requested_by == principal.user_id => Ok(reply_ok(&v1::DraftReply { draft: Some(row.to_wire(true)) })),
                 // Not the requester: indistinguishable from absent, so ids do not leak.

@@ -94,8 +94,8 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
 pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     // Registered with the NATS services API like every other process (R-ARCH-8), so that
     // `$SRV.PING` finds the gateway too. It has no read models of its own.
-    let endpoint = atasira_platform::service::serve(&rt, subjects::GATEWAY, |env| async move {
-        match atasira_contracts::requests::WaitOnly::decode(&env)? {
+    let endpoint = atasira_platform::service::serve(&rt, subjects::GATEWAY, |call| async move {
+        match atasira_contracts::requests::WaitOnly::decode(&call.env)? {
             atasira_contracts::requests::Incoming::Wait(_) => Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] })),
             atasira_contracts::requests::Incoming::Request(never) => match never {},
         }

@@ -70,8 +70,13 @@ pub async fn revoke_token(db: &Db, token: &str) -> anyhow::Result<bool> {
 
 /// The principal of a valid (known, unrevoked, unexpired) token.
 pub async fn lookup_token(db: &Db, token: &str) -> anyhow::Result<Option<Principal>> {
+    lookup_token_hash(db, &hash_token(token)).await
+}
+
+/// The principal of a valid token known by its hash (a NATS publisher's subject names it).
+pub async fn lookup_token_hash(db: &Db, token_hash: &str) -> anyhow::Result<Option<Principal>> {
     let row = sqlx::query("SELECT user_id, role, kind, expires_at_ms, revoked FROM gateway_tokens WHERE token_hash = $1")
-        .bind(hash_token(token))
+        .bind(token_hash)
         .fetch_optional(db.any())
         .await?;
     let Some(row) = row else { return Ok(None) };

@@ -49,8 +49,8 @@ pub trait Bus: Send + Sync {
     /// Sends a request and waits for the reply.
     async fn request(&self, subject: &str, headers: BTreeMap<String, String>, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError>;
 
-    /// Serves `subject` (may contain `*` tokens) for `service`, registered under that name.
-    async fn serve(&self, service: &str, subject: &str, handler: Handler) -> Result<Endpoint, BusError>;
+    /// Serves `subjects` (may contain `*` tokens) for `service`, registered under that name.
+    async fn serve(&self, service: &str, subjects: &[String], handler: Handler) -> Result<Endpoint, BusError>;
 }
 
 /// Whether a subject matches a pattern with `*` (one token) and `>` (the rest).
@@ -99,8 +99,9 @@ impl Bus for InprocBus {
         }
     }
 
-    async fn serve(&self, _service: &str, subject: &str, handler: Handler) -> Result<Endpoint, BusError> {
-        self.routes.write().map_err(|_| BusError::Other("route table poisoned".into()))?.push((subject.to_owned(), handler));
+    async fn serve(&self, _service: &str, subjects: &[String], handler: Handler) -> Result<Endpoint, BusError> {
+        let mut routes = self.routes.write().map_err(|_| BusError::Other("route table poisoned".into()))?;
+        routes.extend(subjects.iter().map(|s| (s.clone(), handler.clone())));
         Ok(Endpoint { task: tokio::spawn(async {}) })
     }
 }
@@ -139,7 +140,7 @@ impl Bus for NatsBus {
         }
     }
 
-    async fn serve(&self, service: &str, subject: &str, handler: Handler) -> Result<Endpoint, BusError> {
+    async fn serve(&self, service: &str, subjects: &[String], handler: Handler) -> Result<Endpoint, BusError> {
         use async_nats::service::ServiceExt;
         let svc = self
             .client
@@ -148,11 +149,16 @@ impl Bus for NatsBus {
             .start(service, env!("CARGO_PKG_VERSION"))
             .await
             .map_err(|e| BusError::Other(format!("cannot register service {service}: {e}")))?;
-        let mut endpoint = svc.endpoint_builder().name("requests").add(subject.to_owned()).await.map_err(|e| BusError::Other(e.to_string()))?;
+        let mut endpoints = Vec::new();
+        for (i, subject) in subjects.iter().enumerate() {
+            let name = if i == 0 { "requests".to_owned() } else { format!("requests-{i}") };
+            endpoints.push(svc.endpoint_builder().name(name).add(subject.clone()).await.map_err(|e| BusError::Other(e.to_string()))?);
+        }
+        let mut requests = futures::stream::select_all(endpoints);
         let task = tokio::spawn(async move {
             // Keeps the service (and its $SRV handlers) alive as long as the endpoint runs.
             let _svc = svc;
-            while let Some(request) = endpoint.next().await {
+            while let Some(request) = requests.next().await {
                 let handler = handler.clone();
                 tokio::spawn(async move {
                     let mut headers = BTreeMap::new();
@@ -191,7 +197,7 @@ mod tests {
     async fn the_inproc_bus_routes_requests_and_reports_no_responders() {
         let bus = InprocBus::default();
         let handler: Handler = Arc::new(|m: Message| Box::pin(async move { Bytes::from([b"re:".as_slice(), &m.payload].concat()) }));
-        bus.serve("drafts", "atasira.box.*.drafts", handler).await.expect("serves");
+        bus.serve("drafts", &["atasira.box.*.drafts".to_owned()], handler).await.expect("serves");
         let reply = bus.request("atasira.box.gateway.drafts", BTreeMap::new(), Bytes::from_static(b"hi"), Duration::from_secs(1)).await.expect("replies");
         assert_eq!(&reply[..], b"re:hi");
         assert!(matches!(

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use atasira_contracts::subjects::{self, Origin};
 use atasira_contracts::{Envelope, Reply, reply_error};
 use atasira_domain::{ErrorCode, FieldError, Principal, Refusing};
 use prost::Message as _;
@@ -49,11 +50,52 @@ impl<E: Refusing> From<E> for Refusal {
     }
 }
 
-/// Serves `service`'s requests with `dispatch`; undecodable envelopes are answered with a
-/// typed error before `dispatch` sees them, and refusals become error replies.
+/// One request as a service sees it: the envelope, and who sent it.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub subject: String,
+    pub origin: Origin,
+    pub env: Envelope,
+}
+
+impl Call {
+    /// The principal this call acts for. A NATS publisher is the owner of the PAT its
+    /// subject names, looked up in the store on every request (a revoked or expired token
+    /// stops working at once); a call from one of atasira's processes carries a principal
+    /// assertion (R-ARCH-3).
+    pub async fn principal(&self, rt: &Runtime) -> Result<Principal, Refusal> {
+        match &self.origin {
+            Origin::Client { token_hash } => crate::auth::lookup_token_hash(&rt.db, token_hash)
+                .await
+                .map_err(Refusal::internal)?
+                .ok_or_else(|| Refusal::new(ErrorCode::Unauthenticated, "the token is unknown, expired or revoked")),
+            Origin::Service(_) => verify_principal(rt, &self.env),
+        }
+    }
+
+    /// Refuses a NATS publisher: `what` is for atasira's own processes only.
+    pub fn only_services(&self, what: &str) -> Result<(), Refusal> {
+        match self.origin {
+            Origin::Service(_) => Ok(()),
+            Origin::Client { .. } => Err(Refusal::new(ErrorCode::Forbidden, format!("{what} is not open to NATS publishers"))),
+        }
+    }
+
+    /// Refuses every sender but the services named: `what` is their business only.
+    pub fn only_from(&self, services: &[&str], what: &str) -> Result<(), Refusal> {
+        match self.origin {
+            Origin::Service(name) if services.contains(&name) => Ok(()),
+            _ => Err(Refusal::new(ErrorCode::Forbidden, format!("{what} is only accepted from the {} service", services.join(" or ")))),
+        }
+    }
+}
+
+/// Serves `service`'s requests with `dispatch`, from atasira's processes and from NATS
+/// publishers; an undecodable envelope or a subject with no origin is answered with a
+/// typed error before `dispatch` sees it, and refusals become error replies.
 pub async fn serve<F, Fut>(rt: &Runtime, service: &'static str, dispatch: F) -> anyhow::Result<Endpoint>
 where
-    F: Fn(Envelope) -> Fut + Send + Sync + 'static,
+    F: Fn(Call) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Reply, Refusal>> + Send + 'static,
 {
     let dispatch = Arc::new(dispatch);
@@ -63,24 +105,25 @@ where
         let span = tracing::info_span!("request", service, traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
         Box::pin(tracing::Instrument::instrument(
             async move {
-                let reply = match atasira_contracts::decode_envelope(&msg.payload) {
-                    Ok(env) => dispatch(env).await.unwrap_or_else(Refusal::into_reply),
-                    Err(e) => Refusal::from(e).into_reply(),
+                let reply = match (atasira_contracts::decode_envelope(&msg.payload), subjects::origin(&msg.subject, service)) {
+                    (Ok(env), Some(origin)) => dispatch(Call { subject: msg.subject, origin, env }).await.unwrap_or_else(Refusal::into_reply),
+                    (Err(e), _) => Refusal::from(e).into_reply(),
+                    (Ok(_), None) => Refusal::new(ErrorCode::Unauthenticated, format!("{} names no sender atasira knows", msg.subject)).into_reply(),
                 };
                 reply.encode_to_vec().into()
             },
             span,
         ))
     });
-    let subject = format!("atasira.box.*.{service}");
-    let endpoint = rt.bus.serve(service, &subject, handler).await?;
-    tracing::info!("{service}: serving on {subject}");
+    let subjects = vec![format!("atasira.box.*.{service}"), subjects::client_requests(service)];
+    let endpoint = rt.bus.serve(service, &subjects, handler).await?;
+    tracing::info!("{service}: serving on {}", subjects.join(" and "));
     Ok(endpoint)
 }
 
 /// R-ARCH-3: the principal only counts with a valid assertion bound to this request's
 /// correlation id; anything else is `unauthenticated`.
-pub fn verify_principal(rt: &Runtime, env: &Envelope) -> Result<Principal, Refusal> {
+fn verify_principal(rt: &Runtime, env: &Envelope) -> Result<Principal, Refusal> {
     let unauthenticated = |m: String| Refusal::new(ErrorCode::Unauthenticated, m);
     let wire = env.assertion.as_ref().ok_or_else(|| unauthenticated("the request carries no principal assertion".to_owned()))?;
     let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| unauthenticated(e.to_string()))?;

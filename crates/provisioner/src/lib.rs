@@ -112,9 +112,9 @@ pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiv
     let service = Arc::new(Service { access: rt.db.cqrs::<Access>(), setups: Setups::new(config.data_dir), backoff: config.backoff, rt: rt.clone() });
     let endpoint = {
         let rt = rt.clone();
-        platform_service::serve(&rt.clone(), SERVICE, move |env| {
+        platform_service::serve(&rt.clone(), SERVICE, move |call| {
             let rt = rt.clone();
-            async move { answer(&rt, &env).await }
+            async move { answer(&rt, &call.env).await }
         })
         .await?
     };

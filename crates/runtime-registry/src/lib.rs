@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::requests::{Incoming, RegistryRequest};
-use atasira_contracts::{Envelope, Reply, convert, reply_ok, reply_written, subjects, v1};
+use atasira_contracts::{Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, box_id_for};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::types;
@@ -25,7 +25,7 @@ use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
 use atasira_platform::db::Cqrs;
 use atasira_platform::projection::{self as proj, Projection};
-use atasira_platform::service::{self as platform_service, Refusal};
+use atasira_platform::service::{self as platform_service, Call, Refusal};
 use prost::Message as _;
 
 pub use views::{BoxesView, ManifestFiles};
@@ -126,9 +126,9 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
     });
     let endpoint = {
         let registry = registry.clone();
-        platform_service::serve(&rt, SERVICE, move |env| {
+        platform_service::serve(&rt, SERVICE, move |call| {
             let registry = registry.clone();
-            async move { registry.dispatch(&env).await }
+            async move { registry.dispatch(&call).await }
         })
         .await?
     };
@@ -154,14 +154,19 @@ impl Registry {
         Ok(())
     }
 
-    async fn dispatch(&self, env: &Envelope) -> Result<Reply, Refusal> {
-        let request = match RegistryRequest::decode(env)? {
+    async fn dispatch(&self, call: &Call) -> Result<Reply, Refusal> {
+        let request = match RegistryRequest::decode(&call.env)? {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
             Incoming::Request(request) => request,
         };
-        let principal = platform_service::verify_principal(&self.rt, env)?;
+        // Over NATS, publishers read the Box list and a Box; every change is the API's.
+        if !matches!(request, RegistryRequest::List(_) | RegistryRequest::Get(_)) {
+            call.only_services("changing a Box")?;
+        }
+        let principal = call.principal(&self.rt).await?;
         match request {
             RegistryRequest::Reserve(r) => {
+                call.only_from(&[subjects::APPROVAL], "reserving a box_type")?;
                 if !principal.is_human_admin() {
                     return Err(Refusal::new(ErrorCode::Forbidden, "only a human admin's approval reserves a box_type"));
                 }
@@ -179,6 +184,7 @@ impl Registry {
                 Ok(reply_ok(&v1::Ack {}))
             }
             RegistryRequest::Release(r) => {
+                call.only_from(&[subjects::APPROVAL], "releasing a reservation")?;
                 if !principal.is_human_admin() {
                     return Err(Refusal::new(ErrorCode::Forbidden, "only the approval path releases reservations"));
                 }
