@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use atasira_contracts::requests::{Incoming, RegistryRequest};
 use atasira_contracts::{Envelope, Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, box_id_for};
@@ -39,9 +40,16 @@ pub const AGGREGATE_TYPES: &[&str] = &[types::BOX, types::BOX_TYPE_NAMESPACE, ty
 pub enum KeySource {
     /// Given at start (embedded mode, or configured).
     Fixed(Keyring),
-    /// Asked from the approval service over the bus when a key id is unknown.
+    /// Asked from the approval service over the bus: when a token names a key id the
+    /// registry does not know (the approval key was rotated; no registry restart needed),
+    /// and every [`KEY_REFRESH_EVERY`] (so a key removed there is forgotten here).
     FromApproval,
 }
+
+/// How often the registry asks for the approval service's public keys without a reason.
+pub const KEY_REFRESH_EVERY: Duration = Duration::from_secs(300);
+/// At most one request for the keys per this interval, however many unknown key ids come.
+const KEY_FETCH_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
@@ -52,27 +60,52 @@ pub struct RegistryConfig {
     pub keys: KeySource,
 }
 
-/// Public keys, refreshed from the approval service when a token names an unknown key.
+/// The last request for the approval service's public keys.
+#[derive(Debug, Clone, Copy)]
+struct Fetched {
+    at: tokio::time::Instant,
+    ok: bool,
+}
+
+/// Public keys, refreshed from the approval service (see [`KeySource::FromApproval`]).
 struct KeyProvider {
     keyring: tokio::sync::RwLock<Keyring>,
     fetch: bool,
     rt: Runtime,
+    /// Held while asking, so one request is in flight at a time.
+    last: tokio::sync::Mutex<Option<Fetched>>,
 }
 
 impl KeyProvider {
-    async fn keyring_for(&self, key_id: &str) -> Keyring {
+    /// The keyring to verify a token signed by `key_id`. An unknown id makes the registry
+    /// ask the approval service first; when it cannot be asked, an error (the caller
+    /// retries later) rather than a keyring that would refuse a genuine approval.
+    async fn keyring_for(&self, key_id: &str) -> anyhow::Result<Keyring> {
         if self.fetch && !self.keyring.read().await.contains(key_id) {
-            match self.fetch_keys().await {
-                Ok(entries) => {
-                    let mut ring = self.keyring.write().await;
-                    for e in entries {
-                        ring.insert(e);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot fetch the approval service's public keys"),
-            }
+            self.refresh(tokio::time::Instant::now()).await?;
         }
-        self.keyring.read().await.clone()
+        Ok(self.keyring.read().await.clone())
+    }
+
+    /// Replaces the keyring with the approval service's keys (the current key and the
+    /// retired ones it still publishes), unless a request sent after `asked` answered
+    /// already. Waits so that requests are at least [`KEY_FETCH_INTERVAL`] apart: a flood
+    /// of unknown key ids costs the approval service one request a second.
+    async fn refresh(&self, asked: tokio::time::Instant) -> anyhow::Result<()> {
+        let mut last = self.last.lock().await;
+        if let Some(f) = *last {
+            if f.at >= asked {
+                return if f.ok { Ok(()) } else { Err(anyhow::anyhow!("the approval service's public keys are unavailable")) };
+            }
+            tokio::time::sleep_until(f.at + KEY_FETCH_INTERVAL).await;
+        }
+        let fetched = self.fetch_keys().await;
+        *last = Some(Fetched { at: tokio::time::Instant::now(), ok: fetched.is_ok() });
+        let entries = fetched.context("cannot fetch the approval service's public keys")?;
+        let ids: Vec<&str> = entries.iter().map(|e| e.key_id.as_str()).collect();
+        tracing::debug!(?ids, "approval public keys fetched");
+        *self.keyring.write().await = Keyring::new(entries);
+        Ok(())
     }
 
     async fn fetch_keys(&self) -> anyhow::Result<Vec<PublicKeyEntry>> {
@@ -85,6 +118,25 @@ impl KeyProvider {
         match atasira_contracts::decode_reply::<v1::ApprovalKeysReply>(&bytes)? {
             Ok((reply, _)) => Ok(reply.keys.iter().map(convert::public_key_from_wire).collect::<Result<_, _>>()?),
             Err(e) => anyhow::bail!("approval refused: {}", e.message),
+        }
+    }
+
+    /// Refreshes every [`KEY_REFRESH_EVERY`] until shutdown (only for keys from approval).
+    async fn refresh_periodically(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        if !self.fetch {
+            return;
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(KEY_REFRESH_EVERY) => {}
+                _ = shutdown.changed() => return,
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            if let Err(e) = self.refresh(tokio::time::Instant::now()).await {
+                tracing::warn!(error = %format!("{e:#}"), "approval public keys not refreshed; keeping the known ones");
+            }
         }
     }
 }
@@ -118,7 +170,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         KeySource::FromApproval => (Keyring::default(), true),
     };
     let registry = Arc::new(Registry {
-        keys: KeyProvider { keyring: tokio::sync::RwLock::new(keyring), fetch, rt: rt.clone() },
+        keys: KeyProvider { keyring: tokio::sync::RwLock::new(keyring), fetch, rt: rt.clone(), last: tokio::sync::Mutex::new(None) },
         boxes: rt.db.cqrs(),
         namespace: rt.db.cqrs(),
         rt: rt.clone(),
@@ -137,6 +189,10 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         tasks.push(tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), p, shutdown.clone())));
     }
     tasks.push(tokio::spawn(activation::run(registry.clone(), shutdown.clone())));
+    tasks.push(tokio::spawn({
+        let (registry, shutdown) = (registry.clone(), shutdown.clone());
+        async move { registry.keys.refresh_periodically(shutdown).await }
+    }));
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     for t in tasks {
