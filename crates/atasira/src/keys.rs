@@ -207,16 +207,16 @@ pub enum KeysCommand {
         #[arg(long)]
         id: Option<String>,
         /// The present internal key setting (read with --kind internal).
-        #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true)]
+        #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true, value_name = "KEYS")]
         internal_key: Option<String>,
         /// The present approval key setting (read with --kind approval).
-        #[arg(long, env = "ATASIRA_APPROVAL_KEY", hide_env_values = true)]
+        #[arg(long, env = "ATASIRA_APPROVAL_KEY", hide_env_values = true, value_name = "KEYS")]
         approval_key: Option<String>,
         /// File holding the present approval key setting (read with --kind approval).
         #[arg(long, env = "ATASIRA_APPROVAL_KEY_FILE")]
         approval_key_file: Option<std::path::PathBuf>,
         /// The present audit key setting (read with --kind audit).
-        #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true)]
+        #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true, value_name = "KEYS")]
         audit_key: Option<String>,
     },
 }
