@@ -7,6 +7,7 @@
 //! `DraftApproved`, through `BoxCommand::Activate`, which needs a `VerifiedApproval`.
 
 mod activation;
+pub mod keys;
 mod views;
 
 use std::collections::HashMap;
@@ -14,21 +15,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use atasira_contracts::requests::{Incoming, RegistryRequest};
 use atasira_contracts::{Envelope, Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, box_id_for};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::types;
-use atasira_domain::token::{Keyring, PublicKeyEntry};
+use atasira_domain::token::Keyring;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
 use atasira_platform::db::Cqrs;
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::service::{self as platform_service, Refusal};
-use prost::Message as _;
 
+use keys::KeyProvider;
 pub use views::{BoxesView, ManifestFiles};
 
 pub const SERVICE: &str = subjects::RUNTIME_REGISTRY;
@@ -42,14 +42,9 @@ pub enum KeySource {
     Fixed(Keyring),
     /// Asked from the approval service over the bus: when a token names a key id the
     /// registry does not know (the approval key was rotated; no registry restart needed),
-    /// and every [`KEY_REFRESH_EVERY`] (so a key removed there is forgotten here).
+    /// and every [`keys::REFRESH_EVERY`] (so a key removed there is forgotten here).
     FromApproval,
 }
-
-/// How often the registry asks for the approval service's public keys without a reason.
-pub const KEY_REFRESH_EVERY: Duration = Duration::from_secs(300);
-/// At most one request for the keys per this interval, however many unknown key ids come.
-const KEY_FETCH_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
@@ -58,87 +53,6 @@ pub struct RegistryConfig {
     /// `ATASIRA_MAX_BOXES` (R-BOX-3).
     pub max_boxes: usize,
     pub keys: KeySource,
-}
-
-/// The last request for the approval service's public keys.
-#[derive(Debug, Clone, Copy)]
-struct Fetched {
-    at: tokio::time::Instant,
-    ok: bool,
-}
-
-/// Public keys, refreshed from the approval service (see [`KeySource::FromApproval`]).
-struct KeyProvider {
-    keyring: tokio::sync::RwLock<Keyring>,
-    fetch: bool,
-    rt: Runtime,
-    /// Held while asking, so one request is in flight at a time.
-    last: tokio::sync::Mutex<Option<Fetched>>,
-}
-
-impl KeyProvider {
-    /// The keyring to verify a token signed by `key_id`. An unknown id makes the registry
-    /// ask the approval service first; when it cannot be asked, an error (the caller
-    /// retries later) rather than a keyring that would refuse a genuine approval.
-    async fn keyring_for(&self, key_id: &str) -> anyhow::Result<Keyring> {
-        if self.fetch && !self.keyring.read().await.contains(key_id) {
-            self.refresh(tokio::time::Instant::now()).await?;
-        }
-        Ok(self.keyring.read().await.clone())
-    }
-
-    /// Replaces the keyring with the approval service's keys (the current key and the
-    /// retired ones it still publishes), unless a request sent after `asked` answered
-    /// already. Waits so that requests are at least [`KEY_FETCH_INTERVAL`] apart: a flood
-    /// of unknown key ids costs the approval service one request a second.
-    async fn refresh(&self, asked: tokio::time::Instant) -> anyhow::Result<()> {
-        let mut last = self.last.lock().await;
-        if let Some(f) = *last {
-            if f.at >= asked {
-                return if f.ok { Ok(()) } else { Err(anyhow::anyhow!("the approval service's public keys are unavailable")) };
-            }
-            tokio::time::sleep_until(f.at + KEY_FETCH_INTERVAL).await;
-        }
-        let fetched = self.fetch_keys().await;
-        *last = Some(Fetched { at: tokio::time::Instant::now(), ok: fetched.is_ok() });
-        let entries = fetched.context("cannot fetch the approval service's public keys")?;
-        let ids: Vec<&str> = entries.iter().map(|e| e.key_id.as_str()).collect();
-        tracing::debug!(?ids, "approval public keys fetched");
-        *self.keyring.write().await = Keyring::new(entries);
-        Ok(())
-    }
-
-    async fn fetch_keys(&self) -> anyhow::Result<Vec<PublicKeyEntry>> {
-        let env = atasira_contracts::envelope(&v1::GetApprovalKeys {}, &uuid::Uuid::new_v4().to_string(), "", None);
-        let bytes = self
-            .rt
-            .bus
-            .request(&subjects::request(SERVICE, subjects::APPROVAL), Default::default(), env.encode_to_vec().into(), Duration::from_secs(5))
-            .await?;
-        match atasira_contracts::decode_reply::<v1::ApprovalKeysReply>(&bytes)? {
-            Ok((reply, _)) => Ok(reply.keys.iter().map(convert::public_key_from_wire).collect::<Result<_, _>>()?),
-            Err(e) => anyhow::bail!("approval refused: {}", e.message),
-        }
-    }
-
-    /// Refreshes every [`KEY_REFRESH_EVERY`] until shutdown (only for keys from approval).
-    async fn refresh_periodically(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        if !self.fetch {
-            return;
-        }
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(KEY_REFRESH_EVERY) => {}
-                _ = shutdown.changed() => return,
-            }
-            if *shutdown.borrow() {
-                return;
-            }
-            if let Err(e) = self.refresh(tokio::time::Instant::now()).await {
-                tracing::warn!(error = %format!("{e:#}"), "approval public keys not refreshed; keeping the known ones");
-            }
-        }
-    }
 }
 
 /// The running registry.
@@ -170,7 +84,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         KeySource::FromApproval => (Keyring::default(), true),
     };
     let registry = Arc::new(Registry {
-        keys: KeyProvider { keyring: tokio::sync::RwLock::new(keyring), fetch, rt: rt.clone(), last: tokio::sync::Mutex::new(None) },
+        keys: KeyProvider::new(keyring, fetch.then(|| rt.bus.clone())),
         boxes: rt.db.cqrs(),
         namespace: rt.db.cqrs(),
         rt: rt.clone(),
