@@ -151,7 +151,7 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
     let client = async_nats::connect(nats_url).await.with_context(|| format!("failed to connect to NATS at {nats_url}"))?;
     let bus = NatsBus::new(client.clone());
     let js = async_nats::jetstream::new(client.clone());
-    let keys = Arc::new(crate::services::keys_from_hex(&hex::encode(auth::random_secret()))?);
+    let keys = Arc::new(crate::services::internal_keys(&hex::encode(auth::random_secret()))?);
     let rt = Runtime { db: db.clone(), bus: Arc::new(bus.clone()), feeds: FeedSource::JetStream { js: js.clone() }, assertion_keys: keys.clone() };
     let (tx, rx) = tokio::sync::watch::channel(false);
     let drafts_task = tokio::spawn(atasira_drafts::run(rt.clone(), atasira_drafts::DraftsConfig::default(), rx.clone()));

@@ -1,6 +1,6 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), operator verbs on a data dir or database (`tokens`,
-//! `projections rebuild`, `audit verify`), `bench drafts`, and offline verbs (`manifest
+//! `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts`, and offline verbs (`manifest
 //! validate|context|feasibility`, `drafts preview`).
 //!
 //! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
@@ -9,6 +9,7 @@
 //! users read: no spec ids there.
 
 mod bench;
+mod keys;
 mod offline;
 mod operator;
 mod services;
@@ -29,9 +30,9 @@ use clap::{Args, Parser, Subcommand};
 ///
 /// Run everything in one process with `dev` (SQLite, no servers needed), or one service per
 /// process with `serve <service>` on NATS and PostgreSQL. Operators issue tokens
-/// (`tokens`), rebuild read models (`projections rebuild`) and check the ledger (`audit
-/// verify`); `manifest` and `drafts preview` work offline; `bench drafts` measures the
-/// draft path.
+/// (`tokens`), rebuild read models (`projections rebuild`), check the ledger (`audit
+/// verify`) and rotate keys (`keys rotate`); `manifest` and `drafts preview` work offline;
+/// `bench drafts` measures the draft path.
 ///
 /// Every setting is a flag or the ATASIRA_* environment variable shown next to it in the
 /// command's --help. Logs go to stderr; RUST_LOG filters them (default: info).
@@ -65,17 +66,25 @@ enum Command {
         /// PostgreSQL database holding the shared event store.
         #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
         database_url: String,
-        /// Hex key (32+ bytes) that signs principal assertions; the same for every process.
-        #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true)]
+        /// The key that signs principal assertions, the same for every process:
+        /// ID:HEX[,ID:HEX...] (32+ bytes each). The first key signs; the others are
+        /// retired and only verify. A bare HEX is the key "internal-1". `atasira keys
+        /// rotate --kind internal` makes the next setting.
+        #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true, value_name = "KEYS")]
         internal_key: String,
-        /// Ed25519 signing key of the approval service (64 hex digits; approval only).
-        #[arg(long, env = "ATASIRA_APPROVAL_KEY", hide_env_values = true)]
+        /// Ed25519 signing key of the approval service (approval only): ID:HEX[,ID:HEX...]
+        /// (64 hex digits each). The first key signs; the public keys of the others are
+        /// still published, so approvals they signed keep verifying. A bare HEX is the key
+        /// "approval-1".
+        #[arg(long, env = "ATASIRA_APPROVAL_KEY", hide_env_values = true, value_name = "KEYS")]
         approval_key: Option<String>,
-        /// File holding the approval signing key (64 hex digits; approval only).
+        /// File holding the approval signing key setting (as --approval-key; approval only).
         #[arg(long, env = "ATASIRA_APPROVAL_KEY_FILE")]
         approval_key_file: Option<PathBuf>,
-        /// MAC key of the audit ledger (hex, 32+ bytes; audit only).
-        #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true)]
+        /// MAC key of the audit ledger (audit only): ID:HEX[,ID:HEX...] (32+ bytes each).
+        /// The first key MACs new rows and checkpoints; the others only verify, so rows
+        /// they MACed stay verifiable. A bare HEX is the key "audit-1".
+        #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true, value_name = "KEYS")]
         audit_key: Option<String>,
         /// Where managed files live (manifests, workspaces, ssh config, netrc).
         #[arg(long, env = "ATASIRA_DATA_DIR", default_value = "./atasira-data")]
@@ -95,6 +104,9 @@ enum Command {
     /// Maintain the read models (projections) built from the event store.
     #[command(subcommand)]
     Projections(operator::ProjectionsCommand),
+    /// Rotate the internal, approval or audit key: print the next key setting.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Measure throughput and latency against a floor measured in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -234,6 +246,7 @@ fn main() -> ExitCode {
         Command::Audit(cmd) => run_async_code(operator::audit(cmd)),
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),
+        Command::Keys(cmd) => keys::keys(cmd).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}")),
         Command::Bench(BenchCommand::Drafts { nats_url, database_url, concurrency, count }) => {
             run_async(bench::drafts(&nats_url, &database_url, concurrency, count))
         }

@@ -82,8 +82,9 @@ pub enum AuditCommand {
     Verify {
         #[command(flatten)]
         target: Target,
-        /// MAC key of the audit ledger (hex; a cluster's audit service key). With
-        /// --data-dir it defaults to that data dir's key.
+        /// MAC key setting of the audit ledger, as the audit service has it
+        /// (ID:HEX[,ID:HEX...]; keep the retired keys, or the rows they MACed do not
+        /// verify). With --data-dir it defaults to that data dir's key.
         #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true)]
         audit_key: Option<String>,
     },

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use atasira_domain::assertion::{AssertionKey, AssertionKeys};
-use atasira_domain::audit::{AuditKey, AuditKeys};
-use atasira_domain::token::{ApprovalSigner, Keyring};
+use atasira_domain::assertion::AssertionKeys;
+use atasira_domain::audit::AuditKeys;
+use atasira_domain::token::{ApprovalSigner, Keyring, PublicKeyEntry};
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{InprocBus, NatsBus};
 use atasira_platform::db::Db;
@@ -18,12 +18,7 @@ use atasira_platform::feed::FeedSource;
 use atasira_platform::{Runtime, auth, relay};
 use tokio::sync::watch;
 
-/// Key id of the internal assertion key.
-const INTERNAL_KEY_ID: &str = "internal-1";
-/// Key id of the approval signing key.
-const APPROVAL_KEY_ID: &str = "approval-1";
-/// Key id of the audit MAC key.
-const AUDIT_KEY_ID: &str = "audit-1";
+use crate::keys::{KeyKind, KeySetting};
 
 /// Settings every service mode shares.
 #[derive(Debug, Clone)]
@@ -75,34 +70,19 @@ fn write_private(path: &Path, content: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses a hex internal key (at least 32 bytes).
-pub fn keys_from_hex(hex_key: &str) -> anyhow::Result<AssertionKeys> {
-    let bytes = hex::decode(hex_key.trim()).context("the internal key must be hex")?;
-    let key = AssertionKey::new(INTERNAL_KEY_ID, &bytes).map_err(|e| anyhow::anyhow!("internal key: {e}"))?;
-    Ok(AssertionKeys::new(key, vec![]))
-}
-
-/// The Ed25519 signing key from 32 hex bytes.
-pub fn approval_signer(hex_key: &str) -> anyhow::Result<ApprovalSigner> {
-    let bytes = hex::decode(hex_key.trim()).context("the approval key must be hex")?;
-    let secret: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("the approval key must be exactly 32 bytes (64 hex digits)"))?;
-    Ok(ApprovalSigner::from_secret(APPROVAL_KEY_ID.into(), secret))
-}
-
-/// The audit MAC key from hex (32+ bytes).
-pub fn audit_keys(hex_key: &str) -> anyhow::Result<AuditKeys> {
-    let bytes = hex::decode(hex_key.trim()).context("the audit key must be hex")?;
-    let key = AuditKey::new(AUDIT_KEY_ID, &bytes).map_err(|e| anyhow::anyhow!("audit key: {e}"))?;
-    Ok(AuditKeys::new(key, vec![]))
+/// The internal assertion keys from a key setting (see [`KeySetting::parse`]).
+pub fn internal_keys(setting: &str) -> anyhow::Result<AssertionKeys> {
+    KeySetting::parse(KeyKind::Internal, setting)?.assertion_keys()
 }
 
 /// The audit key given (`--audit-key`, `ATASIRA_AUDIT_KEY`), else the one of a data dir.
 pub fn audit_keys_for(audit_key: Option<&str>, data_dir: Option<&Path>) -> anyhow::Result<AuditKeys> {
-    match (audit_key, data_dir) {
-        (Some(k), _) => audit_keys(k),
-        (None, Some(dir)) => audit_keys(&key_file(dir, "audit.key")?),
+    let setting = match (audit_key, data_dir) {
+        (Some(k), _) => k.to_owned(),
+        (None, Some(dir)) => key_file(dir, "audit.key")?,
         (None, None) => anyhow::bail!("to verify a cluster's ledger, pass --audit-key or set ATASIRA_AUDIT_KEY (the audit service's key)"),
-    }
+    };
+    KeySetting::parse(KeyKind::Audit, &setting)?.audit_keys()
 }
 
 async fn ctrl_c(tx: watch::Sender<bool>) {
@@ -141,16 +121,17 @@ pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
         db: db.clone(),
         bus: Arc::new(InprocBus::default()),
         feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
-        assertion_keys: Arc::new(keys_from_hex(&key_file(&data_dir, "internal.key")?)?),
+        assertion_keys: Arc::new(internal_keys(&key_file(&data_dir, "internal.key")?)?),
     };
-    let signer = approval_signer(&key_file(&data_dir, "approval.key")?)?;
-    let keyring = Keyring::new(vec![signer.public_key()]);
+    // A key file holds a key setting too, so an embedded operator rotates by editing it.
+    let (signer, retired) = KeySetting::parse(KeyKind::Approval, &key_file(&data_dir, "approval.key")?)?.approval()?;
+    let keyring = Keyring::new(std::iter::once(signer.public_key()).chain(retired.iter().cloned()).collect());
     let audit = audit_keys_for(None, Some(&data_dir))?;
     let first_start = !auth::has_tokens(&db).await?;
     let (tx, rx) = watch::channel(false);
     let mut services = vec![
         tokio::spawn(atasira_drafts::run(rt.clone(), drafts_config(&settings), rx.clone())),
-        tokio::spawn(atasira_approval::run(rt.clone(), approval_config(signer), rx.clone())),
+        tokio::spawn(atasira_approval::run(rt.clone(), approval_config(signer, retired), rx.clone())),
         tokio::spawn(atasira_runtime_registry::run(rt.clone(), registry_config(&settings, atasira_runtime_registry::KeySource::Fixed(keyring)), rx.clone())),
         tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(Arc::new(audit)), rx.clone())),
         tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(&settings), rx.clone())),
@@ -172,8 +153,8 @@ pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn approval_config(signer: ApprovalSigner) -> atasira_approval::ApprovalConfig {
-    atasira_approval::ApprovalConfig { signer, retired: vec![], activation_wait: Duration::from_secs(10) }
+fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> atasira_approval::ApprovalConfig {
+    atasira_approval::ApprovalConfig { signer, retired, activation_wait: Duration::from_secs(10) }
 }
 
 fn registry_config(s: &Settings, keys: atasira_runtime_registry::KeySource) -> atasira_runtime_registry::RegistryConfig {
@@ -202,6 +183,9 @@ pub struct ClusterKeys {
 
 /// `atasira serve <service>`.
 pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, keys: ClusterKeys, listen: SocketAddr, settings: Settings) -> anyhow::Result<()> {
+    let internal = KeySetting::parse(KeyKind::Internal, &keys.internal)?;
+    // Key ids are not secret; they tell an operator which keys a process runs with.
+    tracing::info!(keys = ?internal.ids(), "internal assertion keys (current first; retired keys only verify)");
     let db = Db::connect(database_url).await?;
     let client = connect_nats(nats_url).await?;
     let js = async_nats::jetstream::new(client.clone());
@@ -209,7 +193,7 @@ pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, key
         db: db.clone(),
         bus: Arc::new(NatsBus::new(client)),
         feeds: FeedSource::JetStream { js: js.clone() },
-        assertion_keys: Arc::new(keys_from_hex(&keys.internal)?),
+        assertion_keys: Arc::new(internal.assertion_keys()?),
     };
     let (tx, rx) = watch::channel(false);
     tokio::spawn(ctrl_c(tx));
@@ -231,11 +215,14 @@ pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, key
                 (Some(k), _) => k,
                 (None, Some(path)) => std::fs::read_to_string(&path).with_context(|| format!("failed to read the approval key file {}", path.display()))?,
                 (None, None) => anyhow::bail!(
-                    "the approval service needs its signing key: --approval-key-file FILE, --approval-key or ATASIRA_APPROVAL_KEY (64 hex digits)"
+                    "the approval service needs its signing key: --approval-key-file FILE, --approval-key or ATASIRA_APPROVAL_KEY (ID:HEX, 64 hex digits)"
                 ),
             };
+            let setting = KeySetting::parse(KeyKind::Approval, &key)?;
+            tracing::info!(keys = ?setting.ids(), "approval signing keys (current first; retired keys only verify)");
+            let (signer, retired) = setting.approval()?;
             let relay = relay_for(atasira_approval::SERVICE, atasira_approval::AGGREGATE_TYPES);
-            atasira_approval::run(rt, approval_config(approval_signer(&key)?), rx).await?;
+            atasira_approval::run(rt, approval_config(signer, retired), rx).await?;
             let _ = relay.await;
             Ok(())
         }
@@ -252,9 +239,11 @@ pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, key
             Ok(())
         }
         ServiceName::Audit => {
-            let key = keys.audit.ok_or_else(|| anyhow::anyhow!("the audit service needs its MAC key: --audit-key or ATASIRA_AUDIT_KEY (hex, 32+ bytes)"))?;
+            let key = keys.audit.ok_or_else(|| anyhow::anyhow!("the audit service needs its MAC key: --audit-key or ATASIRA_AUDIT_KEY (ID:HEX, 32+ bytes)"))?;
+            let setting = KeySetting::parse(KeyKind::Audit, &key)?;
+            tracing::info!(keys = ?setting.ids(), "audit MAC keys (current first; retired keys only verify)");
             let relay = relay_for(atasira_audit::SERVICE, atasira_audit::AGGREGATE_TYPES);
-            atasira_audit::run(rt, atasira_audit::AuditConfig::new(Arc::new(audit_keys(&key)?)), rx).await?;
+            atasira_audit::run(rt, atasira_audit::AuditConfig::new(Arc::new(setting.audit_keys()?)), rx).await?;
             let _ = relay.await;
             Ok(())
         }

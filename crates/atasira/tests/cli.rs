@@ -246,9 +246,16 @@ fn options(help: &str) -> Vec<String> {
 fn every_command_answers_help_in_words_users_know() {
     // R-CLI-1: help on every command; user-facing text names no spec ids
     let commands = every_command();
-    for expected in
-        [&["dev"][..], &["serve"], &["tokens", "create"], &["projections", "rebuild"], &["audit", "verify"], &["bench", "drafts"], &["drafts", "preview"]]
-    {
+    for expected in [
+        &["dev"][..],
+        &["serve"],
+        &["tokens", "create"],
+        &["projections", "rebuild"],
+        &["audit", "verify"],
+        &["keys", "rotate"],
+        &["bench", "drafts"],
+        &["drafts", "preview"],
+    ] {
         assert!(commands.iter().any(|c| c == expected), "`atasira {} --help` was not reached; found {commands:?}", expected.join(" "));
     }
     for command in &commands {
@@ -292,7 +299,9 @@ fn help_never_prints_a_secret_from_the_environment() {
         ("ATASIRA_DATABASE_URL", url.as_str()),
         ("ATASIRA_NATS_URL", nats.as_str()),
     ];
-    for command in [&["serve"][..], &["dev"], &["audit", "verify"], &["tokens", "create"], &["bench", "drafts"], &["projections", "rebuild"]] {
+    for command in
+        [&["serve"][..], &["dev"], &["audit", "verify"], &["keys", "rotate"], &["tokens", "create"], &["bench", "drafts"], &["projections", "rebuild"]]
+    {
         let text = help_with_env(command, &env);
         assert!(!text.contains(secret), "`atasira {} --help` prints a secret:\n{text}", command.join(" "));
     }
@@ -308,4 +317,43 @@ fn failpoint_settings_are_checked_before_anything_starts() {
         .expect("the binary runs");
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("ATASIRA_FAILPOINT_DELAY") || String::from_utf8_lossy(&out.stderr).contains("--failpoint-delay"));
+}
+
+#[test]
+fn keys_rotate_prints_the_next_setting_alone_and_its_secrets_nowhere_else() {
+    // given today's bare audit key in the environment
+    let old = "b2".repeat(32);
+    let out = Command::new(env!("CARGO_BIN_EXE_atasira")).args(["keys", "rotate", "--kind", "audit"]).env("ATASIRA_AUDIT_KEY", &old).output().expect("runs");
+    // then stdout is one setting: a fresh current key, the present one retired under its id
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let (current, retired) = lines[0].split_once(',').expect("two keys");
+    assert_eq!(retired, format!("audit-1:{old}"));
+    let (id, new) = current.split_once(':').expect("ID:HEX");
+    assert_eq!((id, new.len()), ("audit-2", 64));
+    // and stderr says what to do, naming ids only
+    assert!(stderr.contains("audit-2") && stderr.contains("ATASIRA_AUDIT_KEY"), "{stderr}");
+    assert!(!stderr.contains(&old) && !stderr.contains(new), "a secret on stderr: {stderr}");
+
+    // given no present setting; then a fresh one with the kind's first id (or --id)
+    let out = Command::new(env!("CARGO_BIN_EXE_atasira"))
+        .args(["keys", "rotate", "--kind", "approval", "--id", "2026-01"])
+        .env_remove("ATASIRA_APPROVAL_KEY")
+        .env_remove("ATASIRA_APPROVAL_KEY_FILE")
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && stdout.starts_with("2026-01:") && !stdout.contains(','), "{stdout}");
+
+    // given a malformed present setting; then a usage error that does not quote it
+    let bad = format!("k1:{}", "zq".repeat(32));
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_atasira")).args(["keys", "rotate", "--kind", "internal"]).env("ATASIRA_INTERNAL_KEY", &bad).output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not hex") && !stderr.contains("zq"), "{stderr}");
+    assert!(out.stdout.is_empty());
 }

@@ -44,7 +44,8 @@ async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> 
             let Some(data) = draft.data else {
                 anyhow::bail!("approved draft {draft_id} has no submission");
             };
-            let keyring = registry.keys.keyring_for(&token.claims.key_id).await;
+            // Unreachable approval service: an error, so this event is retried, not refused.
+            let keyring = registry.keys.keyring_for(&token.claims.key_id).await?;
             let approval = match keyring.verify(&token, approved_at) {
                 Ok(v) => v,
                 Err(e) => {

@@ -7,6 +7,7 @@
 //! `DraftApproved`, through `BoxCommand::Activate`, which needs a `VerifiedApproval`.
 
 mod activation;
+pub mod keys;
 mod views;
 
 use std::collections::HashMap;
@@ -19,15 +20,15 @@ use atasira_contracts::{Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, box_id_for};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::types;
-use atasira_domain::token::{Keyring, PublicKeyEntry};
+use atasira_domain::token::Keyring;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
 use atasira_platform::db::Cqrs;
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::service::{self as platform_service, Call, Refusal};
-use prost::Message as _;
 
+use keys::KeyProvider;
 pub use views::{BoxesView, ManifestFiles};
 
 pub const SERVICE: &str = subjects::RUNTIME_REGISTRY;
@@ -39,7 +40,9 @@ pub const AGGREGATE_TYPES: &[&str] = &[types::BOX, types::BOX_TYPE_NAMESPACE, ty
 pub enum KeySource {
     /// Given at start (embedded mode, or configured).
     Fixed(Keyring),
-    /// Asked from the approval service over the bus when a key id is unknown.
+    /// Asked from the approval service over the bus: when a token names a key id the
+    /// registry does not know (the approval key was rotated; no registry restart needed),
+    /// and every [`keys::REFRESH_EVERY`] (so a key removed there is forgotten here).
     FromApproval,
 }
 
@@ -50,43 +53,6 @@ pub struct RegistryConfig {
     /// `ATASIRA_MAX_BOXES` (R-BOX-3).
     pub max_boxes: usize,
     pub keys: KeySource,
-}
-
-/// Public keys, refreshed from the approval service when a token names an unknown key.
-struct KeyProvider {
-    keyring: tokio::sync::RwLock<Keyring>,
-    fetch: bool,
-    rt: Runtime,
-}
-
-impl KeyProvider {
-    async fn keyring_for(&self, key_id: &str) -> Keyring {
-        if self.fetch && !self.keyring.read().await.contains(key_id) {
-            match self.fetch_keys().await {
-                Ok(entries) => {
-                    let mut ring = self.keyring.write().await;
-                    for e in entries {
-                        ring.insert(e);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot fetch the approval service's public keys"),
-            }
-        }
-        self.keyring.read().await.clone()
-    }
-
-    async fn fetch_keys(&self) -> anyhow::Result<Vec<PublicKeyEntry>> {
-        let env = atasira_contracts::envelope(&v1::GetApprovalKeys {}, &uuid::Uuid::new_v4().to_string(), "", None);
-        let bytes = self
-            .rt
-            .bus
-            .request(&subjects::request(SERVICE, subjects::APPROVAL), Default::default(), env.encode_to_vec().into(), Duration::from_secs(5))
-            .await?;
-        match atasira_contracts::decode_reply::<v1::ApprovalKeysReply>(&bytes)? {
-            Ok((reply, _)) => Ok(reply.keys.iter().map(convert::public_key_from_wire).collect::<Result<_, _>>()?),
-            Err(e) => anyhow::bail!("approval refused: {}", e.message),
-        }
-    }
 }
 
 /// The running registry.
@@ -118,7 +84,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         KeySource::FromApproval => (Keyring::default(), true),
     };
     let registry = Arc::new(Registry {
-        keys: KeyProvider { keyring: tokio::sync::RwLock::new(keyring), fetch, rt: rt.clone() },
+        keys: KeyProvider::new(keyring, fetch.then(|| rt.bus.clone())),
         boxes: rt.db.cqrs(),
         namespace: rt.db.cqrs(),
         rt: rt.clone(),
@@ -137,6 +103,10 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         tasks.push(tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), p, shutdown.clone())));
     }
     tasks.push(tokio::spawn(activation::run(registry.clone(), shutdown.clone())));
+    tasks.push(tokio::spawn({
+        let (registry, shutdown) = (registry.clone(), shutdown.clone());
+        async move { registry.keys.refresh_periodically(shutdown).await }
+    }));
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     for t in tasks {

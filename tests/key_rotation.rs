@@ -1,0 +1,173 @@
+//! Key rotation in cluster mode (issue 8, item 6): each key setting holds a current key and
+//! retired ones (verify only); `atasira keys rotate` prints the next setting and the
+//! affected processes restart with it. Audit: rows MACed before and after verify.
+//! Approval: the registry learns the new key without a restart. Internal: a rolling
+//! rotation through every process, where a retired key still verifies.
+
+use std::time::{Duration, Instant};
+
+use atasira_tests::harness::{CLUSTER_SERVICES, Mode, System};
+use serde_json::{Value, json};
+
+fn sales(box_type: &str) -> Value {
+    json!({"box_type": box_type, "name": box_type, "purpose": "週次売上レポートの自動作成", "tools": ["Read"], "os_operations": ["file:read"]})
+}
+
+/// `(id, hex)` of each key of a setting, current first.
+fn keys_of(setting: &str) -> Vec<(String, String)> {
+    setting.split(',').map(|e| e.split_once(':').map(|(id, hex)| (id.to_owned(), hex.to_owned())).expect("ID:HEX")).collect()
+}
+
+/// `atasira keys rotate --kind KIND FLAG PRESENT`: the new setting. Its secrets go to
+/// stdout alone; stderr says what to do and names key ids only.
+fn rotate(sys: &System, kind: &str, flag: &str, present: &str) -> String {
+    let (code, out, err) = sys.cli(&["keys", "rotate", "--kind", kind, flag, present]);
+    assert_eq!(code, 0, "keys rotate failed: {err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1, "keys rotate prints the setting alone: {out:?}");
+    let next = lines[0].to_owned();
+    for (id, hex) in keys_of(&next) {
+        assert!(!err.contains(&hex), "keys rotate put the secret of {id} on stderr: {err}");
+    }
+    next
+}
+
+/// The audit rows' key ids, once there are `n` rows.
+fn audit_key_ids(sys: &System, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let a = sys.get("/api/v1/audit?limit=500", &sys.admin);
+        let rows = a.body["rows"].as_array().cloned().unwrap_or_default();
+        if a.status == 200 && rows.len() >= n {
+            return rows.iter().map(|r| r["key_id"].as_str().unwrap_or_default().to_owned()).collect();
+        }
+        assert!(Instant::now() < deadline, "the ledger never had {n} rows; last answer {}: {}", a.status, a.raw);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn audit_verify(sys: &System, setting: &str) -> (i32, Value) {
+    let mut args = vec!["audit", "verify", "--audit-key", setting];
+    let target = sys.target_args();
+    args.extend(target.iter().map(String::as_str));
+    let (code, out, err) = sys.cli(&args);
+    (code, serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("audit verify printed no JSON: {out} {err}")))
+}
+
+/// Stops a service gracefully (its final work done) and forgets its process.
+fn stop(sys: &mut System, service: &str) {
+    let name = format!("serve {service}");
+    sys.proc(&name).interrupt();
+    sys.kill(&name);
+}
+
+fn approve_active(sys: &System, draft_id: &str) -> Value {
+    let a = sys.approve(draft_id, &sys.admin, false);
+    assert_eq!(a.status, 200, "{}", a.raw);
+    assert_eq!(a.body["status"], "active", "{}", a.raw);
+    a.body
+}
+
+/// How many recorded events of `event_type` carry `"key_id":"<id>"` in their payload.
+fn events_with_key(sys: &System, event_type: &str, id: &str) -> i64 {
+    sys.sql_i64(&format!("SELECT count(*) FROM events WHERE event_type = '{event_type}' AND payload::text ~ '\"key_id\": *\"{id}\"'"))
+}
+
+#[test]
+fn rotating_the_audit_key_keeps_rows_and_checkpoints_of_the_old_key_verifiable() {
+    // given a cluster whose audit key is a bare hex key (id audit-1), with a row and a
+    // checkpoint MACed by it (a graceful stop records the checkpoint)
+    let mut sys = System::start(Mode::Cluster);
+    let old = "b2".repeat(32);
+    sys.draft(&sales("before-rotation"));
+    assert_eq!(audit_key_ids(&sys, 1), ["audit-1"]);
+    stop(&mut sys, "audit");
+    assert_eq!(events_with_key(&sys, "AuditCheckpoint", "audit-1"), 1);
+    // when the key is rotated and the audit service starts with the new setting
+    let next = rotate(&sys, "audit", "--audit-key", &old);
+    let keys = keys_of(&next);
+    assert_eq!(keys.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["audit-2", "audit-1"]);
+    assert_eq!(keys[1].1, old, "the present key is kept, retired");
+    sys.start_service("audit", &[("ATASIRA_AUDIT_KEY", next.clone())]);
+    sys.draft(&sales("after-rotation"));
+    // then new rows carry the new key id, and the whole ledger verifies: through the API
+    // and with `atasira audit verify`, before and after the new key's checkpoint
+    assert_eq!(audit_key_ids(&sys, 2), ["audit-1", "audit-2"]);
+    assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin).body, json!({"ok": true, "rows": 2}));
+    assert_eq!(audit_verify(&sys, &next), (0, json!({"ok": true, "rows": 2})));
+    stop(&mut sys, "audit");
+    assert_eq!(events_with_key(&sys, "AuditCheckpoint", "audit-2"), 1);
+    assert_eq!(audit_verify(&sys, &next), (0, json!({"ok": true, "rows": 2})));
+    // and it is the retired key that keeps the old row verifiable: without it, row 1 breaks
+    let new_only = format!("audit-2:{}", keys[0].1);
+    let (code, broken) = audit_verify(&sys, &new_only);
+    assert_eq!((code, &broken["first_bad_seq"]), (1, &json!(1)), "{broken}");
+    assert!(broken["reason"].as_str().unwrap_or_default().contains("audit-1"), "{broken}");
+}
+
+#[test]
+fn rotating_the_approval_key_needs_no_registry_restart() {
+    // given a cluster whose approval key is a bare hex key (id approval-1), with a Box
+    // approved under it
+    let mut sys = System::start(Mode::Cluster);
+    let before = sys.draft(&sales("approved-before"));
+    approve_active(&sys, &before);
+    // when only the approval service restarts, with the rotated setting
+    let next = rotate(&sys, "approval", "--approval-key", &"a1".repeat(32));
+    assert_eq!(keys_of(&next).iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(), ["approval-2", "approval-1"]);
+    sys.kill("serve approval");
+    sys.start_service("approval", &[("ATASIRA_APPROVAL_KEY", next)]);
+    // then an approval signed with the new key activates its Box: the registry, never
+    // restarted, learned the new public key from the approval service
+    let after = sys.draft(&sales("approved-after"));
+    let approved = approve_active(&sys, &after);
+    assert_eq!((events_with_key(&sys, "DraftApproved", "approval-1"), events_with_key(&sys, "DraftApproved", "approval-2")), (1, 1));
+    let boxes = sys.get("/api/v1/boxes", &sys.admin);
+    let types: Vec<&str> = boxes.body["boxes"].as_array().expect("boxes").iter().filter_map(|b| b["box_type"].as_str()).collect();
+    assert!(types.contains(&"approved-before") && types.contains(&"approved-after"), "{}", boxes.raw);
+    assert!(approved["box_id"].is_string());
+    assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin).body["ok"], true);
+}
+
+/// Restarts every service but the gateway with `ATASIRA_INTERNAL_KEY=setting`.
+fn restart_services(sys: &mut System, setting: &str) {
+    for service in CLUSTER_SERVICES {
+        sys.kill(&format!("serve {service}"));
+        sys.start_service(service, &[("ATASIRA_INTERNAL_KEY", setting.to_owned())]);
+    }
+}
+
+fn restart_gateway(sys: &mut System, setting: &str) {
+    sys.kill("serve gateway");
+    sys.start_gateway(&[("ATASIRA_INTERNAL_KEY", setting.to_owned())]);
+}
+
+#[test]
+fn rotating_the_internal_key_rolls_through_every_process_without_refusals() {
+    // given a cluster on a bare internal key (id internal-1)
+    let old = "c3".repeat(32);
+    let mut sys = System::start_with(Mode::Cluster, &[("ATASIRA_INTERNAL_KEY", old.clone())]);
+    sys.draft(&sales("first"));
+    let next = rotate(&sys, "internal", "--internal-key", &old);
+    let keys = keys_of(&next);
+    assert_eq!(keys.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["internal-2", "internal-1"]);
+    // when every service restarts knowing the new key as retired (verify only), the old one current
+    let verify_only = format!("internal-1:{old},internal-2:{}", keys[0].1);
+    restart_services(&mut sys, &verify_only);
+    // then the gateway, still signing with the old key, is served
+    let second = sys.draft(&sales("second"));
+    // when the gateway restarts with the new setting, signing with internal-2
+    restart_gateway(&mut sys, &next);
+    // then the services accept its assertions by the retired key, approvals included
+    let third = sys.draft(&sales("third"));
+    approve_active(&sys, &third);
+    // when every service runs the new setting too
+    restart_services(&mut sys, &next);
+    // then everything works on the new key
+    approve_active(&sys, &second);
+    assert_eq!(sys.pending().len(), 1, "the first draft is still pending");
+    // and a gateway with a key the services do not know is refused: the keys do matter
+    restart_gateway(&mut sys, &format!("internal-9:{}", "d4".repeat(32)));
+    let refused = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &sales("refused"));
+    assert_ne!(refused.status, 201, "an assertion by an unknown key was accepted: {}", refused.raw);
+}
