@@ -76,7 +76,7 @@ impl KeyProvider {
     }
 
     async fn fetch_keys(&self) -> anyhow::Result<Vec<PublicKeyEntry>> {
-        let env = atasira_contracts::envelope(&v1::GetApprovalKeys {}, &uuid::Uuid::new_v4().to_string(), "", None);
+        let env = atasira_contracts::envelope(&v1::GetApprovalKeys {}, &uuid::Uuid::new_v4().to_string(), "");
         let bytes = self
             .rt
             .bus
