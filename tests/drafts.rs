@@ -298,51 +298,86 @@ asyncio.run(main())
 }
 
 #[test]
-fn nats_publishers_need_an_assertion_that_the_gateway_issues_for_their_pat() {
-    // R-AUTH-5, R-ARCH-3: services refuse a request without a valid assertion
+fn the_gateway_issues_an_assertion_for_a_pat_bound_to_one_request() {
+    // R-AUTH-5, R-ARCH-3: POST /auth/nats-assertion mints an assertion for the caller's
+    // principal, bound to the subject, message type and payload digest it is told; a
+    // service takes it for that request, once.
     use atasira_contracts::v1;
+    use atasira_domain::assertion::PayloadDigest;
     use prost::Message as _;
     let mut sys = System::start(Mode::Cluster);
-    let issued = http("POST", &sys.url("/api/v1/auth/nats-assertion"), Some(&sys.agent), &[], Some(br#"{"correlation_id":"tool-1"}"#));
+    let url = sys.nats().url();
+    let body = |purpose: &str| v1::SubmitDraft {
+        request: Some(v1::BoxDraftCreateRequest { box_type: "from-nats".into(), purpose: purpose.into(), tools: vec!["Read".into()], ..Default::default() }),
+    };
+    let issue = |token: Option<&str>, request: &Value| http("POST", &sys.url("/api/v1/auth/nats-assertion"), token, &[], Some(request.to_string().as_bytes()));
+    let described = |payload: &[u8], correlation_id: &str| {
+        json!({"subject": "atasira.box.gateway.drafts", "message_type": "atasira.v1.SubmitDraft",
+            "payload_sha256": PayloadDigest::of(payload).to_hex(), "correlation_id": correlation_id})
+    };
+    let payload = body("p").encode_to_vec();
+    let issued = issue(Some(&sys.agent), &described(&payload, "tool-1"));
     assert_eq!(issued.status, 200, "{}", issued.raw);
     assert_eq!(issued.body["correlation_id"], "tool-1");
-    assert_eq!(issued.body["assertion"]["principal"]["user_id"], "agent");
+    let a = &issued.body["assertion"];
+    assert_eq!((a["principal"]["user_id"].as_str(), a["subject"].as_str()), (Some("agent"), Some("atasira.box.gateway.drafts")));
+    assert_eq!(
+        (a["message_type"].as_str(), a["payload_sha256"].as_str()),
+        (Some("atasira.v1.SubmitDraft"), Some(PayloadDigest::of(&payload).to_hex().as_str()))
+    );
     let wire =
         v1::PrincipalAssertion::decode(hex::decode(issued.body["assertion_protobuf_hex"].as_str().expect("hex")).expect("hex").as_slice()).expect("protobuf");
-    assert_eq!(http("POST", &sys.url("/api/v1/auth/nats-assertion"), None, &[], None).status, 401);
+    // Without a token, nothing; a request described wrong is refused field by field.
+    assert_eq!(issue(None, &described(&payload, "tool-1")).status, 401);
+    let bad = issue(Some(&sys.agent), &json!({"subject": "atasira.box.anyone.drafts", "message_type": "SubmitDraft", "payload_sha256": "ABC"}));
+    assert_eq!((bad.status, bad.body["error"].as_str()), (422, Some("invalid_request")), "{}", bad.raw);
+    let keys: Vec<&str> = bad.body["details"].as_array().expect("details").iter().filter_map(|d| d["key"].as_str()).collect();
+    assert_eq!(keys, ["subject", "message_type", "payload_sha256"]);
+    let missing = issue(Some(&sys.agent), &json!({}));
+    assert_eq!(missing.status, 422, "{}", missing.raw);
+    assert_eq!(missing.body["details"].as_array().map(Vec::len), Some(3), "{}", missing.raw);
+    let issue_nul = |request: &v1::SubmitDraft| {
+        let a = issue(Some(&sys.agent), &described(&request.encode_to_vec(), "tool-3"));
+        assert_eq!(a.status, 200, "{}", a.raw);
+        v1::PrincipalAssertion::decode(hex::decode(a.body["assertion_protobuf_hex"].as_str().expect("hex")).expect("hex").as_slice()).expect("protobuf")
+    };
 
-    let url = sys.nats().url();
-    let request_with = |assertion: Option<v1::PrincipalAssertion>, correlation: &str, purpose: &str| -> Result<String, String> {
-        let body = v1::BoxDraftCreateRequest { box_type: "from-nats".into(), purpose: purpose.into(), tools: vec!["Read".into()], ..Default::default() };
+    // The assertion on the request it describes, sent where atasira's processes send
+    // (once nats-server runs with authorization, that needs the gateway's credentials).
+    let send = |assertion: Option<v1::PrincipalAssertion>, correlation: &str, request: &v1::SubmitDraft| -> Result<String, String> {
         let env = v1::Envelope {
             message_type: "atasira.v1.SubmitDraft".into(),
             correlation_id: correlation.into(),
             causation_id: String::new(),
             idempotency_key: String::new(),
             assertion,
-            payload: v1::SubmitDraft { request: Some(body) }.encode_to_vec(),
+            payload: request.encode_to_vec(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         runtime.block_on(async {
             let client = async_nats::connect(url.clone()).await.expect("nats");
-            let reply = client.request("atasira.box.agent-tool.drafts", env.encode_to_vec().into()).await.expect("a reply");
+            let reply = client.request("atasira.box.gateway.drafts", env.encode_to_vec().into()).await.expect("a reply");
             match atasira_contracts::decode_reply::<v1::SubmitDraftReply>(&reply.payload).expect("decodes") {
                 Ok((r, _)) => Ok(r.draft_id),
-                Err(e) => Err(e.code.as_str().to_owned()),
+                Err(e) => Err(e.to_string()),
             }
         })
     };
-    let request = |assertion: Option<v1::PrincipalAssertion>, correlation: &str| request_with(assertion, correlation, "p");
-    assert_eq!(request(None, "tool-1"), Err("unauthenticated".to_owned()));
-    assert_eq!(request(Some(wire.clone()), "tool-2"), Err("unauthenticated".to_owned()), "bound to its correlation id");
+    let refused = |reason: &str| Err(format!("unauthenticated: invalid principal assertion: {reason}"));
+    assert_eq!(send(None, "tool-1", &body("p")), Err("unauthenticated: the request carries no principal assertion".to_owned()));
+    assert_eq!(send(Some(wire.clone()), "tool-2", &body("p")), refused("correlation_mismatch"));
+    assert_eq!(send(Some(wire.clone()), "tool-1", &body("other")), refused("payload_mismatch"));
     let mut forged = wire.clone();
     if let Some(p) = forged.principal.as_mut() {
         p.role = v1::Role::Admin as i32;
     }
-    assert_eq!(request(Some(forged), "tool-1"), Err("unauthenticated".to_owned()), "the MAC covers the role");
+    assert_eq!(send(Some(forged), "tool-1", &body("p")), refused("mac_mismatch"), "the MAC covers the role");
+    let id = send(Some(wire.clone()), "tool-1", &body("p")).expect("accepted with the issued assertion");
+    assert_eq!(send(Some(wire), "tool-1", &body("p")), refused("replayed"), "accepted once");
     // Text the store cannot keep is the caller's mistake, named, not our failure.
-    assert_eq!(request_with(Some(wire.clone()), "tool-1", "p\u{0}"), Err("invalid_request".to_owned()), "a NUL character over NATS");
-    let id = request(Some(wire), "tool-1").expect("accepted with the issued assertion");
+    let nul = body("p\u{0}");
+    let issued = issue_nul(&nul);
+    assert!(send(Some(issued), "tool-3", &nul).is_err_and(|e| e.starts_with("invalid_request: ")), "a NUL character over NATS");
     let pending = sys.eventually_pending(Duration::from_secs(10), |l| l.len() == 1);
     assert_eq!(pending[0]["draft_id"], id.as_str());
     assert_eq!(pending[0]["requested_by"], "agent");

@@ -353,6 +353,12 @@ impl System {
         self.nats.as_mut().expect("cluster mode has NATS")
     }
 
+    /// The internal key every cluster process signs and verifies principal assertions with
+    /// (hex), for tests that mint an assertion as the gateway would.
+    pub fn internal_key(&self) -> &str {
+        &self.internal_key
+    }
+
     fn cluster_env(&self, extra: &[(&str, String)]) -> Vec<(&'static str, String)> {
         let mut env = vec![
             ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::url).unwrap_or_default()),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::requests::{ApprovalRequest, Incoming};
-use atasira_contracts::{Named, Refused, Reply, Written, convert, envelope, reply_ok, reply_written, subjects, v1};
+use atasira_contracts::{Named, Refused, Reply, Written, convert, reply_ok, reply_written, signed_envelope, subjects, v1};
 use atasira_domain::aggregates::boxes::box_id_for;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
@@ -128,12 +128,12 @@ impl Service {
         request: &Req,
     ) -> Result<Result<Written<Resp>, Refused>, Refusal> {
         let correlation = uuid::Uuid::new_v4().to_string();
-        let assertion = self.rt.assertion_keys.sign(principal, &correlation, chrono::Utc::now());
-        let env = envelope(request, &correlation, "", Some(&assertion));
+        let subject = subjects::request(SERVICE, to);
+        let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation, "", chrono::Utc::now());
         let bytes = self
             .rt
             .bus
-            .request(&subjects::request(SERVICE, to), BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(30))
+            .request(&subject, BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(30))
             .await
             .map_err(|e| Refusal::new(ErrorCode::ServiceUnavailable, format!("the {to} service did not answer: {e}")))?;
         atasira_contracts::decode_written::<Resp>(&bytes).map_err(Refusal::internal)

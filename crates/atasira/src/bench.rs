@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use atasira_contracts::{envelope, v1};
+use atasira_contracts::{signed_envelope, subjects, v1};
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{Bus, Handler, Message, NatsBus};
 use atasira_platform::db::Db;
@@ -152,7 +152,13 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
     let bus = NatsBus::new(client.clone());
     let js = async_nats::jetstream::new(client.clone());
     let keys = Arc::new(crate::services::internal_keys(&hex::encode(auth::random_secret()))?);
-    let rt = Runtime { db: db.clone(), bus: Arc::new(bus.clone()), feeds: FeedSource::JetStream { js: js.clone() }, assertion_keys: keys.clone() };
+    let rt = Runtime {
+        db: db.clone(),
+        bus: Arc::new(bus.clone()),
+        feeds: FeedSource::JetStream { js: js.clone() },
+        assertion_keys: keys.clone(),
+        guards: Default::default(),
+    };
     let (tx, rx) = tokio::sync::watch::channel(false);
     let drafts_task = tokio::spawn(atasira_drafts::run(rt.clone(), atasira_drafts::DraftsConfig::default(), rx.clone()));
     let relay_task = tokio::spawn(relay::run(db.clone(), js, atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES, rx.clone()));
@@ -183,7 +189,6 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
             let (bus, keys, agent) = (bus.clone(), keys.clone(), agent.clone());
             async move {
                 let correlation = format!("bench-{i}-{}", uuid_like(i));
-                let assertion = keys.sign(&agent, &correlation, chrono::Utc::now());
                 let request = v1::BoxDraftCreateRequest {
                     box_type: format!("bench-{}", i % 1000),
                     purpose: "Weekly sales report from the CSV exports, mailed to the leads.".into(),
@@ -191,8 +196,9 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
                     os_operations: vec!["file:read".into(), "notify:email".into()],
                     ..Default::default()
                 };
-                let env = envelope(&v1::SubmitDraft { request: Some(request) }, &correlation, "", Some(&assertion));
-                let reply = bus.request("atasira.box.bench.drafts", BTreeMap::new(), env.encode_to_vec().into(), timeout).await?;
+                let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+                let env = signed_envelope(&keys, &agent, &subject, &v1::SubmitDraft { request: Some(request) }, &correlation, "", chrono::Utc::now());
+                let reply = bus.request(&subject, BTreeMap::new(), env.encode_to_vec().into(), timeout).await?;
                 match atasira_contracts::decode_reply::<v1::SubmitDraftReply>(&reply)? {
                     Ok(_) => Ok(()),
                     Err(e) => anyhow::bail!("drafts refused: {} {}", e.code, e.message),

@@ -122,6 +122,7 @@ pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
         bus: Arc::new(InprocBus::default()),
         feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
         assertion_keys: Arc::new(internal_keys(&key_file(&data_dir, "internal.key")?)?),
+        guards: Default::default(),
     };
     // A key file holds a key setting too, so an embedded operator rotates by editing it.
     let (signer, retired) = KeySetting::parse(KeyKind::Approval, &key_file(&data_dir, "approval.key")?)?.approval()?;
@@ -194,6 +195,7 @@ pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, key
         bus: Arc::new(NatsBus::new(client)),
         feeds: FeedSource::JetStream { js: js.clone() },
         assertion_keys: Arc::new(internal.assertion_keys()?),
+        guards: Default::default(),
     };
     let (tx, rx) = watch::channel(false);
     tokio::spawn(ctrl_c(tx));
@@ -255,8 +257,7 @@ async fn wait_ready(rt: &Runtime, services: &[&str]) -> anyhow::Result<()> {
     use prost::Message as _;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     for service in services {
-        let probe =
-            atasira_contracts::envelope(&atasira_contracts::v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] }, "ready-probe", "", None);
+        let probe = atasira_contracts::envelope(&atasira_contracts::v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] }, "ready-probe", "");
         loop {
             let subject = atasira_contracts::subjects::request(atasira_contracts::subjects::GATEWAY, service);
             match rt.bus.request(&subject, Default::default(), probe.encode_to_vec().into(), Duration::from_secs(5)).await {

@@ -28,7 +28,16 @@ pub const NAME: &str = "audit_ledger";
 /// Aggregate types whose events may be audited (R-AUDIT-1, R-AUDIT-5). Not
 /// `box_type_namespace` (bookkeeping behind Box events that are audited themselves) and not
 /// `audit_ledger` (the ledger's own checkpoints).
-pub const AUDITABLE_TYPES: &[&str] = &[types::DRAFT, types::BOX, types::ACCESS, types::APPROVAL_SECURITY, types::REGISTRY_SECURITY];
+pub const AUDITABLE_TYPES: &[&str] = &[
+    types::DRAFT,
+    types::BOX,
+    types::ACCESS,
+    types::APPROVAL_SECURITY,
+    types::REGISTRY_SECURITY,
+    types::DRAFTS_SECURITY,
+    types::AUDIT_SECURITY,
+    types::PROVISIONER_SECURITY,
+];
 
 /// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and
 /// PostgreSQL. `event_id UNIQUE` makes a second row for one event impossible even if two

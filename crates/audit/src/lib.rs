@@ -28,7 +28,7 @@ pub use ledger::{
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::AUDIT;
 /// Aggregate types whose events this service appends and relays.
-pub const AGGREGATE_TYPES: &[&str] = &[atasira_domain::aggregates::types::AUDIT_LEDGER];
+pub const AGGREGATE_TYPES: &[&str] = &[atasira_domain::aggregates::types::AUDIT_LEDGER, atasira_domain::aggregates::types::AUDIT_SECURITY];
 /// R-AUDIT-2: "every minute".
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::v1;
-use atasira_contracts::{Named, Refused, decode_reply, envelope};
+use atasira_contracts::{Named, Refused, decode_reply, envelope, signed_envelope};
 use atasira_domain::aggregates::audit_ledger::{AuditLedger, LEDGER_ID};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
@@ -293,10 +293,12 @@ async fn r_audit_3_pages_filter_by_action_target_and_since() {
 /// Sends a request to the audit service over `bus`, as `who` (unsigned when `None`).
 async fn ask<M: Named, R: Named>(bus: &InprocBus, assertion_keys: &AssertionKeys, who: Option<Principal>, message: &M) -> Result<R, Refused> {
     let correlation = uuid::Uuid::new_v4().to_string();
-    let assertion = who.map(|p| assertion_keys.sign(&p, &correlation, Utc::now()));
-    let env = envelope(message, &correlation, "", assertion.as_ref());
-    let bytes =
-        bus.request("atasira.box.gateway.audit", BTreeMap::new(), prost::Message::encode_to_vec(&env).into(), Duration::from_secs(10)).await.expect("bus");
+    let subject = "atasira.box.gateway.audit";
+    let env = match who {
+        Some(p) => signed_envelope(assertion_keys, &p, subject, message, &correlation, "", Utc::now()),
+        None => envelope(message, &correlation, ""),
+    };
+    let bytes = bus.request(subject, BTreeMap::new(), prost::Message::encode_to_vec(&env).into(), Duration::from_secs(10)).await.expect("bus");
     decode_reply::<R>(&bytes).expect("reply").map(|(m, _)| m)
 }
 
@@ -319,7 +321,13 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
     let bus = Arc::new(InprocBus::default());
     let assertion_keys = AssertionKeys::new(AssertionKey::new("internal-1", &[9; 32]).expect("key"), vec![]);
     let wake = Arc::new(tokio::sync::Notify::new());
-    let rt = Runtime { db: db.clone(), bus: bus.clone(), feeds: FeedSource::Store { wake }, assertion_keys: Arc::new(assertion_keys.clone()) };
+    let rt = Runtime {
+        db: db.clone(),
+        bus: bus.clone(),
+        feeds: FeedSource::Store { wake },
+        assertion_keys: Arc::new(assertion_keys.clone()),
+        guards: Default::default(),
+    };
     let (tx, rx) = watch::channel(false);
     let config = AuditConfig { keys: Arc::new(keys()), checkpoint_every: Duration::from_secs(3600) };
     let service = tokio::spawn(run(rt.clone(), config, rx));
@@ -377,6 +385,7 @@ async fn r_audit_2_the_service_checkpoints_periodically_when_the_ledger_grew() {
         bus: Arc::new(InprocBus::default()),
         feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
         assertion_keys: Arc::new(AssertionKeys::new(AssertionKey::new("internal-1", &[9; 32]).expect("key"), vec![])),
+        guards: Default::default(),
     };
     let (tx, rx) = watch::channel(false);
     let service = tokio::spawn(run(rt.clone(), AuditConfig { keys: Arc::new(keys()), checkpoint_every: Duration::from_millis(50) }, rx));

@@ -4,7 +4,7 @@
 
 use atasira_domain::aggregates::boxes::{BoxRole, BoxState};
 use atasira_domain::aggregates::draft::DraftStatus;
-use atasira_domain::assertion::PrincipalAssertion as DomainAssertion;
+use atasira_domain::assertion::{Binding, PayloadDigest, PrincipalAssertion as DomainAssertion};
 use atasira_domain::audit::{LedgerRow, Verification};
 use atasira_domain::token::PublicKeyEntry;
 use atasira_domain::{ErrorCode, Kind, Principal, Role};
@@ -62,9 +62,12 @@ pub fn assertion_to_wire(a: &DomainAssertion) -> v1::PrincipalAssertion {
     v1::PrincipalAssertion {
         key_id: a.key_id.clone(),
         principal: Some(principal_to_wire(&a.principal)),
-        correlation_id: a.correlation_id.clone(),
+        correlation_id: a.binding.correlation_id.clone(),
         expires_at_unix: a.expires_at.timestamp(),
         mac: a.mac.clone(),
+        subject: a.binding.subject.clone(),
+        message_type: a.binding.message_type.clone(),
+        payload_sha256: a.binding.payload_sha256.0.to_vec(),
     }
 }
 
@@ -72,10 +75,11 @@ pub fn assertion_to_wire(a: &DomainAssertion) -> v1::PrincipalAssertion {
 pub fn assertion_from_wire(w: &v1::PrincipalAssertion) -> Result<DomainAssertion, WireError> {
     let p = w.principal.as_ref().ok_or_else(|| WireError::Assertion("no principal".into()))?;
     let expires_at: DateTime<Utc> = DateTime::from_timestamp(w.expires_at_unix, 0).ok_or_else(|| WireError::Assertion("expiry out of range".into()))?;
+    let payload_sha256 = PayloadDigest::from_slice(&w.payload_sha256).ok_or_else(|| WireError::Assertion("payload_sha256 is not 32 bytes".into()))?;
     Ok(DomainAssertion {
         key_id: w.key_id.clone(),
         principal: principal_from_wire(p)?,
-        correlation_id: w.correlation_id.clone(),
+        binding: Binding { subject: w.subject.clone(), message_type: w.message_type.clone(), payload_sha256, correlation_id: w.correlation_id.clone() },
         expires_at,
         mac: w.mac.clone(),
     })

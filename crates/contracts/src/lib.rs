@@ -13,8 +13,9 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/atasira.v1.rs"));
 }
 
-use atasira_domain::assertion::PrincipalAssertion as DomainAssertion;
-use atasira_domain::{ErrorCode, FieldError};
+use atasira_domain::assertion::{AssertionKeys, Binding, PayloadDigest};
+use atasira_domain::{ErrorCode, FieldError, Principal};
+use chrono::{DateTime, Utc};
 use prost::Message;
 
 pub use convert::{assertion_from_wire, assertion_to_wire};
@@ -74,16 +75,46 @@ impl atasira_domain::Refusing for WireError {
     }
 }
 
-/// Wraps `payload` into an envelope.
-pub fn envelope<M: Named>(payload: &M, correlation_id: &str, idempotency_key: &str, assertion: Option<&DomainAssertion>) -> Envelope {
+/// Wraps `payload` into an envelope without a principal assertion (a wait, a request that
+/// acts for nobody, or a NATS publisher's request, whose principal is its PAT).
+pub fn envelope<M: Named>(payload: &M, correlation_id: &str, idempotency_key: &str) -> Envelope {
     Envelope {
         message_type: M::NAME.to_owned(),
         correlation_id: correlation_id.to_owned(),
         causation_id: String::new(),
         idempotency_key: idempotency_key.to_owned(),
-        assertion: assertion.map(assertion_to_wire),
+        assertion: None,
         payload: payload.encode_to_vec(),
     }
+}
+
+/// The one request `env` on `subject` is, as a principal assertion binds it: the subject,
+/// the message type, the SHA-256 of the payload bytes and the correlation id. The signer
+/// and the verifier both derive it here, so nobody computes a digest by hand.
+pub fn binding(subject: &str, env: &Envelope) -> Binding {
+    Binding {
+        subject: subject.to_owned(),
+        message_type: env.message_type.clone(),
+        payload_sha256: PayloadDigest::of(&env.payload),
+        correlation_id: env.correlation_id.clone(),
+    }
+}
+
+/// Wraps `payload` for `subject` on behalf of `principal`, with an assertion (signed by the
+/// current key of `keys` at `now`) bound to exactly this request (R-ARCH-3).
+pub fn signed_envelope<M: Named>(
+    keys: &AssertionKeys,
+    principal: &Principal,
+    subject: &str,
+    payload: &M,
+    correlation_id: &str,
+    idempotency_key: &str,
+    now: DateTime<Utc>,
+) -> Envelope {
+    let mut env = envelope(payload, correlation_id, idempotency_key);
+    let assertion = keys.sign(principal, &binding(subject, &env), now);
+    env.assertion = Some(assertion_to_wire(&assertion));
+    env
 }
 
 pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, WireError> {
@@ -177,23 +208,32 @@ pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Writt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use atasira_domain::assertion::{AssertionKey, AssertionKeys};
-    use atasira_domain::{Kind, Principal, Role};
+    use atasira_domain::assertion::AssertionKey;
+    use atasira_domain::{Kind, Role};
 
     #[test]
-    fn an_assertion_survives_the_wire_and_still_verifies() {
+    fn an_assertion_survives_the_wire_and_still_verifies_for_its_request_only() {
         // R-ARCH-3
         let keys = AssertionKeys::new(AssertionKey::new("k1", &[3; 32]).expect("key"), vec![]);
         let now = chrono::Utc::now();
         let principal = Principal::new("alice", Role::Admin, Kind::Human);
-        let signed = keys.sign(&principal, "corr-1", now);
-        let env = envelope(&v1::ListPendingDrafts { limit: 5, after: 0 }, "corr-1", "", Some(&signed));
+        let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+        let env = signed_envelope(&keys, &principal, &subject, &v1::ListPendingDrafts { limit: 5, after: 0 }, "corr-1", "", now);
         let bytes = env.encode_to_vec();
         let back = decode_envelope(&bytes).expect("decodes");
         let a = assertion_from_wire(back.assertion.as_ref().expect("has assertion")).expect("converts");
-        assert_eq!(keys.verify(&a, "corr-1", now), Ok(principal));
+        assert_eq!(keys.verify(&a, &binding(&subject, &back), now).map(|v| v.principal().clone()), Ok(principal));
         assert_eq!(payload::<v1::ListPendingDrafts>(&back).expect("payload").limit, 5);
         assert!(matches!(payload::<v1::SubmitDraft>(&back), Err(WireError::WrongType { .. })));
+        // The same assertion on another subject, or with another payload, is refused.
+        assert!(keys.verify(&a, &binding("atasira.box.gateway.audit", &back), now).is_err());
+        let mut changed = back.clone();
+        changed.payload = v1::ListPendingDrafts { limit: 6, after: 0 }.encode_to_vec();
+        assert!(keys.verify(&a, &binding(&subject, &changed), now).is_err());
+        // A digest that is not 32 bytes does not convert.
+        let mut short = back.assertion.clone().expect("has assertion");
+        short.payload_sha256.pop();
+        assert!(matches!(assertion_from_wire(&short), Err(WireError::Assertion(_))));
     }
 
     #[test]

@@ -89,9 +89,9 @@ mod tests {
 
     #[test]
     fn a_request_decodes_once_into_its_variant_and_foreign_types_are_refused() {
-        let env = envelope(&v1::GetDraft { draft_id: "d1".into() }, "c", "", None);
+        let env = envelope(&v1::GetDraft { draft_id: "d1".into() }, "c", "");
         assert!(matches!(DraftsRequest::decode(&env), Ok(Incoming::Request(DraftsRequest::Get(g))) if g.draft_id == "d1"));
-        let wait = envelope(&v1::WaitForPosition { position: 3, ..Default::default() }, "c", "", None);
+        let wait = envelope(&v1::WaitForPosition { position: 3, ..Default::default() }, "c", "");
         assert!(matches!(WaitOnly::decode(&wait), Ok(Incoming::Wait(w)) if w.position == 3));
         assert!(matches!(WaitOnly::decode(&env), Err(WireError::UnknownRequest { .. })));
         assert!(matches!(RegistryRequest::decode(&env), Err(WireError::UnknownRequest { service: "runtime-registry", .. })));

@@ -63,10 +63,10 @@ pub fn client_requests(to: &str) -> String {
 pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
     use atasira_domain::aggregates::types;
     Some(match aggregate_type {
-        types::DRAFT => DRAFTS,
+        types::DRAFT | types::DRAFTS_SECURITY => DRAFTS,
         types::BOX | types::BOX_TYPE_NAMESPACE | types::REGISTRY_SECURITY => RUNTIME_REGISTRY,
-        types::AUDIT_LEDGER => AUDIT,
-        types::ACCESS => PROVISIONER,
+        types::AUDIT_LEDGER | types::AUDIT_SECURITY => AUDIT,
+        types::ACCESS | types::PROVISIONER_SECURITY => PROVISIONER,
         types::APPROVAL_SECURITY => APPROVAL,
         _ => return None,
     })

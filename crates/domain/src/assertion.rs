@@ -2,20 +2,24 @@
 //! calling principal to services over NATS with an HMAC-SHA256 under an internal key.
 //!
 //! Why: services must not trust a bare principal in a message, since anything that can
-//! publish on NATS could claim to be an admin. The assertion is short-lived (60 s), bound to
-//! the request's correlation id (so it cannot be replayed on another request), and names its
-//! key id (so keys rotate without breaking in-flight requests). Every refusal maps to the
-//! typed error `unauthenticated` at the service boundary; [`AssertionError::reason`] says why.
+//! publish on NATS could claim to be an admin. The assertion is short-lived (60 s) and bound
+//! to one request: its subject, its message type, the SHA-256 of its payload and its
+//! correlation id ([`Binding`]), so a captured assertion is worthless for any other request
+//! (an assertion made for `ListPendingDrafts` does not approve a draft). A verifier accepts
+//! each assertion once ([`ReplayCache`]), so it is worthless for the same request a second
+//! time too. It names its key id, so keys rotate without breaking in-flight requests. Every
+//! refusal maps to the typed error `unauthenticated` at the service boundary;
+//! [`AssertionError::reason`] says why.
 //!
 //! This module does no IO and reads no clock: keys and `now` come from the caller.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 use crate::principal::Principal;
 use crate::token::push_item;
@@ -28,7 +32,7 @@ pub const ASSERTION_TTL: TimeDelta = TimeDelta::seconds(60);
 
 /// Domain separation: a MAC over these bytes cannot be confused with a MAC made by the same
 /// key for another purpose (e.g. audit rows) or another format version.
-pub const PURPOSE_TAG: &str = "atasira.principal-assertion.v1";
+pub const PURPOSE_TAG: &str = "atasira.principal-assertion.v2";
 
 /// Minimum secret length: HMAC-SHA256 keys shorter than the hash output weaken it.
 pub const MIN_SECRET_LEN: usize = 32;
@@ -111,19 +115,21 @@ impl AssertionKeys {
         if self.current.key_id == key_id { Some(&self.current) } else { self.retired.get(key_id) }
     }
 
-    /// Mints an assertion for `principal` on the request `correlation_id`, valid until
-    /// `now + ASSERTION_TTL` truncated to whole seconds (only unix seconds are MACed).
-    pub fn sign(&self, principal: &Principal, correlation_id: &str, now: DateTime<Utc>) -> PrincipalAssertion {
+    /// Mints an assertion for `principal` on the one request `binding` describes, valid
+    /// until `now + ASSERTION_TTL` truncated to whole seconds (only unix seconds are MACed).
+    pub fn sign(&self, principal: &Principal, binding: &Binding, now: DateTime<Utc>) -> PrincipalAssertion {
         let expires_at = now.checked_add_signed(ASSERTION_TTL).unwrap_or(DateTime::<Utc>::MAX_UTC).trunc_subsecs(0);
         let key_id = self.current.key_id.clone();
-        let bytes = canonical_bytes(&key_id, principal, correlation_id, expires_at);
+        let bytes = canonical_bytes(&key_id, principal, binding, expires_at);
         let mac = hex::encode(self.current.tag(&bytes));
-        PrincipalAssertion { key_id, principal: principal.clone(), correlation_id: correlation_id.to_owned(), expires_at, mac }
+        PrincipalAssertion { key_id, principal: principal.clone(), binding: binding.clone(), expires_at, mac }
     }
 
-    /// Checks an assertion for the request `correlation_id` at `now` and yields the
-    /// principal it vouches for. The MAC is compared in constant time (R-AUDIT-4).
-    pub fn verify(&self, a: &PrincipalAssertion, correlation_id: &str, now: DateTime<Utc>) -> Result<Principal, AssertionError> {
+    /// Checks an assertion for the request `binding` describes (the subject it arrived on,
+    /// its message type, the digest of its payload, its correlation id) at `now`. The MAC is
+    /// compared in constant time (R-AUDIT-4). What passes still has to be admitted once by
+    /// the verifier's [`ReplayCache`] before its principal counts.
+    pub fn verify(&self, a: &PrincipalAssertion, binding: &Binding, now: DateTime<Utc>) -> Result<Verified, AssertionError> {
         let key = self.get(&a.key_id).ok_or_else(|| AssertionError::UnknownKeyId { key_id: a.key_id.clone() })?;
 
         let mut tag = [0u8; MAC_LEN];
@@ -133,12 +139,22 @@ impl AssertionKeys {
             return Err(AssertionError::NonCanonicalTime);
         }
 
-        let bytes = canonical_bytes(&a.key_id, &a.principal, &a.correlation_id, a.expires_at);
+        let bytes = canonical_bytes(&a.key_id, &a.principal, &a.binding, a.expires_at);
         let mut mac = key.mac.clone();
         mac.update(&bytes);
         mac.verify_slice(&tag).map_err(|_| AssertionError::MacMismatch)?;
 
-        if a.correlation_id != correlation_id {
+        // The MAC holds, so these are what the signer bound it to; compare with this request.
+        if a.binding.subject != binding.subject {
+            return Err(AssertionError::SubjectMismatch);
+        }
+        if a.binding.message_type != binding.message_type {
+            return Err(AssertionError::MessageTypeMismatch);
+        }
+        if a.binding.payload_sha256 != binding.payload_sha256 {
+            return Err(AssertionError::PayloadMismatch);
+        }
+        if a.binding.correlation_id != binding.correlation_id {
             return Err(AssertionError::CorrelationMismatch);
         }
         if now > a.expires_at {
@@ -147,34 +163,209 @@ impl AssertionKeys {
         if a.expires_at.signed_duration_since(now) > ASSERTION_TTL {
             return Err(AssertionError::ExpiryTooFar { expires_at: a.expires_at });
         }
-        Ok(a.principal.clone())
+        Ok(Verified { principal: a.principal.clone(), tag, expires_at: a.expires_at })
     }
 }
 
-/// The MACed bytes: purpose tag, key id, user_id, role, kind, correlation id, expires_at
-/// (i64 unix seconds big-endian), each prefixed by its u32 big-endian length so that no two
-/// distinct assertions share an encoding.
-fn canonical_bytes(key_id: &str, principal: &Principal, correlation_id: &str, expires_at: DateTime<Utc>) -> Vec<u8> {
+/// The SHA-256 of an envelope's payload bytes: what an assertion binds of the payload.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PayloadDigest(pub [u8; 32]);
+
+impl PayloadDigest {
+    /// The digest of `payload` (the encoded message, as it travels).
+    pub fn of(payload: &[u8]) -> Self {
+        Self(Sha256::digest(payload).into())
+    }
+
+    /// Reads exactly 64 lowercase hex digits; anything else is `None`.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return None;
+        }
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(text, &mut bytes).ok()?;
+        Some(Self(bytes))
+    }
+
+    /// Exactly 32 bytes; anything else is `None`.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        <[u8; 32]>::try_from(bytes).ok().map(Self)
+    }
+
+    /// 64 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Debug for PayloadDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PayloadDigest({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for PayloadDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl Serialize for PayloadDigest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for PayloadDigest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::from_hex(&text).ok_or_else(|| serde::de::Error::custom("payload_sha256 must be 64 lowercase hex digits"))
+    }
+}
+
+/// The one request an assertion is good for. The signer names it; the verifier derives it
+/// from the request as it arrived and the two must be equal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    /// The NATS subject of the request, e.g. `atasira.box.gateway.approval`.
+    pub subject: String,
+    /// The envelope's message type, e.g. `atasira.v1.ApproveDraft`.
+    pub message_type: String,
+    /// The SHA-256 of the envelope's payload bytes.
+    pub payload_sha256: PayloadDigest,
+    /// The envelope's correlation id.
+    pub correlation_id: String,
+}
+
+/// An assertion whose MAC, binding and lifetime checked out; only [`AssertionKeys::verify`]
+/// makes one, and only [`ReplayCache::admit`] turns it into a principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    principal: Principal,
+    tag: [u8; MAC_LEN],
+    expires_at: DateTime<Utc>,
+}
+
+impl Verified {
+    pub fn principal(&self) -> &Principal {
+        &self.principal
+    }
+
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        self.expires_at
+    }
+}
+
+/// How long past its expiry an admitted assertion is remembered: a verifier whose clock is
+/// stepped back by up to this much still refuses its replay.
+pub const REPLAY_GRACE: TimeDelta = TimeDelta::seconds(5);
+
+/// How many unexpired assertions a verifier remembers by default. Each entry costs about
+/// 100 bytes; at the default it holds more than 4000 requests a second for a whole
+/// assertion lifetime.
+pub const REPLAY_CACHE_CAPACITY: usize = 1 << 18;
+
+/// Every assertion a verifier admitted and that has not expired yet, by its MAC: a second
+/// use within the lifetime is a replay. Bounded: expired entries are dropped as time moves
+/// on, and when `capacity` unexpired entries are held, new assertions are refused
+/// ([`ReplayError::Full`], which callers answer as `busy`) instead of growing the cache.
+#[derive(Debug, Clone)]
+pub struct ReplayCache {
+    capacity: usize,
+    seen: HashSet<[u8; MAC_LEN]>,
+    by_expiry: BTreeSet<(DateTime<Utc>, [u8; MAC_LEN])>,
+}
+
+impl Default for ReplayCache {
+    fn default() -> Self {
+        Self::new(REPLAY_CACHE_CAPACITY)
+    }
+}
+
+impl ReplayCache {
+    pub fn new(capacity: usize) -> Self {
+        Self { capacity, seen: HashSet::new(), by_expiry: BTreeSet::new() }
+    }
+
+    /// Unexpired assertions remembered (after the last prune).
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+
+    /// Accepts `verified` if this is its first use; `now` must be the time it was verified at.
+    pub fn admit(&mut self, verified: Verified, now: DateTime<Utc>) -> Result<Principal, ReplayError> {
+        self.prune(now);
+        if self.seen.contains(&verified.tag) {
+            return Err(ReplayError::Replayed);
+        }
+        if self.seen.len() >= self.capacity {
+            return Err(ReplayError::Full { capacity: self.capacity });
+        }
+        self.seen.insert(verified.tag);
+        self.by_expiry.insert((verified.expires_at, verified.tag));
+        Ok(verified.principal)
+    }
+
+    /// Forgets assertions expired for longer than [`REPLAY_GRACE`]: verification refuses
+    /// them anyway.
+    fn prune(&mut self, now: DateTime<Utc>) {
+        let horizon = now.checked_sub_signed(REPLAY_GRACE).unwrap_or(DateTime::<Utc>::MIN_UTC);
+        while let Some(&(expires_at, tag)) = self.by_expiry.first() {
+            if expires_at >= horizon {
+                break;
+            }
+            self.by_expiry.pop_first();
+            self.seen.remove(&tag);
+        }
+    }
+}
+
+/// Why a verified assertion was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    /// Its second use: `unauthenticated`, and a security violation.
+    #[error("principal assertion was used before")]
+    Replayed,
+    /// Too many unexpired assertions: `busy`, retry in a moment.
+    #[error("{capacity} unexpired principal assertions are remembered already; retry in a moment")]
+    Full { capacity: usize },
+}
+
+/// The MACed bytes: purpose tag, key id, user_id, role, kind, subject, message type, payload
+/// digest (32 bytes), correlation id, expires_at (i64 unix seconds big-endian), each
+/// prefixed by its u32 big-endian length so that no two distinct assertions share an
+/// encoding.
+fn canonical_bytes(key_id: &str, principal: &Principal, binding: &Binding, expires_at: DateTime<Utc>) -> Vec<u8> {
     let role = principal.role.to_string();
     let kind = principal.kind.to_string();
-    let mut out = Vec::with_capacity(96 + key_id.len() + principal.user_id.len() + correlation_id.len() + role.len() + kind.len());
+    let Binding { subject, message_type, payload_sha256, correlation_id } = binding;
+    let mut out =
+        Vec::with_capacity(160 + key_id.len() + principal.user_id.len() + subject.len() + message_type.len() + correlation_id.len() + role.len() + kind.len());
     push_item(&mut out, PURPOSE_TAG.as_bytes());
     push_item(&mut out, key_id.as_bytes());
     push_item(&mut out, principal.user_id.as_bytes());
     push_item(&mut out, role.as_bytes());
     push_item(&mut out, kind.as_bytes());
+    push_item(&mut out, subject.as_bytes());
+    push_item(&mut out, message_type.as_bytes());
+    push_item(&mut out, &payload_sha256.0);
     push_item(&mut out, correlation_id.as_bytes());
     push_item(&mut out, &expires_at.timestamp().to_be_bytes());
     out
 }
 
-/// The gateway's statement "this request comes from this principal", carried in a NATS
-/// header next to the envelope.
+/// The gateway's statement "this request comes from this principal", carried in the
+/// request's envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrincipalAssertion {
     pub key_id: String,
     pub principal: Principal,
-    pub correlation_id: String,
+    /// The one request it is good for.
+    pub binding: Binding,
     /// Whole seconds: only unix seconds are MACed.
     pub expires_at: DateTime<Utc>,
     /// Lowercase hex of the 32-byte HMAC-SHA256 tag.
@@ -182,15 +373,15 @@ pub struct PrincipalAssertion {
 }
 
 impl PrincipalAssertion {
-    /// Header form: lowercase hex of the JSON. Hex because header values must be plain ASCII
-    /// without CR/LF, and a user id may hold any character.
+    /// Text form: lowercase hex of the JSON. Hex because it may travel as a header value,
+    /// which must be plain ASCII without CR/LF, and a user id may hold any character.
     pub fn encode(&self) -> String {
         // Serializing plain strings, enums and a DateTime cannot fail; an empty string would
         // simply be refused by `decode` as malformed.
         hex::encode(serde_json::to_vec(self).unwrap_or_default())
     }
 
-    /// Parses the header form. Only the shape is checked here; [`AssertionKeys::verify`]
+    /// Parses the text form. Only the shape is checked here; [`AssertionKeys::verify`]
     /// decides whether it is valid.
     pub fn decode(encoded: &str) -> Result<Self, AssertionError> {
         if encoded.len() > MAX_ENCODED_LEN {
@@ -205,7 +396,9 @@ impl PrincipalAssertion {
 /// [`AssertionError::reason`] code goes into logs and audit details.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AssertionError {
-    #[error("principal assertion is not valid hex-encoded JSON")]
+    #[error("the request carries no principal assertion")]
+    Missing,
+    #[error("principal assertion is malformed")]
     Malformed,
     #[error("principal assertion signed with unknown key id {key_id:?}")]
     UnknownKeyId { key_id: String },
@@ -215,6 +408,12 @@ pub enum AssertionError {
     NonCanonicalTime,
     #[error("principal assertion mac does not match")]
     MacMismatch,
+    #[error("principal assertion was made for another subject")]
+    SubjectMismatch,
+    #[error("principal assertion was made for another message type")]
+    MessageTypeMismatch,
+    #[error("principal assertion was made for another payload")]
+    PayloadMismatch,
     #[error("principal assertion belongs to another request")]
     CorrelationMismatch,
     #[error("principal assertion expired at {expires_at}")]
@@ -227,11 +426,15 @@ impl AssertionError {
     /// Short snake_case code, stable across releases.
     pub fn reason(&self) -> &'static str {
         match self {
+            AssertionError::Missing => "missing_assertion",
             AssertionError::Malformed => "malformed_assertion",
             AssertionError::UnknownKeyId { .. } => "unknown_key_id",
             AssertionError::MalformedMac => "malformed_mac",
             AssertionError::NonCanonicalTime => "non_canonical_time",
             AssertionError::MacMismatch => "mac_mismatch",
+            AssertionError::SubjectMismatch => "subject_mismatch",
+            AssertionError::MessageTypeMismatch => "message_type_mismatch",
+            AssertionError::PayloadMismatch => "payload_mismatch",
             AssertionError::CorrelationMismatch => "correlation_mismatch",
             AssertionError::Expired { .. } => "expired",
             AssertionError::ExpiryTooFar { .. } => "expiry_too_far",
@@ -261,66 +464,135 @@ mod tests {
         Principal::new("user-1", Role::Member, Kind::Human)
     }
 
+    fn admin() -> Principal {
+        Principal::new("alice", Role::Admin, Kind::Human)
+    }
+
+    /// A request as the gateway sends it to a service.
+    fn request(subject: &str, message_type: &str, payload: &[u8], correlation_id: &str) -> Binding {
+        Binding {
+            subject: subject.to_owned(),
+            message_type: message_type.to_owned(),
+            payload_sha256: PayloadDigest::of(payload),
+            correlation_id: correlation_id.to_owned(),
+        }
+    }
+
+    fn list_pending() -> Binding {
+        request("atasira.box.gateway.drafts", "atasira.v1.ListPendingDrafts", b"\x08\x05", "corr-1")
+    }
+
+    /// Verifies and unwraps the principal.
+    fn check(ks: &AssertionKeys, a: &PrincipalAssertion, binding: &Binding, now: DateTime<Utc>) -> Result<Principal, AssertionError> {
+        ks.verify(a, binding, now).map(|v| v.principal().clone())
+    }
+
     #[test]
     fn r_arch_3_signed_assertion_verifies() {
         // given keys and a member principal
         let ks = keys();
-        // when the gateway signs for a request and a service verifies within the TTL
-        let a = ks.sign(&member(), "corr-1", now0());
-        let got = ks.verify(&a, "corr-1", now0() + TimeDelta::seconds(30));
+        // when the gateway signs for a request and a service verifies that request within the TTL
+        let a = ks.sign(&member(), &list_pending(), now0());
+        let got = check(&ks, &a, &list_pending(), now0() + TimeDelta::seconds(30));
         // then the principal comes back and the expiry is now + 60 s
         assert_eq!(got, Ok(member()));
         assert_eq!(a.expires_at, now0() + ASSERTION_TTL);
         assert_eq!(a.key_id, "k1");
+        assert_eq!(a.binding, list_pending());
     }
 
     #[test]
-    fn r_arch_3_tampered_role_fails() {
-        // given an assertion for a member
+    fn r_arch_3_an_assertion_for_list_pending_is_refused_for_approve_draft() {
+        // given an admin's assertion made for ListPendingDrafts to the drafts service
         let ks = keys();
-        let mut a = ks.sign(&member(), "corr-1", now0());
-        // when the role is changed to admin
-        a.principal.role = Role::Admin;
-        // then the MAC no longer matches
-        let err = ks.verify(&a, "corr-1", now0()).expect_err("tampered");
-        assert_eq!(err, AssertionError::MacMismatch);
-        assert_eq!(err.reason(), "mac_mismatch");
+        let a = ks.sign(&admin(), &list_pending(), now0());
+        // when it is presented with an ApproveDraft (another type, subject and payload, same correlation id)
+        let approve = request("atasira.box.gateway.approval", "atasira.v1.ApproveDraft", b"\x0a\x02d1", "corr-1");
+        // then it is refused: made for another subject
+        assert_eq!(check(&ks, &a, &approve, now0()), Err(AssertionError::SubjectMismatch));
+        // and on the drafts subject, for another message type
+        let approve_here = Binding { subject: list_pending().subject, ..approve.clone() };
+        let err = check(&ks, &a, &approve_here, now0()).expect_err("other type");
+        assert_eq!(err, AssertionError::MessageTypeMismatch);
+        assert_eq!(err.reason(), "message_type_mismatch");
     }
 
     #[test]
-    fn r_arch_3_tampered_fields_fail() {
-        // given an assertion; when user id, kind, correlation id or expiry change; then mismatch
+    fn r_arch_3_an_assertion_is_refused_on_another_subject() {
+        // given an assertion for a request to the drafts service
         let ks = keys();
-        let a = ks.sign(&member(), "corr-1", now0());
-        let alterations: Vec<fn(&mut PrincipalAssertion)> =
-            vec![|a| a.principal.user_id = "user-2".into(), |a| a.principal.kind = Kind::Agent, |a| a.correlation_id = "corr-2".into(), |a| {
-                a.expires_at -= TimeDelta::seconds(1)
-            }];
-        for alter in alterations {
-            let mut forged = a.clone();
-            alter(&mut forged);
-            let corr = forged.correlation_id.clone();
-            assert_eq!(ks.verify(&forged, &corr, now0()), Err(AssertionError::MacMismatch));
-        }
+        let a = ks.sign(&admin(), &list_pending(), now0());
+        // when the same request is sent to another service; then refused
+        let elsewhere = Binding { subject: "atasira.box.gateway.audit".into(), ..list_pending() };
+        let err = check(&ks, &a, &elsewhere, now0()).expect_err("other subject");
+        assert_eq!(err.reason(), "subject_mismatch");
+    }
+
+    #[test]
+    fn r_arch_3_an_assertion_is_refused_for_a_changed_payload() {
+        // given an assertion for a request with limit 5
+        let ks = keys();
+        let a = ks.sign(&admin(), &list_pending(), now0());
+        // when the payload is changed (limit 6) and everything else kept; then refused
+        let changed = Binding { payload_sha256: PayloadDigest::of(b"\x08\x06"), ..list_pending() };
+        let err = check(&ks, &a, &changed, now0()).expect_err("changed payload");
+        assert_eq!(err, AssertionError::PayloadMismatch);
+        assert_eq!(err.reason(), "payload_mismatch");
     }
 
     #[test]
     fn r_arch_3_other_correlation_id_fails() {
         // given an assertion for corr-1; when presented on request corr-2; then refused
         let ks = keys();
-        let a = ks.sign(&member(), "corr-1", now0());
-        let err = ks.verify(&a, "corr-2", now0()).expect_err("other request");
+        let a = ks.sign(&member(), &list_pending(), now0());
+        let other = Binding { correlation_id: "corr-2".into(), ..list_pending() };
+        let err = check(&ks, &a, &other, now0()).expect_err("other request");
         assert_eq!(err, AssertionError::CorrelationMismatch);
         assert_eq!(err.reason(), "correlation_mismatch");
+    }
+
+    #[test]
+    fn r_arch_3_tampered_role_fails() {
+        // given an assertion for a member
+        let ks = keys();
+        let mut a = ks.sign(&member(), &list_pending(), now0());
+        // when the role is changed to admin
+        a.principal.role = Role::Admin;
+        // then the MAC no longer matches
+        let err = check(&ks, &a, &list_pending(), now0()).expect_err("tampered");
+        assert_eq!(err, AssertionError::MacMismatch);
+        assert_eq!(err.reason(), "mac_mismatch");
+    }
+
+    #[test]
+    fn r_arch_3_tampered_fields_fail() {
+        // given an assertion; when any MACed field changes (and the request is made to match it); then mismatch
+        let ks = keys();
+        let a = ks.sign(&member(), &list_pending(), now0());
+        let alterations: Vec<fn(&mut PrincipalAssertion)> = vec![
+            |a| a.principal.user_id = "user-2".into(),
+            |a| a.principal.kind = Kind::Agent,
+            |a| a.binding.subject = "atasira.box.gateway.approval".into(),
+            |a| a.binding.message_type = "atasira.v1.ApproveDraft".into(),
+            |a| a.binding.payload_sha256 = PayloadDigest::of(b"other"),
+            |a| a.binding.correlation_id = "corr-2".into(),
+            |a| a.expires_at -= TimeDelta::seconds(1),
+        ];
+        for alter in alterations {
+            let mut forged = a.clone();
+            alter(&mut forged);
+            let binding = forged.binding.clone();
+            assert_eq!(check(&ks, &forged, &binding, now0()), Err(AssertionError::MacMismatch), "{forged:?}");
+        }
     }
 
     #[test]
     fn r_arch_3_expired_assertion_fails() {
         // given an assertion; when verified one second after expiry; then expired
         let ks = keys();
-        let a = ks.sign(&member(), "corr-1", now0());
-        assert!(ks.verify(&a, "corr-1", a.expires_at).is_ok());
-        let err = ks.verify(&a, "corr-1", a.expires_at + TimeDelta::seconds(1)).expect_err("expired");
+        let a = ks.sign(&member(), &list_pending(), now0());
+        assert!(ks.verify(&a, &list_pending(), a.expires_at).is_ok());
+        let err = check(&ks, &a, &list_pending(), a.expires_at + TimeDelta::seconds(1)).expect_err("expired");
         assert_eq!(err, AssertionError::Expired { expires_at: a.expires_at });
         assert_eq!(err.reason(), "expired");
     }
@@ -329,9 +601,9 @@ mod tests {
     fn r_arch_3_expiry_further_than_ttl_fails() {
         // given an assertion signed 10 s in the future (e.g. a skewed or forged clock)
         let ks = keys();
-        let a = ks.sign(&member(), "corr-1", now0() + TimeDelta::seconds(10));
+        let a = ks.sign(&member(), &list_pending(), now0() + TimeDelta::seconds(10));
         // when verified now; then its expiry is further than the TTL
-        let err = ks.verify(&a, "corr-1", now0()).expect_err("too far");
+        let err = check(&ks, &a, &list_pending(), now0()).expect_err("too far");
         assert_eq!(err.reason(), "expiry_too_far");
     }
 
@@ -339,21 +611,21 @@ mod tests {
     fn r_audit_4_rotated_key_still_verifies() {
         // given an assertion signed by the old key
         let old = AssertionKeys::new(key("k-old", 1), vec![]);
-        let a = old.sign(&member(), "corr-1", now0());
+        let a = old.sign(&member(), &list_pending(), now0());
         // when the verifier has rotated to a new key but keeps the old one
         let rotated = AssertionKeys::new(key("k-new", 2), vec![key("k-old", 1)]);
         // then the old assertion verifies, and new ones are signed with the new key
-        assert_eq!(rotated.verify(&a, "corr-1", now0()), Ok(member()));
-        assert_eq!(rotated.sign(&member(), "corr-1", now0()).key_id, "k-new");
+        assert_eq!(check(&rotated, &a, &list_pending(), now0()), Ok(member()));
+        assert_eq!(rotated.sign(&member(), &list_pending(), now0()).key_id, "k-new");
         assert_eq!(rotated.current_key_id(), "k-new");
     }
 
     #[test]
     fn r_audit_4_unknown_key_fails() {
         // given an assertion by k-old; when the verifier only knows k-new; then unknown key
-        let a = AssertionKeys::new(key("k-old", 1), vec![]).sign(&member(), "corr-1", now0());
+        let a = AssertionKeys::new(key("k-old", 1), vec![]).sign(&member(), &list_pending(), now0());
         let ks = AssertionKeys::new(key("k-new", 2), vec![]);
-        let err = ks.verify(&a, "corr-1", now0()).expect_err("unknown");
+        let err = check(&ks, &a, &list_pending(), now0()).expect_err("unknown");
         assert_eq!(err, AssertionError::UnknownKeyId { key_id: "k-old".into() });
         assert_eq!(err.reason(), "unknown_key_id");
     }
@@ -361,28 +633,28 @@ mod tests {
     #[test]
     fn r_audit_4_other_secret_under_same_id_fails() {
         // given an assertion by k1 with secret 1; when verified with k1 holding secret 2
-        let a = keys().sign(&member(), "corr-1", now0());
+        let a = keys().sign(&member(), &list_pending(), now0());
         let ks = AssertionKeys::new(key("k1", 2), vec![]);
         // then the MAC does not match
-        assert_eq!(ks.verify(&a, "corr-1", now0()), Err(AssertionError::MacMismatch));
+        assert_eq!(check(&ks, &a, &list_pending(), now0()), Err(AssertionError::MacMismatch));
     }
 
     #[test]
     fn r_arch_3_malformed_mac_and_subsecond_expiry_fail() {
         // given a valid assertion
         let ks = keys();
-        let a = ks.sign(&member(), "corr-1", now0());
+        let a = ks.sign(&member(), &list_pending(), now0());
         // when the mac is not 32 bytes of hex; then malformed mac
         for bad in ["", "xyz", "abcd", &"0".repeat(66)] {
             let mut forged = a.clone();
             forged.mac = bad.to_owned();
-            let err = ks.verify(&forged, "corr-1", now0()).expect_err("bad mac");
+            let err = check(&ks, &forged, &list_pending(), now0()).expect_err("bad mac");
             assert_eq!(err.reason(), "malformed_mac", "{bad:?}");
         }
         // when the expiry gains an (unMACed) fraction of a second; then refused
         let mut forged = a.clone();
         forged.expires_at += TimeDelta::milliseconds(500);
-        let err = ks.verify(&forged, "corr-1", now0()).expect_err("subsecond");
+        let err = check(&ks, &forged, &list_pending(), now0()).expect_err("subsecond");
         assert_eq!(err.reason(), "non_canonical_time");
     }
 
@@ -391,9 +663,51 @@ mod tests {
         // given a clock reading with milliseconds; when signed; then expiry is whole seconds
         let ks = keys();
         let now = now0() + TimeDelta::milliseconds(400);
-        let a = ks.sign(&member(), "corr-1", now);
+        let a = ks.sign(&member(), &list_pending(), now);
         assert_eq!(a.expires_at, now0() + ASSERTION_TTL);
-        assert_eq!(ks.verify(&a, "corr-1", now), Ok(member()));
+        assert_eq!(check(&ks, &a, &list_pending(), now), Ok(member()));
+    }
+
+    #[test]
+    fn r_arch_3_an_assertion_is_admitted_once() {
+        // given a verified assertion
+        let ks = keys();
+        let mut cache = ReplayCache::default();
+        let a = ks.sign(&admin(), &list_pending(), now0());
+        let verified = ks.verify(&a, &list_pending(), now0()).expect("valid");
+        // when it is admitted, then presented again within its lifetime
+        assert_eq!(cache.admit(verified, now0()), Ok(admin()));
+        let again = ks.verify(&a, &list_pending(), now0() + TimeDelta::seconds(20)).expect("still valid");
+        // then the second use is a replay
+        let err = cache.admit(again, now0() + TimeDelta::seconds(20)).expect_err("replayed");
+        assert_eq!(err, ReplayError::Replayed);
+        // and the same MAC written in capitals is the same assertion
+        let mut shouting = a.clone();
+        shouting.mac = a.mac.to_uppercase();
+        let verified = ks.verify(&shouting, &list_pending(), now0()).expect("hex is hex");
+        assert_eq!(cache.admit(verified, now0()), Err(ReplayError::Replayed));
+    }
+
+    #[test]
+    fn r_arch_3_the_replay_cache_forgets_expired_assertions_and_refuses_when_full() {
+        // given a cache for two assertions holding two
+        let ks = keys();
+        let mut cache = ReplayCache::new(2);
+        let binding = |c: &str| Binding { correlation_id: c.into(), ..list_pending() };
+        for (i, c) in ["c1", "c2"].into_iter().enumerate() {
+            let at = now0() + TimeDelta::seconds(i64::try_from(i).expect("small"));
+            let v = ks.verify(&ks.sign(&admin(), &binding(c), at), &binding(c), at).expect("valid");
+            assert!(cache.admit(v, at).is_ok());
+        }
+        // when a third comes while both are unexpired; then the cache refuses instead of growing
+        let third = ks.sign(&admin(), &binding("c3"), now0() + TimeDelta::seconds(2));
+        let v = ks.verify(&third, &binding("c3"), now0() + TimeDelta::seconds(2)).expect("valid");
+        assert_eq!(cache.admit(v.clone(), now0() + TimeDelta::seconds(2)), Err(ReplayError::Full { capacity: 2 }));
+        assert_eq!(cache.len(), 2);
+        // when the first has been expired for longer than the grace; then it is forgotten and the third fits
+        let later = now0() + ASSERTION_TTL + REPLAY_GRACE + TimeDelta::seconds(1);
+        assert_eq!(cache.admit(v, later), Ok(admin()));
+        assert_eq!(cache.len(), 2);
     }
 
     #[test]
@@ -401,14 +715,14 @@ mod tests {
         // given an assertion for a user id with non-ASCII and newline characters
         let ks = keys();
         let p = Principal::new("jürgen\r\nx", Role::Admin, Kind::Agent);
-        let a = ks.sign(&p, "corr-1", now0());
-        // when encoded for a header and decoded again
+        let a = ks.sign(&p, &list_pending(), now0());
+        // when encoded as text and decoded again
         let header = a.encode();
         let back = PrincipalAssertion::decode(&header).expect("decode");
-        // then the header is plain hex and the assertion still verifies
+        // then the text is plain hex and the assertion still verifies
         assert!(header.bytes().all(|b| b.is_ascii_hexdigit()));
         assert_eq!(back, a);
-        assert_eq!(ks.verify(&back, "corr-1", now0()), Ok(p));
+        assert_eq!(check(&ks, &back, &list_pending(), now0()), Ok(p));
     }
 
     #[test]
@@ -419,6 +733,18 @@ mod tests {
             let err = PrincipalAssertion::decode(bad).expect_err("garbage");
             assert_eq!(err.reason(), "malformed_assertion");
         }
+    }
+
+    #[test]
+    fn r_arch_3_payload_digests_read_only_64_lowercase_hex_digits() {
+        let d = PayloadDigest::of(b"");
+        assert_eq!(d.to_hex(), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(PayloadDigest::from_hex(&d.to_hex()), Some(d));
+        for bad in ["", "e3b0", &d.to_hex().to_uppercase(), &format!("{}0", d.to_hex()), &"g".repeat(64)] {
+            assert_eq!(PayloadDigest::from_hex(bad), None, "{bad:?}");
+        }
+        assert_eq!(PayloadDigest::from_slice(&d.0), Some(d));
+        assert_eq!(PayloadDigest::from_slice(&[0; 31]), None);
     }
 
     #[test]
@@ -436,10 +762,13 @@ mod tests {
 
     #[test]
     fn r_arch_3_canonical_bytes_are_length_prefixed() {
-        // given two assertions whose key id + user id concatenate identically; then bytes differ
+        // given two assertions whose neighbouring fields concatenate identically; then bytes differ
         let p1 = Principal::new("c", Role::Member, Kind::Human);
         let p2 = Principal::new("bc", Role::Member, Kind::Human);
-        assert_ne!(canonical_bytes("ab", &p1, "x", now0()), canonical_bytes("a", &p2, "x", now0()));
+        assert_ne!(canonical_bytes("ab", &p1, &list_pending(), now0()), canonical_bytes("a", &p2, &list_pending(), now0()));
+        let b1 = Binding { subject: "a.b".into(), message_type: "c".into(), ..list_pending() };
+        let b2 = Binding { subject: "a".into(), message_type: ".bc".into(), ..list_pending() };
+        assert_ne!(canonical_bytes("k", &p1, &b1, now0()), canonical_bytes("k", &p1, &b2, now0()));
     }
 
     proptest! {
@@ -448,6 +777,7 @@ mod tests {
         fn r_arch_3_verify_never_panics(
             key_id in prop_oneof![Just("k1".to_owned()), ".*"],
             user_id in ".*",
+            subject in ".*",
             corr in ".*",
             mac in prop_oneof![".*", "[0-9a-f]{64}"],
             secs in -100_000_000_000i64..100_000_000_000i64,
@@ -457,14 +787,15 @@ mod tests {
             let ks = keys();
             let expires_at = DateTime::from_timestamp(secs, nanos).unwrap_or(DateTime::UNIX_EPOCH);
             let now = DateTime::from_timestamp(now_secs, 0).unwrap_or(DateTime::UNIX_EPOCH);
+            let binding = Binding { subject, correlation_id: corr, ..list_pending() };
             let a = PrincipalAssertion {
                 key_id,
                 principal: Principal::new(user_id, Role::Admin, Kind::Human),
-                correlation_id: corr.clone(),
+                binding: binding.clone(),
                 expires_at,
                 mac,
             };
-            prop_assert!(ks.verify(&a, &corr, now).is_err());
+            prop_assert!(ks.verify(&a, &binding, now).is_err());
             let _ = PrincipalAssertion::decode(&a.encode());
         }
     }

@@ -27,7 +27,7 @@ pub use projection::{DraftRow, DraftsView, RowStatus};
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::DRAFTS;
 /// Aggregate types whose events this service appends and relays.
-pub const AGGREGATE_TYPES: &[&str] = &[types::DRAFT];
+pub const AGGREGATE_TYPES: &[&str] = &[types::DRAFT, types::DRAFTS_SECURITY];
 
 struct Service {
     rt: Runtime,

@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use atasira_domain::OSOperation;
-use atasira_domain::assertion::PrincipalAssertion;
+use atasira_domain::assertion::{Binding, PayloadDigest, PrincipalAssertion};
 use atasira_domain::box_type::{BOX_TYPE_PATTERN, RESERVED_BOX_TYPES};
+use atasira_domain::{FieldError, OSOperation};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -93,13 +93,66 @@ pub struct AssignRequest {
     pub role_in_box: RoleInBox,
 }
 
-/// `POST /api/v1/auth/nats-assertion`. An empty body is `{}`. Unknown fields are refused.
-#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+/// `POST /api/v1/auth/nats-assertion`: the one NATS request the assertion is for. Unknown
+/// fields are refused; a missing or malformed field is 422 `invalid_request` with one
+/// entry per field in `details`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AssertionRequest {
-    /// The correlation id the NATS request will carry; one is generated when absent or empty.
+    /// The subject the request is sent on: `atasira.box.<sender>.<service>`, the sender
+    /// being `gateway` or a service, e.g. `atasira.box.gateway.drafts`.
+    #[serde(default)]
+    #[schema(
+        required = true,
+        pattern = r"^atasira\.box\.(gateway|drafts|approval|provisioner|runtime-registry|audit)\.(drafts|approval|provisioner|runtime-registry|audit)$"
+    )]
+    pub subject: String,
+    /// The envelope's `message_type`, e.g. `atasira.v1.ListPendingDrafts`.
+    #[serde(default)]
+    #[schema(required = true, pattern = r"^atasira\.v1\.[A-Z][A-Za-z0-9]{0,99}$")]
+    pub message_type: String,
+    /// The SHA-256 of the envelope's `payload` bytes: 64 lowercase hex digits.
+    #[serde(default)]
+    #[schema(required = true, pattern = "^[0-9a-f]{64}$")]
+    pub payload_sha256: String,
+    /// The correlation id the request carries; one is generated when absent or empty.
     #[serde(default)]
     pub correlation_id: Option<String>,
+}
+
+impl AssertionRequest {
+    /// The request the assertion is for (the correlation id as given, possibly empty), or
+    /// every field that is missing or malformed.
+    pub fn binding(&self) -> Result<Binding, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let to = self.subject.rsplit('.').next().unwrap_or_default();
+        let known = atasira_contracts::subjects::SERVICES.contains(&to)
+            && matches!(atasira_contracts::subjects::origin(&self.subject, to), Some(atasira_contracts::subjects::Origin::Service(_)));
+        if !known {
+            errors.push(FieldError::new(
+                "subject",
+                "must be atasira.box.<sender>.<service>, the sender being gateway or a service, e.g. atasira.box.gateway.drafts",
+            ));
+        }
+        let name = self.message_type.strip_prefix("atasira.v1.").unwrap_or_default();
+        let well_formed = name.len() <= 100 && name.bytes().next().is_some_and(|b| b.is_ascii_uppercase()) && name.bytes().all(|b| b.is_ascii_alphanumeric());
+        if !well_formed {
+            errors.push(FieldError::new("message_type", "must be a message name such as atasira.v1.ListPendingDrafts"));
+        }
+        let digest = PayloadDigest::from_hex(&self.payload_sha256);
+        if digest.is_none() {
+            errors.push(FieldError::new("payload_sha256", "must be the SHA-256 of the payload bytes as 64 lowercase hex digits"));
+        }
+        match digest {
+            Some(payload_sha256) if errors.is_empty() => Ok(Binding {
+                subject: self.subject.clone(),
+                message_type: self.message_type.clone(),
+                payload_sha256,
+                correlation_id: self.correlation_id.clone().unwrap_or_default(),
+            }),
+            _ => Err(errors),
+        }
+    }
 }
 
 // --- errors -----------------------------------------------------------------------------
@@ -545,11 +598,15 @@ pub struct PrincipalView {
     pub kind: Kind,
 }
 
-/// The gateway's signed statement "this call comes from this principal".
+/// The gateway's signed statement "this call comes from this principal", for one request.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Assertion {
     pub key_id: String,
     pub principal: PrincipalView,
+    pub subject: String,
+    pub message_type: String,
+    /// 64 lowercase hex digits.
+    pub payload_sha256: String,
     pub correlation_id: String,
     pub expires_at: DateTime<Utc>,
     /// Lowercase hex HMAC-SHA256.
@@ -563,7 +620,7 @@ pub struct AssertionIssued {
     pub expires_at: DateTime<Utc>,
     pub assertion: Assertion,
     /// The assertion as an `atasira.v1.PrincipalAssertion` protobuf, hex: put it in the
-    /// envelope of a NATS request with the same correlation id.
+    /// envelope of the one request it is for. Services accept it once.
     pub assertion_protobuf_hex: String,
 }
 
@@ -581,13 +638,17 @@ impl AssertionIssued {
                 atasira_domain::Kind::Agent => Kind::Agent,
             },
         };
+        let binding = &assertion.binding;
         Self {
-            correlation_id: assertion.correlation_id.clone(),
+            correlation_id: binding.correlation_id.clone(),
             expires_at: assertion.expires_at,
             assertion: Assertion {
                 key_id: assertion.key_id.clone(),
                 principal,
-                correlation_id: assertion.correlation_id.clone(),
+                subject: binding.subject.clone(),
+                message_type: binding.message_type.clone(),
+                payload_sha256: binding.payload_sha256.to_hex(),
+                correlation_id: binding.correlation_id.clone(),
                 expires_at: assertion.expires_at,
                 mac: assertion.mac.clone(),
             },
@@ -676,6 +737,49 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_assertion_request_names_one_request_or_every_field_at_fault() {
+        // R-AUTH-5: subject, message type and payload digest are required and checked
+        let digest = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        let ok = AssertionRequest {
+            subject: "atasira.box.gateway.drafts".into(),
+            message_type: "atasira.v1.ListPendingDrafts".into(),
+            payload_sha256: digest.into(),
+            correlation_id: Some("c1".into()),
+        };
+        let binding = ok.binding().expect("valid");
+        assert_eq!(
+            (binding.subject.as_str(), binding.payload_sha256.to_hex().as_str(), binding.correlation_id.as_str()),
+            ("atasira.box.gateway.drafts", digest, "c1")
+        );
+        for sender in std::iter::once(atasira_contracts::subjects::GATEWAY).chain(atasira_contracts::subjects::SERVICES.iter().copied()) {
+            for to in atasira_contracts::subjects::SERVICES {
+                let r = AssertionRequest { subject: format!("atasira.box.{sender}.{to}"), correlation_id: None, ..ok.clone() };
+                assert!(r.binding().is_ok(), "{}", r.subject);
+            }
+        }
+        let keys = |r: &AssertionRequest| r.binding().expect_err("refused").into_iter().map(|e| e.key).collect::<Vec<_>>();
+        assert_eq!(keys(&AssertionRequest::default()), ["subject", "message_type", "payload_sha256"]);
+        for subject in [
+            "atasira.box.gateway.gateway",
+            "atasira.box.client.drafts",
+            "atasira.box.someone.drafts",
+            "atasira.box.*.drafts",
+            "atasira.box.gateway.drafts.x",
+            "x",
+        ] {
+            assert_eq!(keys(&AssertionRequest { subject: subject.into(), ..ok.clone() }), ["subject"], "{subject}");
+        }
+        for message_type in
+            ["ListPendingDrafts", "atasira.v1.", "atasira.v1.listPending", "atasira.v1.List.Pending", &format!("atasira.v1.A{}", "a".repeat(100))]
+        {
+            assert_eq!(keys(&AssertionRequest { message_type: message_type.into(), ..ok.clone() }), ["message_type"], "{message_type}");
+        }
+        for payload_sha256 in ["", "e3b0", &digest.to_uppercase(), &format!("{digest}00"), &"z".repeat(64)] {
+            assert_eq!(keys(&AssertionRequest { payload_sha256: payload_sha256.into(), ..ok.clone() }), ["payload_sha256"], "{payload_sha256}");
+        }
+    }
 
     /// Reading the API's JSON into the HTTP type and writing it again changes nothing.
     fn same<T: DeserializeOwned + Serialize>(value: Value) {

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use atasira_contracts::subjects;
 use atasira_contracts::v1;
-use atasira_contracts::{Named, decode_reply, envelope};
+use atasira_contracts::{Named, decode_reply, envelope, signed_envelope};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::auth;
@@ -134,14 +134,14 @@ impl AppState {
         request: &Req,
     ) -> Result<(Resp, i64, Vec<String>), ApiError> {
         let correlation_id = uuid::Uuid::new_v4().to_string();
-        let assertion = self.rt.assertion_keys.sign(principal, &correlation_id, chrono::Utc::now());
-        let env = envelope(request, &correlation_id, "", Some(&assertion));
+        let subject = subjects::request(subjects::GATEWAY, service);
+        let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation_id, "", chrono::Utc::now());
         let mut headers = BTreeMap::new();
         headers.insert("traceparent".to_owned(), traceparent(&correlation_id));
         let bytes = self
             .rt
             .bus
-            .request(&subjects::request(subjects::GATEWAY, service), headers, env.encode_to_vec().into(), self.config.request_timeout)
+            .request(&subject, headers, env.encode_to_vec().into(), self.config.request_timeout)
             .await
             .map_err(|e| ApiError::new(ErrorCode::ServiceUnavailable, format!("the {service} service did not answer: {e}")))?;
         match atasira_contracts::decode_written::<Resp>(&bytes) {
@@ -167,7 +167,7 @@ impl AppState {
             timeout_ms: u32::try_from(self.config.consistency_wait.as_millis()).unwrap_or(u32::MAX),
             event_ids: event_ids.to_vec(),
         };
-        let env = envelope(&request, &uuid::Uuid::new_v4().to_string(), "", None);
+        let env = envelope(&request, &uuid::Uuid::new_v4().to_string(), "");
         let timeout = self.config.consistency_wait + Duration::from_secs(1);
         let subject = subjects::request(subjects::GATEWAY, service);
         match self.rt.bus.request(&subject, BTreeMap::new(), env.encode_to_vec().into(), timeout).await {

@@ -274,6 +274,20 @@ mod tests {
     }
 
     #[test]
+    fn the_assertion_request_documents_what_the_gateway_accepts() {
+        // R-AUTH-5: the subject pattern names the senders and services atasira knows, and
+        // the three binding fields are required.
+        let doc = doc();
+        let schema = &doc["components"]["schemas"]["AssertionRequest"];
+        let required: Vec<&str> = schema["required"].as_array().expect("required").iter().filter_map(Value::as_str).collect();
+        assert_eq!(required, ["subject", "message_type", "payload_sha256"]);
+        let services = atasira_contracts::subjects::SERVICES.join("|");
+        let senders = format!("{}|{services}", atasira_contracts::subjects::GATEWAY);
+        assert_eq!(schema["properties"]["subject"]["pattern"], format!(r"^atasira\.box\.({senders})\.({services})$"));
+        assert_eq!(schema["properties"]["payload_sha256"]["pattern"], "^[0-9a-f]{64}$");
+    }
+
+    #[test]
     fn writes_document_the_idempotency_key() {
         let doc = doc();
         for (name, op) in operations(&doc) {

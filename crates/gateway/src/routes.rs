@@ -6,7 +6,7 @@
 //! every route shares (401, 500, 503, and 400/413/422 for bodies, 400 for queries).
 
 use atasira_contracts::{Named, subjects, v1};
-use atasira_domain::Principal;
+use atasira_domain::{ErrorCode, Principal};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -320,16 +320,23 @@ pub async fn audit_verify(State(state): State<AppState>, Caller(principal): Call
 
 // --- auth -------------------------------------------------------------------------------
 
-/// A principal assertion for the caller's PAT, to put in the envelope of a NATS request
-/// with the same correlation id.
+/// A principal assertion for the caller's PAT, bound to one NATS request: its subject,
+/// message type, payload digest and correlation id; valid for 60 s and accepted once.
+/// Services take assertions only on the subjects atasira's own processes publish on; a NATS
+/// publisher authenticates with its PAT instead and needs none.
 #[utoipa::path(post, path = "/api/v1/auth/nats-assertion", tag = "auth",
-    request_body(content = Option<api::AssertionRequest>, description = "Empty, `{}` or `{\"correlation_id\": text}`"),
+    request_body = api::AssertionRequest,
     responses((status = 200, description = "The assertion", body = api::AssertionIssued)),
     security(("pat" = [])))]
 pub async fn nats_assertion(State(state): State<AppState>, Caller(principal): Caller, body: RawBody) -> Result<Json<api::AssertionIssued>, ApiError> {
     let req: api::AssertionRequest = body.parse()?;
-    let correlation_id = req.correlation_id.filter(|c| !c.is_empty()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let assertion = state.rt.assertion_keys.sign(&principal, &correlation_id, chrono::Utc::now());
+    let mut binding = req.binding().map_err(|errors| {
+        ApiError::new(ErrorCode::InvalidRequest, "the request the assertion is for is not described right").with_details(Some(serde_json::json!(errors)))
+    })?;
+    if binding.correlation_id.is_empty() {
+        binding.correlation_id = uuid::Uuid::new_v4().to_string();
+    }
+    let assertion = state.rt.assertion_keys.sign(&principal, &binding, chrono::Utc::now());
     let wire = atasira_contracts::assertion_to_wire(&assertion).encode_to_vec();
     Ok(Json(api::AssertionIssued::new(&assertion, &wire)))
 }

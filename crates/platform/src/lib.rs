@@ -12,6 +12,7 @@ pub mod command;
 pub mod db;
 pub mod failpoints;
 pub mod feed;
+pub mod guard;
 pub mod projection;
 pub mod relay;
 pub mod service;
@@ -30,6 +31,8 @@ pub struct Runtime {
     pub feeds: feed::FeedSource,
     /// Verifies (and, in the gateway, signs) principal assertions (R-ARCH-3).
     pub assertion_keys: Arc<AssertionKeys>,
+    /// The process's request limits, replay cache and violation rate limit.
+    pub guards: Arc<guard::Guards>,
 }
 
 impl Runtime {

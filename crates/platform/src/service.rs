@@ -1,17 +1,23 @@
-//! The shape every service endpoint shares: decode the envelope, carry the caller's trace
-//! context into a span, register on `atasira.box.*.<service>` with the NATS services API,
-//! verify the principal assertion, stop on shutdown. Services only write `dispatch`.
+//! The shape every service endpoint shares: bound the requests in flight, decode the
+//! envelope, carry the caller's trace context into a span, register on
+//! `atasira.box.*.<service>` with the NATS services API, establish the principal (a NATS
+//! publisher's PAT, or an assertion accepted once), stop on shutdown. Services only write
+//! `dispatch`.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use atasira_contracts::subjects::{self, Origin};
 use atasira_contracts::{Envelope, Reply, reply_error};
+use atasira_domain::aggregates::security::SecurityCommand;
+use atasira_domain::assertion::{AssertionError, ReplayError};
 use atasira_domain::{ErrorCode, FieldError, Principal, Refusing};
 use prost::Message as _;
+use tokio::sync::Semaphore;
 
 use crate::Runtime;
 use crate::bus::{Endpoint, Handler, Message};
+use crate::guard::Verdict;
 
 /// A typed refusal on its way to the wire (the spec's code, a message, the keys at fault).
 #[derive(Debug)]
@@ -50,27 +56,41 @@ impl<E: Refusing> From<E> for Refusal {
     }
 }
 
-/// One request as a service sees it: the envelope, and who sent it.
+/// One request as a service sees it: the envelope, who sent it, and to which service.
 #[derive(Debug, Clone)]
 pub struct Call {
     pub subject: String,
     pub origin: Origin,
     pub env: Envelope,
+    /// The service it is addressed to (the last token of the subject).
+    pub service: &'static str,
+    /// The principal, once established: an assertion is accepted once, so a second look
+    /// must not verify it again.
+    principal: OnceLock<Principal>,
 }
 
 impl Call {
+    pub fn new(subject: String, origin: Origin, env: Envelope, service: &'static str) -> Self {
+        Self { subject, origin, env, service, principal: OnceLock::new() }
+    }
+
     /// The principal this call acts for. A NATS publisher is the owner of the PAT its
     /// subject names, looked up in the store on every request (a revoked or expired token
     /// stops working at once); a call from one of atasira's processes carries a principal
-    /// assertion (R-ARCH-3).
+    /// assertion bound to this request and accepted once (R-ARCH-3). Asking again returns
+    /// the same principal.
     pub async fn principal(&self, rt: &Runtime) -> Result<Principal, Refusal> {
-        match &self.origin {
+        if let Some(p) = self.principal.get() {
+            return Ok(p.clone());
+        }
+        let principal = match &self.origin {
             Origin::Client { token_hash } => crate::auth::lookup_token_hash(&rt.db, token_hash)
                 .await
                 .map_err(Refusal::internal)?
-                .ok_or_else(|| Refusal::new(ErrorCode::Unauthenticated, "the token is unknown, expired or revoked")),
-            Origin::Service(_) => verify_principal(rt, &self.env),
-        }
+                .ok_or_else(|| Refusal::new(ErrorCode::Unauthenticated, "the token is unknown, expired or revoked"))?,
+            Origin::Service(_) => verify_principal(rt, self).await?,
+        };
+        Ok(self.principal.get_or_init(|| principal).clone())
     }
 
     /// Refuses a NATS publisher: `what` is for atasira's own processes only.
@@ -91,24 +111,34 @@ impl Call {
 }
 
 /// Serves `service`'s requests with `dispatch`, from atasira's processes and from NATS
-/// publishers; an undecodable envelope or a subject with no origin is answered with a
-/// typed error before `dispatch` sees it, and refusals become error replies.
+/// publishers, at most `rt.guards.max_in_flight` at once (more are answered `busy` at
+/// once, R-ARCH-4). An undecodable envelope, a subject with no origin, or a NATS
+/// publisher whose token is unknown, expired or revoked (for any request, waits included)
+/// is answered with a typed error before `dispatch` sees it; refusals become error replies.
 pub async fn serve<F, Fut>(rt: &Runtime, service: &'static str, dispatch: F) -> anyhow::Result<Endpoint>
 where
     F: Fn(Call) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Reply, Refusal>> + Send + 'static,
 {
     let dispatch = Arc::new(dispatch);
+    let max_in_flight = rt.guards.max_in_flight;
+    let in_flight = Arc::new(Semaphore::new(max_in_flight));
+    let runtime = rt.clone();
     let handler: Handler = Arc::new(move |msg: Message| {
-        let dispatch = dispatch.clone();
+        let (dispatch, rt) = (dispatch.clone(), runtime.clone());
+        // Taken before the task does any work, so excess requests cost nothing but the answer.
+        let permit = in_flight.clone().try_acquire_owned();
         // W3C trace context from the caller (R-OPS-1): one API call is one trace.
         let span = tracing::info_span!("request", service, traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
         Box::pin(tracing::Instrument::instrument(
             async move {
-                let reply = match (atasira_contracts::decode_envelope(&msg.payload), subjects::origin(&msg.subject, service)) {
-                    (Ok(env), Some(origin)) => dispatch(Call { subject: msg.subject, origin, env }).await.unwrap_or_else(Refusal::into_reply),
-                    (Err(e), _) => Refusal::from(e).into_reply(),
-                    (Ok(_), None) => Refusal::new(ErrorCode::Unauthenticated, format!("{} names no sender atasira knows", msg.subject)).into_reply(),
+                let reply = match permit {
+                    Ok(_permit) => handle(&rt, service, dispatch.as_ref(), msg).await,
+                    Err(_) => {
+                        tracing::warn!(service, max_in_flight, "request refused: too many in flight");
+                        Refusal::new(ErrorCode::Busy, format!("the {service} service is handling {max_in_flight} requests already; retry in a moment"))
+                            .into_reply()
+                    }
                 };
                 reply.encode_to_vec().into()
             },
@@ -121,15 +151,117 @@ where
     Ok(endpoint)
 }
 
-/// R-ARCH-3: the principal only counts with a valid assertion bound to this request's
-/// correlation id; anything else is `unauthenticated`.
-fn verify_principal(rt: &Runtime, env: &Envelope) -> Result<Principal, Refusal> {
-    let unauthenticated = |m: String| Refusal::new(ErrorCode::Unauthenticated, m);
-    let wire = env.assertion.as_ref().ok_or_else(|| unauthenticated("the request carries no principal assertion".to_owned()))?;
-    let assertion = atasira_contracts::assertion_from_wire(wire).map_err(|e| unauthenticated(e.to_string()))?;
-    rt.assertion_keys
-        .verify(&assertion, &env.correlation_id, chrono::Utc::now())
-        .map_err(|e| unauthenticated(format!("invalid principal assertion: {}", e.reason())))
+async fn handle<F, Fut>(rt: &Runtime, service: &'static str, dispatch: &F, msg: Message) -> Reply
+where
+    F: Fn(Call) -> Fut,
+    Fut: Future<Output = Result<Reply, Refusal>>,
+{
+    let env = match atasira_contracts::decode_envelope(&msg.payload) {
+        Ok(env) => env,
+        Err(e) => return Refusal::from(e).into_reply(),
+    };
+    let Some(origin) = subjects::origin(&msg.subject, service) else {
+        return Refusal::new(ErrorCode::Unauthenticated, format!("{} names no sender atasira knows", msg.subject)).into_reply();
+    };
+    let call = Call::new(msg.subject, origin, env, service);
+    // A NATS publisher is nobody without a valid token, whatever it asks (R-AUTH-1).
+    if matches!(call.origin, Origin::Client { .. })
+        && let Err(refusal) = call.principal(rt).await
+    {
+        return refusal.into_reply();
+    }
+    dispatch(call).await.unwrap_or_else(Refusal::into_reply)
+}
+
+/// R-ARCH-3: a call from one of atasira's processes acts for a principal only with a valid
+/// assertion bound to this request (subject, message type, payload digest, correlation
+/// id), seen for the first time; anything else is `unauthenticated` and recorded as a
+/// security violation (R-AUDIT-5, rate-limited per sender).
+async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusal> {
+    let now = chrono::Utc::now();
+    let Some(wire) = call.env.assertion.as_ref() else {
+        return Err(refused_assertion(rt, call, AssertionError::Missing.reason(), None, None).await);
+    };
+    let claimed = wire.principal.as_ref().map(|p| p.user_id.as_str());
+    let assertion = match atasira_contracts::assertion_from_wire(wire) {
+        Ok(a) => a,
+        Err(_) => return Err(refused_assertion(rt, call, AssertionError::Malformed.reason(), claimed, Some(&wire.key_id)).await),
+    };
+    let verified = match rt.assertion_keys.verify(&assertion, &atasira_contracts::binding(&call.subject, &call.env), now) {
+        Ok(v) => v,
+        Err(e) => return Err(refused_assertion(rt, call, e.reason(), claimed, Some(&wire.key_id)).await),
+    };
+    match rt.guards.admit(verified, now) {
+        Ok(principal) => Ok(principal),
+        Err(ReplayError::Replayed) => Err(refused_assertion(rt, call, "replayed", claimed, Some(&wire.key_id)).await),
+        Err(e @ ReplayError::Full { .. }) => {
+            tracing::warn!(service = call.service, error = %e, "principal assertion refused: the replay cache is full");
+            Err(Refusal::new(ErrorCode::Busy, e.to_string()))
+        }
+    }
+}
+
+/// Records a refused assertion (unless the sender's budget of recorded violations is spent)
+/// and returns the refusal. The record names the reason, the subject, the sender, the
+/// claimed user id and the key id; never the MAC.
+async fn refused_assertion(rt: &Runtime, call: &Call, reason: &'static str, claimed: Option<&str>, key_id: Option<&str>) -> Refusal {
+    let source = match &call.origin {
+        Origin::Service(name) => *name,
+        Origin::Client { .. } => subjects::CLIENT,
+    };
+    tracing::warn!(service = call.service, source, subject = %call.subject, reason, "principal assertion refused");
+    match rt.guards.violation(source, std::time::Instant::now()) {
+        Verdict::Suppress { first } => {
+            if first {
+                tracing::warn!(service = call.service, source, "more refused assertions from this sender this minute: counted, not recorded");
+            }
+        }
+        Verdict::Record { suppressed } => {
+            if suppressed > 0 {
+                tracing::warn!(service = call.service, source, suppressed, "refused assertions not recorded in the last minute (rate limit)");
+            }
+            let text = |s: Option<&str>| s.map_or_else(|| "none".to_owned(), clip);
+            let command = SecurityCommand::Record {
+                service: call.service.to_owned(),
+                actor: source.to_owned(),
+                target: clip(&call.subject),
+                kind: "invalid_assertion".to_owned(),
+                reason: format!("{reason}: {} claiming user {} with key {}", clip(&call.env.message_type), text(claimed), text(key_id)),
+                at: chrono::Utc::now(),
+            };
+            match record_security_violation(rt, call.service, command).await {
+                Ok(()) => rt.notify_committed(),
+                Err(e) => tracing::error!(service = call.service, error = %e, "could not record a security violation"),
+            }
+        }
+    }
+    let message = match reason {
+        "missing_assertion" => "the request carries no principal assertion".to_owned(),
+        _ => format!("invalid principal assertion: {reason}"),
+    };
+    Refusal::new(ErrorCode::Unauthenticated, message)
+}
+
+/// Caller-chosen text in a record: at most 128 characters, control characters escaped.
+fn clip(text: &str) -> String {
+    let short: String = text.chars().take(128).collect();
+    short.escape_debug().to_string()
+}
+
+/// Appends a `SecurityViolation` (R-AUDIT-5) to `service`'s own security aggregate type,
+/// a new stream each.
+pub async fn record_security_violation(rt: &Runtime, service: &str, command: SecurityCommand) -> Result<(), Refusal> {
+    use atasira_domain::aggregates::security::{ApprovalSecurity, AuditSecurity, DraftsSecurity, ProvisionerSecurity, RegistrySecurity};
+    let id = uuid::Uuid::new_v4().to_string();
+    let (metadata, retry) = (std::collections::HashMap::new(), crate::command::Retry::ONCE);
+    match service {
+        subjects::DRAFTS => crate::command::execute(&rt.db.cqrs::<DraftsSecurity>(), &id, command, metadata, retry).await,
+        subjects::APPROVAL => crate::command::execute(&rt.db.cqrs::<ApprovalSecurity>(), &id, command, metadata, retry).await,
+        subjects::RUNTIME_REGISTRY => crate::command::execute(&rt.db.cqrs::<RegistrySecurity>(), &id, command, metadata, retry).await,
+        subjects::AUDIT => crate::command::execute(&rt.db.cqrs::<AuditSecurity>(), &id, command, metadata, retry).await,
+        subjects::PROVISIONER => crate::command::execute(&rt.db.cqrs::<ProvisionerSecurity>(), &id, command, metadata, retry).await,
+        other => Err(Refusal::internal(format!("the {other} process has no security aggregate to record in"))),
+    }
 }
 
 /// The answer to a read-your-writes wait: which of `read_models` (name, aggregate types
@@ -149,5 +281,187 @@ pub async fn until_shutdown(mut shutdown: tokio::sync::watch::Receiver<bool>) {
         if shutdown.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use atasira_contracts::{Named, decode_reply, envelope, signed_envelope, v1};
+    use atasira_domain::assertion::{AssertionKey, AssertionKeys};
+    use atasira_domain::{Kind, Role};
+
+    use super::*;
+    use crate::bus::{Bus, InprocBus};
+    use crate::db::Db;
+    use crate::feed::FeedSource;
+    use crate::guard::Guards;
+
+    async fn runtime(guards: Guards) -> (Runtime, Arc<InprocBus>) {
+        let dir = std::env::temp_dir().join(format!("atasira-service-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
+        db.ensure_tables(crate::auth::TOKENS_SCHEMA).await.expect("tokens table");
+        let bus = Arc::new(InprocBus::default());
+        let keys = AssertionKeys::new(AssertionKey::new("internal-1", &[5; 32]).expect("key"), vec![]);
+        let rt = Runtime {
+            db,
+            bus: bus.clone(),
+            feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
+            assertion_keys: Arc::new(keys),
+            guards: Arc::new(guards),
+        };
+        (rt, bus)
+    }
+
+    async fn send(bus: &InprocBus, subject: &str, env: &Envelope) -> Result<v1::WaitForPositionReply, atasira_contracts::Refused> {
+        let bytes = bus.request(subject, Default::default(), env.encode_to_vec().into(), Duration::from_secs(10)).await.expect("an answer");
+        decode_reply::<v1::WaitForPositionReply>(&bytes).expect("a reply").map(|(r, _)| r)
+    }
+
+    /// A drafts service that answers the user id of the caller's principal.
+    async fn whoami(rt: &Runtime) -> Endpoint {
+        let service_rt = rt.clone();
+        serve(rt, subjects::DRAFTS, move |call| {
+            let rt = service_rt.clone();
+            async move {
+                let principal = call.principal(&rt).await?;
+                // Asking again is the same principal, not a replay.
+                assert_eq!(call.principal(&rt).await?.user_id, principal.user_id);
+                Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![principal.user_id] }))
+            }
+        })
+        .await
+        .expect("serves")
+    }
+
+    async fn violations(rt: &Runtime) -> Vec<serde_json::Value> {
+        let events = rt.db.events_after(0, &[atasira_domain::aggregates::types::DRAFTS_SECURITY], 100).await.expect("events");
+        events.into_iter().map(|e| e.payload["SecurityViolation"].clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn r_arch_4_requests_beyond_the_limit_in_flight_are_answered_busy_at_once() {
+        // given a service that runs at most 2 requests at once, and a handler that blocks
+        let (rt, bus) = runtime(Guards::new(2, 16)).await;
+        let gate = Arc::new(Semaphore::new(0));
+        let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
+        let handler_gate = gate.clone();
+        let _endpoint = serve(&rt, subjects::DRAFTS, move |_call| {
+            let (gate, entered_tx) = (handler_gate.clone(), entered_tx.clone());
+            async move {
+                let _ = entered_tx.send(());
+                let _open = gate.acquire().await.map_err(Refusal::internal)?;
+                Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] }))
+            }
+        })
+        .await
+        .expect("serves");
+        let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+        let wait = envelope(&v1::WaitForPosition::default(), "c", "");
+        // when two requests are inside the handler
+        let mut running = Vec::new();
+        for _ in 0..2 {
+            let (bus, subject, wait) = (bus.clone(), subject.clone(), wait.clone());
+            running.push(tokio::spawn(async move { send(&bus, &subject, &wait).await }));
+        }
+        for _ in 0..2 {
+            entered.recv().await.expect("a request entered");
+        }
+        // then a third is answered busy without waiting for them
+        let third = send(&bus, &subject, &wait).await.expect_err("busy");
+        assert_eq!(third.code, ErrorCode::Busy, "{third}");
+        // and once they finish, the two complete and the service takes requests again
+        gate.add_permits(3);
+        for r in running {
+            assert!(r.await.expect("joined").is_ok());
+        }
+        assert!(send(&bus, &subject, &wait).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn r_arch_3_an_assertion_is_accepted_once_and_only_for_its_request_and_refusals_are_recorded() {
+        // given the drafts service and an admin's assertion for ListPendingDrafts
+        let (rt, bus) = runtime(Guards::default()).await;
+        let _endpoint = whoami(&rt).await;
+        let alice = Principal::new("alice", Role::Admin, Kind::Human);
+        let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+        let list = v1::ListPendingDrafts { limit: 5, after: 0 };
+        let env = signed_envelope(&rt.assertion_keys, &alice, &subject, &list, "corr-1", "", chrono::Utc::now());
+        // when it is sent; then it acts for alice
+        assert_eq!(send(&bus, &subject, &env).await.expect("accepted").lagging, ["alice"]);
+        // when the same request is sent again; then it is a replay
+        let replayed = send(&bus, &subject, &env).await.expect_err("replayed");
+        assert_eq!((replayed.code, replayed.message.as_str()), (ErrorCode::Unauthenticated, "invalid principal assertion: replayed"));
+        // when a fresh assertion for ListPendingDrafts rides on an ApproveDraft; then refused
+        let fresh = signed_envelope(&rt.assertion_keys, &alice, &subject, &list, "corr-2", "", chrono::Utc::now());
+        let approve =
+            Envelope { assertion: fresh.assertion.clone(), ..envelope(&v1::ApproveDraft { draft_id: "d1".into(), confirm_over_limit: false }, "corr-2", "") };
+        let wrong_type = send(&bus, &subject, &approve).await.expect_err("wrong type");
+        assert_eq!(wrong_type.message, "invalid principal assertion: message_type_mismatch");
+        // when it is sent to another service's subject... it is bound to the drafts subject
+        let elsewhere = subjects::request(subjects::APPROVAL, subjects::DRAFTS);
+        assert_eq!(send(&bus, &elsewhere, &fresh).await.expect_err("other subject").message, "invalid principal assertion: subject_mismatch");
+        // when the payload is changed; then refused
+        let changed = Envelope { payload: v1::ListPendingDrafts { limit: 6, after: 0 }.encode_to_vec(), ..fresh.clone() };
+        assert_eq!(send(&bus, &subject, &changed).await.expect_err("changed").message, "invalid principal assertion: payload_mismatch");
+        // when there is no assertion at all; then refused
+        let bare = envelope(&list, "corr-3", "");
+        assert_eq!(send(&bus, &subject, &bare).await.expect_err("bare").code, ErrorCode::Unauthenticated);
+        // and the untouched fresh assertion still works once: refusals did not consume it
+        assert_eq!(send(&bus, &subject, &fresh).await.expect("accepted").lagging, ["alice"]);
+
+        // then each refusal is a SecurityViolation of the drafts service, naming reason,
+        // subject, sender, claimed user and key, never the MAC
+        let recorded = violations(&rt).await;
+        let reasons: Vec<&str> = recorded.iter().map(|v| v["reason"].as_str().expect("reason").split(':').next().expect("code")).collect();
+        assert_eq!(reasons, ["replayed", "message_type_mismatch", "subject_mismatch", "payload_mismatch", "missing_assertion"]);
+        assert_eq!(recorded[0]["service"], "drafts");
+        assert_eq!(recorded[0]["kind"], "invalid_assertion");
+        assert_eq!(recorded[0]["actor"], "gateway");
+        assert_eq!(recorded[0]["target"], subject.as_str());
+        assert_eq!(recorded[2]["actor"], "approval");
+        let reason = recorded[0]["reason"].as_str().expect("reason");
+        assert_eq!(reason, format!("replayed: {} claiming user alice with key internal-1", v1::ListPendingDrafts::NAME));
+        let mac = env.assertion.as_ref().expect("assertion").mac.clone();
+        assert!(recorded.iter().all(|v| !v.to_string().contains(&mac)));
+    }
+
+    #[tokio::test]
+    async fn r_audit_5_refused_assertions_are_recorded_at_most_so_often_per_sender() {
+        // given a budget of 3 recorded violations per sender
+        let (rt, bus) = runtime(Guards::default().with_violation_limit(3, Duration::from_secs(3600))).await;
+        let _endpoint = whoami(&rt).await;
+        let bare = envelope(&v1::ListPendingDrafts::default(), "c", "");
+        // when the gateway's subject carries 5 requests without an assertion, and the approval's 1
+        for _ in 0..5 {
+            assert!(send(&bus, &subjects::request(subjects::GATEWAY, subjects::DRAFTS), &bare).await.is_err());
+        }
+        assert!(send(&bus, &subjects::request(subjects::APPROVAL, subjects::DRAFTS), &bare).await.is_err());
+        // then every one is refused, 3 of the gateway's and the approval's are recorded
+        let actors: Vec<String> = violations(&rt).await.iter().map(|v| v["actor"].as_str().expect("actor").to_owned()).collect();
+        assert_eq!(actors, ["gateway", "gateway", "gateway", "approval"]);
+    }
+
+    #[tokio::test]
+    async fn r_auth_1_a_nats_publisher_with_an_unknown_or_revoked_token_gets_nothing_not_even_a_wait() {
+        // given a service that answers waits to anyone it lets through, and an agent's PAT
+        let (rt, bus) = runtime(Guards::default()).await;
+        let _endpoint = serve(&rt, subjects::DRAFTS, |_call| async { Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] })) })
+            .await
+            .expect("serves");
+        let token = crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None).await.expect("token");
+        let wait = envelope(&v1::WaitForPosition::default(), "c", "");
+        let as_client = |hash: &str| format!("atasira.box.{}.{hash}.{}", subjects::CLIENT, subjects::DRAFTS);
+        // when the valid token's holder waits; then answered
+        assert!(send(&bus, &as_client(&crate::auth::hash_token(&token)), &wait).await.is_ok());
+        // when an unknown token's holder waits; then unauthenticated
+        let unknown = send(&bus, &as_client(&"0".repeat(64)), &wait).await.expect_err("unknown token");
+        assert_eq!(unknown.code, ErrorCode::Unauthenticated);
+        // when the token is revoked; then unauthenticated at once
+        crate::auth::revoke_token(&rt.db, &token).await.expect("revoked");
+        let revoked = send(&bus, &as_client(&crate::auth::hash_token(&token)), &wait).await.expect_err("revoked");
+        assert_eq!(revoked.code, ErrorCode::Unauthenticated);
     }
 }

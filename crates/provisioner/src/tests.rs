@@ -79,6 +79,7 @@ fn runtime(db: &Db) -> Runtime {
         bus: Arc::new(InprocBus::default()),
         feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
         assertion_keys: Arc::new(AssertionKeys::new(key, vec![])),
+        guards: Default::default(),
     }
 }
 
@@ -118,7 +119,7 @@ where
 
 async fn ask_wait(rt: &Runtime, position: i64, event_ids: Vec<String>, timeout_ms: u32) -> Vec<String> {
     let request = v1::WaitForPosition { position, timeout_ms, event_ids };
-    let env = atasira_contracts::envelope(&request, "corr-wait", "", None);
+    let env = atasira_contracts::envelope(&request, "corr-wait", "");
     let subject = subjects::request(subjects::GATEWAY, SERVICE);
     let bytes = rt.bus.request(&subject, BTreeMap::new(), bytes::Bytes::from(env.encode_to_vec()), Duration::from_secs(10)).await.expect("answered");
     let (reply, _) = atasira_contracts::decode_reply::<v1::WaitForPositionReply>(&bytes).expect("decodes").expect("not refused");
@@ -209,7 +210,7 @@ async fn given_the_endpoint_when_asked_anything_but_a_wait_then_invalid_request(
     let db = Db::connect(&Db::sqlite_url(&tmp.0)).await.expect("db");
     let rt = runtime(&db);
     let (tx, handle) = start(&rt, tmp.0.join("data"));
-    let env = atasira_contracts::envelope(&v1::GetDraft { draft_id: "d1".into() }, "corr", "", None);
+    let env = atasira_contracts::envelope(&v1::GetDraft { draft_id: "d1".into() }, "corr", "");
     let subject = subjects::request(subjects::GATEWAY, SERVICE);
     let mut answer = Err(atasira_platform::bus::BusError::Other("not asked yet".into()));
     // The endpoint is registered as the service starts.

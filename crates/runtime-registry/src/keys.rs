@@ -96,7 +96,7 @@ impl KeyProvider {
 }
 
 async fn fetch(bus: &dyn Bus) -> anyhow::Result<Vec<PublicKeyEntry>> {
-    let env = atasira_contracts::envelope(&v1::GetApprovalKeys {}, &uuid::Uuid::new_v4().to_string(), "", None);
+    let env = atasira_contracts::envelope(&v1::GetApprovalKeys {}, &uuid::Uuid::new_v4().to_string(), "");
     let subject = subjects::request(subjects::RUNTIME_REGISTRY, subjects::APPROVAL);
     let bytes = bus.request(&subject, Default::default(), env.encode_to_vec().into(), Duration::from_secs(5)).await?;
     match atasira_contracts::decode_reply::<v1::ApprovalKeysReply>(&bytes)? {

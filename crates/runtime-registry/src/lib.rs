@@ -20,7 +20,7 @@ use atasira_contracts::{Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, box_id_for};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::types;
-use atasira_domain::token::Keyring;
+use atasira_domain::token::{ACTIVATION_WINDOW, Keyring};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
@@ -141,11 +141,12 @@ impl Registry {
                     return Err(Refusal::new(ErrorCode::Forbidden, "only a human admin's approval reserves a box_type"));
                 }
                 let foreign = views::foreign_file(&self.rt.db, &self.config.manifests_dir, &r.box_type).await.map_err(Refusal::internal)?;
-                let deadline = chrono::DateTime::from_timestamp(r.deadline_unix, 0).ok_or_else(|| Refusal::new(ErrorCode::InvalidRequest, "bad deadline"))?;
+                let now = chrono::Utc::now();
+                let deadline = reservation_deadline(r.deadline_unix, now)?;
                 let command = NamespaceCommand::Reserve {
                     box_type: r.box_type,
                     draft_id: r.draft_id,
-                    now: chrono::Utc::now(),
+                    now,
                     deadline,
                     max_boxes: self.config.max_boxes,
                     foreign_manifest_file: foreign,
@@ -240,6 +241,48 @@ impl Registry {
                 Ok(reply)
             }
             Action::Unspecified => Err(Refusal::new(ErrorCode::InvalidRequest, "action: use stop, resume or archive")),
+        }
+    }
+}
+
+/// The deadline of a reservation, decided here and not by the caller (R-APPROVE-7): at
+/// most the activation window from now (a later one is clamped, so a caller cannot hold a
+/// box_type longer), and not past (refused: such a reservation would lapse at once).
+fn reservation_deadline(requested_unix: i64, now: chrono::DateTime<chrono::Utc>) -> Result<chrono::DateTime<chrono::Utc>, Refusal> {
+    let requested =
+        chrono::DateTime::from_timestamp(requested_unix, 0).ok_or_else(|| Refusal::new(ErrorCode::InvalidRequest, "deadline_unix is out of range"))?;
+    // Whole seconds, like the requested deadline: a deadline a moment ago is "now".
+    let now_secs = chrono::DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now);
+    if requested < now_secs {
+        return Err(Refusal::new(ErrorCode::InvalidRequest, format!("the reservation deadline {requested} has passed")));
+    }
+    Ok(requested.min(now + ACTIVATION_WINDOW))
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, TimeDelta};
+
+    use super::*;
+
+    fn now0() -> DateTime<chrono::Utc> {
+        DateTime::from_timestamp(1_750_000_000, 250_000_000).expect("valid")
+    }
+
+    #[test]
+    fn r_approve_7_the_registry_clamps_reservation_deadlines_to_the_activation_window() {
+        // given the deadline the approval service asks for (now + the window, whole seconds); then kept
+        let asked = (now0() + ACTIVATION_WINDOW).timestamp();
+        assert_eq!(reservation_deadline(asked, now0()).expect("kept").timestamp(), asked);
+        // given a deadline further away (a skewed or hostile caller); then clamped to the window
+        let far = (now0() + TimeDelta::days(365)).timestamp();
+        assert_eq!(reservation_deadline(far, now0()).expect("clamped"), now0() + ACTIVATION_WINDOW);
+        // given the current second; then kept
+        assert!(reservation_deadline(now0().timestamp(), now0()).is_ok());
+        // given a past deadline or one out of range; then refused as invalid
+        for bad in [now0().timestamp() - 1, 0, i64::MIN, i64::MAX] {
+            let refused = reservation_deadline(bad, now0()).expect_err("refused");
+            assert_eq!(refused.code, ErrorCode::InvalidRequest, "{bad}");
         }
     }
 }

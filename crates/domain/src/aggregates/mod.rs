@@ -22,7 +22,13 @@ pub mod types {
     pub const AUDIT_LEDGER: &str = "audit_ledger";
     pub const APPROVAL_SECURITY: &str = "approval_security";
     pub const REGISTRY_SECURITY: &str = "registry_security";
-    pub const ALL: &[&str] = &[DRAFT, BOX, BOX_TYPE_NAMESPACE, ACCESS, AUDIT_LEDGER, APPROVAL_SECURITY, REGISTRY_SECURITY];
+    pub const DRAFTS_SECURITY: &str = "drafts_security";
+    pub const AUDIT_SECURITY: &str = "audit_security";
+    pub const PROVISIONER_SECURITY: &str = "provisioner_security";
+    /// Every service's security violations (R-AUDIT-5), one type per refusing service.
+    pub const SECURITY: &[&str] = &[APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
+    pub const ALL: &[&str] =
+        &[DRAFT, BOX, BOX_TYPE_NAMESPACE, ACCESS, AUDIT_LEDGER, APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
 }
 
 /// Version of every event payload defined today; bump and upcast when a payload changes.

@@ -1,8 +1,9 @@
 //! Security violations (R-AUDIT-5): a refusal the spec calls a security violation is
 //! recorded as an event by the service that refused, so that the audit ledger gets a row
 //! like for any other event. One aggregate per violation; the aggregate type names the
-//! refusing service (`approval_security`, `registry_security`) so each service appends
-//! only its own aggregate types.
+//! refusing service (`approval_security`, `registry_security`, `drafts_security`,
+//! `audit_security`, `provisioner_security`) so each service appends only its own
+//! aggregate types. The gateway appends nothing: it verifies no assertions.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,9 @@ pub enum SecurityEvent {
         /// What it was aimed at (draft id, box id).
         target: String,
         /// `self_approval`, `mentor_edit_prohibited_key`, `invalid_approval_token`, `invalid_assertion`.
+        /// For `invalid_assertion`, `actor` is the sender its subject names, `target` the
+        /// subject, and `reason` the refusal's code with the claimed principal and key id
+        /// (never the MAC).
         kind: String,
         reason: String,
         at: DateTime<Utc>,
@@ -76,6 +80,15 @@ pub struct ApprovalSecurity(pub SecurityViolationRecord);
 /// The runtime registry's violations.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RegistrySecurity(pub SecurityViolationRecord);
+/// The drafts service's violations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DraftsSecurity(pub SecurityViolationRecord);
+/// The audit service's violations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AuditSecurity(pub SecurityViolationRecord);
+/// The provisioner's violations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProvisionerSecurity(pub SecurityViolationRecord);
 
 impl ApprovalSecurity {
     pub fn decide(&self, c: SecurityCommand) -> Result<Vec<SecurityEvent>, SecurityError> {
@@ -86,35 +99,47 @@ impl ApprovalSecurity {
     }
 }
 
-impl RegistrySecurity {
-    pub fn decide(&self, c: SecurityCommand) -> Result<Vec<SecurityEvent>, SecurityError> {
-        self.0.decide(c)
-    }
-    pub fn evolve(&mut self, e: SecurityEvent) {
-        self.0.evolve(e)
-    }
-}
-
 aggregate_via_decide!(ApprovalSecurity, super::types::APPROVAL_SECURITY, SecurityCommand, SecurityEvent, SecurityError);
 
-impl cqrs_es::Aggregate for RegistrySecurity {
-    const TYPE: &'static str = super::types::REGISTRY_SECURITY;
-    type Command = SecurityCommand;
-    type Event = SecurityEvent;
-    type Error = SecurityError;
-    type Services = ();
-
-    async fn handle(&mut self, command: Self::Command, _services: &Self::Services, sink: &cqrs_es::event_sink::EventSink<Self>) -> Result<(), Self::Error> {
-        for event in self.decide(command)? {
-            sink.write(event, self).await;
+/// The security aggregate of one more service: the same record under its own type.
+macro_rules! service_security {
+    ($($agg:ident => $type_name:expr),+ $(,)?) => {$(
+        impl $agg {
+            pub fn decide(&self, c: SecurityCommand) -> Result<Vec<SecurityEvent>, SecurityError> {
+                self.0.decide(c)
+            }
+            pub fn evolve(&mut self, e: SecurityEvent) {
+                self.0.evolve(e)
+            }
         }
-        Ok(())
-    }
 
-    fn apply(&mut self, event: Self::Event) {
-        self.evolve(event);
-    }
+        impl cqrs_es::Aggregate for $agg {
+            const TYPE: &'static str = $type_name;
+            type Command = SecurityCommand;
+            type Event = SecurityEvent;
+            type Error = SecurityError;
+            type Services = ();
+
+            async fn handle(&mut self, command: Self::Command, _services: &Self::Services, sink: &cqrs_es::event_sink::EventSink<Self>) -> Result<(), Self::Error> {
+                for event in self.decide(command)? {
+                    sink.write(event, self).await;
+                }
+                Ok(())
+            }
+
+            fn apply(&mut self, event: Self::Event) {
+                self.evolve(event);
+            }
+        }
+    )+};
 }
+
+service_security!(
+    RegistrySecurity => super::types::REGISTRY_SECURITY,
+    DraftsSecurity => super::types::DRAFTS_SECURITY,
+    AuditSecurity => super::types::AUDIT_SECURITY,
+    ProvisionerSecurity => super::types::PROVISIONER_SECURITY,
+);
 
 #[cfg(test)]
 mod tests {
@@ -140,5 +165,8 @@ mod tests {
         assert_eq!(events[0].name(), "SecurityViolation");
         assert_eq!(given_when::<ApprovalSecurity>(events.clone(), record()), Ok(vec![]));
         assert_eq!(given_when::<RegistrySecurity>(vec![], record()).map(|e| e.len()), Ok(1));
+        assert_eq!(given_when::<DraftsSecurity>(vec![], record()).map(|e| e.len()), Ok(1));
+        assert_eq!(given_when::<AuditSecurity>(vec![], record()).map(|e| e.len()), Ok(1));
+        assert_eq!(given_when::<ProvisionerSecurity>(vec![], record()).map(|e| e.len()), Ok(1));
     }
 }

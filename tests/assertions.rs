@@ -1,0 +1,130 @@
+//! Principal assertions on a real cluster (R-ARCH-3, R-AUTH-5, R-AUDIT-5): an assertion is
+//! good for the one request it was made for, once. A captured one is worthless for another
+//! message type or subject and for the same request a second time, and every refused try
+//! is a `security_violation` row of the audit ledger. NATS publishers are their token:
+//! an unknown one gets nothing, not even a read-your-writes wait (R-AUTH-1).
+//!
+//! The test talks to the services as the gateway does: it mints assertions with the
+//! cluster's internal key through the same helper the gateway uses, and sends them on the
+//! gateway's subjects. Once nats-server runs with authorization, only the gateway's
+//! credentials may publish there; `connect` is then the place to present them.
+
+use std::time::{Duration, Instant};
+
+use atasira_contracts::{Envelope, Refused, decode_reply, envelope, signed_envelope, subjects, v1};
+use atasira_domain::assertion::{AssertionKey, AssertionKeys, PayloadDigest};
+use atasira_domain::{ErrorCode, Kind, Principal, Role};
+use atasira_tests::harness::{Mode, System, http};
+use prost::Message as _;
+use serde_json::{Value, json};
+
+/// Sends `env` on `subject` and decodes the reply as `R`.
+fn ask<R: prost::Message + Default>(nats_url: &str, subject: &str, env: &Envelope) -> Result<R, Refused> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let client = async_nats::connect(nats_url).await.expect("nats");
+        let reply = client.request(subject.to_owned(), env.encode_to_vec().into()).await.expect("a reply");
+        decode_reply::<R>(&reply.payload).expect("decodes").map(|(r, _)| r)
+    })
+}
+
+/// The cluster's assertion keys, under the key id the gateway signs with.
+fn internal_keys(sys: &System) -> AssertionKeys {
+    let issued = http(
+        "POST",
+        &sys.url("/api/v1/auth/nats-assertion"),
+        Some(&sys.admin),
+        &[],
+        Some(
+            json!({"subject": "atasira.box.gateway.drafts", "message_type": "atasira.v1.ListPendingDrafts", "payload_sha256": PayloadDigest::of(b"").to_hex()})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!(issued.status, 200, "{}", issued.raw);
+    let key_id = issued.body["assertion"]["key_id"].as_str().expect("key id");
+    let secret = hex::decode(sys.internal_key()).expect("hex key");
+    AssertionKeys::new(AssertionKey::new(key_id, &secret).expect("key"), vec![])
+}
+
+fn security_violations(sys: &System) -> Vec<Value> {
+    let a = sys.get("/api/v1/audit?action=security_violation&limit=200", &sys.admin);
+    assert_eq!(a.status, 200, "{}", a.raw);
+    a.body["rows"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_each_try_is_audited() {
+    // given a cluster, a pending draft of the agent, and an admin's assertion for
+    // ListPendingDrafts as the gateway makes it
+    let mut sys = System::start(Mode::Cluster);
+    let nats = sys.nats().url();
+    let draft_id = sys.draft(&json!({"box_type": "replayed", "purpose": "p", "tools": ["Read"]}));
+    let keys = internal_keys(&sys);
+    let admin = Principal::new("admin", Role::Admin, Kind::Human);
+    let to_drafts = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+    let to_approval = subjects::request(subjects::GATEWAY, subjects::APPROVAL);
+    let list = v1::ListPendingDrafts { limit: 50, after: 0 };
+    let captured = signed_envelope(&keys, &admin, &to_drafts, &list, "captured-1", "", chrono::Utc::now());
+
+    // when it is used for its request; then it works, once
+    let page: v1::DraftPage = ask(&nats, &to_drafts, &captured).expect("the request it was made for");
+    assert!(page.drafts.iter().any(|d| d.draft_id == draft_id), "{page:?}");
+    let again = ask::<v1::DraftPage>(&nats, &to_drafts, &captured).expect_err("a replay");
+    assert_eq!((again.code, again.message.as_str()), (ErrorCode::Unauthenticated, "invalid principal assertion: replayed"));
+
+    // when a fresh admin assertion for ListPendingDrafts rides on an ApproveDraft of the
+    // agent's draft; then it approves nothing
+    let fresh = signed_envelope(&keys, &admin, &to_drafts, &list, "captured-2", "", chrono::Utc::now());
+    let approve = Envelope {
+        assertion: fresh.assertion.clone(),
+        ..envelope(&v1::ApproveDraft { draft_id: draft_id.clone(), confirm_over_limit: false }, "captured-2", "")
+    };
+    let refused = ask::<v1::DecisionReply>(&nats, &to_approval, &approve).expect_err("another request");
+    assert_eq!((refused.code, refused.message.as_str()), (ErrorCode::Unauthenticated, "invalid principal assertion: subject_mismatch"));
+    // nor as another message type to the service it was made for
+    let submit = Envelope { assertion: fresh.assertion.clone(), ..envelope(&v1::SubmitDraft::default(), "captured-2", "") };
+    let refused = ask::<v1::SubmitDraftReply>(&nats, &to_drafts, &submit).expect_err("another message type");
+    assert_eq!(refused.message, "invalid principal assertion: message_type_mismatch");
+    let pending = sys.pending();
+    assert!(pending.iter().any(|d| d["draft_id"] == draft_id.as_str()), "the draft is still pending: {pending:?}");
+
+    // then each refusal is a security_violation row naming the subject and the sender
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut rows = security_violations(&sys);
+    while rows.len() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        rows = security_violations(&sys);
+    }
+    let seen: Vec<(&str, &str)> = rows.iter().map(|r| (r["actor"].as_str().unwrap_or(""), r["target"].as_str().unwrap_or(""))).collect();
+    assert_eq!(seen.len(), 3, "{rows:?}");
+    for expected in [("gateway", to_drafts.as_str()), ("gateway", to_approval.as_str())] {
+        assert!(seen.contains(&expected), "{expected:?} in {seen:?}");
+    }
+    let verify = sys.get("/api/v1/audit/verify", &sys.admin);
+    assert_eq!(verify.body["ok"], true, "{}", verify.raw);
+}
+
+#[test]
+fn a_nats_publisher_with_an_unknown_token_gets_not_even_a_wait_and_nobody_else_awaits_activation() {
+    // R-AUTH-1, R-ARCH-4: given a cluster
+    let mut sys = System::start(Mode::Cluster);
+    let nats = sys.nats().url();
+    let wait = envelope(&v1::WaitForPosition { position: 1, timeout_ms: 10, event_ids: vec![] }, "w1", "");
+    let as_client = |hash: &str, to: &str| format!("atasira.box.{}.{hash}.{to}", subjects::CLIENT);
+    let agent = atasira_platform::auth::hash_token(&sys.agent);
+    // when a known token's holder waits; then it is answered
+    assert!(ask::<v1::WaitForPositionReply>(&nats, &as_client(&agent, subjects::DRAFTS), &wait).is_ok());
+    // when an unknown token's holder waits on any service; then unauthenticated
+    for to in [subjects::DRAFTS, subjects::RUNTIME_REGISTRY, subjects::AUDIT, subjects::PROVISIONER, subjects::APPROVAL] {
+        let refused = ask::<v1::WaitForPositionReply>(&nats, &as_client(&"0".repeat(64), to), &wait).expect_err("unknown token");
+        assert_eq!(refused.code, ErrorCode::Unauthenticated, "{to}: {refused}");
+    }
+    // when a publisher asks the registry to await an activation; then that is not theirs to ask
+    let await_activation = envelope(&v1::AwaitActivation { draft_id: "d1".into(), timeout_ms: 10 }, "a1", "");
+    let refused = ask::<v1::BoxReply>(&nats, &as_client(&agent, subjects::RUNTIME_REGISTRY), &await_activation).expect_err("not a service");
+    assert_eq!(refused.code, ErrorCode::Forbidden, "{refused}");
+    // nor, without an assertion, from the gateway's subject
+    let refused = ask::<v1::BoxReply>(&nats, &subjects::request(subjects::GATEWAY, subjects::RUNTIME_REGISTRY), &await_activation).expect_err("no principal");
+    assert_eq!(refused.code, ErrorCode::Unauthenticated, "{refused}");
+}
