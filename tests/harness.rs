@@ -165,11 +165,31 @@ pub struct Nats {
     pub port: u16,
     dir: TempDir,
     proc: Option<Proc>,
+    /// The configuration `atasira nats-config` wrote, when the server runs with it.
+    conf: Option<PathBuf>,
 }
 
 impl Nats {
+    /// Without authentication (anyone may connect and do anything).
     pub fn start() -> Nats {
-        let mut nats = Nats { port: free_port(), dir: TempDir::new("atasira-nats"), proc: None };
+        let mut nats = Nats { port: free_port(), dir: TempDir::new("atasira-nats"), proc: None, conf: None };
+        nats.up();
+        nats
+    }
+
+    /// With the configuration and credentials that `atasira nats-config` writes into
+    /// `creds_dir` (R-ARCH-10): every connection authenticated, each identity with its own
+    /// permissions. The store stays beside the other servers' stores.
+    pub fn start_authenticated(creds_dir: &Path) -> Nats {
+        let (port, dir) = (free_port(), TempDir::new("atasira-nats"));
+        let out = creds_dir.display().to_string();
+        let store = dir.0.display().to_string();
+        let generated = Command::new(atasira_bin())
+            .args(["nats-config", "--out", &out, "--port", &port.to_string(), "--store-dir", &store])
+            .output()
+            .expect("atasira nats-config runs");
+        assert!(generated.status.success(), "atasira nats-config failed: {}", String::from_utf8_lossy(&generated.stderr));
+        let mut nats = Nats { port, dir, proc: None, conf: Some(creds_dir.join("nats-server.conf")) };
         nats.up();
         nats
     }
@@ -183,7 +203,12 @@ impl Nats {
         let bin = PathBuf::from(required_env("ATASIRA_TEST_NATS_SERVER"));
         let store = self.dir.0.display().to_string();
         let port = self.port.to_string();
-        self.proc = Some(Proc::spawn("nats-server", &bin, &["-js", "-a", "127.0.0.1", "-p", &port, "-sd", &store], &[]));
+        let args: Vec<&str> = match &self.conf {
+            // Port and store come from the configuration; only the address is narrowed.
+            Some(conf) => vec!["-c", conf.to_str().expect("utf-8 path"), "-a", "127.0.0.1"],
+            None => vec!["-js", "-a", "127.0.0.1", "-p", &port, "-sd", &store],
+        };
+        self.proc = Some(Proc::spawn("nats-server", &bin, &args, &[]));
         wait_for_port(self.port, Duration::from_secs(10));
     }
 
@@ -286,6 +311,9 @@ pub struct System {
     pub agent: String,
     dir: TempDir,
     nats: Option<Nats>,
+    /// Cluster: where `atasira nats-config` wrote nats-server.conf and each process's
+    /// `<identity>.creds` (see `nats_seed`).
+    pub nats_dir: Option<PathBuf>,
     database: Option<Database>,
     internal_key: String,
     procs: Vec<Proc>,
@@ -299,13 +327,24 @@ impl System {
     /// Starts with extra environment for every process (settings such as a short TTL).
     pub fn start_with(mode: Mode, extra_env: &[(&str, String)]) -> System {
         let dir = TempDir::new("atasira-sys");
-        let (nats, database) = match mode {
-            Mode::Embedded => (None, None),
-            Mode::Cluster => (Some(Nats::start()), Some(Database::create())),
+        let nats_dir = (mode == Mode::Cluster).then(|| dir.0.join("nats"));
+        let (nats, database) = match &nats_dir {
+            None => (None, None),
+            Some(creds) => (Some(Nats::start_authenticated(creds)), Some(Database::create())),
         };
         let internal_key: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
-        let mut sys =
-            System { mode, base_url: String::new(), admin: String::new(), agent: String::new(), dir, nats, database, internal_key, procs: Vec::new() };
+        let mut sys = System {
+            mode,
+            base_url: String::new(),
+            admin: String::new(),
+            agent: String::new(),
+            dir,
+            nats,
+            nats_dir,
+            database,
+            internal_key,
+            procs: Vec::new(),
+        };
         sys.start_services(extra_env);
         match mode {
             Mode::Embedded => {
@@ -353,9 +392,25 @@ impl System {
         self.nats.as_mut().expect("cluster mode has NATS")
     }
 
-    fn cluster_env(&self, extra: &[(&str, String)]) -> Vec<(&'static str, String)> {
+    /// Cluster: the credentials file `atasira nats-config` wrote for `identity`.
+    pub fn nats_creds(&self, identity: &str) -> PathBuf {
+        self.nats_dir.as_ref().expect("cluster mode has NATS credentials").join(format!("{identity}.creds"))
+    }
+
+    /// Cluster: the user nkey seed of `identity`, for a test that connects as it.
+    pub fn nats_seed(&self, identity: &str) -> String {
+        let path = self.nats_creds(identity);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut lines = text.lines().skip_while(|l| l.trim() != "-----BEGIN USER NKEY SEED-----").skip(1);
+        lines.next().map(|l| l.trim().to_owned()).unwrap_or_else(|| panic!("no user seed in {}", path.display()))
+    }
+
+    /// The environment of the cluster process `identity` (it connects with its own
+    /// credentials), with `extra` on top.
+    fn cluster_env(&self, identity: &str, extra: &[(&str, String)]) -> Vec<(&'static str, String)> {
         let mut env = vec![
             ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::url).unwrap_or_default()),
+            ("ATASIRA_NATS_CREDS", self.nats_dir.as_ref().map(|_| self.nats_creds(identity).display().to_string()).unwrap_or_default()),
             ("ATASIRA_DATABASE_URL", self.database_url()),
             ("ATASIRA_INTERNAL_KEY", self.internal_key.clone()),
             ("ATASIRA_APPROVAL_KEY", "a1".repeat(32)),
@@ -400,7 +455,7 @@ impl System {
 
     /// Cluster: starts the gateway process; `base_url` follows its new port.
     pub fn start_gateway(&mut self, extra_env: &[(&str, String)]) {
-        let env = self.cluster_env(extra_env);
+        let env = self.cluster_env("gateway", extra_env);
         let mut g = Proc::spawn("atasira serve gateway", &atasira_bin(), &["serve", "gateway", "--listen", "127.0.0.1:0"], &env);
         let line = g.wait_stderr("listening on http://", Duration::from_secs(30));
         self.base_url = listening_url(&line);
@@ -421,7 +476,7 @@ impl System {
     /// Cluster: starts one service process (`atasira serve <service>`), waiting until it
     /// serves its subject.
     pub fn start_service(&mut self, service: &str, extra_env: &[(&str, String)]) {
-        let env = self.cluster_env(extra_env);
+        let env = self.cluster_env(service, extra_env);
         let mut p = Proc::spawn(&format!("atasira serve {service}"), &atasira_bin(), &["serve", service], &env);
         p.wait_stderr("serving on", Duration::from_secs(30));
         self.procs.push(p);

@@ -65,6 +65,9 @@ pub const SERVICES_API_QUERIES: &[&str] = &["$SRV.PING", "$SRV.PING.>", "$SRV.IN
 /// Where nats-server asks the auth callout to authenticate a client (the gateway answers).
 pub const AUTH_CALLOUT: &str = "$SYS.REQ.USER.AUTH";
 
+/// Where nats-server expects the auth callout's answers.
+pub const AUTH_CALLOUT_REPLIES: &str = "$SYS._INBOX.>";
+
 /// Acknowledgements of the events stream's messages.
 pub fn jetstream_acks() -> String {
     format!("$JS.ACK.{EVENTS_STREAM}.>")
@@ -104,7 +107,8 @@ pub fn listen_subjects(service: &str) -> Vec<String> {
 }
 
 /// What one NATS user may do: the subjects (wildcards allowed) it may publish to and
-/// subscribe to, and whether it may answer requests on their reply subjects.
+/// subscribe to, and whether it may also publish on the reply subject of any request it
+/// receives (`allow_responses`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Permissions {
     pub publish: Vec<String>,
@@ -114,14 +118,24 @@ pub struct Permissions {
 
 /// The permissions of a process identity (R-ARCH-10), derived from `ROUTES`: it publishes
 /// its own requests, its own events (services relay them) and, as a JetStream user, the
-/// JetStream API; it listens on its own subjects, the services API and its own inbox; it
-/// answers requests on their reply subjects. The gateway also answers the auth callout.
+/// JetStream API; it listens on its own subjects, the services API and its own inbox.
+///
+/// It answers requests by publishing into its callers' inboxes: those of the processes
+/// routed to it, and those of NATS publishers (every process answers an admin's services
+/// API queries; services in `CLIENT_ROUTES` answer their requests too). Never with
+/// `allow_responses`: nats-server lets a responder publish on whatever reply subject a
+/// request names (even one its deny list names), so a NATS publisher could make a service
+/// "answer" on `atasira.box.approval.runtime-registry` and speak as approval. The gateway
+/// also answers the auth callout.
+///
 /// An unknown identity may do nothing (empty lists).
 pub fn permissions(identity: &str) -> Permissions {
     if !IDENTITIES.contains(&identity) {
         return Permissions::default();
     }
     let mut publish: Vec<String> = ROUTES.iter().filter(|(from, _)| *from == identity).map(|(from, to)| request(from, to)).collect();
+    publish.extend(ROUTES.iter().filter(|(_, to)| *to == identity).map(|(from, _)| format!("{}.>", inbox_prefix(from))));
+    publish.push(format!("{}.>", client_inbox("*")));
     let mut subscribe = listen_subjects(identity);
     if SERVICES.contains(&identity) {
         publish.push(events(identity));
@@ -132,8 +146,9 @@ pub fn permissions(identity: &str) -> Permissions {
     subscribe.push(format!("{}.>", inbox_prefix(identity)));
     if identity == GATEWAY {
         subscribe.push(AUTH_CALLOUT.to_owned());
+        publish.push(AUTH_CALLOUT_REPLIES.to_owned());
     }
-    Permissions { publish, subscribe, allow_responses: true }
+    Permissions { publish, subscribe, allow_responses: false }
 }
 
 /// The permissions of a NATS publisher whose PAT hashes to `token_hash`: requests on its
@@ -154,7 +169,7 @@ pub fn client_permissions(token_hash: &str, role_is_admin: bool) -> Option<Permi
 
 impl Permissions {
     /// Whether these permissions let a client publish on `subject` (a subject without
-    /// wildcards; replies under `allow_responses` aside).
+    /// wildcards), not counting replies under `allow_responses`.
     pub fn may_publish(&self, subject: &str) -> bool {
         self.publish.iter().any(|p| covers(p, subject))
     }
@@ -267,7 +282,6 @@ mod tests {
         for identity in IDENTITIES {
             let prefix = inbox_prefix(identity);
             assert_eq!(subscribers(&format!("{prefix}.x.1")), [*identity]);
-            assert!(permissions(identity).allow_responses);
         }
         assert!(subscribers("atasira.box.>").is_empty());
         assert!(subscribers("_INBOX.>").is_empty());
@@ -276,6 +290,24 @@ mod tests {
         assert_eq!(subscribers(AUTH_CALLOUT), [GATEWAY]);
         assert_eq!(subscribers("$SRV.PING"), IDENTITIES);
         assert!(publishers("$SRV.PING").is_empty(), "processes do not ping each other");
+    }
+
+    #[test]
+    fn replies_go_only_to_the_callers_inboxes() {
+        // allow_responses would let a request name any reply subject, e.g. a request
+        // subject of another service, and have the responder publish there.
+        for identity in IDENTITIES {
+            assert!(!permissions(identity).allow_responses, "{identity}");
+        }
+        for (from, to) in ROUTES {
+            assert!(permissions(to).may_publish(&format!("{}.ab.1", inbox_prefix(from))), "{to} answers {from}");
+        }
+        assert_eq!(publishers("_INBOX.runtime-registry.ab.1"), [APPROVAL]);
+        assert_eq!(publishers("_INBOX.approval.ab.1"), [RUNTIME_REGISTRY]);
+        assert!(publishers("_INBOX.drafts.ab.1").is_empty(), "drafts asks nobody anything");
+        assert_eq!(publishers(&format!("{}.ab.1", client_inbox(HASH))), IDENTITIES, "every process answers an admin's discovery");
+        assert_eq!(publishers("$SYS._INBOX.srv.1"), [GATEWAY], "the auth callout's answers");
+        assert_eq!(publishers("_INBOX.gateway.ab.1"), [DRAFTS, APPROVAL, PROVISIONER, RUNTIME_REGISTRY, AUDIT], "every service answers the gateway");
     }
 
     #[test]
