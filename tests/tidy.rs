@@ -461,6 +461,40 @@ fn check_requests_follow_routes(files: &[(PathBuf, String)], routes: &[(&str, &s
     violations
 }
 
+/// ARCHITECTURE.md shows the NATS permission table between these markers; it must be
+/// exactly what `permission_table` renders from `contracts::subjects`.
+const TABLE_START: &str = "<!-- permission table: generated from crates/contracts/src/subjects.rs; tests/tidy.rs checks it -->";
+const TABLE_END: &str = "<!-- end of permission table -->";
+
+/// The permission table as Markdown, from `contracts::subjects` (the one source).
+fn permission_table() -> String {
+    use atasira_contracts::subjects;
+    let list = |subjects: &[String]| subjects.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+    let mut table = String::from("| NATS user | may publish | may subscribe |\n|---|---|---|\n");
+    for identity in subjects::IDENTITIES {
+        let p = subjects::permissions(identity);
+        table.push_str(&format!("| `{identity}` | {} | {} |\n", list(&p.publish), list(&p.subscribe)));
+    }
+    let hash = "H";
+    let shown = |p: subjects::Permissions| subjects::Permissions {
+        publish: p.publish.iter().map(|s| s.replace(&"0".repeat(64), hash)).collect(),
+        subscribe: p.subscribe.iter().map(|s| s.replace(&"0".repeat(64), hash)).collect(),
+        ..p
+    };
+    for (who, admin) in [("NATS publisher, member (PAT hash `H`)", false), ("NATS publisher, admin (PAT hash `H`)", true)] {
+        let p = shown(subjects::client_permissions(&"0".repeat(64), admin).expect("a hash"));
+        table.push_str(&format!("| {who} | {} | {} |\n", list(&p.publish), list(&p.subscribe)));
+    }
+    table
+}
+
+/// The text between the table markers of ARCHITECTURE.md, if both are there.
+fn documented_table(architecture: &str) -> Option<&str> {
+    let start = architecture.find(TABLE_START)? + TABLE_START.len();
+    let end = architecture[start..].find(TABLE_END)? + start;
+    Some(architecture[start..end].trim_matches('\n'))
+}
+
 fn proto_files() -> Vec<(PathBuf, String)> {
     let dir = root().join("proto/atasira/v1");
     let mut files: Vec<(PathBuf, String)> = fs::read_dir(&dir)
@@ -653,6 +687,14 @@ fn workspace_requests_follow_the_routes_nats_permits() {
     let files = workspace_sources();
     assert!(files.iter().any(|(p, t)| p.starts_with("crates/gateway") && t.contains("subjects::request(")), "the gateway's requests were not found");
     assert_clean("requests follow subjects::ROUTES", &check_requests_follow_routes(&files, atasira_contracts::subjects::ROUTES));
+}
+
+#[test]
+fn architecture_shows_the_permission_table_the_code_has() {
+    let architecture = read(&root().join("ARCHITECTURE.md"));
+    let expected = permission_table();
+    let documented = documented_table(&architecture).unwrap_or_else(|| panic!("ARCHITECTURE.md has no {TABLE_START} ... {TABLE_END} section"));
+    assert_eq!(documented, expected.trim_end(), "ARCHITECTURE.md's permission table is stale; put this between the markers:\n{expected}");
 }
 
 #[test]
