@@ -41,9 +41,22 @@ async fn connect_as(nats: &Nats, dir: &Path, identity: &str) -> (async_nats::Cli
     (client, rx)
 }
 
-/// The next permission violation the server reports on this connection, if one comes.
+/// A bound on waiting for what must come (a message, an error); never reached when all is well.
+const ARRIVES: Duration = Duration::from_secs(30);
+
+/// The next permission violation the server reports on this connection.
 async fn violation(errors: &mut mpsc::UnboundedReceiver<String>) -> Option<String> {
-    tokio::time::timeout(Duration::from_secs(5), errors.recv()).await.ok().flatten().filter(|e| e.to_lowercase().contains("permissions violation"))
+    tokio::time::timeout(ARRIVES, errors.recv()).await.ok().flatten().filter(|e| e.to_lowercase().contains("permissions violation"))
+}
+
+/// Whether the server reported an error on this connection. Call it after a flush: the
+/// server answers a flush only after it has answered everything sent before it, so an
+/// error would already be on its way to the event callback.
+async fn no_error(errors: &mut mpsc::UnboundedReceiver<String>) -> Result<(), String> {
+    match tokio::time::timeout(Duration::from_secs(1), errors.recv()).await {
+        Ok(Some(error)) => Err(error),
+        _ => Ok(()),
+    }
 }
 
 /// Asserts that the server refused `what` on `subject` (its error names both).
@@ -136,13 +149,13 @@ fn a_service_with_another_services_credentials_cannot_serve_or_forge_its_subject
         assert_refused(violation(&mut errors).await, "Publish", "atasira.box.approval.events");
         approval.publish("atasira.box.approval.runtime-registry", "genuine".into()).await.expect("sent");
         approval.flush().await.expect("flush");
-        let first = tokio::time::timeout(Duration::from_secs(5), reservations.next()).await.expect("a message").expect("open");
+        let first = tokio::time::timeout(ARRIVES, reservations.next()).await.expect("a message").expect("open");
         assert_eq!(&first.payload[..], b"genuine", "the forged reservation never reached the registry");
 
         // What drafts needs still works on the same connection: its own events, its inbox.
         let _own = drafts.subscribe("atasira.box.*.drafts").await.expect("sent");
         drafts.flush().await.expect("flush");
-        assert_eq!(violation(&mut errors).await, None, "its own subjects are allowed");
+        assert_eq!(no_error(&mut errors).await, Ok(()), "its own subjects are allowed");
     });
 }
 
@@ -164,12 +177,12 @@ fn a_request_cannot_make_a_service_answer_on_another_services_subject() {
         for reply in ["atasira.box.approval.runtime-registry", "_INBOX.gateway.genuine"] {
             gateway.publish_with_reply("atasira.box.gateway.drafts", reply, "request".into()).await.expect("sent");
             gateway.flush().await.expect("flush");
-            let request = tokio::time::timeout(Duration::from_secs(5), requests.next()).await.expect("a request").expect("open");
+            let request = tokio::time::timeout(ARRIVES, requests.next()).await.expect("a request").expect("open");
             drafts.publish(request.reply.expect("a reply subject"), "answer".into()).await.expect("sent");
             drafts.flush().await.expect("flush");
         }
         assert_refused(violation(&mut errors).await, "Publish", "atasira.box.approval.runtime-registry");
-        assert_eq!(violation(&mut errors).await, None, "the answer into the gateway's inbox is allowed");
+        assert_eq!(no_error(&mut errors).await, Ok(()), "the answer into the gateway's inbox is allowed");
         let heard = tokio::time::timeout(Duration::from_secs(1), reservations.next()).await;
         assert!(heard.is_err(), "the registry heard nothing: {heard:?}");
     });
@@ -192,7 +205,7 @@ fn the_gateway_publishes_no_events_and_has_no_jetstream() {
         let _callout = gateway.subscribe(subjects::AUTH_CALLOUT).await.expect("sent");
         let _mine = gateway.subscribe("_INBOX.gateway.x.>").await.expect("sent");
         gateway.flush().await.expect("flush");
-        assert_eq!(violation(&mut errors).await, None, "the gateway answers the auth callout and reads its own inbox");
+        assert_eq!(no_error(&mut errors).await, Ok(()), "the gateway answers the auth callout and reads its own inbox");
     });
 }
 
@@ -207,7 +220,7 @@ fn the_cluster_runs_the_c9_flow_within_its_permissions() {
     assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin.clone()).status, 200);
     for name in ["serve gateway", "serve drafts", "serve approval", "serve runtime-registry", "serve provisioner", "serve audit"] {
         let log = sys.proc(name).stderr_text();
-        assert!(!log.to_lowercase().contains("violation"), "{name} met a NATS permission violation:\n{log}");
+        assert!(!log.to_lowercase().contains("permissions violation"), "{name} met a NATS permission violation:\n{log}");
     }
 }
 
@@ -218,10 +231,10 @@ fn a_service_started_with_another_services_credentials_serves_nothing() {
     let draft = sys.draft(&json!({"box_type": "imposter", "purpose": "p", "tools": ["Read"]}));
     sys.kill("serve approval");
     let drafts_creds = sys.nats_creds(subjects::DRAFTS).display().to_string();
-    sys.start_service("approval", &[("ATASIRA_NATS_CREDS", drafts_creds), ("ATASIRA_REQUEST_TIMEOUT", "3".into())]);
-    sys.proc("serve approval").wait_stderr("Permissions Violation", Duration::from_secs(20));
+    sys.start_service("approval", &[("ATASIRA_NATS_CREDS", drafts_creds)]);
+    sys.proc("serve approval").wait_stderr("Permissions Violation", Duration::from_secs(60));
     let refused = sys.approve(&draft, &sys.admin.clone(), false);
-    assert_eq!(refused.status, 503, "nobody serves approval: {}", refused.raw);
+    assert_eq!(refused.status, 503, "nobody serves approval (no responders): {}", refused.raw);
     assert_eq!(sys.pending().len(), 1, "the draft is still pending");
 }
 

@@ -1,5 +1,5 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
-//! `serve <service>` (cluster), operator verbs on a data dir or database (`tokens`,
+//! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or database (`tokens`,
 //! `projections rebuild`, `audit verify`), `bench drafts`, and offline verbs (`manifest
 //! validate|context|feasibility`, `drafts preview`).
 //!
@@ -29,7 +29,8 @@ use clap::{Args, Parser, Subcommand};
 /// recorded in a tamper-evident audit ledger.
 ///
 /// Run everything in one process with `dev` (SQLite, no servers needed), or one service per
-/// process with `serve <service>` on NATS and PostgreSQL. Operators issue tokens
+/// process with `serve <service>` on NATS and PostgreSQL (`nats-config` writes NATS's
+/// configuration and each process's credentials). Operators issue tokens
 /// (`tokens`), rebuild read models (`projections rebuild`) and check the ledger (`audit
 /// verify`); `manifest` and `drafts preview` work offline; `bench drafts` measures the
 /// draft path.
