@@ -159,37 +159,32 @@ impl Drop for Proc {
     }
 }
 
-/// A nats-server with JetStream on a free port; its store is deleted on drop.
+/// A nats-server with JetStream on a free port, authenticated (R-ARCH-10); its store is
+/// deleted on drop.
 #[derive(Debug)]
 pub struct Nats {
     pub port: u16,
-    dir: TempDir,
+    /// JetStream's store (kept across `down`/`up`, removed on drop).
+    _store: TempDir,
     proc: Option<Proc>,
-    /// The configuration `atasira nats-config` wrote, when the server runs with it.
-    conf: Option<PathBuf>,
+    /// The configuration `atasira nats-config` wrote.
+    conf: PathBuf,
 }
 
 impl Nats {
-    /// Without authentication (anyone may connect and do anything).
-    pub fn start() -> Nats {
-        let mut nats = Nats { port: free_port(), dir: TempDir::new("atasira-nats"), proc: None, conf: None };
-        nats.up();
-        nats
-    }
-
     /// With the configuration and credentials that `atasira nats-config` writes into
     /// `creds_dir` (R-ARCH-10): every connection authenticated, each identity with its own
-    /// permissions. The store stays beside the other servers' stores.
+    /// permissions; JetStream in a temporary directory.
     pub fn start_authenticated(creds_dir: &Path) -> Nats {
-        let (port, dir) = (free_port(), TempDir::new("atasira-nats"));
+        let (port, store_dir) = (free_port(), TempDir::new("atasira-nats"));
         let out = creds_dir.display().to_string();
-        let store = dir.0.display().to_string();
+        let store = store_dir.0.display().to_string();
         let generated = Command::new(atasira_bin())
             .args(["nats-config", "--out", &out, "--port", &port.to_string(), "--store-dir", &store])
             .output()
             .expect("atasira nats-config runs");
         assert!(generated.status.success(), "atasira nats-config failed: {}", String::from_utf8_lossy(&generated.stderr));
-        let mut nats = Nats { port, dir, proc: None, conf: Some(creds_dir.join("nats-server.conf")) };
+        let mut nats = Nats { port, _store: store_dir, proc: None, conf: creds_dir.join("nats-server.conf") };
         nats.up();
         nats
     }
@@ -198,17 +193,12 @@ impl Nats {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
-    /// Starts (again) on the same port and store.
+    /// Starts (again) on the same port and store (both are in the configuration; only the
+    /// address is narrowed to loopback).
     pub fn up(&mut self) {
         let bin = PathBuf::from(required_env("ATASIRA_TEST_NATS_SERVER"));
-        let store = self.dir.0.display().to_string();
-        let port = self.port.to_string();
-        let args: Vec<&str> = match &self.conf {
-            // Port and store come from the configuration; only the address is narrowed.
-            Some(conf) => vec!["-c", conf.to_str().expect("utf-8 path"), "-a", "127.0.0.1"],
-            None => vec!["-js", "-a", "127.0.0.1", "-p", &port, "-sd", &store],
-        };
-        self.proc = Some(Proc::spawn("nats-server", &bin, &args, &[]));
+        let conf = self.conf.to_str().expect("utf-8 path");
+        self.proc = Some(Proc::spawn("nats-server", &bin, &["-c", conf, "-a", "127.0.0.1"], &[]));
         wait_for_port(self.port, Duration::from_secs(10));
     }
 

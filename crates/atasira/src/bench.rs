@@ -5,10 +5,9 @@
 //! with read-your-writes. It prints figures and ratios; it asserts nothing.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use std::path::Path;
 
 use atasira_contracts::{envelope, subjects, v1};
 use atasira_domain::{Kind, Principal, Role};
