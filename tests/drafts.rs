@@ -263,14 +263,17 @@ fn a_revoked_token_is_refused_at_once() {
 
 #[test]
 fn every_service_answers_srv_ping_from_a_foreign_nats_client() {
-    // R-ARCH-8: nats-py, not our client, discovers the services
+    // R-ARCH-8, R-ARCH-10: nats-py, not our client, discovers the services, as an admin
+    // authenticated by PAT (the token), with the inbox its PAT's hash names.
     let mut sys = System::start(Mode::Cluster);
     let python = std::env::var("ATASIRA_TEST_PYTHON").expect("ATASIRA_TEST_PYTHON (a python with nats-py) is set by scripts/test");
     let script = r#"
-import asyncio, json, sys
+import asyncio, hashlib, json, sys
 import nats
 async def main():
-    nc = await nats.connect(sys.argv[1])
+    token = sys.argv[2]
+    inbox = "_INBOX.client." + hashlib.sha256(token.encode()).hexdigest()
+    nc = await nats.connect(sys.argv[1], token=token, inbox_prefix=inbox, allow_reconnect=False)
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     await nc.publish("$SRV.PING", b"", reply=inbox)
@@ -288,7 +291,7 @@ async def main():
 asyncio.run(main())
 "#;
     let url = sys.nats().url();
-    let out = std::process::Command::new(python).args(["-c", script, &url]).output().expect("python runs");
+    let out = std::process::Command::new(python).args(["-c", script, &url, &sys.admin]).output().expect("python runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["names"], json!(["approval", "audit", "drafts", "gateway", "provisioner", "runtime-registry"]), "{v}");

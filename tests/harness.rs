@@ -159,17 +159,32 @@ impl Drop for Proc {
     }
 }
 
-/// A nats-server with JetStream on a free port; its store is deleted on drop.
+/// A nats-server with JetStream on a free port, authenticated (R-ARCH-10); its store is
+/// deleted on drop.
 #[derive(Debug)]
 pub struct Nats {
     pub port: u16,
-    dir: TempDir,
+    /// JetStream's store (kept across `down`/`up`, removed on drop).
+    _store: TempDir,
     proc: Option<Proc>,
+    /// The configuration `atasira nats-config` wrote.
+    conf: PathBuf,
 }
 
 impl Nats {
-    pub fn start() -> Nats {
-        let mut nats = Nats { port: free_port(), dir: TempDir::new("atasira-nats"), proc: None };
+    /// With the configuration and credentials that `atasira nats-config` writes into
+    /// `creds_dir` (R-ARCH-10): every connection authenticated, each identity with its own
+    /// permissions; JetStream in a temporary directory.
+    pub fn start_authenticated(creds_dir: &Path) -> Nats {
+        let (port, store_dir) = (free_port(), TempDir::new("atasira-nats"));
+        let out = creds_dir.display().to_string();
+        let store = store_dir.0.display().to_string();
+        let generated = Command::new(atasira_bin())
+            .args(["nats-config", "--out", &out, "--port", &port.to_string(), "--store-dir", &store])
+            .output()
+            .expect("atasira nats-config runs");
+        assert!(generated.status.success(), "atasira nats-config failed: {}", String::from_utf8_lossy(&generated.stderr));
+        let mut nats = Nats { port, _store: store_dir, proc: None, conf: creds_dir.join("nats-server.conf") };
         nats.up();
         nats
     }
@@ -178,12 +193,12 @@ impl Nats {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
-    /// Starts (again) on the same port and store.
+    /// Starts (again) on the same port and store (both are in the configuration; only the
+    /// address is narrowed to loopback).
     pub fn up(&mut self) {
         let bin = PathBuf::from(required_env("ATASIRA_TEST_NATS_SERVER"));
-        let store = self.dir.0.display().to_string();
-        let port = self.port.to_string();
-        self.proc = Some(Proc::spawn("nats-server", &bin, &["-js", "-a", "127.0.0.1", "-p", &port, "-sd", &store], &[]));
+        let conf = self.conf.to_str().expect("utf-8 path");
+        self.proc = Some(Proc::spawn("nats-server", &bin, &["-c", conf, "-a", "127.0.0.1"], &[]));
         wait_for_port(self.port, Duration::from_secs(10));
     }
 
@@ -286,6 +301,9 @@ pub struct System {
     pub agent: String,
     dir: TempDir,
     nats: Option<Nats>,
+    /// Cluster: where `atasira nats-config` wrote nats-server.conf and each process's
+    /// `<identity>.creds` (see `nats_seed`).
+    pub nats_dir: Option<PathBuf>,
     database: Option<Database>,
     internal_key: String,
     procs: Vec<Proc>,
@@ -299,13 +317,24 @@ impl System {
     /// Starts with extra environment for every process (settings such as a short TTL).
     pub fn start_with(mode: Mode, extra_env: &[(&str, String)]) -> System {
         let dir = TempDir::new("atasira-sys");
-        let (nats, database) = match mode {
-            Mode::Embedded => (None, None),
-            Mode::Cluster => (Some(Nats::start()), Some(Database::create())),
+        let nats_dir = (mode == Mode::Cluster).then(|| dir.0.join("nats"));
+        let (nats, database) = match &nats_dir {
+            None => (None, None),
+            Some(creds) => (Some(Nats::start_authenticated(creds)), Some(Database::create())),
         };
         let internal_key: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
-        let mut sys =
-            System { mode, base_url: String::new(), admin: String::new(), agent: String::new(), dir, nats, database, internal_key, procs: Vec::new() };
+        let mut sys = System {
+            mode,
+            base_url: String::new(),
+            admin: String::new(),
+            agent: String::new(),
+            dir,
+            nats,
+            nats_dir,
+            database,
+            internal_key,
+            procs: Vec::new(),
+        };
         sys.start_services(extra_env);
         match mode {
             Mode::Embedded => {
@@ -359,9 +388,25 @@ impl System {
         &self.internal_key
     }
 
-    fn cluster_env(&self, extra: &[(&str, String)]) -> Vec<(&'static str, String)> {
+    /// Cluster: the credentials file `atasira nats-config` wrote for `identity`.
+    pub fn nats_creds(&self, identity: &str) -> PathBuf {
+        self.nats_dir.as_ref().expect("cluster mode has NATS credentials").join(format!("{identity}.creds"))
+    }
+
+    /// Cluster: the user nkey seed of `identity`, for a test that connects as it.
+    pub fn nats_seed(&self, identity: &str) -> String {
+        let path = self.nats_creds(identity);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut lines = text.lines().skip_while(|l| l.trim() != "-----BEGIN USER NKEY SEED-----").skip(1);
+        lines.next().map(|l| l.trim().to_owned()).unwrap_or_else(|| panic!("no user seed in {}", path.display()))
+    }
+
+    /// The environment of the cluster process `identity` (it connects with its own
+    /// credentials), with `extra` on top.
+    fn cluster_env(&self, identity: &str, extra: &[(&str, String)]) -> Vec<(&'static str, String)> {
         let mut env = vec![
             ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::url).unwrap_or_default()),
+            ("ATASIRA_NATS_CREDS", self.nats_dir.as_ref().map(|_| self.nats_creds(identity).display().to_string()).unwrap_or_default()),
             ("ATASIRA_DATABASE_URL", self.database_url()),
             ("ATASIRA_INTERNAL_KEY", self.internal_key.clone()),
             ("ATASIRA_APPROVAL_KEY", "a1".repeat(32)),
@@ -406,7 +451,7 @@ impl System {
 
     /// Cluster: starts the gateway process; `base_url` follows its new port.
     pub fn start_gateway(&mut self, extra_env: &[(&str, String)]) {
-        let env = self.cluster_env(extra_env);
+        let env = self.cluster_env("gateway", extra_env);
         let mut g = Proc::spawn("atasira serve gateway", &atasira_bin(), &["serve", "gateway", "--listen", "127.0.0.1:0"], &env);
         let line = g.wait_stderr("listening on http://", Duration::from_secs(30));
         self.base_url = listening_url(&line);
@@ -427,7 +472,7 @@ impl System {
     /// Cluster: starts one service process (`atasira serve <service>`), waiting until it
     /// serves its subject.
     pub fn start_service(&mut self, service: &str, extra_env: &[(&str, String)]) {
-        let env = self.cluster_env(extra_env);
+        let env = self.cluster_env(service, extra_env);
         let mut p = Proc::spawn(&format!("atasira serve {service}"), &atasira_bin(), &["serve", service], &env);
         p.wait_stderr("serving on", Duration::from_secs(30));
         self.procs.push(p);

@@ -399,6 +399,102 @@ fn check_proto_has_no_json_fields(files: &[(PathBuf, String)]) -> Vec<String> {
     violations
 }
 
+/// The subject constants of `atasira_contracts::subjects` naming a process, and the
+/// identity each names.
+const PROCESS_CONSTANTS: &[(&str, &str)] = &[
+    ("DRAFTS", "drafts"),
+    ("APPROVAL", "approval"),
+    ("PROVISIONER", "provisioner"),
+    ("RUNTIME_REGISTRY", "runtime-registry"),
+    ("AUDIT", "audit"),
+    ("GATEWAY", "gateway"),
+];
+
+/// Code outside tests: a file's text before its first `#[cfg(test)]`, and no `tests.rs`.
+fn non_test_code(path: &Path, text: &str) -> String {
+    if path.file_name().is_some_and(|n| n == "tests.rs") {
+        return String::new();
+    }
+    text.split("#[cfg(test)]").next().unwrap_or_default().to_owned()
+}
+
+/// R-ARCH-10: the NATS permissions are derived from `subjects::ROUTES`, so a request the
+/// code sends outside it would be refused by nats-server in cluster mode. In each service
+/// crate (`crates/<identity>`) that builds a request subject (`subjects::request(`), the
+/// sender is the crate's own identity (`SERVICE` or its own constant), and every other
+/// process the code names (`subjects::DRAFTS`, ...) is a route from it. `files` holds
+/// (workspace-relative path, contents) pairs.
+fn check_requests_follow_routes(files: &[(PathBuf, String)], routes: &[(&str, &str)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (_, dir) in SERVICES {
+        let identity = dir.trim_start_matches("crates/");
+        let own = PROCESS_CONSTANTS.iter().find(|(_, name)| *name == identity).map(|(c, _)| *c).unwrap_or_default();
+        let code: Vec<(&PathBuf, String)> = files.iter().filter(|(p, _)| p.starts_with(dir)).map(|(p, t)| (p, non_test_code(p, t))).collect();
+        if !code.iter().any(|(_, c)| c.contains("subjects::request(")) {
+            continue;
+        }
+        for (path, text) in &code {
+            for (line_no, line) in text.lines().enumerate() {
+                let line = line.split("//").next().unwrap_or_default();
+                for call in line.split("subjects::request(").skip(1) {
+                    let from = call.split(',').next().unwrap_or_default().trim();
+                    if from != "SERVICE" && from != format!("subjects::{own}") {
+                        violations.push(format!("{}:{}: {identity} sends a request as `{from}`; it may only speak as itself", path.display(), line_no + 1));
+                    }
+                }
+                for (constant, to) in PROCESS_CONSTANTS.iter().filter(|(_, name)| *name != identity) {
+                    let mentioned = line
+                        .match_indices(&format!("subjects::{constant}"))
+                        .any(|(i, m)| !line[i + m.len()..].starts_with(|c: char| c == '_' || c.is_ascii_alphanumeric()));
+                    if mentioned && !routes.contains(&(identity, *to)) {
+                        violations.push(format!(
+                            "{}:{}: {identity} names the {to} service, but ({identity:?}, {to:?}) is not in subjects::ROUTES: \
+                             nats-server would refuse the request; add the route (and say why) or do not send it",
+                            path.display(),
+                            line_no + 1
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    violations
+}
+
+/// ARCHITECTURE.md shows the NATS permission table between these markers; it must be
+/// exactly what `permission_table` renders from `contracts::subjects`.
+const TABLE_START: &str = "<!-- permission table: generated from crates/contracts/src/subjects.rs; tests/tidy.rs checks it -->";
+const TABLE_END: &str = "<!-- end of permission table -->";
+
+/// The permission table as Markdown, from `contracts::subjects` (the one source).
+fn permission_table() -> String {
+    use atasira_contracts::subjects;
+    let list = |subjects: &[String]| subjects.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+    let mut table = String::from("| NATS user | may publish | may subscribe |\n|---|---|---|\n");
+    for identity in subjects::IDENTITIES {
+        let p = subjects::permissions(identity);
+        table.push_str(&format!("| `{identity}` | {} | {} |\n", list(&p.publish), list(&p.subscribe)));
+    }
+    let hash = "H";
+    let shown = |p: subjects::Permissions| subjects::Permissions {
+        publish: p.publish.iter().map(|s| s.replace(&"0".repeat(64), hash)).collect(),
+        subscribe: p.subscribe.iter().map(|s| s.replace(&"0".repeat(64), hash)).collect(),
+        ..p
+    };
+    for (who, admin) in [("NATS publisher, member (PAT hash `H`)", false), ("NATS publisher, admin (PAT hash `H`)", true)] {
+        let p = shown(subjects::client_permissions(&"0".repeat(64), admin).expect("a hash"));
+        table.push_str(&format!("| {who} | {} | {} |\n", list(&p.publish), list(&p.subscribe)));
+    }
+    table
+}
+
+/// The text between the table markers of ARCHITECTURE.md, if both are there.
+fn documented_table(architecture: &str) -> Option<&str> {
+    let start = architecture.find(TABLE_START)? + TABLE_START.len();
+    let end = architecture[start..].find(TABLE_END)? + start;
+    Some(architecture[start..end].trim_matches('\n'))
+}
+
 fn proto_files() -> Vec<(PathBuf, String)> {
     let dir = root().join("proto/atasira/v1");
     let mut files: Vec<(PathBuf, String)> = fs::read_dir(&dir)
@@ -584,6 +680,33 @@ fn a_json_field_in_a_proto_message_is_reported() {
     let proto = "message DecisionReply {\n  bytes body_json = 1; // the answer\n}\nmessage EventNotification {\n  bytes payload_json = 8;\n  repeated string rows_json = 9;\n}\n";
     let v = check_proto_has_no_json_fields(&[(PathBuf::from("x.proto"), proto.to_owned())]);
     assert_reported(&v, &["DecisionReply.body_json", "EventNotification.rows_json"]);
+}
+
+#[test]
+fn workspace_requests_follow_the_routes_nats_permits() {
+    let files = workspace_sources();
+    assert!(files.iter().any(|(p, t)| p.starts_with("crates/gateway") && t.contains("subjects::request(")), "the gateway's requests were not found");
+    assert_clean("requests follow subjects::ROUTES", &check_requests_follow_routes(&files, atasira_contracts::subjects::ROUTES));
+}
+
+#[test]
+fn architecture_shows_the_permission_table_the_code_has() {
+    let architecture = read(&root().join("ARCHITECTURE.md"));
+    let expected = permission_table();
+    let documented = documented_table(&architecture).unwrap_or_else(|| panic!("ARCHITECTURE.md has no {TABLE_START} ... {TABLE_END} section"));
+    assert_eq!(documented, expected.trim_end(), "ARCHITECTURE.md's permission table is stale; put this between the markers:\n{expected}");
+}
+
+#[test]
+fn a_request_outside_the_routes_is_reported() {
+    let code = "fn f() {\n    bus.request(&subjects::request(SERVICE, subjects::AUDIT), h, p, t);\n    subjects::request(subjects::GATEWAY, x);\n}\n\
+                #[cfg(test)]\nmod tests { fn g() { subjects::request(subjects::GATEWAY, subjects::DRAFTS); } }\n";
+    let files = [(PathBuf::from("crates/approval/src/lib.rs"), code.to_owned()), (PathBuf::from("crates/approval/src/tests.rs"), code.to_owned())];
+    let routes = [("approval", "runtime-registry")];
+    assert_reported(&check_requests_follow_routes(&files, &routes), &["names the audit service", "as `subjects::GATEWAY`", "names the gateway service"]);
+    // RUNTIME_REGISTRY is a route; a longer constant sharing a prefix is not a process.
+    let fine = "subjects::request(SERVICE, subjects::RUNTIME_REGISTRY); subjects::AUDIT_LOG;";
+    assert_clean("routes", &check_requests_follow_routes(&[(PathBuf::from("crates/approval/src/lib.rs"), fine.to_owned())], &routes));
 }
 
 #[test]

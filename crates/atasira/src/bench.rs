@@ -5,10 +5,10 @@
 //! with read-your-writes. It prints figures and ratios; it asserts nothing.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use atasira_contracts::{signed_envelope, subjects, v1};
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{Bus, Handler, Message, NatsBus};
@@ -18,6 +18,9 @@ use atasira_platform::{Runtime, auth, relay};
 use bytes::Bytes;
 use prost::Message as _;
 use serde_json::json;
+
+use crate::nats_config;
+use crate::services::NatsAuth;
 
 /// One measured run.
 struct Figures {
@@ -102,7 +105,11 @@ where
     Ok(figures)
 }
 
-const FLOOR_SUBJECT: &str = "atasira.bench.floor";
+/// The floor borrows the gateway's route to the provisioner (no provisioner runs in the
+/// benchmark), so that with credentials it passes the same permission checks as a command.
+fn floor_subject() -> String {
+    subjects::request(subjects::GATEWAY, subjects::PROVISIONER)
+}
 
 /// The floor's responder: one transaction per request, like a command commit plus a
 /// projection row.
@@ -132,7 +139,7 @@ async fn start_floor(bus: &NatsBus, db: &Db) -> anyhow::Result<atasira_platform:
             Bytes::from(if result.is_ok() { "ok" } else { "error" })
         })
     });
-    Ok(bus.serve("bench-floor", &[FLOOR_SUBJECT.to_owned()], handler).await?)
+    Ok(bus.serve("bench-floor", &[floor_subject()], handler).await?)
 }
 
 fn floor_payload(i: usize) -> Bytes {
@@ -142,32 +149,54 @@ fn floor_payload(i: usize) -> Bytes {
     Bytes::from(body.to_string())
 }
 
+/// One NATS connection as `identity`: with its credentials from `creds_dir`, else
+/// anonymous.
+async fn connect(nats_url: &str, creds_dir: Option<&Path>, identity: &str) -> anyhow::Result<async_nats::Client> {
+    let auth = match creds_dir {
+        Some(dir) => NatsAuth::Creds(nats_config::read_creds(&nats_config::creds_path(dir, identity))?),
+        None => NatsAuth::Insecure,
+    };
+    crate::services::connect_nats(nats_url, identity, &auth, false).await
+}
+
 /// `atasira bench drafts`.
-pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, count: usize) -> anyhow::Result<()> {
+pub async fn drafts(nats_url: &str, creds_dir: Option<&Path>, database_url: &str, concurrency: usize, count: usize) -> anyhow::Result<()> {
     anyhow::ensure!(database_url.starts_with("postgres"), "the benchmark runs on PostgreSQL (cluster mode): pass a postgres:// URL");
     let concurrency = concurrency.max(1);
     let count = count.max(concurrency);
     let db = Db::connect(database_url).await?;
-    let client = async_nats::connect(nats_url).await.with_context(|| format!("failed to connect to NATS at {nats_url}"))?;
-    let bus = NatsBus::new(client.clone());
-    let js = async_nats::jetstream::new(client.clone());
+    // Each process of the cluster has its own connection (and, with credentials, its own
+    // identity): the drafts service, the gateway (which sends the commands) and the floor.
+    let drafts_client = connect(nats_url, creds_dir, subjects::DRAFTS).await?;
+    let gateway_client = connect(nats_url, creds_dir, subjects::GATEWAY).await?;
+    let floor_client = connect(nats_url, creds_dir, subjects::PROVISIONER).await?;
+    let bus = NatsBus::new(gateway_client.clone());
+    let drafts_js = async_nats::jetstream::new(drafts_client.clone());
     let keys = Arc::new(crate::services::internal_keys(&hex::encode(auth::random_secret()))?);
+    let drafts_rt = Runtime {
+        db: db.clone(),
+        bus: Arc::new(NatsBus::new(drafts_client)),
+        feeds: FeedSource::JetStream { js: drafts_js.clone() },
+        assertion_keys: keys.clone(),
+        guards: Default::default(),
+    };
     let rt = Runtime {
         db: db.clone(),
         bus: Arc::new(bus.clone()),
-        feeds: FeedSource::JetStream { js: js.clone() },
+        feeds: FeedSource::JetStream { js: async_nats::jetstream::new(gateway_client) },
         assertion_keys: keys.clone(),
         guards: Default::default(),
     };
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let drafts_task = tokio::spawn(atasira_drafts::run(rt.clone(), atasira_drafts::DraftsConfig::default(), rx.clone()));
-    let relay_task = tokio::spawn(relay::run(db.clone(), js, atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES, rx.clone()));
-    let floor = start_floor(&bus, &db).await?;
+    let drafts_task = tokio::spawn(atasira_drafts::run(drafts_rt, atasira_drafts::DraftsConfig::default(), rx.clone()));
+    let relay_task = tokio::spawn(relay::run(db.clone(), drafts_js, atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES, rx.clone()));
+    let floor = start_floor(&NatsBus::new(floor_client), &db).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     println!(
-        "atasira bench drafts: {count} commands per run, PostgreSQL {}, NATS {nats_url}, {} CPUs",
+        "atasira bench drafts: {count} commands per run, PostgreSQL {}, NATS {nats_url} ({}), {} CPUs",
         atasira_platform::db::redact(database_url),
+        if creds_dir.is_some() { "each process with its own credentials" } else { "anonymous" },
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
     let timeout = Duration::from_secs(30);
@@ -176,7 +205,7 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
         move |i: usize| {
             let bus = bus.clone();
             async move {
-                let reply = bus.request(FLOOR_SUBJECT, BTreeMap::new(), floor_payload(i), timeout).await?;
+                let reply = bus.request(&floor_subject(), BTreeMap::new(), floor_payload(i), timeout).await?;
                 anyhow::ensure!(&reply[..] == b"ok", "floor responder failed");
                 Ok(())
             }
@@ -224,17 +253,13 @@ pub async fn drafts(nats_url: &str, database_url: &str, concurrency: usize, coun
     // The full REST submit with read-your-writes, through a gateway in this process.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let gateway = tokio::spawn(atasira_gateway::serve(
-        listener,
-        rt.clone(),
-        atasira_gateway::Config { read_models: vec![atasira_contracts::subjects::DRAFTS], ..Default::default() },
-        {
+    let gateway =
+        tokio::spawn(atasira_gateway::serve(listener, rt.clone(), atasira_gateway::Config { read_models: vec![subjects::DRAFTS], ..Default::default() }, {
             let mut rx = rx.clone();
             async move {
                 let _ = rx.changed().await;
             }
-        },
-    ));
+        }));
     let pat = auth::create_token(&db, &agent, Some(chrono::TimeDelta::hours(1))).await?;
     let url = format!("http://{addr}/api/v1/boxes/box-drafts");
     let rest_op = move |i: usize| {

@@ -1,6 +1,6 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
-//! `serve <service>` (cluster), operator verbs on a data dir or database (`tokens`,
-//! `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts`, and offline verbs (`manifest
+//! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or
+//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts`, and offline verbs (`manifest
 //! validate|context|feasibility`, `drafts preview`).
 //!
 //! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
@@ -10,6 +10,7 @@
 
 mod bench;
 mod keys;
+mod nats_config;
 mod offline;
 mod operator;
 mod services;
@@ -29,10 +30,11 @@ use clap::{Args, Parser, Subcommand};
 /// recorded in a tamper-evident audit ledger.
 ///
 /// Run everything in one process with `dev` (SQLite, no servers needed), or one service per
-/// process with `serve <service>` on NATS and PostgreSQL. Operators issue tokens
-/// (`tokens`), rebuild read models (`projections rebuild`), check the ledger (`audit
-/// verify`) and rotate keys (`keys rotate`); `manifest` and `drafts preview` work offline;
-/// `bench drafts` measures the draft path.
+/// process with `serve <service>` on NATS and PostgreSQL (`nats-config` writes NATS's
+/// configuration and each process's credentials). Operators issue tokens (`tokens`),
+/// rebuild read models (`projections rebuild`), check the ledger (`audit verify`) and
+/// rotate keys (`keys rotate`); `manifest` and `drafts preview` work offline; `bench
+/// drafts` measures the draft path.
 ///
 /// Every setting is a flag or the ATASIRA_* environment variable shown next to it in the
 /// command's --help. Logs go to stderr; RUST_LOG filters them (default: info).
@@ -63,6 +65,8 @@ enum Command {
         /// NATS server (JetStream enabled).
         #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
         nats_url: String,
+        #[command(flatten)]
+        nats_auth: NatsAuthArgs,
         /// PostgreSQL database holding the shared event store.
         #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
         database_url: String,
@@ -95,6 +99,30 @@ enum Command {
         #[command(flatten)]
         common: CommonArgs,
     },
+    /// Write a nats-server configuration and one NATS credentials file per process.
+    ///
+    /// Every process of cluster mode (gateway, drafts, approval, provisioner,
+    /// runtime-registry, audit) gets its own key and may publish and subscribe only on the
+    /// subjects it needs; anyone else is admitted by the gateway's auth callout (a PAT as
+    /// the NATS token). Start NATS with `nats-server -c DIR/nats-server.conf` and each
+    /// process with `atasira serve <service> --nats-creds DIR/<service>.creds`. Prints the
+    /// files it wrote (never a key) on stderr.
+    NatsConfig {
+        /// Directory to write nats-server.conf and the <process>.creds files to (created
+        /// if missing, made readable by its owner only).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Port nats-server listens on for clients.
+        #[arg(long, value_name = "N", default_value_t = 4222)]
+        port: u16,
+        /// Where nats-server keeps JetStream data (default DIR/jetstream).
+        #[arg(long, value_name = "D")]
+        store_dir: Option<PathBuf>,
+        /// Replace a configuration already in DIR, with new keys for every process (each
+        /// process then needs its new file, and nats-server the new configuration).
+        #[arg(long)]
+        force: bool,
+    },
     /// Check the audit ledger's hash chain and signed checkpoints.
     #[command(subcommand)]
     Audit(operator::AuditCommand),
@@ -116,6 +144,21 @@ enum Command {
     /// Work with Box drafts.
     #[command(subcommand)]
     Drafts(DraftsCommand),
+}
+
+/// How `serve` authenticates to NATS.
+#[derive(Debug, Clone, Args)]
+struct NatsAuthArgs {
+    /// This process's NATS credentials file, written by `atasira nats-config` (e.g.
+    /// DIR/drafts.creds for `serve drafts`; readable by its owner only). Required unless
+    /// --insecure-nats.
+    #[arg(long, env = "ATASIRA_NATS_CREDS", value_name = "FILE")]
+    nats_creds: Option<PathBuf>,
+    /// Connect to NATS without credentials when no --nats-creds is given. Unsafe: anyone who
+    /// reaches NATS can then read, answer and forge requests; a warning is logged every
+    /// minute.
+    #[arg(long, env = "ATASIRA_INSECURE_NATS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+    insecure_nats: bool,
 }
 
 /// Settings shared by `dev` and `serve`.
@@ -194,6 +237,11 @@ enum BenchCommand {
         /// Commands per measured run.
         #[arg(long, default_value_t = 2000)]
         count: usize,
+        /// Directory of credentials written by `atasira nats-config` (for the NATS server
+        /// at --nats-url): each process of the benchmark connects with its own, so the
+        /// authenticated topology is measured. Without it every connection is anonymous.
+        #[arg(long, env = "ATASIRA_NATS_CREDS_DIR", value_name = "DIR")]
+        nats_creds_dir: Option<PathBuf>,
     },
 }
 
@@ -238,17 +286,23 @@ fn main() -> ExitCode {
             common.configure_failpoints();
             run_async(services::dev(common.settings(data_dir), listen))
         }
-        Command::Serve { service, nats_url, database_url, internal_key, approval_key, approval_key_file, audit_key, data_dir, listen, common } => {
+        Command::Serve { service, nats_url, nats_auth, database_url, internal_key, approval_key, approval_key_file, audit_key, data_dir, listen, common } => {
             common.configure_failpoints();
             let keys = services::ClusterKeys { internal: internal_key, approval: approval_key, approval_file: approval_key_file, audit: audit_key };
-            run_async(services::serve(service, &nats_url, &database_url, keys, listen, common.settings(data_dir)))
+            run_async(async move {
+                let auth = services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.insecure_nats)?;
+                services::serve(service, &nats_url, auth, &database_url, keys, listen, common.settings(data_dir)).await
+            })
+        }
+        Command::NatsConfig { out, port, store_dir, force } => {
+            nats_config::run(&nats_config::Options { out, port, store_dir, force }).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
         }
         Command::Audit(cmd) => run_async_code(operator::audit(cmd)),
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),
         Command::Keys(cmd) => keys::keys(cmd).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}")),
-        Command::Bench(BenchCommand::Drafts { nats_url, database_url, concurrency, count }) => {
-            run_async(bench::drafts(&nats_url, &database_url, concurrency, count))
+        Command::Bench(BenchCommand::Drafts { nats_url, database_url, concurrency, count, nats_creds_dir }) => {
+            run_async(bench::drafts(&nats_url, nats_creds_dir.as_deref(), &database_url, concurrency, count))
         }
         Command::Manifest(ManifestCommand::Validate { file }) => offline::validate(&file),
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),

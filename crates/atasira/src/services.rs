@@ -182,13 +182,92 @@ pub struct ClusterKeys {
     pub audit: Option<String>,
 }
 
+impl ServiceName {
+    /// The process identity: its subjects, its NATS user and its credentials file.
+    pub fn identity(self) -> &'static str {
+        use atasira_contracts::subjects;
+        match self {
+            ServiceName::Gateway => subjects::GATEWAY,
+            ServiceName::Drafts => subjects::DRAFTS,
+            ServiceName::Approval => subjects::APPROVAL,
+            ServiceName::RuntimeRegistry => subjects::RUNTIME_REGISTRY,
+            ServiceName::Provisioner => subjects::PROVISIONER,
+            ServiceName::Audit => subjects::AUDIT,
+        }
+    }
+}
+
+/// How a process authenticates to NATS (R-ARCH-10).
+#[derive(Debug, Clone)]
+pub enum NatsAuth {
+    /// Its own nkey, from the credentials file `atasira nats-config` wrote.
+    Creds(crate::nats_config::Creds),
+    /// None (`--insecure-nats`): anyone who reaches NATS can read and forge requests.
+    Insecure,
+}
+
+impl NatsAuth {
+    /// From `--nats-creds` and `--insecure-nats`: credentials are required unless the
+    /// operator explicitly runs without.
+    pub fn from_args(identity: &str, creds: Option<&Path>, insecure: bool) -> anyhow::Result<NatsAuth> {
+        match (creds, insecure) {
+            (Some(path), _) => {
+                let creds = crate::nats_config::read_creds(path)?;
+                let is_gateway = identity == atasira_contracts::subjects::GATEWAY;
+                if creds.account_seed.is_some() && !is_gateway {
+                    anyhow::bail!("{} is the gateway's NATS credentials file; the {identity} service needs its own ({identity}.creds)", path.display());
+                }
+                if creds.account_seed.is_none() && is_gateway {
+                    anyhow::bail!(
+                        "{} holds no auth callout issuer key, which the gateway needs to admit NATS publishers: pass the gateway.creds that `atasira nats-config` wrote",
+                        path.display()
+                    );
+                }
+                Ok(NatsAuth::Creds(creds))
+            }
+            (None, true) => Ok(NatsAuth::Insecure),
+            (None, false) => anyhow::bail!(
+                "cluster mode needs NATS credentials: pass --nats-creds FILE (or set ATASIRA_NATS_CREDS) with the {identity}.creds file that \
+                 `atasira nats-config --out DIR` wrote; --insecure-nats runs without them (then anyone who reaches NATS can read and forge requests)"
+            ),
+        }
+    }
+}
+
+/// Warns about a NATS connection without credentials now and every minute.
+async fn warn_insecure_nats(identity: &'static str) {
+    let mut every = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        every.tick().await;
+        tracing::warn!(
+            "{identity}: NATS without credentials (--insecure-nats): anyone who reaches NATS can read, answer and forge requests; \
+             run `atasira nats-config` and pass --nats-creds"
+        );
+    }
+}
+
 /// `atasira serve <service>`.
-pub async fn serve(service: ServiceName, nats_url: &str, database_url: &str, keys: ClusterKeys, listen: SocketAddr, settings: Settings) -> anyhow::Result<()> {
+pub async fn serve(
+    service: ServiceName,
+    nats_url: &str,
+    nats_auth: NatsAuth,
+    database_url: &str,
+    keys: ClusterKeys,
+    listen: SocketAddr,
+    mut settings: Settings,
+) -> anyhow::Result<()> {
+    let identity = service.identity();
     let internal = KeySetting::parse(KeyKind::Internal, &keys.internal)?;
     // Key ids are not secret; they tell an operator which keys a process runs with.
     tracing::info!(keys = ?internal.ids(), "internal assertion keys (current first; retired keys only verify)");
     let db = Db::connect(database_url).await?;
-    let client = connect_nats(nats_url).await?;
+    if let NatsAuth::Insecure = nats_auth {
+        tokio::spawn(warn_insecure_nats(identity));
+    }
+    if let NatsAuth::Creds(creds) = &nats_auth {
+        settings.gateway.callout_issuer_seed = creds.account_seed.clone();
+    }
+    let client = connect_nats(nats_url, identity, &nats_auth, true).await?;
     let js = async_nats::jetstream::new(client.clone());
     let rt = Runtime {
         db: db.clone(),
@@ -270,9 +349,29 @@ async fn wait_ready(rt: &Runtime, services: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects to NATS, retrying for a while so services can start before the server.
-async fn connect_nats(url: &str) -> anyhow::Result<async_nats::Client> {
-    let options = async_nats::ConnectOptions::new().retry_on_initial_connect().connection_timeout(Duration::from_secs(5)).name("atasira");
+/// Connects to NATS as `identity` (its nkey, its own inbox prefix); `wait_for_server`
+/// retries until the server is there, so services can start before it. Connection trouble
+/// (a refused key, say) is logged.
+pub async fn connect_nats(url: &str, identity: &str, auth: &NatsAuth, wait_for_server: bool) -> anyhow::Result<async_nats::Client> {
+    let options = match auth {
+        NatsAuth::Creds(creds) => async_nats::ConnectOptions::with_nkey(creds.user_seed.clone()),
+        NatsAuth::Insecure => async_nats::ConnectOptions::new(),
+    };
+    let who = identity.to_owned();
+    let options = if wait_for_server { options.retry_on_initial_connect() } else { options };
+    let options = options
+        .custom_inbox_prefix(atasira_contracts::subjects::inbox_prefix(identity))
+        .connection_timeout(Duration::from_secs(5))
+        .name(format!("atasira {identity}"))
+        .event_callback(move |event| {
+            let who = who.clone();
+            async move {
+                match event {
+                    async_nats::Event::ServerError(_) | async_nats::Event::ClientError(_) => tracing::warn!("{who}: NATS {event}"),
+                    _ => tracing::info!("{who}: NATS {event}"),
+                }
+            }
+        });
     options.connect(url).await.with_context(|| format!("failed to connect to NATS at {url}"))
 }
 

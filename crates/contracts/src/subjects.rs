@@ -27,9 +27,176 @@ pub fn events(service: &str) -> String {
     format!("atasira.box.{service}.events")
 }
 
-/// The subject token that marks a request from a NATS publisher authenticated with a PAT:
-/// `atasira.box.client.<token hash>.<to>` (five tokens, so never a Box's subject).
+/// Every process identity of cluster mode: each has its own NATS credentials.
+pub const IDENTITIES: &[&str] = &[GATEWAY, DRAFTS, APPROVAL, PROVISIONER, RUNTIME_REGISTRY, AUDIT];
+
+/// The requests that exist between atasira's processes, as (from, to): the only subjects
+/// `request(from, to)` a process may publish. `tests/tidy.rs` checks that the code sends no
+/// other.
+pub const ROUTES: &[(&str, &str)] = &[
+    (GATEWAY, DRAFTS),
+    (GATEWAY, APPROVAL),
+    (GATEWAY, RUNTIME_REGISTRY),
+    (GATEWAY, AUDIT),
+    (GATEWAY, PROVISIONER),
+    // ReserveBoxType, ReleaseReservation, AwaitActivation.
+    (APPROVAL, RUNTIME_REGISTRY),
+    // GetApprovalKeys.
+    (RUNTIME_REGISTRY, APPROVAL),
+];
+
+/// The services a NATS publisher (a person or an agent with a PAT) may address, and
+/// whether only an admin may.
+pub const CLIENT_ROUTES: &[(&str, bool)] = &[(DRAFTS, false), (RUNTIME_REGISTRY, false), (AUDIT, true)];
+
+/// The middle token of a NATS publisher's subjects. No process is called that, and a
+/// client subject has five tokens where a Box subject has four.
 pub const CLIENT: &str = "client";
+
+/// The JetStream API, for the services that relay and consume events.
+pub const JETSTREAM_API: &str = "$JS.API.>";
+
+/// The NATS services API (`$SRV.PING|INFO|STATS`), where every process registers.
+pub const SERVICES_API: &str = "$SRV.>";
+
+/// What an admin's tooling may ask the services API (discovery, R-ARCH-8).
+pub const SERVICES_API_QUERIES: &[&str] = &["$SRV.PING", "$SRV.PING.>", "$SRV.INFO", "$SRV.INFO.>", "$SRV.STATS", "$SRV.STATS.>"];
+
+/// Where nats-server asks the auth callout to authenticate a client (the gateway answers).
+pub const AUTH_CALLOUT: &str = "$SYS.REQ.USER.AUTH";
+
+/// Where nats-server expects the auth callout's answers.
+pub const AUTH_CALLOUT_REPLIES: &str = "$SYS._INBOX.>";
+
+/// Acknowledgements of the events stream's messages.
+pub fn jetstream_acks() -> String {
+    format!("$JS.ACK.{EVENTS_STREAM}.>")
+}
+
+/// The reply inbox prefix of a process identity: its replies arrive below it, and nobody
+/// else may subscribe there.
+pub fn inbox_prefix(identity: &str) -> String {
+    format!("_INBOX.{identity}")
+}
+
+/// A NATS publisher's request to `to`; `token_hash` is the SHA-256 (hex) of its PAT.
+pub fn client_request(token_hash: &str, to: &str) -> String {
+    format!("atasira.box.{CLIENT}.{token_hash}.{to}")
+}
+
+/// A NATS publisher's reply inbox prefix.
+pub fn client_inbox(token_hash: &str) -> String {
+    format!("_INBOX.{CLIENT}.{token_hash}")
+}
+
+/// Whether `token_hash` looks like what `client_request` and `client_permissions` expect:
+/// 64 lowercase hex digits (so it is one subject token and no wildcard).
+pub fn is_token_hash(token_hash: &str) -> bool {
+    token_hash.len() == 64 && token_hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The subjects `service` listens on for requests: from the processes (and Boxes) on
+/// `atasira.box.<from>.<service>`, and from NATS publishers on
+/// `atasira.box.client.<hash>.<service>` when they may address it.
+pub fn listen_subjects(service: &str) -> Vec<String> {
+    let mut subjects = vec![request("*", service)];
+    if CLIENT_ROUTES.iter().any(|(to, _)| *to == service) {
+        subjects.push(client_request("*", service));
+    }
+    subjects
+}
+
+/// What one NATS user may do: the subjects (wildcards allowed) it may publish to and
+/// subscribe to, and whether it may also publish on the reply subject of any request it
+/// receives (`allow_responses`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions {
+    pub publish: Vec<String>,
+    pub subscribe: Vec<String>,
+    pub allow_responses: bool,
+}
+
+/// The permissions of a process identity (R-ARCH-10), derived from `ROUTES`: it publishes
+/// its own requests, its own events (services relay them) and, as a JetStream user, the
+/// JetStream API; it listens on its own subjects, the services API and its own inbox.
+///
+/// It answers requests by publishing into its callers' inboxes: those of the processes
+/// routed to it, and those of NATS publishers (every process answers an admin's services
+/// API queries; services in `CLIENT_ROUTES` answer their requests too). Never with
+/// `allow_responses`: nats-server lets a responder publish on whatever reply subject a
+/// request names (even one its deny list names), so a NATS publisher could make a service
+/// "answer" on `atasira.box.approval.runtime-registry` and speak as approval. The gateway
+/// also answers the auth callout.
+///
+/// An unknown identity may do nothing (empty lists).
+pub fn permissions(identity: &str) -> Permissions {
+    if !IDENTITIES.contains(&identity) {
+        return Permissions::default();
+    }
+    let mut publish: Vec<String> = ROUTES.iter().filter(|(from, _)| *from == identity).map(|(from, to)| request(from, to)).collect();
+    publish.extend(ROUTES.iter().filter(|(_, to)| *to == identity).map(|(from, _)| format!("{}.>", inbox_prefix(from))));
+    publish.push(format!("{}.>", client_inbox("*")));
+    let mut subscribe = listen_subjects(identity);
+    if SERVICES.contains(&identity) {
+        publish.push(events(identity));
+        publish.push(JETSTREAM_API.to_owned());
+        publish.push(jetstream_acks());
+    }
+    subscribe.push(SERVICES_API.to_owned());
+    subscribe.push(format!("{}.>", inbox_prefix(identity)));
+    if identity == GATEWAY {
+        subscribe.push(AUTH_CALLOUT.to_owned());
+        publish.push(AUTH_CALLOUT_REPLIES.to_owned());
+    }
+    Permissions { publish, subscribe, allow_responses: false }
+}
+
+/// The permissions of a NATS publisher whose PAT hashes to `token_hash`: requests on its
+/// own client subjects to the services in `CLIENT_ROUTES` (audit for admins only), the
+/// services API's discovery queries for admins, and its own inbox. It answers nothing.
+/// `None` when `token_hash` is not a token hash (see `is_token_hash`).
+pub fn client_permissions(token_hash: &str, role_is_admin: bool) -> Option<Permissions> {
+    if !is_token_hash(token_hash) {
+        return None;
+    }
+    let mut publish: Vec<String> =
+        CLIENT_ROUTES.iter().filter(|(_, admin_only)| role_is_admin || !admin_only).map(|(to, _)| client_request(token_hash, to)).collect();
+    if role_is_admin {
+        publish.extend(SERVICES_API_QUERIES.iter().map(|s| (*s).to_owned()));
+    }
+    Some(Permissions { publish, subscribe: vec![format!("{}.>", client_inbox(token_hash))], allow_responses: false })
+}
+
+impl Permissions {
+    /// Whether these permissions let a client publish on `subject` (a subject without
+    /// wildcards), not counting replies under `allow_responses`.
+    pub fn may_publish(&self, subject: &str) -> bool {
+        self.publish.iter().any(|p| covers(p, subject))
+    }
+
+    /// Whether these permissions let a client subscribe to `subject` (wildcards allowed:
+    /// every subject it matches must be allowed).
+    pub fn may_subscribe(&self, subject: &str) -> bool {
+        self.subscribe.iter().any(|p| covers(p, subject))
+    }
+}
+
+/// Whether every subject that `subject` matches also matches `pattern`, with NATS
+/// wildcards (`*` one token, `>` one or more trailing tokens) on both sides.
+pub fn covers(pattern: &str, subject: &str) -> bool {
+    let mut p = pattern.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some(_), Some(">")) => return false,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b && b != "*" => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
 
 /// Who sent a request, as its subject says. In cluster mode NATS permissions make the
 /// subject an identity: only a service may publish on `atasira.box.<service>.<to>`, and only
@@ -46,16 +213,10 @@ pub enum Origin {
 pub fn origin(subject: &str, to: &str) -> Option<Origin> {
     let rest = subject.strip_prefix("atasira.box.")?;
     let from = rest.strip_suffix(to)?.strip_suffix('.')?;
-    if let Some(hash) = from.strip_prefix("client.") {
-        let valid = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        return valid.then(|| Origin::Client { token_hash: hash.to_owned() });
+    if let Some(hash) = from.strip_prefix(CLIENT).and_then(|rest| rest.strip_prefix('.')) {
+        return is_token_hash(hash).then(|| Origin::Client { token_hash: hash.to_owned() });
     }
-    std::iter::once(GATEWAY).chain(SERVICES.iter().copied()).find(|s| *s == from).map(Origin::Service)
-}
-
-/// The subject on which `to` serves NATS publishers.
-pub fn client_requests(to: &str) -> String {
-    format!("atasira.box.{CLIENT}.*.{to}")
+    IDENTITIES.iter().copied().find(|s| *s == from).map(Origin::Service)
 }
 
 /// Which service publishes events of an aggregate type (R-ARCH-9); `None` for a type that
@@ -81,6 +242,146 @@ mod tests {
         assert_eq!(request(GATEWAY, DRAFTS), "atasira.box.gateway.drafts");
         assert_eq!(request(APPROVAL, RUNTIME_REGISTRY), "atasira.box.approval.runtime-registry");
         assert_eq!(events(DRAFTS), "atasira.box.drafts.events");
+    }
+
+    const HASH: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// The identities whose permissions allow publishing `subject`.
+    fn publishers(subject: &str) -> Vec<&'static str> {
+        IDENTITIES.iter().copied().filter(|i| permissions(i).may_publish(subject)).collect()
+    }
+
+    /// The identities whose permissions allow subscribing to `subject`.
+    fn subscribers(subject: &str) -> Vec<&'static str> {
+        IDENTITIES.iter().copied().filter(|i| permissions(i).may_subscribe(subject)).collect()
+    }
+
+    #[test]
+    fn wildcards_cover_what_nats_would_match() {
+        assert!(covers("atasira.box.*.drafts", "atasira.box.gateway.drafts"));
+        assert!(covers("atasira.box.*.drafts", "atasira.box.*.drafts"));
+        assert!(!covers("atasira.box.*.drafts", "atasira.box.client.h.drafts"));
+        assert!(!covers("atasira.box.*.drafts", "atasira.box.>"));
+        assert!(!covers("atasira.box.gateway.drafts", "atasira.box.*.drafts"));
+        assert!(covers("_INBOX.drafts.>", "_INBOX.drafts.abc.1"));
+        assert!(!covers("_INBOX.drafts.>", "_INBOX.drafts"));
+        assert!(!covers("_INBOX.drafts.>", "_INBOX.>"));
+        assert!(covers("$JS.API.>", "$JS.API.STREAM.PURGE.ATASIRA_EVENTS"));
+        assert!(covers(">", "anything.at.all"));
+        assert!(!covers("a.b", "a.b.c"));
+        assert!(!covers("a.b.c", "a.b"));
+    }
+
+    #[test]
+    fn only_approval_reserves_and_releases_and_only_approval_answers_approval_subjects() {
+        // R-ARCH-10, issue 8: ReserveBoxType/ReleaseReservation travel on this subject.
+        assert_eq!(publishers("atasira.box.approval.runtime-registry"), [APPROVAL]);
+        assert_eq!(subscribers("atasira.box.*.approval"), [APPROVAL]);
+        assert_eq!(subscribers("atasira.box.runtime-registry.approval"), [APPROVAL]);
+        assert_eq!(publishers("atasira.box.runtime-registry.approval"), [RUNTIME_REGISTRY]);
+        assert_eq!(publishers("atasira.box.gateway.approval"), [GATEWAY]);
+        for service in SERVICES {
+            assert_eq!(subscribers(&request("*", service)), [*service], "only {service} listens on its subjects");
+            assert_eq!(publishers(&request(GATEWAY, service)), [GATEWAY], "only the gateway speaks as the gateway");
+        }
+    }
+
+    #[test]
+    fn only_a_service_publishes_its_own_events_and_only_services_use_jetstream() {
+        for service in SERVICES {
+            assert_eq!(publishers(&events(service)), [*service]);
+        }
+        assert!(publishers(&events(GATEWAY)).is_empty());
+        assert!(publishers("atasira.box.nats-publisher.events").is_empty());
+        let jetstream = publishers("$JS.API.STREAM.PURGE.ATASIRA_EVENTS");
+        assert_eq!(jetstream, SERVICES, "the gateway has no JetStream");
+        assert!(!permissions(GATEWAY).may_publish("$JS.ACK.ATASIRA_EVENTS.c.1.1.1.1.1"));
+    }
+
+    #[test]
+    fn inboxes_are_private_and_nobody_listens_on_everything() {
+        for identity in IDENTITIES {
+            let prefix = inbox_prefix(identity);
+            assert_eq!(subscribers(&format!("{prefix}.x.1")), [*identity]);
+        }
+        assert!(subscribers("atasira.box.>").is_empty());
+        assert!(subscribers("_INBOX.>").is_empty());
+        assert!(subscribers(&format!("{}.x", client_inbox(HASH))).is_empty());
+        assert!(subscribers(">").is_empty());
+        assert_eq!(subscribers(AUTH_CALLOUT), [GATEWAY]);
+        assert_eq!(subscribers("$SRV.PING"), IDENTITIES);
+        assert!(publishers("$SRV.PING").is_empty(), "processes do not ping each other");
+    }
+
+    #[test]
+    fn replies_go_only_to_the_callers_inboxes() {
+        // allow_responses would let a request name any reply subject, e.g. a request
+        // subject of another service, and have the responder publish there.
+        for identity in IDENTITIES {
+            assert!(!permissions(identity).allow_responses, "{identity}");
+        }
+        for (from, to) in ROUTES {
+            assert!(permissions(to).may_publish(&format!("{}.ab.1", inbox_prefix(from))), "{to} answers {from}");
+        }
+        assert_eq!(publishers("_INBOX.runtime-registry.ab.1"), [APPROVAL]);
+        assert_eq!(publishers("_INBOX.approval.ab.1"), [RUNTIME_REGISTRY]);
+        assert!(publishers("_INBOX.drafts.ab.1").is_empty(), "drafts asks nobody anything");
+        assert_eq!(publishers(&format!("{}.ab.1", client_inbox(HASH))), IDENTITIES, "every process answers an admin's discovery");
+        assert_eq!(publishers("$SYS._INBOX.srv.1"), [GATEWAY], "the auth callout's answers");
+        assert_eq!(publishers("_INBOX.gateway.ab.1"), [DRAFTS, APPROVAL, PROVISIONER, RUNTIME_REGISTRY, AUDIT], "every service answers the gateway");
+    }
+
+    #[test]
+    fn every_route_is_a_permission_and_nothing_else_is_a_request() {
+        for (from, to) in ROUTES {
+            assert_eq!(publishers(&request(from, to)), [*from]);
+            assert!(permissions(to).may_subscribe(&request(from, to)));
+        }
+        for from in IDENTITIES {
+            for to in IDENTITIES {
+                let allowed = ROUTES.contains(&(*from, *to));
+                assert_eq!(permissions(from).may_publish(&request(from, to)), allowed, "{from} -> {to}");
+            }
+        }
+        assert_eq!(permissions("nats-publisher"), Permissions::default(), "an unknown identity may do nothing");
+    }
+
+    #[test]
+    fn a_client_reaches_only_its_own_subjects() {
+        let member = client_permissions(HASH, false).expect("a token hash");
+        assert_eq!(member.publish, [client_request(HASH, DRAFTS), client_request(HASH, RUNTIME_REGISTRY)]);
+        assert_eq!(member.subscribe, [format!("_INBOX.client.{HASH}.>")]);
+        assert!(!member.allow_responses);
+        let admin = client_permissions(HASH, true).expect("a token hash");
+        assert!(admin.may_publish(&client_request(HASH, AUDIT)));
+        assert!(admin.may_publish("$SRV.PING") && admin.may_publish("$SRV.INFO.drafts"));
+        assert!(!member.may_publish(&client_request(HASH, AUDIT)) && !member.may_publish("$SRV.PING"));
+        let other = "f".repeat(64);
+        for p in [&member, &admin] {
+            assert!(!p.may_publish(&client_request(&other, DRAFTS)), "another client's subject");
+            assert!(!p.may_subscribe(&format!("{}.>", client_inbox(&other))));
+            assert!(!p.may_publish("$JS.API.STREAM.PURGE.ATASIRA_EVENTS"));
+            assert!(!p.may_subscribe("$JS.API.>") && !p.may_subscribe("atasira.box.>"));
+            assert!(!p.may_publish(&client_request(HASH, APPROVAL)) && !p.may_publish(&request(APPROVAL, RUNTIME_REGISTRY)));
+            for service in SERVICES {
+                assert!(!p.may_publish(&request(GATEWAY, service)) && !p.may_publish(&events(service)));
+                assert!(!p.may_subscribe(&request("*", service)));
+            }
+        }
+        assert_eq!(client_permissions("*", true), None);
+        assert_eq!(client_permissions(&format!("{}.x", &HASH[2..]), true), None);
+        assert_eq!(client_permissions(&HASH.to_uppercase(), false), None);
+    }
+
+    #[test]
+    fn client_subjects_never_collide_with_process_or_box_subjects() {
+        // A Box subject has four tokens; a client subject five.
+        assert_eq!(client_request(HASH, DRAFTS).split('.').count(), 5);
+        assert!(!covers(&request("*", DRAFTS), &client_request(HASH, DRAFTS)));
+        assert!(!IDENTITIES.contains(&CLIENT));
+        assert_eq!(listen_subjects(DRAFTS), ["atasira.box.*.drafts", "atasira.box.client.*.drafts"]);
+        assert_eq!(listen_subjects(APPROVAL), ["atasira.box.*.approval"]);
+        assert!(covers(&listen_subjects(AUDIT)[1], &client_request(HASH, AUDIT)));
     }
 
     #[test]

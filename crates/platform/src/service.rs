@@ -145,7 +145,7 @@ where
             span,
         ))
     });
-    let subjects = vec![format!("atasira.box.*.{service}"), subjects::client_requests(service)];
+    let subjects = subjects::listen_subjects(service);
     let endpoint = rt.bus.serve(service, &subjects, handler).await?;
     tracing::info!("{service}: serving on {}", subjects.join(" and "));
     Ok(endpoint)

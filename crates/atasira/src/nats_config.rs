@@ -1,0 +1,323 @@
+//! `atasira nats-config`: nkeys for every process, a nats-server configuration that
+//! authenticates them and grants each only what `contracts::subjects::permissions` allows
+//! (R-ARCH-10), and reading a process's credentials file back for `serve`.
+//!
+//! The configuration uses nats-server's config mode: one account (`ATASIRA`) holding one
+//! nkey user per process, the system account, and the auth callout (run by the gateway,
+//! with the issuer key in `gateway.creds`) for everyone else: NATS publishers with a PAT.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use atasira_contracts::subjects::{self, Permissions};
+
+/// The account of atasira's processes and NATS publishers.
+pub const ACCOUNT: &str = "ATASIRA";
+/// The system account.
+pub const SYSTEM_ACCOUNT: &str = "SYS";
+/// The configuration file in the output directory.
+pub const CONF_FILE: &str = "nats-server.conf";
+
+const USER_SEED: &str = "USER NKEY SEED";
+const ACCOUNT_SEED: &str = "ACCOUNT NKEY SEED";
+
+/// The credentials file of a process identity in `dir`.
+pub fn creds_path(dir: &Path, identity: &str) -> PathBuf {
+    dir.join(format!("{identity}.creds"))
+}
+
+/// What the configuration needs to know about the keys (public halves only).
+#[derive(Debug, Clone)]
+pub struct PublicKeys {
+    /// (identity, user public key `U...`), in `subjects::IDENTITIES` order.
+    pub users: Vec<(&'static str, String)>,
+    /// The auth callout's issuer (account public key `A...`).
+    pub callout_issuer: String,
+}
+
+/// A quoted string in nats-server's configuration syntax; `None` when `s` holds
+/// something the syntax would not keep literally (quotes, backslashes, control or space
+/// characters). Subjects and keys never do.
+fn quoted(s: &str) -> Option<String> {
+    let plain = !s.is_empty() && s.chars().all(|c| c.is_ascii_graphic() && c != '"' && c != '\\');
+    plain.then(|| format!("\"{s}\""))
+}
+
+fn quoted_list(items: &[String]) -> anyhow::Result<String> {
+    let quoted: Option<Vec<String>> = items.iter().map(|s| quoted(s)).collect();
+    let quoted = quoted.ok_or_else(|| anyhow::anyhow!("a subject of the permission table cannot be written to the configuration: {items:?}"))?;
+    Ok(format!("[{}]", quoted.join(", ")))
+}
+
+/// A permission block; an empty allow list would mean "anything" to nats-server, so it is
+/// written as a denial of everything instead.
+fn render_permissions(p: &Permissions) -> anyhow::Result<String> {
+    let side = |subjects: &[String]| -> anyhow::Result<String> {
+        if subjects.is_empty() { Ok("{ deny: [\">\"] }".to_owned()) } else { Ok(format!("{{ allow: {} }}", quoted_list(subjects)?)) }
+    };
+    Ok(format!("{{ publish: {}, subscribe: {}, allow_responses: {} }}", side(&p.publish)?, side(&p.subscribe)?, p.allow_responses))
+}
+
+/// The nats-server configuration for these keys (pure).
+pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path) -> anyhow::Result<String> {
+    let store = store_dir
+        .to_str()
+        .and_then(quoted)
+        .ok_or_else(|| anyhow::anyhow!("the store directory {} cannot be written to the configuration", store_dir.display()))?;
+    let mut conf = String::new();
+    let _ = writeln!(conf, "# nats-server configuration for atasira, written by `atasira nats-config`.");
+    let _ = writeln!(conf, "# Every process of atasira connects with its own nkey (its .creds file next to this");
+    let _ = writeln!(conf, "# file) and may publish and subscribe only where its permissions say; everyone else");
+    let _ = writeln!(conf, "# is authenticated by the auth callout that the gateway answers (a PAT as the token).");
+    let _ = writeln!(conf, "# The permissions come from atasira's subject map; regenerate rather than edit.");
+    let _ = writeln!(conf);
+    let _ = writeln!(conf, "port: {port}");
+    let _ = writeln!(conf);
+    let _ = writeln!(conf, "jetstream {{");
+    let _ = writeln!(conf, "  store_dir: {store}");
+    let _ = writeln!(conf, "  sync_interval: always");
+    let _ = writeln!(conf, "}}");
+    let _ = writeln!(conf);
+    let _ = writeln!(conf, "accounts {{");
+    let _ = writeln!(conf, "  {ACCOUNT} {{");
+    let _ = writeln!(conf, "    jetstream: enabled");
+    let _ = writeln!(conf, "    users: [");
+    for (identity, public) in &keys.users {
+        let nkey = quoted(public).ok_or_else(|| anyhow::anyhow!("malformed public key for {identity}"))?;
+        let _ = writeln!(conf, "      # {identity}");
+        let _ = writeln!(conf, "      {{ nkey: {nkey}, permissions: {} }}", render_permissions(&subjects::permissions(identity))?);
+    }
+    let _ = writeln!(conf, "    ]");
+    let _ = writeln!(conf, "  }}");
+    let _ = writeln!(conf, "  {SYSTEM_ACCOUNT} {{ }}");
+    let _ = writeln!(conf, "}}");
+    let _ = writeln!(conf, "system_account: {SYSTEM_ACCOUNT}");
+    let _ = writeln!(conf);
+    let issuer = quoted(&keys.callout_issuer).ok_or_else(|| anyhow::anyhow!("malformed callout issuer key"))?;
+    let auth_users: Vec<String> = keys.users.iter().map(|(_, public)| public.clone()).collect();
+    let _ = writeln!(conf, "# Connections without one of the nkeys above go to the auth callout.");
+    let _ = writeln!(conf, "authorization {{");
+    let _ = writeln!(conf, "  auth_callout {{");
+    let _ = writeln!(conf, "    issuer: {issuer}");
+    let _ = writeln!(conf, "    account: {ACCOUNT}");
+    let _ = writeln!(conf, "    auth_users: {}", quoted_list(&auth_users)?);
+    let _ = writeln!(conf, "  }}");
+    let _ = writeln!(conf, "}}");
+    Ok(conf)
+}
+
+/// One decorated seed block, as NATS tools write them.
+fn seed_block(kind: &str, seed: &str) -> String {
+    format!("-----BEGIN {kind}-----\n{seed}\n------END {kind}------\n")
+}
+
+/// The text of a credentials file.
+fn render_creds(identity: &str, user_seed: &str, account_seed: Option<&str>) -> String {
+    let mut text = format!(
+        "# NATS credentials of atasira's {identity} process, written by `atasira nats-config`.\n\
+         # Secret: keep this file readable by the {identity} process's user only (mode 0600).\n\n"
+    );
+    text.push_str(&seed_block(USER_SEED, user_seed));
+    if let Some(seed) = account_seed {
+        text.push_str("\n# The auth callout's issuer key: the gateway signs NATS publishers' permissions with it.\n");
+        text.push_str(&seed_block(ACCOUNT_SEED, seed));
+    }
+    text
+}
+
+/// A process's credentials, read from its file. Debug never shows the seeds.
+#[derive(Clone)]
+pub struct Creds {
+    /// The user nkey seed (`SU...`).
+    pub user_seed: String,
+    /// The auth callout issuer's account seed (`SA...`); only in the gateway's file.
+    pub account_seed: Option<String>,
+}
+
+impl std::fmt::Debug for Creds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Creds").field("user_seed", &"<secret>").field("account_seed", &self.account_seed.as_ref().map(|_| "<secret>")).finish()
+    }
+}
+
+/// The seed inside the `kind` block of `text`, if any; `Err` names what is wrong without
+/// ever showing the seed.
+fn find_seed(text: &str, kind: &str, expected: nkeys::KeyPairType) -> Result<Option<String>, String> {
+    let begin = format!("-----BEGIN {kind}-----");
+    let mut lines = text.lines().map(str::trim);
+    if !lines.any(|l| l == begin) {
+        return Ok(None);
+    }
+    let seed = lines.find(|l| !l.is_empty()).unwrap_or_default();
+    match nkeys::KeyPair::from_seed(seed) {
+        Ok(pair) if pair.key_pair_type() == expected => Ok(Some(seed.to_owned())),
+        Ok(_) => Err(format!("its {} block holds another kind of key", kind.to_lowercase())),
+        Err(_) => Err(format!("its {} block holds no valid seed", kind.to_lowercase())),
+    }
+}
+
+/// Parses a credentials file's text.
+pub fn parse_creds(text: &str) -> Result<Creds, String> {
+    let user_seed = find_seed(text, USER_SEED, nkeys::KeyPairType::User)?.ok_or_else(|| format!("it holds no {} block", USER_SEED.to_lowercase()))?;
+    let account_seed = find_seed(text, ACCOUNT_SEED, nkeys::KeyPairType::Account)?;
+    Ok(Creds { user_seed, account_seed })
+}
+
+/// Reads a credentials file; refuses one that group or others may read (a seed is a
+/// password) and never shows a seed in an error.
+pub fn read_creds(path: &Path) -> anyhow::Result<Creds> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).with_context(|| format!("cannot read the NATS credentials file {}", path.display()))?.permissions().mode();
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "the NATS credentials file {} may be read by other users (mode {:o}); it holds a secret key: run `chmod 600 {}`",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            );
+        }
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the NATS credentials file {}", path.display()))?;
+    parse_creds(&text).map_err(|why| anyhow::anyhow!("{} is not a credentials file written by `atasira nats-config`: {why}", path.display()))
+}
+
+/// `atasira nats-config` settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub out: PathBuf,
+    pub port: u16,
+    pub store_dir: Option<PathBuf>,
+    pub force: bool,
+}
+
+/// Writes `text` to `path` with `mode`, replacing an existing file only through a rename
+/// (so nobody ever reads half a file) and never through a file another user may read.
+fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    options.mode(mode);
+    #[cfg(not(unix))]
+    let _ = mode;
+    let mut file = options.open(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+}
+
+/// `atasira nats-config`.
+pub fn run(options: &Options) -> anyhow::Result<()> {
+    let out = &options.out;
+    let existing: Vec<PathBuf> =
+        std::iter::once(out.join(CONF_FILE)).chain(subjects::IDENTITIES.iter().map(|i| creds_path(out, i))).filter(|p| p.exists()).collect();
+    if !existing.is_empty() && !options.force {
+        anyhow::bail!(
+            "{} already holds a NATS configuration ({}); pass --force to replace it with new keys \
+             (every process then needs its new credentials file and nats-server the new configuration)",
+            out.display(),
+            existing.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("cannot restrict {} to its owner", out.display()))?;
+    }
+    let out = std::fs::canonicalize(out).with_context(|| format!("cannot resolve {}", out.display()))?;
+    let store_dir = match &options.store_dir {
+        Some(dir) if dir.is_absolute() => dir.clone(),
+        Some(dir) => std::env::current_dir().context("cannot resolve the current directory")?.join(dir),
+        None => out.join("jetstream"),
+    };
+
+    let issuer = nkeys::KeyPair::new_account();
+    let users: Vec<(&'static str, nkeys::KeyPair)> = subjects::IDENTITIES.iter().map(|i| (*i, nkeys::KeyPair::new_user())).collect();
+    let public = PublicKeys { users: users.iter().map(|(i, k)| (*i, k.public_key())).collect(), callout_issuer: issuer.public_key() };
+    let conf = render_conf(&public, options.port, &store_dir)?;
+    let seed = |k: &nkeys::KeyPair| k.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"));
+
+    let mut written = Vec::new();
+    for (identity, key) in &users {
+        let account_seed = if *identity == subjects::GATEWAY { Some(seed(&issuer)?) } else { None };
+        let path = creds_path(&out, identity);
+        write_file(&path, &render_creds(identity, &seed(key)?, account_seed.as_deref()), 0o600)?;
+        written.push((path, *identity));
+    }
+    // The configuration holds public keys only; nats-server may run as another user.
+    let conf_path = out.join(CONF_FILE);
+    write_file(&conf_path, &conf, 0o644)?;
+
+    eprintln!("atasira nats-config: wrote {} (port {}, JetStream store {})", conf_path.display(), options.port, store_dir.display());
+    for (path, identity) in &written {
+        let what = if *identity == subjects::GATEWAY { "gateway, with the auth callout's issuer key" } else { identity };
+        eprintln!("  {} ({what}; mode 0600)", path.display());
+    }
+    eprintln!("next: nats-server -c {}", conf_path.display());
+    eprintln!("      atasira serve <service> --nats-creds {}", creds_path(&out, "<service>").display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> PublicKeys {
+        PublicKeys {
+            users: subjects::IDENTITIES.iter().map(|i| (*i, nkeys::KeyPair::new_user().public_key())).collect(),
+            callout_issuer: nkeys::KeyPair::new_account().public_key(),
+        }
+    }
+
+    #[test]
+    fn the_configuration_quotes_every_subject_and_lists_every_identity() {
+        let keys = keys();
+        let conf = render_conf(&keys, 4333, Path::new("/var/lib/nats")).expect("renders");
+        assert!(conf.contains("port: 4333"));
+        assert!(conf.contains("store_dir: \"/var/lib/nats\""));
+        assert!(conf.contains("sync_interval: always"));
+        assert!(conf.contains("\"$JS.API.>\""), "{conf}");
+        assert!(conf.contains("\"$SYS.REQ.USER.AUTH\""));
+        assert!(!conf.contains(" $"), "no unquoted subject (nats-server would read a variable): {conf}");
+        for (identity, public) in &keys.users {
+            assert!(conf.contains(&format!("# {identity}\n      {{ nkey: \"{public}\"")), "{identity}");
+        }
+        assert!(conf.contains(&format!("issuer: \"{}\"", keys.callout_issuer)));
+        assert_eq!(conf.matches("allow_responses: false").count(), subjects::IDENTITIES.len(), "replies go to the callers' inboxes only");
+    }
+
+    #[test]
+    fn an_empty_allow_list_denies_everything_and_odd_text_is_refused() {
+        let none = render_permissions(&Permissions::default()).expect("renders");
+        assert_eq!(none, "{ publish: { deny: [\">\"] }, subscribe: { deny: [\">\"] }, allow_responses: false }");
+        let odd = Permissions { publish: vec!["a\" b".into()], subscribe: vec!["x".into()], allow_responses: false };
+        assert!(render_permissions(&odd).is_err());
+        assert!(render_conf(&keys(), 4222, Path::new("/with space")).is_err());
+    }
+
+    #[test]
+    fn credentials_round_trip_and_errors_never_show_the_seed() {
+        let user = nkeys::KeyPair::new_user().seed().expect("seed");
+        let account = nkeys::KeyPair::new_account().seed().expect("seed");
+        let gateway = parse_creds(&render_creds("gateway", &user, Some(&account))).expect("parses");
+        assert_eq!((gateway.user_seed.as_str(), gateway.account_seed.as_deref()), (user.as_str(), Some(account.as_str())));
+        let drafts = parse_creds(&render_creds("drafts", &user, None)).expect("parses");
+        assert_eq!(drafts.account_seed, None);
+        assert!(!format!("{gateway:?}").contains(&user[2..]), "Debug hides the seeds");
+
+        let swapped = render_creds("drafts", &account, None);
+        let e = parse_creds(&swapped).expect_err("an account seed in the user block");
+        assert!(!e.contains(&account[2..]) && e.contains("another kind of key"), "{e}");
+        let mangled = render_creds("drafts", &format!("{}X", &user[..user.len() - 1]), None);
+        let e = parse_creds(&mangled).expect_err("bad checksum");
+        assert!(!e.contains(&user[2..user.len() - 1]), "{e}");
+        assert!(parse_creds("").is_err());
+    }
+}

@@ -1,0 +1,286 @@
+//! NATS is hostile ground (R-ARCH-10): on a real nats-server started with the configuration
+//! `atasira nats-config` writes, nobody connects anonymously and each process identity may
+//! publish and subscribe only where the permission table (contracts::subjects) says.
+
+use std::path::Path;
+use std::time::Duration;
+
+use atasira_contracts::subjects;
+use atasira_tests::harness::{Mode, Nats, System, TempDir, atasira_bin};
+use futures::StreamExt as _;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+/// The user seed in a credentials file `atasira nats-config` wrote.
+fn seed(dir: &Path, identity: &str) -> String {
+    let text = std::fs::read_to_string(dir.join(format!("{identity}.creds"))).expect("creds file");
+    let mut lines = text.lines().skip_while(|l| l.trim() != "-----BEGIN USER NKEY SEED-----").skip(1);
+    lines.next().expect("a seed").trim().to_owned()
+}
+
+/// A connection as `identity`, with the server errors it receives (permission violations).
+async fn connect_as(nats: &Nats, dir: &Path, identity: &str) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let client = async_nats::ConnectOptions::with_nkey(seed(dir, identity))
+        .custom_inbox_prefix(subjects::inbox_prefix(identity))
+        .event_callback(move |event| {
+            let tx = tx.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    let _ = tx.send(e.to_string());
+                }
+            }
+        })
+        .connect(nats.url())
+        .await
+        .unwrap_or_else(|e| panic!("{identity} connects with its own credentials: {e}"));
+    (client, rx)
+}
+
+/// A bound on waiting for what must come (a message, an error); never reached when all is well.
+const ARRIVES: Duration = Duration::from_secs(30);
+
+/// The next permission violation the server reports on this connection.
+async fn violation(errors: &mut mpsc::UnboundedReceiver<String>) -> Option<String> {
+    tokio::time::timeout(ARRIVES, errors.recv()).await.ok().flatten().filter(|e| e.to_lowercase().contains("permissions violation"))
+}
+
+/// Whether the server reported an error on this connection. Call it after a flush: the
+/// server answers a flush only after it has answered everything sent before it, so an
+/// error would already be on its way to the event callback.
+async fn no_error(errors: &mut mpsc::UnboundedReceiver<String>) -> Result<(), String> {
+    match tokio::time::timeout(Duration::from_secs(1), errors.recv()).await {
+        Ok(Some(error)) => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// Asserts that the server refused `what` on `subject` (its error names both).
+#[track_caller]
+fn assert_refused(error: Option<String>, what: &str, subject: &str) {
+    let error = error.unwrap_or_else(|| panic!("no permissions violation for {what} to {subject}"));
+    assert!(error.contains(what) && error.contains(subject), "{error}");
+}
+
+fn authenticated_nats() -> (TempDir, Nats) {
+    let dir = TempDir::new("atasira-nats-auth");
+    let creds = dir.0.join("nats");
+    let nats = Nats::start_authenticated(&creds);
+    (dir, nats)
+}
+
+#[test]
+fn the_generated_configuration_is_valid_and_the_credentials_are_private() {
+    // R-ARCH-10: nats-server's own check of the configuration; only owners read secrets.
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new("atasira-nats-config");
+    let out = tmp.0.join("conf");
+    let run = |args: &[&str]| std::process::Command::new(atasira_bin()).args(args).output().expect("runs");
+    let written = run(&["nats-config", "--out", out.to_str().expect("utf-8"), "--port", "4333"]);
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    let stderr = String::from_utf8_lossy(&written.stderr);
+    let mode = |p: &Path| std::fs::metadata(p).expect("exists").permissions().mode() & 0o777;
+    assert_eq!(mode(&out), 0o700);
+    for identity in subjects::IDENTITIES {
+        let path = out.join(format!("{identity}.creds"));
+        assert_eq!(mode(&path), 0o600, "{identity}.creds");
+        assert!(stderr.contains(&path.display().to_string()), "lists {identity}.creds: {stderr}");
+        assert!(!stderr.contains(&seed(&out, identity)), "never prints a seed");
+    }
+    let gateway = std::fs::read_to_string(out.join("gateway.creds")).expect("gateway.creds");
+    assert!(gateway.contains("-----BEGIN ACCOUNT NKEY SEED-----"), "the gateway holds the callout issuer key");
+    let conf = out.join("nats-server.conf");
+    let nats_server = std::env::var("ATASIRA_TEST_NATS_SERVER").expect("ATASIRA_TEST_NATS_SERVER is set by scripts/test");
+    let tested = std::process::Command::new(nats_server).args(["-c", conf.to_str().expect("utf-8"), "-t"]).output().expect("nats-server runs");
+    assert!(tested.status.success(), "nats-server -t: {}{}", String::from_utf8_lossy(&tested.stdout), String::from_utf8_lossy(&tested.stderr));
+    let text = std::fs::read_to_string(&conf).expect("conf");
+    assert!(text.contains("port: 4333") && text.contains(&format!("store_dir: \"{}\"", out.join("jetstream").display())), "{text}");
+
+    // Never silently replaced: new keys only with --force.
+    let again = run(&["nats-config", "--out", out.to_str().expect("utf-8")]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--force"), "{}", String::from_utf8_lossy(&again.stderr));
+    let before = seed(&out, "drafts");
+    assert!(run(&["nats-config", "--out", out.to_str().expect("utf-8"), "--force"]).status.success());
+    assert_ne!(seed(&out, "drafts"), before, "--force writes new keys");
+    assert_eq!(mode(&out.join("drafts.creds")), 0o600);
+}
+
+#[test]
+fn an_anonymous_connection_is_refused() {
+    // R-ARCH-10: no credentials, no NATS.
+    let (_dir, nats) = authenticated_nats();
+    runtime().block_on(async {
+        let refused = async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(10)).connect(nats.url()).await;
+        let error = refused.expect_err("an anonymous client is refused");
+        assert!(error.to_string().to_lowercase().contains("authorization"), "{error}");
+    });
+}
+
+#[test]
+fn a_service_with_another_services_credentials_cannot_serve_or_forge_its_subjects() {
+    // R-ARCH-10: drafts' key cannot answer approval requests, reserve Box types, listen on
+    // everything, or publish another service's events.
+    let (dir, nats) = authenticated_nats();
+    let creds = dir.0.join("nats");
+    runtime().block_on(async {
+        let (drafts, mut errors) = connect_as(&nats, &creds, subjects::DRAFTS).await;
+        let (registry, _) = connect_as(&nats, &creds, subjects::RUNTIME_REGISTRY).await;
+        let (approval, _) = connect_as(&nats, &creds, subjects::APPROVAL).await;
+
+        let _stolen = drafts.subscribe("atasira.box.*.approval").await.expect("sent");
+        assert_refused(violation(&mut errors).await, "Subscription", "atasira.box.*.approval");
+        let _everything = drafts.subscribe("atasira.box.>").await.expect("sent");
+        assert_refused(violation(&mut errors).await, "Subscription", "atasira.box.>");
+        let _replies = drafts.subscribe("_INBOX.gateway.>").await.expect("sent");
+        assert_refused(violation(&mut errors).await, "Subscription", "_INBOX.gateway.>");
+
+        // The registry hears reservations; drafts cannot send one, approval can.
+        let mut reservations = registry.subscribe("atasira.box.approval.runtime-registry").await.expect("the registry listens");
+        registry.flush().await.expect("flush");
+        drafts.publish("atasira.box.approval.runtime-registry", "forged reservation".into()).await.expect("sent");
+        drafts.flush().await.expect("flush");
+        assert_refused(violation(&mut errors).await, "Publish", "atasira.box.approval.runtime-registry");
+        drafts.publish(subjects::events(subjects::APPROVAL), "forged event".into()).await.expect("sent");
+        assert_refused(violation(&mut errors).await, "Publish", "atasira.box.approval.events");
+        approval.publish("atasira.box.approval.runtime-registry", "genuine".into()).await.expect("sent");
+        approval.flush().await.expect("flush");
+        let first = tokio::time::timeout(ARRIVES, reservations.next()).await.expect("a message").expect("open");
+        assert_eq!(&first.payload[..], b"genuine", "the forged reservation never reached the registry");
+
+        // What drafts needs still works on the same connection: its own events, its inbox.
+        let _own = drafts.subscribe("atasira.box.*.drafts").await.expect("sent");
+        drafts.flush().await.expect("flush");
+        assert_eq!(no_error(&mut errors).await, Ok(()), "its own subjects are allowed");
+    });
+}
+
+#[test]
+fn a_request_cannot_make_a_service_answer_on_another_services_subject() {
+    // R-ARCH-10: a reply subject is chosen by whoever sends the request; a service answers
+    // only into its callers' inboxes, so "replying" on approval's request subject to the
+    // registry is refused.
+    let (dir, nats) = authenticated_nats();
+    let creds = dir.0.join("nats");
+    runtime().block_on(async {
+        let (gateway, _) = connect_as(&nats, &creds, subjects::GATEWAY).await;
+        let (drafts, mut errors) = connect_as(&nats, &creds, subjects::DRAFTS).await;
+        let (registry, _) = connect_as(&nats, &creds, subjects::RUNTIME_REGISTRY).await;
+        let mut requests = drafts.subscribe("atasira.box.*.drafts").await.expect("drafts listens");
+        let mut reservations = registry.subscribe("atasira.box.approval.runtime-registry").await.expect("the registry listens");
+        drafts.flush().await.expect("flush");
+        registry.flush().await.expect("flush");
+        for reply in ["atasira.box.approval.runtime-registry", "_INBOX.gateway.genuine"] {
+            gateway.publish_with_reply("atasira.box.gateway.drafts", reply, "request".into()).await.expect("sent");
+            gateway.flush().await.expect("flush");
+            let request = tokio::time::timeout(ARRIVES, requests.next()).await.expect("a request").expect("open");
+            drafts.publish(request.reply.expect("a reply subject"), "answer".into()).await.expect("sent");
+            drafts.flush().await.expect("flush");
+        }
+        assert_refused(violation(&mut errors).await, "Publish", "atasira.box.approval.runtime-registry");
+        assert_eq!(no_error(&mut errors).await, Ok(()), "the answer into the gateway's inbox is allowed");
+        let heard = tokio::time::timeout(Duration::from_secs(1), reservations.next()).await;
+        assert!(heard.is_err(), "the registry heard nothing: {heard:?}");
+    });
+}
+
+#[test]
+fn the_gateway_publishes_no_events_and_has_no_jetstream() {
+    // R-ARCH-10: only each service's relay publishes its events; only services use JetStream.
+    let (dir, nats) = authenticated_nats();
+    let creds = dir.0.join("nats");
+    runtime().block_on(async {
+        let (gateway, mut errors) = connect_as(&nats, &creds, subjects::GATEWAY).await;
+        gateway.publish(subjects::events(subjects::DRAFTS), "forged".into()).await.expect("sent");
+        gateway.flush().await.expect("flush");
+        assert_refused(violation(&mut errors).await, "Publish", "atasira.box.drafts.events");
+        let js = async_nats::jetstream::new(gateway.clone());
+        let purge = tokio::time::timeout(Duration::from_secs(10), js.delete_stream(subjects::EVENTS_STREAM)).await;
+        assert!(!matches!(purge, Ok(Ok(_))), "the gateway cannot touch the events stream");
+        assert_refused(violation(&mut errors).await, "Publish", "$JS.API.STREAM.DELETE.ATASIRA_EVENTS");
+        let _callout = gateway.subscribe(subjects::AUTH_CALLOUT).await.expect("sent");
+        let _mine = gateway.subscribe("_INBOX.gateway.x.>").await.expect("sent");
+        gateway.flush().await.expect("flush");
+        assert_eq!(no_error(&mut errors).await, Ok(()), "the gateway answers the auth callout and reads its own inbox");
+    });
+}
+
+#[test]
+fn the_cluster_runs_the_c9_flow_within_its_permissions() {
+    // R-ARCH-10: every request the processes make is one the table allows; nats-server
+    // reports no violation to any process along a whole approval.
+    let mut sys = System::start(Mode::Cluster);
+    let draft = sys.draft(&json!({"box_type": "perm-check", "purpose": "p", "tools": ["Read"]}));
+    let approved = sys.approve(&draft, &sys.admin.clone(), false);
+    assert_eq!(approved.status, 200, "{}", approved.raw);
+    assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin.clone()).status, 200);
+    for name in ["serve gateway", "serve drafts", "serve approval", "serve runtime-registry", "serve provisioner", "serve audit"] {
+        let log = sys.proc(name).stderr_text();
+        assert!(!log.to_lowercase().contains("permissions violation"), "{name} met a NATS permission violation:\n{log}");
+    }
+}
+
+#[test]
+fn a_service_started_with_another_services_credentials_serves_nothing() {
+    // R-ARCH-10: the approval process run with drafts' key cannot answer approval requests.
+    let mut sys = System::start(Mode::Cluster);
+    let draft = sys.draft(&json!({"box_type": "imposter", "purpose": "p", "tools": ["Read"]}));
+    sys.kill("serve approval");
+    let drafts_creds = sys.nats_creds(subjects::DRAFTS).display().to_string();
+    sys.start_service("approval", &[("ATASIRA_NATS_CREDS", drafts_creds)]);
+    sys.proc("serve approval").wait_stderr("Permissions Violation", Duration::from_secs(60));
+    let refused = sys.approve(&draft, &sys.admin.clone(), false);
+    assert_eq!(refused.status, 503, "nobody serves approval (no responders): {}", refused.raw);
+    assert_eq!(sys.pending().len(), 1, "the draft is still pending");
+}
+
+#[test]
+fn cluster_mode_without_credentials_refuses_to_start_unless_told_it_is_insecure() {
+    // R-ARCH-10: secure by default; --insecure-nats is explicit and keeps warning.
+    let bin = atasira_bin();
+    let run = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(["serve", "drafts", "--database-url", "not-a-database-url", "--internal-key", &"ab".repeat(32)]).args(extra);
+        cmd.env_remove("ATASIRA_NATS_CREDS").env_remove("ATASIRA_INSECURE_NATS");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("runs");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = run(&[], &[]);
+    assert!(!ok && err.contains("--nats-creds") && err.contains("--insecure-nats"), "{err}");
+
+    let tmp = TempDir::new("atasira-creds");
+    let out = tmp.0.join("c");
+    assert!(std::process::Command::new(&bin).args(["nats-config", "--out", out.to_str().expect("utf-8")]).output().expect("runs").status.success());
+    let drafts = out.join("drafts.creds");
+    use std::os::unix::fs::PermissionsExt;
+    let chmod = |p: &Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    chmod(&drafts, 0o644);
+    let (ok, err) = run(&["--nats-creds", drafts.to_str().expect("utf-8")], &[]);
+    assert!(!ok && err.contains("chmod 600"), "a credentials file others can read is refused: {err}");
+    assert!(!err.contains(&seed(&out, "drafts")), "the error never shows the seed");
+    let (ok, err) = run(&["--nats-creds", out.join("gateway.creds").to_str().expect("utf-8")], &[]);
+    assert!(!ok && err.contains("gateway's NATS credentials"), "{err}");
+    std::fs::write(tmp.0.join("garbage.creds"), "-----BEGIN USER NKEY SEED-----\nSUNOTASEED\n------END USER NKEY SEED------\n").expect("write");
+    chmod(&tmp.0.join("garbage.creds"), 0o600);
+    let (ok, err) = run(&["--nats-creds", tmp.0.join("garbage.creds").to_str().expect("utf-8")], &[]);
+    assert!(!ok && err.contains("no valid seed") && !err.contains("SUNOTASEED"), "{err}");
+
+    // With --insecure-nats it goes on (and stops later, at the database URL).
+    for (args, env) in [(&["--insecure-nats"][..], &[][..]), (&[], &[("ATASIRA_INSECURE_NATS", "1")]), (&[], &[("ATASIRA_INSECURE_NATS", "true")])] {
+        let (ok, err) = run(args, env);
+        assert!(!ok && err.contains("unsupported database URL") && !err.contains("--nats-creds FILE"), "{err}");
+    }
+    let (ok, err) = run(&[], &[("ATASIRA_INSECURE_NATS", "false")]);
+    assert!(!ok && err.contains("--nats-creds FILE"), "false means false: {err}");
+    // Credentials win over an --insecure-nats left in the environment.
+    chmod(&drafts, 0o600);
+    let (ok, err) = run(&["--nats-creds", drafts.to_str().expect("utf-8")], &[("ATASIRA_INSECURE_NATS", "true")]);
+    assert!(!ok && err.contains("unsupported database URL"), "{err}");
+}
