@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Submit a Box draft and list pending drafts over NATS, with atasira's protobuf contract.
 
-A client that is not atasira: it compiles proto/ with grpcio-tools at start, asks the REST
-API for a principal assertion for its token (one per request, valid 60 s), and sends each
-request to the drafts service on atasira.box.<from>.drafts as an Envelope. A refusal
-prints its error code and message on stderr and exits 1.
+A client that is not atasira: it compiles proto/ with grpcio-tools at start, connects to NATS
+with its personal access token as the NATS token (atasira's auth callout checks it), and
+sends each request to the drafts service as an Envelope on the subjects NATS lets it use:
+atasira.box.client.<sha256 of the token>.drafts, with replies on its own inbox
+_INBOX.client.<sha256 of the token>. A refusal prints its error code and message on stderr
+and exits 1.
 
     pip install nats-py grpcio-tools
     python examples/nats_publisher.py --help
@@ -12,13 +14,12 @@ prints its error code and message on stderr and exits 1.
 
 import argparse
 import asyncio
+import hashlib
 import importlib
 import json
 import os
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -63,33 +64,15 @@ def to_dict(message):
         return json_format.MessageToDict(message, preserving_proto_field_name=True, including_default_value_fields=True)
 
 
+def identity(token):
+    """The subject token NATS grants a token's holder: the SHA-256 of the token, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 class DraftsClient:
     def __init__(self, args, pb):
         self.args, self.pb = args, pb
-        self.subject = f"atasira.box.{args.sender}.drafts"
-
-    def assertion(self, correlation_id):
-        """POST /auth/nats-assertion: a PrincipalAssertion for our token, bound to correlation_id."""
-        request = urllib.request.Request(
-            f"{self.args.api.rstrip('/')}/auth/nats-assertion",
-            data=json.dumps({"correlation_id": correlation_id}).encode(),
-            headers={"Authorization": f"Bearer {self.args.token}", "Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.args.timeout) as answer:
-                body = json.load(answer)
-        except urllib.error.HTTPError as e:
-            try:
-                error = json.loads(e.read())
-            except ValueError:
-                error = {}
-            raise Refused(error.get("error", f"http_{e.code}"), error.get("message", e.reason)) from None
-        except urllib.error.URLError as e:
-            raise SystemExit(f"cannot reach the API at {self.args.api}: {e.reason}")
-        assertion = self.pb.envelope.PrincipalAssertion()
-        assertion.ParseFromString(bytes.fromhex(body["assertion_protobuf_hex"]))
-        return assertion
+        self.subject = f"atasira.box.client.{identity(args.token)}.drafts"
 
     async def call(self, nc, request, reply_type):
         """Sends one request in an Envelope and returns the decoded reply, or raises Refused."""
@@ -97,7 +80,6 @@ class DraftsClient:
         envelope = self.pb.envelope.Envelope(
             message_type=request.DESCRIPTOR.full_name,  # e.g. "atasira.v1.SubmitDraft"
             correlation_id=correlation_id,
-            assertion=await asyncio.to_thread(self.assertion, correlation_id),
             payload=request.SerializeToString(),
         )
         try:
@@ -146,11 +128,7 @@ def parse_args(argv):
         description=__doc__.split("\n\n")[0], epilog="A refusal prints 'refused: <code>: <message>' on stderr and exits 1."
     )
     parser.add_argument("--nats-url", default=env("ATASIRA_NATS_URL", "nats://127.0.0.1:4222"), help="the cluster's NATS server (env ATASIRA_NATS_URL; now %(default)s)")
-    parser.add_argument("--api", default=env("API", "http://127.0.0.1:8080/api/v1"), help="the REST API that issues assertions (env API; now %(default)s)")
     parser.add_argument("--token", default=env("ATASIRA_TOKEN"), help="your personal access token, atasira_pat_... (env ATASIRA_TOKEN)")
-    parser.add_argument(
-        "--from", dest="sender", default="nats-publisher", help="the name this client publishes as: requests go to atasira.box.<from>.drafts (default: %(default)s)"
-    )
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer (default: %(default)s)")
     parser.add_argument("--proto-dir", type=Path, default=PROTO_DIR, help="the directory holding atasira/v1/*.proto (default: the repository's proto/)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -185,8 +163,18 @@ async def run(args):
         pass
 
     try:
-        nc = await nats.connect(args.nats_url, connect_timeout=args.timeout, allow_reconnect=False, max_reconnect_attempts=1, error_cb=quiet)
+        nc = await nats.connect(
+            args.nats_url,
+            token=args.token,
+            inbox_prefix=f"_INBOX.client.{identity(args.token)}".encode(),
+            connect_timeout=args.timeout,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            error_cb=quiet,
+        )
     except Exception as e:  # nats-py raises several kinds here
+        if "authorization" in f"{e} {e.__cause__ or ''} {e.__context__ or ''}".lower():
+            raise SystemExit(f"NATS refused the token at {args.nats_url}: is it unknown, expired or revoked?")
         raise SystemExit(f"cannot connect to NATS at {args.nats_url}: {e or type(e).__name__}")
     try:
         await {"submit": submit, "pending": pending}[args.command](client, nc, args)

@@ -6,8 +6,8 @@
 //!
 //! The test talks to the services as the gateway does: it mints assertions with the
 //! cluster's internal key through the same helper the gateway uses, and sends them on the
-//! gateway's subjects. Once nats-server runs with authorization, only the gateway's
-//! credentials may publish there; `connect` is then the place to present them.
+//! gateway's subjects with the gateway's NATS credentials (the attacker who captured an
+//! assertion is assumed to be able to send it there). NATS publishers connect with their PAT.
 
 use std::time::{Duration, Instant};
 
@@ -18,13 +18,40 @@ use atasira_tests::harness::{Mode, System, http};
 use prost::Message as _;
 use serde_json::{Value, json};
 
-/// Sends `env` on `subject` and decodes the reply as `R`.
-fn ask<R: prost::Message + Default>(nats_url: &str, subject: &str, env: &Envelope) -> Result<R, Refused> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    runtime.block_on(async {
-        let client = async_nats::connect(nats_url).await.expect("nats");
-        let reply = client.request(subject.to_owned(), env.encode_to_vec().into()).await.expect("a reply");
-        decode_reply::<R>(&reply.payload).expect("decodes").map(|(r, _)| r)
+/// Who a test connects to NATS as.
+#[derive(Clone, Copy)]
+enum As<'a> {
+    /// The gateway's nkey (from the credentials `atasira nats-config` wrote).
+    Gateway,
+    /// A NATS publisher with this PAT.
+    Pat(&'a str),
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
+}
+
+async fn connect(sys: &mut System, who: As<'_>) -> Result<async_nats::Client, String> {
+    let url = sys.nats().url();
+    let options = match who {
+        As::Gateway => async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::GATEWAY)).custom_inbox_prefix(subjects::inbox_prefix(subjects::GATEWAY)),
+        As::Pat(token) => {
+            async_nats::ConnectOptions::with_token(token.to_owned()).custom_inbox_prefix(subjects::client_inbox(&atasira_platform::auth::hash_token(token)))
+        }
+    };
+    options.connect(url).await.map_err(|e| e.to_string())
+}
+
+async fn request<R: prost::Message + Default>(client: &async_nats::Client, subject: &str, env: &Envelope) -> Result<R, Refused> {
+    let reply = client.request(subject.to_owned(), env.encode_to_vec().into()).await.expect("a reply");
+    decode_reply::<R>(&reply.payload).expect("decodes").map(|(r, _)| r)
+}
+
+/// Sends `env` on `subject` as `who` and decodes the reply as `R`.
+fn ask<R: prost::Message + Default>(sys: &mut System, who: As<'_>, subject: &str, env: &Envelope) -> Result<R, Refused> {
+    block_on(async {
+        let client = connect(sys, who).await.expect("connects");
+        request(&client, subject, env).await
     })
 }
 
@@ -58,7 +85,6 @@ fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_eac
     // given a cluster, a pending draft of the agent, and an admin's assertion for
     // ListPendingDrafts as the gateway makes it
     let mut sys = System::start(Mode::Cluster);
-    let nats = sys.nats().url();
     let draft_id = sys.draft(&json!({"box_type": "replayed", "purpose": "p", "tools": ["Read"]}));
     let keys = internal_keys(&sys);
     let admin = Principal::new("admin", Role::Admin, Kind::Human);
@@ -68,9 +94,9 @@ fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_eac
     let captured = signed_envelope(&keys, &admin, &to_drafts, &list, "captured-1", "", chrono::Utc::now());
 
     // when it is used for its request; then it works, once
-    let page: v1::DraftPage = ask(&nats, &to_drafts, &captured).expect("the request it was made for");
+    let page: v1::DraftPage = ask(&mut sys, As::Gateway, &to_drafts, &captured).expect("the request it was made for");
     assert!(page.drafts.iter().any(|d| d.draft_id == draft_id), "{page:?}");
-    let again = ask::<v1::DraftPage>(&nats, &to_drafts, &captured).expect_err("a replay");
+    let again = ask::<v1::DraftPage>(&mut sys, As::Gateway, &to_drafts, &captured).expect_err("a replay");
     assert_eq!((again.code, again.message.as_str()), (ErrorCode::Unauthenticated, "invalid principal assertion: replayed"));
 
     // when a fresh admin assertion for ListPendingDrafts rides on an ApproveDraft of the
@@ -80,11 +106,11 @@ fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_eac
         assertion: fresh.assertion.clone(),
         ..envelope(&v1::ApproveDraft { draft_id: draft_id.clone(), confirm_over_limit: false }, "captured-2", "")
     };
-    let refused = ask::<v1::DecisionReply>(&nats, &to_approval, &approve).expect_err("another request");
+    let refused = ask::<v1::DecisionReply>(&mut sys, As::Gateway, &to_approval, &approve).expect_err("another request");
     assert_eq!((refused.code, refused.message.as_str()), (ErrorCode::Unauthenticated, "invalid principal assertion: subject_mismatch"));
     // nor as another message type to the service it was made for
     let submit = Envelope { assertion: fresh.assertion.clone(), ..envelope(&v1::SubmitDraft::default(), "captured-2", "") };
-    let refused = ask::<v1::SubmitDraftReply>(&nats, &to_drafts, &submit).expect_err("another message type");
+    let refused = ask::<v1::SubmitDraftReply>(&mut sys, As::Gateway, &to_drafts, &submit).expect_err("another message type");
     assert_eq!(refused.message, "invalid principal assertion: message_type_mismatch");
     let pending = sys.pending();
     assert!(pending.iter().any(|d| d["draft_id"] == draft_id.as_str()), "the draft is still pending: {pending:?}");
@@ -106,25 +132,40 @@ fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_eac
 }
 
 #[test]
-fn a_nats_publisher_with_an_unknown_token_gets_not_even_a_wait_and_nobody_else_awaits_activation() {
-    // R-AUTH-1, R-ARCH-4: given a cluster
+fn a_nats_publisher_with_a_revoked_token_gets_not_even_a_wait_and_nobody_else_awaits_activation() {
+    // R-AUTH-1, R-AUTH-4, R-ARCH-4: given a cluster and a publisher connected with a PAT
     let mut sys = System::start(Mode::Cluster);
-    let nats = sys.nats().url();
+    let token = sys.token("leaving", "member", "agent");
+    let hash = atasira_platform::auth::hash_token(&token);
     let wait = envelope(&v1::WaitForPosition { position: 1, timeout_ms: 10, event_ids: vec![] }, "w1", "");
-    let as_client = |hash: &str, to: &str| format!("atasira.box.{}.{hash}.{to}", subjects::CLIENT);
-    let agent = atasira_platform::auth::hash_token(&sys.agent);
-    // when a known token's holder waits; then it is answered
-    assert!(ask::<v1::WaitForPositionReply>(&nats, &as_client(&agent, subjects::DRAFTS), &wait).is_ok());
-    // when an unknown token's holder waits on any service; then unauthenticated
-    for to in [subjects::DRAFTS, subjects::RUNTIME_REGISTRY, subjects::AUDIT, subjects::PROVISIONER, subjects::APPROVAL] {
-        let refused = ask::<v1::WaitForPositionReply>(&nats, &as_client(&"0".repeat(64), to), &wait).expect_err("unknown token");
-        assert_eq!(refused.code, ErrorCode::Unauthenticated, "{to}: {refused}");
-    }
-    // when a publisher asks the registry to await an activation; then that is not theirs to ask
     let await_activation = envelope(&v1::AwaitActivation { draft_id: "d1".into(), timeout_ms: 10 }, "a1", "");
-    let refused = ask::<v1::BoxReply>(&nats, &as_client(&agent, subjects::RUNTIME_REGISTRY), &await_activation).expect_err("not a service");
-    assert_eq!(refused.code, ErrorCode::Forbidden, "{refused}");
-    // nor, without an assertion, from the gateway's subject
-    let refused = ask::<v1::BoxReply>(&nats, &subjects::request(subjects::GATEWAY, subjects::RUNTIME_REGISTRY), &await_activation).expect_err("no principal");
-    assert_eq!(refused.code, ErrorCode::Unauthenticated, "{refused}");
+    block_on(async {
+        let publisher = connect(&mut sys, As::Pat(&token)).await.expect("a known PAT connects");
+        // when it waits; then it is answered
+        assert!(request::<v1::WaitForPositionReply>(&publisher, &subjects::client_request(&hash, subjects::DRAFTS), &wait).await.is_ok());
+        // when it asks the registry to await an activation; then that is not theirs to ask
+        let refused = request::<v1::BoxReply>(&publisher, &subjects::client_request(&hash, subjects::RUNTIME_REGISTRY), &await_activation)
+            .await
+            .expect_err("not a service");
+        assert_eq!(refused.code, ErrorCode::Forbidden, "{refused}");
+        // when its token is revoked; then even its waits are refused, on every service it may address
+        let mut args = vec!["tokens", "revoke", token.as_str()];
+        let target = sys.target_args();
+        args.extend(target.iter().map(String::as_str));
+        let (code, _, err) = sys.cli(&args);
+        assert_eq!(code, 0, "{err}");
+        for to in [subjects::DRAFTS, subjects::RUNTIME_REGISTRY] {
+            let refused = request::<v1::WaitForPositionReply>(&publisher, &subjects::client_request(&hash, to), &wait).await.expect_err("revoked");
+            assert_eq!(refused.code, ErrorCode::Unauthenticated, "{to}: {refused}");
+        }
+        // and it cannot connect again, nor can an unknown token
+        assert!(connect(&mut sys, As::Pat(&token)).await.is_err(), "a revoked PAT is refused by the auth callout");
+        assert!(connect(&mut sys, As::Pat("atasira_pat_unknown")).await.is_err(), "an unknown PAT is refused by the auth callout");
+        // nor, without an assertion, from the gateway's subject
+        let gateway = connect(&mut sys, As::Gateway).await.expect("the gateway's credentials connect");
+        let refused = request::<v1::BoxReply>(&gateway, &subjects::request(subjects::GATEWAY, subjects::RUNTIME_REGISTRY), &await_activation)
+            .await
+            .expect_err("no principal");
+        assert_eq!(refused.code, ErrorCode::Unauthenticated, "{refused}");
+    });
 }

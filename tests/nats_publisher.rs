@@ -45,7 +45,6 @@ fn run(command: &str, sys: &mut System) -> Output {
         .current_dir(workspace_root())
         .env("PATH", path)
         .env("ATASIRA_NATS_URL", sys.nats().url())
-        .env("API", sys.url("/api/v1"))
         .env("AGENT", &sys.agent)
         .env("ADMIN", &sys.admin)
         .env_remove("ATASIRA_TOKEN")
@@ -95,13 +94,16 @@ fn the_readme_nats_publisher_submits_a_draft_and_lists_pending_over_nats() {
     assert_eq!(ours["status"], "DRAFT_STATUS_PENDING_APPROVAL");
     assert_eq!(ours["os_operations"], serde_json::json!(["file:read"]));
 
-    // Refusals: the service's (an agent may not list pending drafts) and the API's (an
-    // unknown PAT gets no assertion) print the code on stderr and exit 1.
-    for (command, code) in [(pending.replace("$ADMIN", "$AGENT"), "forbidden"), (submit.replace("$AGENT", "atasira_pat_unknown"), "unauthenticated")] {
+    // Refusals: the service's (an agent may not list pending drafts) prints the code on
+    // stderr; NATS's (the auth callout refuses an unknown PAT) says it cannot connect. Both
+    // exit 1.
+    for (command, said) in
+        [(pending.replace("$ADMIN", "$AGENT"), "refused: forbidden: "), (submit.replace("$AGENT", "atasira_pat_unknown"), "NATS refused the token")]
+    {
         let out = run(&command, &mut sys);
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{command}\nstderr: {stderr}");
-        assert!(stderr.contains(&format!("refused: {code}: ")), "{command}\nstderr: {stderr}");
+        assert!(stderr.contains(said), "{command}\nstderr: {stderr}");
         assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
     }
     assert_eq!(sys.pending().len(), 1, "the refused submission created nothing");

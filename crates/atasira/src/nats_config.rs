@@ -10,10 +10,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use atasira_contracts::subjects::{self, Permissions};
+use atasira_contracts::subjects::{self, ACCOUNT, Permissions};
 
-/// The account of atasira's processes and NATS publishers.
-pub const ACCOUNT: &str = "ATASIRA";
 /// The system account.
 pub const SYSTEM_ACCOUNT: &str = "SYS";
 /// The configuration file in the output directory.

@@ -254,7 +254,7 @@ pub async fn serve(
     database_url: &str,
     keys: ClusterKeys,
     listen: SocketAddr,
-    mut settings: Settings,
+    settings: Settings,
 ) -> anyhow::Result<()> {
     let identity = service.identity();
     let internal = KeySetting::parse(KeyKind::Internal, &keys.internal)?;
@@ -264,14 +264,16 @@ pub async fn serve(
     if let NatsAuth::Insecure = nats_auth {
         tokio::spawn(warn_insecure_nats(identity));
     }
-    if let NatsAuth::Creds(creds) = &nats_auth {
-        settings.gateway.callout_issuer_seed = creds.account_seed.clone();
-    }
+    // The gateway answers nats-server's auth callout with this key (NATS publishers).
+    let callout_issuer = match &nats_auth {
+        NatsAuth::Creds(creds) => creds.account_seed.as_deref().map(atasira_gateway::callout::issuer_from_seed).transpose()?,
+        NatsAuth::Insecure => None,
+    };
     let client = connect_nats(nats_url, identity, &nats_auth, true).await?;
     let js = async_nats::jetstream::new(client.clone());
     let rt = Runtime {
         db: db.clone(),
-        bus: Arc::new(NatsBus::new(client)),
+        bus: Arc::new(NatsBus::new(client.clone())),
         feeds: FeedSource::JetStream { js: js.clone() },
         assertion_keys: Arc::new(internal.assertion_keys()?),
         guards: Default::default(),
@@ -283,7 +285,12 @@ pub async fn serve(
         ServiceName::Gateway => {
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
             eprintln!("atasira gateway: listening on http://{}", listener.local_addr()?);
-            atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)).await
+            let callout = callout_issuer.map(|issuer| tokio::spawn(atasira_gateway::callout::run(client, db.clone(), issuer, wait(rx.clone()))));
+            let served = atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)).await;
+            if let Some(callout) = callout {
+                callout.await??;
+            }
+            served
         }
         ServiceName::Drafts => {
             let relay = relay_for(atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES);

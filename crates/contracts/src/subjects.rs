@@ -27,6 +27,9 @@ pub fn events(service: &str) -> String {
     format!("atasira.box.{service}.events")
 }
 
+/// The NATS account atasira's processes and NATS publishers share (`atasira nats-config`).
+pub const ACCOUNT: &str = "ATASIRA";
+
 /// Every process identity of cluster mode: each has its own NATS credentials.
 pub const IDENTITIES: &[&str] = &[GATEWAY, DRAFTS, APPROVAL, PROVISIONER, RUNTIME_REGISTRY, AUDIT];
 

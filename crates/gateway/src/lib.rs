@@ -4,6 +4,7 @@
 //! place (`error.rs`). It is the only crate that knows HTTP.
 
 pub mod api;
+pub mod callout;
 mod error;
 mod extract;
 mod from_wire;
@@ -37,7 +38,7 @@ pub use error::ApiError;
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 /// Gateway settings.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// R-BOX-9: how long a write waits for its projections (`ATASIRA_CONSISTENCY_WAIT`).
     pub consistency_wait: Duration,
@@ -45,20 +46,6 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Services whose projections a write waits for.
     pub read_models: Vec<&'static str>,
-    /// The auth callout issuer's account nkey seed (`SA...`, from `gateway.creds`): with
-    /// it the gateway admits NATS publishers by their PAT. Secret: `Debug` hides it.
-    pub callout_issuer_seed: Option<String>,
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("consistency_wait", &self.consistency_wait)
-            .field("request_timeout", &self.request_timeout)
-            .field("read_models", &self.read_models)
-            .field("callout_issuer_seed", &self.callout_issuer_seed.as_ref().map(|_| "<secret>"))
-            .finish()
-    }
 }
 
 impl Default for Config {
@@ -67,7 +54,6 @@ impl Default for Config {
             consistency_wait: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             read_models: vec![subjects::DRAFTS, subjects::RUNTIME_REGISTRY, subjects::AUDIT],
-            callout_issuer_seed: None,
         }
     }
 }

@@ -75,6 +75,18 @@ pub async fn lookup_token(db: &Db, token: &str) -> anyhow::Result<Option<Princip
 
 /// The principal of a valid token known by its hash (a NATS publisher's subject names it).
 pub async fn lookup_token_hash(db: &Db, token_hash: &str) -> anyhow::Result<Option<Principal>> {
+    Ok(find_token(db, token_hash).await?.map(|t| t.principal))
+}
+
+/// A valid token's owner and end of life.
+#[derive(Debug, Clone)]
+pub struct TokenRecord {
+    pub principal: Principal,
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A valid (known, unrevoked, unexpired) token, by its hash.
+pub async fn find_token(db: &Db, token_hash: &str) -> anyhow::Result<Option<TokenRecord>> {
     let row = sqlx::query("SELECT user_id, role, kind, expires_at_ms, revoked FROM gateway_tokens WHERE token_hash = $1")
         .bind(token_hash)
         .fetch_optional(db.any())
@@ -93,7 +105,8 @@ pub async fn lookup_token_hash(db: &Db, token_hash: &str) -> anyhow::Result<Opti
         "human" => Kind::Human,
         _ => Kind::Agent,
     };
-    Ok(Some(Principal::new(row.try_get::<String, _>(0)?, role, kind)))
+    let principal = Principal::new(row.try_get::<String, _>(0)?, role, kind);
+    Ok(Some(TokenRecord { principal, expires_at: expires.and_then(chrono::DateTime::from_timestamp_millis) }))
 }
 
 /// Whether any token exists yet (first start of `atasira dev`).
