@@ -442,6 +442,10 @@ fn check_requests_follow_routes(files: &[(PathBuf, String)], routes: &[(&str, &s
                         violations.push(format!("{}:{}: {identity} sends a request as `{from}`; it may only speak as itself", path.display(), line_no + 1));
                     }
                 }
+                // Naming who may send a request (`Call::only_from`) is no request.
+                if line.contains("only_from(") {
+                    continue;
+                }
                 for (constant, to) in PROCESS_CONSTANTS.iter().filter(|(_, name)| *name != identity) {
                     let mentioned = line
                         .match_indices(&format!("subjects::{constant}"))
@@ -705,7 +709,7 @@ fn a_request_outside_the_routes_is_reported() {
     let routes = [("approval", "runtime-registry")];
     assert_reported(&check_requests_follow_routes(&files, &routes), &["names the audit service", "as `subjects::GATEWAY`", "names the gateway service"]);
     // RUNTIME_REGISTRY is a route; a longer constant sharing a prefix is not a process.
-    let fine = "subjects::request(SERVICE, subjects::RUNTIME_REGISTRY); subjects::AUDIT_LOG;";
+    let fine = "subjects::request(SERVICE, subjects::RUNTIME_REGISTRY); subjects::AUDIT_LOG;\ncall.only_from(&[subjects::GATEWAY], \"deciding\")?;";
     assert_clean("routes", &check_requests_follow_routes(&[(PathBuf::from("crates/approval/src/lib.rs"), fine.to_owned())], &routes));
 }
 
