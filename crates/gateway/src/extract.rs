@@ -112,14 +112,30 @@ impl RawBody {
 
     /// The body as `T`, a JSON object with unknown fields refused: bad JSON is 400
     /// `invalid_json`; any other JSON value, an object that is not a `T` or text with a NUL
-    /// character is 422 `invalid_request`. An empty body reads as `{}`.
+    /// character is 422 `invalid_request`. An empty body reads as `{}`; one of blanks only is
+    /// no JSON document (400).
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
-        let body: &[u8] = if self.0.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &self.0 };
+        let body: &[u8] = if self.0.is_empty() { b"{}" } else { &self.0 };
         let value = Self::value(body)?;
         // Serde would read a struct from an array as well (`[]` as `{}`).
         if !value.is_object() {
             return Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object"));
         }
         serde_json::from_value(value).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_body_is_an_empty_object_and_blanks_are_no_json() {
+        let parse = |b: &'static [u8]| RawBody(Bytes::from_static(b)).parse::<crate::api::EmptyRequest>().map_err(|e| e.code);
+        assert!(parse(b"").is_ok());
+        assert!(parse(b"{}").is_ok());
+        assert_eq!(parse(b" ").err(), Some(ErrorCode::InvalidJson));
+        assert_eq!(parse(b"[]").err(), Some(ErrorCode::InvalidRequest));
+        assert_eq!(parse(b"{\"x\":1}").err(), Some(ErrorCode::InvalidRequest));
     }
 }
