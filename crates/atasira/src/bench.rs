@@ -217,7 +217,8 @@ pub async fn drafts(nats_url: &str, creds_dir: Option<&Path>, database_url: &str
         move |i: usize| {
             let (bus, keys, agent) = (bus.clone(), keys.clone(), agent.clone());
             async move {
-                let correlation = format!("bench-{i}-{}", uuid_like(i));
+                // Unique per request, as the gateway's: an assertion is accepted once.
+                let correlation = format!("bench-{i}-{}", uuid::Uuid::new_v4());
                 let request = v1::BoxDraftCreateRequest {
                     box_type: format!("bench-{}", i % 1000),
                     purpose: "Weekly sales report from the CSV exports, mailed to the leads.".into(),
@@ -288,9 +289,4 @@ pub async fn drafts(nats_url: &str, creds_dir: Option<&Path>, database_url: &str
     let _ = relay_task.await;
     sqlx::query("DROP TABLE IF EXISTS bench_floor_events, bench_floor_view").execute(db.any()).await?;
     Ok(())
-}
-
-/// A cheap unique-enough suffix (no RNG needed for correlation ids in a benchmark).
-fn uuid_like(i: usize) -> String {
-    format!("{:x}", (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64)
 }
