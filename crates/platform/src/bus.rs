@@ -53,21 +53,6 @@ pub trait Bus: Send + Sync {
     async fn serve(&self, service: &str, subjects: &[String], handler: Handler) -> Result<Endpoint, BusError>;
 }
 
-/// Whether a subject matches a pattern with `*` (one token) and `>` (the rest).
-pub fn subject_matches(pattern: &str, subject: &str) -> bool {
-    let mut p = pattern.split('.');
-    let mut s = subject.split('.');
-    loop {
-        match (p.next(), s.next()) {
-            (Some(">"), Some(_)) => return true,
-            (Some("*"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
 /// The embedded bus: same subjects and bytes, no server.
 #[derive(Default)]
 pub struct InprocBus {
@@ -85,7 +70,7 @@ impl Bus for InprocBus {
     async fn request(&self, subject: &str, headers: BTreeMap<String, String>, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError> {
         let handler = {
             let routes = self.routes.read().map_err(|_| BusError::Other("route table poisoned".into()))?;
-            routes.iter().find(|(p, _)| subject_matches(p, subject)).map(|(_, h)| h.clone())
+            routes.iter().find(|(p, _)| atasira_contracts::subjects::covers(p, subject)).map(|(_, h)| h.clone())
         };
         let handler = handler.ok_or_else(|| BusError::NoResponders(subject.to_owned()))?;
         let fut = handler(Message { subject: subject.to_owned(), headers, payload });
@@ -184,14 +169,6 @@ impl Bus for NatsBus {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn subject_patterns_match_like_nats() {
-        assert!(subject_matches("atasira.box.*.drafts", "atasira.box.gateway.drafts"));
-        assert!(!subject_matches("atasira.box.*.drafts", "atasira.box.gateway.approval"));
-        assert!(!subject_matches("atasira.box.*.drafts", "atasira.box.drafts"));
-        assert!(subject_matches("atasira.>", "atasira.box.x.y"));
-    }
 
     #[tokio::test]
     async fn the_inproc_bus_routes_requests_and_reports_no_responders() {
