@@ -31,7 +31,7 @@ use crate::v1;
 use crate::v1::required_access::Kind as AccessKind;
 
 /// The ssh port a `RequiredAccess.SshTarget` with port 0 (not given) stands for.
-pub const DEFAULT_SSH_PORT: u16 = 22;
+pub use atasira_domain::manifest::DEFAULT_SSH_PORT;
 
 /// A wire value the domain cannot take, named by its key as the domain names keys
 /// (`box_type`, `os_operations[1]`, `required_access[0].port`).

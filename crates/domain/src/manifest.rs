@@ -173,8 +173,11 @@ pub enum RequiredAccess {
     },
 }
 
-fn default_ssh_port() -> u16 {
-    22
+/// The port of an `ssh_target` that names none.
+pub const DEFAULT_SSH_PORT: u16 = 22;
+
+pub fn default_ssh_port() -> u16 {
+    DEFAULT_SSH_PORT
 }
 
 /// A port is a whole number, however written: JSON's `22.0` is the integer 22 (JSON Schema

@@ -330,7 +330,7 @@ pub enum RequiredAccess {
         host: String,
         user: String,
         /// A whole number; `22.0` is 22, as JSON Schema reads it.
-        #[serde(default = "default_ssh_port", deserialize_with = "atasira_domain::manifest::whole_port")]
+        #[serde(default = "atasira_domain::manifest::default_ssh_port", deserialize_with = "atasira_domain::manifest::whole_port")]
         port: u16,
     },
     NetrcEntry {
@@ -339,10 +339,6 @@ pub enum RequiredAccess {
         vault: String,
         item: String,
     },
-}
-
-fn default_ssh_port() -> u16 {
-    22
 }
 
 /// The loop limits, frozen when the engine starts.
