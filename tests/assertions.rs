@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use atasira_contracts::{Envelope, Refused, decode_reply, envelope, signed_envelope, subjects, v1};
 use atasira_domain::assertion::{AssertionKey, AssertionKeys, PayloadDigest};
 use atasira_domain::{ErrorCode, Kind, Principal, Role};
-use atasira_tests::harness::{Mode, System, http};
+use atasira_tests::harness::{Mode, System, http, pat_options};
 use prost::Message as _;
 use serde_json::{Value, json};
 
@@ -35,9 +35,7 @@ async fn connect(sys: &mut System, who: As<'_>) -> Result<async_nats::Client, St
     let url = sys.nats().url();
     let options = match who {
         As::Gateway => async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::GATEWAY)).custom_inbox_prefix(subjects::inbox_prefix(subjects::GATEWAY)),
-        As::Pat(token) => {
-            async_nats::ConnectOptions::with_token(token.to_owned()).custom_inbox_prefix(subjects::client_inbox(&atasira_platform::auth::hash_token(token)))
-        }
+        As::Pat(token) => pat_options(token),
     };
     options.connect(url).await.map_err(|e| e.to_string())
 }

@@ -159,6 +159,33 @@ impl Drop for Proc {
     }
 }
 
+/// The user nkey seed in a credentials file `atasira nats-config` wrote.
+pub fn creds_seed(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines().skip_while(|l| l.trim() != "-----BEGIN USER NKEY SEED-----").skip(1);
+    lines.next().map(|l| l.trim().to_owned()).unwrap_or_else(|| panic!("no user seed in {}", path.display()))
+}
+
+/// How a NATS publisher connects: its PAT as the token, replies on its own inbox.
+pub fn pat_options(token: &str) -> async_nats::ConnectOptions {
+    let hash = atasira_platform::auth::hash_token(token);
+    async_nats::ConnectOptions::with_token(token.to_owned()).custom_inbox_prefix(atasira_contracts::subjects::client_inbox(&hash))
+}
+
+/// `options` that also hand the server's errors (permission violations) to the receiver.
+pub fn reporting_server_errors(options: async_nats::ConnectOptions) -> (async_nats::ConnectOptions, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let options = options.event_callback(move |event| {
+        let tx = tx.clone();
+        async move {
+            if let async_nats::Event::ServerError(e) = event {
+                let _ = tx.send(e.to_string());
+            }
+        }
+    });
+    (options, rx)
+}
+
 /// A nats-server with JetStream on a free port, authenticated (R-ARCH-10); its store is
 /// deleted on drop.
 #[derive(Debug)]
@@ -395,10 +422,7 @@ impl System {
 
     /// Cluster: the user nkey seed of `identity`, for a test that connects as it.
     pub fn nats_seed(&self, identity: &str) -> String {
-        let path = self.nats_creds(identity);
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let mut lines = text.lines().skip_while(|l| l.trim() != "-----BEGIN USER NKEY SEED-----").skip(1);
-        lines.next().map(|l| l.trim().to_owned()).unwrap_or_else(|| panic!("no user seed in {}", path.display()))
+        creds_seed(&self.nats_creds(identity))
     }
 
     /// The environment of the cluster process `identity` (it connects with its own

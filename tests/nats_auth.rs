@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use atasira_contracts::subjects;
-use atasira_tests::harness::{Mode, Nats, System, TempDir, atasira_bin};
+use atasira_tests::harness::{Mode, Nats, System, TempDir, atasira_bin, creds_seed, reporting_server_errors};
 use futures::StreamExt as _;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -17,27 +17,14 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// The user seed in a credentials file `atasira nats-config` wrote.
 fn seed(dir: &Path, identity: &str) -> String {
-    let text = std::fs::read_to_string(dir.join(format!("{identity}.creds"))).expect("creds file");
-    let mut lines = text.lines().skip_while(|l| l.trim() != "-----BEGIN USER NKEY SEED-----").skip(1);
-    lines.next().expect("a seed").trim().to_owned()
+    creds_seed(&dir.join(format!("{identity}.creds")))
 }
 
 /// A connection as `identity`, with the server errors it receives (permission violations).
 async fn connect_as(nats: &Nats, dir: &Path, identity: &str) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let client = async_nats::ConnectOptions::with_nkey(seed(dir, identity))
-        .custom_inbox_prefix(subjects::inbox_prefix(identity))
-        .event_callback(move |event| {
-            let tx = tx.clone();
-            async move {
-                if let async_nats::Event::ServerError(e) = event {
-                    let _ = tx.send(e.to_string());
-                }
-            }
-        })
-        .connect(nats.url())
-        .await
-        .unwrap_or_else(|e| panic!("{identity} connects with its own credentials: {e}"));
+    let (options, rx) =
+        reporting_server_errors(async_nats::ConnectOptions::with_nkey(seed(dir, identity)).custom_inbox_prefix(subjects::inbox_prefix(identity)));
+    let client = options.connect(nats.url()).await.unwrap_or_else(|e| panic!("{identity} connects with its own credentials: {e}"));
     (client, rx)
 }
 

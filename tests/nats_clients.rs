@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use async_nats::{ConnectOptions, Event};
+use async_nats::ConnectOptions;
 use atasira_contracts::v1;
-use atasira_tests::harness::{Mode, System};
+use atasira_tests::harness::{Mode, System, pat_options, reporting_server_errors};
 use prost::Message as _;
 use tokio::sync::mpsc;
 
@@ -23,20 +23,8 @@ struct Publisher {
 }
 
 async fn connect(url: &str, token: &str) -> Result<Publisher, String> {
-    let (tx, errors) = mpsc::unbounded_channel();
-    let client = ConnectOptions::with_token(token.to_owned())
-        .custom_inbox_prefix(format!("_INBOX.client.{}", hash(token)))
-        .event_callback(move |event| {
-            let tx = tx.clone();
-            async move {
-                if let Event::ServerError(e) = event {
-                    let _ = tx.send(e.to_string());
-                }
-            }
-        })
-        .connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (options, errors) = reporting_server_errors(pat_options(token));
+    let client = options.connect(url).await.map_err(|e| e.to_string())?;
     Ok(Publisher { client, errors, hash: hash(token) })
 }
 
