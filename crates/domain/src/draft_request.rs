@@ -102,18 +102,22 @@ impl BoxDraftCreateRequest {
         serde_json::from_value(value).map_err(|e| DraftRequestError::InvalidRequest(e.to_string()))
     }
 
-    /// The first key whose text holds a NUL character, if any.
-    fn key_with_nul(&self) -> Option<String> {
-        let texts = [("box_type", &self.box_type), ("purpose", &self.purpose), ("name", &self.name)];
-        let lists = [
-            ("success_criteria", &self.success_criteria),
+    /// The request's lists that become manifest keys of the same name.
+    fn manifest_lists(&self) -> [(&'static str, &Option<Vec<String>>); 6] {
+        [
             ("os_operations", &self.os_operations),
             ("tools", &self.tools),
             ("allowed_apps", &self.allowed_apps),
             ("url_allowlist", &self.url_allowlist),
             ("file_access", &self.file_access),
             ("prohibited_actions", &self.prohibited_actions),
-        ];
+        ]
+    }
+
+    /// The first key whose text holds a NUL character, if any.
+    fn key_with_nul(&self) -> Option<String> {
+        let texts = [("box_type", &self.box_type), ("purpose", &self.purpose), ("name", &self.name)];
+        let lists = std::iter::once(("success_criteria", &self.success_criteria)).chain(self.manifest_lists());
         texts
             .into_iter()
             .find_map(|(key, text)| text.as_deref().is_some_and(|t| t.contains('\0')).then(|| key.to_owned()))
@@ -149,14 +153,7 @@ impl BoxDraftCreateRequest {
         // R-DRAFT-7
         obj.insert("network".into(), Value::from(if allow_network { "filtered" } else { "none" }));
         obj.insert("trigger_type".into(), Value::from("manual"));
-        for (key, list) in [
-            ("os_operations", &self.os_operations),
-            ("tools", &self.tools),
-            ("allowed_apps", &self.allowed_apps),
-            ("url_allowlist", &self.url_allowlist),
-            ("file_access", &self.file_access),
-            ("prohibited_actions", &self.prohibited_actions),
-        ] {
+        for (key, list) in self.manifest_lists() {
             obj.insert(key.into(), Value::from(list.clone().unwrap_or_default()));
         }
         obj.insert("required_access".into(), Value::Array(self.required_access.clone().unwrap_or_default()));
