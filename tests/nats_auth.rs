@@ -36,13 +36,37 @@ async fn violation(errors: &mut mpsc::UnboundedReceiver<String>) -> Option<Strin
     tokio::time::timeout(ARRIVES, errors.recv()).await.ok().flatten().filter(|e| e.to_lowercase().contains("permissions violation"))
 }
 
-/// Whether the server reported an error on this connection. Call it after a flush: the
-/// server answers a flush only after it has answered everything sent before it, so an
-/// error would already be on its way to the event callback.
+/// Whether the server reported an error on this connection within a second. Call it after
+/// a flush (which only empties the client's buffer, see `until_listening`); the server
+/// reports a violation as soon as it reads the offending command.
 async fn no_error(errors: &mut mpsc::UnboundedReceiver<String>) -> Result<(), String> {
     match tokio::time::timeout(Duration::from_secs(1), errors.recv()).await {
         Ok(Some(error)) => Err(error),
         _ => Ok(()),
+    }
+}
+
+/// Returns once `subscription` (on another connection) is live on the server. async-nats's
+/// `flush` only empties the client's socket buffer and the server handles each connection
+/// in its own order, so a message another connection publishes right after a SUB may
+/// arrive before it. `sender`, allowed to publish on `subject`, sends numbered probes until
+/// one arrives, then a last one, read up to so that no probe is left in the subscription.
+async fn until_listening(sender: &async_nats::Client, subject: &'static str, subscription: &mut async_nats::Subscriber) {
+    for probe in 0.. {
+        assert!(probe < 300, "the subscription to {subject} never became live");
+        sender.publish(subject, format!("probe {probe}").into()).await.expect("sent");
+        sender.flush().await.expect("flush");
+        if tokio::time::timeout(Duration::from_millis(100), subscription.next()).await.is_ok() {
+            break;
+        }
+    }
+    sender.publish(subject, "last probe".into()).await.expect("sent");
+    sender.flush().await.expect("flush");
+    while let Some(message) = tokio::time::timeout(ARRIVES, subscription.next()).await.expect("the last probe").map(|m| m.payload) {
+        if &message[..] == b"last probe" {
+            return;
+        }
+        assert!(message.starts_with(b"probe "), "only probes arrive while waiting: {message:?}");
     }
 }
 
@@ -128,7 +152,7 @@ fn a_service_with_another_services_credentials_cannot_serve_or_forge_its_subject
 
         // The registry hears reservations; drafts cannot send one, approval can.
         let mut reservations = registry.subscribe("atasira.box.approval.runtime-registry").await.expect("the registry listens");
-        registry.flush().await.expect("flush");
+        until_listening(&approval, "atasira.box.approval.runtime-registry", &mut reservations).await;
         drafts.publish("atasira.box.approval.runtime-registry", "forged reservation".into()).await.expect("sent");
         drafts.flush().await.expect("flush");
         assert_refused(violation(&mut errors).await, "Publish", "atasira.box.approval.runtime-registry");
@@ -157,10 +181,11 @@ fn a_request_cannot_make_a_service_answer_on_another_services_subject() {
         let (gateway, _) = connect_as(&nats, &creds, subjects::GATEWAY).await;
         let (drafts, mut errors) = connect_as(&nats, &creds, subjects::DRAFTS).await;
         let (registry, _) = connect_as(&nats, &creds, subjects::RUNTIME_REGISTRY).await;
+        let (approval, _) = connect_as(&nats, &creds, subjects::APPROVAL).await;
         let mut requests = drafts.subscribe("atasira.box.*.drafts").await.expect("drafts listens");
         let mut reservations = registry.subscribe("atasira.box.approval.runtime-registry").await.expect("the registry listens");
-        drafts.flush().await.expect("flush");
-        registry.flush().await.expect("flush");
+        until_listening(&gateway, "atasira.box.gateway.drafts", &mut requests).await;
+        until_listening(&approval, "atasira.box.approval.runtime-registry", &mut reservations).await;
         for reply in ["atasira.box.approval.runtime-registry", "_INBOX.gateway.genuine"] {
             gateway.publish_with_reply("atasira.box.gateway.drafts", reply, "request".into()).await.expect("sent");
             gateway.flush().await.expect("flush");
