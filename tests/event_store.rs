@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
-use atasira_platform::db::Db;
+use atasira_platform::db::{Cursor, Db};
+use atasira_platform::feed::FeedSource;
 use atasira_tests::harness::Database;
 use serde_json::json;
 
@@ -95,5 +96,112 @@ fn the_embedded_store_gives_the_same_order_and_refusals() {
         assert_eq!(db.events_after(events[0].position, &[], 10).await.expect("read").len(), 2);
         assert!(sqlx::query("DELETE FROM events").execute(db.any()).await.is_err());
         assert_eq!(db.last_event("draft", "c").await.expect("position").map(|(_, p)| p), Some(events[2].position));
+    });
+}
+
+/// An event row as cqrs-es writes it, for transactions the tests interleave by hand.
+const INSERT_EVENT: &str =
+    "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES ($1, $2, $3, 'Probe', '1', '{}', '{}')";
+
+/// Reads everything after `at` until `expected` events came (or a generous bound passed),
+/// following the cursor as every consumer and the relay do.
+async fn read_all(db: &Db, mut at: Cursor, types: &[&str], expected: usize) -> (Vec<String>, Cursor) {
+    let mut seen = Vec::new();
+    for _ in 0..2000 {
+        let batch = db.read(at, types, 64).await.expect("read");
+        if let Some(last) = batch.events.last() {
+            at = Cursor::of(last);
+        }
+        seen.extend(batch.events.into_iter().map(|e| e.event_id));
+        if seen.len() >= expected {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    (seen, at)
+}
+
+#[test]
+fn a_transaction_that_started_first_but_took_a_later_position_is_not_skipped() {
+    // R-ARCH-6: transaction A gets its id first; B inserts (an earlier position) and stays
+    // open; A inserts its two events (later positions) and commits. A reader that moved
+    // its checkpoint to A's last position would never see B's event. Readers follow
+    // commit order (transaction id, then position) over finished transactions only.
+    let database = Database::create();
+    runtime().block_on(async {
+        let db = Db::connect(&database.url).await.expect("connect");
+        let raw = sqlx::PgPool::connect(&database.url).await.expect("raw pool");
+        let mut a = raw.begin().await.expect("tx a");
+        sqlx::query("SELECT pg_current_xact_id()").execute(&mut *a).await.expect("a takes its transaction id");
+        let mut b = raw.begin().await.expect("tx b");
+        sqlx::query(INSERT_EVENT).bind("access").bind("b").bind(1).execute(&mut *b).await.expect("b inserts first");
+        for sequence in [1, 2] {
+            sqlx::query(INSERT_EVENT).bind("box_type_namespace").bind("box-types").bind(sequence).execute(&mut *a).await.expect("a inserts");
+        }
+        a.commit().await.expect("a commits");
+        let (first, at) = read_all(&db, Cursor::START, &[], 2).await;
+        assert_eq!(first, vec!["box_type_namespace/box-types/1", "box_type_namespace/box-types/2"], "A's events, in order");
+        b.commit().await.expect("b commits");
+        let (then, _) = read_all(&db, at, &[], 1).await;
+        assert_eq!(then, vec!["access/b/1"], "B's event, with its earlier position, still comes after the cursor");
+    });
+}
+
+#[test]
+fn a_two_event_command_interleaved_with_concurrent_appends_skips_nothing() {
+    // R-ARCH-6: namespace-like two-event transactions interleave with single-event appends
+    // of other aggregates, with pauses inside transactions, while a feed reads; every event
+    // arrives exactly once.
+    let database = Database::create();
+    runtime().block_on(async {
+        let db = Db::connect(&database.url).await.expect("connect");
+        let raw = sqlx::PgPool::connect(&database.url).await.expect("raw pool");
+        const WRITERS: usize = 6;
+        const ROUNDS: i64 = 40;
+        let writers = (0..WRITERS).map(|w| {
+            let raw = raw.clone();
+            tokio::spawn(async move {
+                let mut written = 0;
+                for round in 1..=ROUNDS {
+                    let mut tx = raw.begin().await.expect("tx");
+                    if (w + round as usize).is_multiple_of(3) {
+                        sqlx::query("SELECT pg_current_xact_id()").execute(&mut *tx).await.expect("xid first");
+                        tokio::time::sleep(std::time::Duration::from_micros(300 * (w as u64 % 3))).await;
+                    }
+                    let (aggregate_type, events) = if w.is_multiple_of(2) { ("box_type_namespace", 2) } else { ("access", 1) };
+                    for e in 0..events {
+                        let sequence = round * 2 + e;
+                        sqlx::query(INSERT_EVENT).bind(aggregate_type).bind(format!("w{w}")).bind(sequence).execute(&mut *tx).await.expect("insert");
+                        tokio::time::sleep(std::time::Duration::from_micros(200 * ((round as u64 + w as u64) % 4))).await;
+                    }
+                    tx.commit().await.expect("commit");
+                    written += events as usize;
+                }
+                written
+            })
+        });
+        let reader = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                let feeds = FeedSource::default();
+                let mut feed = feeds.open(&db, "interleaving", &[], Cursor::START).await.expect("feed");
+                let mut seen = Vec::new();
+                let expected = (WRITERS / 2) * ROUNDS as usize * 3;
+                while seen.len() < expected {
+                    seen.extend(feed.next().await.expect("next").into_iter().map(|d| d.event.event_id));
+                }
+                seen
+            })
+        };
+        let mut written = 0;
+        for w in writers {
+            written += w.await.expect("writer");
+        }
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(60), reader).await.expect("the feed read every event").expect("reader");
+        assert_eq!(seen.len(), written, "every event once");
+        let unique: std::collections::BTreeSet<_> = seen.iter().collect();
+        assert_eq!(unique.len(), written, "no event twice");
+        let stored = db.events_after(0, &[], 10_000).await.expect("all").len();
+        assert_eq!(stored, written);
     });
 }

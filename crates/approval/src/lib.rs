@@ -70,7 +70,7 @@ impl Service {
         call.only_services("the approval service")?;
         let request = match ApprovalRequest::decode(&call.env)? {
             // No projections of its own: always caught up.
-            Incoming::Wait(_) => return Ok(reply_ok(&v1::WaitForPositionReply { lagging: vec![] })),
+            Incoming::Wait(_) => return Ok(reply_ok(&v1::WaitForPositionReply::default())),
             Incoming::Request(request) => request,
         };
         match request {

@@ -176,17 +176,11 @@ pub async fn drafts(nats_url: &str, creds_dir: Option<&Path>, database_url: &str
     let drafts_rt = Runtime {
         db: db.clone(),
         bus: Arc::new(NatsBus::new(drafts_client)),
-        feeds: FeedSource::JetStream { js: drafts_js.clone() },
+        feeds: FeedSource::default(),
         assertion_keys: keys.clone(),
         guards: Default::default(),
     };
-    let rt = Runtime {
-        db: db.clone(),
-        bus: Arc::new(bus.clone()),
-        feeds: FeedSource::JetStream { js: async_nats::jetstream::new(gateway_client) },
-        assertion_keys: keys.clone(),
-        guards: Default::default(),
-    };
+    let rt = Runtime { db: db.clone(), bus: Arc::new(bus.clone()), feeds: FeedSource::default(), assertion_keys: keys.clone(), guards: Default::default() };
     let (tx, rx) = tokio::sync::watch::channel(false);
     let drafts_task = tokio::spawn(atasira_drafts::run(drafts_rt, atasira_drafts::DraftsConfig::default(), rx.clone()));
     let relay_task = tokio::spawn(relay::run(db.clone(), drafts_js, atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES, rx.clone()));

@@ -120,7 +120,7 @@ pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
     let rt = Runtime {
         db: db.clone(),
         bus: Arc::new(InprocBus::default()),
-        feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
+        feeds: FeedSource::default(),
         assertion_keys: Arc::new(internal_keys(&key_file(&data_dir, "internal.key")?)?),
         guards: Default::default(),
     };
@@ -274,7 +274,7 @@ pub async fn serve(
     let rt = Runtime {
         db: db.clone(),
         bus: Arc::new(NatsBus::new(client.clone())),
-        feeds: FeedSource::JetStream { js: js.clone() },
+        feeds: FeedSource::default(),
         assertion_keys: Arc::new(internal.assertion_keys()?),
         guards: Default::default(),
     };
@@ -331,8 +331,11 @@ pub async fn serve(
             let setting = KeySetting::parse(KeyKind::Audit, &key)?;
             tracing::info!(keys = ?setting.ids(), "audit MAC keys (current first; retired keys only verify)");
             let relay = relay_for(atasira_audit::SERVICE, atasira_audit::AGGREGATE_TYPES);
+            // Holds every notification on the public event feed to the store.
+            let sentinel = tokio::spawn(atasira_platform::sentinel::run(rt.clone(), js.clone(), rx.clone()));
             atasira_audit::run(rt, atasira_audit::AuditConfig::new(Arc::new(setting.audit_keys()?)), rx).await?;
             let _ = relay.await;
+            let _ = sentinel.await;
             Ok(())
         }
     }

@@ -70,30 +70,21 @@ pub async fn prepare(db: &Db) -> anyhow::Result<()> {
 /// advances the writer's checkpoint, all in one transaction. Returns whether a row was
 /// appended. Redeliveries are harmless: the event id decides.
 pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::Result<bool> {
+    let turn = db.write_turn().await;
     let mut tx = db.any().begin().await?;
     // The checkpoint is written first: on PostgreSQL its row lock serializes concurrent
     // writers (the second reads the last row only after the first committed); on SQLite
-    // the transaction takes the write lock before reading, instead of failing to upgrade
-    // a read snapshot that a concurrent commit made stale.
-    sqlx::query(
-        "INSERT INTO projection_checkpoints (name, position) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET position = CASE WHEN projection_checkpoints.position > excluded.position THEN projection_checkpoints.position ELSE excluded.position END",
-    )
-    .bind(NAME)
-    .bind(event.position)
-    .execute(&mut *tx)
-    .await?;
+    // the writer's turn keeps every other writer out.
+    atasira_platform::projection::advance(&mut tx, NAME, event).await?;
     // Marks the event as handled for waits by event id (`projection::wait_for_events`).
-    sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-        .bind(NAME)
-        .bind(&event.event_id)
-        .execute(&mut *tx)
-        .await?;
+    atasira_platform::projection::mark(&mut tx, NAME, event).await?;
     let appended = match action_of(&event.aggregate_type, &event.event_type) {
         Some(action) => append_row(&mut tx, keys, event, action).await?,
         None => false,
     };
     tx.commit().await?;
+    drop(turn);
+    db.progressed();
     Ok(appended)
 }
 
@@ -138,13 +129,19 @@ async fn append_row(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event:
 /// tests and one-shot tools). Returns how many rows were appended.
 pub async fn apply_pending(db: &Db, keys: &AuditKeys) -> anyhow::Result<usize> {
     prepare(db).await?;
-    let mut position = atasira_platform::projection::checkpoint(db, NAME).await?;
+    let mut at = atasira_platform::projection::cursor(db, NAME).await?;
     let mut appended = 0;
     loop {
-        let batch = db.events_after(position, AUDITABLE_TYPES, 256).await?;
-        let Some(last) = batch.last() else { return Ok(appended) };
-        position = last.position;
-        for event in &batch {
+        let batch = db.read(at, AUDITABLE_TYPES, 256).await?;
+        let Some(last) = batch.events.last() else {
+            if batch.held_back {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                continue;
+            }
+            return Ok(appended);
+        };
+        at = atasira_platform::db::Cursor::of(last);
+        for event in &batch.events {
             if append(db, keys, event).await? {
                 appended += 1;
             }

@@ -320,11 +320,10 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
     let db = db(&dir).await;
     let bus = Arc::new(InprocBus::default());
     let assertion_keys = AssertionKeys::new(AssertionKey::new("internal-1", &[9; 32]).expect("key"), vec![]);
-    let wake = Arc::new(tokio::sync::Notify::new());
     let rt = Runtime {
         db: db.clone(),
         bus: bus.clone(),
-        feeds: FeedSource::Store { wake },
+        feeds: FeedSource::default(),
         assertion_keys: Arc::new(assertion_keys.clone()),
         guards: Default::default(),
     };
@@ -383,7 +382,7 @@ async fn r_audit_2_the_service_checkpoints_periodically_when_the_ledger_grew() {
     let rt = Runtime {
         db: db.clone(),
         bus: Arc::new(InprocBus::default()),
-        feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
+        feeds: FeedSource::default(),
         assertion_keys: Arc::new(AssertionKeys::new(AssertionKey::new("internal-1", &[9; 32]).expect("key"), vec![])),
         guards: Default::default(),
     };

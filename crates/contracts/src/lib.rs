@@ -239,7 +239,7 @@ mod tests {
     #[test]
     fn replies_carry_either_a_message_or_a_typed_error() {
         // R-DRAFT-14
-        let ok = reply_written(&v1::WaitForPositionReply { lagging: vec![] }, 7, vec![]).encode_to_vec();
+        let ok = reply_written(&v1::WaitForPositionReply::default(), 7, vec![]).encode_to_vec();
         assert!(matches!(decode_reply::<v1::WaitForPositionReply>(&ok), Ok(Ok((_, 7)))));
         let err = reply_error(ErrorCode::BoxManifestValidation, "no", &[FieldError::new("purpose", "missing")]).encode_to_vec();
         let e = decode_reply::<v1::WaitForPositionReply>(&err).expect("decodes").expect_err("is an error");

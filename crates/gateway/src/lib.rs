@@ -24,13 +24,13 @@ use atasira_contracts::{Named, decode_reply, envelope, signed_envelope};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::auth;
-use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderName, HeaderValue};
-use axum::response::Response;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse as _, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use prost::Message as _;
-use serde_json::{Value, json};
+use serde_json::json;
 
 pub use error::ApiError;
 
@@ -97,7 +97,7 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
     // `$SRV.PING` finds the gateway too. It has no read models of its own.
     let endpoint = atasira_platform::service::serve(&rt, subjects::GATEWAY, |call| async move {
         match atasira_contracts::requests::WaitOnly::decode(&call.env)? {
-            atasira_contracts::requests::Incoming::Wait(_) => Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] })),
+            atasira_contracts::requests::Incoming::Wait(_) => Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply::default())),
             atasira_contracts::requests::Incoming::Request(never) => match never {},
         }
     })
@@ -109,8 +109,33 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
     Ok(())
 }
 
-async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// 200 `{"status": "ok"}` when every service answers and none of their consumers is
+/// stuck; otherwise 503 `{"status": "degraded", "stalled": [...], "unreachable": [...]}`
+/// (a stuck consumer stops alone; the rest of the process keeps serving).
+async fn healthz(State(state): State<AppState>) -> Response {
+    let probe = v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] };
+    let asks = subjects::SERVICES.iter().map(|service| {
+        let (state, probe) = (state.clone(), probe.clone());
+        async move {
+            let env = envelope(&probe, &uuid::Uuid::new_v4().to_string(), "");
+            let subject = subjects::request(subjects::GATEWAY, service);
+            let answer = state.rt.bus.request(&subject, BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(5)).await;
+            (*service, answer.ok().and_then(|bytes| decode_reply::<v1::WaitForPositionReply>(&bytes).ok()?.ok().map(|(r, _)| r)))
+        }
+    });
+    let (mut stalled, mut unreachable) = (Vec::new(), Vec::new());
+    for (service, reply) in futures::future::join_all(asks).await {
+        match reply {
+            Some(reply) => {
+                stalled.extend(reply.stalled.into_iter().map(|s| json!({"service": service, "consumer": s.consumer, "error": s.error})));
+            }
+            None => unreachable.push(service),
+        }
+    }
+    if stalled.is_empty() && unreachable.is_empty() {
+        return Json(json!({"status": "ok"})).into_response();
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "degraded", "stalled": stalled, "unreachable": unreachable}))).into_response()
 }
 
 async fn not_found() -> ApiError {

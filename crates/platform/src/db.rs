@@ -16,6 +16,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AnyPool, PgPool, Row, SqlitePool};
+use std::sync::Arc;
+use tokio::sync::watch;
 
 /// Which backend a [`Db`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +37,60 @@ enum Typed {
 pub struct Db {
     typed: Typed,
     any: AnyPool,
+    signals: Arc<Signals>,
+}
+
+/// What a process learns without asking the database: events were appended (rung after a
+/// local commit, and in PostgreSQL on every commit anywhere, by `LISTEN`), a consumer of
+/// this process made progress; and, for SQLite, the one writer's turn.
+struct Signals {
+    appended: watch::Sender<u64>,
+    progressed: watch::Sender<u64>,
+    /// SQLite allows one writer at a time; writers queue here instead of retrying on
+    /// `SQLITE_BUSY` (which backs off in sleeps of up to 100 ms).
+    writer: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// Consumers of this process that cannot get past an event: name -> the error.
+    stalled: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+}
+
+impl Signals {
+    fn new(kind: DbKind) -> Arc<Signals> {
+        Arc::new(Signals {
+            appended: watch::channel(0).0,
+            progressed: watch::channel(0).0,
+            writer: (kind == DbKind::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(()))),
+            stalled: Default::default(),
+        })
+    }
+}
+
+/// Where a reader of the store stands. Events are read in commit order: PostgreSQL orders
+/// them by `(tx_id, position)`, and only events of finished transactions are read, so an
+/// event can never appear behind a cursor that has passed it (a position alone can: a
+/// transaction that started first may take a higher position and commit first). SQLite
+/// has one writer, so its positions are commit order and `tx_id` is always 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub tx_id: i64,
+    pub position: i64,
+}
+
+impl Cursor {
+    /// Before the first event.
+    pub const START: Cursor = Cursor { tx_id: 0, position: 0 };
+
+    /// Right after `event`.
+    pub fn of(event: &StoredEvent) -> Cursor {
+        Cursor { tx_id: event.tx_id, position: event.position }
+    }
+}
+
+/// One read of the store: the events after a cursor, and whether committed events were
+/// held back because an older transaction is still running (read again shortly).
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub events: Vec<StoredEvent>,
+    pub held_back: bool,
 }
 
 impl std::fmt::Debug for Db {
@@ -44,9 +100,16 @@ impl std::fmt::Debug for Db {
 }
 
 /// cqrs-es over either backend (`EventStore` is not object safe, hence the enum).
-pub enum Cqrs<A: Aggregate<Services = ()>> {
+enum Framework<A: Aggregate<Services = ()>> {
     Sqlite(CqrsFramework<A, PersistedEventStore<sqlite_es::SqliteEventRepository, A>>),
     Postgres(CqrsFramework<A, PersistedEventStore<postgres_es::PostgresEventRepository, A>>),
+}
+
+/// cqrs-es over the shared store, with this process's signals: SQLite writes take the
+/// writer's turn, and every commit rings the appended bell.
+pub struct Cqrs<A: Aggregate<Services = ()>> {
+    cqrs: Framework<A>,
+    signals: Arc<Signals>,
 }
 
 impl<A: Aggregate<Services = ()>> std::fmt::Debug for Cqrs<A> {
@@ -64,9 +127,35 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
         command: A::Command,
         metadata: std::collections::HashMap<String, String>,
     ) -> Result<(), cqrs_es::AggregateError<A::Error>> {
+        let turn = match &self.signals.writer {
+            Some(writer) => Some(writer.clone().lock_owned().await),
+            None => None,
+        };
+        let result = self.cqrs.execute(aggregate_id, command, metadata).await;
+        drop(turn);
+        if result.is_ok() {
+            self.signals.appended.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        result
+    }
+}
+
+impl<A: Aggregate<Services = ()>> std::fmt::Debug for Framework<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cqrs<{}>", A::TYPE)
+    }
+}
+
+impl<A: Aggregate<Services = ()>> Framework<A> {
+    async fn execute(
+        &self,
+        aggregate_id: &str,
+        command: A::Command,
+        metadata: std::collections::HashMap<String, String>,
+    ) -> Result<(), cqrs_es::AggregateError<A::Error>> {
         match self {
-            Cqrs::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
-            Cqrs::Postgres(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
+            Framework::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
+            Framework::Postgres(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
         }
     }
 }
@@ -81,6 +170,9 @@ pub struct StoredEvent {
     pub aggregate_id: String,
     pub sequence: i64,
     pub position: i64,
+    /// The appending transaction (PostgreSQL `xid8`; 0 in SQLite): with `position`, the
+    /// commit order readers follow (see [`Cursor`]).
+    pub tx_id: i64,
     pub event_type: String,
     pub event_version: String,
     pub payload: serde_json::Value,
@@ -150,14 +242,32 @@ const POSTGRES_SCHEMA: &[&str] = &[
                 FOR EACH ROW EXECUTE FUNCTION atasira_events_append_only();
         END IF;
     END $$",
+    // Readers follow commit order (see `Cursor`).
+    "CREATE INDEX IF NOT EXISTS events_commit_order ON events (tx_id, global_position)",
+    // The doorbell: one notification per committing transaction that appended events
+    // (PostgreSQL folds repeats within a transaction), delivered at commit.
+    "CREATE OR REPLACE FUNCTION atasira_events_notify() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN PERFORM pg_notify('atasira_events', ''); RETURN NULL; END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify') THEN
+            CREATE TRIGGER events_notify AFTER INSERT ON events
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_events_notify();
+        END IF;
+    END $$",
 ];
 
 /// Tables every component shares the shape of: projection checkpoints and processed sets.
+/// A checkpoint is a [`Cursor`]: `(tx_id, position)`.
 const COMMON_SCHEMA: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS projection_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS projection_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL, tx_id BIGINT NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS projection_processed (name TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (name, event_id))",
-    "CREATE TABLE IF NOT EXISTS relay_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS relay_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL, tx_id BIGINT NOT NULL DEFAULT 0)",
+    "CREATE TABLE IF NOT EXISTS relay_dead_letters (name TEXT NOT NULL, event_id TEXT NOT NULL, position BIGINT NOT NULL, reason TEXT NOT NULL,
+        recorded_at_ms BIGINT NOT NULL, PRIMARY KEY (name, event_id))",
 ];
+
+/// Checkpoint tables of stores created before checkpoints were cursors.
+const CURSOR_COLUMNS: &[&str] = &["projection_checkpoints", "relay_checkpoints"];
 
 impl Db {
     /// Connects to `postgres://...` or `sqlite://...`, creating what the event store needs.
@@ -171,7 +281,9 @@ impl Db {
                 .await
                 .with_context(|| format!("failed to connect to {}", redact(url)))?;
             let any = AnyPoolOptions::new().max_connections(8).connect(url).await.context("failed to open the Any pool")?;
-            Db { typed: Typed::Postgres(pool), any }
+            let signals = Signals::new(DbKind::Postgres);
+            tokio::spawn(listen_for_appends(pool.clone(), Arc::downgrade(&signals)));
+            Db { typed: Typed::Postgres(pool), any, signals }
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -191,7 +303,7 @@ impl Db {
                 .connect(url)
                 .await
                 .context("failed to open the Any pool")?;
-            Db { typed: Typed::Sqlite(pool), any }
+            Db { typed: Typed::Sqlite(pool), any, signals: Signals::new(DbKind::Sqlite) }
         } else {
             anyhow::bail!("unsupported database URL {:?}: use postgres://... or sqlite://...", redact(url));
         };
@@ -223,7 +335,20 @@ impl Db {
             DbKind::Postgres => POSTGRES_SCHEMA,
         };
         let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).copied().collect();
-        self.ensure_tables(&all).await
+        self.ensure_tables(&all).await?;
+        for table in CURSOR_COLUMNS {
+            let add = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tx_id BIGINT NOT NULL DEFAULT 0");
+            match self.kind() {
+                DbKind::Postgres => self.ensure_tables(&[&add]).await?,
+                DbKind::Sqlite => {
+                    let has = format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = 'tx_id'");
+                    if sqlx::query(&has).fetch_one(&self.any).await?.try_get::<i64, _>(0)? == 0 {
+                        self.ensure_tables(&[&add.replace(" IF NOT EXISTS", "")]).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Runs idempotent DDL. In PostgreSQL, concurrent `CREATE ... IF NOT EXISTS` of the same
@@ -252,13 +377,63 @@ impl Db {
     where
         A: Aggregate<Services = ()> + 'static,
     {
-        match &self.typed {
+        let cqrs = match &self.typed {
             Typed::Sqlite(pool) => {
-                Cqrs::Sqlite(CqrsFramework::new(PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())), vec![], ()))
+                Framework::Sqlite(CqrsFramework::new(PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())), vec![], ()))
             }
-            Typed::Postgres(pool) => {
-                Cqrs::Postgres(CqrsFramework::new(PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())), vec![], ()))
-            }
+            Typed::Postgres(pool) => Framework::Postgres(CqrsFramework::new(
+                PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())),
+                vec![],
+                (),
+            )),
+        };
+        Cqrs { cqrs, signals: self.signals.clone() }
+    }
+
+    /// Rings the appended bell: events were committed (by this process; the store's own
+    /// commands ring it themselves).
+    pub fn appended(&self) {
+        self.signals.appended.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The appended bell: changes after events were committed.
+    pub fn on_append(&self) -> watch::Receiver<u64> {
+        self.signals.appended.subscribe()
+    }
+
+    /// Rings the progress bell: a consumer of this process committed its checkpoint.
+    pub fn progressed(&self) {
+        self.signals.progressed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The progress bell (read-your-writes waits on it).
+    pub fn on_progress(&self) -> watch::Receiver<u64> {
+        self.signals.progressed.subscribe()
+    }
+
+    /// Reports consumer `name` stuck at an event it cannot handle (health, `/healthz`).
+    pub fn stalled(&self, name: &str, error: &str) {
+        if let Ok(mut stalled) = self.signals.stalled.lock() {
+            stalled.insert(name.to_owned(), error.to_owned());
+        }
+    }
+
+    /// Clears a stall report; whether there was one.
+    pub fn recovered(&self, name: &str) -> bool {
+        self.signals.stalled.lock().map(|mut s| s.remove(name).is_some()).unwrap_or(false)
+    }
+
+    /// The consumers of this process that are stuck, with their errors.
+    pub fn stalled_consumers(&self) -> Vec<(String, String)> {
+        self.signals.stalled.lock().map(|s| s.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default()
+    }
+
+    /// The writer's turn (SQLite: one writer at a time, queued here; PostgreSQL: none
+    /// needed). Hold it from `begin` to `commit` of a write transaction.
+    pub async fn write_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        match &self.signals.writer {
+            Some(writer) => Some(writer.clone().lock_owned().await),
+            None => None,
         }
     }
 
@@ -311,18 +486,69 @@ impl Db {
             DbKind::Sqlite => "",
             DbKind::Postgres => " AND tx_id < pg_snapshot_xmin(pg_current_snapshot())",
         };
-        let types = if aggregate_types.is_empty() {
-            String::new()
-        } else {
-            let list: Vec<String> = aggregate_types.iter().map(|t| format!("'{}'", t.replace('\'', "''"))).collect();
-            format!(" AND aggregate_type IN ({})", list.join(", "))
+        let types = types_clause(aggregate_types);
+        let tx_id = match self.kind() {
+            DbKind::Sqlite => "0",
+            DbKind::Postgres => "CAST(CAST(tx_id AS TEXT) AS BIGINT)",
         };
         let sql = format!(
-            "SELECT aggregate_type, aggregate_id, sequence, {pos}, event_type, event_version, CAST(payload AS TEXT), CAST(metadata AS TEXT), recorded_at_ms
+            "SELECT aggregate_type, aggregate_id, sequence, {pos}, event_type, event_version, CAST(payload AS TEXT), CAST(metadata AS TEXT), recorded_at_ms, {tx_id}
                FROM events WHERE {pos} > $1{visible}{types} ORDER BY {pos} LIMIT $2"
         );
         let rows = sqlx::query(&sql).bind(position).bind(limit).fetch_all(&self.any).await?;
         rows.iter().map(row_to_event).collect()
+    }
+
+    /// Events after `after` in commit order (see [`Cursor`]), of the given aggregate types
+    /// (all when empty), at most `limit`: the gap-safe read every consumer and the relay
+    /// use. PostgreSQL returns only events of transactions older than every transaction
+    /// still in flight, so nothing can later appear behind the cursor; `held_back` says
+    /// that committed events wait for such an older transaction (read again soon).
+    pub async fn read(&self, after: Cursor, aggregate_types: &[&str], limit: i64) -> anyhow::Result<Batch> {
+        let types = types_clause(aggregate_types);
+        let rows = match self.kind() {
+            DbKind::Sqlite => {
+                let sql = format!(
+                    "SELECT aggregate_type, aggregate_id, sequence, rowid, event_type, event_version, payload, metadata, recorded_at_ms, 0
+                       FROM events WHERE rowid > $1{types} ORDER BY rowid LIMIT $2"
+                );
+                sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&self.any).await?
+            }
+            DbKind::Postgres => {
+                let sql = format!(
+                    "SELECT aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT),
+                            CAST(metadata AS TEXT), recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT)
+                       FROM events
+                      WHERE (tx_id > CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8)
+                             OR (tx_id = CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8) AND global_position > $2))
+                        AND tx_id < pg_snapshot_xmin(pg_current_snapshot()){types}
+                      ORDER BY tx_id, global_position LIMIT $3"
+                );
+                sqlx::query(&sql).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&self.any).await?
+            }
+        };
+        let events = rows.iter().map(row_to_event).collect::<anyhow::Result<Vec<_>>>()?;
+        let held_back = if self.kind() == DbKind::Postgres && (events.len() as i64) < limit {
+            let sql = format!("SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){types})");
+            sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<bool, _>(0)?
+        } else {
+            false
+        };
+        Ok(Batch { events, held_back })
+    }
+
+    /// One stored event by its stream and sequence.
+    pub async fn event(&self, aggregate_type: &str, aggregate_id: &str, sequence: i64) -> anyhow::Result<Option<StoredEvent>> {
+        let (pos, tx_id) = match self.kind() {
+            DbKind::Sqlite => ("rowid", "0"),
+            DbKind::Postgres => ("global_position", "CAST(CAST(tx_id AS TEXT) AS BIGINT)"),
+        };
+        let sql = format!(
+            "SELECT aggregate_type, aggregate_id, sequence, {pos}, event_type, event_version, CAST(payload AS TEXT), CAST(metadata AS TEXT), recorded_at_ms, {tx_id}
+               FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 AND sequence = $3"
+        );
+        let row = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).bind(sequence).fetch_optional(&self.any).await?;
+        row.as_ref().map(row_to_event).transpose()
     }
 
     /// The highest committed position (0 when empty).
@@ -331,6 +557,57 @@ impl Db {
         Ok(sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<i64, _>(0)?)
     }
 }
+
+/// ` AND aggregate_type IN (...)` (nothing when empty). Types are the aggregates' own
+/// constants, quoted anyway.
+fn types_clause(aggregate_types: &[&str]) -> String {
+    if aggregate_types.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = aggregate_types.iter().map(|t| format!("'{}'", t.replace('\'', "''"))).collect();
+    format!(" AND aggregate_type IN ({})", list.join(", "))
+}
+
+/// PostgreSQL's doorbell: `LISTEN` on the channel the events table's trigger notifies at
+/// every commit that appended events, ringing the appended bell; reconnects after a
+/// failure (ringing once, since a notification may have been missed). Ends with the `Db`.
+async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
+    loop {
+        let listener = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(APPENDED_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        }
+        .await;
+        match listener {
+            Ok(mut listener) => {
+                let Some(s) = signals.upgrade() else { return };
+                s.appended.send_modify(|n| *n = n.wrapping_add(1));
+                drop(s);
+                loop {
+                    let received = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
+                    let Some(s) = signals.upgrade() else { return };
+                    match received {
+                        Ok(Ok(_)) => s.appended.send_modify(|n| *n = n.wrapping_add(1)),
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "lost the database's event notifications; reconnecting");
+                            break;
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for the database's event notifications; retrying"),
+        }
+        if signals.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The channel the events table notifies on commit (see `POSTGRES_SCHEMA`).
+const APPENDED_CHANNEL: &str = "atasira_events";
 
 fn row_to_event(row: &AnyRow) -> anyhow::Result<StoredEvent> {
     let aggregate_type: String = row.try_get(0)?;
@@ -344,6 +621,7 @@ fn row_to_event(row: &AnyRow) -> anyhow::Result<StoredEvent> {
         aggregate_id,
         sequence,
         position: row.try_get(3)?,
+        tx_id: row.try_get(9)?,
         event_type: row.try_get(4)?,
         event_version: row.try_get(5)?,
         payload: serde_json::from_str(&payload)?,

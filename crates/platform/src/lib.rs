@@ -15,6 +15,7 @@ pub mod feed;
 pub mod guard;
 pub mod projection;
 pub mod relay;
+pub mod sentinel;
 pub mod service;
 
 use std::sync::Arc;
@@ -36,12 +37,10 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Tells embedded feeds that new events are in the store (no-op in cluster mode,
-    /// where the relay publishes them).
+    /// Rings this process's appended bell: events were committed. Commands through
+    /// `Db::cqrs` ring it themselves; in PostgreSQL every commit also rings it by `LISTEN`.
     pub fn notify_committed(&self) {
-        if let feed::FeedSource::Store { wake } = &self.feeds {
-            wake.notify_waiters();
-        }
+        self.db.appended();
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::{Any, Row, Transaction};
 
-use crate::db::{Db, StoredEvent};
+use crate::db::{Cursor, Db, StoredEvent};
 use crate::feed::FeedSource;
 
 #[async_trait::async_trait]
@@ -24,54 +24,88 @@ pub trait Projection: Send + Sync + 'static {
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()>;
 }
 
-/// The stored checkpoint of a projection (0 before the first event).
+/// The stored checkpoint's position (0 before the first event). Positions are commit
+/// order only in SQLite; compare [`cursor`]s to know what a consumer has read.
 pub async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<i64> {
-    let row = sqlx::query("SELECT position FROM projection_checkpoints WHERE name = $1").bind(name).fetch_optional(db.any()).await?;
+    Ok(cursor(db, name).await?.position)
+}
+
+/// The stored cursor of consumer `name` ([`Cursor::START`] before the first event).
+pub async fn cursor(db: &Db, name: &str) -> anyhow::Result<Cursor> {
+    let row = sqlx::query("SELECT tx_id, position FROM projection_checkpoints WHERE name = $1").bind(name).fetch_optional(db.any()).await?;
     Ok(match row {
-        Some(r) => r.try_get::<i64, _>(0)?,
-        None => 0,
+        Some(r) => Cursor { tx_id: r.try_get(0)?, position: r.try_get(1)? },
+        None => Cursor::START,
     })
+}
+
+/// Moves consumer `name`'s checkpoint forward to `event` (never back), inside the
+/// transaction that made the event's effect.
+pub async fn advance(tx: &mut Transaction<'static, Any>, name: &str, event: &StoredEvent) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO projection_checkpoints (name, tx_id, position) VALUES ($1, $2, $3)
+         ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
+          WHERE projection_checkpoints.tx_id < excluded.tx_id
+             OR (projection_checkpoints.tx_id = excluded.tx_id AND projection_checkpoints.position < excluded.position)",
+    )
+    .bind(name)
+    .bind(event.tx_id)
+    .bind(event.position)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Records `event` in consumer `name`'s processed set (for dedup and waits by event id);
+/// whether it was new.
+pub async fn mark(tx: &mut Transaction<'static, Any>, name: &str, event: &StoredEvent) -> anyhow::Result<bool> {
+    let inserted = sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .bind(name)
+        .bind(&event.event_id)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+    Ok(inserted == 1)
 }
 
 /// Applies one event unless it was applied before; returns whether it was new.
 pub async fn apply_one(db: &Db, projection: &dyn Projection, event: &StoredEvent) -> anyhow::Result<bool> {
-    record(db, projection.name(), event, Some(projection)).await
+    Ok(record(db, projection.name(), std::slice::from_ref(event), Some(projection)).await? == 1)
 }
 
 /// Marks an event as handled by consumer `name` (for waits by event id and for resuming)
 /// without rows of its own: consumers whose effects are commands, not rows.
 pub async fn mark_processed(db: &Db, name: &str, event: &StoredEvent) -> anyhow::Result<bool> {
-    record(db, name, event, None).await
+    Ok(record(db, name, std::slice::from_ref(event), None).await? == 1)
 }
 
-/// One transaction: the processed-set insert (dedup by event id), the rows (if new), the
-/// checkpoint.
-async fn record(db: &Db, name: &str, event: &StoredEvent, projection: Option<&dyn Projection>) -> anyhow::Result<bool> {
+/// One transaction for a batch: per event the processed-set insert (dedup by event id)
+/// and the rows (if new); then the checkpoint. Returns how many events were new.
+async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<&dyn Projection>) -> anyhow::Result<usize> {
+    let Some(last) = events.last() else { return Ok(0) };
+    let turn = db.write_turn().await;
     let mut tx = db.any().begin().await?;
-    let inserted = sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-        .bind(name)
-        .bind(&event.event_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-    if let Some(p) = projection.filter(|_| inserted == 1) {
-        p.apply(&mut tx, event).await?;
+    let mut new = 0;
+    for event in events {
+        if mark(&mut tx, name, event).await? {
+            new += 1;
+            if let Some(p) = projection {
+                p.apply(&mut tx, event).await?;
+            }
+        }
     }
-    sqlx::query(
-        "INSERT INTO projection_checkpoints (name, position) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET position = CASE WHEN projection_checkpoints.position > excluded.position THEN projection_checkpoints.position ELSE excluded.position END",
-    )
-    .bind(name)
-    .bind(event.position)
-    .execute(&mut *tx)
-    .await?;
+    advance(&mut tx, name, last).await?;
     tx.commit().await?;
-    Ok(inserted == 1)
+    drop(turn);
+    db.progressed();
+    Ok(new)
 }
 
 /// The durable-consumer loop every consumer shares (R-ARCH-6): open feed `name` after its
-/// stored checkpoint, hand each event to `handle`, ack after it returned (its effects
-/// committed, checkpoint included); on failure reopen from the checkpoint after a pause.
+/// stored checkpoint, hand each event to `handle`, which commits its effect with the
+/// checkpoint; on failure log it, report the consumer stalled (`Db::stalled`), and read
+/// again from the checkpoint after a pause: a consumer that cannot get past an event stops
+/// alone, visibly, and the process goes on.
 /// Shutdown may cut a handler short: nothing is checkpointed then, so the event is
 /// delivered again and the handler must be idempotent.
 pub async fn consume<F, Fut>(
@@ -79,15 +113,40 @@ pub async fn consume<F, Fut>(
     feeds: FeedSource,
     name: &'static str,
     aggregate_types: &'static [&'static str],
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
     handle: F,
 ) where
     F: Fn(StoredEvent) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
+    consume_batches(db, feeds, name, aggregate_types, shutdown, |batch: Vec<StoredEvent>| {
+        let handle = &handle;
+        async move {
+            for event in batch {
+                handle(event).await?;
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// [`consume`], a batch at a time (a projection applies a batch in one transaction).
+async fn consume_batches<F, Fut>(
+    db: Db,
+    feeds: FeedSource,
+    name: &'static str,
+    aggregate_types: &'static [&'static str],
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    handle: F,
+) where
+    F: Fn(Vec<StoredEvent>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let mut pause = Duration::from_millis(500);
     loop {
         let result: anyhow::Result<()> = async {
-            let from = checkpoint(&db, name).await?;
+            let from = cursor(&db, name).await?;
             let mut feed = feeds.open(&db, name, aggregate_types, from).await?;
             loop {
                 if *shutdown.borrow() {
@@ -97,12 +156,17 @@ pub async fn consume<F, Fut>(
                     b = feed.next() => b?,
                     _ = shutdown.changed() => return Ok(()),
                 };
-                for delivery in batch {
-                    tokio::select! {
-                        r = handle(delivery.event.clone()) => r?,
-                        _ = shutdown.changed() => return Ok(()),
-                    }
-                    delivery.ack().await?;
+                if batch.is_empty() {
+                    continue;
+                }
+                let events = batch.into_iter().map(|d| d.event).collect();
+                tokio::select! {
+                    r = handle(events) => r?,
+                    _ = shutdown.changed() => return Ok(()),
+                }
+                if db.recovered(name) {
+                    tracing::info!(consumer = name, "consumer moving again");
+                    pause = Duration::from_millis(500);
                 }
             }
         }
@@ -110,11 +174,13 @@ pub async fn consume<F, Fut>(
         match result {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(consumer = name, error = %e, "consumer failed; retrying from its checkpoint");
+                tracing::error!(consumer = name, error = format!("{e:#}"), "consumer stopped at an event it cannot handle; retrying from its checkpoint");
+                db.stalled(name, &format!("{e:#}"));
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = tokio::time::sleep(pause) => {}
                     _ = shutdown.changed() => return,
                 }
+                pause = (pause * 2).min(Duration::from_secs(30));
             }
         }
     }
@@ -125,13 +191,13 @@ pub async fn prepare(db: &Db, projection: &dyn Projection) -> anyhow::Result<()>
     db.ensure_tables(projection.tables()).await
 }
 
-/// Runs a projection until `shutdown` resolves.
+/// Runs a projection until `shutdown` resolves, a batch per transaction.
 pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let (name, types) = (projection.name(), projection.aggregate_types());
     let apply_db = db.clone();
-    consume(db, feeds, name, types, shutdown, move |event| {
+    consume_batches(db, feeds, name, types, shutdown, move |events| {
         let (db, projection) = (apply_db.clone(), projection.clone());
-        async move { apply_one(&db, projection.as_ref(), &event).await.map(|_| ()) }
+        async move { record(&db, name, &events, Some(projection.as_ref())).await.map(|_| ()) }
     })
     .await
 }
@@ -139,6 +205,7 @@ pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, shu
 /// Drops a projection's rows and rebuilds it from the whole event store (R-ARCH-5).
 pub async fn rebuild(db: &Db, projection: &dyn Projection) -> anyhow::Result<u64> {
     prepare(db, projection).await?;
+    let turn = db.write_turn().await;
     let mut tx = db.any().begin().await?;
     for table in projection.table_names() {
         sqlx::query(&format!("DELETE FROM {table}")).execute(&mut *tx).await?;
@@ -146,37 +213,38 @@ pub async fn rebuild(db: &Db, projection: &dyn Projection) -> anyhow::Result<u64
     sqlx::query("DELETE FROM projection_processed WHERE name = $1").bind(projection.name()).execute(&mut *tx).await?;
     sqlx::query("DELETE FROM projection_checkpoints WHERE name = $1").bind(projection.name()).execute(&mut *tx).await?;
     tx.commit().await?;
-    let mut position = 0;
+    drop(turn);
+    let mut at = Cursor::START;
     let mut applied = 0;
     loop {
-        let batch = db.events_after(position, projection.aggregate_types(), 1000).await?;
-        let Some(last) = batch.last() else { break };
-        position = last.position;
-        for event in &batch {
-            if apply_one(db, projection, event).await? {
-                applied += 1;
+        let batch = db.read(at, projection.aggregate_types(), 1000).await?;
+        let Some(last) = batch.events.last() else {
+            if batch.held_back {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
             }
-        }
+            break;
+        };
+        at = Cursor::of(last);
+        applied += record(db, projection.name(), &batch.events, Some(projection)).await?;
     }
-    Ok(applied)
+    Ok(applied as u64)
 }
 
 /// R-BOX-9: waits until every projection in `names` has applied `position`, at most
-/// `timeout`; returns the names still behind.
+/// `timeout`; returns the names still behind. By position: exact in SQLite, where
+/// positions are commit order; callers in cluster mode wait by event id.
 pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: Duration) -> anyhow::Result<Vec<String>> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
+    until(db, timeout, || async {
         let mut lagging = Vec::new();
         for name in names {
             if checkpoint(db, name).await? < position {
                 lagging.push((*name).to_owned());
             }
         }
-        if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
-            return Ok(lagging);
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        Ok(lagging)
+    })
+    .await
 }
 
 /// R-BOX-9, exact form: waits until every projection that reads an event's aggregate type
@@ -187,8 +255,7 @@ pub async fn wait_for_events(
     event_ids: &[String],
     timeout: Duration,
 ) -> anyhow::Result<Vec<String>> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
+    until(db, timeout, || async {
         let mut lagging = Vec::new();
         for (name, types) in projections {
             for id in event_ids {
@@ -208,10 +275,29 @@ pub async fn wait_for_events(
                 }
             }
         }
+        Ok(lagging)
+    })
+    .await
+}
+
+/// Asks `behind` again each time a consumer of this process made progress, until it says
+/// nothing is behind or `timeout` passed; returns its last answer. The consumers a service
+/// answers for run in its own process, so their progress bell is the signal to look.
+async fn until<F, Fut>(db: &Db, timeout: Duration, behind: F) -> anyhow::Result<Vec<String>>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Vec<String>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut progress = db.on_progress();
+    loop {
+        progress.borrow_and_update();
+        let lagging = behind().await?;
         if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
             return Ok(lagging);
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // The safety net: a consumer of another process (or a missed ring) is seen within a second.
+        let _ = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + Duration::from_secs(1)), progress.changed()).await;
     }
 }
 

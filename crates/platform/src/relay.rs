@@ -1,60 +1,137 @@
-//! The outbox relay (R-ARCH-6): publishes a service's committed events to JetStream in
-//! global-position order with `Nats-Msg-Id` = event id, and advances its checkpoint only
-//! after JetStream acknowledged. It resumes from the checkpoint after a crash; JetStream
-//! deduplicates repeats inside its window and consumers dedup by event id beyond it.
+//! The outbox relay (R-ARCH-6): publishes a service's committed events to JetStream, the
+//! public event feed for subscribers outside atasira, in commit order (the gap-safe read
+//! every consumer uses), and advances its checkpoint only after JetStream acknowledged. It
+//! resumes from the checkpoint after a crash; JetStream drops repeats inside its window.
+//!
+//! `Nats-Msg-Id` is the event id plus a digest of the stored event: repeats of the same
+//! stored event share it, while a message forged with a real event's id (an id is
+//! predictable) cannot make JetStream drop the real event as its duplicate.
+//!
+//! An event the bus cannot carry (larger than the server's max payload) is recorded in
+//! `relay_dead_letters`, logged as an error and counted, and the relay moves on: internal
+//! consumers read the store, so only outside subscribers miss it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
+use sha2::{Digest, Sha256};
 use sqlx::Row;
 
-use crate::db::Db;
-use crate::feed::{encode_notification, ensure_stream};
+use crate::db::{Cursor, Db, DbKind, StoredEvent};
 
-async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<i64> {
-    let row = sqlx::query("SELECT position FROM relay_checkpoints WHERE name = $1").bind(name).fetch_optional(db.any()).await?;
-    Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?.unwrap_or(0))
+/// Events the relays of this process could not publish (a metric; each is also a row of
+/// `relay_dead_letters` and an error in the log).
+pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
+
+/// The safety-net poll when the appended bell stays silent.
+const FALLBACK: Duration = Duration::from_secs(2);
+
+/// The events stream (idempotent).
+pub async fn ensure_stream(js: &jetstream::Context) -> anyhow::Result<jetstream::stream::Stream> {
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: atasira_contracts::subjects::EVENTS_STREAM.to_owned(),
+        subjects: vec![atasira_contracts::subjects::EVENTS_WILDCARD.to_owned()],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))
 }
 
-/// Stores the checkpoint without waiting for the WAL flush (PostgreSQL
-/// `synchronous_commit = off`): a checkpoint lost in a database crash only means events are
-/// published again, which JetStream and consumers drop by event id. This saves one fsync
-/// per relayed batch on the command path's disk.
-async fn save(db: &Db, name: &str, position: i64) -> anyhow::Result<()> {
+async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<Cursor> {
+    let row = sqlx::query("SELECT tx_id, position FROM relay_checkpoints WHERE name = $1").bind(name).fetch_optional(db.any()).await?;
+    Ok(match row {
+        Some(r) => Cursor { tx_id: r.try_get(0)?, position: r.try_get(1)? },
+        None => Cursor::START,
+    })
+}
+
+/// Stores the checkpoint (and the dead letters of the batch) without waiting for the WAL
+/// flush (PostgreSQL `synchronous_commit = off`): a checkpoint lost in a database crash
+/// only means events are published again, which JetStream drops by `Nats-Msg-Id`. This
+/// saves one fsync per relayed batch on the command path's disk.
+async fn save(db: &Db, name: &str, at: Cursor, dead: &[(&StoredEvent, String)]) -> anyhow::Result<()> {
+    let turn = db.write_turn().await;
     let mut tx = db.any().begin().await?;
-    if db.kind() == crate::db::DbKind::Postgres {
+    if db.kind() == DbKind::Postgres {
         sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
     }
-    sqlx::query("INSERT INTO relay_checkpoints (name, position) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET position = excluded.position")
-        .bind(name)
-        .bind(position)
-        .execute(&mut *tx)
-        .await?;
+    for (event, reason) in dead {
+        sqlx::query("INSERT INTO relay_dead_letters (name, event_id, position, reason, recorded_at_ms) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING")
+            .bind(name)
+            .bind(&event.event_id)
+            .bind(event.position)
+            .bind(reason)
+            .bind(chrono::Utc::now().timestamp_millis())
+            .execute(&mut *tx)
+            .await?;
+    }
+    sqlx::query(
+        "INSERT INTO relay_checkpoints (name, tx_id, position) VALUES ($1, $2, $3)
+         ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position",
+    )
+    .bind(name)
+    .bind(at.tx_id)
+    .bind(at.position)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
+    drop(turn);
     Ok(())
 }
 
-/// Publishes one batch; returns how many events went out.
-pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggregate_types: &[&str]) -> anyhow::Result<usize> {
-    let name = format!("relay-{service}");
-    let from = checkpoint(db, &name).await?;
-    let events = db.events_after(from, aggregate_types, 256).await?;
-    let subject = atasira_contracts::subjects::events(service);
-    for event in &events {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", event.event_id.as_str());
-        let ack =
-            js.publish_with_headers(subject.clone(), headers, encode_notification(event).into()).await.map_err(|e| anyhow::anyhow!("publish failed: {e}"))?;
-        ack.await.map_err(|e| anyhow::anyhow!("JetStream did not acknowledge: {e}"))?;
+/// The `Nats-Msg-Id` of a published event: its id and a digest of what the store holds
+/// (type, position, time, payload), the same on every attempt.
+pub fn message_id(event: &StoredEvent) -> String {
+    let mut h = Sha256::new();
+    for part in [event.event_id.as_bytes(), event.event_type.as_bytes(), &event.position.to_be_bytes(), &event.recorded_at_ms.to_be_bytes()] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
     }
-    if let Some(last) = events.last() {
-        save(db, &name, last.position).await?;
-    }
-    Ok(events.len())
+    h.update(serde_json::to_vec(&event.payload).unwrap_or_default());
+    format!("{}#{}", event.event_id, &hex::encode(h.finalize())[..32])
 }
 
-/// Runs the relay until shutdown; failures (NATS down) are retried with a pause and no
-/// event is skipped.
+/// What one pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Relayed {
+    pub published: usize,
+    pub dead: usize,
+    /// Committed events wait for an older transaction: pass again soon.
+    pub held_back: bool,
+}
+
+/// Publishes one batch.
+pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggregate_types: &[&str]) -> anyhow::Result<Relayed> {
+    let name = format!("relay-{service}");
+    let from = checkpoint(db, &name).await?;
+    let batch = db.read(from, aggregate_types, 256).await?;
+    let subject = atasira_contracts::subjects::events(service);
+    let max_payload = js.client().max_payload();
+    let mut dead = Vec::new();
+    for event in &batch.events {
+        let bytes = crate::feed::encode_notification(event);
+        if bytes.len() > max_payload {
+            let reason = format!("{} bytes, more than the {max_payload} bytes NATS carries", bytes.len());
+            tracing::error!(service, event_id = %event.event_id, reason, "event cannot be published on the bus; recorded as a dead letter");
+            DEAD_LETTERS.fetch_add(1, Ordering::Relaxed);
+            dead.push((event, reason));
+            continue;
+        }
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", message_id(event).as_str());
+        let ack = js.publish_with_headers(subject.clone(), headers, bytes.into()).await.map_err(|e| anyhow::anyhow!("publish failed: {e}"))?;
+        ack.await.map_err(|e| anyhow::anyhow!("JetStream did not acknowledge: {e}"))?;
+    }
+    if let Some(last) = batch.events.last() {
+        save(db, &name, Cursor::of(last), &dead).await?;
+    }
+    Ok(Relayed { published: batch.events.len() - dead.len(), dead: dead.len(), held_back: batch.held_back })
+}
+
+/// Runs the relay until shutdown, woken by the store's appended bell; failures (NATS down)
+/// are retried with a pause and no event is skipped.
 pub async fn run(
     db: Db,
     js: jetstream::Context,
@@ -63,10 +140,12 @@ pub async fn run(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut stream_ready = false;
+    let mut bell = db.on_append();
     loop {
         if *shutdown.borrow() {
             return;
         }
+        bell.borrow_and_update();
         let result = async {
             if !stream_ready {
                 ensure_stream(&js).await?;
@@ -75,16 +154,23 @@ pub async fn run(
             relay_once(&db, &js, service, aggregate_types).await
         }
         .await;
-        let pause = match result {
-            Ok(0) => Duration::from_millis(10),
-            Ok(_) => Duration::ZERO,
+        let wait = match result {
+            Ok(r) if r.published + r.dead > 0 => continue,
+            Ok(r) if r.held_back => tokio::time::sleep(Duration::from_millis(2)),
+            Ok(_) => {
+                tokio::select! {
+                    _ = tokio::time::timeout(FALLBACK, bell.changed()) => {}
+                    _ = shutdown.changed() => return,
+                }
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(service, error = %e, "relay failed; retrying");
-                Duration::from_millis(500)
+                tokio::time::sleep(Duration::from_millis(500))
             }
         };
         tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
+            _ = wait => {}
             _ = shutdown.changed() => return,
         }
     }

@@ -272,7 +272,8 @@ pub async fn wait_reply(
     wait: &atasira_contracts::v1::WaitForPosition,
 ) -> Result<Reply, Refusal> {
     let lagging = crate::projection::answer_wait(&rt.db, read_models, wait).await.map_err(Refusal::internal)?;
-    Ok(atasira_contracts::reply_ok(&atasira_contracts::v1::WaitForPositionReply { lagging }))
+    let stalled = rt.db.stalled_consumers().into_iter().map(|(consumer, error)| atasira_contracts::v1::StalledConsumer { consumer, error }).collect();
+    Ok(atasira_contracts::reply_ok(&atasira_contracts::v1::WaitForPositionReply { lagging, stalled }))
 }
 
 /// Resolves once `shutdown` is true (or its sender is gone, which means the same).
@@ -305,13 +306,7 @@ mod tests {
         db.ensure_tables(crate::auth::TOKENS_SCHEMA).await.expect("tokens table");
         let bus = Arc::new(InprocBus::default());
         let keys = AssertionKeys::new(AssertionKey::new("internal-1", &[5; 32]).expect("key"), vec![]);
-        let rt = Runtime {
-            db,
-            bus: bus.clone(),
-            feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
-            assertion_keys: Arc::new(keys),
-            guards: Arc::new(guards),
-        };
+        let rt = Runtime { db, bus: bus.clone(), feeds: FeedSource::default(), assertion_keys: Arc::new(keys), guards: Arc::new(guards) };
         (rt, bus)
     }
 
@@ -329,7 +324,7 @@ mod tests {
                 let principal = call.principal(&rt).await?;
                 // Asking again is the same principal, not a replay.
                 assert_eq!(call.principal(&rt).await?.user_id, principal.user_id);
-                Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![principal.user_id] }))
+                Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![principal.user_id], stalled: vec![] }))
             }
         })
         .await
@@ -353,7 +348,7 @@ mod tests {
             async move {
                 let _ = entered_tx.send(());
                 let _open = gate.acquire().await.map_err(Refusal::internal)?;
-                Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] }))
+                Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply::default()))
             }
         })
         .await
@@ -448,9 +443,8 @@ mod tests {
     async fn r_auth_1_a_nats_publisher_with_an_unknown_or_revoked_token_gets_nothing_not_even_a_wait() {
         // given a service that answers waits to anyone it lets through, and an agent's PAT
         let (rt, bus) = runtime(Guards::default()).await;
-        let _endpoint = serve(&rt, subjects::DRAFTS, |_call| async { Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply { lagging: vec![] })) })
-            .await
-            .expect("serves");
+        let _endpoint =
+            serve(&rt, subjects::DRAFTS, |_call| async { Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply::default())) }).await.expect("serves");
         let token = crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None).await.expect("token");
         let wait = envelope(&v1::WaitForPosition::default(), "c", "");
         let as_client = |hash: &str| format!("atasira.box.{}.{hash}.{}", subjects::CLIENT, subjects::DRAFTS);

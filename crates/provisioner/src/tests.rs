@@ -77,7 +77,7 @@ fn runtime(db: &Db) -> Runtime {
     Runtime {
         db: db.clone(),
         bus: Arc::new(InprocBus::default()),
-        feeds: FeedSource::Store { wake: Arc::new(tokio::sync::Notify::new()) },
+        feeds: FeedSource::default(),
         assertion_keys: Arc::new(AssertionKeys::new(key, vec![])),
         guards: Default::default(),
     }
