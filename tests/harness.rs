@@ -409,6 +409,11 @@ impl System {
         self.nats.as_mut().expect("cluster mode has NATS")
     }
 
+    /// Cluster: the NATS server's URL.
+    pub fn nats_url(&self) -> String {
+        self.nats.as_ref().expect("cluster mode has NATS").url()
+    }
+
     /// The internal key every cluster process signs and verifies principal assertions with
     /// (hex), for tests that mint an assertion as the gateway would.
     pub fn internal_key(&self) -> &str {
@@ -482,10 +487,12 @@ impl System {
         self.procs.push(g);
     }
 
-    /// Embedded feeds poll the store at least every 250 ms; nothing to do but wait a
-    /// moment for events written behind the product's back.
+    /// Events written behind the product's back ring no bell in embedded mode (PostgreSQL
+    /// notifies on every commit); feeds look at the store at least every 2 s anyway.
     pub fn notify_store_changed(&self) {
-        std::thread::sleep(Duration::from_millis(300));
+        if self.mode == Mode::Embedded {
+            std::thread::sleep(Duration::from_millis(2500));
+        }
     }
 
     /// Cluster: starts (another) drafts service process.

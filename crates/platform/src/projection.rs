@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use sqlx::{Any, Row, Transaction};
 
 use crate::db::{Cursor, Db, StoredEvent};
@@ -90,7 +91,7 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
         if mark(&mut tx, name, event).await? {
             new += 1;
             if let Some(p) = projection {
-                p.apply(&mut tx, event).await?;
+                p.apply(&mut tx, event).await.with_context(|| format!("{name} cannot apply event {}", event.event_id))?;
             }
         }
     }
@@ -123,7 +124,8 @@ pub async fn consume<F, Fut>(
         let handle = &handle;
         async move {
             for event in batch {
-                handle(event).await?;
+                let id = event.event_id.clone();
+                handle(event).await.with_context(|| format!("{name} cannot handle event {id}"))?;
             }
             Ok(())
         }
