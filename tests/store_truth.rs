@@ -100,7 +100,7 @@ fn a_forged_event_notification_changes_nothing_and_is_recorded() {
     // R-ARCH-5, R-APPROVE-4, R-AUDIT-5: someone holding a service's NATS credentials
     // publishes events that are not in the store: a new draft, a Box, and the approval
     // of a pending draft under the id its real approval will take.
-    let mut sys = System::start(Mode::Cluster);
+    let sys = System::start(Mode::Cluster);
     let active = sys.draft(&sales("sales-report"));
     assert_eq!(sys.approve(&active, &sys.admin, false).status, 200);
     let pending = sys.draft(&sales("pending-report"));
