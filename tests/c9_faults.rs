@@ -56,12 +56,7 @@ fn forge(sys: &System, draft_id: &str, token: ApprovalToken) {
         confirm_over_limit: false,
         token,
     };
-    let payload = serde_json::to_string(&event).expect("json").replace('\'', "''");
-    let values = match sys.mode {
-        Mode::Embedded => format!("'{payload}', '{{}}'"),
-        Mode::Cluster => format!("CAST('{payload}' AS json), CAST('{{}}' AS json)"),
-    };
-    sys.sql(&format!("INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES ('draft', '{draft_id}', 2, 'DraftApproved', '1', {values})"));
+    sys.append_raw_event("draft", draft_id, 2, "DraftApproved", &serde_json::to_string(&event).expect("json"));
 }
 
 fn approval_key(sys: &System) -> [u8; 32] {

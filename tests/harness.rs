@@ -409,7 +409,7 @@ impl System {
         self.nats.as_mut().expect("cluster mode has NATS")
     }
 
-    /// Cluster: the NATS server's URL.
+    /// Cluster: where nats-server listens (`&self`, unlike `nats()`).
     pub fn nats_url(&self) -> String {
         self.nats.as_ref().expect("cluster mode has NATS").url()
     }
@@ -611,6 +611,20 @@ impl System {
             let pool = sqlx::AnyPool::connect(&url).await.expect("database");
             sqlx::query(statement).execute(&pool).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
         });
+    }
+
+    /// Appends an event straight into the store, as an attacker with database access (or
+    /// a bug) would: no aggregate decided it. `payload` is the event's JSON.
+    pub fn append_raw_event(&self, aggregate_type: &str, aggregate_id: &str, sequence: i64, event_type: &str, payload: &str) {
+        let payload = payload.replace('\'', "''");
+        let values = match self.mode {
+            Mode::Embedded => format!("'{payload}', '{{}}'"),
+            Mode::Cluster => format!("CAST('{payload}' AS json), CAST('{{}}' AS json)"),
+        };
+        self.sql(&format!(
+            "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) \
+             VALUES ('{aggregate_type}', '{aggregate_id}', {sequence}, '{event_type}', '1', {values})"
+        ));
     }
 
     /// One scalar from this system's database.

@@ -1,11 +1,15 @@
 //! Key rotation in cluster mode (issue 8, item 6): each key setting holds a current key and
 //! retired ones (verify only); `atasira keys rotate` prints the next setting and the
 //! affected processes restart with it. Audit: rows MACed before and after verify.
-//! Approval: the registry learns the new key without a restart. Internal: a rolling
-//! rotation through every process, where a retired key still verifies.
+//! Approval: the approval service publishes its keys in the store and the registry learns
+//! the new key from there without a restart; a key dropped from the setting stays
+//! published, so what it signed still verifies. Internal: a rolling rotation through every
+//! process, where a retired key still verifies.
 
 use std::time::{Duration, Instant};
 
+use atasira_domain::aggregates::draft::DraftEvent;
+use atasira_domain::token::ApprovalSigner;
 use atasira_tests::harness::{CLUSTER_SERVICES, Mode, System};
 use serde_json::{Value, json};
 
@@ -117,8 +121,11 @@ fn rotating_the_approval_key_needs_no_registry_restart() {
     assert_eq!(keys_of(&next).iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(), ["approval-2", "approval-1"]);
     sys.kill("serve approval");
     sys.start_service("approval", &[("ATASIRA_APPROVAL_KEY", next)]);
-    // then an approval signed with the new key activates its Box: the registry, never
-    // restarted, learned the new public key from the approval service
+    // then the approval service published the new key, and the old one only once (its
+    // restart found it published)
+    assert_eq!(published(&sys), (1, 1));
+    // and an approval signed with the new key activates its Box: the registry, never
+    // restarted, read the new public key from the store when the token named it
     let after = sys.draft(&sales("approved-after"));
     let approved = approve_active(&sys, &after);
     assert_eq!((events_with_key(&sys, "DraftApproved", "approval-1"), events_with_key(&sys, "DraftApproved", "approval-2")), (1, 1));
@@ -127,6 +134,56 @@ fn rotating_the_approval_key_needs_no_registry_restart() {
     assert!(types.contains(&"approved-before") && types.contains(&"approved-after"), "{}", boxes.raw);
     assert!(approved["box_id"].is_string());
     assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin).body["ok"], true);
+}
+
+/// How many `ApprovalKeyPublished` events the store holds for approval-1 and approval-2.
+fn published(sys: &System) -> (i64, i64) {
+    (events_with_key(sys, "ApprovalKeyPublished", "approval-1"), events_with_key(sys, "ApprovalKeyPublished", "approval-2"))
+}
+
+#[test]
+fn an_approval_key_dropped_from_the_setting_keeps_verifying_what_it_signed() {
+    // given a cluster whose approval service published approval-1, then restarted
+    // with only approval-2 (approval-1 dropped from the setting, not just retired), and a
+    // registry restarted after it, so its keyring is read afresh
+    let mut sys = System::start(Mode::Cluster);
+    let old = "a1".repeat(32);
+    let next = rotate(&sys, "approval", "--approval-key", &old);
+    let new_only = next.split(',').next().expect("the new key").to_owned();
+    sys.kill("serve approval");
+    sys.start_service("approval", &[("ATASIRA_APPROVAL_KEY", new_only)]);
+    sys.kill("serve runtime-registry");
+    sys.start_service("runtime-registry", &[]);
+    // then approval-1 is still published: dropping a key from the setting withdraws nothing
+    assert_eq!(published(&sys), (1, 1));
+    // when a decision approval-1 signed reaches a draft's stream (recorded before the drop,
+    // activated only now; written into the store as approval would have)
+    let id = sys.draft(&sales("signed-before-the-drop"));
+    let d = sys.get(&format!("/api/v1/boxes/box-drafts/{id}"), &sys.admin);
+    let manifest: atasira_domain::BoxManifest = serde_json::from_value(d.body["manifest"].clone()).expect("manifest");
+    let key: [u8; 32] = hex::decode(&old).expect("hex").try_into().expect("32 bytes");
+    let token = ApprovalSigner::from_secret("approval-1".into(), key).issue(&id, "signed-before-the-drop", &manifest.digest(), "admin", chrono::Utc::now());
+    let event = DraftEvent::DraftApproved {
+        draft_id: id.clone(),
+        box_type: "signed-before-the-drop".into(),
+        approved_by: "admin".into(),
+        approved_at: chrono::Utc::now(),
+        confirm_over_limit: false,
+        token,
+    };
+    sys.append_raw_event("draft", &id, 2, "DraftApproved", &serde_json::to_string(&event).expect("json"));
+    // then its Box is activated: the registry verified the token with the published key
+    // (it used to forget a key the approval service stopped listing, and refuse the token)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let b = sys.get("/api/v1/boxes", &sys.admin);
+        if b.body["boxes"].as_array().is_some_and(|l| l.iter().any(|x| x["box_type"] == "signed-before-the-drop")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the approval signed by the dropped key never activated: {}", b.raw);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(sys.sql_i64("SELECT count(*) FROM events WHERE event_type = 'SecurityViolation'"), 0);
 }
 
 /// Restarts every service but the gateway with `ATASIRA_INTERNAL_KEY=setting`.

@@ -4,6 +4,9 @@
 //! Ed25519 key, (3) activation follows from the recorded event. A retried approve by the
 //! same admin completes an interrupted one.
 //!
+//! At start it publishes the public keys of its current and retired signing keys as
+//! `ApprovalKeyPublished` events (once each), so verifiers read them from the store.
+//!
 //! Architecture Invariant: this service never creates a Box; it only signs and records.
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,6 +15,7 @@ use std::time::Duration;
 
 use atasira_contracts::requests::{ApprovalRequest, Incoming};
 use atasira_contracts::{Named, Refused, Reply, Written, convert, reply_ok, reply_written, signed_envelope, subjects, v1};
+use atasira_domain::aggregates::approval_keys::{ApprovalKeys, ApprovalKeysCommand, KEYS_ID};
 use atasira_domain::aggregates::boxes::box_id_for;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
@@ -27,13 +31,14 @@ use prost::Message as _;
 pub const SERVICE: &str = subjects::APPROVAL;
 /// Aggregate types this service appends on its own (its decisions go on the draft stream,
 /// which the drafts relay publishes).
-pub const AGGREGATE_TYPES: &[&str] = &[types::APPROVAL_SECURITY];
+pub const AGGREGATE_TYPES: &[&str] = &[types::APPROVAL_KEYS, types::APPROVAL_SECURITY];
 
 /// Settings of the approval service.
 pub struct ApprovalConfig {
     /// The signing key (from a key file or `ATASIRA_APPROVAL_KEY`).
     pub signer: ApprovalSigner,
-    /// Public keys of retired signing keys, still published so old tokens verify.
+    /// Public keys of retired signing keys, published too so old tokens verify. (A key
+    /// once published stays published, listed here or not.)
     pub retired: Vec<PublicKeyEntry>,
     /// How long an approve waits for its Box to be active before answering.
     pub activation_wait: Duration,
@@ -53,6 +58,7 @@ struct Service {
 
 /// Runs the service until `shutdown` flips.
 pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
+    publish_keys(&rt, &config).await?;
     let service = Arc::new(Service { drafts: rt.db.cqrs(), rt: rt.clone(), config });
     let endpoint = platform_service::serve(&rt, SERVICE, move |call| {
         let service = service.clone();
@@ -61,6 +67,26 @@ pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::wat
     .await?;
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
+    Ok(())
+}
+
+/// R-APPROVE-4: publishes the public keys of the current and retired signing keys before
+/// the first token is signed, so every recorded approval's key is in the store before the
+/// approval is. Idempotent: a restart with the same keys appends nothing.
+async fn publish_keys(rt: &Runtime, config: &ApprovalConfig) -> anyhow::Result<()> {
+    let keys: Vec<PublicKeyEntry> = std::iter::once(config.signer.public_key()).chain(config.retired.iter().cloned()).collect();
+    let command = ApprovalKeysCommand::Publish { keys, at: chrono::Utc::now() };
+    let cqrs = rt.db.cqrs::<ApprovalKeys>();
+    // Two approval services starting at once: the loser decides again on fresh state and
+    // finds its keys published.
+    for attempt in 1.. {
+        match cqrs.execute(KEYS_ID, command.clone(), HashMap::new()).await {
+            Ok(()) => break,
+            Err(cqrs_es::AggregateError::AggregateConflict) if attempt < 3 => continue,
+            Err(e) => anyhow::bail!("cannot publish the approval public keys: {e}"),
+        }
+    }
+    rt.notify_committed();
     Ok(())
 }
 
@@ -74,11 +100,6 @@ impl Service {
             Incoming::Request(request) => request,
         };
         match request {
-            // Public keys are public (R-APPROVE-4: anyone may verify, nobody else may sign).
-            ApprovalRequest::GetKeys(_) => {
-                let keys = std::iter::once(self.config.signer.public_key()).chain(self.config.retired.iter().cloned());
-                Ok(reply_ok(&v1::ApprovalKeysReply { keys: keys.map(|k| convert::public_key_to_wire(&k)).collect() }))
-            }
             ApprovalRequest::Approve(r) => {
                 call.only_from(&[subjects::GATEWAY], "deciding on a draft")?;
                 let principal = call.principal(&self.rt).await?;

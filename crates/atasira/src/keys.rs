@@ -165,7 +165,7 @@ impl KeySetting {
     }
 
     /// The signer (current key) and the public keys of the retired ones, which the approval
-    /// service keeps publishing so that approvals they signed stay verifiable.
+    /// service publishes too (in the event store) so that approvals they signed verify.
     pub fn approval(&self) -> anyhow::Result<(ApprovalSigner, Vec<PublicKeyEntry>)> {
         let signer = |e: &KeyEntry| -> anyhow::Result<ApprovalSigner> {
             let secret: [u8; 32] = e.secret.as_slice().try_into().context("an approval key is exactly 32 bytes")?;
@@ -268,8 +268,8 @@ fn instructions(kind: KeyKind, new_id: &str, retired: Option<&str>) -> String {
         }
         KeyKind::Approval => {
             "Give it to the approval service (ATASIRA_APPROVAL_KEY or the file of ATASIRA_APPROVAL_KEY_FILE) and restart that service \
-             alone: the runtime registry learns the new public key from it. Keep retired approval keys: recorded approvals they signed \
-             are verified again when activation is replayed."
+             alone: it publishes the new public key in the event store, where the runtime registry reads it. Published keys stay \
+             published (dropping one from the setting withdraws nothing), so recorded approvals keep verifying."
         }
         KeyKind::Audit => {
             "Give it to the audit service and restart it; pass it to `atasira audit verify` too. New ledger rows and checkpoints are \

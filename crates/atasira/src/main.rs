@@ -77,9 +77,9 @@ enum Command {
         #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true, value_name = "KEYS")]
         internal_key: String,
         /// Ed25519 signing key of the approval service (approval only): ID:HEX[,ID:HEX...]
-        /// (64 hex digits each). The first key signs; the public keys of the others are
-        /// still published, so approvals they signed keep verifying. A bare HEX is the key
-        /// "approval-1".
+        /// (64 hex digits each). The first key signs; the public keys of all of them are
+        /// published in the event store at start (once; a published key stays published),
+        /// so approvals they signed keep verifying. A bare HEX is the key "approval-1".
         #[arg(long, env = "ATASIRA_APPROVAL_KEY", hide_env_values = true, value_name = "KEYS")]
         approval_key: Option<String>,
         /// File holding the approval signing key setting (as --approval-key; approval only).

@@ -153,7 +153,7 @@ pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
             let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
             let manifests_dir =
                 manifests_dir.or_else(|| target.data_dir.as_ref().map(|d| d.join("manifests"))).unwrap_or_else(|| PathBuf::from("./atasira-data/manifests"));
-            let registry = atasira_runtime_registry::RegistryConfig { manifests_dir, max_boxes: 0, keys: atasira_runtime_registry::KeySource::FromApproval };
+            let registry = atasira_runtime_registry::RegistryConfig { manifests_dir, max_boxes: 0 };
             let mut rebuilt = Vec::new();
             for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
                 eprintln!("rebuilding {} ...", p.name());

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use atasira_domain::assertion::AssertionKeys;
 use atasira_domain::audit::AuditKeys;
-use atasira_domain::token::{ApprovalSigner, Keyring, PublicKeyEntry};
+use atasira_domain::token::{ApprovalSigner, PublicKeyEntry};
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{InprocBus, NatsBus};
 use atasira_platform::db::Db;
@@ -126,14 +126,13 @@ pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
     };
     // A key file holds a key setting too, so an embedded operator rotates by editing it.
     let (signer, retired) = KeySetting::parse(KeyKind::Approval, &key_file(&data_dir, "approval.key")?)?.approval()?;
-    let keyring = Keyring::new(std::iter::once(signer.public_key()).chain(retired.iter().cloned()).collect());
     let audit = audit_keys_for(None, Some(&data_dir))?;
     let first_start = !auth::has_tokens(&db).await?;
     let (tx, rx) = watch::channel(false);
     let mut services = vec![
         tokio::spawn(atasira_drafts::run(rt.clone(), drafts_config(&settings), rx.clone())),
         tokio::spawn(atasira_approval::run(rt.clone(), approval_config(signer, retired), rx.clone())),
-        tokio::spawn(atasira_runtime_registry::run(rt.clone(), registry_config(&settings, atasira_runtime_registry::KeySource::Fixed(keyring)), rx.clone())),
+        tokio::spawn(atasira_runtime_registry::run(rt.clone(), registry_config(&settings), rx.clone())),
         tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(Arc::new(audit)), rx.clone())),
         tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(&settings), rx.clone())),
     ];
@@ -158,8 +157,8 @@ fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> atas
     atasira_approval::ApprovalConfig { signer, retired, activation_wait: Duration::from_secs(10) }
 }
 
-fn registry_config(s: &Settings, keys: atasira_runtime_registry::KeySource) -> atasira_runtime_registry::RegistryConfig {
-    atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes, keys }
+fn registry_config(s: &Settings) -> atasira_runtime_registry::RegistryConfig {
+    atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes }
 }
 
 /// What `atasira serve` can run.
@@ -316,7 +315,7 @@ pub async fn serve(
         }
         ServiceName::RuntimeRegistry => {
             let relay = relay_for(atasira_runtime_registry::SERVICE, atasira_runtime_registry::AGGREGATE_TYPES);
-            atasira_runtime_registry::run(rt, registry_config(&settings, atasira_runtime_registry::KeySource::FromApproval), rx).await?;
+            atasira_runtime_registry::run(rt, registry_config(&settings), rx).await?;
             let _ = relay.await;
             Ok(())
         }

@@ -26,8 +26,9 @@ use sqlx::{Any, Row, Transaction};
 pub const NAME: &str = "audit_ledger";
 
 /// Aggregate types whose events may be audited (R-AUDIT-1, R-AUDIT-5). Not
-/// `box_type_namespace` (bookkeeping behind Box events that are audited themselves) and not
-/// `audit_ledger` (the ledger's own checkpoints).
+/// `box_type_namespace` (bookkeeping behind Box events that are audited themselves), not
+/// `audit_ledger` (the ledger's own checkpoints) and not `approval_keys` (public keys the
+/// approval service publishes at start; no principal's action).
 pub const AUDITABLE_TYPES: &[&str] = &[
     types::DRAFT,
     types::BOX,

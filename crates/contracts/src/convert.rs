@@ -6,7 +6,6 @@ use atasira_domain::aggregates::boxes::{BoxRole, BoxState};
 use atasira_domain::aggregates::draft::DraftStatus;
 use atasira_domain::assertion::{Binding, PayloadDigest, PrincipalAssertion as DomainAssertion};
 use atasira_domain::audit::{LedgerRow, Verification};
-use atasira_domain::token::PublicKeyEntry;
 use atasira_domain::{ErrorCode, Kind, Principal, Role};
 use chrono::{DateTime, Utc};
 
@@ -125,15 +124,6 @@ pub fn box_role_from_wire(role: i32) -> Result<BoxRole, WireError> {
         Ok(v1::BoxRole::Member) => Ok(BoxRole::Member),
         _ => Err(WireError::field("role_in_box", "use primary or member")),
     }
-}
-
-pub fn public_key_to_wire(k: &PublicKeyEntry) -> v1::PublicKey {
-    v1::PublicKey { key_id: k.key_id.clone(), ed25519: k.public_key.to_vec() }
-}
-
-pub fn public_key_from_wire(k: &v1::PublicKey) -> Result<PublicKeyEntry, WireError> {
-    let public_key: [u8; 32] = k.ed25519.as_slice().try_into().map_err(|_| WireError::field("ed25519", "an Ed25519 public key is 32 bytes"))?;
-    Ok(PublicKeyEntry { key_id: k.key_id.clone(), public_key })
 }
 
 pub fn ledger_row_to_wire(r: &LedgerRow) -> v1::AuditRow {

@@ -31,7 +31,7 @@ macro_rules! named {
 }
 named!(WaitForPosition, WaitForPositionReply, EventNotification);
 named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, ListMyDrafts, DraftPage, GetDraft, DraftReply, WithdrawDraft, WithdrawReply);
-named!(ApproveDraft, RejectDraft, DecisionReply, GetApprovalKeys, ApprovalKeysReply);
+named!(ApproveDraft, RejectDraft, DecisionReply);
 named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxList, GetBox, BoxReply, AssignUser, BoxAction);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 

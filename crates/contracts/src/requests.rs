@@ -50,7 +50,6 @@ requests!(
 requests!(
     /// What the approval service answers.
     ApprovalRequest for crate::subjects::APPROVAL => {
-        GetKeys(GetApprovalKeys),
         Approve(ApproveDraft),
         Reject(RejectDraft),
     }

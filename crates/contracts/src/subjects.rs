@@ -42,10 +42,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     (GATEWAY, RUNTIME_REGISTRY),
     (GATEWAY, AUDIT),
     (GATEWAY, PROVISIONER),
-    // ReserveBoxType, ReleaseReservation, AwaitActivation.
+    // ReserveBoxType, ReleaseReservation, AwaitActivation. Nobody asks approval for its
+    // keys: it publishes them as events in the store.
     (APPROVAL, RUNTIME_REGISTRY),
-    // GetApprovalKeys.
-    (RUNTIME_REGISTRY, APPROVAL),
 ];
 
 /// The services a NATS publisher (a person or an agent with a PAT) may address, and
@@ -231,7 +230,7 @@ pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
         types::BOX | types::BOX_TYPE_NAMESPACE | types::REGISTRY_SECURITY => RUNTIME_REGISTRY,
         types::AUDIT_LEDGER | types::AUDIT_SECURITY => AUDIT,
         types::ACCESS | types::PROVISIONER_SECURITY => PROVISIONER,
-        types::APPROVAL_SECURITY => APPROVAL,
+        types::APPROVAL_KEYS | types::APPROVAL_SECURITY => APPROVAL,
         _ => return None,
     })
 }
@@ -281,7 +280,9 @@ mod tests {
         assert_eq!(publishers("atasira.box.approval.runtime-registry"), [APPROVAL]);
         assert_eq!(subscribers("atasira.box.*.approval"), [APPROVAL]);
         assert_eq!(subscribers("atasira.box.runtime-registry.approval"), [APPROVAL]);
-        assert_eq!(publishers("atasira.box.runtime-registry.approval"), [RUNTIME_REGISTRY]);
+        // Nobody asks approval anything but the gateway: the registry reads approval's
+        // public keys from the store, so no NATS responder can offer it keys.
+        assert!(publishers("atasira.box.runtime-registry.approval").is_empty());
         assert_eq!(publishers("atasira.box.gateway.approval"), [GATEWAY]);
         for service in SERVICES {
             assert_eq!(subscribers(&request("*", service)), [*service], "only {service} listens on its subjects");
@@ -326,7 +327,7 @@ mod tests {
         for (from, to) in ROUTES {
             assert!(permissions(to).may_publish(&format!("{}.ab.1", inbox_prefix(from))), "{to} answers {from}");
         }
-        assert_eq!(publishers("_INBOX.runtime-registry.ab.1"), [APPROVAL]);
+        assert!(publishers("_INBOX.runtime-registry.ab.1").is_empty(), "the registry asks nobody anything");
         assert_eq!(publishers("_INBOX.approval.ab.1"), [RUNTIME_REGISTRY]);
         assert!(publishers("_INBOX.drafts.ab.1").is_empty(), "drafts asks nobody anything");
         assert_eq!(publishers(&format!("{}.ab.1", client_inbox(HASH))), IDENTITIES, "every process answers an admin's discovery");

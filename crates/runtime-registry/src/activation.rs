@@ -1,8 +1,12 @@
 //! Activation (R-APPROVE-7 (3), R-BOX-1): driven by the recorded `DraftApproved` event, at
-//! least once and idempotently. The token is verified (with public keys only) at the time
-//! the decision was recorded, so a replay after a crash activates the same Box; the Box id
-//! is derived from the draft id. A token that does not verify never makes a Box and leaves
-//! a `SecurityViolation`.
+//! least once and idempotently. The draft's own stream must hold that decision (same
+//! draft, approver, time and token, the token binding the draft's manifest digest); a
+//! `DraftApproved` it does not hold is a forgery: no Box, a `SecurityViolation`. The token
+//! is then verified with the public keys the approval service published in the store, at
+//! the time the decision was recorded, so a replay after a crash activates the same Box;
+//! the Box id is derived from the draft id. A token that does not verify never makes a
+//! Box and leaves a `SecurityViolation`. A replayed approval of an archived Box binds
+//! nothing and activates nothing: the namespace and the Box add no event.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,51 +42,7 @@ pub async fn run(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver
 async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> {
     let parsed: DraftEvent = serde_json::from_value(event.payload.clone())?;
     match parsed {
-        DraftEvent::DraftApproved { draft_id, box_type, approved_at, token, .. } => {
-            atasira_platform::failpoint_delay("activation").await;
-            let draft: Draft = registry.rt.db.load(&draft_id).await?;
-            let Some(data) = draft.data else {
-                anyhow::bail!("approved draft {draft_id} has no submission");
-            };
-            // Unreachable approval service: an error, so this event is retried, not refused.
-            let keyring = registry.keys.keyring_for(&token.claims.key_id).await?;
-            let approval = match keyring.verify(&token, approved_at) {
-                Ok(v) => v,
-                Err(e) => {
-                    record_violation(registry, &token.claims.approver, &draft_id, &format!("approval token refused: {}", e.reason())).await?;
-                    release(registry, &box_type, &draft_id, "invalid approval token").await?;
-                    return Ok(());
-                }
-            };
-            let box_id = box_id_for(&draft_id);
-            let bind = NamespaceCommand::Bind {
-                box_type: box_type.clone(),
-                draft_id: draft_id.clone(),
-                box_id: box_id.clone(),
-                now: chrono::Utc::now(),
-                max_boxes: registry.config.max_boxes,
-            };
-            if let Err(e) = registry.namespace(bind).await {
-                // Reserved before the decision, so this only happens when the reservation
-                // lapsed and someone else took the box_type or the last slot meanwhile.
-                tracing::error!(draft_id, box_type, error = %e, "approved draft cannot be activated");
-                return Ok(());
-            }
-            let activate = BoxCommand::Activate { box_id: box_id.clone(), draft_id: draft_id.clone(), manifest: data.manifest, approval, at: approved_at };
-            match registry.boxes.execute(&box_id, activate, HashMap::new()).await {
-                Ok(()) => Ok(()),
-                Err(cqrs_es::AggregateError::UserError(e)) if e.code().is_security_violation() => {
-                    record_violation(registry, &token.claims.approver, &draft_id, &e.to_string()).await?;
-                    release(registry, &box_type, &draft_id, "invalid approval token").await
-                }
-                Err(cqrs_es::AggregateError::UserError(e)) => {
-                    tracing::error!(draft_id, error = %e, "activation refused");
-                    Ok(())
-                }
-                Err(cqrs_es::AggregateError::AggregateConflict) => Ok(()),
-                Err(e) => Err(anyhow::anyhow!("activation failed: {e}")),
-            }
-        }
+        DraftEvent::DraftApproved { .. } => activate(registry, parsed).await,
         DraftEvent::DraftRejected { draft_id, box_type, .. } => release(registry, &box_type, &draft_id, "rejected").await,
         DraftEvent::DraftWithdrawn { draft_id, .. } | DraftEvent::DraftExpired { draft_id, .. } => {
             let draft: Draft = registry.rt.db.load(&draft_id).await?;
@@ -95,19 +55,87 @@ async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> 
     }
 }
 
+async fn activate(registry: &Registry, approved: DraftEvent) -> anyhow::Result<()> {
+    atasira_platform::failpoint_delay("activation").await;
+    let DraftEvent::DraftApproved { draft_id, box_type, approved_at, token, .. } = &approved else {
+        return Ok(());
+    };
+    let draft: Draft = registry.rt.db.load(draft_id).await?;
+    // The decision must be the draft stream's own, whatever delivered this event.
+    if !draft.holds_approval(&approved) {
+        // Nothing to release: the draft's reservation (if any) belongs to its real decision.
+        let reason = "no matching DraftApproved on the draft's stream (draft, manifest digest, approver, token)";
+        return record_violation(registry, Violation::UnrecordedApproval, &token.claims.approver, draft_id, reason).await;
+    }
+    let Some(data) = draft.data else {
+        anyhow::bail!("approved draft {draft_id} has no submission");
+    };
+    // The store unreadable: an error, so this event is retried, not refused.
+    let keyring = registry.keys.keyring_for(&token.claims.key_id).await?;
+    let approval = match keyring.verify(token, *approved_at) {
+        Ok(v) => v,
+        Err(e) => {
+            let reason = format!("approval token refused: {}", e.reason());
+            record_violation(registry, Violation::InvalidToken, &token.claims.approver, draft_id, &reason).await?;
+            return release(registry, box_type, draft_id, "invalid approval token").await;
+        }
+    };
+    let box_id = box_id_for(draft_id);
+    // An archived Box binds nothing here and activates nothing below (a replay).
+    let bind = NamespaceCommand::Bind {
+        box_type: box_type.clone(),
+        draft_id: draft_id.clone(),
+        box_id: box_id.clone(),
+        now: chrono::Utc::now(),
+        max_boxes: registry.config.max_boxes,
+    };
+    if let Err(e) = registry.namespace(bind).await {
+        // Reserved before the decision, so this only happens when the reservation
+        // lapsed and someone else took the box_type or the last slot meanwhile.
+        tracing::error!(draft_id, box_type, error = %e, "approved draft cannot be activated");
+        return Ok(());
+    }
+    let activate = BoxCommand::Activate { box_id: box_id.clone(), draft_id: draft_id.clone(), manifest: data.manifest, approval, at: *approved_at };
+    match registry.boxes.execute(&box_id, activate, HashMap::new()).await {
+        Ok(()) => Ok(()),
+        Err(cqrs_es::AggregateError::UserError(e)) if e.code().is_security_violation() => {
+            record_violation(registry, Violation::InvalidToken, &token.claims.approver, draft_id, &e.to_string()).await?;
+            release(registry, box_type, draft_id, "invalid approval token").await
+        }
+        Err(cqrs_es::AggregateError::UserError(e)) => {
+            tracing::error!(draft_id, error = %e, "activation refused");
+            Ok(())
+        }
+        Err(cqrs_es::AggregateError::AggregateConflict) => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("activation failed: {e}")),
+    }
+}
+
 async fn release(registry: &Registry, box_type: &str, draft_id: &str, reason: &str) -> anyhow::Result<()> {
     let command = NamespaceCommand::Release { box_type: box_type.to_owned(), draft_id: draft_id.to_owned(), reason: reason.to_owned() };
     registry.namespace(command).await.map_err(|e| anyhow::anyhow!("release failed: {e}"))
 }
 
-async fn record_violation(registry: &Registry, actor: &str, target: &str, reason: &str) -> anyhow::Result<()> {
-    // One violation per refused approval event: replays find it recorded.
-    let id = format!("invalid-token:{target}");
+/// Why an approval made no Box.
+#[derive(Debug, Clone, Copy)]
+enum Violation {
+    /// The token does not verify or does not bind the draft.
+    InvalidToken,
+    /// The draft's stream does not hold this decision.
+    UnrecordedApproval,
+}
+
+async fn record_violation(registry: &Registry, violation: Violation, actor: &str, target: &str, reason: &str) -> anyhow::Result<()> {
+    // One violation per draft and kind: replays find it recorded.
+    let (id, kind) = match violation {
+        Violation::InvalidToken => (format!("invalid-token:{target}"), "invalid_approval_token"),
+        Violation::UnrecordedApproval => (format!("unrecorded-approval:{target}"), "unrecorded_approval"),
+    };
     let command = SecurityCommand::Record {
         service: "runtime-registry".into(),
         actor: actor.to_owned(),
         target: target.to_owned(),
-        kind: "invalid_approval_token".into(),
+        kind: kind.into(),
         reason: reason.to_owned(),
         at: chrono::Utc::now(),
     };

@@ -1,13 +1,13 @@
 //! The runtime registry (SPEC §5): reserves box_types for drafts (R-APPROVE-7 (1)),
-//! activates Boxes from recorded approvals after verifying the approval token with public
-//! keys only (R-BOX-1), keeps the Box view and the manifest YAML files (R-BOX-2, R-BOX-5),
+//! activates Boxes from approvals the draft's stream holds, after verifying the approval
+//! token with the public keys the approval service published in the store (R-BOX-1), keeps the Box view and the manifest YAML files (R-BOX-2, R-BOX-5),
 //! and stops, resumes, archives and assigns (R-BOX-6, R-BOX-7).
 //!
 //! Architecture Invariant: the only path to a Box is `activation::handle` on a recorded
 //! `DraftApproved`, through `BoxCommand::Activate`, which needs a `VerifiedApproval`.
 
 mod activation;
-pub mod keys;
+mod keys;
 mod views;
 
 use std::collections::HashMap;
@@ -20,7 +20,7 @@ use atasira_contracts::{Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, box_id_for};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::types;
-use atasira_domain::token::{ACTIVATION_WINDOW, Keyring};
+use atasira_domain::token::ACTIVATION_WINDOW;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
@@ -35,24 +35,12 @@ pub const SERVICE: &str = subjects::RUNTIME_REGISTRY;
 /// Aggregate types this service appends (and its relay publishes).
 pub const AGGREGATE_TYPES: &[&str] = &[types::BOX, types::BOX_TYPE_NAMESPACE, types::REGISTRY_SECURITY];
 
-/// Where the registry gets the approval service's public keys.
-#[derive(Debug, Clone)]
-pub enum KeySource {
-    /// Given at start (embedded mode, or configured).
-    Fixed(Keyring),
-    /// Asked from the approval service over the bus: when a token names a key id the
-    /// registry does not know (the approval key was rotated; no registry restart needed),
-    /// and every [`keys::REFRESH_EVERY`] (so a key removed there is forgotten here).
-    FromApproval,
-}
-
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
     /// `--manifests-dir` (default `<data-dir>/manifests`).
     pub manifests_dir: PathBuf,
     /// `ATASIRA_MAX_BOXES` (R-BOX-3).
     pub max_boxes: usize,
-    pub keys: KeySource,
 }
 
 /// The running registry.
@@ -79,17 +67,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
     for p in &projections {
         proj::prepare(&rt.db, p.as_ref()).await?;
     }
-    let (keyring, fetch) = match &config.keys {
-        KeySource::Fixed(k) => (k.clone(), false),
-        KeySource::FromApproval => (Keyring::default(), true),
-    };
-    let registry = Arc::new(Registry {
-        keys: KeyProvider::new(keyring, fetch.then(|| rt.bus.clone())),
-        boxes: rt.db.cqrs(),
-        namespace: rt.db.cqrs(),
-        rt: rt.clone(),
-        config,
-    });
+    let registry = Arc::new(Registry { keys: KeyProvider::load(rt.db.clone()).await?, boxes: rt.db.cqrs(), namespace: rt.db.cqrs(), rt: rt.clone(), config });
     let endpoint = {
         let registry = registry.clone();
         platform_service::serve(&rt, SERVICE, move |call| {
@@ -103,10 +81,6 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         tasks.push(tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), p, shutdown.clone())));
     }
     tasks.push(tokio::spawn(activation::run(registry.clone(), shutdown.clone())));
-    tasks.push(tokio::spawn({
-        let (registry, shutdown) = (registry.clone(), shutdown.clone());
-        async move { registry.keys.refresh_periodically(shutdown).await }
-    }));
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     for t in tasks {

@@ -33,6 +33,9 @@ pub struct Decision {
     pub at: DateTime<Utc>,
     pub approved: bool,
     pub reason: Option<String>,
+    /// An approval's token, as recorded (R-APPROVE-4).
+    #[serde(default)]
+    pub token: Option<ApprovalToken>,
 }
 
 /// The state of one draft, rebuilt from its events.
@@ -268,6 +271,31 @@ impl Draft {
         (decision.approved == approved && decision.by == by.user_id).then(|| Ok(vec![]))
     }
 
+    /// R-APPROVE-7 (3), R-BOX-1: whether this draft's stream holds `claimed` as its
+    /// decision: the draft is approved, by the same admin at the same time with the same
+    /// token, and that token binds this draft, its manifest's digest and that admin.
+    /// Activation acts only on an approval the store holds, whatever a notification says.
+    pub fn holds_approval(&self, claimed: &DraftEvent) -> bool {
+        let DraftEvent::DraftApproved { draft_id, box_type, approved_by, approved_at, token, .. } = claimed else {
+            return false;
+        };
+        let Some(d) = &self.data else {
+            return false;
+        };
+        let Some(decision) = d.decision.as_ref().filter(|x| x.approved && d.status == DraftStatus::Approved) else {
+            return false;
+        };
+        let claims = &token.claims;
+        d.draft_id == *draft_id
+            && d.manifest.box_type.as_str() == box_type
+            && decision.by == *approved_by
+            && decision.at == *approved_at
+            && decision.token.as_ref() == Some(token)
+            && claims.draft_id == d.draft_id
+            && claims.approver == decision.by
+            && claims.manifest_digest == d.manifest.digest()
+    }
+
     pub fn evolve(&mut self, event: DraftEvent) {
         match event {
             DraftEvent::DraftSubmitted { draft_id, manifest, over_limit, warnings, requested_by, submitted_at, .. } => {
@@ -284,11 +312,11 @@ impl Draft {
             }
             DraftEvent::DraftWithdrawn { .. } => self.set_status(DraftStatus::Withdrawn, None),
             DraftEvent::DraftExpired { .. } => self.set_status(DraftStatus::Expired, None),
-            DraftEvent::DraftApproved { approved_by, approved_at, .. } => {
-                self.set_status(DraftStatus::Approved, Some(Decision { by: approved_by, at: approved_at, approved: true, reason: None }))
+            DraftEvent::DraftApproved { approved_by, approved_at, token, .. } => {
+                self.set_status(DraftStatus::Approved, Some(Decision { by: approved_by, at: approved_at, approved: true, reason: None, token: Some(token) }))
             }
             DraftEvent::DraftRejected { rejected_by, reason, at, .. } => {
-                self.set_status(DraftStatus::Rejected, Some(Decision { by: rejected_by, at, approved: false, reason: Some(reason) }))
+                self.set_status(DraftStatus::Rejected, Some(Decision { by: rejected_by, at, approved: false, reason: Some(reason), token: None }))
             }
         }
     }

@@ -6,6 +6,7 @@
 //! Event names are the catalog of R-ARCH-9; every event carries `event_version` "1".
 
 pub mod access;
+pub mod approval_keys;
 pub mod audit_ledger;
 pub mod boxes;
 pub mod draft;
@@ -20,6 +21,8 @@ pub mod types {
     pub const BOX_TYPE_NAMESPACE: &str = "box_type_namespace";
     pub const ACCESS: &str = "access";
     pub const AUDIT_LEDGER: &str = "audit_ledger";
+    /// The approval service's published public keys.
+    pub const APPROVAL_KEYS: &str = "approval_keys";
     pub const APPROVAL_SECURITY: &str = "approval_security";
     pub const REGISTRY_SECURITY: &str = "registry_security";
     pub const DRAFTS_SECURITY: &str = "drafts_security";
@@ -27,8 +30,19 @@ pub mod types {
     pub const PROVISIONER_SECURITY: &str = "provisioner_security";
     /// Every service's security violations (R-AUDIT-5), one type per refusing service.
     pub const SECURITY: &[&str] = &[APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
-    pub const ALL: &[&str] =
-        &[DRAFT, BOX, BOX_TYPE_NAMESPACE, ACCESS, AUDIT_LEDGER, APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
+    pub const ALL: &[&str] = &[
+        DRAFT,
+        BOX,
+        BOX_TYPE_NAMESPACE,
+        ACCESS,
+        AUDIT_LEDGER,
+        APPROVAL_KEYS,
+        APPROVAL_SECURITY,
+        REGISTRY_SECURITY,
+        DRAFTS_SECURITY,
+        AUDIT_SECURITY,
+        PROVISIONER_SECURITY,
+    ];
 }
 
 /// Version of every event payload defined today; bump and upcast when a payload changes.

@@ -10,7 +10,7 @@
 //! `BoxTypeReleased` gives back a slot (`scope: slot`, stop) or the whole box_type
 //! (`scope: box_type`, archive, rejection, expiry).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -50,6 +50,9 @@ impl Entry {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BoxTypeNamespace {
     pub entries: BTreeMap<String, Entry>,
+    /// Boxes that were archived: they never hold a box_type or a slot again, so a replayed
+    /// activation of one binds nothing.
+    pub retired: BTreeSet<String>,
 }
 
 /// What is given back by a `BoxTypeReleased`.
@@ -74,7 +77,8 @@ pub enum NamespaceCommand {
     Expire { box_type: String, draft_id: String, now: DateTime<Utc> },
     /// R-APPROVE-7 (3): the Box activated for this draft now holds the box_type. Succeeds
     /// even after the deadline while nobody else took the box_type, so a crash between
-    /// decision and activation still ends in exactly one Box.
+    /// decision and activation still ends in exactly one Box. A Box archived already binds
+    /// nothing (a replayed approval): it takes neither its box_type nor a slot again.
     Bind { box_type: String, draft_id: String, box_id: String, now: DateTime<Utc>, max_boxes: usize },
     /// R-BOX-7 stop: the slot is freed, the box_type kept.
     FreeSlot { box_type: String, box_id: String },
@@ -174,6 +178,9 @@ impl BoxTypeNamespace {
                 _ => Ok(vec![]),
             },
             NamespaceCommand::Bind { box_type, draft_id, box_id, now, max_boxes } => {
+                if self.retired.contains(&box_id) {
+                    return Ok(vec![]);
+                }
                 let mut events = Vec::new();
                 match self.entries.get(&box_type) {
                     Some(e) if e.box_id.as_deref() == Some(box_id.as_str()) => return Ok(vec![]),
@@ -268,8 +275,10 @@ impl BoxTypeNamespace {
                     e.holds_slot = false;
                 }
             }
-            NamespaceEvent::BoxTypeReleased { box_type, scope: ReleaseScope::BoxType, .. } => {
+            NamespaceEvent::BoxTypeReleased { box_type, box_id, scope: ReleaseScope::BoxType, .. } => {
                 self.entries.remove(&box_type);
+                // Only archiving releases a Box's box_type (a reservation has no Box yet).
+                self.retired.extend(box_id);
             }
         }
     }

@@ -29,7 +29,9 @@ pub enum SecurityEvent {
         actor: String,
         /// What it was aimed at (draft id, box id).
         target: String,
-        /// `self_approval`, `mentor_edit_prohibited_key`, `invalid_approval_token`, `invalid_assertion`.
+        /// `self_approval`, `mentor_edit_prohibited_key`, `invalid_approval_token`,
+        /// `unrecorded_approval` (a `DraftApproved` the draft's stream does not hold),
+        /// `invalid_assertion`.
         /// For `invalid_assertion`, `actor` is the sender its subject names, `target` the
         /// subject, and `reason` the refusal's code with the claimed principal and key id
         /// (never the MAC).

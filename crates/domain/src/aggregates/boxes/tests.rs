@@ -184,6 +184,20 @@ fn given_a_box_when_stopped_resumed_and_archived_then_states_follow_and_archive_
 }
 
 #[test]
+fn given_an_archived_box_when_its_activation_is_replayed_then_nothing_new() {
+    // R-APPROVE-7 (3), R-BOX-7: a replayed DraftApproved does not bring an archived Box back
+    let h = activated();
+    let h = with(&h, then(&h, BoxCommand::Archive { by: alice(), at: t(4) }).expect("archived"));
+    let m = manifest();
+    assert_eq!(then(&h, activate("d1", m.clone(), verified("d1", &m))), Ok(vec![]));
+    let mut state = BoxAggregate::default();
+    for e in h {
+        cqrs_es::Aggregate::apply(&mut state, e);
+    }
+    assert_eq!(state.data.map(|d| d.state), Some(BoxState::Archived));
+}
+
+#[test]
 fn given_a_box_when_an_agent_admin_stops_then_403_and_unknown_box_404() {
     // R-AUTH-2, R-BOX-7
     let h = activated();

@@ -217,3 +217,72 @@ fn events_round_trip_through_json_with_their_catalog_names() {
     let json = serde_json::to_string(&s).expect("serializes");
     assert_eq!(serde_json::from_str::<DraftEvent>(&json).expect("deserializes"), s);
 }
+
+/// The draft state after `events`.
+fn state(events: &[DraftEvent]) -> Draft {
+    let mut draft = Draft::default();
+    for e in events {
+        draft.evolve(e.clone());
+    }
+    draft
+}
+
+#[test]
+fn given_an_approved_draft_then_its_stream_holds_exactly_the_recorded_approval() {
+    // R-APPROVE-7 (3), R-BOX-1: activation acts only on the DraftApproved the store holds
+    let s = submitted(false, agent());
+    let approved = given_when::<Draft>(vec![s.clone()], approve(alice(), false, token_for(&s, "alice"))).expect("approved").remove(0);
+    let draft = state(&[s.clone(), approved.clone()]);
+    // when the recorded approval is claimed; then it is held
+    assert!(draft.holds_approval(&approved));
+    // when a claim differs in anything: draft, box_type, approver, time or token; then not
+    let DraftEvent::DraftApproved { draft_id, box_type, approved_by, approved_at, confirm_over_limit, token } = approved.clone() else { panic!("approval") };
+    let claim = |draft_id: &str, box_type: &str, by: &str, at: DateTime<Utc>, token: ApprovalToken| DraftEvent::DraftApproved {
+        draft_id: draft_id.into(),
+        box_type: box_type.into(),
+        approved_by: by.into(),
+        approved_at: at,
+        confirm_over_limit,
+        token,
+    };
+    let other_key = ApprovalSigner::from_secret("k2".into(), [8; 32]).issue(&draft_id, &box_type, &token.claims.manifest_digest, "alice", t(1));
+    let other_digest = ApprovalSigner::from_secret("k1".into(), [7; 32]).issue(&draft_id, &box_type, "sha256:00", "alice", t(1));
+    let forged = [
+        claim("d2", &box_type, &approved_by, approved_at, token.clone()),
+        claim(&draft_id, "other", &approved_by, approved_at, token.clone()),
+        claim(&draft_id, &box_type, "bob", approved_at, token.clone()),
+        claim(&draft_id, &box_type, &approved_by, t(2), token.clone()),
+        claim(&draft_id, &box_type, &approved_by, approved_at, other_key),
+        claim(&draft_id, &box_type, &approved_by, approved_at, other_digest),
+    ];
+    for f in &forged {
+        assert!(!draft.holds_approval(f), "{f:?}");
+    }
+    // given a pending, rejected or unknown draft; then no approval is held
+    let rejected = given_when::<Draft>(vec![s.clone()], DraftCommand::Reject { by: bob(), reason: "no".into(), at: t(1) }).expect("rejected");
+    for history in [vec![s.clone()], std::iter::once(s.clone()).chain(rejected).collect(), vec![]] {
+        assert!(!state(&history).holds_approval(&approved), "{history:?}");
+    }
+    // and a submission is never an approval
+    assert!(!draft.holds_approval(&s));
+}
+
+#[test]
+fn given_a_stream_whose_approval_does_not_bind_its_manifest_then_it_holds_no_approval() {
+    // R-BOX-1: a DraftApproved written behind the aggregate's back (its token for another
+    // manifest or another approver) is not the draft's decision
+    let s = submitted(false, agent());
+    let DraftEvent::DraftSubmitted { draft_id, box_type, .. } = s.clone() else { panic!("submit") };
+    let signer = ApprovalSigner::from_secret("k1".into(), [7; 32]);
+    for token in [signer.issue(&draft_id, &box_type, "sha256:00", "alice", t(1)), signer.issue(&draft_id, &box_type, "sha256:00", "mallory", t(1))] {
+        let written = DraftEvent::DraftApproved {
+            draft_id: draft_id.clone(),
+            box_type: box_type.clone(),
+            approved_by: "alice".into(),
+            approved_at: t(1),
+            confirm_over_limit: false,
+            token,
+        };
+        assert!(!state(&[s.clone(), written.clone()]).holds_approval(&written));
+    }
+}

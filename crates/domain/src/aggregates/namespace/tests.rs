@@ -163,6 +163,21 @@ fn given_a_box_when_retired_then_the_box_type_can_be_drafted_again() {
     assert_eq!(given_when::<BoxTypeNamespace>(h, foreign), Err(NamespaceError::NotHeld("sales".into())));
 }
 
+#[test]
+fn given_an_archived_box_when_its_approval_is_replayed_then_it_binds_nothing() {
+    // R-APPROVE-7 (3), R-BOX-7: a replayed DraftApproved of an archived Box takes neither
+    // its box_type nor a slot, full house or not
+    let h = history([active("sales"), vec![NamespaceCommand::Retire { box_type: "sales".into(), box_id: "box-sales".into() }]].concat());
+    assert_eq!(given_when::<BoxTypeNamespace>(h.clone(), bind("sales", "d-sales", 500)), Ok(vec![]));
+    // and after another draft took the box_type over, the replay neither steals nor refuses it
+    let mut h2 = h.clone();
+    h2.extend(given_when::<BoxTypeNamespace>(h.clone(), reserve("sales", "d2", 5)).expect("reserved"));
+    assert_eq!(given_when::<BoxTypeNamespace>(h2, bind("sales", "d-sales", 6)), Ok(vec![]));
+    // while a Box that was only stopped binds as before: it still holds its box_type
+    let stopped = history([active("ops"), vec![NamespaceCommand::FreeSlot { box_type: "ops".into(), box_id: "box-ops".into() }]].concat());
+    assert_eq!(given_when::<BoxTypeNamespace>(stopped, bind("ops", "d-ops", 7)), Ok(vec![]));
+}
+
 fn counted(events: &[NamespaceEvent], now: DateTime<Utc>) -> usize {
     let mut ns = BoxTypeNamespace::default();
     for e in events {
