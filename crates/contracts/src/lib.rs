@@ -21,6 +21,10 @@ use prost::Message;
 pub use convert::{assertion_from_wire, assertion_to_wire};
 pub use v1::{Envelope, ErrorReply, Reply};
 
+/// The largest message the bus carries, headers included: nats-server's default
+/// `max_payload`, which `atasira nats-config` keeps. A request or an event must fit in it.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
 /// A message's type name, carried in `Envelope.message_type`.
 pub trait Named: Message + Default {
     const NAME: &'static str;

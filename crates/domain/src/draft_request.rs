@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::bounds;
 use crate::error::{ErrorCode, FieldError};
 use crate::manifest::{BoxManifest, DEFAULT_VERSION, MAX_MANIFEST_BYTES};
 use crate::os_operation::{OverLimit, over_limit};
@@ -128,8 +129,12 @@ impl BoxDraftCreateRequest {
             })
     }
 
-    /// Builds the draft's manifest and verdicts. 403 before 422 (R-DRAFT-14).
-    pub fn plan(&self) -> Result<DraftPlan, DraftRequestError> {
+    /// What a request must pass before anything is built from it, in the spec's order
+    /// (403 before 422, R-DRAFT-14): no NUL character, not a self-privilege box_type, and
+    /// every list and text within its bound (R-ARCH-6), so that no draft makes an event
+    /// the bus cannot carry. The gateway asks it before forwarding; [`Self::plan`] starts
+    /// with it, so a NATS publisher's request meets the same checks.
+    pub fn check(&self) -> Result<(), DraftRequestError> {
         // Text holds no NUL character: no store keeps one, and no person types one.
         if let Some(key) = self.key_with_nul() {
             return Err(DraftRequestError::InvalidRequest(format!("{key}: text must not contain NUL characters")));
@@ -140,6 +145,16 @@ impl BoxDraftCreateRequest {
         {
             return Err(DraftRequestError::SelfPrivilege(bt.to_owned()));
         }
+        let over = match serde_json::to_value(self) {
+            Ok(Value::Object(obj)) => bounds::check(bounds::DRAFT_REQUEST, &obj),
+            _ => Vec::new(),
+        };
+        if over.is_empty() { Ok(()) } else { Err(DraftRequestError::Invalid(over)) }
+    }
+
+    /// Builds the draft's manifest and verdicts. 403 before 422 (R-DRAFT-14).
+    pub fn plan(&self) -> Result<DraftPlan, DraftRequestError> {
+        self.check()?;
         let allow_network = self.allow_network.unwrap_or(false);
         let mut obj = Map::new();
         if let Some(bt) = &self.box_type {
@@ -330,6 +345,47 @@ mod tests {
         assert!(!plan.over_limit.over_limit);
         assert!(plan.warnings.iter().any(|w| w.contains("git_remote https://example.com/r.git")));
         assert!(plan.warnings.iter().any(|w| w.contains("ssh_target ci@build:2222")));
+    }
+
+    #[test]
+    fn given_every_key_at_its_bound_then_the_draft_is_planned() {
+        // R-ARCH-6: the bounds leave room for real drafts; the event sizes are proven on a
+        // real store in crates/drafts.
+        for fill in ['a', 'あ', '😀', '\u{1}'] {
+            let plan = request(bounds::draft_at_bounds(fill, None)).plan().unwrap_or_else(|e| panic!("{fill:?}: {e}"));
+            assert_eq!(plan.manifest.required_access.len(), 16);
+        }
+    }
+
+    #[test]
+    fn given_one_key_over_its_bound_then_422_names_the_key_and_the_limit() {
+        // R-ARCH-6: refused up front, whichever entry point (the gateway asks `check`, the
+        // drafts service `plan`)
+        let mut paths: Vec<&str> = bounds::DRAFT_REQUEST.iter().map(|(p, _)| *p).collect();
+        paths.extend(["tools[]", "success_criteria[]", "url_allowlist[]"]);
+        for path in paths {
+            let body = bounds::draft_at_bounds('a', Some(path));
+            let err = request(body).check().expect_err(path);
+            assert_eq!(err.code(), ErrorCode::BoxManifestValidation, "{path}");
+            let DraftRequestError::Invalid(errors) = &err else { panic!("{path}: {err:?}") };
+            let key = path.split(['.', '[']).next().unwrap_or_default();
+            assert!(!errors.is_empty() && errors.iter().all(|e| e.key.starts_with(key)), "{path}: {errors:?}");
+            assert!(errors.iter().all(|e| e.message.contains("at most")), "{path}: {errors:?}");
+        }
+    }
+
+    #[test]
+    fn ten_thousand_required_access_entries_are_one_error_naming_the_key_and_its_limit() {
+        // The case: a ~340 KB draft whose event would be over 1 MiB
+        let entries: Vec<Value> = (0..10_000).map(|i| json!({"type": "git_remote", "url": format!("https://git.example.com/team/repo-{i}.git")})).collect();
+        let body = serde_json::to_vec(&json!({"box_type": "big", "purpose": "p", "required_access": entries})).expect("json");
+        let err = BoxDraftCreateRequest::from_json_bytes(&body).expect("shape").plan().expect_err("refused");
+        assert_eq!(err.code().http_status(), 422);
+        let DraftRequestError::Invalid(errors) = &err else { panic!("{err:?}") };
+        assert_eq!(errors.as_slice(), [FieldError::new("required_access", "has 10000 entries; at most 16 are allowed")]);
+        // 403 still comes first (R-DRAFT-14)
+        let admin = json!({"box_type": "admin-ops", "purpose": "p", "tools": vec!["t"; 1000]});
+        assert_eq!(request(admin).check().map_err(|e| e.code()), Err(ErrorCode::SelfPrivilegeForbidden));
     }
 
     #[test]

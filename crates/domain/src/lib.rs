@@ -7,6 +7,7 @@
 
 pub mod assertion;
 pub mod audit;
+pub mod bounds;
 pub mod box_type;
 pub mod context;
 pub mod draft_request;

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::bounds;
 use crate::box_type::BoxType;
 use crate::error::FieldError;
 use crate::os_operation::OSOperation;
@@ -436,10 +437,16 @@ impl BoxManifest {
                 errors.push(FieldError::new(required, "is required"));
             }
         }
-        // Schema order, so that reports read like the manifest.
+        // Schema order, so that reports read like the manifest. A key over its bounds is
+        // reported for that alone: its entries may be many and large.
         for key in MANIFEST_KEYS {
             if let Some(value) = obj.get(*key) {
-                check_key(key, value, &mut errors);
+                let over = bounds::check_key(bounds::MANIFEST, key, value);
+                if over.is_empty() {
+                    check_key(key, value, &mut errors);
+                } else {
+                    errors.extend(over);
+                }
             }
         }
         if !errors.is_empty() {
@@ -463,7 +470,11 @@ impl BoxManifest {
                 return Err(ValidationReport { errors, warnings });
             }
         };
-        let errors = manifest.validate();
+        let mut errors = manifest.validate();
+        let size = serde_json::to_vec(&manifest).map_or(usize::MAX, |json| json.len());
+        if size > bounds::MAX_MANIFEST_JSON_BYTES {
+            errors.push(FieldError::new("manifest", format!("is {size} bytes as JSON; at most {} are allowed", bounds::MAX_MANIFEST_JSON_BYTES)));
+        }
         warnings.extend(manifest.warnings());
         if errors.is_empty() { Ok(Loaded { manifest, warnings }) } else { Err(ValidationReport { errors, warnings }) }
     }

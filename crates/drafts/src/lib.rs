@@ -21,6 +21,7 @@ use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::service::{self as platform_service, Call, Refusal};
+use prost::Message as _;
 
 pub use projection::{DraftRow, DraftsView, RowStatus};
 
@@ -115,12 +116,12 @@ impl Service {
                 }
                 let (rows, next_cursor) =
                     projection::list(&self.rt.db, Some(RowStatus::PendingApproval), None, req.limit, req.after).await.map_err(Refusal::internal)?;
-                Ok(reply_ok(&v1::DraftPage { drafts: rows.iter().map(|r| r.to_wire(false)).collect(), next_cursor }))
+                Ok(reply_ok(&page(&rows, next_cursor)))
             }
             DraftsRequest::ListMine(req) => {
                 let (rows, next_cursor) =
                     projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, req.after).await.map_err(Refusal::internal)?;
-                Ok(reply_ok(&v1::DraftPage { drafts: rows.iter().map(|r| r.to_wire(false)).collect(), next_cursor }))
+                Ok(reply_ok(&page(&rows, next_cursor)))
             }
             DraftsRequest::Withdraw(req) => {
                 // Over NATS, publishers submit and read; withdrawing is the API's.
@@ -174,7 +175,33 @@ impl Service {
     }
 }
 
+/// What one page of drafts may take as protobuf: large drafts (each within the bounds of
+/// `atasira_domain::bounds`) make shorter pages, never a reply the bus cannot carry
+/// (R-ARCH-6). One draft always fits.
+const PAGE_BYTES: usize = 512 * 1024;
+
+/// `rows` as a reply page, cut before the draft that would take it past [`PAGE_BYTES`];
+/// the cursor then continues after the last draft kept.
+fn page(rows: &[DraftRow], next_cursor: u64) -> v1::DraftPage {
+    let mut drafts: Vec<v1::DraftView> = Vec::with_capacity(rows.len());
+    let mut size = 0;
+    for (i, row) in rows.iter().enumerate() {
+        let draft = row.to_wire(false);
+        // The field's tag and length prefix take a few bytes more.
+        let len = draft.encoded_len() + 8;
+        if i > 0 && size + len > PAGE_BYTES {
+            return v1::DraftPage { drafts, next_cursor: u64::try_from(rows[i - 1].position).unwrap_or(0) };
+        }
+        size += len;
+        drafts.push(draft);
+    }
+    v1::DraftPage { drafts, next_cursor }
+}
+
 /// The projections this service owns (for `atasira projections rebuild`).
 pub fn projections() -> Vec<Arc<dyn Projection>> {
     vec![Arc::new(DraftsView)]
 }
+
+#[cfg(test)]
+mod tests;

@@ -681,7 +681,12 @@ fn access_kind(kind: &str, required: &[&str], optional: &[(&str, Object)]) -> Ob
         .required("type")
         .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)));
     for key in required {
-        object = object.property(*key, string()).required(*key);
+        // R-ARCH-6: as long as the domain's bound allows.
+        let max_length = match atasira_domain::bounds::of(atasira_domain::bounds::DRAFT_REQUEST, &format!("required_access[].{key}")) {
+            Some(atasira_domain::bounds::Bound::Text(chars)) => Some(chars),
+            _ => None,
+        };
+        object = object.property(*key, string().max_length(max_length)).required(*key);
     }
     for (key, schema) in optional {
         object = object.property(*key, schema.clone());

@@ -267,10 +267,16 @@ impl TryFrom<v1::VerifyReply> for VerifyResult {
 }
 
 /// The body of `POST /boxes/box-drafts` (already JSON) -> its wire form. The domain's
-/// parser checks the shape (unknown fields, types), so every entry point reports the same
-/// errors; each `required_access` entry takes only the keys of its kind.
+/// parser checks the shape (unknown fields, types) and the bounds of every list and text,
+/// so every entry point reports the same errors and nothing too large for the bus is
+/// forwarded; each `required_access` entry takes only the keys of its kind.
 pub fn draft_request(body: serde_json::Value) -> Result<v1::BoxDraftCreateRequest, ApiError> {
-    let r = DomainRequest::from_value(body).map_err(|e| ApiError::new(e.error_code(), e.to_string()))?;
+    let refused = |e: atasira_domain::draft_request::DraftRequestError| {
+        let details = e.field_errors();
+        ApiError::new(e.error_code(), e.to_string()).with_details((!details.is_empty()).then(|| serde_json::json!(details)))
+    };
+    let r = DomainRequest::from_value(body).map_err(refused)?;
+    r.check().map_err(refused)?;
     let required_access = r
         .required_access
         .unwrap_or_default()

@@ -37,6 +37,9 @@ pub use error::ApiError;
 /// Request bodies over this are refused with 413 (R-DRAFT-14).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
+/// What a request's NATS headers (traceparent) may take of a bus message, at most.
+const HEADER_ROOM: usize = 1024;
+
 /// Gateway settings.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -164,6 +167,14 @@ impl AppState {
         let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation_id, "", chrono::Utc::now());
         let mut headers = BTreeMap::new();
         headers.insert("traceparent".to_owned(), traceparent(&correlation_id));
+        // A body under the HTTP limit can still make a request the bus cannot carry; the
+        // same answer in both modes (the in-process bus has no limit).
+        if env.encoded_len() + HEADER_ROOM > atasira_contracts::MAX_MESSAGE_BYTES {
+            return Err(ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("the request is too large to forward; keep bodies well under {MAX_BODY_BYTES} bytes"),
+            ));
+        }
         let bytes = self
             .rt
             .bus

@@ -6,6 +6,7 @@
 //! 401 (the caller extractor), 500 and 503 (every route asks a service), 400/413/422 for a
 //! request body, 400 for query parameters, and the consistency headers of writes.
 
+use atasira_domain::bounds::{self, Bound};
 use axum::Json;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn};
@@ -139,6 +140,46 @@ fn nul_free(schema: &mut RefOr<Schema>, refs: &mut Vec<String>) {
     }
 }
 
+/// Says how much each bounded field of a request body may hold (R-ARCH-6): `maxItems`
+/// and `maxLength` from the domain's bounds, the numbers its checks use (the entries of
+/// `required_access` are bounded where their schema is written, in `api.rs`).
+struct Bounds;
+
+impl Modify for Bounds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = openapi.components.as_mut() else { return };
+        let top_level = bounds::DRAFT_REQUEST.iter().filter(|(path, _)| !path.contains(['.', '['])).copied();
+        let fields: Vec<(&str, &str, Bound)> = top_level
+            .map(|(path, bound)| ("BoxDraftCreateRequest", path, bound))
+            .chain([("RejectRequest", "reason", Bound::Text(bounds::REASON_CHARS)), ("AssignRequest", "user_id", Bound::Text(bounds::USER_ID_CHARS))])
+            .collect();
+        for (name, field, bound) in fields {
+            if let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(name)
+                && let Some(property) = object.properties.get_mut(field)
+            {
+                bounded(property, bound);
+            }
+        }
+    }
+}
+
+/// `schema` (a property's) holds at most what `bound` allows.
+fn bounded(schema: &mut RefOr<Schema>, bound: Bound) {
+    match (schema, bound) {
+        (RefOr::T(Schema::Object(o)), Bound::Text(chars)) => o.max_length = Some(chars),
+        (RefOr::T(Schema::Array(a)), Bound::Texts { items, chars }) => {
+            a.max_items = Some(items);
+            if let ArrayItems::RefOrSchema(item) = &mut a.items
+                && let RefOr::T(Schema::Object(o)) = item.as_mut()
+            {
+                o.max_length = Some(chars);
+            }
+        }
+        (RefOr::T(Schema::Array(a)), Bound::Entries(items)) => a.max_items = Some(items),
+        _ => {}
+    }
+}
+
 struct SharedResponses;
 
 impl Modify for SharedResponses {
@@ -153,8 +194,8 @@ impl Modify for SharedResponses {
             if let Some(body) = op.request_body.as_mut() {
                 optional_not_null(body);
                 add(op, "400", "`invalid_json`: the body is not JSON");
-                add(op, "413", "`payload_too_large`: the body is over 1 MiB");
-                add(op, "422", "`invalid_request`: unknown fields or wrong types in the body, or a malformed Idempotency-Key");
+                add(op, "413", &format!("`payload_too_large`: the body is over {} bytes (1 MiB)", crate::MAX_BODY_BYTES));
+                add(op, "422", "`invalid_request`: unknown fields, wrong types or text over its `maxLength` in the body, or a malformed Idempotency-Key");
                 if idempotent {
                     let replay = "`idempotency_key_reuse`: this Idempotency-Key was used with a different request";
                     if let Some(RefOr::T(r)) = op.responses.responses.get_mut("422")
@@ -214,7 +255,7 @@ impl Modify for SharedResponses {
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
         crate::routes::nats_assertion),
     components(schemas(api::ErrorBody)),
-    modifiers(&PatAuth, &SharedResponses, &NulFreeText)
+    modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
 pub struct ApiDoc;
 
@@ -285,6 +326,38 @@ mod tests {
         let senders = format!("{}|{services}", atasira_contracts::subjects::GATEWAY);
         assert_eq!(schema["properties"]["subject"]["pattern"], format!(r"^atasira\.box\.({senders})\.({services})$"));
         assert_eq!(schema["properties"]["payload_sha256"]["pattern"], "^[0-9a-f]{64}$");
+    }
+
+    #[test]
+    fn bounded_fields_say_how_much_they_hold() {
+        // R-ARCH-6: the OpenAPI document states the domain's bounds, so clients (and the
+        // fuzzer) stay within them
+        let doc = doc();
+        let schemas = &doc["components"]["schemas"];
+        let draft = &schemas["BoxDraftCreateRequest"]["properties"];
+        for (path, bound) in bounds::DRAFT_REQUEST {
+            let (field, entry) = match path.split_once("[].") {
+                Some((list, key)) => (list, Some(key)),
+                None => (*path, None),
+            };
+            let property = &draft[field];
+            match (bound, entry) {
+                (Bound::Text(chars), None) => assert_eq!(property["maxLength"], *chars, "{path}: {property}"),
+                (Bound::Texts { items, chars }, None) => {
+                    assert_eq!(property["maxItems"], *items, "{path}: {property}");
+                    assert_eq!(property["items"]["maxLength"], *chars, "{path}: {property}");
+                }
+                (Bound::Entries(items), None) => assert_eq!(property["maxItems"], *items, "{path}: {property}"),
+                (Bound::Text(chars), Some(key)) => {
+                    let kinds = schemas["RequiredAccess"]["oneOf"].as_array().expect("kinds");
+                    let holding: Vec<&Value> = kinds.iter().filter_map(|k| k["properties"].get(key)).collect();
+                    assert!(!holding.is_empty() && holding.iter().all(|p| p["maxLength"] == *chars), "{path}: {kinds:?}");
+                }
+                other => panic!("{path}: {other:?} is not documented"),
+            }
+        }
+        assert_eq!(schemas["RejectRequest"]["properties"]["reason"]["maxLength"], bounds::REASON_CHARS);
+        assert_eq!(schemas["AssignRequest"]["properties"]["user_id"]["maxLength"], bounds::USER_ID_CHARS);
     }
 
     #[test]

@@ -61,7 +61,7 @@ async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Er
     responses(
         (status = 201, description = "Stored, pending approval", body = api::DraftCreated),
         (status = 403, description = "`self_privilege_forbidden`: box_type admin-pm or admin-ops", body = ErrorBody),
-        (status = 422, description = "`box_manifest_validation` (details: the field errors), `invalid_request` (unknown fields, wrong types, a malformed Idempotency-Key), `idempotency_key_reuse`", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details: the field errors, among them a list or text over its bound, `maxItems` and `maxLength` here, naming the key and the limit), `invalid_request` (unknown fields, wrong types, a malformed Idempotency-Key), `idempotency_key_reuse`", body = ErrorBody),
     ),
     security(("pat" = [])))]
 pub async fn submit_draft(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, body: RawBody) -> Result<Response, ApiError> {

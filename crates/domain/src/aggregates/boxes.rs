@@ -163,9 +163,10 @@ pub enum BoxError {
     /// 409: archived Boxes accept nothing.
     #[error("the Box is archived")]
     Archived,
-    /// 422: an assignment without a user (empty, or text with a NUL character).
-    #[error("user_id must be non-empty text without NUL characters")]
-    EmptyUserId,
+    /// 422: an assignment without a user (empty, text with a NUL character, or longer
+    /// than its bound).
+    #[error("user_id must be non-empty text of at most {} characters without NUL characters", crate::bounds::USER_ID_CHARS)]
+    InvalidUserId,
     #[error(transparent)]
     MentorEdit(MentorEditError),
     #[error(transparent)]
@@ -181,7 +182,7 @@ impl BoxError {
             BoxError::NotFound => ErrorCode::BoxNotFound,
             BoxError::Forbidden(_) => ErrorCode::Forbidden,
             BoxError::Archived => ErrorCode::BoxNotActive,
-            BoxError::EmptyUserId => ErrorCode::InvalidRequest,
+            BoxError::InvalidUserId => ErrorCode::InvalidRequest,
             BoxError::MentorEdit(e) => e.code(),
             BoxError::ConfigEdit(e) => e.code(),
         }
@@ -217,8 +218,8 @@ impl BoxAggregate {
             }
             BoxCommand::AssignUser { by, user_id, role_in_box, at } => {
                 let d = self.live()?;
-                if user_id.trim().is_empty() || user_id.contains('\0') {
-                    return Err(BoxError::EmptyUserId);
+                if user_id.trim().is_empty() || user_id.contains('\0') || user_id.chars().count() > crate::bounds::USER_ID_CHARS {
+                    return Err(BoxError::InvalidUserId);
                 }
                 let is_primary = d.assignments.iter().any(|(u, r)| *u == by.user_id && *r == BoxRole::Primary);
                 if !(by.is_human_admin() || is_primary) {

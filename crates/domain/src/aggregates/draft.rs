@@ -142,8 +142,8 @@ pub enum DraftError {
     /// 409 (R-APPROVE-3).
     #[error("the draft is over_limit; approve again with confirm_over_limit: true")]
     OverLimitConfirmationRequired,
-    /// 422: a rejection reason with a NUL character.
-    #[error("reason must not contain NUL characters")]
+    /// 422: a rejection reason with a NUL character, or longer than its bound.
+    #[error("reason must be text of at most {} characters without NUL characters", crate::bounds::REASON_CHARS)]
     InvalidReason,
     /// 409: the token does not belong to this draft (a wiring bug, never a user mistake).
     #[error("the approval token does not bind this draft")]
@@ -232,7 +232,7 @@ impl Draft {
             }
             DraftCommand::Reject { by, reason, at } => {
                 let d = self.decidable(&by)?;
-                if reason.contains('\0') {
+                if reason.contains('\0') || reason.chars().count() > crate::bounds::REASON_CHARS {
                     return Err(DraftError::InvalidReason);
                 }
                 if let Some(done) = self.repeat_of(&by, false) {

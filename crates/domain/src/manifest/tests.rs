@@ -1,5 +1,7 @@
 //! Given/when/then tests of the manifest schema (SPEC §8).
 
+use serde_json::json;
+
 use super::*;
 
 fn load(yaml: &str) -> Loaded {
@@ -189,6 +191,29 @@ fn given_hostile_input_then_loading_fails_cleanly() {
     assert!(matches!(BoxManifest::from_yaml_str("a: [b\n"), Err(LoadError::Syntax(_))));
     let deep = format!("box_type: a\npurpose: p\nconfig_defaults: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
     assert!(matches!(BoxManifest::from_yaml_str(&deep), Err(LoadError::Syntax(_))));
+}
+
+#[test]
+fn given_a_list_far_over_its_bound_then_one_error_names_the_key_and_the_limit() {
+    // R-ARCH-6: ten thousand bad entries are one error, not ten thousand
+    let urls: Vec<String> = (0..10_000).map(|i| format!("  - {}\n", "x".repeat(50 + i % 3))).collect();
+    let yaml = format!("{MINIMAL}url_allowlist:\n{}required_access: [{{type: git_remote, password: p}}]\n", urls.concat());
+    let errs = errors(&yaml);
+    assert_eq!(keys(&errs), ["url_allowlist", "required_access[0].password"]);
+    assert_eq!(errs[0].message, "has 10000 entries; at most 64 are allowed");
+}
+
+#[test]
+fn given_keys_each_within_bounds_but_a_manifest_over_the_cap_then_manifest_is_named() {
+    // R-ARCH-6: whatever the path in, an event carrying a manifest fits the bus
+    let step = |i: usize| json!({"step": i, "description": "\u{1}".repeat(2_000), "args_schema": {"a": "x".repeat(4_000)}});
+    let mut obj = Map::new();
+    obj.insert("box_type".into(), json!("big"));
+    obj.insert("purpose".into(), json!("p"));
+    obj.insert("business_procedure".into(), Value::Array((1..=50).map(step).collect()));
+    let report = BoxManifest::from_object(obj).expect_err("over the cap");
+    assert_eq!(keys(&report.errors), ["manifest"]);
+    assert!(report.errors[0].message.contains(&bounds::MAX_MANIFEST_JSON_BYTES.to_string()), "{:?}", report.errors);
 }
 
 #[test]

@@ -112,11 +112,12 @@ fn given_a_box_when_a_human_admin_assigns_then_assigned_and_the_primary_may_assi
 }
 
 #[test]
-fn given_a_box_when_assigning_no_user_then_422() {
+fn given_a_box_when_assigning_no_user_or_one_over_its_bound_then_422() {
     let h = activated();
-    for user_id in ["", "  ", "da\0ve"] {
+    let too_long = "u".repeat(crate::bounds::USER_ID_CHARS + 1);
+    for user_id in ["", "  ", "da\0ve", too_long.as_str()] {
         let err = then(&h, BoxCommand::AssignUser { by: alice(), user_id: user_id.into(), role_in_box: BoxRole::Member, at: t(2) }).expect_err("refused");
-        assert_eq!(err, BoxError::EmptyUserId, "{user_id:?}");
+        assert_eq!(err, BoxError::InvalidUserId, "{user_id:?}");
         assert_eq!(err.code().http_status(), 422);
     }
 }

@@ -140,11 +140,16 @@ fn given_approved_when_the_same_admin_repeats_then_ok_without_new_events_and_oth
 }
 
 #[test]
-fn given_pending_when_rejected_with_a_nul_in_the_reason_then_422() {
+fn given_pending_when_rejected_with_a_nul_in_the_reason_or_one_over_its_bound_then_422() {
+    // R-ARCH-6: the reason is bounded, so DraftRejected fits the bus
     let s = submitted(false, agent());
-    let err = given_when::<Draft>(vec![s], DraftCommand::Reject { by: bob(), reason: "no\0".into(), at: t(1) }).expect_err("refused");
-    assert_eq!(err, DraftError::InvalidReason);
-    assert_eq!(err.code().http_status(), 422);
+    for reason in ["no\0".to_owned(), "n".repeat(crate::bounds::REASON_CHARS + 1)] {
+        let err = given_when::<Draft>(vec![s.clone()], DraftCommand::Reject { by: bob(), reason, at: t(1) }).expect_err("refused");
+        assert_eq!(err, DraftError::InvalidReason);
+        assert_eq!(err.code().http_status(), 422);
+    }
+    let at_bound = "な".repeat(crate::bounds::REASON_CHARS);
+    assert!(given_when::<Draft>(vec![s], DraftCommand::Reject { by: bob(), reason: at_bound, at: t(1) }).is_ok());
 }
 
 #[test]
