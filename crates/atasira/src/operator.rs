@@ -77,8 +77,8 @@ pub enum ProjectionsCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
-    /// Check the hash chain and the latest signed checkpoint. Prints {"ok": true, "rows": N}
-    /// and exits 0, or {"ok": false, "first_bad_seq": S, "reason": ...} and exits 1.
+    /// Check the hash chain and every signed checkpoint. Prints {"ok": true, "rows": N} and
+    /// exits 0, or {"ok": false, "first_bad_seq": S, "reason": ...} and exits 1.
     Verify {
         #[command(flatten)]
         target: Target,

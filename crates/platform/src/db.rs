@@ -149,6 +149,10 @@ const POSTGRES_SCHEMA: &[&str] = &[
             CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
                 FOR EACH ROW EXECUTE FUNCTION atasira_events_append_only();
         END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_no_truncate' AND tgrelid = 'events'::regclass) THEN
+            CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_events_append_only();
+        END IF;
     END $$",
 ];
 
