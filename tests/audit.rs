@@ -1,8 +1,8 @@
 //! The audit ledger on a real PostgreSQL (R-AUDIT-1, R-AUDIT-2, R-ARCH-6): the same SQL as
 //! embedded mode, concurrent writers never fork the chain, tampering is named. And the whole
 //! product in both modes (issue 9, item 6): a tail removed after a checkpoint and regrown is
-//! named by `audit verify` over REST and the CLI, and the ledger and the events refuse to be
-//! rewritten.
+//! named by `audit verify` over REST and the CLI, the ledger and the events refuse to be
+//! rewritten, and cluster services run under a database role that cannot switch that off.
 
 use std::collections::HashMap;
 
@@ -208,4 +208,101 @@ fn the_ledger_refuses_update_delete_and_truncate_and_the_events_refuse_truncate(
         };
         assert_eq!(triggers, 4);
     });
+}
+
+/// PostgreSQL roles made for one test, dropped (after the test's database) on drop.
+struct Roles {
+    admin_url: String,
+    names: Vec<String>,
+}
+
+impl Roles {
+    fn create(database: &Database, names: &[&str]) -> Roles {
+        let statements: Vec<String> = names.iter().map(|n| format!("CREATE ROLE {n} LOGIN")).collect();
+        database.run_on_cluster(&statements.iter().map(String::as_str).collect::<Vec<_>>()).expect("create roles");
+        let admin_url = std::env::var("ATASIRA_TEST_DATABASE_URL").expect("scripts/test sets ATASIRA_TEST_DATABASE_URL");
+        Roles { admin_url, names: names.iter().map(|n| (*n).to_owned()).collect() }
+    }
+}
+
+impl Drop for Roles {
+    fn drop(&mut self) {
+        let (url, names) = (self.admin_url.clone(), self.names.clone());
+        runtime().block_on(async move {
+            use sqlx::Connection;
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
+                for name in names {
+                    let _ = sqlx::query(&format!("DROP ROLE IF EXISTS {name}")).execute(&mut conn).await;
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn cluster_services_run_under_a_role_that_cannot_rewrite_history() {
+    // Issue 9, item 6: the README's section "Running with a database role that cannot
+    // rewrite history", step by step. The owner role owns the schema, the tables and their
+    // triggers; the services' role may only read and write rows.
+    let database = Database::create();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let (owner, service) = (format!("atasira_owner_{}", &suffix[..12]), format!("atasira_service_{}", &suffix[..12]));
+    let roles = Roles::create(&database, &[&owner, &service]);
+    let (owner_url, service_url) = (database.url_as(&owner), database.url_as(&service));
+    // given the schema handed to the owner (as the superuser)
+    let schema = [
+        format!("ALTER SCHEMA public OWNER TO {owner}"),
+        "REVOKE ALL ON SCHEMA public FROM PUBLIC".into(),
+        format!("GRANT USAGE ON SCHEMA public TO {service}"),
+    ];
+    database.run_as(&database.url, &schema.iter().map(String::as_str).collect::<Vec<_>>()).expect("schema to the owner");
+    // and every table and trigger created by the owner
+    let prepared = std::process::Command::new(atasira_tests::harness::atasira_bin())
+        .args(["db", "prepare", "--database-url", &owner_url])
+        .env_remove("ATASIRA_DATABASE_URL")
+        .output()
+        .expect("atasira runs");
+    assert!(prepared.status.success(), "db prepare: {}", String::from_utf8_lossy(&prepared.stderr));
+    // and rows granted to the service role, but no rewriting of events or ledger rows
+    let grants = [
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {service}"),
+        format!("REVOKE UPDATE, DELETE ON events, audit_ledger_rows FROM {service}"),
+    ];
+    database.run_as(&owner_url, &grants.iter().map(String::as_str).collect::<Vec<_>>()).expect("grants");
+    // when every cluster process runs as the service role
+    let mut sys = System::start_cluster_on(database, &[("ATASIRA_DATABASE_URL", service_url.clone())]);
+    // then the product works: a Box is approved, the ledger verifies (as that role too)
+    approved_box(&sys, "least-privilege");
+    ledger_has(&sys, 3);
+    assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 3})));
+    let (code, out, err) = sys.cli(&["audit", "verify", "--database-url", &service_url]);
+    assert_eq!((code, out.trim()), (0, r#"{"ok":true,"rows":3}"#), "{err}");
+    // and the service role can neither switch the triggers off nor go around them
+    for statement in [
+        "ALTER TABLE audit_ledger_rows DISABLE TRIGGER USER",
+        "ALTER TABLE events DISABLE TRIGGER events_append_only",
+        "DROP TRIGGER audit_ledger_rows_append_only ON audit_ledger_rows",
+        "DROP FUNCTION atasira_ledger_append_only() CASCADE",
+        "SET session_replication_role = replica",
+        "DELETE FROM audit_ledger_rows",
+        "UPDATE events SET payload = '{}'",
+        "TRUNCATE audit_ledger_rows",
+        "TRUNCATE events",
+        "CREATE TABLE audit_ledger_rows_copy (seq BIGINT)",
+    ] {
+        let refused = sys.database().run_as(&service_url, &[statement]);
+        let err = refused.expect_err(statement);
+        assert!(err.contains("must be owner") || err.contains("permission denied"), "{err}");
+    }
+    // and the owner, who can, is still refused by the triggers while they are on
+    let err = sys.database().run_as(&owner_url, &["DELETE FROM audit_ledger_rows"]).expect_err("refused");
+    assert!(err.contains("append-only"), "{err}");
+    // and a table the role may not create is named when it is missing
+    sys.stop_gracefully();
+    sys.database().run_as(&owner_url, &["DROP TABLE gateway_tokens"]).expect("drop");
+    let (code, _, err) = sys.cli(&["tokens", "create", "--user", "x", "--role", "member", "--kind", "agent", "--database-url", &service_url]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("gateway_tokens") && err.contains(&service) && err.contains("atasira db prepare"), "{err}");
+    drop(sys);
+    drop(roles);
 }

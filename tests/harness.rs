@@ -261,7 +261,16 @@ impl Database {
         Database { url: format!("{base}/{name}"), admin_url, name }
     }
 
-    /// Runs statements in order on this database as `url`; the first error is returned.
+    /// This database's URL for another role (`role@host`, no password: the test cluster
+    /// trusts loopback connections).
+    pub fn url_as(&self, role: &str) -> String {
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let host = rest.rsplit_once('@').map(|(_, h)| h).unwrap_or(rest);
+        format!("{scheme}://{role}@{host}")
+    }
+
+    /// Runs statements in order on this database as `url` (the superuser's `self.url`, or
+    /// [`Database::url_as`]); the first error is returned.
     pub fn run_as(&self, url: &str, statements: &[&str]) -> Result<(), String> {
         block_on(async {
             use sqlx::Connection;
@@ -271,6 +280,11 @@ impl Database {
             }
             Ok(())
         })
+    }
+
+    /// Runs statements on the whole PostgreSQL cluster (roles) as the superuser.
+    pub fn run_on_cluster(&self, statements: &[&str]) -> Result<(), String> {
+        self.run_as(&self.admin_url, statements)
     }
 }
 
@@ -357,6 +371,11 @@ impl System {
     pub fn start_with(mode: Mode, extra_env: &[(&str, String)]) -> System {
         let database = (mode == Mode::Cluster).then(Database::create);
         System::start_on(mode, database, extra_env)
+    }
+
+    /// Cluster: starts on a database the test prepared (roles, grants); `System` drops it.
+    pub fn start_cluster_on(database: Database, extra_env: &[(&str, String)]) -> System {
+        System::start_on(Mode::Cluster, Some(database), extra_env)
     }
 
     fn start_on(mode: Mode, database: Option<Database>, extra_env: &[(&str, String)]) -> System {
@@ -608,6 +627,11 @@ impl System {
         args.extend(target.iter().map(String::as_str));
         let (code, out, err) = self.cli(&args);
         (code, serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("audit verify printed no JSON: {out} {err}")))
+    }
+
+    /// Cluster: the database (for tests that add roles).
+    pub fn database(&self) -> &Database {
+        self.database.as_ref().expect("cluster mode has a database")
     }
 
     /// Runs `statement` as the database superuser (or the owner of the SQLite file) would,

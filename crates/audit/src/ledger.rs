@@ -65,7 +65,8 @@ pub const SQLITE_LEDGER_TRIGGERS: &[&str] = &[
 ];
 
 /// PostgreSQL: the ledger refuses UPDATE, DELETE and TRUNCATE. Only the table's owner (or a
-/// superuser) can disable or drop these triggers.
+/// superuser) can disable or drop these triggers: run the services under a role that does
+/// not own the tables (README, "Running with a database role that cannot rewrite history").
 pub const POSTGRES_LEDGER_TRIGGERS: &[&str] = &[
     "DO $$ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'atasira_ledger_append_only' AND pronamespace = current_schema()::regnamespace) THEN
