@@ -1,5 +1,8 @@
 //! The audit ledger on a real PostgreSQL (R-AUDIT-1, R-AUDIT-2, R-ARCH-6): the same SQL as
-//! embedded mode, concurrent writers never fork the chain, tampering is named.
+//! embedded mode, concurrent writers never fork the chain, tampering is named. And the whole
+//! product in both modes (issue 9, item 6): a tail removed after a checkpoint and regrown is
+//! named by `audit verify` over REST and the CLI, the ledger and the events refuse to be
+//! rewritten, and cluster services run under a database role that cannot switch that off.
 
 use std::collections::HashMap;
 
@@ -8,8 +11,8 @@ use atasira_domain::audit::{AuditKey, AuditKeys, Verification};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::db::Db;
-use atasira_tests::harness::Database;
-use serde_json::json;
+use atasira_tests::harness::{Database, Mode, System, in_both_modes};
+use serde_json::{Value, json};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime")
@@ -35,6 +38,15 @@ async fn visible(db: &Db, n: usize) {
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
     panic!("{n} events never became visible");
+}
+
+/// Runs `statement` as the superuser with the ledger's triggers off, then on again.
+async fn tamper(db: &Db, statement: &str) {
+    let mut tx = db.any().begin().await.expect("begin");
+    for s in ["ALTER TABLE audit_ledger_rows DISABLE TRIGGER USER", statement, "ALTER TABLE audit_ledger_rows ENABLE TRIGGER USER"] {
+        sqlx::query(s).execute(&mut *tx).await.unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    tx.commit().await.expect("commit");
 }
 
 #[test]
@@ -72,12 +84,225 @@ fn concurrent_ledger_writers_on_postgres_append_one_chain_and_tampering_is_named
         assert!(!since.is_empty() && since.iter().all(|r| r.time >= page[0].time));
         // when a checkpoint is recorded and then the tail row is deleted; then the tail is named
         assert_eq!(atasira_audit::checkpoint(&db, &ks).await.expect("checkpoint"), Some(12));
-        sqlx::query("DELETE FROM audit_ledger_rows WHERE seq = 12").execute(db.any()).await.expect("tamper");
+        // (as the superuser, with the ledger's triggers off: they refuse it otherwise)
+        let refused = sqlx::query("DELETE FROM audit_ledger_rows WHERE seq = 12").execute(db.any()).await.expect_err("refused");
+        assert!(refused.to_string().contains("append-only"), "{refused}");
+        tamper(&db, "DELETE FROM audit_ledger_rows WHERE seq = 12").await;
         let v = atasira_audit::verify(&db, &ks).await.expect("verify");
         assert!(matches!(&v, Verification::Broken { first_bad_seq: 12, reason } if reason.contains("tail")), "{v:?}");
         // when a middle row is modified; then that row comes first
-        sqlx::query("UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 5").execute(db.any()).await.expect("tamper");
+        tamper(&db, "UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 5").await;
         let v = atasira_audit::verify(&db, &ks).await.expect("verify");
         assert!(matches!(v, Verification::Broken { first_bad_seq: 5, .. }), "{v:?}");
     });
+}
+
+fn box_body(box_type: &str) -> Value {
+    json!({"box_type": box_type, "name": box_type, "purpose": "週次売上レポートの自動作成", "tools": ["Read"], "os_operations": ["file:read"]})
+}
+
+/// Submits and approves a draft: three ledger rows (create, approve, activate).
+fn approved_box(sys: &System, box_type: &str) {
+    let id = sys.draft(&box_body(box_type));
+    let a = sys.approve(&id, &sys.admin, false);
+    assert_eq!(a.status, 200, "{}", a.raw);
+}
+
+/// Submits `n` drafts: one ledger row each.
+fn submitted(sys: &System, prefix: &str, n: usize) {
+    for i in 0..n {
+        sys.draft(&box_body(&format!("{prefix}-{i}")));
+    }
+}
+
+/// Waits until the ledger has exactly `n` rows (GET /api/v1/audit).
+fn ledger_has(sys: &System, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let a = sys.get("/api/v1/audit?limit=500", &sys.admin);
+        let rows = a.body["rows"].as_array().map(Vec::len);
+        if a.status == 200 && rows == Some(n) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the ledger never had {n} rows; last answer {}: {}", a.status, a.raw);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The recorded checkpoints' `(seq, prev_seq)`, in order.
+fn checkpoint_links(sys: &System) -> Vec<(i64, i64)> {
+    runtime().block_on(async {
+        let db = Db::connect(&sys.database_url()).await.expect("connect");
+        atasira_audit::checkpoints(&db).await.expect("checkpoints").iter().map(|c| (c.seq, c.prev_seq)).collect()
+    })
+}
+
+#[test]
+fn a_tail_removed_after_a_checkpoint_and_regrown_is_named_by_rest_and_cli() {
+    // R-AUDIT-2 (issue 9, item 6): checkpoints form a chain and verification checks every
+    // one, so new rows re-using removed seqs under a new checkpoint do not hide the removal.
+    in_both_modes(|sys| {
+        // given 3 rows and checkpoint K over them (a graceful stop records a checkpoint),
+        // then 3 more rows and a second checkpoint
+        submitted(sys, "kept", 3);
+        ledger_has(sys, 3);
+        sys.stop_gracefully();
+        sys.start_services(&[]);
+        submitted(sys, "removed", 3);
+        ledger_has(sys, 6);
+        sys.stop_gracefully();
+        assert_eq!(checkpoint_links(sys), vec![(3, 0), (6, 3)], "each checkpoint names the one before it");
+        assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 6})));
+        // when the database superuser deletes the rows after checkpoint K
+        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq > 3");
+        assert_eq!(sys.audit_verify().1["first_bad_seq"], json!(4), "a removed tail is named at once");
+        // and the ledger regrows past the last checkpoint, which the service checkpoints
+        sys.start_services(&[]);
+        submitted(sys, "regrown", 6);
+        ledger_has(sys, 9);
+        sys.stop_gracefully();
+        assert_eq!(checkpoint_links(sys), vec![(3, 0), (6, 3), (9, 6)]);
+        // then the CLI names seq 6, the checkpoint whose row was replaced
+        let (code, cli) = sys.audit_verify();
+        assert_eq!((code, &cli["ok"], &cli["first_bad_seq"]), (1, &json!(false), &json!(6)), "{cli}");
+        assert!(cli["reason"].as_str().is_some_and(|r| r.contains("checkpoint at seq 6")), "{cli}");
+        // and the REST answer is the same
+        sys.start_services(&[]);
+        let rest = sys.get("/api/v1/audit/verify", &sys.admin);
+        assert_eq!((rest.status, &rest.body), (200, &cli), "{}", rest.raw);
+    });
+}
+
+#[test]
+fn the_ledger_refuses_update_delete_and_truncate_and_the_events_refuse_truncate() {
+    // R-AUDIT-2, R-ARCH-4 (issue 9, item 6): the database itself refuses to rewrite history,
+    // even to its superuser, as long as the triggers are on.
+    in_both_modes(|sys| {
+        approved_box(sys, "guarded");
+        ledger_has(sys, 3);
+        let mut refused = vec![
+            "UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 1",
+            "DELETE FROM audit_ledger_rows WHERE seq = 3",
+            "DELETE FROM audit_ledger_rows",
+        ];
+        if sys.mode == Mode::Cluster {
+            refused.extend(["TRUNCATE audit_ledger_rows", "TRUNCATE events", "TRUNCATE events, audit_ledger_rows"]);
+        } else {
+            refused.extend(["UPDATE events SET payload = '{}'", "DELETE FROM events"]);
+        }
+        for statement in refused {
+            let err = sys.sql_refused(statement);
+            assert!(err.contains("append-only"), "{statement}: {err}");
+        }
+        // and nothing changed
+        let (code, v) = sys.audit_verify();
+        assert_eq!((code, &v), (0, &json!({"ok": true, "rows": 3})));
+        assert!(sys.sql_i64("SELECT COUNT(*) FROM events") > 3);
+        // and a restart (which prepares the tables again) keeps one set of triggers
+        sys.restart();
+        let triggers = match sys.mode {
+            Mode::Cluster => sys.sql_i64(
+                "SELECT COUNT(*) FROM pg_trigger WHERE tgname IN ('events_append_only', 'events_no_truncate', 'audit_ledger_rows_append_only', 'audit_ledger_rows_no_truncate')",
+            ),
+            Mode::Embedded => sys.sql_i64("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN ('events', 'audit_ledger_rows')"),
+        };
+        assert_eq!(triggers, 4);
+    });
+}
+
+/// PostgreSQL roles made for one test, dropped (after the test's database) on drop.
+struct Roles {
+    admin_url: String,
+    names: Vec<String>,
+}
+
+impl Roles {
+    fn create(database: &Database, names: &[&str]) -> Roles {
+        let statements: Vec<String> = names.iter().map(|n| format!("CREATE ROLE {n} LOGIN")).collect();
+        database.run_on_cluster(&statements.iter().map(String::as_str).collect::<Vec<_>>()).expect("create roles");
+        let admin_url = std::env::var("ATASIRA_TEST_DATABASE_URL").expect("scripts/test sets ATASIRA_TEST_DATABASE_URL");
+        Roles { admin_url, names: names.iter().map(|n| (*n).to_owned()).collect() }
+    }
+}
+
+impl Drop for Roles {
+    fn drop(&mut self) {
+        let (url, names) = (self.admin_url.clone(), self.names.clone());
+        runtime().block_on(async move {
+            use sqlx::Connection;
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
+                for name in names {
+                    let _ = sqlx::query(&format!("DROP ROLE IF EXISTS {name}")).execute(&mut conn).await;
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn cluster_services_run_under_a_role_that_cannot_rewrite_history() {
+    // Issue 9, item 6: the README's section "Running with a database role that cannot
+    // rewrite history", step by step. The owner role owns the schema, the tables and their
+    // triggers; the services' role may only read and write rows.
+    let database = Database::create();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let (owner, service) = (format!("atasira_owner_{}", &suffix[..12]), format!("atasira_service_{}", &suffix[..12]));
+    let roles = Roles::create(&database, &[&owner, &service]);
+    let (owner_url, service_url) = (database.url_as(&owner), database.url_as(&service));
+    // given the schema handed to the owner (as the superuser)
+    let schema = [
+        format!("ALTER SCHEMA public OWNER TO {owner}"),
+        "REVOKE ALL ON SCHEMA public FROM PUBLIC".into(),
+        format!("GRANT USAGE ON SCHEMA public TO {service}"),
+    ];
+    database.run_as(&database.url, &schema.iter().map(String::as_str).collect::<Vec<_>>()).expect("schema to the owner");
+    // and every table and trigger created by the owner
+    let prepared = std::process::Command::new(atasira_tests::harness::atasira_bin())
+        .args(["db", "prepare", "--database-url", &owner_url])
+        .env_remove("ATASIRA_DATABASE_URL")
+        .output()
+        .expect("atasira runs");
+    assert!(prepared.status.success(), "db prepare: {}", String::from_utf8_lossy(&prepared.stderr));
+    // and rows granted to the service role, but no rewriting of events or ledger rows
+    let grants = [
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {service}"),
+        format!("REVOKE UPDATE, DELETE ON events, audit_ledger_rows FROM {service}"),
+    ];
+    database.run_as(&owner_url, &grants.iter().map(String::as_str).collect::<Vec<_>>()).expect("grants");
+    // when every cluster process runs as the service role
+    let mut sys = System::start_cluster_on(database, &[("ATASIRA_DATABASE_URL", service_url.clone())]);
+    // then the product works: a Box is approved, the ledger verifies (as that role too)
+    approved_box(&sys, "least-privilege");
+    ledger_has(&sys, 3);
+    assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 3})));
+    let (code, out, err) = sys.cli(&["audit", "verify", "--database-url", &service_url]);
+    assert_eq!((code, out.trim()), (0, r#"{"ok":true,"rows":3}"#), "{err}");
+    // and the service role can neither switch the triggers off nor go around them
+    for statement in [
+        "ALTER TABLE audit_ledger_rows DISABLE TRIGGER USER",
+        "ALTER TABLE events DISABLE TRIGGER events_append_only",
+        "DROP TRIGGER audit_ledger_rows_append_only ON audit_ledger_rows",
+        "DROP FUNCTION atasira_ledger_append_only() CASCADE",
+        "SET session_replication_role = replica",
+        "DELETE FROM audit_ledger_rows",
+        "UPDATE events SET payload = '{}'",
+        "TRUNCATE audit_ledger_rows",
+        "TRUNCATE events",
+        "CREATE TABLE audit_ledger_rows_copy (seq BIGINT)",
+    ] {
+        let refused = sys.database().run_as(&service_url, &[statement]);
+        let err = refused.expect_err(statement);
+        assert!(err.contains("must be owner") || err.contains("permission denied"), "{err}");
+    }
+    // and the owner, who can, is still refused by the triggers while they are on
+    let err = sys.database().run_as(&owner_url, &["DELETE FROM audit_ledger_rows"]).expect_err("refused");
+    assert!(err.contains("append-only"), "{err}");
+    // and a table the role may not create is named when it is missing
+    sys.stop_gracefully();
+    sys.database().run_as(&owner_url, &["DROP TABLE gateway_tokens"]).expect("drop");
+    let (code, _, err) = sys.cli(&["tokens", "create", "--user", "x", "--role", "member", "--kind", "agent", "--database-url", &service_url]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("gateway_tokens") && err.contains(&service) && err.contains("atasira db prepare"), "{err}");
+    drop(sys);
+    drop(roles);
 }

@@ -265,12 +265,12 @@ fn tampering_with_the_ledger_is_named_and_a_truncated_tail_is_caught() {
         // A graceful stop writes the signed checkpoint of the head.
         sys.stop_gracefully();
         assert!(sys.sql_i64("SELECT COUNT(*) FROM events WHERE event_type = 'AuditCheckpoint'") >= 1, "a checkpoint was written on shutdown");
-        sys.sql("UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 2");
+        sys.tamper("UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 2");
         let (code, v) = sys.audit_verify();
         assert_eq!((code, v["ok"].as_bool(), v["first_bad_seq"].as_i64()), (1, Some(false), Some(2)), "{v}");
-        sys.sql("UPDATE audit_ledger_rows SET actor = 'admin' WHERE seq = 2");
+        sys.tamper("UPDATE audit_ledger_rows SET actor = 'admin' WHERE seq = 2");
         assert_eq!(sys.audit_verify().0, 0, "restored");
-        sys.sql("DELETE FROM audit_ledger_rows WHERE seq = 4");
+        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq = 4");
         let (code, v) = sys.audit_verify();
         assert_eq!((code, v["first_bad_seq"].as_i64()), (1, Some(4)), "the deleted row is named: {v}");
         sys.restart();
@@ -281,7 +281,7 @@ fn tampering_with_the_ledger_is_named_and_a_truncated_tail_is_caught() {
         let id = sys.draft(&sales("t1"));
         assert_eq!(sys.approve(&id, &sys.admin, false).status, 200);
         sys.stop_gracefully();
-        sys.sql("DELETE FROM audit_ledger_rows WHERE seq >= 2");
+        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq >= 2");
         let (code, v) = sys.audit_verify();
         assert_eq!((code, v["ok"].as_bool()), (1, Some(false)), "{v}");
         assert!(v["reason"].as_str().is_some_and(|r| r.contains("checkpoint")), "{v}");

@@ -260,6 +260,32 @@ impl Database {
         let base = admin_url.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap_or(admin_url.clone());
         Database { url: format!("{base}/{name}"), admin_url, name }
     }
+
+    /// This database's URL for another role (`role@host`, no password: the test cluster
+    /// trusts loopback connections).
+    pub fn url_as(&self, role: &str) -> String {
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let host = rest.rsplit_once('@').map(|(_, h)| h).unwrap_or(rest);
+        format!("{scheme}://{role}@{host}")
+    }
+
+    /// Runs statements in order on this database as `url` (the superuser's `self.url`, or
+    /// [`Database::url_as`]); the first error is returned.
+    pub fn run_as(&self, url: &str, statements: &[&str]) -> Result<(), String> {
+        block_on(async {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(url).await.map_err(|e| e.to_string())?;
+            for statement in statements {
+                sqlx::query(statement).execute(&mut conn).await.map_err(|e| format!("{statement}: {e}"))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs statements on the whole PostgreSQL cluster (roles) as the superuser.
+    pub fn run_on_cluster(&self, statements: &[&str]) -> Result<(), String> {
+        self.run_as(&self.admin_url, statements)
+    }
 }
 
 impl Drop for Database {
@@ -343,12 +369,19 @@ impl System {
 
     /// Starts with extra environment for every process (settings such as a short TTL).
     pub fn start_with(mode: Mode, extra_env: &[(&str, String)]) -> System {
+        let database = (mode == Mode::Cluster).then(Database::create);
+        System::start_on(mode, database, extra_env)
+    }
+
+    /// Cluster: starts on a database the test prepared (roles, grants); `System` drops it.
+    pub fn start_cluster_on(database: Database, extra_env: &[(&str, String)]) -> System {
+        System::start_on(Mode::Cluster, Some(database), extra_env)
+    }
+
+    fn start_on(mode: Mode, database: Option<Database>, extra_env: &[(&str, String)]) -> System {
         let dir = TempDir::new("atasira-sys");
         let nats_dir = (mode == Mode::Cluster).then(|| dir.0.join("nats"));
-        let (nats, database) = match &nats_dir {
-            None => (None, None),
-            Some(creds) => (Some(Nats::start_authenticated(creds)), Some(Database::create())),
-        };
+        let nats = nats_dir.as_deref().map(Nats::start_authenticated);
         let internal_key: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
         let mut sys = System {
             mode,
@@ -601,6 +634,44 @@ impl System {
         args.extend(target.iter().map(String::as_str));
         let (code, out, err) = self.cli(&args);
         (code, serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("audit verify printed no JSON: {out} {err}")))
+    }
+
+    /// Cluster: the database (for tests that add roles).
+    pub fn database(&self) -> &Database {
+        self.database.as_ref().expect("cluster mode has a database")
+    }
+
+    /// Runs `statement` as the database superuser (or the owner of the SQLite file) would,
+    /// to tamper with the audit ledger: with its append-only triggers off, then on again
+    /// (PostgreSQL: `ALTER TABLE ... DISABLE TRIGGER USER` and `ENABLE` in one
+    /// transaction; SQLite: `DROP TRIGGER`, then the service's own trigger DDL).
+    pub fn tamper(&self, statement: &str) {
+        match &self.database {
+            Some(db) => {
+                let statements =
+                    ["BEGIN", "ALTER TABLE audit_ledger_rows DISABLE TRIGGER USER", statement, "ALTER TABLE audit_ledger_rows ENABLE TRIGGER USER", "COMMIT"];
+                db.run_as(&db.url, &statements).unwrap_or_else(|e| panic!("tampering failed: {e}"));
+            }
+            None => {
+                let drop = ["DROP TRIGGER audit_ledger_rows_append_only_update", "DROP TRIGGER audit_ledger_rows_append_only_delete"];
+                for statement in drop.iter().chain([&statement]).chain(atasira_audit::SQLITE_LEDGER_TRIGGERS) {
+                    self.sql(statement);
+                }
+            }
+        }
+    }
+
+    /// Runs SQL on this system's database that must be refused; the error.
+    pub fn sql_refused(&self, statement: &str) -> String {
+        let url = self.database_url();
+        block_on(async {
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::AnyPool::connect(&url).await.expect("database");
+            match sqlx::query(statement).execute(&pool).await {
+                Ok(_) => panic!("{statement} was not refused"),
+                Err(e) => e.to_string(),
+            }
+        })
     }
 
     /// Runs SQL on this system's database (tampering tests).

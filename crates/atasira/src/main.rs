@@ -126,6 +126,9 @@ enum Command {
     /// Check the audit ledger's hash chain and signed checkpoints.
     #[command(subcommand)]
     Audit(operator::AuditCommand),
+    /// Prepare the database: tables and append-only triggers.
+    #[command(subcommand)]
+    Db(operator::DbCommand),
     /// Issue and revoke personal access tokens (PATs) for the REST API.
     #[command(subcommand)]
     Tokens(operator::TokensCommand),
@@ -298,6 +301,7 @@ fn main() -> ExitCode {
             nats_config::run(&nats_config::Options { out, port, store_dir, force }).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
         }
         Command::Audit(cmd) => run_async_code(operator::audit(cmd)),
+        Command::Db(cmd) => run_async(operator::db(cmd)),
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),
         Command::Keys(cmd) => keys::keys(cmd).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}")),

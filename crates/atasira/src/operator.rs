@@ -76,9 +76,20 @@ pub enum ProjectionsCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum DbCommand {
+    /// Create every table and append-only trigger that the services use (idempotent).
+    /// Services create them too when they start, unless their database role may not create
+    /// objects: then run this first, as the role that owns the schema.
+    Prepare {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum AuditCommand {
-    /// Check the hash chain and the latest signed checkpoint. Prints {"ok": true, "rows": N}
-    /// and exits 0, or {"ok": false, "first_bad_seq": S, "reason": ...} and exits 1.
+    /// Check the hash chain and every signed checkpoint. Prints {"ok": true, "rows": N} and
+    /// exits 0, or {"ok": false, "first_bad_seq": S, "reason": ...} and exits 1.
     Verify {
         #[command(flatten)]
         target: Target,
@@ -143,6 +154,23 @@ pub async fn audit(cmd: AuditCommand) -> anyhow::Result<std::process::ExitCode> 
             let json = serde_json::to_value(&result)?;
             println!("{json}");
             Ok(if json["ok"] == true { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
+        }
+    }
+}
+
+pub async fn db(cmd: DbCommand) -> anyhow::Result<()> {
+    match cmd {
+        DbCommand::Prepare { target } => {
+            // Connecting creates the event store's tables and triggers.
+            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            atasira_gateway::prepare(&db).await?;
+            atasira_audit::prepare(&db).await?;
+            let registry = atasira_runtime_registry::RegistryConfig { manifests_dir: PathBuf::new(), max_boxes: 0 };
+            for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
+                projection::prepare(&db, p.as_ref()).await?;
+            }
+            eprintln!("the database has every table and trigger");
+            Ok(())
         }
     }
 }

@@ -4,7 +4,8 @@
 //! rebuild (R-ARCH-5).
 //!
 //! Architecture Invariant: rows are only ever appended, by [`append`]; nothing here
-//! updates or deletes them. The ledger is never rebuilt: a rebuild would re-MAC rows and
+//! updates or deletes them, and the database refuses to (triggers on UPDATE and DELETE, and
+//! on TRUNCATE in PostgreSQL). The ledger is never rebuilt: a rebuild would re-MAC rows and
 //! so launder any tampering.
 
 use std::collections::HashMap;
@@ -16,7 +17,7 @@ use atasira_domain::audit::{
     AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, payload_digest,
     verify_chain,
 };
-use atasira_platform::db::{Db, StoredEvent};
+use atasira_platform::db::{Db, DbKind, StoredEvent};
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
@@ -55,6 +56,37 @@ pub const LEDGER_SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS audit_ledger_ro
     mac TEXT NOT NULL
 )"];
 
+/// SQLite: the ledger refuses UPDATE and DELETE (SQLite has no TRUNCATE; `DELETE FROM`
+/// without a filter fires the DELETE trigger).
+pub const SQLITE_LEDGER_TRIGGERS: &[&str] = &[
+    "CREATE TRIGGER IF NOT EXISTS audit_ledger_rows_append_only_update BEFORE UPDATE ON audit_ledger_rows
+        BEGIN SELECT RAISE(ABORT, 'audit ledger rows are append-only'); END",
+    "CREATE TRIGGER IF NOT EXISTS audit_ledger_rows_append_only_delete BEFORE DELETE ON audit_ledger_rows
+        BEGIN SELECT RAISE(ABORT, 'audit ledger rows are append-only'); END",
+];
+
+/// PostgreSQL: the ledger refuses UPDATE, DELETE and TRUNCATE. Only the table's owner (or a
+/// superuser) can disable or drop these triggers: run the services under a role that does
+/// not own the tables (README, "Running with a database role that cannot rewrite history").
+pub const POSTGRES_LEDGER_TRIGGERS: &[&str] = &[
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'atasira_ledger_append_only' AND pronamespace = current_schema()::regnamespace) THEN
+            CREATE FUNCTION atasira_ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS
+                $f$ BEGIN RAISE EXCEPTION 'audit ledger rows are append-only'; END $f$;
+        END IF;
+    END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'audit_ledger_rows_append_only' AND tgrelid = 'audit_ledger_rows'::regclass) THEN
+            CREATE TRIGGER audit_ledger_rows_append_only BEFORE UPDATE OR DELETE ON audit_ledger_rows
+                FOR EACH ROW EXECUTE FUNCTION atasira_ledger_append_only();
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'audit_ledger_rows_no_truncate' AND tgrelid = 'audit_ledger_rows'::regclass) THEN
+            CREATE TRIGGER audit_ledger_rows_no_truncate BEFORE TRUNCATE ON audit_ledger_rows
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_ledger_append_only();
+        END IF;
+    END $$",
+];
+
 /// Largest page of a query (R-AUDIT-3).
 pub const PAGE_MAX: u32 = 500;
 /// Page size when the caller names none.
@@ -62,9 +94,14 @@ pub const PAGE_DEFAULT: u32 = 50;
 
 const COLUMNS: &str = "seq, time, action, actor, target, event_id, payload_digest, key_id, mac";
 
-/// Creates the ledger table (idempotent).
+/// Creates the ledger table and its append-only triggers (idempotent).
 pub async fn prepare(db: &Db) -> anyhow::Result<()> {
-    db.ensure_tables(LEDGER_SCHEMA).await
+    let triggers = match db.kind() {
+        DbKind::Sqlite => SQLITE_LEDGER_TRIGGERS,
+        DbKind::Postgres => POSTGRES_LEDGER_TRIGGERS,
+    };
+    let all: Vec<&str> = LEDGER_SCHEMA.iter().chain(triggers).copied().collect();
+    db.ensure_tables(&all).await
 }
 
 /// Appends the row of one event, unless it is not auditable or already has a row, and
@@ -160,8 +197,8 @@ pub async fn head(db: &Db) -> anyhow::Result<Option<(i64, String)>> {
 }
 
 /// Records a signed checkpoint of the ledger's head as an `AuditCheckpoint` event
-/// (R-AUDIT-2) when the ledger grew since the last one. Returns the checkpointed seq, or
-/// `None` when there was nothing new.
+/// (R-AUDIT-2) when the ledger grew past the last checkpoint, linked to that checkpoint.
+/// Returns the checkpointed seq, or `None` when there was nothing new.
 pub async fn checkpoint(db: &Db, keys: &AuditKeys) -> anyhow::Result<Option<i64>> {
     let Some((seq, head_mac)) = head(db).await? else { return Ok(None) };
     let last: AuditLedger = db.load(LEDGER_ID).await?;
@@ -172,23 +209,55 @@ pub async fn checkpoint(db: &Db, keys: &AuditKeys) -> anyhow::Result<Option<i64>
         }
         return Ok(None);
     }
-    let mac = checkpoint_mac(keys, seq, &head_mac);
-    let command = AuditCommand::Checkpoint { seq, head_mac, key_id: keys.current_key_id().to_owned(), mac, at: Utc::now() };
+    if last.last_seq > 0 && !carries(db, last.last_seq, &last.last_head_mac).await? {
+        // Still checkpointed: the new checkpoint covers the rows appended since, and
+        // verification names the broken one.
+        tracing::warn!(checkpointed = last.last_seq, "the audit ledger no longer holds the row of its last checkpoint: rows were removed or replaced");
+    }
+    // Before the first checkpoint the link is (0, ""), as the first one's must be.
+    let mac = checkpoint_mac(keys, seq, &head_mac, last.last_seq, &last.last_mac);
+    let command = AuditCommand::Checkpoint {
+        seq,
+        head_mac,
+        prev_seq: last.last_seq,
+        prev_mac: last.last_mac,
+        key_id: keys.current_key_id().to_owned(),
+        mac,
+        at: Utc::now(),
+    };
     db.cqrs::<AuditLedger>().execute(LEDGER_ID, command, HashMap::new()).await.map_err(|e| anyhow::anyhow!("failed to record an audit checkpoint: {e}"))?;
     Ok(Some(seq))
 }
 
-/// The latest `AuditCheckpoint` in the store.
-pub async fn latest_checkpoint(db: &Db) -> anyhow::Result<Option<LedgerCheckpoint>> {
-    let row = sqlx::query("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence DESC LIMIT 1")
+/// Whether the ledger holds a row at `seq` with MAC `mac`.
+async fn carries(db: &Db, seq: i64, mac: &str) -> anyhow::Result<bool> {
+    let row = sqlx::query("SELECT mac FROM audit_ledger_rows WHERE seq = $1").bind(seq).fetch_optional(db.any()).await?;
+    Ok(match row {
+        Some(r) => r.try_get::<String, _>(0)? == mac,
+        None => false,
+    })
+}
+
+/// Every `AuditCheckpoint` in the store, in the order recorded.
+pub async fn checkpoints(db: &Db) -> anyhow::Result<Vec<LedgerCheckpoint>> {
+    let rows = sqlx::query("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence")
         .bind(<AuditLedger as cqrs_es::Aggregate>::TYPE)
         .bind(LEDGER_ID)
-        .fetch_optional(db.any())
+        .fetch_all(db.any())
         .await?;
-    let Some(row) = row else { return Ok(None) };
-    let payload: String = row.try_get(0)?;
-    let AuditEvent::AuditCheckpoint { seq, head_mac, key_id, mac, .. } = serde_json::from_str(&payload).context("unreadable AuditCheckpoint event")?;
-    Ok(Some(LedgerCheckpoint { seq, head_mac, key_id, mac }))
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let payload: String = row.try_get(0)?;
+        let AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, .. } =
+            serde_json::from_str(&payload).context("unreadable AuditCheckpoint event")?;
+        out.push(LedgerCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac });
+    }
+    Ok(out)
+}
+
+/// The latest `AuditCheckpoint` in the store.
+pub async fn latest_checkpoint(db: &Db) -> anyhow::Result<Option<LedgerCheckpoint>> {
+    Ok(checkpoints(db).await?.pop())
 }
 
 /// A stored row whose time may not parse (a tampered row must still be reportable).
@@ -216,29 +285,31 @@ fn raw_row(r: &AnyRow) -> anyhow::Result<RawRow> {
     })
 }
 
-/// Verifies the stored ledger against its latest checkpoint (R-AUDIT-2).
+/// Verifies the stored ledger against every checkpoint (R-AUDIT-2).
 pub async fn verify(db: &Db, keys: &AuditKeys) -> anyhow::Result<Verification> {
     prepare(db).await?;
-    // The checkpoint is read before the rows: rows only grow, so the rows read afterwards
-    // cover it unless some were removed. The other order could see a checkpoint taken
+    // The checkpoints are read before the rows: rows only grow, so the rows read afterwards
+    // cover them unless some were removed. The other order could see a checkpoint taken
     // after the rows were read and report a removed tail that is not.
-    let checkpoint = latest_checkpoint(db).await?;
+    let checkpoints = checkpoints(db).await?;
     let stored = sqlx::query(&format!("SELECT {COLUMNS} FROM audit_ledger_rows ORDER BY seq")).fetch_all(db.any()).await?;
     let mut rows = Vec::with_capacity(stored.len());
+    let mut unreadable_time = None;
     for r in &stored {
         let raw = raw_row(r)?;
-        if !raw.time_ok {
-            // Everything before it must verify first, so the first bad seq stays first.
-            return Ok(match verify_chain(keys, &rows, None) {
-                Verification::Ok { .. } => {
-                    Verification::Broken { first_bad_seq: raw.row.seq, reason: "the row's time is not an RFC 3339 time: modified".into() }
-                }
-                broken => broken,
-            });
+        if !raw.time_ok && unreadable_time.is_none() {
+            // Kept (with a time its MAC cannot match) so that anything before it is named
+            // first; if it is the first bad seq, the reason says why.
+            unreadable_time = Some(raw.row.seq);
         }
         rows.push(raw.row);
     }
-    Ok(verify_chain(keys, &rows, checkpoint.as_ref()))
+    Ok(match verify_chain(keys, &rows, &checkpoints) {
+        Verification::Broken { first_bad_seq, .. } if Some(first_bad_seq) == unreadable_time => {
+            Verification::Broken { first_bad_seq, reason: "the row's time is not an RFC 3339 time: modified".into() }
+        }
+        v => v,
+    })
 }
 
 /// A page of rows in seq order (R-AUDIT-3); empty filters match everything. The cursor is

@@ -1,7 +1,8 @@
 //! The audit service (SPEC §7): writes one hash-chained HMAC row per auditable event
-//! (R-AUDIT-1), records a signed checkpoint of the ledger's head as an event every
-//! `checkpoint_every` and on shutdown (R-AUDIT-2), and serves ledger pages (R-AUDIT-3) and
-//! verification (R-AUDIT-2) to admins over the bus.
+//! (R-AUDIT-1), records a signed checkpoint of the ledger's head, linked to the previous
+//! checkpoint, as an event every `checkpoint_every` and on shutdown (R-AUDIT-2), and serves
+//! ledger pages (R-AUDIT-3) and verification against every checkpoint (R-AUDIT-2) to admins
+//! over the bus.
 //!
 //! Architecture Invariant: the ledger is append-only and never rebuilt (R-ARCH-5); the only
 //! events this service appends are `AuditCheckpoint`s of the `audit_ledger` aggregate.
@@ -21,8 +22,8 @@ use atasira_platform::service::{self as platform_service, Call, Refusal};
 use tokio::sync::watch;
 
 pub use ledger::{
-    AUDITABLE_TYPES, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX, append, apply_pending, check_complete, checkpoint, head, latest_checkpoint, page, prepare,
-    verify,
+    AUDITABLE_TYPES, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX, POSTGRES_LEDGER_TRIGGERS, SQLITE_LEDGER_TRIGGERS, append, apply_pending, check_complete,
+    checkpoint, checkpoints, head, latest_checkpoint, page, prepare, verify,
 };
 
 /// The service name (also its subject token).

@@ -23,6 +23,7 @@ use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
 use chrono::Utc;
 use serde_json::json;
+use sqlx::Row;
 
 use super::*;
 
@@ -78,6 +79,16 @@ async fn approve(db: &Db, draft_id: &str) {
 
 async fn rows(db: &Db) -> Vec<LedgerRow> {
     page(db, "", "", None, PAGE_MAX, 0).await.expect("page").0
+}
+
+/// Runs `statement` as someone with full access to the database file would: with the
+/// ledger's append-only triggers dropped, then created again.
+async fn tamper(db: &Db, statement: &str) {
+    for trigger in ["audit_ledger_rows_append_only_update", "audit_ledger_rows_append_only_delete"] {
+        sqlx::query(&format!("DROP TRIGGER {trigger}")).execute(db.any()).await.expect("drop trigger");
+    }
+    sqlx::query(statement).execute(db.any()).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+    prepare(db).await.expect("triggers again");
 }
 
 fn first_bad(v: &Verification) -> Option<i64> {
@@ -165,7 +176,7 @@ async fn r_audit_2_a_modified_row_is_named() {
     apply_pending(&db, &ks).await.expect("apply");
     assert!(verify(&db, &ks).await.expect("verify").is_ok());
     // when someone with database access rewrites the actor of row 1
-    sqlx::query("UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 1").execute(db.any()).await.expect("tamper");
+    tamper(&db, "UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 1").await;
     // then verification names seq 1
     let v = verify(&db, &ks).await.expect("verify");
     assert_eq!(first_bad(&v), Some(1), "{v:?}");
@@ -183,10 +194,10 @@ async fn r_audit_2_an_unreadable_time_is_named_after_the_rows_before_it() {
     submit(&db, "d1").await;
     approve(&db, "d1").await;
     apply_pending(&db, &ks).await.expect("apply");
-    sqlx::query("UPDATE audit_ledger_rows SET time = 'yesterday' WHERE seq = 2").execute(db.any()).await.expect("tamper");
+    tamper(&db, "UPDATE audit_ledger_rows SET time = 'yesterday' WHERE seq = 2").await;
     assert_eq!(first_bad(&verify(&db, &ks).await.expect("verify")), Some(2));
     // and when row 1 is modified too; then row 1 comes first
-    sqlx::query("UPDATE audit_ledger_rows SET target = 'd9' WHERE seq = 1").execute(db.any()).await.expect("tamper");
+    tamper(&db, "UPDATE audit_ledger_rows SET target = 'd9' WHERE seq = 1").await;
     assert_eq!(first_bad(&verify(&db, &ks).await.expect("verify")), Some(1));
 }
 
@@ -201,7 +212,7 @@ async fn r_audit_2_a_deleted_middle_row_is_named() {
     submit(&db, "d2").await;
     assert_eq!(apply_pending(&db, &ks).await.expect("apply"), 3);
     // when row 2 is deleted; then seq 2 is named
-    sqlx::query("DELETE FROM audit_ledger_rows WHERE seq = 2").execute(db.any()).await.expect("tamper");
+    tamper(&db, "DELETE FROM audit_ledger_rows WHERE seq = 2").await;
     let v = verify(&db, &ks).await.expect("verify");
     assert_eq!(first_bad(&v), Some(2), "{v:?}");
     // and the completeness check lists the event that lost its row
@@ -226,7 +237,7 @@ async fn r_audit_2_a_removed_tail_is_caught_by_the_checkpoint() {
     assert_eq!((cp.seq, cp.key_id.as_str()), (3, "audit-1"));
     assert_eq!(verify(&db, &ks).await.expect("verify"), Verification::Ok { rows: 3 });
     // when the last row is deleted (the chain of rows 1..2 is intact)
-    sqlx::query("DELETE FROM audit_ledger_rows WHERE seq = 3").execute(db.any()).await.expect("tamper");
+    tamper(&db, "DELETE FROM audit_ledger_rows WHERE seq = 3").await;
     // then verification reports the removed tail at seq 3
     let v = verify(&db, &ks).await.expect("verify");
     let Verification::Broken { first_bad_seq, reason } = &v else { panic!("truncation not detected") };
@@ -235,6 +246,75 @@ async fn r_audit_2_a_removed_tail_is_caught_by_the_checkpoint() {
     // and the checkpointer does not paper over it with a shorter checkpoint
     assert_eq!(checkpoint(&db, &ks).await.expect("checkpoint"), None);
     assert_eq!(first_bad(&verify(&db, &ks).await.expect("verify")), Some(3));
+}
+
+#[tokio::test]
+async fn r_audit_2_the_ledger_refuses_update_and_delete() {
+    // given a 2-row ledger
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    submit(&db, "d1").await;
+    approve(&db, "d1").await;
+    apply_pending(&db, &ks).await.expect("apply");
+    // when rows are updated or deleted through the service's own connection; then refused
+    for statement in
+        ["UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 1", "DELETE FROM audit_ledger_rows WHERE seq = 2", "DELETE FROM audit_ledger_rows"]
+    {
+        let err = sqlx::query(statement).execute(db.any()).await.expect_err(statement);
+        assert!(err.to_string().contains("append-only"), "{statement}: {err}");
+    }
+    // and the ledger is untouched
+    assert_eq!(verify(&db, &ks).await.expect("verify"), Verification::Ok { rows: 2 });
+    // and preparing again (every start) keeps one set of triggers
+    prepare(&db).await.expect("again");
+    let triggers: i64 = sqlx::query("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'audit_ledger_rows'")
+        .fetch_one(db.any())
+        .await
+        .expect("count")
+        .try_get(0)
+        .expect("int");
+    assert_eq!(triggers, 2);
+}
+
+#[tokio::test]
+async fn r_audit_2_a_tail_removed_after_a_checkpoint_and_regrown_is_named() {
+    // given 3 rows checkpointed (checkpoint K at seq 3), then 3 more checkpointed at seq 6
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    for id in ["d1", "d2", "d3"] {
+        submit(&db, id).await;
+    }
+    apply_pending(&db, &ks).await.expect("apply");
+    assert_eq!(checkpoint(&db, &ks).await.expect("checkpoint"), Some(3));
+    for id in ["d4", "d5", "d6"] {
+        submit(&db, id).await;
+    }
+    apply_pending(&db, &ks).await.expect("apply");
+    assert_eq!(checkpoint(&db, &ks).await.expect("checkpoint"), Some(6));
+    // then each checkpoint names the one before it
+    let recorded = checkpoints(&db).await.expect("read");
+    assert_eq!(recorded.iter().map(|c| (c.seq, c.prev_seq)).collect::<Vec<_>>(), vec![(3, 0), (6, 3)]);
+    assert_eq!(recorded[1].prev_mac, recorded[0].mac);
+    assert_eq!(verify(&db, &ks).await.expect("verify"), Verification::Ok { rows: 6 });
+    // when the rows after checkpoint K are deleted behind the service's back
+    tamper(&db, "DELETE FROM audit_ledger_rows WHERE seq > 3").await;
+    assert_eq!(first_bad(&verify(&db, &ks).await.expect("verify")), Some(4));
+    // and the ledger regrows past the last checkpoint (new rows re-use seqs 4..6), and the
+    // service checkpoints the new head after checkpoint 6
+    for id in ["d7", "d8", "d9", "d10"] {
+        submit(&db, id).await;
+    }
+    assert_eq!(apply_pending(&db, &ks).await.expect("apply"), 4);
+    assert_eq!(checkpoint(&db, &ks).await.expect("checkpoint"), Some(7));
+    let latest = latest_checkpoint(&db).await.expect("read").expect("recorded");
+    assert_eq!((latest.seq, latest.prev_seq), (7, 6));
+    // then the latest checkpoint alone would pass, but checkpoint 6 lost its row: seq 6 named
+    let v = verify(&db, &ks).await.expect("verify");
+    let Verification::Broken { first_bad_seq, reason } = &v else { panic!("the regrown tail went unnoticed") };
+    assert_eq!(*first_bad_seq, 6);
+    assert!(reason.contains("checkpoint at seq 6"), "{reason}");
 }
 
 #[tokio::test]

@@ -3,8 +3,13 @@
 //! Why a chain: each row's HMAC-SHA256 covers the row's canonical bytes AND the previous
 //! row's MAC, so a row cannot be modified, removed, inserted or moved without breaking the
 //! MAC of that row or of the row after it. Only a removed tail leaves an intact chain; it is
-//! caught against the latest signed checkpoint (seq + head MAC) that the audit service
-//! records as an `AuditCheckpoint` event in the append-only event store.
+//! caught against the signed checkpoints (seq + head MAC) that the audit service records as
+//! `AuditCheckpoint` events in the append-only event store.
+//!
+//! Checkpoints form a chain of their own: each one's MAC also covers the previous
+//! checkpoint's seq and MAC. Verification checks every checkpoint, not just the latest, so a
+//! tail removed after checkpoint K and then regrown (new rows re-using the removed seqs, new
+//! honest checkpoints over them) still breaks at the first checkpoint whose head row is gone.
 //!
 //! Keys have ids and retired keys keep verifying, so rotation never breaks old rows
 //! (R-AUDIT-4). MACs are compared in constant time (`Mac::verify_slice`,
@@ -31,7 +36,8 @@ type HmacSha256 = Hmac<Sha256>;
 pub const ROW_PURPOSE_TAG: &str = "atasira.audit-row.v1";
 
 /// Domain separation for checkpoint MACs.
-pub const CHECKPOINT_PURPOSE_TAG: &str = "atasira.audit-checkpoint.v1";
+/// v2: the MAC also covers the previous checkpoint's seq and MAC (a chain of checkpoints).
+pub const CHECKPOINT_PURPOSE_TAG: &str = "atasira.audit-checkpoint.v2";
 
 /// Minimum secret length: HMAC-SHA256 keys shorter than the hash output weaken it.
 pub const MIN_SECRET_LEN: usize = 32;
@@ -182,16 +188,37 @@ pub struct LedgerRow {
     pub mac: String,
 }
 
-/// The latest signed checkpoint as recorded by an `AuditCheckpoint` event (R-AUDIT-2).
+/// A signed checkpoint as recorded by an `AuditCheckpoint` event (R-AUDIT-2), linked to the
+/// checkpoint before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerCheckpoint {
     /// The ledger's last seq when the checkpoint was taken.
     pub seq: i64,
     /// The MAC of the row at `seq`.
     pub head_mac: String,
+    /// The previous checkpoint's seq; 0 for the first checkpoint.
+    pub prev_seq: i64,
+    /// The previous checkpoint's MAC; empty for the first checkpoint.
+    pub prev_mac: String,
     pub key_id: String,
-    /// [`checkpoint_mac`] of `(seq, head_mac)` by `key_id`.
+    /// [`checkpoint_mac`] of `(seq, head_mac, prev_seq, prev_mac)` by `key_id`.
     pub mac: String,
+}
+
+impl LedgerCheckpoint {
+    /// Signs a checkpoint of the row `(seq, head_mac)` with the current key, following
+    /// `previous` (`None` for the first checkpoint).
+    pub fn seal(keys: &AuditKeys, seq: i64, head_mac: &str, previous: Option<&LedgerCheckpoint>) -> LedgerCheckpoint {
+        let (prev_seq, prev_mac) = previous.map(|p| (p.seq, p.mac.as_str())).unwrap_or((0, ""));
+        LedgerCheckpoint {
+            seq,
+            head_mac: head_mac.to_owned(),
+            prev_seq,
+            prev_mac: prev_mac.to_owned(),
+            key_id: keys.current_key_id().to_owned(),
+            mac: checkpoint_mac(keys, seq, head_mac, prev_seq, prev_mac),
+        }
+    }
 }
 
 /// The canonical text of a ledger time: RFC 3339 in UTC with exactly three fractional
@@ -311,12 +338,16 @@ fn row_bytes(row: &UnsignedRow, key_id: &str, prev_mac: &str) -> Vec<u8> {
     out
 }
 
-fn checkpoint_bytes(key_id: &str, seq: i64, head_mac: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + key_id.len() + head_mac.len());
+/// The MACed bytes of a checkpoint: purpose tag, key id, seq, head MAC, the previous
+/// checkpoint's seq and MAC (0 and empty for the first), each length-prefixed.
+fn checkpoint_bytes(key_id: &str, seq: i64, head_mac: &str, prev_seq: i64, prev_mac: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(96 + key_id.len() + head_mac.len() + prev_mac.len());
     push_item(&mut out, CHECKPOINT_PURPOSE_TAG.as_bytes());
     push_item(&mut out, key_id.as_bytes());
     push_item(&mut out, &seq.to_be_bytes());
     push_item(&mut out, head_mac.as_bytes());
+    push_item(&mut out, &prev_seq.to_be_bytes());
+    push_item(&mut out, prev_mac.as_bytes());
     out
 }
 
@@ -327,10 +358,11 @@ pub fn row_mac(keys: &AuditKeys, row: &UnsignedRow, prev_mac: &str) -> String {
     keys.current.tag_hex(&row_bytes(row, &keys.current.key_id, prev_mac))
 }
 
-/// The MAC of a checkpoint `(seq, head_mac)` by the current key, for the `AuditCheckpoint`
-/// event (whose `key_id` is [`AuditKeys::current_key_id`]).
-pub fn checkpoint_mac(keys: &AuditKeys, seq: i64, head_mac: &str) -> String {
-    keys.current.tag_hex(&checkpoint_bytes(&keys.current.key_id, seq, head_mac))
+/// The MAC of a checkpoint `(seq, head_mac)` following the checkpoint `(prev_seq,
+/// prev_mac)` (0 and empty for the first) by the current key, for the `AuditCheckpoint`
+/// event (whose `key_id` is [`AuditKeys::current_key_id`]). Prefer [`LedgerCheckpoint::seal`].
+pub fn checkpoint_mac(keys: &AuditKeys, seq: i64, head_mac: &str, prev_seq: i64, prev_mac: &str) -> String {
+    keys.current.tag_hex(&checkpoint_bytes(&keys.current.key_id, seq, head_mac, prev_seq, prev_mac))
 }
 
 /// The result of a verification (R-AUDIT-2). Serializes exactly as `{"ok": true, "rows":
@@ -410,74 +442,136 @@ fn macs_equal(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
-/// Verifies a ledger (R-AUDIT-2): `rows` as stored, in seq order, and the latest signed
-/// checkpoint, if any. Names the first bad seq:
+/// Where and why a ledger breaks.
+struct Break {
+    seq: i64,
+    reason: String,
+}
+
+impl Break {
+    fn at(seq: i64, reason: impl Into<String>) -> Self {
+        Break { seq, reason: reason.into() }
+    }
+}
+
+/// Verifies a ledger (R-AUDIT-2): `rows` as stored, in seq order, and every signed
+/// checkpoint in the order they were recorded. Names the first bad seq:
 ///
 /// - a seq that is not the previous one + 1 (a deleted, inserted or moved row),
 /// - a row under an unknown key id, with a malformed MAC, or whose MAC does not match its
 ///   fields and the previous row's MAC (modified, inserted or reordered rows),
-/// - a checkpoint whose own MAC does not verify (forged),
-/// - fewer rows than the checkpoint covers, or a row at the checkpoint's seq that does not
-///   carry its head MAC (a removed or replaced tail).
-pub fn verify_chain(keys: &AuditKeys, rows: &[LedgerRow], latest_checkpoint: Option<&LedgerCheckpoint>) -> Verification {
+/// - a checkpoint whose own MAC does not verify (forged), that does not name the checkpoint
+///   recorded before it (one was removed, forged or reordered) or does not move past it,
+/// - a checkpoint beyond the last row (a removed tail), or whose row does not carry its head
+///   MAC (a removed tail that regrew, or a replaced one).
+///
+/// A checkpoint's problem is named at its seq, a removed tail at its first missing seq; when
+/// both the rows and a checkpoint break, the lower seq is named (the row's on a tie).
+pub fn verify_chain(keys: &AuditKeys, rows: &[LedgerRow], checkpoints: &[LedgerCheckpoint]) -> Verification {
+    let (intact, row_break) = verify_rows(keys, rows);
+    let checkpoint_break = verify_checkpoints(keys, &rows[..intact], row_break.is_none(), checkpoints);
+    let first = match (row_break, checkpoint_break) {
+        (Some(row), Some(checkpoint)) => Some(if checkpoint.seq < row.seq { checkpoint } else { row }),
+        (row, checkpoint) => row.or(checkpoint),
+    };
+    match first {
+        Some(b) => Verification::broken(b.seq, b.reason),
+        None => Verification::Ok { rows: rows.len() as u64 },
+    }
+}
+
+/// The number of leading rows that verify (they hold seqs 1..=n in order), and the first
+/// broken row, if any.
+fn verify_rows(keys: &AuditKeys, rows: &[LedgerRow]) -> (usize, Option<Break>) {
     let mut prev_mac = "";
-    let mut expected = 1i64;
-    for row in rows {
-        if row.seq != expected {
-            return if row.seq > expected {
-                Verification::broken(expected, format!("row {expected} is missing or out of order: the ledger goes on with seq {}", row.seq))
+    for (intact, (row, expected)) in rows.iter().zip(1i64..).enumerate() {
+        let problem = if row.seq != expected {
+            Some(if row.seq > expected {
+                Break::at(expected, format!("row {expected} is missing or out of order: the ledger goes on with seq {}", row.seq))
             } else {
-                Verification::broken(row.seq, format!("seq {} appears again or out of order after seq {}", row.seq, expected - 1))
-            };
-        }
-        if row.time.nanosecond() % 1_000_000 != 0 {
-            return Verification::broken(row.seq, "the row's time carries sub-millisecond digits, which its mac does not cover");
-        }
-        let Some(key) = keys.get(&row.key_id) else {
-            return Verification::broken(row.seq, format!("the row is MACed with unknown key id {:?}", row.key_id));
-        };
-        let unsigned = UnsignedRow {
-            seq: row.seq,
-            time: row.time,
-            action: row.action.clone(),
-            actor: row.actor.clone(),
-            target: row.target.clone(),
-            event_id: row.event_id.clone(),
-            payload_digest: row.payload_digest.clone(),
-        };
-        match key.verifies(&row_bytes(&unsigned, &row.key_id, prev_mac), &row.mac) {
-            Ok(()) => {}
-            Err(MacProblem::Malformed) => return Verification::broken(row.seq, "the row's mac is not 64 lowercase hex characters"),
-            Err(MacProblem::Mismatch) => {
-                return Verification::broken(row.seq, "the row's mac does not match its fields and the previous row's mac: modified, inserted or reordered");
+                Break::at(row.seq, format!("seq {} appears again or out of order after seq {}", row.seq, expected - 1))
+            })
+        } else if row.time.nanosecond() % 1_000_000 != 0 {
+            Some(Break::at(row.seq, "the row's time carries sub-millisecond digits, which its mac does not cover"))
+        } else {
+            match keys.get(&row.key_id) {
+                None => Some(Break::at(row.seq, format!("the row is MACed with unknown key id {:?}", row.key_id))),
+                Some(key) => {
+                    let unsigned = UnsignedRow {
+                        seq: row.seq,
+                        time: row.time,
+                        action: row.action.clone(),
+                        actor: row.actor.clone(),
+                        target: row.target.clone(),
+                        event_id: row.event_id.clone(),
+                        payload_digest: row.payload_digest.clone(),
+                    };
+                    match key.verifies(&row_bytes(&unsigned, &row.key_id, prev_mac), &row.mac) {
+                        Ok(()) => None,
+                        Err(MacProblem::Malformed) => Some(Break::at(row.seq, "the row's mac is not 64 lowercase hex characters")),
+                        Err(MacProblem::Mismatch) => {
+                            Some(Break::at(row.seq, "the row's mac does not match its fields and the previous row's mac: modified, inserted or reordered"))
+                        }
+                    }
+                }
             }
+        };
+        if problem.is_some() {
+            return (intact, problem);
         }
         prev_mac = &row.mac;
-        expected += 1;
     }
-    let last_seq = expected - 1;
-    if let Some(cp) = latest_checkpoint {
+    (rows.len(), None)
+}
+
+/// Checks every checkpoint in recorded order against `rows`, the verified rows (seqs
+/// 1..=n). `complete` says whether they are the whole ledger; when not, the rows break at
+/// seq n + 1, which is named instead of anything a checkpoint beyond n could show.
+fn verify_checkpoints(keys: &AuditKeys, rows: &[LedgerRow], complete: bool, checkpoints: &[LedgerCheckpoint]) -> Option<Break> {
+    let last_seq = rows.len() as i64;
+    let mut prev: Option<&LedgerCheckpoint> = None;
+    for cp in checkpoints {
+        let (prev_seq, prev_mac) = prev.map(|p| (p.seq, p.mac.as_str())).unwrap_or((0, ""));
         let Some(key) = keys.get(&cp.key_id) else {
-            return Verification::broken(cp.seq, format!("the latest checkpoint is MACed with unknown key id {:?}", cp.key_id));
+            return Some(Break::at(cp.seq, format!("the checkpoint at seq {} is MACed with unknown key id {:?}", cp.seq, cp.key_id)));
         };
-        if key.verifies(&checkpoint_bytes(&cp.key_id, cp.seq, &cp.head_mac), &cp.mac).is_err() {
-            return Verification::broken(cp.seq, "the latest checkpoint's mac does not verify: forged checkpoint");
+        if key.verifies(&checkpoint_bytes(&cp.key_id, cp.seq, &cp.head_mac, cp.prev_seq, &cp.prev_mac), &cp.mac).is_err() {
+            return Some(Break::at(cp.seq, format!("the mac of the checkpoint at seq {} does not verify: forged checkpoint", cp.seq)));
+        }
+        if cp.prev_seq != prev_seq || !macs_equal(&cp.prev_mac, prev_mac) {
+            return Some(Break::at(
+                cp.seq,
+                format!(
+                    "the checkpoint at seq {} does not follow the checkpoint recorded before it (seq {prev_seq}): a checkpoint was removed or reordered",
+                    cp.seq
+                ),
+            ));
+        }
+        if cp.seq <= prev_seq {
+            return Some(Break::at(cp.seq, format!("the checkpoint at seq {} does not move past the checkpoint before it (seq {prev_seq})", cp.seq)));
         }
         if cp.seq > last_seq {
-            return Verification::broken(
-                last_seq + 1,
-                format!("the ledger ends at seq {last_seq} but the latest checkpoint covers seq {}: rows were removed from the tail", cp.seq),
-            );
+            return complete.then(|| {
+                Break::at(
+                    last_seq + 1,
+                    format!("the ledger ends at seq {last_seq} but the checkpoint at seq {} covers more: rows were removed from the tail", cp.seq),
+                )
+            });
         }
-        if cp.seq >= 1 {
-            // In range: rows[0..last_seq] hold seqs 1..=last_seq in order.
-            let at = usize::try_from(cp.seq - 1).ok().and_then(|i| rows.get(i));
-            if !at.is_some_and(|row| macs_equal(&row.mac, &cp.head_mac)) {
-                return Verification::broken(cp.seq, format!("row {} does not carry the latest checkpoint's head mac: the tail was replaced", cp.seq));
-            }
+        // 1 <= cp.seq <= last_seq, and rows[i] holds seq i + 1.
+        let row = usize::try_from(cp.seq - 1).ok().and_then(|i| rows.get(i));
+        if !row.is_some_and(|row| macs_equal(&row.mac, &cp.head_mac)) {
+            return Some(Break::at(
+                cp.seq,
+                format!(
+                    "row {} does not carry the head mac of the checkpoint at seq {}: the tail after seq {prev_seq} was removed and regrew, or was replaced",
+                    cp.seq, cp.seq
+                ),
+            ));
         }
+        prev = Some(cp);
     }
-    Verification::Ok { rows: rows.len() as u64 }
+    None
 }
 
 #[cfg(test)]
@@ -520,9 +614,21 @@ mod tests {
         rows
     }
 
+    /// The first checkpoint, over the last of `rows`.
     fn checkpoint_of(keys: &AuditKeys, rows: &[LedgerRow]) -> LedgerCheckpoint {
         let last = rows.last().expect("a row");
-        LedgerCheckpoint { seq: last.seq, head_mac: last.mac.clone(), key_id: keys.current_key_id().into(), mac: checkpoint_mac(keys, last.seq, &last.mac) }
+        LedgerCheckpoint::seal(keys, last.seq, &last.mac, None)
+    }
+
+    /// Checkpoints over `rows` at each of `seqs`, chained, by `keys`' current key.
+    fn checkpoints_at(keys: &AuditKeys, rows: &[LedgerRow], seqs: &[i64]) -> Vec<LedgerCheckpoint> {
+        let mut out: Vec<LedgerCheckpoint> = Vec::new();
+        for &seq in seqs {
+            let row = &rows[usize::try_from(seq - 1).expect("seq >= 1")];
+            let cp = LedgerCheckpoint::seal(keys, seq, &row.mac, out.last());
+            out.push(cp);
+        }
+        out
     }
 
     fn first_bad(v: &Verification) -> Option<i64> {
@@ -604,10 +710,10 @@ mod tests {
         let ks = keys();
         let rows = ledger(&ks, 5);
         assert!(rows.iter().all(|r| r.key_id == "audit-1" && r.mac.len() == 64));
-        assert_eq!(verify_chain(&ks, &rows, Some(&checkpoint_of(&ks, &rows))), Verification::Ok { rows: 5 });
-        assert_eq!(verify_chain(&ks, &rows, None), Verification::Ok { rows: 5 });
+        assert_eq!(verify_chain(&ks, &rows, &[checkpoint_of(&ks, &rows)]), Verification::Ok { rows: 5 });
+        assert_eq!(verify_chain(&ks, &rows, &[]), Verification::Ok { rows: 5 });
         // and an empty ledger without a checkpoint is ok with 0 rows
-        assert_eq!(verify_chain(&ks, &[], None), Verification::Ok { rows: 0 });
+        assert_eq!(verify_chain(&ks, &[], &[]), Verification::Ok { rows: 0 });
     }
 
     #[test]
@@ -635,7 +741,7 @@ mod tests {
         for alter in alterations {
             let mut tampered = rows.clone();
             alter(&mut tampered[1]);
-            let v = verify_chain(&ks, &tampered, None);
+            let v = verify_chain(&ks, &tampered, &[]);
             assert_eq!(first_bad(&v), Some(2), "{v:?}");
         }
     }
@@ -646,14 +752,14 @@ mod tests {
         let ks = keys();
         let mut rows = ledger(&ks, 3);
         rows.remove(1);
-        let v = verify_chain(&ks, &rows, None);
+        let v = verify_chain(&ks, &rows, &[]);
         assert_eq!(first_bad(&v), Some(2), "{v:?}");
         // and renumbering the rest to hide the gap breaks the mac of the moved row
         rows[1].seq = 2;
-        assert_eq!(first_bad(&verify_chain(&ks, &rows, None)), Some(2));
+        assert_eq!(first_bad(&verify_chain(&ks, &rows, &[])), Some(2));
         // and deleting the first row is a missing seq 1
         let rows = ledger(&ks, 3);
-        assert_eq!(first_bad(&verify_chain(&ks, &rows[1..], None)), Some(1));
+        assert_eq!(first_bad(&verify_chain(&ks, &rows[1..], &[])), Some(1));
     }
 
     #[test]
@@ -671,14 +777,14 @@ mod tests {
             r.seq += 1;
             inserted.push(r);
         }
-        assert_eq!(first_bad(&verify_chain(&ks, &inserted, None)), Some(2));
+        assert_eq!(first_bad(&verify_chain(&ks, &inserted, &[])), Some(2));
         // when a row repeats a seq; then that seq is named
         let duplicated = vec![rows[0].clone(), rows[1].clone(), rows[1].clone(), rows[2].clone()];
-        assert_eq!(first_bad(&verify_chain(&ks, &duplicated, None)), Some(2));
+        assert_eq!(first_bad(&verify_chain(&ks, &duplicated, &[])), Some(2));
         // when a forged row is appended at the end; then its seq is named
         let mut appended = rows.clone();
         appended.push(unsigned(4).seal(&forger, &rows[2].mac));
-        assert_eq!(first_bad(&verify_chain(&ks, &appended, None)), Some(4));
+        assert_eq!(first_bad(&verify_chain(&ks, &appended, &[])), Some(4));
     }
 
     #[test]
@@ -687,12 +793,12 @@ mod tests {
         let ks = keys();
         let rows = ledger(&ks, 4);
         let swapped = vec![rows[0].clone(), rows[2].clone(), rows[1].clone(), rows[3].clone()];
-        assert_eq!(first_bad(&verify_chain(&ks, &swapped, None)), Some(2));
+        assert_eq!(first_bad(&verify_chain(&ks, &swapped, &[])), Some(2));
         // and when their seqs are swapped too (as stored, read by seq); then the mac breaks
         let mut renumbered = swapped;
         renumbered[1].seq = 2;
         renumbered[2].seq = 3;
-        assert_eq!(first_bad(&verify_chain(&ks, &renumbered, None)), Some(2));
+        assert_eq!(first_bad(&verify_chain(&ks, &renumbered, &[])), Some(2));
     }
 
     #[test]
@@ -702,14 +808,119 @@ mod tests {
         let rows = ledger(&ks, 5);
         let cp = checkpoint_of(&ks, &rows);
         // when rows 4 and 5 are removed; then the chain alone is fine but seq 4 is named
-        assert!(verify_chain(&ks, &rows[..3], None).is_ok());
-        let v = verify_chain(&ks, &rows[..3], Some(&cp));
+        assert!(verify_chain(&ks, &rows[..3], &[]).is_ok());
+        let v = verify_chain(&ks, &rows[..3], std::slice::from_ref(&cp));
         assert_eq!(first_bad(&v), Some(4), "{v:?}");
         // when every row is removed; then seq 1 is named
-        assert_eq!(first_bad(&verify_chain(&ks, &[], Some(&cp))), Some(1));
+        assert_eq!(first_bad(&verify_chain(&ks, &[], std::slice::from_ref(&cp))), Some(1));
         // rows added after the checkpoint are fine
         let longer = ledger(&ks, 7);
-        assert_eq!(verify_chain(&ks, &longer, Some(&cp)), Verification::Ok { rows: 7 });
+        assert_eq!(verify_chain(&ks, &longer, std::slice::from_ref(&cp)), Verification::Ok { rows: 7 });
+    }
+
+    /// `rows` with everything after `keep` replaced by `n` other rows (other actors), chained
+    /// on from row `keep` as the ledger writer would append them: a tail removed by someone
+    /// with database access, then regrown by the service.
+    fn regrown(keys: &AuditKeys, rows: &[LedgerRow], keep: usize, n: i64) -> Vec<LedgerRow> {
+        let mut out = rows[..keep].to_vec();
+        for seq in (keep as i64 + 1)..=(keep as i64 + n) {
+            let mut u = unsigned(seq);
+            u.actor = format!("regrown-{seq}");
+            let prev = out.last().map(|r| r.mac.clone()).unwrap_or_default();
+            out.push(u.seal(keys, &prev));
+        }
+        out
+    }
+
+    #[test]
+    fn r_audit_2_a_chain_of_checkpoints_verifies() {
+        // given 9 rows checkpointed at seqs 3, 6 and 9, each checkpoint after the one before
+        let ks = keys();
+        let rows = ledger(&ks, 9);
+        let cps = checkpoints_at(&ks, &rows, &[3, 6, 9]);
+        assert_eq!((cps[0].prev_seq, cps[0].prev_mac.as_str()), (0, ""));
+        assert_eq!((cps[1].prev_seq, &cps[1].prev_mac), (3, &cps[0].mac));
+        assert_eq!((cps[2].prev_seq, &cps[2].prev_mac), (6, &cps[1].mac));
+        // when verified; then ok, and rows appended after the last checkpoint are fine
+        assert_eq!(verify_chain(&ks, &rows, &cps), Verification::Ok { rows: 9 });
+        assert_eq!(verify_chain(&ks, &ledger(&ks, 12), &cps), Verification::Ok { rows: 12 });
+        // and the link is part of the mac: the same head after another checkpoint differs
+        assert_ne!(checkpoint_mac(&ks, 6, &rows[5].mac, 3, &cps[0].mac), checkpoint_mac(&ks, 6, &rows[5].mac, 0, ""));
+    }
+
+    #[test]
+    fn r_audit_2_a_tail_removed_after_checkpoint_k_and_regrown_is_named() {
+        // given 6 rows checkpointed at seq 3 (checkpoint K) and seq 6
+        let ks = keys();
+        let rows = ledger(&ks, 6);
+        let cps = checkpoints_at(&ks, &rows, &[3, 6]);
+        assert!(verify_chain(&ks, &rows, &cps).is_ok());
+        // when rows 4..6 are deleted and the ledger regrows to seq 9 (new rows re-using the
+        // deleted seqs), and the service honestly checkpoints seq 9 after checkpoint 6
+        let tampered = regrown(&ks, &rows, 3, 6);
+        let mut after = cps.clone();
+        after.push(LedgerCheckpoint::seal(&ks, 9, &tampered[8].mac, cps.last()));
+        // then the row chain alone and the latest checkpoint alone look fine...
+        assert!(verify_chain(&ks, &tampered, &[]).is_ok());
+        assert!(matches!(verify_chain(&ks, &tampered, &after[2..]), Verification::Broken { first_bad_seq: 9, .. }), "only by its link");
+        // ...but checkpoint 6 no longer finds its head: seq 6 is named
+        let v = verify_chain(&ks, &tampered, &after);
+        let Verification::Broken { first_bad_seq, reason } = &v else { panic!("regrown tail accepted") };
+        assert_eq!(*first_bad_seq, 6);
+        assert!(reason.contains("checkpoint") && reason.contains("tail"), "{reason}");
+        // when it has regrown only up to seq 5; then seq 6 is named as removed
+        let short = regrown(&ks, &rows, 3, 2);
+        let v = verify_chain(&ks, &short, &cps);
+        assert!(matches!(&v, Verification::Broken { first_bad_seq: 6, reason } if reason.contains("removed from the tail")), "{v:?}");
+        // when it has regrown exactly to seq 6; then seq 6 is named
+        assert_eq!(first_bad(&verify_chain(&ks, &regrown(&ks, &rows, 3, 3), &cps)), Some(6));
+        // and a tail regrown after the last checkpoint (seq 6) is the lower seq named
+        // before a modified row further on
+        let mut modified = tampered.clone();
+        modified[7].actor = "mallory".into();
+        assert_eq!(first_bad(&verify_chain(&ks, &modified, &after)), Some(6));
+        modified[1].actor = "mallory".into();
+        assert_eq!(first_bad(&verify_chain(&ks, &modified, &after)), Some(2), "a broken row before it comes first");
+    }
+
+    #[test]
+    fn r_audit_2_a_removed_forged_or_reordered_checkpoint_link_is_named() {
+        // given 9 rows checkpointed at 3, 6 and 9
+        let ks = keys();
+        let rows = ledger(&ks, 9);
+        let cps = checkpoints_at(&ks, &rows, &[3, 6, 9]);
+        let broken_at = |list: &[LedgerCheckpoint]| match verify_chain(&ks, &rows, list) {
+            Verification::Broken { first_bad_seq, reason } => {
+                assert!(reason.contains("checkpoint"), "{reason}");
+                Some(first_bad_seq)
+            }
+            Verification::Ok { .. } => None,
+        };
+        // when the middle checkpoint is missing; then the next one is named
+        assert_eq!(broken_at(&[cps[0].clone(), cps[2].clone()]), Some(9));
+        // when the first one is missing; then the one that names it is named
+        assert_eq!(broken_at(&cps[1..]), Some(6));
+        // when a link is rewritten (seq or mac of the previous); then its mac fails
+        let mut relinked = cps.clone();
+        relinked[1].prev_mac = "cd".repeat(32);
+        assert_eq!(broken_at(&relinked), Some(6));
+        let mut renumbered = cps.clone();
+        renumbered[2].prev_seq = 3;
+        assert_eq!(broken_at(&renumbered), Some(9));
+        // when a correctly MACed checkpoint starts a chain of its own in the middle (made
+        // with the key, after the tail was cut); then it is named
+        let restarted = vec![cps[0].clone(), cps[1].clone(), LedgerCheckpoint::seal(&ks, 9, &rows[8].mac, None)];
+        assert_eq!(broken_at(&restarted), Some(9));
+        // when checkpoints are reordered; then the first out of place is named
+        assert_eq!(broken_at(&[cps[1].clone(), cps[0].clone(), cps[2].clone()]), Some(6));
+        // when a checkpoint made with the key goes backwards; then it is named
+        let backwards = vec![cps[0].clone(), cps[1].clone(), LedgerCheckpoint::seal(&ks, 2, &rows[1].mac, Some(&cps[1]))];
+        assert_eq!(broken_at(&backwards), Some(2));
+        // and a forged checkpoint after an intact chain is named at its seq
+        let forger = AuditKeys::new(key("audit-1", 9), vec![]);
+        let mut forged = cps.clone();
+        forged.push(LedgerCheckpoint::seal(&forger, 9, &rows[8].mac, cps.last()));
+        assert_eq!(broken_at(&forged), Some(9));
     }
 
     #[test]
@@ -720,8 +931,8 @@ mod tests {
         let rows = ledger(&ks, 3);
         let mut cp = checkpoint_of(&ks, &rows);
         cp.head_mac = "ab".repeat(32);
-        cp.mac = checkpoint_mac(&ks, cp.seq, &cp.head_mac);
-        let v = verify_chain(&ks, &rows, Some(&cp));
+        cp.mac = checkpoint_mac(&ks, cp.seq, &cp.head_mac, 0, "");
+        let v = verify_chain(&ks, &rows, std::slice::from_ref(&cp));
         assert_eq!(first_bad(&v), Some(3), "{v:?}");
     }
 
@@ -740,17 +951,17 @@ mod tests {
         bad_mac.mac = "0".repeat(64);
         let forger = AuditKeys::new(key("audit-1", 9), vec![]);
         let mut by_forger = cp.clone();
-        by_forger.mac = checkpoint_mac(&forger, cp.seq, &cp.head_mac);
+        by_forger.mac = checkpoint_mac(&forger, cp.seq, &cp.head_mac, 0, "");
         let mut unknown = cp.clone();
         unknown.key_id = "nobody".into();
         for forged in [higher, other_head, bad_mac, by_forger, unknown] {
-            let v = verify_chain(&ks, &rows, Some(&forged));
+            let v = verify_chain(&ks, &rows, std::slice::from_ref(&forged));
             let Verification::Broken { first_bad_seq, reason } = &v else { panic!("forged checkpoint accepted: {forged:?}") };
             assert_eq!(*first_bad_seq, forged.seq);
             assert!(reason.contains("checkpoint"), "{reason}");
         }
         // and a checkpoint mac is not a row mac (domain separation)
-        assert_ne!(checkpoint_mac(&ks, 1, &rows[0].mac), rows[1].mac);
+        assert_ne!(checkpoint_mac(&ks, 1, &rows[0].mac, 0, ""), rows[1].mac);
     }
 
     #[test]
@@ -764,15 +975,20 @@ mod tests {
             let prev = rows.last().map(|r| r.mac.clone()).unwrap_or_default();
             rows.push(unsigned(seq).seal(&rotated, &prev));
         }
-        let cp = checkpoint_of(&rotated, &rows);
-        // then the whole ledger verifies, old rows under the old id, new ones under the new
-        assert_eq!(verify_chain(&rotated, &rows, Some(&cp)), Verification::Ok { rows: 4 });
+        // and checkpoints: one by the old key over seq 2, the next by the new key over seq 4
+        let old_cp = checkpoint_of(&old, &rows[..2]);
+        let new_cp = LedgerCheckpoint::seal(&rotated, 4, &rows[3].mac, Some(&old_cp));
+        // then the whole ledger verifies, old rows under the old id, new ones under the new,
+        // and the checkpoint chain crosses the rotation
+        assert_eq!(verify_chain(&rotated, &rows, &[old_cp.clone(), new_cp.clone()]), Verification::Ok { rows: 4 });
         assert_eq!(rows[0].key_id, "audit-old");
         assert_eq!(rows[3].key_id, "audit-new");
+        assert_eq!((old_cp.key_id.as_str(), new_cp.key_id.as_str()), ("audit-old", "audit-new"));
         assert_eq!(rotated.key_ids(), vec!["audit-new", "audit-old"]);
-        // and a checkpoint by the old key still verifies after rotation
-        let old_cp = checkpoint_of(&old, &rows[..2]);
-        assert!(verify_chain(&rotated, &rows, Some(&old_cp)).is_ok());
+        // but without the old key, its checkpoint is refused too
+        let forgotten = AuditKeys::new(key("audit-new", 2), vec![]);
+        let v = verify_chain(&forgotten, &rows[2..], &[old_cp, new_cp]);
+        assert!(matches!(&v, Verification::Broken { reason, .. } if reason.contains("missing")), "{v:?}");
     }
 
     #[test]
@@ -780,7 +996,7 @@ mod tests {
         // given rows by audit-old; when the verifier only knows audit-new; then seq 1 named
         let old = AuditKeys::new(key("audit-old", 1), vec![]);
         let rows = ledger(&old, 2);
-        let v = verify_chain(&keys(), &rows, None);
+        let v = verify_chain(&keys(), &rows, &[]);
         let Verification::Broken { first_bad_seq, reason } = v else { panic!("unknown key accepted") };
         assert_eq!(first_bad_seq, 1);
         assert!(reason.contains("unknown key id"), "{reason}");
@@ -788,7 +1004,7 @@ mod tests {
         let rotated = AuditKeys::new(key("audit-new", 2), vec![key("audit-old", 1)]);
         let mut relabelled = rows;
         relabelled[1].key_id = "audit-new".into();
-        assert_eq!(first_bad(&verify_chain(&rotated, &relabelled, None)), Some(2));
+        assert_eq!(first_bad(&verify_chain(&rotated, &relabelled, &[])), Some(2));
     }
 
     #[test]
@@ -807,7 +1023,7 @@ mod tests {
         let ks = keys();
         let mut rows = ledger(&ks, 2);
         rows[0].mac = rows[0].mac.to_uppercase();
-        let v = verify_chain(&ks, &rows, None);
+        let v = verify_chain(&ks, &rows, &[]);
         assert_eq!(first_bad(&v), Some(1), "{v:?}");
     }
 
@@ -819,11 +1035,11 @@ mod tests {
         u.time += TimeDelta::nanoseconds(123);
         let row = u.seal(&ks, "");
         assert_eq!(row.time, t(1));
-        assert!(verify_chain(&ks, std::slice::from_ref(&row), None).is_ok());
+        assert!(verify_chain(&ks, std::slice::from_ref(&row), &[]).is_ok());
         // when nanoseconds are added afterwards (not covered by the mac); then refused
         let mut tampered = row;
         tampered.time += TimeDelta::nanoseconds(5);
-        assert_eq!(first_bad(&verify_chain(&ks, &[tampered], None)), Some(1));
+        assert_eq!(first_bad(&verify_chain(&ks, &[tampered], &[])), Some(1));
     }
 
     #[test]
@@ -865,7 +1081,8 @@ mod tests {
         b.actor = "a".into();
         b.target = "bc".into();
         assert_ne!(row_bytes(&a, "k", ""), row_bytes(&b, "k", ""));
-        assert_ne!(checkpoint_bytes("k1", 1, "m"), checkpoint_bytes("k", 1, "1m"));
+        assert_ne!(checkpoint_bytes("k1", 1, "m", 0, ""), checkpoint_bytes("k", 1, "1m", 0, ""));
+        assert_ne!(checkpoint_bytes("k", 2, "ab", 1, "c"), checkpoint_bytes("k", 2, "a", 1, "bc"));
     }
 
     #[test]

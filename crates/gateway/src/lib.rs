@@ -67,10 +67,15 @@ struct AppState {
     config: Arc<Config>,
 }
 
+/// Creates the gateway's own tables (tokens, idempotency); idempotent.
+pub async fn prepare(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
+    db.ensure_tables(auth::TOKENS_SCHEMA).await?;
+    db.ensure_tables(idempotency::SCHEMA).await
+}
+
 /// The router; `rt.db` holds the gateway's own tables (tokens, idempotency).
 pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
-    rt.db.ensure_tables(auth::TOKENS_SCHEMA).await?;
-    rt.db.ensure_tables(idempotency::SCHEMA).await?;
+    prepare(&rt.db).await?;
     let state = AppState { rt, config: Arc::new(config) };
     let api = Router::new()
         .route("/auth/nats-assertion", post(routes::nats_assertion))

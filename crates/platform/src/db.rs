@@ -241,6 +241,10 @@ const POSTGRES_SCHEMA: &[&str] = &[
             CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
                 FOR EACH ROW EXECUTE FUNCTION atasira_events_append_only();
         END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_no_truncate' AND tgrelid = 'events'::regclass) THEN
+            CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_events_append_only();
+        END IF;
     END $$",
     // Readers follow commit order (see `Cursor`).
     "CREATE INDEX IF NOT EXISTS events_commit_order ON events (tx_id, global_position)",
@@ -353,10 +357,20 @@ impl Db {
 
     /// Runs idempotent DDL. In PostgreSQL, concurrent `CREATE ... IF NOT EXISTS` of the same
     /// table can still collide (processes starting together), so DDL holds an advisory lock.
+    ///
+    /// A PostgreSQL role that may not create objects in its schema (a service role that
+    /// cannot alter the append-only triggers, see README) runs no DDL: the tables must exist
+    /// already (`atasira db prepare` as the owning role creates them), and a missing one is
+    /// named.
     pub async fn ensure_tables(&self, statements: &[&str]) -> anyhow::Result<()> {
         let mut conn = self.any.acquire().await?;
         let postgres = self.kind() == DbKind::Postgres;
         if postgres {
+            let may_create: bool =
+                sqlx::query("SELECT COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false)").fetch_one(&mut *conn).await?.try_get(0)?;
+            if !may_create {
+                return expect_tables(&mut conn, statements).await;
+            }
             sqlx::query("SELECT pg_advisory_lock(424242)").execute(&mut *conn).await?;
         }
         let mut result = Ok(());
@@ -608,6 +622,33 @@ async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
 
 /// The channel the events table notifies on commit (see `POSTGRES_SCHEMA`).
 const APPENDED_CHANNEL: &str = "atasira_events";
+
+/// The table a `CREATE TABLE IF NOT EXISTS <name> (...)` statement creates.
+fn created_table(statement: &str) -> Option<&str> {
+    let rest = statement.trim_start().strip_prefix("CREATE TABLE IF NOT EXISTS ")?;
+    rest.split(|c: char| c.is_whitespace() || c == '(').find(|s| !s.is_empty())
+}
+
+/// For a role that may not create objects: every table `statements` would create must
+/// exist; their triggers and functions are the owner's business.
+async fn expect_tables(conn: &mut sqlx::AnyConnection, statements: &[&str]) -> anyhow::Result<()> {
+    let mut missing = Vec::new();
+    for table in statements.iter().filter_map(|s| created_table(s)) {
+        let exists: bool = sqlx::query("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(&mut *conn).await?.try_get(0)?;
+        if !exists {
+            missing.push(table);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let user: String = sqlx::query("SELECT CAST(current_user AS TEXT)").fetch_one(&mut *conn).await?.try_get(0)?;
+    anyhow::bail!(
+        "table(s) {} do not exist, and database role {user:?} may not create them: run `atasira db prepare --database-url <URL>` with the role \
+         that owns the schema first",
+        missing.join(", ")
+    )
+}
 
 fn row_to_event(row: &AnyRow) -> anyhow::Result<StoredEvent> {
     let aggregate_type: String = row.try_get(0)?;
