@@ -170,7 +170,6 @@ impl Service {
             .await
             .map_err(Refusal::internal)?
             .ok_or_else(|| Refusal::internal("the committed draft is not readable"))?;
-        self.rt.notify_committed();
         Ok(reply_written(reply, position, vec![event_id]))
     }
 }

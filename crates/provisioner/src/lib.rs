@@ -145,7 +145,6 @@ async fn consume(service: Arc<Service>, shutdown: watch::Receiver<bool>) {
         async move {
             service.handle(&event).await?;
             proj::mark_processed(&service.rt.db, CHECKPOINT, &event).await?;
-            service.rt.notify_committed();
             Ok(())
         }
     })

@@ -32,7 +32,6 @@ pub async fn run(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver
         async move {
             handle(&registry, &event).await?;
             proj::mark_processed(&registry.rt.db, NAME, &event).await?;
-            registry.rt.notify_committed();
             Ok(())
         }
     })

@@ -94,7 +94,6 @@ impl Registry {
     /// concurrent approvals serialise here, patiently; past that, 503 busy.
     async fn namespace(&self, command: NamespaceCommand) -> Result<(), Refusal> {
         command::execute(&self.namespace, NAMESPACE_ID, command, HashMap::new(), Retry::CONTENDED).await?;
-        self.rt.notify_committed();
         Ok(())
     }
 
@@ -178,7 +177,6 @@ impl Registry {
     /// Runs a Box command, waits for the Box view to apply it, answers the Box.
     async fn box_command(&self, box_id: &str, command: BoxCommand) -> Result<Reply, Refusal> {
         command::execute(&self.boxes, box_id, command, HashMap::new(), Retry::ONCE).await?;
-        self.rt.notify_committed();
         let (event_id, position) = self.rt.db.last_event(types::BOX, box_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
         proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), Duration::from_secs(5))
             .await
