@@ -98,6 +98,16 @@ fn first_bad(v: &Verification) -> Option<i64> {
     }
 }
 
+/// The ledger of d1 submitted and approved: two rows, applied.
+async fn two_rows(dir: &TempDir) -> (Db, AuditKeys) {
+    let db = db(dir).await;
+    let ks = keys();
+    submit(&db, "d1").await;
+    approve(&db, "d1").await;
+    apply_pending(&db, &ks).await.expect("apply");
+    (db, ks)
+}
+
 #[tokio::test]
 async fn r_audit_1_one_row_per_auditable_event_in_order_and_never_twice() {
     // given a submitted and an approved draft
@@ -169,11 +179,7 @@ async fn r_audit_5_security_violations_get_rows_and_other_events_only_move_the_c
 async fn r_audit_2_a_modified_row_is_named() {
     // given a verified 2-row ledger
     let dir = TempDir::new();
-    let db = db(&dir).await;
-    let ks = keys();
-    submit(&db, "d1").await;
-    approve(&db, "d1").await;
-    apply_pending(&db, &ks).await.expect("apply");
+    let (db, ks) = two_rows(&dir).await;
     assert!(verify(&db, &ks).await.expect("verify").is_ok());
     // when someone with database access rewrites the actor of row 1
     tamper(&db, "UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 1").await;
@@ -189,11 +195,7 @@ async fn r_audit_2_a_modified_row_is_named() {
 async fn r_audit_2_an_unreadable_time_is_named_after_the_rows_before_it() {
     // given a 2-row ledger; when row 2's time is no time at all; then seq 2 is named
     let dir = TempDir::new();
-    let db = db(&dir).await;
-    let ks = keys();
-    submit(&db, "d1").await;
-    approve(&db, "d1").await;
-    apply_pending(&db, &ks).await.expect("apply");
+    let (db, ks) = two_rows(&dir).await;
     tamper(&db, "UPDATE audit_ledger_rows SET time = 'yesterday' WHERE seq = 2").await;
     assert_eq!(first_bad(&verify(&db, &ks).await.expect("verify")), Some(2));
     // and when row 1 is modified too; then row 1 comes first
@@ -252,11 +254,7 @@ async fn r_audit_2_a_removed_tail_is_caught_by_the_checkpoint() {
 async fn r_audit_2_the_ledger_refuses_update_and_delete() {
     // given a 2-row ledger
     let dir = TempDir::new();
-    let db = db(&dir).await;
-    let ks = keys();
-    submit(&db, "d1").await;
-    approve(&db, "d1").await;
-    apply_pending(&db, &ks).await.expect("apply");
+    let (db, ks) = two_rows(&dir).await;
     // when rows are updated or deleted through the service's own connection; then refused
     for statement in
         ["UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 1", "DELETE FROM audit_ledger_rows WHERE seq = 2", "DELETE FROM audit_ledger_rows"]
