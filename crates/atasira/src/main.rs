@@ -1,6 +1,6 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or
-//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts`, and offline verbs (`manifest
+//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|rebuild|idle`, and offline verbs (`manifest
 //! validate|context|feasibility`, `drafts preview`).
 //!
 //! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
@@ -138,7 +138,8 @@ enum Command {
     /// Rotate the internal, approval or audit key: print the next key setting.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
-    /// Measure throughput and latency against a floor measured in the same run.
+    /// Measure this machine: submitting drafts (against a floor measured in the same run),
+    /// rebuilding projections, and the CPU idle services use. Prints figures and targets.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Work with BoxManifest YAML files offline (no server needed).
@@ -224,27 +225,78 @@ impl CommonArgs {
     }
 }
 
+/// Where a cluster benchmark finds NATS and PostgreSQL.
+#[derive(Debug, Args)]
+struct BenchClusterArgs {
+    /// NATS server (JetStream enabled).
+    #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// A PostgreSQL database the benchmark may write to (use a throwaway one: events stay).
+    #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Directory of credentials written by `atasira nats-config` (for the NATS server
+    /// at --nats-url): each process of the benchmark connects with its own, so the
+    /// authenticated topology is measured. Without it every connection is anonymous.
+    #[arg(long, env = "ATASIRA_NATS_CREDS_DIR", value_name = "DIR")]
+    nats_creds_dir: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
-    /// The drafts command path vs. a raw NATS + PostgreSQL floor, then REST with read-your-writes.
+    /// Submitting drafts: the drafts command path against a raw NATS + PostgreSQL floor,
+    /// REST submit with read-your-writes in cluster mode, and REST submit on the embedded
+    /// system `atasira dev` runs; prints the figures, their ratios and the targets.
+    ///
+    /// The cluster part runs the gateway and the services a submit waits for (drafts,
+    /// runtime-registry, audit) in this process, each with its own database pool and NATS
+    /// connection; the embedded part starts every service on SQLite in a fresh temporary
+    /// data dir.
     Drafts {
         /// NATS server (JetStream enabled).
         #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
         nats_url: String,
-        /// A PostgreSQL database the benchmark may write to.
-        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
-        database_url: String,
-        /// Requests in flight.
-        #[arg(long, default_value_t = 16)]
-        concurrency: usize,
-        /// Commands per measured run.
-        #[arg(long, default_value_t = 2000)]
-        count: usize,
+        /// A PostgreSQL database the benchmark may write to (use a throwaway one: events
+        /// stay). Not needed with --embedded-only.
+        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true, required_unless_present = "embedded_only")]
+        database_url: Option<String>,
         /// Directory of credentials written by `atasira nats-config` (for the NATS server
         /// at --nats-url): each process of the benchmark connects with its own, so the
         /// authenticated topology is measured. Without it every connection is anonymous.
         #[arg(long, env = "ATASIRA_NATS_CREDS_DIR", value_name = "DIR")]
         nats_creds_dir: Option<PathBuf>,
+        /// Only the embedded part (REST submit on SQLite, every service in this process):
+        /// needs neither NATS nor PostgreSQL.
+        #[arg(long)]
+        embedded_only: bool,
+        /// Requests in flight in the concurrent runs.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Requests per concurrent run (a quarter of it, at least 50, at concurrency 1).
+        #[arg(long, default_value_t = 2000)]
+        count: usize,
+    },
+    /// Rebuilding the drafts view and the Box view: seeds a store with N events, then
+    /// times the rebuild of both and prints events per second, with where the time goes.
+    Rebuild {
+        /// How many events to seed (whole groups of 8: drafts submitted, approved,
+        /// rejected and pending, a Box with a user and an access).
+        #[arg(long, value_name = "N", default_value_t = 100_000)]
+        events: usize,
+        /// Seed and rebuild in this PostgreSQL database (a throwaway one: the events stay)
+        /// instead of SQLite in a fresh temporary directory. Only this flag selects it (not
+        /// ATASIRA_DATABASE_URL), so a benchmark never writes to a database by accident.
+        #[arg(long)]
+        database_url: Option<String>,
+    },
+    /// Idle cost: starts the five services as processes (`atasira serve`, fresh keys),
+    /// waits until they answer, and prints the share of a CPU core each uses over a window
+    /// without traffic (from /proc), then stops them.
+    Idle {
+        #[command(flatten)]
+        cluster: BenchClusterArgs,
+        /// Length of the measured window in seconds.
+        #[arg(long, value_name = "S", default_value_t = 10)]
+        seconds: u64,
     },
 }
 
@@ -305,9 +357,24 @@ fn main() -> ExitCode {
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),
         Command::Keys(cmd) => keys::keys(cmd).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}")),
-        Command::Bench(BenchCommand::Drafts { nats_url, database_url, concurrency, count, nats_creds_dir }) => {
-            run_async(bench::drafts(&nats_url, nats_creds_dir.as_deref(), &database_url, concurrency, count))
+        Command::Bench(BenchCommand::Drafts { nats_url, database_url, nats_creds_dir, embedded_only, concurrency, count }) => {
+            run_async(bench::drafts(bench::DraftsOptions {
+                cluster: if embedded_only {
+                    None
+                } else {
+                    database_url.map(|database_url| bench::ClusterOptions { nats_url, creds_dir: nats_creds_dir, database_url })
+                },
+                concurrency,
+                count,
+            }))
         }
+        Command::Bench(BenchCommand::Rebuild { events, database_url }) => run_async(bench::rebuild(events, database_url.as_deref())),
+        Command::Bench(BenchCommand::Idle { cluster, seconds }) => run_async(bench::idle(bench::IdleOptions {
+            nats_url: cluster.nats_url,
+            creds_dir: cluster.nats_creds_dir,
+            database_url: cluster.database_url,
+            seconds,
+        })),
         Command::Manifest(ManifestCommand::Validate { file }) => offline::validate(&file),
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),
         Command::Manifest(ManifestCommand::Feasibility { file, task_description }) => offline::feasibility(&file, &task_description),

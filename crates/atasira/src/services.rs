@@ -102,7 +102,7 @@ async fn wait(mut rx: watch::Receiver<bool>) {
     }
 }
 
-fn drafts_config(s: &Settings) -> atasira_drafts::DraftsConfig {
+pub fn drafts_config(s: &Settings) -> atasira_drafts::DraftsConfig {
     // Sweep at least twice per TTL, and at least every minute.
     let half_ttl = s.draft_ttl.to_std().map(|d| d / 2).unwrap_or(Duration::from_secs(60));
     atasira_drafts::DraftsConfig { ttl: s.draft_ttl, sweep_every: half_ttl.clamp(Duration::from_millis(200), Duration::from_secs(60)) }
@@ -112,52 +112,87 @@ fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfig {
     atasira_provisioner::ProvisionerConfig { data_dir: s.data_dir.clone(), backoff: atasira_provisioner::Backoff::with_initial(s.provision_backoff) }
 }
 
+/// The embedded system `atasira dev` runs: every service and the gateway in this process,
+/// on SQLite in a data dir and the in-process bus.
+pub struct Embedded {
+    /// Where the gateway listens.
+    pub addr: SocketAddr,
+    pub db: Db,
+    /// Whether the store held no PAT before this start (`dev` then issues the first ones).
+    pub first_start: bool,
+    shutdown: watch::Sender<bool>,
+    gateway: tokio::task::JoinHandle<anyhow::Result<()>>,
+    services: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Embedded {
+    /// Starts every service on `settings.data_dir`, waits until each answers, then serves
+    /// the REST API on `listen`.
+    pub async fn start(settings: &Settings, listen: SocketAddr) -> anyhow::Result<Embedded> {
+        let data_dir = settings.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).with_context(|| format!("failed to create {}", data_dir.display()))?;
+        let db = Db::connect(&Db::sqlite_url(&data_dir)).await?;
+        let rt = Runtime {
+            db: db.clone(),
+            bus: Arc::new(InprocBus::default()),
+            feeds: FeedSource::default(),
+            assertion_keys: Arc::new(internal_keys(&key_file(&data_dir, "internal.key")?)?),
+            guards: Default::default(),
+        };
+        // A key file holds a key setting too, so an embedded operator rotates by editing it.
+        let (signer, retired) = KeySetting::parse(KeyKind::Approval, &key_file(&data_dir, "approval.key")?)?.approval()?;
+        let audit = audit_keys_for(None, Some(&data_dir))?;
+        let first_start = !auth::has_tokens(&db).await?;
+        let (shutdown, rx) = watch::channel(false);
+        let services = vec![
+            tokio::spawn(atasira_drafts::run(rt.clone(), drafts_config(settings), rx.clone())),
+            tokio::spawn(atasira_approval::run(rt.clone(), approval_config(signer, retired), rx.clone())),
+            tokio::spawn(atasira_runtime_registry::run(rt.clone(), registry_config(settings), rx.clone())),
+            tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(Arc::new(audit)), rx.clone())),
+            tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(settings), rx.clone())),
+        ];
+        wait_ready(rt.bus.as_ref(), atasira_contracts::subjects::SERVICES).await?;
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
+        let addr = listener.local_addr()?;
+        let gateway = tokio::spawn(atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)));
+        Ok(Embedded { addr, db, first_start, shutdown, gateway, services })
+    }
+
+    /// Stops the system: the gateway and every service finish.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(true);
+        self.finished().await
+    }
+
+    /// Waits until the system stopped (by [`Embedded::stop`] or a signal, see `dev`).
+    async fn finished(self) -> anyhow::Result<()> {
+        self.gateway.await.context("the gateway panicked")??;
+        for s in self.services {
+            s.await.context("a service panicked")??;
+        }
+        Ok(())
+    }
+}
+
 /// `atasira dev`.
 pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
-    let data_dir = settings.data_dir.clone();
-    std::fs::create_dir_all(&data_dir).with_context(|| format!("failed to create {}", data_dir.display()))?;
-    let db = Db::connect(&Db::sqlite_url(&data_dir)).await?;
-    let rt = Runtime {
-        db: db.clone(),
-        bus: Arc::new(InprocBus::default()),
-        feeds: FeedSource::default(),
-        assertion_keys: Arc::new(internal_keys(&key_file(&data_dir, "internal.key")?)?),
-        guards: Default::default(),
-    };
-    // A key file holds a key setting too, so an embedded operator rotates by editing it.
-    let (signer, retired) = KeySetting::parse(KeyKind::Approval, &key_file(&data_dir, "approval.key")?)?.approval()?;
-    let audit = audit_keys_for(None, Some(&data_dir))?;
-    let first_start = !auth::has_tokens(&db).await?;
-    let (tx, rx) = watch::channel(false);
-    let mut services = vec![
-        tokio::spawn(atasira_drafts::run(rt.clone(), drafts_config(&settings), rx.clone())),
-        tokio::spawn(atasira_approval::run(rt.clone(), approval_config(signer, retired), rx.clone())),
-        tokio::spawn(atasira_runtime_registry::run(rt.clone(), registry_config(&settings), rx.clone())),
-        tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(Arc::new(audit)), rx.clone())),
-        tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(&settings), rx.clone())),
-    ];
-    wait_ready(&rt, atasira_contracts::subjects::SERVICES).await?;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
-    if first_start {
-        let admin = auth::create_token(&db, &Principal::new("admin", Role::Admin, Kind::Human), None).await?;
-        let agent = auth::create_token(&db, &Principal::new("agent", Role::Member, Kind::Agent), None).await?;
+    let system = Embedded::start(&settings, listen).await?;
+    if system.first_start {
+        let admin = auth::create_token(&system.db, &Principal::new("admin", Role::Admin, Kind::Human), None).await?;
+        let agent = auth::create_token(&system.db, &Principal::new("agent", Role::Member, Kind::Agent), None).await?;
         println!("admin PAT: {admin}");
         println!("agent PAT: {agent}");
     }
-    eprintln!("atasira dev: listening on http://{} (data in {})", listener.local_addr()?, data_dir.display());
-    tokio::spawn(ctrl_c(tx));
-    atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)).await?;
-    for s in services.drain(..) {
-        s.await.context("a service panicked")??;
-    }
-    Ok(())
+    eprintln!("atasira dev: listening on http://{} (data in {})", system.addr, settings.data_dir.display());
+    tokio::spawn(ctrl_c(system.shutdown.clone()));
+    system.finished().await
 }
 
 fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> atasira_approval::ApprovalConfig {
     atasira_approval::ApprovalConfig { signer, retired, activation_wait: Duration::from_secs(10) }
 }
 
-fn registry_config(s: &Settings) -> atasira_runtime_registry::RegistryConfig {
+pub fn registry_config(s: &Settings) -> atasira_runtime_registry::RegistryConfig {
     atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes }
 }
 
@@ -341,14 +376,14 @@ pub async fn serve(
 }
 
 /// Waits until every service answers on the bus, so `/healthz` means ready.
-async fn wait_ready(rt: &Runtime, services: &[&str]) -> anyhow::Result<()> {
+pub async fn wait_ready(bus: &dyn atasira_platform::bus::Bus, services: &[&str]) -> anyhow::Result<()> {
     use prost::Message as _;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     for service in services {
         let probe = atasira_contracts::envelope(&atasira_contracts::v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] }, "ready-probe", "");
         loop {
             let subject = atasira_contracts::subjects::request(atasira_contracts::subjects::GATEWAY, service);
-            match rt.bus.request(&subject, Default::default(), probe.encode_to_vec().into(), Duration::from_secs(5)).await {
+            match bus.request(&subject, Default::default(), probe.encode_to_vec().into(), Duration::from_secs(5)).await {
                 Ok(_) => break,
                 Err(e) if tokio::time::Instant::now() >= deadline => anyhow::bail!("the {service} service did not start: {e}"),
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,

@@ -254,6 +254,8 @@ fn every_command_answers_help_in_words_users_know() {
         &["audit", "verify"],
         &["keys", "rotate"],
         &["bench", "drafts"],
+        &["bench", "rebuild"],
+        &["bench", "idle"],
         &["drafts", "preview"],
     ] {
         assert!(commands.iter().any(|c| c == expected), "`atasira {} --help` was not reached; found {commands:?}", expected.join(" "));
@@ -299,9 +301,17 @@ fn help_never_prints_a_secret_from_the_environment() {
         ("ATASIRA_DATABASE_URL", url.as_str()),
         ("ATASIRA_NATS_URL", nats.as_str()),
     ];
-    for command in
-        [&["serve"][..], &["dev"], &["audit", "verify"], &["keys", "rotate"], &["tokens", "create"], &["bench", "drafts"], &["projections", "rebuild"]]
-    {
+    for command in [
+        &["serve"][..],
+        &["dev"],
+        &["audit", "verify"],
+        &["keys", "rotate"],
+        &["tokens", "create"],
+        &["bench", "drafts"],
+        &["bench", "rebuild"],
+        &["bench", "idle"],
+        &["projections", "rebuild"],
+    ] {
         let text = help_with_env(command, &env);
         assert!(!text.contains(secret), "`atasira {} --help` prints a secret:\n{text}", command.join(" "));
     }

@@ -4,6 +4,8 @@
 //! `Projection` impl loads the row, applies the event and stores it, in the runner's
 //! transaction.
 
+use std::collections::{BTreeSet, HashMap};
+
 use atasira_contracts::convert::{draft_status_to_wire, timestamp};
 use atasira_contracts::v1;
 use atasira_domain::BoxManifest;
@@ -12,7 +14,7 @@ use atasira_domain::aggregates::draft::{DraftEvent, DraftStatus};
 use atasira_domain::aggregates::types;
 use atasira_domain::os_operation::OverLimit;
 use atasira_platform::db::{Db, StoredEvent};
-use atasira_platform::projection::Projection;
+use atasira_platform::projection::{Projection, placeholders, rows_per_statement, values_list};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
@@ -217,44 +219,37 @@ impl DraftRow {
             manifest: serde_json::from_str(&row.try_get::<String, _>(12)?)?,
         })
     }
-
-    async fn save(&self, tx: &mut Transaction<'static, Any>, on_conflict: OnConflict) -> anyhow::Result<()> {
-        let on_conflict = match on_conflict {
-            OnConflict::Keep => "DO NOTHING",
-            OnConflict::Update => {
-                "DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by, decided_at_ns = excluded.decided_at_ns,
-                   decision_reason = excluded.decision_reason, box_id = excluded.box_id"
-            }
-        };
-        sqlx::query(&format!(
-            "INSERT INTO draft_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (draft_id) {on_conflict}"
-        ))
-        .bind(&self.draft_id)
-        .bind(&self.box_type)
-        .bind(&self.requested_by)
-        .bind(self.status.as_str())
-        .bind(self.position)
-        .bind(nanos(self.submitted_at))
-        .bind(self.decided_by.clone())
-        .bind(self.decided_at.map(nanos))
-        .bind(self.decision_reason.clone())
-        .bind(self.box_id.clone())
-        .bind(serde_json::to_string(&self.over_limit)?)
-        .bind(serde_json::to_string(&self.warnings)?)
-        .bind(serde_json::to_string(&self.manifest)?)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
 }
 
-/// What saving a row does to a row of the same draft already stored.
-#[derive(Debug, Clone, Copy)]
-enum OnConflict {
-    /// Leave it (a redelivered submission).
-    Keep,
-    /// Take this row's status, decision and Box.
-    Update,
+/// Stores `rows` (each draft once), a few to a statement: a new draft's row is inserted; a
+/// stored one takes the row's status, decision and Box (its submission never changes).
+async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow]) -> anyhow::Result<()> {
+    for chunk in rows.chunks(rows_per_statement(13)) {
+        let sql = format!(
+            "INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT (draft_id) DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by,
+               decided_at_ns = excluded.decided_at_ns, decision_reason = excluded.decision_reason, box_id = excluded.box_id",
+            values_list(chunk.len(), 13)
+        );
+        let mut query = sqlx::query(&sql);
+        for row in chunk {
+            query = query
+                .bind(row.draft_id.clone())
+                .bind(row.box_type.clone())
+                .bind(row.requested_by.clone())
+                .bind(row.status.as_str())
+                .bind(row.position)
+                .bind(nanos(row.submitted_at))
+                .bind(row.decided_by.clone())
+                .bind(row.decided_at.map(nanos))
+                .bind(row.decision_reason.clone())
+                .bind(row.box_id.clone())
+                .bind(serde_json::to_string(&row.over_limit)?)
+                .bind(serde_json::to_string(&row.warnings)?)
+                .bind(serde_json::to_string(&row.manifest)?);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// Times are stored as nanoseconds since the epoch (exact, and ordered as numbers).
@@ -262,9 +257,55 @@ fn nanos(t: DateTime<Utc>) -> i64 {
     t.timestamp_nanos_opt().unwrap_or(i64::MAX)
 }
 
-async fn load(tx: &mut Transaction<'static, Any>, draft_id: &str) -> anyhow::Result<Option<DraftRow>> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM draft_rows WHERE draft_id = $1")).bind(draft_id).fetch_optional(&mut **tx).await?;
-    row.as_ref().map(DraftRow::from_sql).transpose()
+/// The stored rows of these drafts, by draft id.
+async fn load_all(tx: &mut Transaction<'static, Any>, draft_ids: &[&str]) -> anyhow::Result<HashMap<String, DraftRow>> {
+    let mut rows = HashMap::with_capacity(draft_ids.len());
+    for chunk in draft_ids.chunks(rows_per_statement(1)) {
+        let sql = format!("SELECT {COLUMNS} FROM draft_rows WHERE draft_id IN ({})", placeholders(chunk.len()));
+        let mut query = sqlx::query(&sql);
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        for row in query.fetch_all(&mut **tx).await? {
+            let row = DraftRow::from_sql(&row)?;
+            rows.insert(row.draft_id.clone(), row);
+        }
+    }
+    Ok(rows)
+}
+
+/// What one event does to the view, decoded.
+enum Change {
+    /// A submission: the draft's row, unless it has one (a redelivery leaves it).
+    Submitted(DraftRow),
+    /// A later event of draft `id`.
+    Later { id: String, event: DraftEvent },
+    /// The draft's Box became active.
+    Activated { draft_id: String, box_id: String },
+}
+
+impl Change {
+    fn of(event: &StoredEvent) -> anyhow::Result<Option<Change>> {
+        if event.aggregate_type == types::BOX {
+            return Ok(match BoxEvent::deserialize(&event.payload)? {
+                BoxEvent::BoxActivated { box_id, draft_id, .. } => Some(Change::Activated { draft_id, box_id }),
+                _ => None,
+            });
+        }
+        let parsed = DraftEvent::deserialize(&event.payload)?;
+        Ok(Some(match DraftRow::submitted(&parsed, event.position) {
+            Some(row) => Change::Submitted(row),
+            None => Change::Later { id: event.aggregate_id.clone(), event: parsed },
+        }))
+    }
+
+    fn draft_id(&self) -> &str {
+        match self {
+            Change::Submitted(row) => &row.draft_id,
+            Change::Later { id, .. } => id,
+            Change::Activated { draft_id, .. } => draft_id,
+        }
+    }
 }
 
 /// The projection of draft events into `draft_rows`.
@@ -287,25 +328,44 @@ impl Projection for DraftsView {
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
-        if event.aggregate_type == types::BOX {
-            if let BoxEvent::BoxActivated { box_id, draft_id, .. } = serde_json::from_value::<BoxEvent>(event.payload.clone())?
-                && let Some(mut row) = load(tx, &draft_id).await?
-            {
-                row.activated(&box_id);
-                row.save(tx, OnConflict::Update).await?;
+        self.apply_batch(tx, std::slice::from_ref(event)).await
+    }
+
+    /// Each draft's row is read once, takes the batch's events in order in memory, and is
+    /// written once.
+    async fn apply_batch(&self, tx: &mut Transaction<'static, Any>, events: &[StoredEvent]) -> anyhow::Result<()> {
+        let mut changes = Vec::with_capacity(events.len());
+        for event in events {
+            changes.extend(Change::of(event)?);
+        }
+        let ids: Vec<&str> = changes.iter().map(Change::draft_id).collect::<BTreeSet<_>>().into_iter().collect();
+        let mut rows = load_all(tx, &ids).await?;
+        let mut changed = BTreeSet::new();
+        for change in changes {
+            match change {
+                // A redelivered submission leaves the row as it is.
+                Change::Submitted(new) => {
+                    if !rows.contains_key(&new.draft_id) {
+                        changed.insert(new.draft_id.clone());
+                        rows.insert(new.draft_id.clone(), new);
+                    }
+                }
+                Change::Later { id, event } => {
+                    if let Some(row) = rows.get_mut(&id) {
+                        row.apply(&event);
+                        changed.insert(id);
+                    }
+                }
+                Change::Activated { draft_id, box_id } => {
+                    if let Some(row) = rows.get_mut(&draft_id) {
+                        row.activated(&box_id);
+                        changed.insert(draft_id);
+                    }
+                }
             }
-            return Ok(());
         }
-        let parsed: DraftEvent = serde_json::from_value(event.payload.clone())?;
-        if let Some(new) = DraftRow::submitted(&parsed, event.position) {
-            // A redelivered submission leaves the row as it is.
-            return new.save(tx, OnConflict::Keep).await;
-        }
-        if let Some(mut row) = load(tx, &event.aggregate_id).await? {
-            row.apply(&parsed);
-            row.save(tx, OnConflict::Update).await?;
-        }
-        Ok(())
+        let changed: Vec<&DraftRow> = changed.iter().filter_map(|id| rows.get(id)).collect();
+        save_all(tx, &changed).await
     }
 }
 

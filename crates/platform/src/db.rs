@@ -501,13 +501,13 @@ impl Db {
             DbKind::Postgres => " AND tx_id < pg_snapshot_xmin(pg_current_snapshot())",
         };
         let types = types_clause(aggregate_types);
-        let tx_id = match self.kind() {
-            DbKind::Sqlite => "0",
-            DbKind::Postgres => "CAST(CAST(tx_id AS TEXT) AS BIGINT)",
+        let (tx_id, events) = match self.kind() {
+            DbKind::Sqlite => ("0", SQLITE_IN_ORDER),
+            DbKind::Postgres => ("CAST(CAST(tx_id AS TEXT) AS BIGINT)", "events"),
         };
         let sql = format!(
             "SELECT aggregate_type, aggregate_id, sequence, {pos}, event_type, event_version, CAST(payload AS TEXT), CAST(metadata AS TEXT), recorded_at_ms, {tx_id}
-               FROM events WHERE {pos} > $1{visible}{types} ORDER BY {pos} LIMIT $2"
+               FROM {events} WHERE {pos} > $1{visible}{types} ORDER BY {pos} LIMIT $2"
         );
         let rows = sqlx::query(&sql).bind(position).bind(limit).fetch_all(&self.any).await?;
         rows.iter().map(row_to_event).collect()
@@ -518,13 +518,18 @@ impl Db {
     /// use. PostgreSQL returns only events of transactions older than every transaction
     /// still in flight, so nothing can later appear behind the cursor; `held_back` says
     /// that committed events wait for such an older transaction (read again soon).
+    ///
+    /// Both reads walk an index from the cursor (PostgreSQL: `events_commit_order` from
+    /// the row `(tx_id, global_position)`, ordered by the columns, not by the selected
+    /// `tx_id` cast, which shares their name; SQLite: the rowid), so a read costs what it
+    /// returns, not the size of the store.
     pub async fn read(&self, after: Cursor, aggregate_types: &[&str], limit: i64) -> anyhow::Result<Batch> {
         let types = types_clause(aggregate_types);
         let rows = match self.kind() {
             DbKind::Sqlite => {
                 let sql = format!(
                     "SELECT aggregate_type, aggregate_id, sequence, rowid, event_type, event_version, payload, metadata, recorded_at_ms, 0
-                       FROM events WHERE rowid > $1{types} ORDER BY rowid LIMIT $2"
+                       FROM {SQLITE_IN_ORDER} WHERE rowid > $1{types} ORDER BY rowid LIMIT $2"
                 );
                 sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&self.any).await?
             }
@@ -533,10 +538,9 @@ impl Db {
                     "SELECT aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT),
                             CAST(metadata AS TEXT), recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT)
                        FROM events
-                      WHERE (tx_id > CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8)
-                             OR (tx_id = CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8) AND global_position > $2))
+                      WHERE (tx_id, global_position) > (CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8), CAST($2 AS BIGINT))
                         AND tx_id < pg_snapshot_xmin(pg_current_snapshot()){types}
-                      ORDER BY tx_id, global_position LIMIT $3"
+                      ORDER BY events.tx_id, events.global_position LIMIT $3"
                 );
                 sqlx::query(&sql).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&self.any).await?
             }
@@ -571,6 +575,12 @@ impl Db {
         Ok(sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<i64, _>(0)?)
     }
 }
+
+/// The events table for reads in position order in SQLite: walked by rowid from the
+/// cursor. Without `NOT INDEXED`, SQLite answers a type filter from the primary key index
+/// (type, id, sequence) and sorts every event of those types by rowid on each read, so a
+/// consumer's read costs as much as the store is large.
+const SQLITE_IN_ORDER: &str = "events NOT INDEXED";
 
 /// ` AND aggregate_type IN (...)` (nothing when empty). Types are the aggregates' own
 /// constants, quoted anyway.

@@ -23,6 +23,48 @@ pub trait Projection: Send + Sync + 'static {
     fn table_names(&self) -> &'static [&'static str];
     /// Applies one event inside the runner's transaction.
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()>;
+    /// Applies a batch of new events, in order, inside the runner's transaction: the same
+    /// effect as [`Projection::apply`] on each in turn. A projection whose events meet the
+    /// same rows overrides it to read and write each row once per batch (a rebuild applies
+    /// 1000 events a batch).
+    async fn apply_batch(&self, tx: &mut Transaction<'static, Any>, events: &[StoredEvent]) -> anyhow::Result<()> {
+        for event in events {
+            self.apply(tx, event).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Parameters per statement when a batch's rows are written (or looked up) together: far
+/// below the databases' bind limits, and short, since SQLite finds each parameter by a
+/// scan of the statement's parameter list (so a long statement costs more per parameter).
+const PARAMS_PER_STATEMENT: usize = 200;
+
+/// Rows of `columns` parameters each that go into one statement.
+pub fn rows_per_statement(columns: usize) -> usize {
+    (PARAMS_PER_STATEMENT / columns.max(1)).max(1)
+}
+
+/// `($1, $2), ($3, $4), ...`: the VALUES of a multi-row insert of `rows` rows of `columns`.
+pub fn values_list(rows: usize, columns: usize) -> String {
+    let mut out = String::with_capacity(rows * columns * 5);
+    for r in 0..rows {
+        out.push_str(if r == 0 { "(" } else { ", (" });
+        for c in 0..columns {
+            if c > 0 {
+                out.push_str(", ");
+            }
+            out.push('$');
+            out.push_str(&(r * columns + c + 1).to_string());
+        }
+        out.push(')');
+    }
+    out
+}
+
+/// `$1, $2, ...`: `n` placeholders, for `IN (...)`.
+pub fn placeholders(n: usize) -> String {
+    (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
 /// The stored checkpoint's position (0 before the first event). Positions are commit
@@ -80,26 +122,51 @@ pub async fn mark_processed(db: &Db, name: &str, event: &StoredEvent) -> anyhow:
     Ok(record(db, name, std::slice::from_ref(event), None).await? == 1)
 }
 
-/// One transaction for a batch: per event the processed-set insert (dedup by event id)
-/// and the rows (if new); then the checkpoint. Returns how many events were new.
+/// Records `events` in consumer `name`'s processed set, a few statements for the batch;
+/// which of them were new (not processed before), by event id.
+async fn mark_all(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
+    let mut new = std::collections::HashSet::with_capacity(events.len());
+    for chunk in events.chunks(rows_per_statement(2)) {
+        let sql = format!("INSERT INTO projection_processed (name, event_id) VALUES {} ON CONFLICT DO NOTHING RETURNING event_id", values_list(chunk.len(), 2));
+        let mut query = sqlx::query(&sql);
+        for event in chunk {
+            query = query.bind(name).bind(&event.event_id);
+        }
+        for row in query.fetch_all(&mut **tx).await? {
+            new.insert(row.try_get::<String, _>(0)?);
+        }
+    }
+    Ok(new)
+}
+
+/// One transaction for a batch: the processed-set inserts (dedup by event id), the rows
+/// of the new events, then the checkpoint. Returns how many events were new.
 async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<&dyn Projection>) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
     let mut tx = db.any().begin().await?;
-    let mut new = 0;
-    for event in events {
-        if mark(&mut tx, name, event).await? {
-            new += 1;
-            if let Some(p) = projection {
-                p.apply(&mut tx, event).await.with_context(|| format!("{name} cannot apply event {}", event.event_id))?;
-            }
-        }
+    let fresh = mark_all(&mut tx, name, events).await?;
+    if let Some(p) = projection
+        && !fresh.is_empty()
+    {
+        let new: Vec<StoredEvent>;
+        let batch = if fresh.len() == events.len() {
+            events
+        } else {
+            new = events.iter().filter(|e| fresh.contains(&e.event_id)).cloned().collect();
+            &new
+        };
+        p.apply_batch(&mut tx, batch).await.with_context(|| match batch {
+            [one] => format!("{name} cannot apply event {}", one.event_id),
+            [first, .., last] => format!("{name} cannot apply the events from {} to {}", first.event_id, last.event_id),
+            [] => format!("{name} cannot apply an empty batch"),
+        })?;
     }
     advance(&mut tx, name, last).await?;
     tx.commit().await?;
     drop(turn);
     db.progressed();
-    Ok(new)
+    Ok(fresh.len())
 }
 
 /// The durable-consumer loop every consumer shares (R-ARCH-6): open feed `name` after its

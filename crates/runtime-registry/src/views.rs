@@ -2,6 +2,7 @@
 //! provisioning outcomes; R-BOX-5) and the manifest files on disk (R-BOX-2), both rebuilt
 //! from `box` (and `access`) events.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use atasira_contracts::{convert, v1};
@@ -10,7 +11,7 @@ use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxEvent, BoxRole, BoxState};
 use atasira_domain::aggregates::types;
 use atasira_platform::db::{Db, StoredEvent};
-use atasira_platform::projection::Projection;
+use atasira_platform::projection::{Projection, placeholders, rows_per_statement, values_list};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -159,36 +160,87 @@ impl BoxRow {
             provisioning: serde_json::from_str(&row.try_get::<String, _>(9)?)?,
         })
     }
-
-    /// Inserts the row; `on_conflict` says what happens to a stored row of the same Box.
-    async fn save(&self, tx: &mut Transaction<'static, Any>, on_conflict: &str) -> anyhow::Result<()> {
-        let state = serde_json::to_value(self.state)?.as_str().unwrap_or_default().to_owned();
-        sqlx::query(&format!("INSERT INTO box_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (box_id) {on_conflict}"))
-            .bind(&self.box_id)
-            .bind(&self.box_type)
-            .bind(&self.draft_id)
-            .bind(state)
-            .bind(self.position)
-            .bind(self.created_at.timestamp_nanos_opt().unwrap_or(i64::MAX))
-            .bind(&self.approved_by)
-            .bind(serde_json::to_string(&self.manifest)?)
-            .bind(serde_json::to_string(&self.assignments)?)
-            .bind(serde_json::to_string(&self.provisioning)?)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
 }
 
-/// A later event's row replaces what changes.
-const UPDATE: &str = "DO UPDATE SET state = excluded.state, manifest_json = excluded.manifest_json,
-    assignments_json = excluded.assignments_json, provisioning_json = excluded.provisioning_json";
+/// Stores `rows` (each Box once), a few to a statement: a new Box's row is inserted; a
+/// stored one takes the row's state, manifest, assignments and provisioning.
+async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&BoxRow]) -> anyhow::Result<()> {
+    for chunk in rows.chunks(rows_per_statement(10)) {
+        let sql = format!(
+            "INSERT INTO box_rows ({COLUMNS}) VALUES {} ON CONFLICT (box_id) DO UPDATE SET state = excluded.state, manifest_json = excluded.manifest_json,
+               assignments_json = excluded.assignments_json, provisioning_json = excluded.provisioning_json",
+            values_list(chunk.len(), 10)
+        );
+        let mut query = sqlx::query(&sql);
+        for row in chunk {
+            let state = serde_json::to_value(row.state)?.as_str().unwrap_or_default().to_owned();
+            query = query
+                .bind(row.box_id.clone())
+                .bind(row.box_type.clone())
+                .bind(row.draft_id.clone())
+                .bind(state)
+                .bind(row.position)
+                .bind(row.created_at.timestamp_nanos_opt().unwrap_or(i64::MAX))
+                .bind(row.approved_by.clone())
+                .bind(serde_json::to_string(&row.manifest)?)
+                .bind(serde_json::to_string(&row.assignments)?)
+                .bind(serde_json::to_string(&row.provisioning)?);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
 
 const COLUMNS: &str = "box_id, box_type, draft_id, state, position, created_at_ns, approved_by, manifest_json, assignments_json, provisioning_json";
 
-async fn load(tx: &mut Transaction<'static, Any>, box_id: &str) -> anyhow::Result<Option<BoxRow>> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_id = $1")).bind(box_id).fetch_optional(&mut **tx).await?;
-    row.as_ref().map(BoxRow::from_sql).transpose()
+/// The stored rows of these Boxes, by box id.
+async fn load_all(tx: &mut Transaction<'static, Any>, box_ids: &[&str]) -> anyhow::Result<HashMap<String, BoxRow>> {
+    let mut rows = HashMap::with_capacity(box_ids.len());
+    for chunk in box_ids.chunks(rows_per_statement(1)) {
+        let sql = format!("SELECT {COLUMNS} FROM box_rows WHERE box_id IN ({})", placeholders(chunk.len()));
+        let mut query = sqlx::query(&sql);
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        for row in query.fetch_all(&mut **tx).await? {
+            let row = BoxRow::from_sql(&row)?;
+            rows.insert(row.box_id.clone(), row);
+        }
+    }
+    Ok(rows)
+}
+
+/// What one event does to the view, decoded.
+enum Change {
+    /// An activation: the Box's row, unless it has one (a redelivery leaves it).
+    Activated(Box<BoxRow>),
+    /// A later event of Box `id`.
+    Later { id: String, event: BoxEvent },
+    /// A provisioning outcome of one of the Box's entries.
+    Provisioned { box_id: String, event: AccessEvent },
+}
+
+impl Change {
+    fn of(event: &StoredEvent) -> anyhow::Result<Change> {
+        if event.aggregate_type == types::ACCESS {
+            let outcome = AccessEvent::deserialize(&event.payload)?;
+            let (AccessEvent::AccessProvisioned { box_id, .. } | AccessEvent::AccessProvisionFailed { box_id, .. }) = &outcome;
+            return Ok(Change::Provisioned { box_id: box_id.clone(), event: outcome });
+        }
+        let parsed = BoxEvent::deserialize(&event.payload)?;
+        Ok(match BoxRow::activated(&parsed, event.position) {
+            Some(row) => Change::Activated(Box::new(row)),
+            None => Change::Later { id: event.aggregate_id.clone(), event: parsed },
+        })
+    }
+
+    fn box_id(&self) -> &str {
+        match self {
+            Change::Activated(row) => &row.box_id,
+            Change::Later { id, .. } => id,
+            Change::Provisioned { box_id, .. } => box_id,
+        }
+    }
 }
 
 /// The Box view.
@@ -222,28 +274,41 @@ impl Projection for BoxesView {
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
-        let row = if event.aggregate_type == types::ACCESS {
-            let outcome: AccessEvent = serde_json::from_value(event.payload.clone())?;
-            let (AccessEvent::AccessProvisioned { box_id, .. } | AccessEvent::AccessProvisionFailed { box_id, .. }) = &outcome;
-            load(tx, box_id).await?.map(|mut row| {
-                row.provisioned(&outcome);
-                row
-            })
-        } else {
-            let parsed: BoxEvent = serde_json::from_value(event.payload.clone())?;
-            if let Some(new) = BoxRow::activated(&parsed, event.position) {
+        self.apply_batch(tx, std::slice::from_ref(event)).await
+    }
+
+    /// Each Box's row is read once, takes the batch's events in order in memory, and is
+    /// written once.
+    async fn apply_batch(&self, tx: &mut Transaction<'static, Any>, events: &[StoredEvent]) -> anyhow::Result<()> {
+        let changes = events.iter().map(Change::of).collect::<anyhow::Result<Vec<_>>>()?;
+        let ids: Vec<&str> = changes.iter().map(Change::box_id).collect::<BTreeSet<_>>().into_iter().collect();
+        let mut rows = load_all(tx, &ids).await?;
+        let mut changed = BTreeSet::new();
+        for change in changes {
+            match change {
                 // A redelivered activation leaves the row as it is.
-                return new.save(tx, "DO NOTHING").await;
+                Change::Activated(new) => {
+                    if !rows.contains_key(&new.box_id) {
+                        changed.insert(new.box_id.clone());
+                        rows.insert(new.box_id.clone(), *new);
+                    }
+                }
+                Change::Later { id, event } => {
+                    if let Some(row) = rows.get_mut(&id) {
+                        row.apply(&event);
+                        changed.insert(id);
+                    }
+                }
+                Change::Provisioned { box_id, event } => {
+                    if let Some(row) = rows.get_mut(&box_id) {
+                        row.provisioned(&event);
+                        changed.insert(box_id);
+                    }
+                }
             }
-            load(tx, &event.aggregate_id).await?.map(|mut row| {
-                row.apply(&parsed);
-                row
-            })
-        };
-        if let Some(row) = row {
-            row.save(tx, UPDATE).await?;
         }
-        Ok(())
+        let changed: Vec<&BoxRow> = changed.iter().filter_map(|id| rows.get(id)).collect();
+        save_all(tx, &changed).await
     }
 }
 

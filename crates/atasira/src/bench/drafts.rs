@@ -1,0 +1,441 @@
+//! `atasira bench drafts`: in one run on this machine,
+//!
+//! 1. a floor (a raw NATS request-reply whose responder runs one PostgreSQL transaction:
+//!    insert a ~650-byte JSON event and upsert one projection row) and the drafts command
+//!    path (NATS request -> assertion check -> validation -> event committed -> reply), at
+//!    c=1 and c=N;
+//! 2. REST submit with read-your-writes in cluster mode: the gateway's router and the
+//!    services whose read models a submit waits for (drafts, runtime-registry, audit), each
+//!    as `atasira serve` runs it (its own database pool, NATS connection and, with
+//!    credentials, identity; its relay), in this process;
+//! 3. REST submit on the embedded system `atasira dev` runs (SQLite in a fresh data dir,
+//!    in-process bus);
+//!
+//! then one summary with the ratios and the targets. It asserts nothing.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use atasira_contracts::{decode_reply, envelope, signed_envelope, subjects, v1};
+use atasira_domain::assertion::AssertionKeys;
+use atasira_domain::{Kind, Principal, Role};
+use atasira_platform::bus::{Bus, Endpoint, Handler, Message, NatsBus};
+use atasira_platform::db::Db;
+use atasira_platform::feed::FeedSource;
+use atasira_platform::{Runtime, auth, relay};
+use bytes::Bytes;
+use prost::Message as _;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{Figures, Op, TempDir, measure, op};
+use crate::keys::{KeyKind, KeySetting};
+use crate::nats_config;
+use crate::services::{self, Embedded, NatsAuth, Settings};
+
+/// What `atasira bench drafts` is told.
+#[derive(Debug, Clone)]
+pub struct DraftsOptions {
+    /// Where the cluster part runs; `None` runs only the embedded part.
+    pub cluster: Option<ClusterOptions>,
+    pub concurrency: usize,
+    pub count: usize,
+}
+
+/// Where NATS and PostgreSQL are for the cluster part.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub nats_url: String,
+    pub creds_dir: Option<std::path::PathBuf>,
+    pub database_url: String,
+}
+
+/// How long one request may take before the run fails.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The floor borrows the gateway's route to the provisioner (no provisioner runs in the
+/// benchmark), so that with credentials it passes the same permission checks as a command.
+fn floor_subject() -> String {
+    subjects::request(subjects::GATEWAY, subjects::PROVISIONER)
+}
+
+/// The floor's responder: one transaction per request, like a command commit plus a
+/// projection row.
+async fn start_floor(bus: &NatsBus, db: &Db) -> anyhow::Result<Endpoint> {
+    db.ensure_tables(&[
+        "CREATE TABLE IF NOT EXISTS bench_floor_events (id BIGSERIAL PRIMARY KEY, payload json NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS bench_floor_view (k TEXT PRIMARY KEY, n BIGINT NOT NULL)",
+    ])
+    .await?;
+    let db = db.clone();
+    let handler: Handler = Arc::new(move |m: Message| {
+        let db = db.clone();
+        Box::pin(async move {
+            let result: anyhow::Result<()> = async {
+                let mut tx = db.any().begin().await?;
+                sqlx::query("INSERT INTO bench_floor_events (payload) VALUES (CAST($1 AS json))")
+                    .bind(String::from_utf8_lossy(&m.payload).into_owned())
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("INSERT INTO bench_floor_view (k, n) VALUES ('k', 1) ON CONFLICT (k) DO UPDATE SET n = bench_floor_view.n + 1")
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+            .await;
+            Bytes::from(if result.is_ok() { "ok" } else { "error" })
+        })
+    });
+    Ok(bus.serve("bench-floor", &[floor_subject()], handler).await?)
+}
+
+fn floor_payload(i: usize) -> Bytes {
+    // ~650 bytes, the size of a DraftSubmitted payload's manifest part.
+    let body = json!({"DraftSubmitted": {"draft_id": format!("floor-{i}"), "box_type": "sales-report", "requested_by": {"user_id": "agent", "role": "member", "kind": "agent"},
+        "manifest": {"box_type": "sales-report", "version": "1.0.0", "purpose": "x".repeat(380), "tools": ["Read"], "os_operations": ["file:read"], "network": "none", "trigger_type": "manual"}}});
+    Bytes::from(body.to_string())
+}
+
+/// One NATS connection as `identity`: with its credentials from `creds_dir`, else
+/// anonymous.
+pub(super) async fn connect(nats_url: &str, creds_dir: Option<&Path>, identity: &str) -> anyhow::Result<async_nats::Client> {
+    let auth = match creds_dir {
+        Some(dir) => NatsAuth::Creds(nats_config::read_creds(&nats_config::creds_path(dir, identity))?),
+        None => NatsAuth::Insecure,
+    };
+    services::connect_nats(nats_url, identity, &auth, false).await
+}
+
+/// What the in-process cluster's processes share: where NATS and PostgreSQL are, and the
+/// keys every process of a cluster is given.
+struct Cluster<'a> {
+    options: &'a ClusterOptions,
+    internal: Arc<AssertionKeys>,
+    settings: Settings,
+    audit: Arc<atasira_domain::audit::AuditKeys>,
+    shutdown: watch::Receiver<bool>,
+}
+
+type Task = JoinHandle<anyhow::Result<()>>;
+
+impl Cluster<'_> {
+    /// A process's runtime: its own database pool and NATS connection as `identity`.
+    async fn runtime(&self, identity: &str) -> anyhow::Result<(Runtime, async_nats::jetstream::Context)> {
+        let db = Db::connect(&self.options.database_url).await?;
+        let client = connect(&self.options.nats_url, self.options.creds_dir.as_deref(), identity).await?;
+        let js = async_nats::jetstream::new(client.clone());
+        let rt = Runtime {
+            db,
+            bus: Arc::new(NatsBus::new(client)),
+            feeds: FeedSource::default(),
+            assertion_keys: self.internal.clone(),
+            guards: Default::default(),
+        };
+        Ok((rt, js))
+    }
+
+    /// The tasks `atasira serve <service>` runs for one of drafts, runtime-registry and
+    /// audit: the service, its relay and (audit) the sentinel.
+    async fn start(&self, service: &'static str) -> anyhow::Result<Vec<Task>> {
+        let (rt, js) = self.runtime(service).await?;
+        let rx = self.shutdown.clone();
+        let relay = |name: &'static str, types: &'static [&'static str]| -> Task {
+            let (db, js, rx) = (rt.db.clone(), js.clone(), rx.clone());
+            tokio::spawn(async move {
+                relay::run(db, js, name, types, rx).await;
+                Ok(())
+            })
+        };
+        Ok(match service {
+            subjects::DRAFTS => vec![
+                relay(atasira_drafts::SERVICE, atasira_drafts::AGGREGATE_TYPES),
+                tokio::spawn(atasira_drafts::run(rt.clone(), services::drafts_config(&self.settings), rx.clone())),
+            ],
+            subjects::RUNTIME_REGISTRY => vec![
+                relay(atasira_runtime_registry::SERVICE, atasira_runtime_registry::AGGREGATE_TYPES),
+                tokio::spawn(atasira_runtime_registry::run(rt.clone(), services::registry_config(&self.settings), rx.clone())),
+            ],
+            subjects::AUDIT => {
+                let sentinel = tokio::spawn({
+                    let (rt, js, rx) = (rt.clone(), js.clone(), rx.clone());
+                    async move {
+                        atasira_platform::sentinel::run(rt, js, rx).await;
+                        Ok(())
+                    }
+                });
+                vec![
+                    relay(atasira_audit::SERVICE, atasira_audit::AGGREGATE_TYPES),
+                    sentinel,
+                    tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(self.audit.clone()), rx.clone())),
+                ]
+            }
+            other => anyhow::bail!("the benchmark does not run the {other} service"),
+        })
+    }
+}
+
+/// Waits until `services` have applied every draft event stored so far (the audit ledger
+/// and the registry catch up with the commands of the first runs), saying so as it waits.
+async fn catch_up(bus: &dyn Bus, db: &Db, services: &[&str]) -> anyhow::Result<()> {
+    use sqlx::Row as _;
+    let last = sqlx::query("SELECT aggregate_id, sequence FROM events WHERE aggregate_type = $1 ORDER BY global_position DESC LIMIT 1")
+        .bind(atasira_domain::aggregates::types::DRAFT)
+        .fetch_optional(db.any())
+        .await?;
+    let Some(last) = last else { return Ok(()) };
+    let id = atasira_platform::db::StoredEvent::event_id_of(atasira_domain::aggregates::types::DRAFT, &last.try_get::<String, _>(0)?, last.try_get(1)?);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    for service in services {
+        loop {
+            let wait = v1::WaitForPosition { position: 0, timeout_ms: 5_000, event_ids: vec![id.clone()] };
+            let env = envelope(&wait, &uuid::Uuid::new_v4().to_string(), "");
+            let reply =
+                bus.request(&subjects::request(subjects::GATEWAY, service), BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(10)).await?;
+            let lagging = match decode_reply::<v1::WaitForPositionReply>(&reply)? {
+                Ok((r, _)) => r.lagging,
+                Err(e) => anyhow::bail!("the {service} service refused a wait: {} {}", e.code, e.message),
+            };
+            if lagging.is_empty() {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "the {service} service did not catch up within 10 minutes: {lagging:?} behind");
+            eprintln!("  ... waiting for {service} to catch up with the events so far ({} behind)", lagging.join(", "));
+        }
+    }
+    Ok(())
+}
+
+/// REST submit (`POST /api/v1/boxes/box-drafts`) with read-your-writes: a 201 that is not
+/// lagging, from a blocking thread (ureq) with keep-alive connections.
+fn rest_submit(addr: std::net::SocketAddr, pat: String, tag: &'static str) -> Op {
+    let agent = ureq::AgentBuilder::new().max_idle_connections_per_host(256).timeout(TIMEOUT).build();
+    let url = format!("http://{addr}/api/v1/boxes/box-drafts");
+    let authorization = format!("Bearer {pat}");
+    op(move |i: usize| {
+        let (agent, url, authorization) = (agent.clone(), url.clone(), authorization.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let body = json!({"box_type": format!("{tag}-{}", i % 1000), "purpose": "Weekly sales report.", "tools": ["Read"]}).to_string();
+                match agent.post(&url).set("Authorization", &authorization).set("Content-Type", "application/json").send_string(&body) {
+                    Ok(resp) if resp.status() == 201 && resp.header("x-atasira-lagging").is_none() => {
+                        // Read the body, so the connection goes back to the pool.
+                        let _ = resp.into_string();
+                        Ok(())
+                    }
+                    Ok(resp) => anyhow::bail!("REST answered {} (lagging: {:?})", resp.status(), resp.header("x-atasira-lagging")),
+                    Err(e) => anyhow::bail!("REST failed: {e}"),
+                }
+            })
+            .await?
+        }
+    })
+}
+
+/// A fresh setting of one key kind, as `atasira keys rotate` would print for a first key.
+pub(super) fn fresh_key(kind: KeyKind) -> anyhow::Result<KeySetting> {
+    KeySetting::fresh(kind, None, auth::random_secret())
+}
+
+/// The figures of the cluster part.
+struct ClusterFigures {
+    floor_1: Figures,
+    drafts_1: Figures,
+    floor_n: Figures,
+    drafts_n: Figures,
+    rest_1: Figures,
+    rest_n: Figures,
+}
+
+async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow::Result<ClusterFigures> {
+    let small = (count / 4).max(50);
+    let data = TempDir::new("cluster")?;
+    let (tx, rx) = watch::channel(false);
+    let cluster = Cluster {
+        options: o,
+        internal: Arc::new(fresh_key(KeyKind::Internal)?.assertion_keys()?),
+        settings: Settings {
+            data_dir: data.path().to_path_buf(),
+            manifests_dir: None,
+            max_boxes: atasira_domain::aggregates::namespace::DEFAULT_MAX_BOXES,
+            draft_ttl: chrono::TimeDelta::days(7),
+            gateway: Default::default(),
+            provision_backoff: Duration::from_secs(1),
+        },
+        audit: Arc::new(fresh_key(KeyKind::Audit)?.audit_keys()?),
+        shutdown: rx.clone(),
+    };
+    // The gateway (which sends the commands) and the floor are processes of their own too.
+    let (gateway_rt, _) = cluster.runtime(subjects::GATEWAY).await?;
+    let gateway_bus = gateway_rt.bus.clone();
+    let floor_db = Db::connect(&o.database_url).await?;
+    let floor = start_floor(&NatsBus::new(connect(&o.nats_url, o.creds_dir.as_deref(), subjects::PROVISIONER).await?), &floor_db).await?;
+    let mut tasks = cluster.start(subjects::DRAFTS).await?;
+    services::wait_ready(gateway_bus.as_ref(), &[subjects::DRAFTS]).await?;
+
+    let floor_op = {
+        let bus = gateway_bus.clone();
+        op(move |i: usize| {
+            let bus = bus.clone();
+            async move {
+                let reply = bus.request(&floor_subject(), BTreeMap::new(), floor_payload(i), TIMEOUT).await?;
+                anyhow::ensure!(&reply[..] == b"ok", "floor responder failed");
+                Ok(())
+            }
+        })
+    };
+    let agent = Principal::new("bench-agent", Role::Member, Kind::Agent);
+    let drafts_op = {
+        let (bus, keys, agent) = (gateway_bus.clone(), cluster.internal.clone(), agent.clone());
+        op(move |i: usize| {
+            let (bus, keys, agent) = (bus.clone(), keys.clone(), agent.clone());
+            async move {
+                // Unique per request, as the gateway's: an assertion is accepted once.
+                let correlation = format!("bench-{i}-{}", uuid::Uuid::new_v4());
+                let request = v1::BoxDraftCreateRequest {
+                    box_type: format!("bench-{}", i % 1000),
+                    purpose: "Weekly sales report from the CSV exports, mailed to the leads.".into(),
+                    tools: vec!["Read".into()],
+                    os_operations: vec!["file:read".into(), "notify:email".into()],
+                    ..Default::default()
+                };
+                let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+                let env = signed_envelope(&keys, &agent, &subject, &v1::SubmitDraft { request: Some(request) }, &correlation, "", chrono::Utc::now());
+                let reply = bus.request(&subject, BTreeMap::new(), env.encode_to_vec().into(), TIMEOUT).await?;
+                match atasira_contracts::decode_reply::<v1::SubmitDraftReply>(&reply)? {
+                    Ok(_) => Ok(()),
+                    Err(e) => anyhow::bail!("drafts refused: {} {}", e.code, e.message),
+                }
+            }
+        })
+    };
+
+    println!("-- cluster: the drafts command (NATS request to the drafts service, its relay running) against the floor");
+    // Warm-up, so connection pools and caches are not measured.
+    measure("warm-up (floor)", concurrency, concurrency * 4, &floor_op).await?;
+    measure("warm-up (drafts)", concurrency, concurrency * 4, &drafts_op).await?;
+    let floor_1 = measure("floor: NATS + 1 PG transaction", 1, small, &floor_op).await?;
+    let drafts_1 = measure("drafts: submit command path", 1, small, &drafts_op).await?;
+    let floor_n = measure("floor: NATS + 1 PG transaction", concurrency, count, &floor_op).await?;
+    let drafts_n = measure("drafts: submit command path", concurrency, count, &drafts_op).await?;
+
+    println!();
+    println!("-- cluster: REST submit with read-your-writes (gateway; drafts, runtime-registry and audit each with its own connections)");
+    eprintln!("  ... starting runtime-registry and audit");
+    tasks.extend(cluster.start(subjects::RUNTIME_REGISTRY).await?);
+    tasks.extend(cluster.start(subjects::AUDIT).await?);
+    let read_models = atasira_gateway::Config::default().read_models;
+    services::wait_ready(gateway_bus.as_ref(), &read_models).await?;
+    catch_up(gateway_bus.as_ref(), &floor_db, &read_models).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let gateway_db = gateway_rt.db.clone();
+    let gateway = tokio::spawn(atasira_gateway::serve(listener, gateway_rt, atasira_gateway::Config::default(), {
+        let mut rx = rx.clone();
+        async move {
+            let _ = rx.changed().await;
+        }
+    }));
+    let pat = auth::create_token(&gateway_db, &agent, Some(chrono::TimeDelta::hours(1))).await?;
+    let rest = rest_submit(addr, pat, "rest");
+    measure("warm-up (REST)", concurrency, concurrency * 4, &rest).await?;
+    let rest_1 = measure("REST submit + read-your-writes", 1, small, &rest).await?;
+    let rest_n = measure("REST submit + read-your-writes", concurrency, count, &rest).await?;
+
+    let _ = tx.send(true);
+    floor.stop();
+    gateway.await??;
+    for t in tasks {
+        t.await??;
+    }
+    sqlx::query("DROP TABLE IF EXISTS bench_floor_events, bench_floor_view").execute(floor_db.any()).await?;
+    Ok(ClusterFigures { floor_1, drafts_1, floor_n, drafts_n, rest_1, rest_n })
+}
+
+/// REST submit on the embedded system (`atasira dev` in a fresh data dir), at c=1 and c=N.
+async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, Figures)> {
+    let data = TempDir::new("embedded")?;
+    let settings = Settings {
+        data_dir: data.path().to_path_buf(),
+        manifests_dir: None,
+        max_boxes: atasira_domain::aggregates::namespace::DEFAULT_MAX_BOXES,
+        draft_ttl: chrono::TimeDelta::days(7),
+        gateway: Default::default(),
+        provision_backoff: Duration::from_secs(1),
+    };
+    let system = Embedded::start(&settings, "127.0.0.1:0".parse()?).await?;
+    let agent = Principal::new("bench-agent", Role::Member, Kind::Agent);
+    let pat = auth::create_token(&system.db, &agent, Some(chrono::TimeDelta::hours(1))).await?;
+    let rest = rest_submit(system.addr, pat, "embedded");
+    println!("-- embedded: REST submit with read-your-writes (every service in this process, SQLite in {})", data.path().display());
+    measure("warm-up (REST, embedded)", concurrency, concurrency * 4, &rest).await?;
+    let rest_1 = measure("REST submit + read-your-writes", 1, (count / 4).max(50), &rest).await?;
+    let rest_n = measure("REST submit + read-your-writes", concurrency, count, &rest).await?;
+    system.stop().await?;
+    Ok((rest_1, rest_n))
+}
+
+/// `atasira bench drafts`.
+pub async fn drafts(o: DraftsOptions) -> anyhow::Result<()> {
+    if let Some(c) = &o.cluster {
+        anyhow::ensure!(c.database_url.starts_with("postgres"), "the benchmark's cluster part runs on PostgreSQL: pass a postgres:// URL");
+    }
+    let n = o.concurrency.max(1);
+    let count = o.count.max(n);
+    let where_ = match &o.cluster {
+        Some(c) => format!(
+            "PostgreSQL {}, NATS {} ({})",
+            atasira_platform::db::redact(&c.database_url),
+            c.nats_url,
+            if c.creds_dir.is_some() { "each process with its own credentials" } else { "anonymous" }
+        ),
+        None => "embedded only".to_owned(),
+    };
+    println!(
+        "atasira bench drafts: {count} requests per run at c={n} ({} at c=1), {where_}, {} CPUs",
+        (count / 4).max(50),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+    println!();
+    let cluster_figures = match &o.cluster {
+        Some(c) => {
+            let figures = cluster(c, n, count).await?;
+            println!();
+            Some(figures)
+        }
+        None => None,
+    };
+    let (embedded_1, embedded_n) = embedded(n, count).await?;
+
+    println!();
+    println!("== summary (figures of this run; targets beside them)");
+    let row = |what: String, figure: String, target: &str| println!("  {what:<54} {figure:>12}   {target}");
+    let cn = format!("c={n}");
+    if let Some(c) = &cluster_figures {
+        row("cluster, REST submit + read-your-writes, p50 at c=1".into(), format!("{:.2} ms", c.rest_1.p50_ms()), "target <= 5 ms");
+        row(format!("cluster, REST submit + read-your-writes, {cn}"), format!("{:.1} /s", c.rest_n.per_second()), "");
+    }
+    row(format!("embedded, REST submit + read-your-writes, {cn}"), format!("{:.1} /s", embedded_n.per_second()), "target >= 2,000 /s");
+    row("embedded, REST submit + read-your-writes, p50 at c=1".into(), format!("{:.2} ms", embedded_1.p50_ms()), "");
+    if let Some(c) = &cluster_figures {
+        row(
+            "drafts command p50 at c=1 / floor p50 at c=1".into(),
+            format!("{:.2} x", c.drafts_1.p50_ms() / c.floor_1.p50_ms()),
+            &format!("target <= 2.0 x   ({:.2} ms / {:.2} ms)", c.drafts_1.p50_ms(), c.floor_1.p50_ms()),
+        );
+        row(
+            format!("drafts command throughput at {cn} / floor"),
+            format!("{:.2}", c.drafts_n.per_second() / c.floor_n.per_second()),
+            &format!("target >= 0.50   ({:.1} /s / {:.1} /s)", c.drafts_n.per_second(), c.floor_n.per_second()),
+        );
+        row(
+            format!("drafts command CPU per command at {cn} / floor"),
+            format!("{:.2}", c.drafts_n.cpu.as_secs_f64() / c.floor_n.cpu.as_secs_f64().max(1e-9)),
+            "",
+        );
+    }
+    Ok(())
+}
