@@ -257,14 +257,7 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
     let cluster = Cluster {
         options: o,
         internal: Arc::new(fresh_key(KeyKind::Internal)?.assertion_keys()?),
-        settings: Settings {
-            data_dir: data.path().to_path_buf(),
-            manifests_dir: None,
-            max_boxes: atasira_domain::aggregates::namespace::DEFAULT_MAX_BOXES,
-            draft_ttl: chrono::TimeDelta::days(7),
-            gateway: Default::default(),
-            provision_backoff: Duration::from_secs(1),
-        },
+        settings: settings_in(data.path()),
         audit: Arc::new(fresh_key(KeyKind::Audit)?.audit_keys()?),
         shutdown: rx.clone(),
     };
@@ -355,17 +348,22 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
     Ok(ClusterFigures { floor_1, drafts_1, floor_n, drafts_n, rest_1, rest_n })
 }
 
-/// REST submit on the embedded system (`atasira dev` in a fresh data dir), at c=1 and c=N.
-async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, Figures)> {
-    let data = TempDir::new("embedded")?;
-    let settings = Settings {
-        data_dir: data.path().to_path_buf(),
+/// The settings of `atasira dev` with data in `dir`.
+fn settings_in(dir: &std::path::Path) -> Settings {
+    Settings {
+        data_dir: dir.to_path_buf(),
         manifests_dir: None,
         max_boxes: atasira_domain::aggregates::namespace::DEFAULT_MAX_BOXES,
         draft_ttl: chrono::TimeDelta::days(7),
         gateway: Default::default(),
         provision_backoff: Duration::from_secs(1),
-    };
+    }
+}
+
+/// REST submit on the embedded system (`atasira dev` in a fresh data dir), at c=1 and c=N.
+async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, Figures)> {
+    let data = TempDir::new("embedded")?;
+    let settings = settings_in(data.path());
     let system = Embedded::start(&settings, "127.0.0.1:0".parse()?).await?;
     let agent = Principal::new("bench-agent", Role::Member, Kind::Agent);
     let pat = auth::create_token(&system.db, &agent, Some(chrono::TimeDelta::hours(1))).await?;
