@@ -206,6 +206,9 @@ const SQLITE_SCHEMA: &[&str] = &[
         payload TEXT NOT NULL,
         PRIMARY KEY (aggregate_type, aggregate_id, last_sequence)
     )",
+    // Readers of some aggregate types in position order (see `sqlite_after`); SQLite
+    // appends the rowid to every index entry.
+    "CREATE INDEX IF NOT EXISTS events_type_order ON events (aggregate_type)",
     "CREATE TRIGGER IF NOT EXISTS events_append_only_update BEFORE UPDATE ON events
         BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
     "CREATE TRIGGER IF NOT EXISTS events_append_only_delete BEFORE DELETE ON events
@@ -501,13 +504,13 @@ impl Db {
             DbKind::Postgres => " AND tx_id < pg_snapshot_xmin(pg_current_snapshot())",
         };
         let types = types_clause(aggregate_types);
-        let (tx_id, events) = match self.kind() {
-            DbKind::Sqlite => ("0", SQLITE_IN_ORDER),
-            DbKind::Postgres => ("CAST(CAST(tx_id AS TEXT) AS BIGINT)", "events"),
+        let (tx_id, after) = match self.kind() {
+            DbKind::Sqlite => ("0", sqlite_after(&types)),
+            DbKind::Postgres => ("CAST(CAST(tx_id AS TEXT) AS BIGINT)", format!("{pos} > $1{visible}{types}")),
         };
         let sql = format!(
             "SELECT aggregate_type, aggregate_id, sequence, {pos}, event_type, event_version, CAST(payload AS TEXT), CAST(metadata AS TEXT), recorded_at_ms, {tx_id}
-               FROM {events} WHERE {pos} > $1{visible}{types} ORDER BY {pos} LIMIT $2"
+               FROM events WHERE {after} ORDER BY {pos} LIMIT $2"
         );
         let rows = sqlx::query(&sql).bind(position).bind(limit).fetch_all(&self.any).await?;
         rows.iter().map(row_to_event).collect()
@@ -519,17 +522,19 @@ impl Db {
     /// still in flight, so nothing can later appear behind the cursor; `held_back` says
     /// that committed events wait for such an older transaction (read again soon).
     ///
-    /// Both reads walk an index from the cursor (PostgreSQL: `events_commit_order` from
-    /// the row `(tx_id, global_position)`, ordered by the columns, not by the selected
-    /// `tx_id` cast, which shares their name; SQLite: the rowid), so a read costs what it
-    /// returns, not the size of the store.
+    /// Both reads find their events in an index from the cursor (PostgreSQL:
+    /// `events_commit_order` from the row `(tx_id, global_position)`, ordered by the
+    /// columns, not by the selected `tx_id` cast, which shares their name; SQLite:
+    /// `events_type_order`, see `sqlite_after`), so a read costs what it returns, not the
+    /// size of the store.
     pub async fn read(&self, after: Cursor, aggregate_types: &[&str], limit: i64) -> anyhow::Result<Batch> {
         let types = types_clause(aggregate_types);
         let rows = match self.kind() {
             DbKind::Sqlite => {
                 let sql = format!(
                     "SELECT aggregate_type, aggregate_id, sequence, rowid, event_type, event_version, payload, metadata, recorded_at_ms, 0
-                       FROM {SQLITE_IN_ORDER} WHERE rowid > $1{types} ORDER BY rowid LIMIT $2"
+                       FROM events WHERE {} ORDER BY rowid",
+                    sqlite_after(&types)
                 );
                 sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&self.any).await?
             }
@@ -576,11 +581,14 @@ impl Db {
     }
 }
 
-/// The events table for reads in position order in SQLite: walked by rowid from the
-/// cursor. Without `NOT INDEXED`, SQLite answers a type filter from the primary key index
-/// (type, id, sequence) and sorts every event of those types by rowid on each read, so a
-/// consumer's read costs as much as the store is large.
-const SQLITE_IN_ORDER: &str = "events NOT INDEXED";
+/// SQLite: the rowids of at most `$2` events after rowid `$1` of the types in `types`,
+/// found in `events_type_order` (one entry per event, type then rowid), so a read costs
+/// what it returns whether its types are frequent or rare; only those rows are fetched.
+/// (Without it SQLite answers a type filter from the primary key index and sorts every
+/// stored event of those types, whole, on each read.)
+fn sqlite_after(types: &str) -> String {
+    format!("rowid IN (SELECT rowid FROM events WHERE rowid > $1{types} ORDER BY rowid LIMIT $2)")
+}
 
 /// ` AND aggregate_type IN (...)` (nothing when empty). Types are the aggregates' own
 /// constants, quoted anyway.
