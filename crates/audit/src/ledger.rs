@@ -108,59 +108,91 @@ pub async fn prepare(db: &Db) -> anyhow::Result<()> {
 /// advances the writer's checkpoint, all in one transaction. Returns whether a row was
 /// appended. Redeliveries are harmless: the event id decides.
 pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::Result<bool> {
+    Ok(append_batch(db, keys, std::slice::from_ref(event)).await? == 1)
+}
+
+/// Appends the rows of a batch of events (in their order), skipping the ones that are not
+/// auditable or already have a row, and advances the writer's checkpoint, all in one
+/// transaction: the head is read once and the chain sealed in memory. Returns how many rows
+/// were appended.
+pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
+    let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
     let mut tx = db.any().begin().await?;
     // The checkpoint is written first: on PostgreSQL its row lock serializes concurrent
     // writers (the second reads the last row only after the first committed); on SQLite
     // the writer's turn keeps every other writer out.
-    atasira_platform::projection::advance(&mut tx, NAME, event).await?;
-    // Marks the event as handled for waits by event id (`projection::wait_for_events`).
-    atasira_platform::projection::mark(&mut tx, NAME, event).await?;
-    let appended = match action_of(&event.aggregate_type, &event.event_type) {
-        Some(action) => append_row(&mut tx, keys, event, action).await?,
-        None => false,
-    };
+    atasira_platform::projection::advance(&mut tx, NAME, last).await?;
+    // Marks the events as handled for waits by event id (`projection::wait_for_events`).
+    let fresh = atasira_platform::projection::mark_batch(&mut tx, NAME, events).await?;
+    let auditable: Vec<(&StoredEvent, &str)> =
+        events.iter().filter(|e| fresh.contains(&e.event_id)).filter_map(|e| action_of(&e.aggregate_type, &e.event_type).map(|action| (e, action))).collect();
+    let appended = append_rows(&mut tx, keys, &auditable).await?;
     tx.commit().await?;
     drop(turn);
-    db.progressed();
+    db.progressed_to(NAME, atasira_platform::db::Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
     Ok(appended)
 }
 
-async fn append_row(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event: &StoredEvent, action: &str) -> anyhow::Result<bool> {
-    let exists = sqlx::query("SELECT 1 FROM audit_ledger_rows WHERE event_id = $1").bind(&event.event_id).fetch_optional(&mut **tx).await?.is_some();
-    if exists {
-        return Ok(false);
+/// Seals and inserts the rows of `events` after the ledger's head, skipping events that
+/// already have a row.
+async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, events: &[(&StoredEvent, &str)]) -> anyhow::Result<usize> {
+    use atasira_platform::projection::{placeholders, rows_per_statement, values_list};
+    if events.is_empty() {
+        return Ok(0);
     }
-    let (last_seq, prev_mac) = match sqlx::query("SELECT seq, mac FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1").fetch_optional(&mut **tx).await? {
+    let mut have = std::collections::HashSet::new();
+    for chunk in events.chunks(rows_per_statement(1)) {
+        let sql = format!("SELECT event_id FROM audit_ledger_rows WHERE event_id IN ({})", placeholders(chunk.len()));
+        let mut query = sqlx::query(&sql);
+        for (event, _) in chunk {
+            query = query.bind(&event.event_id);
+        }
+        for row in query.fetch_all(&mut **tx).await? {
+            have.insert(row.try_get::<String, _>(0)?);
+        }
+    }
+    let (mut seq, mut prev_mac) = match sqlx::query("SELECT seq, mac FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1").fetch_optional(&mut **tx).await? {
         Some(row) => (row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?),
         None => (0, String::new()),
     };
-    let time = DateTime::<Utc>::from_timestamp_millis(event.recorded_at_ms)
-        .with_context(|| format!("event {} has an impossible recorded_at_ms {}", event.event_id, event.recorded_at_ms))?;
-    let (actor, target) = actor_and_target(&event.event_type, &event.aggregate_id, &event.payload);
-    let row = UnsignedRow {
-        seq: last_seq + 1,
-        time,
-        action: action.to_owned(),
-        actor,
-        target,
-        event_id: event.event_id.clone(),
-        payload_digest: payload_digest(&serde_json::to_vec(&event.payload)?),
+    let mut rows = Vec::with_capacity(events.len());
+    for (event, action) in events.iter().filter(|(e, _)| !have.contains(&e.event_id)) {
+        let time = DateTime::<Utc>::from_timestamp_millis(event.recorded_at_ms)
+            .with_context(|| format!("event {} has an impossible recorded_at_ms {}", event.event_id, event.recorded_at_ms))?;
+        let (actor, target) = actor_and_target(&event.event_type, &event.aggregate_id, &event.payload);
+        seq += 1;
+        let row = UnsignedRow {
+            seq,
+            time,
+            action: (*action).to_owned(),
+            actor,
+            target,
+            event_id: event.event_id.clone(),
+            payload_digest: payload_digest(&serde_json::to_vec(&event.payload)?),
+        }
+        .seal(keys, &prev_mac);
+        prev_mac = row.mac.clone();
+        rows.push(row);
     }
-    .seal(keys, &prev_mac);
-    sqlx::query(&format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"))
-        .bind(row.seq)
-        .bind(canonical_time(row.time))
-        .bind(&row.action)
-        .bind(&row.actor)
-        .bind(&row.target)
-        .bind(&row.event_id)
-        .bind(&row.payload_digest)
-        .bind(&row.key_id)
-        .bind(&row.mac)
-        .execute(&mut **tx)
-        .await?;
-    Ok(true)
+    for chunk in rows.chunks(rows_per_statement(9)) {
+        let sql = format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list(chunk.len(), 9));
+        let mut query = sqlx::query(&sql);
+        for row in chunk {
+            query = query
+                .bind(row.seq)
+                .bind(canonical_time(row.time))
+                .bind(&row.action)
+                .bind(&row.actor)
+                .bind(&row.target)
+                .bind(&row.event_id)
+                .bind(&row.payload_digest)
+                .bind(&row.key_id)
+                .bind(&row.mac);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(rows.len())
 }
 
 /// Catches the ledger up with the store from the writer's checkpoint, without a feed (for
@@ -179,11 +211,7 @@ pub async fn apply_pending(db: &Db, keys: &AuditKeys) -> anyhow::Result<usize> {
             return Ok(appended);
         };
         at = atasira_platform::db::Cursor::of(last);
-        for event in &batch.events {
-            if append(db, keys, event).await? {
-                appended += 1;
-            }
-        }
+        appended += append_batch(db, keys, &batch.events).await?;
     }
 }
 

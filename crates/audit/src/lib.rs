@@ -83,13 +83,13 @@ pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<boo
     Ok(())
 }
 
-/// The ledger writer: a durable feed of auditable events; each delivery is appended (or
-/// skipped) in one transaction with the checkpoint, then acked (R-ARCH-6).
+/// The ledger writer: a durable feed of auditable events; each batch is appended (or
+/// skipped) in one transaction with the checkpoint (R-ARCH-6).
 async fn write_ledger(rt: Runtime, keys: Arc<AuditKeys>, shutdown: watch::Receiver<bool>) {
     let db = rt.db.clone();
-    proj::consume(rt.db.clone(), rt.feeds.clone(), NAME, AUDITABLE_TYPES, shutdown, move |event| {
+    proj::consume_batches(rt.db.clone(), rt.feeds.clone(), NAME, AUDITABLE_TYPES, shutdown, move |events| {
         let (db, keys) = (db.clone(), keys.clone());
-        async move { ledger::append(&db, &keys, &event).await.map(|_| ()) }
+        async move { ledger::append_batch(&db, &keys, &events).await.map(|_| ()) }
     })
     .await
 }

@@ -5,6 +5,7 @@
 //! project writes itself, so that projection, checkpoint and token SQL is written once for
 //! both backends (`$n` placeholders work on both).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -44,23 +45,98 @@ pub struct Db {
 /// local commit, and in PostgreSQL on every commit anywhere, by `LISTEN`), a consumer of
 /// this process made progress; and, for SQLite, the one writer's turn.
 struct Signals {
-    appended: watch::Sender<u64>,
+    appended: watch::Sender<Appended>,
     progressed: watch::Sender<u64>,
     /// SQLite allows one writer at a time; writers queue here instead of retrying on
     /// `SQLITE_BUSY` (which backs off in sleeps of up to 100 ms).
     writer: Option<Arc<tokio::sync::Mutex<()>>>,
     /// Consumers of this process that cannot get past an event: name -> the error.
     stalled: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+    /// What the consumers of this process committed, so that a read-your-writes wait looks
+    /// here when the progress bell rings instead of asking the database.
+    progress: std::sync::Mutex<HashMap<String, Consumed>>,
+}
+
+/// One consumer's progress as this process saw it commit: its cursor and the ids of the
+/// events it processed lately (the last [`Consumed::RECENT`]).
+#[derive(Default)]
+struct Consumed {
+    /// Where the consumer's feed opened in this process (everything after it that the
+    /// consumer processed, it processed here).
+    opened_at: Option<Cursor>,
+    cursor: Cursor,
+    recent: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl Consumed {
+    /// Enough for every write in flight: a wait whose event left this window (or was
+    /// processed before the process started) is answered by the database instead.
+    const RECENT: usize = 8192;
+
+    fn record<'a>(&mut self, cursor: Cursor, event_ids: impl IntoIterator<Item = &'a str>) {
+        if cursor > self.cursor {
+            self.cursor = cursor;
+        }
+        for id in event_ids {
+            if self.recent.insert(id.to_owned()) {
+                self.order.push_back(id.to_owned());
+            }
+        }
+        while self.order.len() > Self::RECENT {
+            if let Some(old) = self.order.pop_front() {
+                self.recent.remove(&old);
+            }
+        }
+    }
 }
 
 impl Signals {
     fn new(kind: DbKind) -> Arc<Signals> {
         Arc::new(Signals {
-            appended: watch::channel(0).0,
+            appended: watch::channel(Appended::default()).0,
             progressed: watch::channel(0).0,
             writer: (kind == DbKind::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(()))),
             stalled: Default::default(),
+            progress: Default::default(),
         })
+    }
+}
+
+/// The appends a process was told of, counted per aggregate type (slots in the order of
+/// `types::ALL`, plus one for types it does not know), so that a reader wakes only when a
+/// type it reads was appended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Appended([u64; APPENDED_SLOTS]);
+
+const APPENDED_SLOTS: usize = atasira_domain::aggregates::types::ALL.len() + 1;
+
+impl Appended {
+    fn slot(aggregate_type: &str) -> usize {
+        atasira_domain::aggregates::types::ALL.iter().position(|t| *t == aggregate_type).unwrap_or(APPENDED_SLOTS - 1)
+    }
+
+    /// Counts an append of `aggregate_type`.
+    fn ring(&mut self, aggregate_type: &str) {
+        let slot = Self::slot(aggregate_type);
+        self.0[slot] = self.0[slot].wrapping_add(1);
+    }
+
+    /// Counts an append of every type (what was appended is not known).
+    fn ring_all(&mut self) {
+        for n in &mut self.0 {
+            *n = n.wrapping_add(1);
+        }
+    }
+
+    /// A number that changes whenever one of `aggregate_types` (all types when empty) or
+    /// an unknown type was appended.
+    pub fn of(&self, aggregate_types: &[&str]) -> u64 {
+        if aggregate_types.is_empty() {
+            return self.0.iter().fold(0, |a, n| a.wrapping_add(*n));
+        }
+        let own = aggregate_types.iter().map(|t| Self::slot(t)).filter(|s| *s != APPENDED_SLOTS - 1);
+        own.chain([APPENDED_SLOTS - 1]).fold(0, |a, s| a.wrapping_add(self.0[s]))
     }
 }
 
@@ -134,7 +210,7 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
         let result = self.cqrs.execute(aggregate_id, command, metadata).await;
         drop(turn);
         if result.is_ok() {
-            self.signals.appended.send_modify(|n| *n = n.wrapping_add(1));
+            self.signals.appended.send_modify(|a| a.ring(A::TYPE));
         }
         result
     }
@@ -251,13 +327,19 @@ const POSTGRES_SCHEMA: &[&str] = &[
     END $$",
     // Readers follow commit order (see `Cursor`).
     "CREATE INDEX IF NOT EXISTS events_commit_order ON events (tx_id, global_position)",
-    // The doorbell: one notification per committing transaction that appended events
+    // The doorbell: a notification naming the aggregate types a statement appended
     // (PostgreSQL folds repeats within a transaction), delivered at commit.
     "CREATE OR REPLACE FUNCTION atasira_events_notify() RETURNS trigger LANGUAGE plpgsql AS
-        $$ BEGIN PERFORM pg_notify('atasira_events', ''); RETURN NULL; END $$",
+        $$ BEGIN
+            PERFORM pg_notify('atasira_events', COALESCE((SELECT string_agg(DISTINCT aggregate_type, ',') FROM appended), ''));
+            RETURN NULL;
+        END $$",
     "DO $$ BEGIN
-        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify') THEN
-            CREATE TRIGGER events_notify AFTER INSERT ON events
+        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify' AND tgrelid = 'events'::regclass) THEN
+            DROP TRIGGER events_notify ON events;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify_types' AND tgrelid = 'events'::regclass) THEN
+            CREATE TRIGGER events_notify_types AFTER INSERT ON events REFERENCING NEW TABLE AS appended
                 FOR EACH STATEMENT EXECUTE FUNCTION atasira_events_notify();
         END IF;
     END $$",
@@ -273,6 +355,10 @@ const COMMON_SCHEMA: &[&str] = &[
         recorded_at_ms BIGINT NOT NULL, PRIMARY KEY (name, event_id))",
 ];
 
+/// SQLite reads the store through a memory map of up to this size instead of a read call
+/// per page.
+const SQLITE_MMAP_BYTES: u64 = 256 << 20;
+
 /// Checkpoint tables of stores created before checkpoints were cursors.
 const CURSOR_COLUMNS: &[&str] = &["projection_checkpoints", "relay_checkpoints"];
 
@@ -281,13 +367,16 @@ impl Db {
     pub async fn connect(url: &str) -> anyhow::Result<Db> {
         sqlx::any::install_default_drivers();
         let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            // No ping before each use (a round trip per statement): a connection that died
+            // fails its statement, and every writer retries from its checkpoint.
             let pool = PgPoolOptions::new()
                 .max_connections(8)
+                .test_before_acquire(false)
                 .acquire_timeout(Duration::from_secs(10))
                 .connect(url)
                 .await
                 .with_context(|| format!("failed to connect to {}", redact(url)))?;
-            let any = AnyPoolOptions::new().max_connections(8).connect(url).await.context("failed to open the Any pool")?;
+            let any = AnyPoolOptions::new().max_connections(8).test_before_acquire(false).connect(url).await.context("failed to open the Any pool")?;
             let signals = Signals::new(DbKind::Postgres);
             tokio::spawn(listen_for_appends(pool.clone(), Arc::downgrade(&signals)));
             Db { typed: Typed::Postgres(pool), any, signals }
@@ -297,13 +386,24 @@ impl Db {
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(Duration::from_secs(10))
+                .pragma("mmap_size", SQLITE_MMAP_BYTES.to_string())
                 .foreign_keys(true);
-            let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await.with_context(|| format!("failed to open {url}"))?;
+            let pool = SqlitePoolOptions::new()
+                .max_connections(4)
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await
+                .with_context(|| format!("failed to open {url}"))?;
+            // The same settings as the typed pool's: `synchronous` and `mmap_size` hold per
+            // connection (FULL, the default, would sync the disk on every projection commit).
             let any = AnyPoolOptions::new()
                 .max_connections(4)
+                .test_before_acquire(false)
                 .after_connect(|conn, _| {
                     Box::pin(async move {
                         sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                        sqlx::query(&format!("PRAGMA mmap_size = {SQLITE_MMAP_BYTES}")).execute(&mut *conn).await?;
                         Ok(())
                     })
                 })
@@ -410,11 +510,12 @@ impl Db {
     /// Rings the appended bell: events were committed (by this process; the store's own
     /// commands ring it themselves).
     pub fn appended(&self) {
-        self.signals.appended.send_modify(|n| *n = n.wrapping_add(1));
+        self.signals.appended.send_modify(Appended::ring_all);
     }
 
-    /// The appended bell: changes after events were committed.
-    pub fn on_append(&self) -> watch::Receiver<u64> {
+    /// The appended bell: changes after events were committed; [`Appended::of`] says
+    /// whether of the types a reader reads.
+    pub fn on_append(&self) -> watch::Receiver<Appended> {
         self.signals.appended.subscribe()
     }
 
@@ -426,6 +527,42 @@ impl Db {
     /// The progress bell (read-your-writes waits on it).
     pub fn on_progress(&self) -> watch::Receiver<u64> {
         self.signals.progressed.subscribe()
+    }
+
+    /// Consumer `name` of this process committed up to `cursor`, processing `event_ids`:
+    /// remembers it, then rings the progress bell.
+    pub fn progressed_to<'a>(&self, name: &str, cursor: Cursor, event_ids: impl IntoIterator<Item = &'a str>) {
+        if let Ok(mut progress) = self.signals.progress.lock() {
+            progress.entry(name.to_owned()).or_default().record(cursor, event_ids);
+        }
+        self.progressed();
+    }
+
+    /// Consumer `name` of this process opened its feed at `cursor`.
+    pub fn consumer_opened(&self, name: &str, cursor: Cursor) {
+        if let Ok(mut progress) = self.signals.progress.lock() {
+            let consumed = progress.entry(name.to_owned()).or_default();
+            consumed.opened_at = Some(consumed.opened_at.map_or(cursor, |c| c.min(cursor)));
+        }
+    }
+
+    /// SQLite, where positions are commit order: whether consumer `name` opened its feed in
+    /// this process before `position`, so that if it processed that event it did so here and
+    /// [`Db::processed_lately`] knows (while the event is among the recent ones).
+    pub fn follows_here(&self, name: &str, position: i64) -> bool {
+        self.kind() == DbKind::Sqlite
+            && self.signals.progress.lock().is_ok_and(|p| p.get(name).and_then(|c| c.opened_at).is_some_and(|at| at.position < position))
+    }
+
+    /// Whether consumer `name` of this process processed `event_id` lately (`false` also
+    /// when it did so long ago or in another process: ask the database then).
+    pub fn processed_lately(&self, name: &str, event_id: &str) -> bool {
+        self.signals.progress.lock().map(|p| p.get(name).is_some_and(|c| c.recent.contains(event_id))).unwrap_or(false)
+    }
+
+    /// Where consumer `name` of this process last committed, if it did since the start.
+    pub fn progress_of(&self, name: &str) -> Option<Cursor> {
+        self.signals.progress.lock().ok()?.get(name).map(|c| c.cursor)
     }
 
     /// Reports consumer `name` stuck at an event it cannot handle (health, `/healthz`).
@@ -614,13 +751,17 @@ async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
         match listener {
             Ok(mut listener) => {
                 let Some(s) = signals.upgrade() else { return };
-                s.appended.send_modify(|n| *n = n.wrapping_add(1));
+                s.appended.send_modify(Appended::ring_all);
                 drop(s);
                 loop {
                     let received = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
                     let Some(s) = signals.upgrade() else { return };
                     match received {
-                        Ok(Ok(_)) => s.appended.send_modify(|n| *n = n.wrapping_add(1)),
+                        // The payload names the types the transaction appended.
+                        Ok(Ok(n)) => s.appended.send_modify(|a| match n.payload() {
+                            "" => a.ring_all(),
+                            types => types.split(',').for_each(|t| a.ring(t)),
+                        }),
                         Ok(Err(e)) => {
                             tracing::warn!(error = %e, "lost the database's event notifications; reconnecting");
                             break;
@@ -700,5 +841,47 @@ pub fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use atasira_domain::aggregates::types;
+
+    #[test]
+    fn r_arch_6_a_reader_wakes_for_the_types_it_reads_and_sleeps_through_the_others() {
+        // given readers of drafts and of Boxes
+        let mut appended = Appended::default();
+        let (drafts, boxes) = (appended.of(&[types::DRAFT]), appended.of(&[types::BOX, types::ACCESS]));
+        // when a draft is appended, then only the drafts reader sees a change
+        appended.ring(types::DRAFT);
+        assert_ne!(appended.of(&[types::DRAFT]), drafts);
+        assert_eq!(appended.of(&[types::BOX, types::ACCESS]), boxes);
+        // when something unknown (or everything) was appended, then every reader looks
+        let boxes = appended.of(&[types::BOX, types::ACCESS]);
+        appended.ring("a type from a newer version");
+        assert_ne!(appended.of(&[types::BOX, types::ACCESS]), boxes);
+        let (drafts, all) = (appended.of(&[types::DRAFT]), appended.of(&[]));
+        appended.ring_all();
+        assert_ne!(appended.of(&[types::DRAFT]), drafts);
+        assert_ne!(appended.of(&[]), all);
+    }
+
+    #[test]
+    fn r_box_9_what_a_consumer_committed_is_remembered_within_a_window() {
+        // given a consumer that processed more events than the window holds
+        let mut consumed = Consumed::default();
+        let ids: Vec<String> = (0..Consumed::RECENT + 10).map(|i| format!("draft/d{i}/1")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            consumed.record(Cursor { tx_id: 0, position: i as i64 + 1 }, [id.as_str()]);
+        }
+        // then the latest are known, the oldest left the window (the store answers for them)
+        assert!(consumed.recent.contains(ids.last().expect("ids")));
+        assert!(!consumed.recent.contains(&ids[0]));
+        assert_eq!(consumed.recent.len(), Consumed::RECENT);
+        // and the cursor never goes back
+        consumed.record(Cursor { tx_id: 0, position: 3 }, []);
+        assert_eq!(consumed.cursor.position, ids.len() as i64);
     }
 }

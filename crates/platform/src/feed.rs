@@ -10,7 +10,7 @@ use std::time::Duration;
 use prost::Message as _;
 use tokio::sync::watch;
 
-use crate::db::{Cursor, Db, StoredEvent};
+use crate::db::{Appended, Cursor, Db, StoredEvent};
 
 /// How feeds wait for events.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ impl Delivery {
 /// An open feed for one consumer.
 pub struct Feed {
     db: Db,
-    bell: watch::Receiver<u64>,
+    bell: watch::Receiver<Appended>,
     types: Vec<&'static str>,
     cursor: Cursor,
     fallback: Duration,
@@ -73,7 +73,7 @@ impl Feed {
     /// The next batch, or an empty one after waiting for the bell (or the fallback).
     pub async fn next(&mut self) -> anyhow::Result<Vec<Delivery>> {
         // Marked seen before reading: a commit after this point rings again.
-        self.bell.borrow_and_update();
+        let seen = self.bell.borrow_and_update().of(&self.types);
         let batch = self.db.read(self.cursor, &self.types, 256).await?;
         if let Some(last) = batch.events.last() {
             self.cursor = Cursor::of(last);
@@ -86,7 +86,9 @@ impl Feed {
             return Ok(vec![]);
         }
         self.held_back_pause = HELD_BACK_PAUSES.0;
-        let _ = tokio::time::timeout(self.fallback, self.bell.changed()).await;
+        // Sleeps through appends of other types.
+        let types = &self.types;
+        let _ = tokio::time::timeout(self.fallback, self.bell.wait_for(|a| a.of(types) != seen)).await;
         Ok(vec![])
     }
 

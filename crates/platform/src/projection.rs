@@ -124,6 +124,10 @@ pub async fn mark_processed(db: &Db, name: &str, event: &StoredEvent) -> anyhow:
 
 /// Records `events` in consumer `name`'s processed set, a few statements for the batch;
 /// which of them were new (not processed before), by event id.
+pub async fn mark_batch(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
+    mark_all(tx, name, events).await
+}
+
 async fn mark_all(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
     let mut new = std::collections::HashSet::with_capacity(events.len());
     for chunk in events.chunks(rows_per_statement(2)) {
@@ -165,7 +169,7 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
     advance(&mut tx, name, last).await?;
     tx.commit().await?;
     drop(turn);
-    db.progressed();
+    db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
     Ok(fresh.len())
 }
 
@@ -200,8 +204,45 @@ pub async fn consume<F, Fut>(
     .await
 }
 
+/// [`consume`] for consumers whose effects are commands, not rows (activation,
+/// provisioning): `handle` acts on each event `acts_on` selects and marks it processed
+/// itself; the events between are marked processed together, one transaction for each run
+/// of them, so a feed of events that need nothing costs a write per batch, not per event.
+pub async fn consume_selected<F, Fut>(
+    db: Db,
+    feeds: FeedSource,
+    name: &'static str,
+    aggregate_types: &'static [&'static str],
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    acts_on: fn(&StoredEvent) -> bool,
+    handle: F,
+) where
+    F: Fn(StoredEvent) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let marker = db.clone();
+    consume_batches(db, feeds, name, aggregate_types, shutdown, |batch: Vec<StoredEvent>| {
+        let (handle, db) = (&handle, &marker);
+        async move {
+            let mut passed = Vec::new();
+            for event in batch {
+                if !acts_on(&event) {
+                    passed.push(event);
+                    continue;
+                }
+                record(db, name, &std::mem::take(&mut passed), None).await?;
+                let id = event.event_id.clone();
+                handle(event).await.with_context(|| format!("{name} cannot handle event {id}"))?;
+            }
+            record(db, name, &passed, None).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
 /// [`consume`], a batch at a time (a projection applies a batch in one transaction).
-async fn consume_batches<F, Fut>(
+pub async fn consume_batches<F, Fut>(
     db: Db,
     feeds: FeedSource,
     name: &'static str,
@@ -216,6 +257,7 @@ async fn consume_batches<F, Fut>(
     loop {
         let result: anyhow::Result<()> = async {
             let from = cursor(&db, name).await?;
+            db.consumer_opened(name, from);
             let mut feed = feeds.open(&db, name, aggregate_types, from).await?;
             loop {
                 if *shutdown.borrow() {
@@ -304,10 +346,11 @@ pub async fn rebuild(db: &Db, projection: &dyn Projection) -> anyhow::Result<u64
 /// `timeout`; returns the names still behind. By position: exact in SQLite, where
 /// positions are commit order; callers in cluster mode wait by event id.
 pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: Duration) -> anyhow::Result<Vec<String>> {
-    until(db, timeout, || async {
+    until(db, timeout, |look| async move {
         let mut lagging = Vec::new();
         for name in names {
-            if checkpoint(db, name).await? < position {
+            let seen = db.progress_of(name).is_some_and(|c| c.position >= position);
+            if !seen && (look == Look::Rung || checkpoint(db, name).await? < position) {
                 lagging.push((*name).to_owned());
             }
         }
@@ -318,26 +361,37 @@ pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: D
 
 /// R-BOX-9, exact form: waits until every projection that reads an event's aggregate type
 /// has applied that event (by id), at most `timeout`; returns the names still behind.
+/// `position` is the write's (the last of its events; 0 when not known): in SQLite a
+/// consumer that opened its feed in this process before it is answered from memory.
 pub async fn wait_for_events(
     db: &Db,
     projections: &[(&'static str, &'static [&'static str])],
     event_ids: &[String],
+    position: i64,
     timeout: Duration,
 ) -> anyhow::Result<Vec<String>> {
-    until(db, timeout, || async {
+    until(db, timeout, |look| async move {
         let mut lagging = Vec::new();
         for (name, types) in projections {
+            // The events precede `position`: none was processed before the feed opened.
+            let memory_knows = position > 0 && db.follows_here(name, position.saturating_sub(event_ids.len() as i64));
             for id in event_ids {
                 let aggregate_type = id.split('/').next().unwrap_or_default();
-                if !types.contains(&aggregate_type) {
+                if !types.contains(&aggregate_type) || db.processed_lately(name, id) {
                     continue;
                 }
-                let done = sqlx::query("SELECT 1 FROM projection_processed WHERE name = $1 AND event_id = $2")
-                    .bind(*name)
-                    .bind(id)
-                    .fetch_optional(db.any())
-                    .await?
-                    .is_some();
+                let ask_the_store = match look {
+                    Look::First => !memory_knows,
+                    Look::Rung => false,
+                    Look::SafetyNet => true,
+                };
+                let done = ask_the_store
+                    && sqlx::query("SELECT 1 FROM projection_processed WHERE name = $1 AND event_id = $2")
+                        .bind(*name)
+                        .bind(id)
+                        .fetch_optional(db.any())
+                        .await?
+                        .is_some();
                 if !done {
                     lagging.push((*name).to_owned());
                     break;
@@ -349,24 +403,39 @@ pub async fn wait_for_events(
     .await
 }
 
+/// Why a wait looks (again): what it may take from memory and what it must ask the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// The first look: what happened before this process started is only in the store.
+    First,
+    /// A consumer of this process committed: what it did is in memory.
+    Rung,
+    /// The safety net's look, a second after the last: a consumer of another process, or
+    /// an event that left the memory's window.
+    SafetyNet,
+}
+
 /// Asks `behind` again each time a consumer of this process made progress, until it says
 /// nothing is behind or `timeout` passed; returns its last answer. The consumers a service
-/// answers for run in its own process, so their progress bell is the signal to look.
+/// answers for run in its own process, so their progress bell is the signal to look, and
+/// what they committed is in memory ([`Db::progressed_to`]), so a look after a ring asks
+/// no database.
 async fn until<F, Fut>(db: &Db, timeout: Duration, behind: F) -> anyhow::Result<Vec<String>>
 where
-    F: Fn() -> Fut,
+    F: Fn(Look) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Vec<String>>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut progress = db.on_progress();
+    let mut look = Look::First;
     loop {
         progress.borrow_and_update();
-        let lagging = behind().await?;
+        let lagging = behind(look).await?;
         if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
             return Ok(lagging);
         }
-        // The safety net: a consumer of another process (or a missed ring) is seen within a second.
-        let _ = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + Duration::from_secs(1)), progress.changed()).await;
+        let rung = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + Duration::from_secs(1)), progress.changed()).await;
+        look = if matches!(rung, Ok(Ok(()))) { Look::Rung } else { Look::SafetyNet };
     }
 }
 
@@ -382,6 +451,6 @@ pub async fn answer_wait(
         let names: Vec<&'static str> = projections.iter().map(|(n, _)| *n).collect();
         wait_for(db, &names, request.position, timeout).await
     } else {
-        wait_for_events(db, projections, &request.event_ids, timeout).await
+        wait_for_events(db, projections, &request.event_ids, request.position, timeout).await
     }
 }

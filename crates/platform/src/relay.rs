@@ -145,7 +145,7 @@ pub async fn run(
         if *shutdown.borrow() {
             return;
         }
-        bell.borrow_and_update();
+        let seen = bell.borrow_and_update().of(aggregate_types);
         let result = async {
             if !stream_ready {
                 ensure_stream(&js).await?;
@@ -159,7 +159,7 @@ pub async fn run(
             Ok(r) if r.held_back => tokio::time::sleep(Duration::from_millis(2)),
             Ok(_) => {
                 tokio::select! {
-                    _ = tokio::time::timeout(FALLBACK, bell.changed()) => {}
+                    _ = tokio::time::timeout(FALLBACK, bell.wait_for(|a| a.of(aggregate_types) != seen)) => {}
                     _ = shutdown.changed() => return,
                 }
                 continue;

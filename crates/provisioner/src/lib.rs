@@ -140,7 +140,8 @@ async fn answer(rt: &Runtime, env: &atasira_contracts::Envelope) -> Result<Reply
 /// nothing is checkpointed then, so it is delivered again and the finished entries dedupe.
 async fn consume(service: Arc<Service>, shutdown: watch::Receiver<bool>) {
     let (db, feeds) = (service.rt.db.clone(), service.rt.feeds.clone());
-    proj::consume(db, feeds, CHECKPOINT, READS, shutdown, move |event| {
+    let acts_on = |event: &StoredEvent| event.event_type == "BoxActivated";
+    proj::consume_selected(db, feeds, CHECKPOINT, READS, shutdown, acts_on, move |event| {
         let service = service.clone();
         async move {
             service.handle(&event).await?;

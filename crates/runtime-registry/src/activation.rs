@@ -27,7 +27,9 @@ pub const NAME: &str = "registry_activation";
 /// (checkpoint) and ack.
 pub async fn run(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let (db, feeds) = (registry.rt.db.clone(), registry.rt.feeds.clone());
-    proj::consume(db, feeds, NAME, &[types::DRAFT], shutdown, move |event| {
+    // A submitted draft needs nothing from activation: only decisions are acted on.
+    let acts_on = |event: &StoredEvent| event.event_type != "DraftSubmitted";
+    proj::consume_selected(db, feeds, NAME, &[types::DRAFT], shutdown, acts_on, move |event| {
         let registry = registry.clone();
         async move {
             handle(&registry, &event).await?;

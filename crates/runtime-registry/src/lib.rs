@@ -178,7 +178,7 @@ impl Registry {
     async fn box_command(&self, box_id: &str, command: BoxCommand) -> Result<Reply, Refusal> {
         command::execute(&self.boxes, box_id, command, HashMap::new(), Retry::ONCE).await?;
         let (event_id, position) = self.rt.db.last_event(types::BOX, box_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
-        proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), Duration::from_secs(5))
+        proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), 0, Duration::from_secs(5))
             .await
             .map_err(Refusal::internal)?;
         let view = self.view(box_id).await?;
