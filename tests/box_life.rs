@@ -241,10 +241,10 @@ fn drafts_by_status(sys: &System, carol: &str) {
         assert_eq!(r.status, 200, "{q}: {}", r.raw);
         r.body["drafts"].as_array().cloned().unwrap_or_default()
     };
-    assert_eq!(ids(&list("?status=rejected", &sys.admin), "draft_id"), [rejected.clone()]);
+    assert_eq!(ids(&list("?status=rejected", &sys.admin), "draft_id"), [rejected.as_str()]);
     let decided = &list("?status=rejected", &sys.admin)[0]["decision"];
     assert_eq!((decided["by"].as_str(), decided["reason"].as_str()), (Some("admin"), Some("not now")), "{decided}");
-    assert_eq!(ids(&list("?status=withdrawn", &sys.admin), "draft_id"), [withdrawn.clone()]);
+    assert_eq!(ids(&list("?status=withdrawn", &sys.admin), "draft_id"), [withdrawn.as_str()]);
     assert_eq!(ids(&list("?status=pending_approval", &sys.admin), "draft_id"), [pending.clone(), carols.clone()]);
     assert_eq!(list("?status=expired", &sys.admin), Vec::<Value>::new());
     let approved = list("?status=approved", &sys.admin);

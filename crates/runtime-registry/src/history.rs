@@ -116,6 +116,29 @@ mod tests {
     }
 
     #[test]
+    fn given_edits_then_entries_name_the_changed_keys_and_the_new_version() {
+        // R-EDIT-1, R-EDIT-3: who edited, when, which keys, the version after the edit
+        let request = atasira_domain::draft_request::BoxDraftCreateRequest { box_type: Some("sales".into()), purpose: Some("p".into()), ..Default::default() };
+        let mut manifest = request.plan().expect("plan").manifest;
+        manifest.version = "1.1.0".into();
+        let edits = [
+            BoxEvent::BoxManifestEdited {
+                box_id: "b1".into(),
+                manifest: manifest.clone(),
+                changed_keys: vec!["purpose".into()],
+                edited_by: "alice".into(),
+                at: t(4),
+            },
+            BoxEvent::BoxConfigEdited { box_id: "b1".into(), manifest, changed_keys: vec!["trigger_schedule".into()], edited_by: "dave".into(), at: t(5) },
+        ];
+        let entries: Vec<v1::BoxHistoryEntry> =
+            edits.iter().map(|e| entry(&stored("box", "b1", serde_json::to_value(e).expect("json"))).expect("entry")).collect();
+        assert_eq!((entries[0].actor.as_str(), entries[1].actor.as_str()), ("alice", "dave"));
+        assert_eq!(entries[0].kind, Some(Kind::ManifestEdited(Edited { changed_keys: vec!["purpose".into()], manifest_version: "1.1.0".into() })));
+        assert_eq!(entries[1].kind, Some(Kind::ConfigEdited(Edited { changed_keys: vec!["trigger_schedule".into()], manifest_version: "1.1.0".into() })));
+    }
+
+    #[test]
     fn given_a_failed_provisioning_then_the_entry_is_the_systems_with_its_reason() {
         // R-PROV-1
         let failed = AccessEvent::AccessProvisionFailed {
