@@ -32,8 +32,10 @@ fn python() -> PathBuf {
 
 /// Which id each path operation gets, and which operations must answer 2xx at least once.
 struct Plan {
-    ids: BTreeMap<&'static str, (&'static str, String)>,
+    ids: BTreeMap<&'static str, Vec<(&'static str, String)>>,
     must_succeed: Vec<&'static str>,
+    /// The box_type valid feasibility requests name (see `hooks.py`).
+    box_type: String,
 }
 
 fn draft(sys: &System, token: &str, box_type: &str) -> String {
@@ -60,19 +62,24 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
     let (stop, archive, resume, other) =
         (active_box(sys, &t("stop")), active_box(sys, &t("archive")), active_box(sys, &t("resume")), active_box(sys, &t("box")));
     box_action(sys, &resume, "stop");
-    // The agent may assign users to a Box it is the primary of.
-    let a = sys.post(&format!("/api/v1/boxes/{other}/user-assignments"), &sys.admin, &json!({"user_id": "agent", "role_in_box": "primary"}));
-    assert_eq!(a.status, 200, "{}", a.raw);
+    // The agent may assign users to a Box it is the primary of, and unassign them.
+    for (user, role) in [("agent", "primary"), ("fz-user", "member")] {
+        let a = sys.post(&format!("/api/v1/boxes/{other}/user-assignments"), &sys.admin, &json!({"user_id": user, "role_in_box": role}));
+        assert_eq!(a.status, 200, "{}", a.raw);
+    }
+    let one = |name: &'static str, id: String| vec![(name, id)];
     let ids = BTreeMap::from([
-        ("/api/v1/boxes/box-drafts/{draft_id}", ("draft_id", draft(sys, token, &t("get")))),
-        ("/api/v1/boxes/box-drafts/{draft_id}/approve", ("draft_id", draft(sys, &sys.agent, &t("approve")))),
-        ("/api/v1/boxes/box-drafts/{draft_id}/reject", ("draft_id", draft(sys, &sys.agent, &t("reject")))),
-        ("/api/v1/boxes/box-drafts/{draft_id}/withdraw", ("draft_id", draft(sys, token, &t("withdraw")))),
-        ("/api/v1/boxes/{box_id}", ("box_id", other.clone())),
-        ("/api/v1/boxes/{box_id}/user-assignments", ("box_id", other)),
-        ("/api/v1/boxes/{box_id}/stop", ("box_id", stop)),
-        ("/api/v1/boxes/{box_id}/resume", ("box_id", resume)),
-        ("/api/v1/boxes/{box_id}/archive", ("box_id", archive)),
+        ("/api/v1/boxes/box-drafts/{draft_id}", one("draft_id", draft(sys, token, &t("get")))),
+        ("/api/v1/boxes/box-drafts/{draft_id}/approve", one("draft_id", draft(sys, &sys.agent, &t("approve")))),
+        ("/api/v1/boxes/box-drafts/{draft_id}/reject", one("draft_id", draft(sys, &sys.agent, &t("reject")))),
+        ("/api/v1/boxes/box-drafts/{draft_id}/withdraw", one("draft_id", draft(sys, token, &t("withdraw")))),
+        ("/api/v1/boxes/{box_id}", one("box_id", other.clone())),
+        ("/api/v1/boxes/{box_id}/user-assignments", one("box_id", other.clone())),
+        ("/api/v1/boxes/{box_id}/user-assignments/{user_id}", vec![("box_id", other.clone()), ("user_id", "fz-user".to_owned())]),
+        ("/api/v1/boxes/{box_id}/history", one("box_id", other)),
+        ("/api/v1/boxes/{box_id}/stop", one("box_id", stop)),
+        ("/api/v1/boxes/{box_id}/resume", one("box_id", resume)),
+        ("/api/v1/boxes/{box_id}/archive", one("box_id", archive)),
     ]);
     let mut must_succeed = vec![
         "POST /api/v1/boxes/box-drafts",
@@ -82,6 +89,9 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
         "GET /api/v1/boxes",
         "GET /api/v1/boxes/{box_id}",
         "POST /api/v1/boxes/{box_id}/user-assignments",
+        "DELETE /api/v1/boxes/{box_id}/user-assignments/{user_id}",
+        "GET /api/v1/boxes/{box_id}/history",
+        "POST /api/v1/boxes/feasibility",
         "POST /api/v1/auth/nats-assertion",
     ];
     if token == sys.admin {
@@ -96,14 +106,15 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
             "GET /api/v1/audit/verify",
         ]);
     }
-    Plan { ids, must_succeed }
+    Plan { ids, must_succeed, box_type: t("box") }
 }
 
 fn config(plan: &Plan) -> String {
     let hooks = workspace_root().join("tests/schemathesis/hooks.py");
     let mut toml = format!("hooks = {}\n", Value::from(hooks.display().to_string()));
-    for (path, (name, id)) in &plan.ids {
-        toml.push_str(&format!("\n[[operations]]\ninclude-path = {}\nparameters = {{ \"path.{name}\" = {} }}\n", Value::from(*path), Value::from(id.as_str())));
+    for (path, params) in &plan.ids {
+        let params: Vec<String> = params.iter().map(|(name, id)| format!("\"path.{name}\" = {}", Value::from(id.as_str()))).collect();
+        toml.push_str(&format!("\n[[operations]]\ninclude-path = {}\nparameters = {{ {} }}\n", Value::from(*path), params.join(", ")));
     }
     toml
 }
@@ -113,8 +124,9 @@ fn operation_of(plan: &Plan, method: &str, url: &str) -> String {
     let path = url.split_once("://").map_or(url, |(_, rest)| rest.find('/').map_or("/", |i| &rest[i..]));
     let path = path.split('?').next().unwrap_or(path);
     let mut template = path.to_owned();
-    for (candidate, (name, id)) in &plan.ids {
-        if candidate.replace(&format!("{{{name}}}"), id) == path {
+    for (candidate, params) in &plan.ids {
+        let filled = params.iter().fold((*candidate).to_owned(), |t, (name, id)| t.replace(&format!("{{{name}}}"), id));
+        if filled == path {
             template = (*candidate).to_owned();
         }
     }
@@ -135,6 +147,7 @@ fn run(sys: &System, who: &str, token: &str) {
             .args(["run", &sys.url("/api/v1/openapi.json"), "--checks", "all", "--max-examples", MAX_EXAMPLES, "--workers", "1", "--no-color"])
             .args(["--header", &format!("Authorization: Bearer {token}"), "--report", "har", "--report-har-path"])
             .arg(&har)
+            .env("ATASIRA_FUZZ_BOX_TYPE", &plan.box_type)
             .current_dir(&dir.0)
             .output()
             .expect("schemathesis runs (is it installed in the venv of ATASIRA_TEST_PYTHON?)")

@@ -133,12 +133,22 @@ fn history() -> Vec<Stored> {
             3,
             BoxEvent::BoxUserAssigned { box_id: "X".into(), user_id: "alice".into(), role_in_box: BoxRole::Member, assigned_by: "admin".into(), at: t(13) },
         ),
-        boxed("X", 4, BoxEvent::BoxStopped { box_id: "X".into(), box_type: "ops-bot".into(), by: "admin".into(), at: t(14) }),
+        boxed(
+            "X",
+            4,
+            BoxEvent::BoxUserAssigned { box_id: "X".into(), user_id: "bob".into(), role_in_box: BoxRole::Member, assigned_by: "admin".into(), at: t(13) },
+        ),
+        boxed(
+            "X",
+            5,
+            BoxEvent::BoxUserUnassigned { box_id: "X".into(), user_id: "alice".into(), role_in_box: BoxRole::Member, unassigned_by: "admin".into(), at: t(13) },
+        ),
+        boxed("X", 6, BoxEvent::BoxStopped { box_id: "X".into(), box_type: "ops-bot".into(), by: "admin".into(), at: t(14) }),
         boxed("Y", 2, activated("Y", "z", "replaced", 15)),
         draft("c", 3, DraftEvent::DraftWithdrawn { draft_id: "c".into(), withdrawn_by: "agent".into(), at: t(16) }),
         boxed(
             "X",
-            5,
+            7,
             BoxEvent::BoxManifestEdited { box_id: "X".into(), manifest: edited, changed_keys: vec!["purpose".into()], edited_by: "admin".into(), at: t(17) },
         ),
     ]
@@ -229,7 +239,7 @@ async fn check(db: &Db) {
     assert_eq!(boxes.len(), 2, "Boxes X and Y; no row for the access of an unknown Box");
     assert_eq!(get("X", "state").as_deref(), Some("stopped"));
     let json = |s: Option<String>| serde_json::from_str::<serde_json::Value>(&s.expect("json column")).expect("json");
-    assert_eq!(json(get("X", "assignments_json")), json!([{"user_id": "alice", "role_in_box": "member"}]));
+    assert_eq!(json(get("X", "assignments_json")), json!([{"user_id": "bob", "role_in_box": "member"}]), "alice was unassigned (R-BOX-6)");
     let provisioning = json(get("X", "provisioning_json"));
     assert_eq!((provisioning.as_array().map(Vec::len), &provisioning[0]["provisioned"]), (Some(1), &json!(true)), "the later outcome replaced the failure");
     assert_eq!(json(get("X", "manifest_json"))["purpose"], json!("an edited purpose"));

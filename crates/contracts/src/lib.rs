@@ -38,6 +38,7 @@ named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, ListMyDrafts, DraftPage
 named!(ApproveDraft, RejectDraft, DecisionReply);
 named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxList, GetBox, BoxReply, AssignUser, BoxAction);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
+named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

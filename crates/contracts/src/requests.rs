@@ -44,6 +44,7 @@ requests!(
         ListMine(ListMyDrafts),
         Get(GetDraft),
         Withdraw(WithdrawDraft),
+        List(ListDrafts),
     }
 );
 
@@ -65,6 +66,10 @@ requests!(
         Get(GetBox),
         Assign(AssignUser),
         Action(BoxAction),
+        Page(ListBoxesPage),
+        History(GetBoxHistory),
+        Unassign(UnassignUser),
+        Feasibility(AssessFeasibility),
     }
 );
 

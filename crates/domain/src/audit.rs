@@ -268,6 +268,7 @@ pub fn action_of(aggregate_type: &str, event_type: &str) -> Option<&'static str>
         ("box", "BoxStopped") => "box.stop",
         ("box", "BoxResumed") => "box.resume",
         ("box", "BoxArchived") => "box.archive",
+        ("box", "BoxUserUnassigned") => "box.unassign",
         ("access", "AccessProvisioned") => "access.provision",
         ("access", "AccessProvisionFailed") => "access.provision_failed",
         (t, "SecurityViolation") if crate::aggregates::types::SECURITY.contains(&t) => "security_violation",
@@ -297,6 +298,7 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
         "DraftExpired" => (&[], &[&["draft_id"]]),
         "BoxActivated" => (&[&["approved_by"]], &[&["box_id"]]),
         "BoxUserAssigned" => (&[&["assigned_by"]], &[&["box_id"]]),
+        "BoxUserUnassigned" => (&[&["unassigned_by"]], &[&["box_id"]]),
         "BoxManifestEdited" | "BoxConfigEdited" => (&[&["edited_by"]], &[&["box_id"]]),
         "BoxStopped" | "BoxResumed" | "BoxArchived" => (&[&["by"]], &[&["box_id"]]),
         "AccessProvisioned" | "AccessProvisionFailed" => (&[], &[&["box_id"]]),
@@ -654,6 +656,7 @@ mod tests {
             ("box", "BoxStopped", Some("box.stop")),
             ("box", "BoxResumed", Some("box.resume")),
             ("box", "BoxArchived", Some("box.archive")),
+            ("box", "BoxUserUnassigned", Some("box.unassign")),
             ("access", "AccessProvisioned", Some("access.provision")),
             ("access", "AccessProvisionFailed", Some("access.provision_failed")),
             ("approval_security", "SecurityViolation", Some("security_violation")),
@@ -686,6 +689,8 @@ mod tests {
         assert_eq!(actor_and_target("BoxActivated", "b1", &activated), ("alice".into(), "b1".into()));
         let stopped = json!({"BoxStopped": {"box_id": "b1", "by": "bob"}});
         assert_eq!(actor_and_target("BoxStopped", "b1", &stopped), ("bob".into(), "b1".into()));
+        let unassigned = json!({"BoxUserUnassigned": {"box_id": "b1", "user_id": "erin", "unassigned_by": "dave"}});
+        assert_eq!(actor_and_target("BoxUserUnassigned", "b1", &unassigned), ("dave".into(), "b1".into()));
         let violation = json!({"SecurityViolation": {"actor": "mallory", "target": "d9", "kind": "self_approval"}});
         assert_eq!(actor_and_target("SecurityViolation", "x", &violation), ("mallory".into(), "d9".into()));
         let expired = json!({"DraftExpired": {"draft_id": "d2"}});

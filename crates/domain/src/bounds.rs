@@ -45,6 +45,9 @@ pub const MAX_MANIFEST_JSON_BYTES: usize = 448 * 1024;
 pub const REASON_CHARS: usize = 2_000;
 /// A user id assigned to a Box (`BoxUserAssigned`).
 pub const USER_ID_CHARS: usize = 256;
+/// A task described for the feasibility check (R-FEAS-1): no event carries it, but the
+/// keyword match reads all of it.
+pub const TASK_DESCRIPTION_CHARS: usize = 10_000;
 
 const BOX_TYPE: Bound = Text(64);
 const NAME: Bound = Text(200);

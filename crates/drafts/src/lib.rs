@@ -123,6 +123,16 @@ impl Service {
                     projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, req.after).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&page(&rows, next_cursor)))
             }
+            DraftsRequest::List(req) => {
+                // R-DRAFT-12, R-AUTH-2: the caller's own drafts, or (admins) everyone's.
+                if !req.mine && !principal.is_admin() {
+                    return Err(Refusal::new(ErrorCode::Forbidden, "listing every requester's drafts needs role admin; use mine=true for your own"));
+                }
+                let statuses = projection::statuses_of(v1::DraftStatus::try_from(req.status).unwrap_or_default());
+                let requested_by = req.mine.then_some(principal.user_id.as_str());
+                let (rows, next_cursor) = projection::list_in(&self.rt.db, statuses, requested_by, req.limit, req.after).await.map_err(Refusal::internal)?;
+                Ok(reply_ok(&page(&rows, next_cursor)))
+            }
             DraftsRequest::Withdraw(req) => {
                 // Over NATS, publishers submit and read; withdrawing is the API's.
                 call.only_services("withdrawing a draft")?;

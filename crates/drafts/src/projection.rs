@@ -372,15 +372,39 @@ impl Projection for DraftsView {
 /// Rows in submission order after position `after`, filtered by status and/or requester,
 /// and the cursor of the next page (0 when this is the last).
 pub async fn list(db: &Db, status: Option<RowStatus>, requested_by: Option<&str>, limit: u32, after: u64) -> anyhow::Result<(Vec<DraftRow>, u64)> {
+    list_in(db, status.as_slice(), requested_by, limit, after).await
+}
+
+/// The row statuses a status filter of `GET /box-drafts?status=` matches (empty: any).
+/// `approved` also matches drafts whose Box is active: they were approved.
+pub fn statuses_of(status: v1::DraftStatus) -> &'static [RowStatus] {
+    match status {
+        v1::DraftStatus::Unspecified => &[],
+        v1::DraftStatus::PendingApproval => &[RowStatus::PendingApproval],
+        v1::DraftStatus::Approved => &[RowStatus::Approved, RowStatus::Active],
+        v1::DraftStatus::Active => &[RowStatus::Active],
+        v1::DraftStatus::Rejected => &[RowStatus::Rejected],
+        v1::DraftStatus::Withdrawn => &[RowStatus::Withdrawn],
+        v1::DraftStatus::Expired => &[RowStatus::Expired],
+    }
+}
+
+/// Like [`list`], with any of `statuses` (empty: any status).
+pub async fn list_in(db: &Db, statuses: &[RowStatus], requested_by: Option<&str>, limit: u32, after: u64) -> anyhow::Result<(Vec<DraftRow>, u64)> {
     let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
     let after = i64::try_from(after).unwrap_or(i64::MAX);
+    // Statuses are our own words, quoted as literals.
+    let status_clause = if statuses.is_empty() {
+        String::new()
+    } else {
+        format!(" AND status IN ({})", statuses.iter().map(|s| format!("'{}'", s.as_str())).collect::<Vec<_>>().join(", "))
+    };
     let rows = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM draft_rows
-          WHERE position > $1 AND ($2 = '' OR status = $2) AND ($3 = '' OR requested_by = $3)
-          ORDER BY position LIMIT $4"
+          WHERE position > $1{status_clause} AND ($2 = '' OR requested_by = $2)
+          ORDER BY position LIMIT $3"
     ))
     .bind(after)
-    .bind(status.map(RowStatus::as_str).unwrap_or(""))
     .bind(requested_by.unwrap_or(""))
     .bind(i64::from(limit) + 1)
     .fetch_all(db.any())

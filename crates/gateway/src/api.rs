@@ -466,10 +466,135 @@ pub struct BoxSummary {
     pub created_at: DateTime<Utc>,
 }
 
-/// 200 of `GET /api/v1/boxes`: active Boxes, one per box_type.
+/// 200 of `GET /api/v1/boxes`: a page of Boxes in activation order.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct BoxList {
     pub boxes: Vec<BoxSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    #[schema(pattern = "^[0-9]{1,18}$")]
+    pub next_cursor: Option<String>,
+}
+
+/// Which Boxes `GET /api/v1/boxes` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BoxStateFilter {
+    Idle,
+    /// Boxes with running Workers: a state no Box has yet, so nothing matches today.
+    Running,
+    Stopped,
+    Archived,
+    All,
+}
+
+/// What happened in one entry of a Box's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryKind {
+    Activated,
+    UserAssigned,
+    UserUnassigned,
+    ManifestEdited,
+    ConfigEdited,
+    Stopped,
+    Resumed,
+    Archived,
+    AccessProvisioned,
+    AccessProvisionFailed,
+}
+
+/// One event of a Box's life. `event_id`, `at`, `actor` and `kind` are always present;
+/// the other keys depend on `kind`: `activated` {draft_id, box_type, approved_by,
+/// manifest_version, manifest_digest, approval_key_id}; `user_assigned` and
+/// `user_unassigned` {user_id, role_in_box} (the role the user had, when unassigned);
+/// `manifest_edited` and `config_edited` {changed_keys, manifest_version} (the version
+/// after the edit); `stopped`, `resumed`, `archived` {state} (the state after it);
+/// `access_provisioned` {index, access, detail, attempts}; `access_provision_failed`
+/// {index, access, reason, attempts}.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HistoryEntry {
+    /// `<aggregate_type>/<id>/<sequence>` of the stored event.
+    pub event_id: String,
+    pub at: DateTime<Utc>,
+    /// Who did it; `system` when nobody did (provisioning).
+    pub actor: String,
+    pub kind: HistoryKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub box_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_key_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role_in_box: Option<RoleInBox>,
+    /// The manifest keys the edit changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_keys: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<BoxState>,
+    /// The entry's index in `manifest.required_access`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+}
+
+/// 200 of `GET /api/v1/boxes/{box_id}/history`: a page of the Box's events, oldest
+/// first (commit order).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BoxHistory {
+    pub box_id: String,
+    pub entries: Vec<HistoryEntry>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    #[schema(pattern = r"^[0-9]{1,18}\.[0-9]{1,18}$")]
+    pub next_cursor: Option<String>,
+}
+
+/// `POST /api/v1/boxes/feasibility`. Unknown fields are refused.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FeasibilityRequest {
+    /// The task, in English or Japanese; must not be blank.
+    #[schema(pattern = r"^[^\u0000]*[^\u0000\t\n\u000b\u000c\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$")]
+    pub task_description: String,
+    /// The Box to assess: the one of this box_type that is not archived.
+    pub box_type: String,
+}
+
+/// 200 of `POST /api/v1/boxes/feasibility`: a deterministic keyword check (English and
+/// Japanese) of the task against what the Box declares. A non-empty
+/// `missing_capabilities` means "submit a new draft".
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FeasibilityAnswer {
+    /// `missing_capabilities` is empty.
+    pub feasible: bool,
+    /// The declared `os_operations`.
+    pub available_operations: Vec<String>,
+    /// The effective tools.
+    pub available_tools: Vec<String>,
+    /// Capabilities the task needs that the Box does not declare.
+    pub missing_capabilities: Vec<String>,
+    /// One line per missing capability: what approval adding it takes.
+    pub required_approvals: Vec<String>,
+    pub summary: String,
+    /// Which keywords matched, and limits of the Box worth knowing.
+    pub notes: Vec<String>,
+    /// The Box assessed.
+    pub box_id: String,
 }
 
 /// A user assigned to a Box.
@@ -838,7 +963,20 @@ mod tests {
             "provisioning": [{"index": 0, "access": "git_remote u", "status": "provisioned", "detail": "ok", "attempts": 1, "at": at},
                 {"index": 1, "access": "ssh_target u@h:22", "status": "failed", "reason": "down", "attempts": 5, "at": at}],
             "manifest_drift": false}));
-        same::<BoxList>(json!({"boxes": [{"box_id": "b", "box_type": "sales", "name": "", "state": "idle", "manifest_version": "1.0.0", "created_at": at}]}));
+        same::<BoxList>(
+            json!({"boxes": [{"box_id": "b", "box_type": "sales", "name": "", "state": "idle", "manifest_version": "1.0.0", "created_at": at}], "next_cursor": "7"}),
+        );
+        same::<BoxList>(json!({"boxes": [], "next_cursor": null}));
+        same::<BoxHistory>(json!({"box_id": "b", "entries": [
+            {"event_id": "box/b/1", "at": at, "actor": "admin", "kind": "activated", "draft_id": "d", "box_type": "sales", "approved_by": "admin",
+                "manifest_version": "1.0.0", "manifest_digest": "sha256:00", "approval_key_id": "approval-1"},
+            {"event_id": "box/b/2", "at": at, "actor": "admin", "kind": "user_unassigned", "user_id": "u", "role_in_box": "member"},
+            {"event_id": "box/b/3", "at": at, "actor": "admin", "kind": "config_edited", "changed_keys": ["trigger_schedule"], "manifest_version": "1.0.1"},
+            {"event_id": "box/b/4", "at": at, "actor": "admin", "kind": "stopped", "state": "stopped"},
+            {"event_id": "access/b/0/1", "at": at, "actor": "system", "kind": "access_provision_failed", "index": 0, "access": "git_remote u", "reason": "down", "attempts": 5}],
+            "next_cursor": "0.12"}));
+        same::<FeasibilityAnswer>(json!({"feasible": false, "available_operations": ["file:read"], "available_tools": ["Read"],
+            "missing_capabilities": ["notify:email"], "required_approvals": ["x"], "summary": "s", "notes": [], "box_id": "b"}));
         same::<AuditRows>(json!({"rows": [{"seq": 1, "time": "2026-12-01T11:27:26.700Z", "action": "box_draft.create", "actor": "agent", "target": "d",
             "event_id": "draft/d/1", "payload_digest": "sha256:00", "key_id": "audit-1", "mac": "ab"}], "next_cursor": "1"}));
         same::<VerifyResult>(json!({"ok": true, "rows": 4}));

@@ -50,6 +50,27 @@ impl<S: Send + Sync> FromRequestParts<S> for Id {
     }
 }
 
+/// The `{box_id}` and `{user_id}` of `/boxes/{box_id}/user-assignments/{user_id}`: 404
+/// when either is not text (as [`Id`]).
+#[derive(Debug, Clone)]
+pub struct BoxUser {
+    pub box_id: String,
+    pub user_id: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for BoxUser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path((box_id, user_id)) =
+            Path::<(String, String)>::from_request_parts(parts, state).await.map_err(|e| ApiError::new(ErrorCode::NotFound, e.body_text()))?;
+        if box_id.contains('\0') || user_id.contains('\0') {
+            return Err(ApiError::new(ErrorCode::NotFound, "no such id: ids hold no NUL characters"));
+        }
+        Ok(BoxUser { box_id, user_id })
+    }
+}
+
 /// The `Idempotency-Key` header: 1 to 255 visible ASCII characters, no spaces.
 #[derive(Debug, Clone, Default)]
 pub struct IdempotencyKey(pub Option<String>);

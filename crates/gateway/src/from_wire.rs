@@ -9,8 +9,9 @@ use atasira_domain::{ErrorCode, Refusing};
 
 use crate::ApiError;
 use crate::api::{
-    Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxList, BoxState, BoxSummary, Decision, DraftCreated, DraftDetail, DraftPage, DraftStatus,
-    DraftStatusChanged, DraftSummary, Manifest, Network, Provisioning, ProvisioningStatus, RequiredAccess, RoleInBox, VerifyResult,
+    Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, Decision, DraftCreated, DraftDetail, DraftPage,
+    DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, Provisioning, ProvisioningStatus,
+    RequiredAccess, RoleInBox, VerifyResult,
 };
 
 fn unreadable(what: &str, e: impl std::fmt::Display) -> ApiError {
@@ -173,10 +174,120 @@ fn box_summary(s: v1::BoxSummary) -> Result<BoxSummary, ApiError> {
     })
 }
 
-impl TryFrom<v1::BoxList> for BoxList {
+impl TryFrom<v1::BoxPage> for BoxList {
     type Error = ApiError;
-    fn try_from(r: v1::BoxList) -> Result<Self, ApiError> {
-        Ok(Self { boxes: r.boxes.into_iter().map(box_summary).collect::<Result<_, _>>()? })
+    fn try_from(r: v1::BoxPage) -> Result<Self, ApiError> {
+        Ok(Self { boxes: r.boxes.into_iter().map(box_summary).collect::<Result<_, _>>()?, next_cursor: cursor(r.next_cursor) })
+    }
+}
+
+fn role(r: i32) -> Result<RoleInBox, ApiError> {
+    Ok(match convert::box_role_from_wire(r).map_err(|e| unreadable("role", e))? {
+        atasira_domain::aggregates::boxes::BoxRole::Primary => RoleInBox::Primary,
+        atasira_domain::aggregates::boxes::BoxRole::Member => RoleInBox::Member,
+    })
+}
+
+fn box_state(s: i32) -> Result<BoxState, ApiError> {
+    Ok(match v1::BoxState::try_from(s).map_err(|e| unreadable("Box state", e))? {
+        v1::BoxState::Idle => BoxState::Idle,
+        v1::BoxState::Stopped => BoxState::Stopped,
+        v1::BoxState::Archived => BoxState::Archived,
+        v1::BoxState::Unspecified => return Err(unreadable("Box state", "unspecified")),
+    })
+}
+
+fn history_entry(e: v1::BoxHistoryEntry) -> Result<HistoryEntry, ApiError> {
+    use v1::box_history_entry::Kind;
+    let mut entry = HistoryEntry {
+        at: time("history", e.at.as_ref())?,
+        event_id: e.event_id,
+        actor: e.actor,
+        kind: HistoryKind::Activated,
+        draft_id: None,
+        box_type: None,
+        approved_by: None,
+        manifest_version: None,
+        manifest_digest: None,
+        approval_key_id: None,
+        user_id: None,
+        role_in_box: None,
+        changed_keys: None,
+        state: None,
+        index: None,
+        access: None,
+        detail: None,
+        reason: None,
+        attempts: None,
+    };
+    let kind = e.kind.ok_or_else(|| unreadable("history", "an entry without a kind"))?;
+    entry.kind = match &kind {
+        Kind::Activated(_) => HistoryKind::Activated,
+        Kind::UserAssigned(_) => HistoryKind::UserAssigned,
+        Kind::UserUnassigned(_) => HistoryKind::UserUnassigned,
+        Kind::ManifestEdited(_) => HistoryKind::ManifestEdited,
+        Kind::ConfigEdited(_) => HistoryKind::ConfigEdited,
+        Kind::Stopped(_) => HistoryKind::Stopped,
+        Kind::Resumed(_) => HistoryKind::Resumed,
+        Kind::Archived(_) => HistoryKind::Archived,
+        Kind::Access(a) if a.status == v1::provisioning::Status::Provisioned as i32 => HistoryKind::AccessProvisioned,
+        Kind::Access(_) => HistoryKind::AccessProvisionFailed,
+    };
+    match kind {
+        Kind::Activated(a) => {
+            entry.draft_id = Some(a.draft_id);
+            entry.box_type = Some(a.box_type);
+            entry.approved_by = Some(a.approved_by);
+            entry.manifest_version = Some(a.manifest_version);
+            entry.manifest_digest = Some(a.manifest_digest);
+            entry.approval_key_id = Some(a.approval_key_id);
+        }
+        Kind::UserAssigned(v1::box_history_entry::UserAssigned { user_id, role_in_box })
+        | Kind::UserUnassigned(v1::box_history_entry::UserUnassigned { user_id, role_in_box }) => {
+            entry.role_in_box = Some(role(role_in_box)?);
+            entry.user_id = Some(user_id);
+        }
+        Kind::ManifestEdited(ed) | Kind::ConfigEdited(ed) => {
+            entry.changed_keys = Some(ed.changed_keys);
+            entry.manifest_version = Some(ed.manifest_version);
+        }
+        Kind::Stopped(c) | Kind::Resumed(c) | Kind::Archived(c) => entry.state = Some(box_state(c.state)?),
+        Kind::Access(a) => {
+            let ok = a.status == v1::provisioning::Status::Provisioned as i32;
+            entry.index = Some(a.index);
+            entry.access = Some(a.access);
+            entry.detail = ok.then_some(a.detail);
+            entry.reason = (!ok).then_some(a.reason);
+            entry.attempts = Some(a.attempts);
+        }
+    }
+    Ok(entry)
+}
+
+impl TryFrom<v1::BoxHistoryPage> for BoxHistory {
+    type Error = ApiError;
+    fn try_from(r: v1::BoxHistoryPage) -> Result<Self, ApiError> {
+        Ok(Self {
+            box_id: String::new(),
+            entries: r.entries.into_iter().map(history_entry).collect::<Result<_, _>>()?,
+            next_cursor: (r.next_cursor != 0).then(|| crate::query::CommitCursor::text(r.next_cursor_tx, r.next_cursor)),
+        })
+    }
+}
+
+impl TryFrom<v1::FeasibilityReply> for FeasibilityAnswer {
+    type Error = ApiError;
+    fn try_from(r: v1::FeasibilityReply) -> Result<Self, ApiError> {
+        Ok(Self {
+            feasible: r.feasible,
+            available_operations: r.available_operations,
+            available_tools: r.available_tools,
+            missing_capabilities: r.missing_capabilities,
+            required_approvals: r.required_approvals,
+            summary: r.summary,
+            notes: r.notes,
+            box_id: r.box_id,
+        })
     }
 }
 

@@ -27,7 +27,7 @@ use atasira_platform::auth;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse as _, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use prost::Message as _;
 use serde_json::json;
@@ -94,6 +94,9 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/audit", get(routes::audit))
         .route("/audit/verify", get(routes::audit_verify))
         .route("/openapi.json", get(openapi::serve))
+        .route("/boxes/feasibility", post(routes::feasibility))
+        .route("/boxes/{box_id}/history", get(routes::box_history))
+        .route("/boxes/{box_id}/user-assignments/{user_id}", delete(routes::unassign_user))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
     Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))

@@ -151,7 +151,11 @@ impl Modify for Bounds {
         let top_level = bounds::DRAFT_REQUEST.iter().filter(|(path, _)| !path.contains(['.', '['])).copied();
         let fields: Vec<(&str, &str, Bound)> = top_level
             .map(|(path, bound)| ("BoxDraftCreateRequest", path, bound))
-            .chain([("RejectRequest", "reason", Bound::Text(bounds::REASON_CHARS)), ("AssignRequest", "user_id", Bound::Text(bounds::USER_ID_CHARS))])
+            .chain([
+                ("RejectRequest", "reason", Bound::Text(bounds::REASON_CHARS)),
+                ("AssignRequest", "user_id", Bound::Text(bounds::USER_ID_CHARS)),
+                ("FeasibilityRequest", "task_description", Bound::Text(bounds::TASK_DESCRIPTION_CHARS)),
+            ])
             .collect();
         for (name, field, bound) in fields {
             if let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(name)
@@ -253,7 +257,7 @@ impl Modify for SharedResponses {
     paths(crate::routes::submit_draft, crate::routes::pending_drafts, crate::routes::list_drafts, crate::routes::get_draft, crate::routes::withdraw,
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
-        crate::routes::nats_assertion),
+        crate::routes::nats_assertion, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility),
     components(schemas(api::ErrorBody)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
@@ -365,7 +369,10 @@ mod tests {
         let doc = doc();
         for (name, op) in operations(&doc) {
             let takes_key = op["parameters"].as_array().is_some_and(|p| p.iter().any(|p| p["name"] == "Idempotency-Key"));
-            let write = name.starts_with("POST") && !name.ends_with("/nats-assertion");
+            // Every write; minting an assertion and the feasibility check record nothing.
+            let write = ["POST", "PUT", "PATCH", "DELETE"].iter().any(|m| name.starts_with(m))
+                && !name.ends_with("/nats-assertion")
+                && !name.ends_with("/boxes/feasibility");
             assert_eq!(takes_key, write, "{name}");
         }
     }

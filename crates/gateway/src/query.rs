@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use utoipa::IntoParams;
 
-use crate::ApiError;
+use crate::{ApiError, api};
 
 /// Query parameters of one route, parsed from the query string's name/value pairs.
 pub trait FromQuery: Sized {
@@ -179,20 +179,31 @@ impl PendingQuery {
     }
 }
 
-/// `GET /api/v1/boxes/box-drafts?mine=true`.
+/// `GET /api/v1/boxes/box-drafts?mine=&status=`.
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct MineQuery {
-    /// Must be `true`: the route lists the caller's own drafts (admins see pending drafts
-    /// at `/box-drafts/pending`).
-    #[param(value_type = OnlyTrue, inline, required = true)]
+pub struct DraftsQuery {
+    /// `true`: the caller's own drafts (anyone). `false` or absent: every requester's
+    /// drafts (role admin).
+    #[param(value_type = Option<bool>)]
     pub mine: bool,
+    /// Only drafts with this status; `approved` includes drafts whose Box is active.
+    #[param(value_type = Option<api::DraftStatus>, inline)]
+    pub status: Option<api::DraftStatus>,
     /// Page size: a whole number of at least 1 (default 50); more than 200 is read as 200.
     #[param(value_type = PageSize, inline, required = false)]
     pub limit: Option<Limit>,
     /// The `next_cursor` of the previous page.
     #[param(value_type = Option<String>, pattern = "^[0-9]{1,18}$")]
     pub cursor: Option<Cursor>,
+}
+
+/// A snake_case word of a closed set, or 400 naming the parameter and the words.
+fn one_of<T: serde::de::DeserializeOwned>(query: &Pairs, name: &str, words: &[&str]) -> Result<Option<T>, ApiError> {
+    let Some(text) = query.get(name) else { return Ok(None) };
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map(Some)
+        .map_err(|_| invalid(ErrorCode::InvalidQuery, name, format!("{name}={text} is not one of {}", words.join(", "))))
 }
 
 /// The schema of `limit`: a whole number of at least 1, any size (larger than the route's
@@ -209,41 +220,109 @@ impl utoipa::PartialSchema for PageSize {
 
 impl utoipa::ToSchema for PageSize {}
 
-/// The schema of a flag that must be `true`.
-#[derive(Debug)]
-pub struct OnlyTrue;
-
-impl utoipa::PartialSchema for OnlyTrue {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
-        ObjectBuilder::new().schema_type(SchemaType::Type(Type::Boolean)).enum_values(Some([true])).into()
-    }
-}
-
-impl utoipa::ToSchema for OnlyTrue {}
-
-impl FromQuery for MineQuery {
-    const NAMES: &'static [&'static str] = &["mine", "limit", "cursor"];
+impl FromQuery for DraftsQuery {
+    const NAMES: &'static [&'static str] = &["mine", "status", "limit", "cursor"];
     fn from_query(query: &Pairs) -> Result<Self, ApiError> {
-        match query.get("mine") {
-            Some("true") => {}
-            Some(other) => {
-                return Err(invalid(
-                    ErrorCode::InvalidQuery,
-                    "mine",
-                    format!("mine={other} is not supported: use ?mine=true for your drafts, or /box-drafts/pending (admin)"),
-                ));
-            }
-            None => return Err(invalid(ErrorCode::InvalidQuery, "mine", "use ?mine=true for your drafts, or /box-drafts/pending (admin)".to_owned())),
-        }
+        let mine = match query.get("mine") {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => return Err(invalid(ErrorCode::InvalidQuery, "mine", format!("mine={other} is not supported: use mine=true or mine=false"))),
+        };
+        let status = one_of(query, "status", &["pending_approval", "approved", "active", "rejected", "withdrawn", "expired"])?;
         let page = Page::from_query(query, DRAFTS_PAGE_MAX)?;
-        Ok(Self { mine: true, limit: page.limit, cursor: page.cursor })
+        Ok(Self { mine, status, limit: page.limit, cursor: page.cursor })
     }
 }
 
-impl MineQuery {
+impl DraftsQuery {
     pub fn page(&self) -> Page {
         Page { limit: self.limit, cursor: self.cursor }
+    }
+}
+
+/// Largest page of Boxes.
+pub const BOXES_PAGE_MAX: u32 = 200;
+
+/// `GET /api/v1/boxes?state=`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct BoxesQuery {
+    /// Which Boxes: `idle`, `running` (Boxes with running Workers: none today), `stopped`,
+    /// `archived` or `all`. Absent: every Box but archived ones.
+    #[param(value_type = Option<api::BoxStateFilter>, inline)]
+    pub state: Option<api::BoxStateFilter>,
+    /// Page size: a whole number of at least 1 (default 50); more than 200 is read as 200.
+    #[param(value_type = PageSize, inline, required = false)]
+    pub limit: Option<Limit>,
+    /// The `next_cursor` of the previous page.
+    #[param(value_type = Option<String>, pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<Cursor>,
+}
+
+impl FromQuery for BoxesQuery {
+    const NAMES: &'static [&'static str] = &["state", "limit", "cursor"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let state = one_of(query, "state", &["idle", "running", "stopped", "archived", "all"])?;
+        let page = Page::from_query(query, BOXES_PAGE_MAX)?;
+        Ok(Self { state, limit: page.limit, cursor: page.cursor })
+    }
+}
+
+impl BoxesQuery {
+    pub fn page(&self) -> Page {
+        Page { limit: self.limit, cursor: self.cursor }
+    }
+}
+
+/// Where a page of a history continues: the commit order's transaction id and position,
+/// as `<tx>.<position>` (the `next_cursor` of the previous page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitCursor {
+    pub tx_id: u64,
+    pub position: u64,
+}
+
+impl CommitCursor {
+    fn parse(text: &str) -> Result<Self, ApiError> {
+        let bad = || invalid(ErrorCode::InvalidCursor, "cursor", format!("cursor {text:?} is not the next_cursor of a page"));
+        let (tx, position) = text.split_once('.').ok_or_else(bad)?;
+        let number = |part: &str| -> Result<u64, ApiError> {
+            if part.is_empty() || part.len() > Cursor::MAX_DIGITS || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            part.parse().map_err(|_| bad())
+        };
+        Ok(Self { tx_id: number(tx)?, position: number(position)? })
+    }
+
+    /// The `next_cursor` text of a page ending at (`tx_id`, `position`).
+    pub fn text(tx_id: u64, position: u64) -> String {
+        format!("{tx_id}.{position}")
+    }
+}
+
+/// Largest page of a Box's history.
+pub const HISTORY_PAGE_MAX: u32 = 200;
+
+/// `GET /api/v1/boxes/{box_id}/history`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct HistoryQuery {
+    /// Page size: a whole number of at least 1 (default 50); more than 200 is read as 200.
+    #[param(value_type = PageSize, inline, required = false)]
+    pub limit: Option<Limit>,
+    /// The `next_cursor` of the previous page.
+    #[param(value_type = Option<String>, pattern = r"^[0-9]{1,18}\.[0-9]{1,18}$")]
+    pub cursor: Option<CommitCursor>,
+}
+
+impl FromQuery for HistoryQuery {
+    const NAMES: &'static [&'static str] = &["limit", "cursor"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        Ok(Self {
+            limit: query.get("limit").map(|l| Limit::parse(l, HISTORY_PAGE_MAX)).transpose()?,
+            cursor: query.get("cursor").map(CommitCursor::parse).transpose()?,
+        })
     }
 }
 
@@ -341,10 +420,37 @@ mod tests {
     }
 
     #[test]
-    fn mine_must_be_true() {
-        assert!(parse::<MineQuery>("mine=true&limit=5").is_ok());
-        for bad in ["", "mine=false", "mine=1", "mine=", "mine=TRUE"] {
-            assert_eq!(parse::<MineQuery>(bad).err(), Some(refusal("invalid_query", "mine")), "{bad}");
+    fn mine_is_true_or_false_and_status_a_draft_status() {
+        // R-DRAFT-12
+        assert_eq!(parse::<DraftsQuery>("mine=true&limit=5").map(|q| (q.mine, q.status)), Ok((true, None)));
+        assert_eq!(parse::<DraftsQuery>("").map(|q| (q.mine, q.status)), Ok((false, None)));
+        assert_eq!(parse::<DraftsQuery>("mine=false&status=approved").map(|q| (q.mine, q.status)), Ok((false, Some(api::DraftStatus::Approved))));
+        for bad in ["mine=1", "mine=", "mine=TRUE"] {
+            assert_eq!(parse::<DraftsQuery>(bad).err(), Some(refusal("invalid_query", "mine")), "{bad}");
+        }
+        for bad in ["status=pending", "status=", "status=Approved", "status=approved&status=rejected"] {
+            assert_eq!(parse::<DraftsQuery>(bad).err(), Some(refusal("invalid_query", "status")), "{bad}");
+        }
+    }
+
+    #[test]
+    fn box_states_are_the_named_ones() {
+        // R-BOX-5
+        for (query, want) in [("", None), ("state=running", Some(api::BoxStateFilter::Running)), ("state=all", Some(api::BoxStateFilter::All))] {
+            assert_eq!(parse::<BoxesQuery>(query).map(|q| q.state), Ok(want), "{query}");
+        }
+        for bad in ["state=active", "state=IDLE", "state="] {
+            assert_eq!(parse::<BoxesQuery>(bad).err(), Some(refusal("invalid_query", "state")), "{bad}");
+        }
+        assert_eq!(parse::<BoxesQuery>("limit=500").map(|q| q.page().limit()), Ok(BOXES_PAGE_MAX));
+    }
+
+    #[test]
+    fn history_cursors_are_a_transaction_and_a_position() {
+        assert_eq!(parse::<HistoryQuery>("cursor=12.34").map(|q| q.cursor), Ok(Some(CommitCursor { tx_id: 12, position: 34 })));
+        assert_eq!(CommitCursor::text(12, 34), "12.34");
+        for bad in ["cursor=12", "cursor=.3", "cursor=1.", "cursor=a.b", "cursor=1.2.3", "cursor=1234567890123456789.1"] {
+            assert_eq!(parse::<HistoryQuery>(bad).err(), Some(refusal("invalid_cursor", "cursor")), "{bad}");
         }
     }
 

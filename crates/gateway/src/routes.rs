@@ -16,9 +16,9 @@ use serde::Serialize;
 use v1::box_action::Action;
 
 use crate::api::{self, ErrorBody};
-use crate::extract::{Caller, Id, IdempotencyKey, RawBody};
+use crate::extract::{BoxUser, Caller, Id, IdempotencyKey, RawBody};
 use crate::openapi::IdempotencyHeader;
-use crate::query::{AuditQuery, MineQuery, Params, PendingQuery};
+use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, Params, PendingQuery};
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
 /// A read: ask the service, answer its reply as `Out`.
@@ -94,13 +94,27 @@ pub async fn pending_drafts(
     read::<_, v1::DraftPage, _>(&state, &principal, subjects::DRAFTS, v1::ListPendingDrafts { limit: page.limit(), after: page.after() }).await
 }
 
-/// The caller's own drafts, oldest first.
-#[utoipa::path(get, path = "/api/v1/boxes/box-drafts", tag = "drafts", params(MineQuery),
-    responses((status = 200, description = "A page of the caller's drafts", body = api::DraftPage)),
+/// Drafts in submission order, decided ones included: with `mine=true` the caller's own
+/// (anyone), otherwise every requester's (role admin); `status` filters.
+#[utoipa::path(get, path = "/api/v1/boxes/box-drafts", tag = "drafts", params(DraftsQuery),
+    responses(
+        (status = 200, description = "A page of drafts", body = api::DraftPage),
+        (status = 403, description = "`forbidden`: every requester's drafts need role admin (use `mine=true` for your own)", body = ErrorBody),
+    ),
     security(("pat" = [])))]
-pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<MineQuery>) -> Result<Json<api::DraftPage>, ApiError> {
+pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<DraftsQuery>) -> Result<Json<api::DraftPage>, ApiError> {
     let page = q.page();
-    read::<_, v1::DraftPage, _>(&state, &principal, subjects::DRAFTS, v1::ListMyDrafts { limit: page.limit(), after: page.after() }).await
+    let status = match q.status {
+        None => v1::DraftStatus::Unspecified,
+        Some(api::DraftStatus::PendingApproval) => v1::DraftStatus::PendingApproval,
+        Some(api::DraftStatus::Approved) => v1::DraftStatus::Approved,
+        Some(api::DraftStatus::Active) => v1::DraftStatus::Active,
+        Some(api::DraftStatus::Rejected) => v1::DraftStatus::Rejected,
+        Some(api::DraftStatus::Withdrawn) => v1::DraftStatus::Withdrawn,
+        Some(api::DraftStatus::Expired) => v1::DraftStatus::Expired,
+    } as i32;
+    let request = v1::ListDrafts { status, mine: q.mine, limit: page.limit(), after: page.after() };
+    read::<_, v1::DraftPage, _>(&state, &principal, subjects::DRAFTS, request).await
 }
 
 /// One draft with its status, decision and manifest (the requester or an admin).
@@ -187,10 +201,24 @@ pub async fn reject(
 
 // --- Boxes ------------------------------------------------------------------------------
 
-/// Active Boxes, one per box_type (any caller).
-#[utoipa::path(get, path = "/api/v1/boxes", tag = "boxes", responses((status = 200, description = "Active Boxes", body = api::BoxList)), security(("pat" = [])))]
-pub async fn list_boxes(State(state): State<AppState>, Caller(principal): Caller) -> Result<Json<api::BoxList>, ApiError> {
-    read::<_, v1::BoxList, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::ListBoxes {}).await
+/// Boxes in activation order (any caller): by default every Box but archived ones;
+/// `state` narrows or widens (archived Boxes stay listed, several of a box_type once
+/// one is archived).
+#[utoipa::path(get, path = "/api/v1/boxes", tag = "boxes", params(BoxesQuery),
+    responses((status = 200, description = "A page of Boxes", body = api::BoxList)),
+    security(("pat" = [])))]
+pub async fn list_boxes(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<BoxesQuery>) -> Result<Json<api::BoxList>, ApiError> {
+    let page = q.page();
+    let filter = match q.state {
+        None => v1::BoxStateFilter::Unspecified,
+        Some(api::BoxStateFilter::Idle) => v1::BoxStateFilter::Idle,
+        Some(api::BoxStateFilter::Running) => v1::BoxStateFilter::Running,
+        Some(api::BoxStateFilter::Stopped) => v1::BoxStateFilter::Stopped,
+        Some(api::BoxStateFilter::Archived) => v1::BoxStateFilter::Archived,
+        Some(api::BoxStateFilter::All) => v1::BoxStateFilter::All,
+    } as i32;
+    let request = v1::ListBoxesPage { state: filter, limit: page.limit(), after: page.after() };
+    read::<_, v1::BoxPage, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
 }
 
 /// One Box with manifest, assignments, provisioning and drift (any caller).
@@ -290,6 +318,60 @@ pub async fn archive(
     body: RawBody,
 ) -> Result<Response, ApiError> {
     box_action(state, principal, key, box_id, body, Action::Archive).await
+}
+
+/// The Box's whole life, oldest first (any caller): activation, assignments and
+/// unassignments, edits (who, when, which keys), stop, resume, archive and provisioning
+/// outcomes, read from the event store.
+#[utoipa::path(get, path = "/api/v1/boxes/{box_id}/history", tag = "boxes", params(("box_id" = String, Path), HistoryQuery),
+    responses((status = 200, description = "A page of the Box's history", body = api::BoxHistory), (status = 404, description = "`box_not_found`", body = ErrorBody)),
+    security(("pat" = [])))]
+pub async fn box_history(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(box_id): Id,
+    Params(q): Params<HistoryQuery>,
+) -> Result<Json<api::BoxHistory>, ApiError> {
+    let (after_tx, after) = q.cursor.map_or((0, 0), |c| (c.tx_id, c.position));
+    let request = v1::GetBoxHistory { box_id: box_id.clone(), limit: q.limit.map(crate::query::Limit::get).unwrap_or(0), after, after_tx };
+    let Json(mut history) = read::<_, v1::BoxHistoryPage, api::BoxHistory>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await?;
+    history.box_id = box_id;
+    Ok(Json(history))
+}
+
+/// Remove a user from a Box (a human admin or the Box's primary).
+#[utoipa::path(delete, path = "/api/v1/boxes/{box_id}/user-assignments/{user_id}", tag = "boxes",
+    params(("box_id" = String, Path), ("user_id" = String, Path), IdempotencyHeader),
+    responses(
+        (status = 200, description = "The Box, without the assignment", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary", body = ErrorBody),
+        (status = 404, description = "`box_not_found`, `assignment_not_found`: the user is not assigned to the Box", body = ErrorBody),
+        (status = 409, description = "`box_not_active`: the Box is archived or changed meanwhile", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: a malformed Idempotency-Key; `idempotency_key_reuse`", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn unassign_user(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, ids: BoxUser) -> Result<Response, ApiError> {
+    let BoxUser { box_id, user_id } = ids;
+    // The idempotency scope names the Box and the user: the request has no body.
+    let route = format!("unassign {box_id} {user_id}");
+    let request = v1::UnassignUser { box_id, user_id };
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, b""), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+/// Can the Box of `box_type` take this task within what was approved (any caller)? A
+/// deterministic English/Japanese keyword check, read-only (nothing is recorded).
+#[utoipa::path(post, path = "/api/v1/boxes/feasibility", tag = "boxes",
+    request_body(content = api::FeasibilityRequest, description = "Unknown fields are refused."),
+    responses(
+        (status = 200, description = "The assessment", body = api::FeasibilityAnswer),
+        (status = 404, description = "`box_not_found`: no Box of that box_type (or only archived ones); a new kind of Box needs a draft", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: unknown fields, wrong types, or a blank task_description or one over its `maxLength`", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn feasibility(State(state): State<AppState>, Caller(principal): Caller, body: RawBody) -> Result<Json<api::FeasibilityAnswer>, ApiError> {
+    let b: api::FeasibilityRequest = body.parse()?;
+    let request = v1::AssessFeasibility { task_description: b.task_description, box_type: b.box_type };
+    read::<_, v1::FeasibilityReply, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
 }
 
 // --- audit ------------------------------------------------------------------------------

@@ -697,6 +697,46 @@ impl Db {
         Ok(Batch { events, held_back })
     }
 
+    /// One aggregate's history: the events of stream `(aggregate_type, aggregate_id)` and of
+    /// every stream of `child_type` whose id starts with `<aggregate_id>/` (its satellites,
+    /// such as a Box's `access` streams), in commit order after `after` (see [`Cursor`]),
+    /// at most `limit`. Like [`Db::read`], PostgreSQL returns only events of transactions
+    /// older than every transaction still in flight, so a page never passes an event that
+    /// commits later. The streams are found by the primary key, then sorted: a history costs
+    /// what it holds, not the size of the store.
+    pub async fn history(&self, aggregate_type: &str, aggregate_id: &str, child_type: &str, after: Cursor, limit: i64) -> anyhow::Result<Vec<StoredEvent>> {
+        let prefix = format!("{aggregate_id}/");
+        // A literal: the length of our own text, not input.
+        let chars = prefix.chars().count();
+        let streams = format!("((aggregate_type = $1 AND aggregate_id = $2) OR (aggregate_type = $3 AND substr(aggregate_id, 1, {chars}) = $4))");
+        let sql = match self.kind() {
+            DbKind::Sqlite => format!(
+                "SELECT aggregate_type, aggregate_id, sequence, rowid, event_type, event_version, payload, metadata, recorded_at_ms, 0
+                   FROM events WHERE {streams} AND rowid > $6 AND $5 >= 0 ORDER BY rowid LIMIT $7"
+            ),
+            DbKind::Postgres => format!(
+                "SELECT aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT),
+                        CAST(metadata AS TEXT), recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT)
+                   FROM events
+                  WHERE {streams}
+                    AND (tx_id, global_position) > (CAST(CAST(CAST($5 AS BIGINT) AS TEXT) AS xid8), CAST($6 AS BIGINT))
+                    AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
+                  ORDER BY events.tx_id, events.global_position LIMIT $7"
+            ),
+        };
+        let rows = sqlx::query(&sql)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .bind(child_type)
+            .bind(prefix)
+            .bind(after.tx_id)
+            .bind(after.position)
+            .bind(limit)
+            .fetch_all(&self.any)
+            .await?;
+        rows.iter().map(row_to_event).collect()
+    }
+
     /// One stored event by its stream and sequence.
     pub async fn event(&self, aggregate_type: &str, aggregate_id: &str, sequence: i64) -> anyhow::Result<Option<StoredEvent>> {
         let (pos, tx_id) = match self.kind() {

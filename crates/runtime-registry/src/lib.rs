@@ -7,6 +7,7 @@
 //! `DraftApproved`, through `BoxCommand::Activate`, which needs a `VerifiedApproval`.
 
 mod activation;
+mod history;
 mod keys;
 mod views;
 
@@ -17,14 +18,14 @@ use std::time::Duration;
 
 use atasira_contracts::requests::{Incoming, RegistryRequest};
 use atasira_contracts::{Reply, convert, reply_ok, reply_written, subjects, v1};
-use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, box_id_for};
+use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, BoxState, box_id_for};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::types;
 use atasira_domain::token::ACTIVATION_WINDOW;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
-use atasira_platform::db::Cqrs;
+use atasira_platform::db::{Cqrs, Cursor};
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::service::{self as platform_service, Call, Refusal};
 
@@ -102,8 +103,13 @@ impl Registry {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
             Incoming::Request(request) => request,
         };
-        // Over NATS, publishers read the Box list and a Box; every change is the API's.
-        if !matches!(request, RegistryRequest::List(_) | RegistryRequest::Get(_)) {
+        // Over NATS, publishers read (Boxes, a Box, its history, feasibility); every change
+        // is the API's.
+        let read = matches!(
+            request,
+            RegistryRequest::List(_) | RegistryRequest::Get(_) | RegistryRequest::Page(_) | RegistryRequest::History(_) | RegistryRequest::Feasibility(_)
+        );
+        if !read {
             call.only_services("changing a Box")?;
         }
         let principal = call.principal(&self.rt).await?;
@@ -164,7 +170,59 @@ impl Registry {
                 let action = v1::box_action::Action::try_from(r.action).unwrap_or(v1::box_action::Action::Unspecified);
                 self.box_action(principal, &r.box_id, action).await
             }
+            RegistryRequest::Page(r) => {
+                let filter = views::StateFilter::from_wire(v1::BoxStateFilter::try_from(r.state).unwrap_or_default());
+                let (rows, next_cursor) = views::page(&self.rt.db, filter, r.limit, r.after).await.map_err(Refusal::internal)?;
+                Ok(reply_ok(&v1::BoxPage { boxes: rows.iter().map(views::BoxRow::summary).collect(), next_cursor }))
+            }
+            RegistryRequest::History(r) => {
+                // The store says whether the Box exists, as it says everything else here.
+                if self.rt.db.last_event(types::BOX, &r.box_id).await.map_err(Refusal::internal)?.is_none() {
+                    return Err(Refusal::new(ErrorCode::BoxNotFound, format!("no Box {:?}", r.box_id)));
+                }
+                let after = Cursor { tx_id: i64::try_from(r.after_tx).unwrap_or(i64::MAX), position: i64::try_from(r.after).unwrap_or(i64::MAX) };
+                let (entries, next) = history::page(&self.rt.db, &r.box_id, r.limit, after).await.map_err(Refusal::internal)?;
+                let (next_cursor_tx, next_cursor) = next.map_or((0, 0), |c| (u64::try_from(c.tx_id).unwrap_or(0), u64::try_from(c.position).unwrap_or(0)));
+                Ok(reply_ok(&v1::BoxHistoryPage { entries, next_cursor, next_cursor_tx }))
+            }
+            RegistryRequest::Unassign(r) => {
+                let command = BoxCommand::UnassignUser { by: principal, user_id: r.user_id, at: chrono::Utc::now() };
+                self.box_command(&r.box_id, command).await
+            }
+            RegistryRequest::Feasibility(r) => self.feasibility(r).await,
         }
+    }
+
+    /// R-FEAS-1: the deterministic keyword check of a task against the manifest of the
+    /// box_type's Box (the one that is not archived; a stopped Box is assessed too, with a
+    /// note). No such Box: 404 `box_not_found`. Read-only.
+    async fn feasibility(&self, r: v1::AssessFeasibility) -> Result<Reply, Refusal> {
+        let row = views::current_of_type(&self.rt.db, &r.box_type).await.map_err(Refusal::internal)?.ok_or_else(|| {
+            Refusal::new(ErrorCode::BoxNotFound, format!("no active or stopped Box of box_type {:?}; a task for a new kind of Box needs a draft", r.box_type))
+        })?;
+        // 404 before 422, as everywhere.
+        let chars = r.task_description.chars().count();
+        if r.task_description.trim().is_empty() || chars > atasira_domain::bounds::TASK_DESCRIPTION_CHARS {
+            return Err(Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!("task_description: describe the task in 1 to {} characters", atasira_domain::bounds::TASK_DESCRIPTION_CHARS),
+            ));
+        }
+        let answer = atasira_domain::feasibility::assess(&row.manifest, &r.task_description);
+        let mut notes = answer.notes;
+        if row.state == BoxState::Stopped {
+            notes.push(format!("the Box of box_type {:?} is stopped: an admin must resume it before it can take the task", r.box_type));
+        }
+        Ok(reply_ok(&v1::FeasibilityReply {
+            feasible: answer.feasible,
+            available_operations: answer.available_operations,
+            available_tools: answer.available_tools,
+            missing_capabilities: answer.missing_capabilities,
+            required_approvals: answer.required_approvals,
+            summary: answer.summary,
+            notes,
+            box_id: row.box_id,
+        }))
     }
 
     async fn view(&self, box_id: &str) -> Result<v1::BoxView, Refusal> {

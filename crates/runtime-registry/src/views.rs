@@ -88,6 +88,7 @@ impl BoxRow {
             BoxEvent::BoxStopped { .. } => self.state = BoxState::Stopped,
             BoxEvent::BoxResumed { .. } => self.state = BoxState::Idle,
             BoxEvent::BoxArchived { .. } => self.state = BoxState::Archived,
+            BoxEvent::BoxUserUnassigned { user_id, .. } => self.assignments.retain(|a| a.user_id != *user_id),
         }
     }
 
@@ -326,6 +327,69 @@ pub async fn list(db: &Db) -> anyhow::Result<Vec<BoxRow>> {
     Ok(out)
 }
 
+/// Which Boxes a page lists (`GET /boxes?state=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateFilter {
+    /// Every Box but archived ones (the default).
+    NotArchived,
+    Only(BoxState),
+    /// A state no Box has yet (`running`, for Workers later): matches nothing.
+    Nothing,
+    All,
+}
+
+impl StateFilter {
+    pub fn from_wire(filter: v1::BoxStateFilter) -> StateFilter {
+        match filter {
+            v1::BoxStateFilter::Unspecified => StateFilter::NotArchived,
+            v1::BoxStateFilter::Idle => StateFilter::Only(BoxState::Idle),
+            v1::BoxStateFilter::Running => StateFilter::Nothing,
+            v1::BoxStateFilter::Stopped => StateFilter::Only(BoxState::Stopped),
+            v1::BoxStateFilter::Archived => StateFilter::Only(BoxState::Archived),
+            v1::BoxStateFilter::All => StateFilter::All,
+        }
+    }
+
+    fn clause(self) -> &'static str {
+        match self {
+            StateFilter::NotArchived => "state <> 'archived'",
+            StateFilter::Only(BoxState::Idle) => "state = 'idle'",
+            StateFilter::Only(BoxState::Stopped) => "state = 'stopped'",
+            StateFilter::Only(BoxState::Archived) => "state = 'archived'",
+            StateFilter::Nothing => "1 = 0",
+            StateFilter::All => "1 = 1",
+        }
+    }
+}
+
+/// Largest page of Boxes, and the size of a page when none is asked for.
+pub const PAGE_MAX: u32 = 200;
+pub const PAGE_DEFAULT: u32 = 50;
+
+/// R-BOX-5: a page of Boxes in activation order after position `after`, and the cursor of
+/// the next page (0 on the last). Not deduplicated by box_type: at most one Box per
+/// box_type is not archived (R-BOX-3), and archived Boxes stay listed beside their
+/// successors.
+pub async fn page(db: &Db, filter: StateFilter, limit: u32, after: u64) -> anyhow::Result<(Vec<BoxRow>, u64)> {
+    let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
+    let after = i64::try_from(after).unwrap_or(i64::MAX);
+    let sql = format!("SELECT {COLUMNS} FROM box_rows WHERE position > $1 AND {} ORDER BY position LIMIT $2", filter.clause());
+    let rows = sqlx::query(&sql).bind(after).bind(i64::from(limit) + 1).fetch_all(db.any()).await?;
+    let more = rows.len() > limit as usize;
+    let page = rows.iter().take(limit as usize).map(BoxRow::from_sql).collect::<anyhow::Result<Vec<_>>>()?;
+    let next = if more { page.last().map_or(0, |r| u64::try_from(r.position).unwrap_or(0)) } else { 0 };
+    Ok((page, next))
+}
+
+/// The Box of `box_type` that is not archived (at most one, R-BOX-3).
+pub async fn current_of_type(db: &Db, box_type: &str) -> anyhow::Result<Option<BoxRow>> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_type = $1 AND state <> 'archived' ORDER BY position DESC LIMIT 1"))
+        .bind(box_type)
+        .fetch_optional(db.any())
+        .await?;
+    row.as_ref().map(BoxRow::from_sql).transpose()
+}
+
 /// One Box with manifest, assignments, provisioning and drift.
 pub async fn get(db: &Db, manifests_dir: &Path, box_id: &str) -> anyhow::Result<Option<v1::BoxView>> {
     let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_id = $1")).bind(box_id).fetch_optional(db.any()).await?;
@@ -499,6 +563,15 @@ mod tests {
         assert_eq!(row.assignments, vec![AssignmentRow { user_id: "bob".into(), role_in_box: BoxRole::Primary }]);
         row.apply(&BoxEvent::BoxStopped { box_id: "b1".into(), box_type: "sales".into(), by: "alice".into(), at: t(2) });
         assert_eq!(row.state, BoxState::Stopped);
+        // R-BOX-6: an unassignment removes the user
+        row.apply(&BoxEvent::BoxUserUnassigned {
+            box_id: "b1".into(),
+            user_id: "bob".into(),
+            role_in_box: BoxRole::Primary,
+            unassigned_by: "alice".into(),
+            at: t(3),
+        });
+        assert_eq!(row.assignments, vec![]);
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub enum BoxCommand {
     Resume { by: Principal, at: DateTime<Utc> },
     /// R-BOX-7: terminal.
     Archive { by: Principal, at: DateTime<Utc> },
+    /// R-BOX-6: removes an assignment (who may: as for assigning).
+    UnassignUser { by: Principal, user_id: String, at: DateTime<Utc> },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,6 +129,14 @@ pub enum BoxEvent {
         by: String,
         at: DateTime<Utc>,
     },
+    BoxUserUnassigned {
+        box_id: String,
+        user_id: String,
+        /// The role the user had.
+        role_in_box: BoxRole,
+        unassigned_by: String,
+        at: DateTime<Utc>,
+    },
 }
 
 impl BoxEvent {
@@ -139,6 +149,7 @@ impl BoxEvent {
             BoxEvent::BoxStopped { .. } => "BoxStopped",
             BoxEvent::BoxResumed { .. } => "BoxResumed",
             BoxEvent::BoxArchived { .. } => "BoxArchived",
+            BoxEvent::BoxUserUnassigned { .. } => "BoxUserUnassigned",
         }
     }
 }
@@ -171,6 +182,9 @@ pub enum BoxError {
     MentorEdit(MentorEditError),
     #[error(transparent)]
     ConfigEdit(ConfigEditError),
+    /// 404: the user has no assignment on this Box.
+    #[error("the user is not assigned to this Box")]
+    NotAssigned,
 }
 
 impl BoxError {
@@ -185,6 +199,7 @@ impl BoxError {
             BoxError::InvalidUserId => ErrorCode::InvalidRequest,
             BoxError::MentorEdit(e) => e.code(),
             BoxError::ConfigEdit(e) => e.code(),
+            BoxError::NotAssigned => ErrorCode::AssignmentNotFound,
         }
     }
 }
@@ -252,6 +267,15 @@ impl BoxAggregate {
                 let changed_keys = patch.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
                 Ok(vec![BoxEvent::BoxConfigEdited { box_id: d.box_id.clone(), manifest, changed_keys, edited_by: by.user_id, at }])
             }
+            BoxCommand::UnassignUser { by, user_id, at } => {
+                let d = self.live()?;
+                let is_primary = d.assignments.iter().any(|(u, r)| *u == by.user_id && *r == BoxRole::Primary);
+                if !(by.is_human_admin() || is_primary) {
+                    return Err(BoxError::Forbidden("a human admin or the Box's primary"));
+                }
+                let (_, role_in_box) = d.assignments.iter().find(|(u, _)| *u == user_id).ok_or(BoxError::NotAssigned)?;
+                Ok(vec![BoxEvent::BoxUserUnassigned { box_id: d.box_id.clone(), user_id, role_in_box: *role_in_box, unassigned_by: by.user_id, at }])
+            }
             BoxCommand::Stop { by, at } => self.transition(by, at, BoxState::Idle, BoxState::Stopped),
             BoxCommand::Resume { by, at } => self.transition(by, at, BoxState::Stopped, BoxState::Idle),
             BoxCommand::Archive { by, at } => {
@@ -312,6 +336,11 @@ impl BoxAggregate {
             BoxEvent::BoxStopped { .. } => self.set_state(BoxState::Stopped),
             BoxEvent::BoxResumed { .. } => self.set_state(BoxState::Idle),
             BoxEvent::BoxArchived { .. } => self.set_state(BoxState::Archived),
+            BoxEvent::BoxUserUnassigned { user_id, .. } => {
+                if let Some(d) = self.data.as_mut() {
+                    d.assignments.retain(|(u, _)| *u != user_id);
+                }
+            }
         }
     }
 

@@ -112,6 +112,34 @@ fn given_a_box_when_a_human_admin_assigns_then_assigned_and_the_primary_may_assi
 }
 
 #[test]
+fn given_an_assignment_when_unassigned_then_gone_and_only_an_admin_or_the_primary_may() {
+    // R-BOX-6: unassign is decided like assign; a user who is not assigned is 404
+    let h = activated();
+    let h = with(&h, then(&h, BoxCommand::AssignUser { by: alice(), user_id: "dave".into(), role_in_box: BoxRole::Primary, at: t(2) }).expect("assigned"));
+    let h = with(&h, then(&h, BoxCommand::AssignUser { by: alice(), user_id: "erin".into(), role_in_box: BoxRole::Member, at: t(3) }).expect("assigned"));
+    // given a member or an agent admin; then 403 before anything else
+    let carol = Principal { user_id: "carol".into(), role: Role::Member, kind: Kind::Human };
+    for who in [ops_bot(), carol] {
+        let err = then(&h, BoxCommand::UnassignUser { by: who, user_id: "erin".into(), at: t(4) }).expect_err("forbidden");
+        assert_eq!(err.code().http_status(), 403);
+    }
+    // given the primary; when unassigning a member; then one event naming the role she had
+    let removed = then(&h, BoxCommand::UnassignUser { by: dave(), user_id: "erin".into(), at: t(4) }).expect("unassigned");
+    assert_eq!(
+        removed,
+        vec![BoxEvent::BoxUserUnassigned { box_id: "b1".into(), user_id: "erin".into(), role_in_box: BoxRole::Member, unassigned_by: "dave".into(), at: t(4) }]
+    );
+    let h = with(&h, removed);
+    // when unassigning her again; then 404 assignment_not_found
+    let err = then(&h, BoxCommand::UnassignUser { by: alice(), user_id: "erin".into(), at: t(5) }).expect_err("not assigned");
+    assert_eq!((err.clone(), err.code().as_str(), err.code().http_status()), (BoxError::NotAssigned, "assignment_not_found", 404));
+    // a human admin removes the primary; then she no longer may unassign
+    let h = with(&h, then(&h, BoxCommand::UnassignUser { by: alice(), user_id: "dave".into(), at: t(6) }).expect("unassigned"));
+    let err = then(&h, BoxCommand::UnassignUser { by: dave(), user_id: "dave".into(), at: t(7) }).expect_err("no longer primary");
+    assert_eq!(err.code().http_status(), 403);
+}
+
+#[test]
 fn given_a_box_when_assigning_no_user_or_one_over_its_bound_then_422() {
     let h = activated();
     let too_long = "u".repeat(crate::bounds::USER_ID_CHARS + 1);
