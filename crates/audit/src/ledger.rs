@@ -118,6 +118,7 @@ pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::R
 pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
+    // Committed durably (not `Db::begin_consumer`): a checkpoint may already name the rows.
     let mut tx = db.any().begin().await?;
     // The checkpoint is written first: on PostgreSQL its row lock serializes concurrent
     // writers (the second reads the last row only after the first committed); on SQLite

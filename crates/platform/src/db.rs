@@ -161,8 +161,9 @@ impl Cursor {
     }
 }
 
-/// One read of the store: the events after a cursor, and whether committed events were
-/// held back because an older transaction is still running (read again shortly).
+/// One read of the store: the events after a cursor, and, when there were none, whether
+/// committed events were held back because an older transaction is still running (read
+/// again shortly).
 #[derive(Debug, Default)]
 pub struct Batch {
     pub events: Vec<StoredEvent>,
@@ -582,6 +583,16 @@ impl Db {
         self.signals.stalled.lock().map(|s| s.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default()
     }
 
+    /// A transaction for a projection's rows and checkpoint. In PostgreSQL its commit does not wait for the disk: a crash can lose only
+    /// the consumer's last steps, and it takes them again from the store, since its
+    /// checkpoint is in the same transaction. Events are always committed durably.
+    pub async fn begin_consumer(&self) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Any>> {
+        match self.kind() {
+            DbKind::Postgres => self.any.begin_with("BEGIN; SET LOCAL synchronous_commit = off").await,
+            DbKind::Sqlite => self.any.begin().await,
+        }
+    }
+
     /// The writer's turn (SQLite: one writer at a time, queued here; PostgreSQL: none
     /// needed). Hold it from `begin` to `commit` of a write transaction.
     pub async fn write_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
@@ -688,7 +699,8 @@ impl Db {
             }
         };
         let events = rows.iter().map(row_to_event).collect::<anyhow::Result<Vec<_>>>()?;
-        let held_back = if self.kind() == DbKind::Postgres && (events.len() as i64) < limit {
+        // Asked only of an empty read: a reader that got events reads again anyway.
+        let held_back = if self.kind() == DbKind::Postgres && events.is_empty() {
             let sql = format!("SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){types})");
             sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<bool, _>(0)?
         } else {

@@ -148,7 +148,7 @@ async fn mark_all(tx: &mut Transaction<'static, Any>, name: &str, events: &[Stor
 async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<&dyn Projection>) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
-    let mut tx = db.any().begin().await?;
+    let mut tx = db.begin_consumer().await?;
     let fresh = mark_all(&mut tx, name, events).await?;
     if let Some(p) = projection
         && !fresh.is_empty()
