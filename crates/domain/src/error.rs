@@ -142,11 +142,13 @@ pub enum ErrorCode {
     InvalidLimit,
     /// 400: another malformed query parameter (named in the details).
     InvalidQuery,
+    /// 404: no personal access token with this id (R-AUTH-4).
+    TokenNotFound,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 30] = [
         ErrorCode::InvalidJson,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -176,6 +178,7 @@ impl ErrorCode {
         ErrorCode::InvalidCursor,
         ErrorCode::InvalidLimit,
         ErrorCode::InvalidQuery,
+        ErrorCode::TokenNotFound,
     ];
 
     /// The wire code, e.g. `box_limit_reached`.
@@ -210,6 +213,7 @@ impl ErrorCode {
             ErrorCode::InvalidCursor => "invalid_cursor",
             ErrorCode::InvalidLimit => "invalid_limit",
             ErrorCode::InvalidQuery => "invalid_query",
+            ErrorCode::TokenNotFound => "token_not_found",
         }
     }
 
@@ -228,7 +232,7 @@ impl ErrorCode {
             | ErrorCode::SelfApprovalForbidden
             | ErrorCode::MentorEditProhibitedKey
             | ErrorCode::CapabilityChangeRequiresNewDraft => 403,
-            ErrorCode::NotFound | ErrorCode::DraftNotFound | ErrorCode::BoxNotFound => 404,
+            ErrorCode::NotFound | ErrorCode::DraftNotFound | ErrorCode::BoxNotFound | ErrorCode::TokenNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::DraftNotPending
             | ErrorCode::OverLimitConfirmationRequired

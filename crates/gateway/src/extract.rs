@@ -33,6 +33,40 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// A caller with role admin (any kind), else 403 before anything else of the request is
+/// looked at (the check order: 401, 403, then 404 and the body).
+#[derive(Debug, Clone)]
+pub struct Admin(pub Principal);
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Caller(principal) = Caller::from_request_parts(parts, state).await?;
+        if !principal.is_admin() {
+            return Err(ApiError::new(ErrorCode::Forbidden, "this needs role admin"));
+        }
+        Ok(Admin(principal))
+    }
+}
+
+/// A caller with role admin and kind human (R-AUTH-2), else 403 before anything else of
+/// the request is looked at. Services check it again: they also serve NATS publishers.
+#[derive(Debug, Clone)]
+pub struct HumanAdmin(pub Principal);
+
+impl FromRequestParts<AppState> for HumanAdmin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Caller(principal) = Caller::from_request_parts(parts, state).await?;
+        if !principal.is_human_admin() {
+            return Err(ApiError::new(ErrorCode::Forbidden, "this needs a human admin"));
+        }
+        Ok(HumanAdmin(principal))
+    }
+}
+
 /// A `{draft_id}` or `{box_id}` path segment. One that is not text names nothing: 404.
 #[derive(Debug, Clone)]
 pub struct Id(pub String);

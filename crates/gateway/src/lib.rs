@@ -69,7 +69,7 @@ struct AppState {
 
 /// Creates the gateway's own tables (tokens, idempotency); idempotent.
 pub async fn prepare(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
-    db.ensure_tables(auth::TOKENS_SCHEMA).await?;
+    auth::prepare(db).await?;
     db.ensure_tables(idempotency::SCHEMA).await
 }
 
@@ -94,6 +94,8 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/audit", get(routes::audit))
         .route("/audit/verify", get(routes::audit_verify))
         .route("/openapi.json", get(openapi::serve))
+        .route("/auth/tokens", get(routes::list_tokens).delete(routes::revoke_user_tokens))
+        .route("/auth/tokens/{token_id}", axum::routing::delete(routes::revoke_token))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
     Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))

@@ -205,6 +205,13 @@ impl Modify for SharedResponses {
                     }
                 }
             }
+            if idempotent {
+                add(
+                    op,
+                    "422",
+                    "`invalid_request`: a malformed Idempotency-Key; `idempotency_key_reuse`: this Idempotency-Key was used with a different request",
+                );
+            }
             if !query.is_empty() {
                 let mut codes = vec!["`invalid_query` (details.parameter names it: unknown, repeated, empty or malformed)"];
                 if query.iter().any(|q| q == "cursor") {
@@ -253,7 +260,7 @@ impl Modify for SharedResponses {
     paths(crate::routes::submit_draft, crate::routes::pending_drafts, crate::routes::list_drafts, crate::routes::get_draft, crate::routes::withdraw,
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
-        crate::routes::nats_assertion),
+        crate::routes::nats_assertion, crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens),
     components(schemas(api::ErrorBody)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
@@ -365,7 +372,7 @@ mod tests {
         let doc = doc();
         for (name, op) in operations(&doc) {
             let takes_key = op["parameters"].as_array().is_some_and(|p| p.iter().any(|p| p["name"] == "Idempotency-Key"));
-            let write = name.starts_with("POST") && !name.ends_with("/nats-assertion");
+            let write = ["POST", "PUT", "PATCH", "DELETE"].iter().any(|m| name.starts_with(m)) && !name.ends_with("/nats-assertion");
             assert_eq!(takes_key, write, "{name}");
         }
     }

@@ -16,9 +16,9 @@ use serde::Serialize;
 use v1::box_action::Action;
 
 use crate::api::{self, ErrorBody};
-use crate::extract::{Caller, Id, IdempotencyKey, RawBody};
+use crate::extract::{Admin, Caller, HumanAdmin, Id, IdempotencyKey, RawBody};
 use crate::openapi::IdempotencyHeader;
-use crate::query::{AuditQuery, MineQuery, Params, PendingQuery};
+use crate::query::{AuditQuery, MineQuery, Params, PendingQuery, RevokeUserQuery, TokensQuery};
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
 /// A read: ask the service, answer its reply as `Out`.
@@ -339,4 +339,81 @@ pub async fn nats_assertion(State(state): State<AppState>, Caller(principal): Ca
     let assertion = state.rt.assertion_keys.sign(&principal, &binding, chrono::Utc::now());
     let wire = atasira_contracts::assertion_to_wire(&assertion).encode_to_vec();
     Ok(Json(api::AssertionIssued::new(&assertion, &wire)))
+}
+
+// --- tokens -----------------------------------------------------------------------------
+// The gateway owns the token table and the `pat` events: no service is asked.
+
+/// Personal access tokens, oldest first (admins). Never the token or its hash.
+#[utoipa::path(get, path = "/api/v1/auth/tokens", tag = "auth", params(TokensQuery),
+    responses((status = 200, description = "The tokens", body = api::TokenList), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
+    security(("pat" = [])))]
+pub async fn list_tokens(State(state): State<AppState>, Admin(_admin): Admin, Params(q): Params<TokensQuery>) -> Result<Json<api::TokenList>, ApiError> {
+    let tokens = atasira_platform::auth::list_tokens(&state.rt.db, q.user_id.as_deref()).await.map_err(ApiError::internal)?;
+    let tokens = tokens.iter().map(api::TokenView::from).filter(|t| q.state.is_none_or(|s| s == t.state)).collect();
+    Ok(Json(api::TokenList { tokens }))
+}
+
+/// Revokes tokens `by` the caller, recorded as `TokenRevoked` events; answers once the
+/// audit ledger holds them (`X-Atasira-Position`).
+async fn revoke_tokens(
+    state: &AppState,
+    principal: &Principal,
+    key: &IdempotencyKey,
+    route: &str,
+    which: atasira_platform::auth::Which<'_>,
+) -> Result<Response, ApiError> {
+    idempotency::run(&state.rt.db, principal, key, route, b"", async {
+        if let atasira_platform::auth::Which::Id(id) = which {
+            let known = atasira_platform::auth::token_exists(&state.rt.db, id).await.map_err(ApiError::internal)?;
+            if !known {
+                return Err(ApiError::new(ErrorCode::TokenNotFound, format!("no token {id:?}")));
+            }
+        }
+        let revoked = atasira_platform::auth::revoke(&state.rt.db, which, &principal.user_id).await.map_err(ApiError::internal)?;
+        let recorded = revoked.recorded;
+        let lagging = state.wait_for(recorded.position, &recorded.event_ids).await;
+        let mut response = Json(api::TokensRevoked { revoked: revoked.token_ids }).into_response();
+        let position = if recorded.position > 0 { recorded.position } else { state.rt.db.head_position().await.map_err(ApiError::internal)? };
+        consistency_headers(&mut response, position, &lagging);
+        Ok(response)
+    })
+    .await
+}
+
+/// Revoke one token by its id (a human admin): it stops working at once, over REST and
+/// NATS. Revoking a revoked token changes nothing.
+#[utoipa::path(delete, path = "/api/v1/auth/tokens/{token_id}", tag = "auth", params(("token_id" = String, Path), IdempotencyHeader),
+    responses(
+        (status = 200, description = "Revoked (the list is empty when it was revoked already)", body = api::TokensRevoked),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+        (status = 404, description = "`token_not_found`", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    HumanAdmin(principal): HumanAdmin,
+    Id(token_id): Id,
+    key: IdempotencyKey,
+) -> Result<Response, ApiError> {
+    let route = format!("revoke token {token_id}");
+    revoke_tokens(&state, &principal, &key, &route, atasira_platform::auth::Which::Id(&token_id)).await
+}
+
+/// Revoke every live token of a user (a human admin): they stop working at once, over
+/// REST and NATS.
+#[utoipa::path(delete, path = "/api/v1/auth/tokens", tag = "auth", params(RevokeUserQuery, IdempotencyHeader),
+    responses(
+        (status = 200, description = "Revoked (the list is empty when the user had no live token)", body = api::TokensRevoked),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn revoke_user_tokens(
+    State(state): State<AppState>,
+    HumanAdmin(principal): HumanAdmin,
+    Params(q): Params<RevokeUserQuery>,
+    key: IdempotencyKey,
+) -> Result<Response, ApiError> {
+    let route = format!("revoke tokens of {}", q.user_id);
+    revoke_tokens(&state, &principal, &key, &route, atasira_platform::auth::Which::User(&q.user_id)).await
 }
