@@ -195,6 +195,18 @@ impl AppState {
         }
     }
 
+    /// A refusal as the answer of a write: one that recorded events (a security violation,
+    /// R-AUDIT-5) waits for the read models like a write and says `X-Atasira-Position`, so
+    /// the caller's next read (the audit ledger) sees them.
+    async fn refusal(&self, refused: ApiError) -> Result<Response, ApiError> {
+        let Some(recorded) = refused.recorded.as_deref().cloned() else { return Err(refused) };
+        let (position, event_ids) = recorded;
+        let lagging = self.wait_for(position, &event_ids).await;
+        let mut response = refused.into_response();
+        consistency_headers(&mut response, position, &lagging);
+        Ok(response)
+    }
+
     /// R-BOX-9: waits (concurrently) for every service's projections to apply the events a
     /// write produced; the names of the projections still behind.
     async fn wait_for(&self, position: i64, event_ids: &[String]) -> Vec<String> {
