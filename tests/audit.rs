@@ -101,6 +101,10 @@ fn box_body(box_type: &str) -> Value {
     json!({"box_type": box_type, "name": box_type, "purpose": "週次売上レポートの自動作成", "tools": ["Read"], "os_operations": ["file:read"]})
 }
 
+/// The ledger's first rows: the harness issues the admin's and the agent's tokens
+/// (`token.issue`, R-AUDIT-1), so the rows of a test start at seq 3.
+const TOKEN_ROWS: usize = 2;
+
 /// Submits and approves a draft: three ledger rows (create, approve, activate).
 fn approved_box(sys: &System, box_type: &str) {
     let id = sys.draft(&box_body(box_type));
@@ -115,8 +119,9 @@ fn submitted(sys: &System, prefix: &str, n: usize) {
     }
 }
 
-/// Waits until the ledger has exactly `n` rows (GET /api/v1/audit).
+/// Waits until the ledger has exactly `n` rows after the tokens' (GET /api/v1/audit).
 fn ledger_has(sys: &System, n: usize) {
+    let n = TOKEN_ROWS + n;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let a = sys.get("/api/v1/audit?limit=500", &sys.admin);
@@ -142,7 +147,8 @@ fn a_tail_removed_after_a_checkpoint_and_regrown_is_named_by_rest_and_cli() {
     // R-AUDIT-2 (issue 9, item 6): checkpoints form a chain and verification checks every
     // one, so new rows re-using removed seqs under a new checkpoint do not hide the removal.
     in_both_modes(|sys| {
-        // given 3 rows and checkpoint K over them (a graceful stop records a checkpoint),
+        // given 3 rows (after the tokens') and checkpoint K over them (a graceful stop
+        // records a checkpoint),
         // then 3 more rows and a second checkpoint
         submitted(sys, "kept", 3);
         ledger_has(sys, 3);
@@ -151,21 +157,21 @@ fn a_tail_removed_after_a_checkpoint_and_regrown_is_named_by_rest_and_cli() {
         submitted(sys, "removed", 3);
         ledger_has(sys, 6);
         sys.stop_gracefully();
-        assert_eq!(checkpoint_links(sys), vec![(3, 0), (6, 3)], "each checkpoint names the one before it");
-        assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 6})));
+        assert_eq!(checkpoint_links(sys), vec![(5, 0), (8, 5)], "each checkpoint names the one before it");
+        assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 8})));
         // when the database superuser deletes the rows after checkpoint K
-        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq > 3");
-        assert_eq!(sys.audit_verify().1["first_bad_seq"], json!(4), "a removed tail is named at once");
+        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq > 5");
+        assert_eq!(sys.audit_verify().1["first_bad_seq"], json!(6), "a removed tail is named at once");
         // and the ledger regrows past the last checkpoint, which the service checkpoints
         sys.start_services(&[]);
         submitted(sys, "regrown", 6);
         ledger_has(sys, 9);
         sys.stop_gracefully();
-        assert_eq!(checkpoint_links(sys), vec![(3, 0), (6, 3), (9, 6)]);
-        // then the CLI names seq 6, the checkpoint whose row was replaced
+        assert_eq!(checkpoint_links(sys), vec![(5, 0), (8, 5), (11, 8)]);
+        // then the CLI names seq 8, the checkpoint whose row was replaced
         let (code, cli) = sys.audit_verify();
-        assert_eq!((code, &cli["ok"], &cli["first_bad_seq"]), (1, &json!(false), &json!(6)), "{cli}");
-        assert!(cli["reason"].as_str().is_some_and(|r| r.contains("checkpoint at seq 6")), "{cli}");
+        assert_eq!((code, &cli["ok"], &cli["first_bad_seq"]), (1, &json!(false), &json!(8)), "{cli}");
+        assert!(cli["reason"].as_str().is_some_and(|r| r.contains("checkpoint at seq 8")), "{cli}");
         // and the REST answer is the same
         sys.start_services(&[]);
         let rest = sys.get("/api/v1/audit/verify", &sys.admin);
@@ -196,7 +202,7 @@ fn the_ledger_refuses_update_delete_and_truncate_and_the_events_refuse_truncate(
         }
         // and nothing changed
         let (code, v) = sys.audit_verify();
-        assert_eq!((code, &v), (0, &json!({"ok": true, "rows": 3})));
+        assert_eq!((code, &v), (0, &json!({"ok": true, "rows": TOKEN_ROWS + 3})));
         assert!(sys.sql_i64("SELECT COUNT(*) FROM events") > 3);
         // and a restart (which prepares the tables again) keeps one set of triggers
         sys.restart();
@@ -274,9 +280,9 @@ fn cluster_services_run_under_a_role_that_cannot_rewrite_history() {
     // then the product works: a Box is approved, the ledger verifies (as that role too)
     approved_box(&sys, "least-privilege");
     ledger_has(&sys, 3);
-    assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 3})));
+    assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": TOKEN_ROWS + 3})));
     let (code, out, err) = sys.cli(&["audit", "verify", "--database-url", &service_url]);
-    assert_eq!((code, out.trim()), (0, r#"{"ok":true,"rows":3}"#), "{err}");
+    assert_eq!((code, out.trim()), (0, r#"{"ok":true,"rows":5}"#), "{err}");
     // and the service role can neither switch the triggers off nor go around them
     for statement in [
         "ALTER TABLE audit_ledger_rows DISABLE TRIGGER USER",

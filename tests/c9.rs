@@ -54,12 +54,13 @@ fn one_approval_passes_the_seeds_verification_list() {
         // 3. The YAML exists and is the manifest.
         let yaml = std::fs::read_to_string(sys.data_dir().join("manifests/sales-report.yaml")).expect("the manifest file exists");
         assert!(yaml.contains("box_type: sales-report") && yaml.contains("trigger_type: manual"), "{yaml}");
-        // 4. Signed audit rows for create and approve (and activate).
+        // 4. Signed audit rows for create and approve (and activate), after the issue of
+        // the admin's and the agent's tokens.
         let rows = audit_actions(sys);
         let actions: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-        assert_eq!(actions, vec!["box_draft.create", "box_draft.approve", "box.activate"], "{rows:?}");
+        assert_eq!(actions, vec!["token.issue", "token.issue", "box_draft.create", "box_draft.approve", "box.activate"], "{rows:?}");
         assert!(rows.iter().all(|r| !r.2.is_empty() && r.3.len() == 64), "every row carries a key id and an HMAC");
-        assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin).body, json!({"ok": true, "rows": 3}));
+        assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin).body, json!({"ok": true, "rows": 5}));
         // The draft reads active with its Box and decision.
         let draft = sys.get(&format!("/api/v1/boxes/box-drafts/{id}"), &sys.agent);
         assert_eq!((draft.body["status"].as_str(), draft.body["box_id"].as_str()), (Some("active"), Some(box_id.as_str())), "{}", draft.raw);
@@ -261,18 +262,19 @@ fn tampering_with_the_ledger_is_named_and_a_truncated_tail_is_caught() {
             let id = sys.draft(&sales(bt));
             assert_eq!(sys.approve(&id, &sys.admin, false).status, 200);
         }
-        assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 6})));
+        // (rows 1 and 2: the issue of the admin's and the agent's tokens)
+        assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 8})));
         // A graceful stop writes the signed checkpoint of the head.
         sys.stop_gracefully();
         assert!(sys.sql_i64("SELECT COUNT(*) FROM events WHERE event_type = 'AuditCheckpoint'") >= 1, "a checkpoint was written on shutdown");
-        sys.tamper("UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 2");
+        sys.tamper("UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 4");
         let (code, v) = sys.audit_verify();
-        assert_eq!((code, v["ok"].as_bool(), v["first_bad_seq"].as_i64()), (1, Some(false), Some(2)), "{v}");
-        sys.tamper("UPDATE audit_ledger_rows SET actor = 'admin' WHERE seq = 2");
+        assert_eq!((code, v["ok"].as_bool(), v["first_bad_seq"].as_i64()), (1, Some(false), Some(4)), "{v}");
+        sys.tamper("UPDATE audit_ledger_rows SET actor = 'admin' WHERE seq = 4");
         assert_eq!(sys.audit_verify().0, 0, "restored");
-        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq = 4");
+        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq = 6");
         let (code, v) = sys.audit_verify();
-        assert_eq!((code, v["first_bad_seq"].as_i64()), (1, Some(4)), "the deleted row is named: {v}");
+        assert_eq!((code, v["first_bad_seq"].as_i64()), (1, Some(6)), "the deleted row is named: {v}");
         sys.restart();
         assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin).body["ok"], false, "the REST answer agrees");
     });
@@ -281,7 +283,7 @@ fn tampering_with_the_ledger_is_named_and_a_truncated_tail_is_caught() {
         let id = sys.draft(&sales("t1"));
         assert_eq!(sys.approve(&id, &sys.admin, false).status, 200);
         sys.stop_gracefully();
-        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq >= 2");
+        sys.tamper("DELETE FROM audit_ledger_rows WHERE seq >= 4");
         let (code, v) = sys.audit_verify();
         assert_eq!((code, v["ok"].as_bool()), (1, Some(false)), "{v}");
         assert!(v["reason"].as_str().is_some_and(|r| r.contains("checkpoint")), "{v}");

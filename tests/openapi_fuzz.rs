@@ -33,9 +33,23 @@ fn python() -> PathBuf {
 /// Which id each path operation gets, and which operations must answer 2xx at least once.
 struct Plan {
     ids: BTreeMap<&'static str, Vec<(&'static str, String)>>,
+    /// Query parameters fixed for a path (whose tokens a revocation may take).
+    query: BTreeMap<&'static str, (&'static str, String)>,
     must_succeed: Vec<&'static str>,
     /// The box_type valid feasibility requests name (see `hooks.py`).
     box_type: String,
+}
+
+/// A token of a throwaway user; its public id.
+fn token_id(sys: &System, user: &str) -> String {
+    sys.token(user, "member", "agent");
+    let mut args = vec!["tokens", "list", "--user", user];
+    let target = sys.target_args();
+    args.extend(target.iter().map(String::as_str));
+    let (code, out, err) = sys.cli(&args);
+    assert_eq!(code, 0, "{err}");
+    let list: Value = serde_json::from_str(out.trim()).expect("JSON");
+    list["tokens"][0]["token_id"].as_str().expect("token id").to_owned()
 }
 
 fn draft(sys: &System, token: &str, box_type: &str) -> String {
@@ -80,7 +94,12 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
         ("/api/v1/boxes/{box_id}/stop", one("box_id", stop)),
         ("/api/v1/boxes/{box_id}/resume", one("box_id", resume)),
         ("/api/v1/boxes/{box_id}/archive", one("box_id", archive)),
+        ("/api/v1/auth/tokens/{token_id}", one("token_id", token_id(sys, &t("revoked")))),
     ]);
+    // Revoking every token of a user takes only a throwaway user's (never the caller's).
+    let gone = t("gone");
+    token_id(sys, &gone);
+    let query = BTreeMap::from([("/api/v1/auth/tokens", ("user_id", gone))]);
     let mut must_succeed = vec![
         "POST /api/v1/boxes/box-drafts",
         "GET /api/v1/boxes/box-drafts",
@@ -104,9 +123,12 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
             "POST /api/v1/boxes/{box_id}/archive",
             "GET /api/v1/audit",
             "GET /api/v1/audit/verify",
+            "GET /api/v1/auth/tokens",
+            "DELETE /api/v1/auth/tokens/{token_id}",
+            "DELETE /api/v1/auth/tokens",
         ]);
     }
-    Plan { ids, must_succeed, box_type: t("box") }
+    Plan { ids, query, must_succeed, box_type: t("box") }
 }
 
 fn config(plan: &Plan) -> String {
@@ -115,6 +137,13 @@ fn config(plan: &Plan) -> String {
     for (path, params) in &plan.ids {
         let params: Vec<String> = params.iter().map(|(name, id)| format!("\"path.{name}\" = {}", Value::from(id.as_str()))).collect();
         toml.push_str(&format!("\n[[operations]]\ninclude-path = {}\nparameters = {{ {} }}\n", Value::from(*path), params.join(", ")));
+    }
+    for (path, (name, value)) in &plan.query {
+        toml.push_str(&format!(
+            "\n[[operations]]\ninclude-path = {}\nparameters = {{ \"query.{name}\" = {} }}\n",
+            Value::from(*path),
+            Value::from(value.as_str())
+        ));
     }
     toml
 }

@@ -113,7 +113,9 @@ impl Service {
         }
     }
 
-    async fn record_self_approval(&self, principal: &Principal, draft_id: &str) -> Result<(), Refusal> {
+    /// Records the attempt; the id and position of the `SecurityViolation`, which the
+    /// refusal carries so that the caller's next audit read sees it.
+    async fn record_self_approval(&self, principal: &Principal, draft_id: &str) -> Result<(String, i64), Refusal> {
         let command = SecurityCommand::Record {
             service: SERVICE.into(),
             actor: principal.user_id.clone(),
@@ -125,7 +127,7 @@ impl Service {
         let id = uuid::Uuid::new_v4().to_string();
         command::execute(&self.rt.db.cqrs::<ApprovalSecurity>(), &id, command, HashMap::new(), Retry::ONCE).await?;
         self.rt.notify_committed();
-        Ok(())
+        self.rt.db.last_event(types::APPROVAL_SECURITY, &id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("the violation is not readable"))
     }
 
     /// Runs a decision on the draft; a self-approval attempt is recorded as a security
@@ -133,12 +135,13 @@ impl Service {
     async fn decide(&self, principal: &Principal, draft_id: &str, command: DraftCommand) -> Result<(), Refusal> {
         let metadata = HashMap::from([("principal".to_owned(), principal.user_id.clone())]);
         let outcome = command::execute(&self.drafts, draft_id, command, metadata, Retry::ONCE).await;
-        if let Err(refusal) = &outcome
-            && refusal.code == ErrorCode::SelfApprovalForbidden
-        {
-            self.record_self_approval(principal, draft_id).await?;
+        match outcome {
+            Err(refusal) if refusal.code == ErrorCode::SelfApprovalForbidden => {
+                let recorded = self.record_self_approval(principal, draft_id).await?;
+                Err(refusal.recorded(recorded))
+            }
+            other => other,
         }
-        outcome
     }
 
     /// A request to another service on behalf of `principal`.
@@ -183,8 +186,8 @@ impl Service {
         let first = match draft.decide(command.clone()) {
             Ok(events) => !events.is_empty(),
             Err(DraftError::SelfApproval) => {
-                self.record_self_approval(&principal, draft_id).await?;
-                return Err(DraftError::SelfApproval.into());
+                let recorded = self.record_self_approval(&principal, draft_id).await?;
+                return Err(Refusal::from(DraftError::SelfApproval).recorded(recorded));
             }
             Err(e) => return Err(e.into()),
         };

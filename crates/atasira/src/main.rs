@@ -129,7 +129,7 @@ enum Command {
     /// Prepare the database: tables and append-only triggers.
     #[command(subcommand)]
     Db(operator::DbCommand),
-    /// Issue and revoke personal access tokens (PATs) for the REST API.
+    /// Issue, list and revoke personal access tokens (PATs), for the REST API and NATS.
     #[command(subcommand)]
     Tokens(operator::TokensCommand),
     /// Maintain the read models (projections) built from the event store.

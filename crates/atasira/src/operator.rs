@@ -53,10 +53,30 @@ pub enum TokensCommand {
         #[command(flatten)]
         target: Target,
     },
-    /// Revoke a PAT.
+    /// List tokens as JSON: {"tokens": [{token_id, user_id, role, kind, state, created_at,
+    /// expires_at, last_used_at, revoked_at}]}, oldest first. Never shows a token or its hash.
+    List {
+        /// Only this user's tokens.
+        #[arg(long)]
+        user: Option<String>,
+        /// Only tokens that still work (not revoked, not expired).
+        #[arg(long)]
+        active: bool,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Revoke PATs: one by the token itself or by its id, or every token of a user. Prints
+    /// {"revoked": [token ids]}; they stop working at once, over REST and NATS.
+    #[command(group(clap::ArgGroup::new("which").required(true).multiple(false).args(["token", "id", "user"])))]
     Revoke {
         /// The token to revoke.
-        token: String,
+        token: Option<String>,
+        /// The id of the token to revoke (tok_..., as `atasira tokens list` shows it).
+        #[arg(long)]
+        id: Option<String>,
+        /// Revoke every token of this user.
+        #[arg(long)]
+        user: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -131,18 +151,55 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
                 KindArg::Human => Kind::Human,
                 KindArg::Agent => Kind::Agent,
             };
-            println!("{}", auth::create_token(&db, &Principal::new(user, role, kind), ttl).await?);
+            println!("{}", auth::create_token(&db, &Principal::new(user, role, kind), ttl, auth::OPERATOR).await?.token);
             Ok(())
         }
-        TokensCommand::Revoke { token, target } => {
+        TokensCommand::List { user, active, target } => {
             let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
-            if !auth::revoke_token(&db, &token).await? {
+            auth::prepare(&db).await?;
+            let tokens: Vec<serde_json::Value> = auth::list_tokens(&db, user.as_deref())
+                .await?
+                .into_iter()
+                .filter(|t| !active || t.state == auth::TokenState::Active)
+                .map(|t| token_json(&t))
+                .collect();
+            println!("{}", json!({ "tokens": tokens }));
+            Ok(())
+        }
+        TokensCommand::Revoke { token, id, user, target } => {
+            let which = match (&token, &id, &user) {
+                (Some(token), _, _) => auth::Which::Token(token),
+                (_, Some(id), _) => auth::Which::Id(id),
+                (_, _, Some(user)) => auth::Which::User(user),
+                _ => anyhow::bail!("name the token, --id or --user"),
+            };
+            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            auth::prepare(&db).await?;
+            let revoked = auth::revoke(&db, which, auth::OPERATOR).await?;
+            if revoked.token_ids.is_empty() && user.is_none() {
                 anyhow::bail!("no such token, or it is revoked already");
             }
-            eprintln!("revoked");
+            println!("{}", json!({ "revoked": revoked.token_ids }));
+            eprintln!("revoked {} token(s)", revoked.token_ids.len());
             Ok(())
         }
     }
+}
+
+/// A token as `tokens list` shows it (the REST list has the same fields).
+fn token_json(t: &auth::TokenInfo) -> serde_json::Value {
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    json!({
+        "token_id": t.token_id,
+        "user_id": t.principal.user_id,
+        "role": t.principal.role.to_string(),
+        "kind": t.principal.kind.to_string(),
+        "state": t.state.as_str(),
+        "created_at": time(Some(t.created_at)),
+        "expires_at": time(t.expires_at),
+        "last_used_at": time(t.last_used_at),
+        "revoked_at": time(t.revoked_at),
+    })
 }
 
 pub async fn audit(cmd: AuditCommand) -> anyhow::Result<std::process::ExitCode> {

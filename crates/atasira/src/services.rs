@@ -178,8 +178,8 @@ impl Embedded {
 pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
     let system = Embedded::start(&settings, listen).await?;
     if system.first_start {
-        let admin = auth::create_token(&system.db, &Principal::new("admin", Role::Admin, Kind::Human), None).await?;
-        let agent = auth::create_token(&system.db, &Principal::new("agent", Role::Member, Kind::Agent), None).await?;
+        let admin = auth::create_token(&system.db, &Principal::new("admin", Role::Admin, Kind::Human), None, auth::OPERATOR).await?.token;
+        let agent = auth::create_token(&system.db, &Principal::new("agent", Role::Member, Kind::Agent), None, auth::OPERATOR).await?.token;
         println!("admin PAT: {admin}");
         println!("agent PAT: {agent}");
     }

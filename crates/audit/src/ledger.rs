@@ -39,6 +39,7 @@ pub const AUDITABLE_TYPES: &[&str] = &[
     types::DRAFTS_SECURITY,
     types::AUDIT_SECURITY,
     types::PROVISIONER_SECURITY,
+    types::PAT,
 ];
 
 /// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and

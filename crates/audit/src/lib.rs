@@ -29,7 +29,10 @@ pub use ledger::{
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::AUDIT;
 /// Aggregate types whose events this service appends and relays.
-pub const AGGREGATE_TYPES: &[&str] = &[atasira_domain::aggregates::types::AUDIT_LEDGER, atasira_domain::aggregates::types::AUDIT_SECURITY];
+/// The aggregate types whose events this service publishes: its own, and the personal
+/// access tokens' (appended by the gateway and `atasira tokens`, which have no JetStream).
+pub const AGGREGATE_TYPES: &[&str] =
+    &[atasira_domain::aggregates::types::AUDIT_LEDGER, atasira_domain::aggregates::types::AUDIT_SECURITY, atasira_domain::aggregates::types::PAT];
 /// R-AUDIT-2: "every minute".
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 

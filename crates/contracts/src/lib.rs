@@ -163,6 +163,10 @@ pub struct Refused {
     pub code: ErrorCode,
     pub message: String,
     pub field_errors: Vec<FieldError>,
+    /// What the refusal recorded (a security violation, R-AUDIT-5): the position and ids of
+    /// its events, so the answer can wait until reads see them; 0 and empty otherwise.
+    pub position: i64,
+    pub event_ids: Vec<String>,
 }
 
 impl From<ErrorReply> for Refused {
@@ -171,6 +175,8 @@ impl From<ErrorReply> for Refused {
             code: convert::error_code_from_wire(e.code),
             message: e.message,
             field_errors: e.field_errors.into_iter().map(|f| FieldError::new(f.key, f.message)).collect(),
+            position: 0,
+            event_ids: vec![],
         }
     }
 }
@@ -205,8 +211,8 @@ pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Writt
         Some(v1::reply::Result::Ok(b)) => {
             Ok(Ok((M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?, reply.position, reply.event_ids)))
         }
-        Some(v1::reply::Result::Error(e)) => Ok(Err(e.into())),
-        None => Ok(Err(Refused { code: ErrorCode::Internal, message: "empty reply".into(), field_errors: vec![] })),
+        Some(v1::reply::Result::Error(e)) => Ok(Err(Refused { position: reply.position, event_ids: reply.event_ids, ..e.into() })),
+        None => Ok(Err(Refused { code: ErrorCode::Internal, message: "empty reply".into(), field_errors: vec![], position: 0, event_ids: vec![] })),
     }
 }
 

@@ -228,7 +228,9 @@ pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
     Some(match aggregate_type {
         types::DRAFT | types::DRAFTS_SECURITY => DRAFTS,
         types::BOX | types::BOX_TYPE_NAMESPACE | types::REGISTRY_SECURITY => RUNTIME_REGISTRY,
-        types::AUDIT_LEDGER | types::AUDIT_SECURITY => AUDIT,
+        // Token events are appended by the gateway and the operator CLI (the token table is
+        // the gateway's), and published by the audit service: the gateway has no JetStream.
+        types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT => AUDIT,
         types::ACCESS | types::PROVISIONER_SECURITY => PROVISIONER,
         types::APPROVAL_KEYS | types::APPROVAL_SECURITY => APPROVAL,
         _ => return None,

@@ -272,6 +272,8 @@ pub fn action_of(aggregate_type: &str, event_type: &str) -> Option<&'static str>
         ("access", "AccessProvisioned") => "access.provision",
         ("access", "AccessProvisionFailed") => "access.provision_failed",
         (t, "SecurityViolation") if crate::aggregates::types::SECURITY.contains(&t) => "security_violation",
+        ("pat", "TokenIssued") => "token.issue",
+        ("pat", "TokenRevoked") => "token.revoke",
         (t, "WorkerCreated") if t != "audit_ledger" => "worker.create",
         _ => return None,
     };
@@ -303,6 +305,8 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
         "BoxStopped" | "BoxResumed" | "BoxArchived" => (&[&["by"]], &[&["box_id"]]),
         "AccessProvisioned" | "AccessProvisionFailed" => (&[], &[&["box_id"]]),
         "SecurityViolation" => (&[&["actor"]], &[&["target"]]),
+        "TokenIssued" => (&[&["issued_by"]], &[&["token_id"]]),
+        "TokenRevoked" => (&[&["revoked_by"]], &[&["token_id"]]),
         "WorkerCreated" => (&[&["created_by"], &["created_by", "user_id"], &["by"]], &[&["worker_id"], &["box_id"]]),
         _ => (&[&["by"], &["actor"]], &[&["target"]]),
     };
@@ -665,6 +669,9 @@ mod tests {
             ("audit_security", "SecurityViolation", Some("security_violation")),
             ("provisioner_security", "SecurityViolation", Some("security_violation")),
             ("draft", "SecurityViolation", None),
+            ("pat", "TokenIssued", Some("token.issue")),
+            ("pat", "TokenRevoked", Some("token.revoke")),
+            ("draft", "TokenRevoked", None),
             ("worker", "WorkerCreated", Some("worker.create")),
             ("box_type_namespace", "BoxTypeReserved", None),
             ("box_type_namespace", "BoxTypeReleased", None),
@@ -693,6 +700,8 @@ mod tests {
         assert_eq!(actor_and_target("BoxUserUnassigned", "b1", &unassigned), ("dave".into(), "b1".into()));
         let violation = json!({"SecurityViolation": {"actor": "mallory", "target": "d9", "kind": "self_approval"}});
         assert_eq!(actor_and_target("SecurityViolation", "x", &violation), ("mallory".into(), "d9".into()));
+        let revoked = json!({"TokenRevoked": {"token_id": "tok_1", "user_id": "bob", "revoked_by": "alice"}});
+        assert_eq!(actor_and_target("TokenRevoked", "tok_1", &revoked), ("alice".into(), "tok_1".into()));
         let expired = json!({"DraftExpired": {"draft_id": "d2"}});
         assert_eq!(actor_and_target("DraftExpired", "d2", &expired), ("system".into(), "d2".into()));
         let provisioned = json!({"AccessProvisioned": {"box_id": "b1"}});

@@ -144,11 +144,13 @@ pub enum ErrorCode {
     InvalidQuery,
     /// 404: the user is not assigned to the Box (R-BOX-6).
     AssignmentNotFound,
+    /// 404: no personal access token with this id (R-AUTH-4).
+    TokenNotFound,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 31] = [
         ErrorCode::InvalidJson,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -179,6 +181,7 @@ impl ErrorCode {
         ErrorCode::InvalidLimit,
         ErrorCode::InvalidQuery,
         ErrorCode::AssignmentNotFound,
+        ErrorCode::TokenNotFound,
     ];
 
     /// The wire code, e.g. `box_limit_reached`.
@@ -214,6 +217,7 @@ impl ErrorCode {
             ErrorCode::InvalidLimit => "invalid_limit",
             ErrorCode::InvalidQuery => "invalid_query",
             ErrorCode::AssignmentNotFound => "assignment_not_found",
+            ErrorCode::TokenNotFound => "token_not_found",
         }
     }
 
@@ -232,7 +236,7 @@ impl ErrorCode {
             | ErrorCode::SelfApprovalForbidden
             | ErrorCode::MentorEditProhibitedKey
             | ErrorCode::CapabilityChangeRequiresNewDraft => 403,
-            ErrorCode::NotFound | ErrorCode::DraftNotFound | ErrorCode::BoxNotFound | ErrorCode::AssignmentNotFound => 404,
+            ErrorCode::NotFound | ErrorCode::DraftNotFound | ErrorCode::BoxNotFound | ErrorCode::AssignmentNotFound | ErrorCode::TokenNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::DraftNotPending
             | ErrorCode::OverLimitConfirmationRequired

@@ -34,6 +34,7 @@ error::refusing_via_code!(
     policy::MentorEditError,
     policy::ConfigEditError,
     aggregates::security::SecurityError,
+    aggregates::pat::PatError,
 );
 
 impl Refusing for draft_request::DraftRequestError {

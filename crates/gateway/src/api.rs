@@ -747,18 +747,7 @@ pub struct AssertionIssued {
 
 impl AssertionIssued {
     pub fn new(assertion: &PrincipalAssertion, protobuf: &[u8]) -> Self {
-        let p = &assertion.principal;
-        let principal = PrincipalView {
-            user_id: p.user_id.clone(),
-            role: match p.role {
-                atasira_domain::Role::Admin => Role::Admin,
-                atasira_domain::Role::Member => Role::Member,
-            },
-            kind: match p.kind {
-                atasira_domain::Kind::Human => Kind::Human,
-                atasira_domain::Kind::Agent => Kind::Agent,
-            },
-        };
+        let principal = PrincipalView::from(&assertion.principal);
         let binding = &assertion.binding;
         Self {
             correlation_id: binding.correlation_id.clone(),
@@ -776,6 +765,84 @@ impl AssertionIssued {
             assertion_protobuf_hex: hex::encode(protobuf),
         }
     }
+}
+
+impl From<&atasira_domain::Principal> for PrincipalView {
+    fn from(p: &atasira_domain::Principal) -> Self {
+        PrincipalView {
+            user_id: p.user_id.clone(),
+            role: match p.role {
+                atasira_domain::Role::Admin => Role::Admin,
+                atasira_domain::Role::Member => Role::Member,
+            },
+            kind: match p.kind {
+                atasira_domain::Kind::Human => Kind::Human,
+                atasira_domain::Kind::Agent => Kind::Agent,
+            },
+        }
+    }
+}
+
+// --- tokens -------------------------------------------------------------------------------
+
+/// Whether a token works now, or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenState {
+    Active,
+    Expired,
+    Revoked,
+}
+
+/// A personal access token as admins see it: never the token or its hash.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TokenView {
+    /// The token's public id (`tok_...`).
+    pub token_id: String,
+    pub user_id: String,
+    pub role: Role,
+    pub kind: Kind,
+    pub state: TokenState,
+    pub created_at: DateTime<Utc>,
+    /// `null`: never expires.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// To the minute; `null`: never used.
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl From<&atasira_platform::auth::TokenInfo> for TokenView {
+    fn from(t: &atasira_platform::auth::TokenInfo) -> Self {
+        let p = PrincipalView::from(&t.principal);
+        TokenView {
+            token_id: t.token_id.clone(),
+            user_id: p.user_id,
+            role: p.role,
+            kind: p.kind,
+            state: match t.state {
+                atasira_platform::auth::TokenState::Active => TokenState::Active,
+                atasira_platform::auth::TokenState::Expired => TokenState::Expired,
+                atasira_platform::auth::TokenState::Revoked => TokenState::Revoked,
+            },
+            created_at: t.created_at,
+            expires_at: t.expires_at,
+            last_used_at: t.last_used_at,
+            revoked_at: t.revoked_at,
+        }
+    }
+}
+
+/// 200 of `GET /api/v1/auth/tokens`: oldest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TokenList {
+    pub tokens: Vec<TokenView>,
+}
+
+/// 200 of a revocation: the ids of the tokens it revoked (empty when they were revoked
+/// already).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TokensRevoked {
+    pub revoked: Vec<String>,
 }
 
 // --- schemas the derive cannot express ----------------------------------------------------

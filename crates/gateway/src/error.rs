@@ -15,11 +15,14 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub details: Option<Value>,
+    /// The events the refusal recorded (a security violation): the answer waits for the
+    /// read models and says `X-Atasira-Position` (`routes::write`).
+    pub recorded: Option<Box<(i64, Vec<String>)>>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: None }
+        Self { code, message: message.into(), details: None, recorded: None }
     }
 
     pub fn with_details(mut self, details: Option<Value>) -> Self {
@@ -30,7 +33,8 @@ impl ApiError {
     /// A service's typed refusal, as it came over the bus.
     pub fn from_reply(e: atasira_contracts::Refused) -> Self {
         let details = if e.field_errors.is_empty() { None } else { Some(json!(e.field_errors)) };
-        Self { code: e.code, message: e.message, details }
+        let recorded = (!e.event_ids.is_empty()).then(|| Box::new((e.position, e.event_ids)));
+        Self { code: e.code, message: e.message, details, recorded }
     }
 
     pub fn internal(e: impl std::fmt::Display) -> Self {
@@ -71,6 +75,8 @@ mod tests {
             code: ErrorCode::BoxManifestValidation,
             message: "invalid".into(),
             field_errors: vec![atasira_domain::FieldError::new("purpose", "blank")],
+            position: 0,
+            event_ids: vec![],
         };
         let e = ApiError::from_reply(refused);
         assert_eq!(e.details, Some(json!([{"key": "purpose", "message": "blank"}])));

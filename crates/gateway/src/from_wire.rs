@@ -438,7 +438,7 @@ mod tests {
         assert_eq!((ssh.host.as_str(), ssh.port), ("h", 943));
         let secret = json!({"box_type": "b", "purpose": "p", "required_access": [{"type": "netrc_entry", "machine": "m", "login": "l", "vault": "v", "item": "i", "password": "x"}]});
         assert_eq!(draft_request(secret).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest), "a password is refused, never dropped");
-        let unreadable = crate::extract::RawBody(bytes::Bytes::from_static(b"{"));
+        let unreadable = crate::extract::RawBody::new(bytes::Bytes::from_static(b"{"));
         assert_eq!(unreadable.json().map_err(|e| e.code).err(), Some(ErrorCode::InvalidJson));
         assert_eq!(draft_request(json!([])).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest));
         assert_eq!(draft_request(json!({"box_type": "b", "state": "active"})).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest));

@@ -32,8 +32,8 @@ const KEEP: chrono::TimeDelta = chrono::TimeDelta::hours(24);
 /// Headers replayed with a stored answer.
 const REPLAYED: &[&str] = &["content-type", "x-atasira-position", "x-atasira-lagging"];
 
-/// Runs `work` at most once per (principal, key); without a key it just runs it. The key
-/// was checked by its extractor.
+/// Runs `work` at most once per (principal, key); without a key it just runs it. A
+/// malformed key is 422 (routes check it earlier, after 404: `routes::validated`).
 pub async fn run(
     db: &Db,
     principal: &Principal,
@@ -42,7 +42,8 @@ pub async fn run(
     body: &[u8],
     work: impl Future<Output = Result<Response, ApiError>>,
 ) -> Result<Response, ApiError> {
-    let Some(key) = key.0.clone() else { return work.await };
+    key.check()?;
+    let Some(key) = key.key.clone() else { return work.await };
     let hash = hex::encode(Sha256::digest([route.as_bytes(), b"\n", body].concat()));
     let user = principal.user_id.as_str();
     let now = chrono::Utc::now();

@@ -69,7 +69,7 @@ struct AppState {
 
 /// Creates the gateway's own tables (tokens, idempotency); idempotent.
 pub async fn prepare(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
-    db.ensure_tables(auth::TOKENS_SCHEMA).await?;
+    auth::prepare(db).await?;
     db.ensure_tables(idempotency::SCHEMA).await
 }
 
@@ -97,6 +97,8 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/boxes/feasibility", post(routes::feasibility))
         .route("/boxes/{box_id}/history", get(routes::box_history))
         .route("/boxes/{box_id}/user-assignments/{user_id}", delete(routes::unassign_user))
+        .route("/auth/tokens", get(routes::list_tokens).delete(routes::revoke_user_tokens))
+        .route("/auth/tokens/{token_id}", axum::routing::delete(routes::revoke_token))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
     Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))
@@ -194,6 +196,18 @@ impl AppState {
             Ok(Err(refusal)) => Err(ApiError::from_reply(refusal)),
             Err(e) => Err(ApiError::internal(e)),
         }
+    }
+
+    /// A refusal as the answer of a write: one that recorded events (a security violation,
+    /// R-AUDIT-5) waits for the read models like a write and says `X-Atasira-Position`, so
+    /// the caller's next read (the audit ledger) sees them.
+    async fn refusal(&self, refused: ApiError) -> Result<Response, ApiError> {
+        let Some(recorded) = refused.recorded.as_deref().cloned() else { return Err(refused) };
+        let (position, event_ids) = recorded;
+        let lagging = self.wait_for(position, &event_ids).await;
+        let mut response = refused.into_response();
+        consistency_headers(&mut response, position, &lagging);
+        Ok(response)
     }
 
     /// R-BOX-9: waits (concurrently) for every service's projections to apply the events a

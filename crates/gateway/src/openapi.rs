@@ -5,6 +5,10 @@
 //! the machinery every route shares are added here, by rule, so no route can forget one:
 //! 401 (the caller extractor), 500 and 503 (every route asks a service), 400/413/422 for a
 //! request body, 400 for query parameters, and the consistency headers of writes.
+//!
+//! Each route states who may call it in `x-atasira-access` (`authenticated`, `admin`,
+//! `human_admin`, or a right that depends on the target, like `requester`); the check-order
+//! walk of the served document (`tests/check_order.rs`) holds every write to it.
 
 use atasira_domain::bounds::{self, Bound};
 use axum::Json;
@@ -209,6 +213,13 @@ impl Modify for SharedResponses {
                     }
                 }
             }
+            if idempotent {
+                add(
+                    op,
+                    "422",
+                    "`invalid_request`: a malformed Idempotency-Key; `idempotency_key_reuse`: this Idempotency-Key was used with a different request",
+                );
+            }
             if !query.is_empty() {
                 let mut codes = vec!["`invalid_query` (details.parameter names it: unknown, repeated, empty or malformed)"];
                 if query.iter().any(|q| q == "cursor") {
@@ -253,11 +264,12 @@ impl Modify for SharedResponses {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "atasira", description = "Box governance: drafts, approval, Boxes, audit. Every error is `{\"error\": code, \"message\": text, \"details\": optional}`. Request bodies refuse unknown fields; routes with query parameters refuse unknown ones. No text of a request may hold a NUL character (U+0000)."),
+    info(title = "atasira", description = "Box governance: drafts, approval, Boxes, audit. Every error is `{\"error\": code, \"message\": text, \"details\": optional}`. Request bodies refuse unknown fields; routes with query parameters refuse unknown ones. No text of a request may hold a NUL character (U+0000). Checks come in this order: 401 (no valid token), 403 (the caller's role; `x-atasira-access` says who may call each operation), 404 (an unknown id), then 400/413/422 (query, Idempotency-Key, body)."),
     paths(crate::routes::submit_draft, crate::routes::pending_drafts, crate::routes::list_drafts, crate::routes::get_draft, crate::routes::withdraw,
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
-        crate::routes::nats_assertion, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility),
+        crate::routes::nats_assertion, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility,
+        crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens),
     components(schemas(api::ErrorBody)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
@@ -365,14 +377,23 @@ mod tests {
     }
 
     #[test]
+    fn every_operation_says_who_may_call_it() {
+        // R-AUTH-2: `x-atasira-access` is what tests/check_order.rs holds each write to:
+        // authenticated, admin, human_admin, or a right that depends on the target
+        let doc = doc();
+        for (name, op) in operations(&doc) {
+            let access = op["x-atasira-access"].as_str().unwrap_or_else(|| panic!("{name} does not say who may call it"));
+            assert!(!access.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
     fn writes_document_the_idempotency_key() {
         let doc = doc();
         for (name, op) in operations(&doc) {
             let takes_key = op["parameters"].as_array().is_some_and(|p| p.iter().any(|p| p["name"] == "Idempotency-Key"));
-            // Every write; minting an assertion and the feasibility check record nothing.
-            let write = ["POST", "PUT", "PATCH", "DELETE"].iter().any(|m| name.starts_with(m))
-                && !name.ends_with("/nats-assertion")
-                && !name.ends_with("/boxes/feasibility");
+            // Every write; the feasibility check records nothing.
+            let write = ["POST", "PUT", "PATCH", "DELETE"].iter().any(|m| name.starts_with(m)) && !name.ends_with("/boxes/feasibility");
             assert_eq!(takes_key, write, "{name}");
         }
     }

@@ -375,6 +375,51 @@ impl AuditQuery {
     }
 }
 
+/// `GET /api/v1/auth/tokens`: filters.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TokensQuery {
+    /// Only this user's tokens.
+    #[param(pattern = r"^[^\u0000]+$")]
+    pub user_id: Option<String>,
+    /// Only tokens in this state.
+    #[param(inline)]
+    pub state: Option<crate::api::TokenState>,
+}
+
+impl FromQuery for TokensQuery {
+    const NAMES: &'static [&'static str] = &["user_id", "state"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let state = match query.get("state") {
+            None => None,
+            Some("active") => Some(crate::api::TokenState::Active),
+            Some("expired") => Some(crate::api::TokenState::Expired),
+            Some("revoked") => Some(crate::api::TokenState::Revoked),
+            Some(other) => return Err(invalid(ErrorCode::InvalidQuery, "state", format!("state {other:?} is not one of active, expired, revoked"))),
+        };
+        Ok(Self { user_id: query.get("user_id").map(str::to_owned), state })
+    }
+}
+
+/// `DELETE /api/v1/auth/tokens`: whose tokens to revoke (required).
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RevokeUserQuery {
+    /// Revoke every token of this user.
+    #[param(pattern = r"^[^\u0000]+$")]
+    pub user_id: String,
+}
+
+impl FromQuery for RevokeUserQuery {
+    const NAMES: &'static [&'static str] = &["user_id"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let user_id = query
+            .get("user_id")
+            .ok_or_else(|| invalid(ErrorCode::InvalidQuery, "user_id", "name the user whose tokens to revoke: ?user_id=USER".to_owned()))?;
+        Ok(Self { user_id: user_id.to_owned() })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

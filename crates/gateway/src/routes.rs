@@ -5,6 +5,8 @@
 //! The OpenAPI annotations name each route's own refusals; `openapi.rs` adds the ones
 //! every route shares (401, 500, 503, and 400/413/422 for bodies, 400 for queries).
 
+use std::future::Future;
+
 use atasira_contracts::{Named, subjects, v1};
 use atasira_domain::{ErrorCode, Principal};
 use axum::Json;
@@ -16,9 +18,9 @@ use serde::Serialize;
 use v1::box_action::Action;
 
 use crate::api::{self, ErrorBody};
-use crate::extract::{BoxUser, Caller, Id, IdempotencyKey, RawBody};
+use crate::extract::{Admin, BoxUser, Caller, HumanAdmin, Id, IdempotencyKey, RawBody};
 use crate::openapi::IdempotencyHeader;
-use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, Params, PendingQuery};
+use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, Params, PendingQuery, RevokeUserQuery, TokensQuery};
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
 /// A read: ask the service, answer its reply as `Out`.
@@ -44,13 +46,42 @@ async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Er
     status: StatusCode,
 ) -> Result<Response, ApiError> {
     idempotency::run(&state.rt.db, principal, key, route, body, async {
-        let (reply, position, event_ids): (Resp, i64, Vec<String>) = state.call_written(service, principal, &request).await?;
+        let (reply, position, event_ids): (Resp, i64, Vec<String>) = match state.call_written(service, principal, &request).await {
+            Ok(written) => written,
+            Err(refused) => return state.refusal(refused).await,
+        };
         let lagging = state.wait_for(position, &event_ids).await;
         let mut response = (status, Json(Out::try_from(reply)?)).into_response();
         consistency_headers(&mut response, position, &lagging);
         Ok(response)
     })
     .await
+}
+
+/// The check order (R-DRAFT-14, R-AUTH-1): 401 and 403 are the extractors' (`Caller`,
+/// `Admin`, `HumanAdmin`); a request that does not validate (a malformed Idempotency-Key, a
+/// body that is unreadable, too large or not what the route takes: 400/413/422) is first held
+/// against its target, so an unknown id is 404 whatever else is wrong. The target is looked
+/// up only then: a valid request costs nothing more.
+async fn validated<T>(checked: Result<T, ApiError>, target: impl Future<Output = Result<(), ApiError>>) -> Result<T, ApiError> {
+    match checked {
+        Ok(value) => Ok(value),
+        Err(invalid) => {
+            target.await?;
+            Err(invalid)
+        }
+    }
+}
+
+/// The draft, as `principal` may see it (404 `draft_not_found` otherwise).
+async fn draft_exists(state: &AppState, principal: &Principal, draft_id: &str) -> Result<(), ApiError> {
+    let request = v1::GetDraft { draft_id: draft_id.to_owned() };
+    state.call::<_, v1::DraftReply>(subjects::DRAFTS, principal, &request).await.map(|_| ())
+}
+
+/// The Box (404 `box_not_found` otherwise).
+async fn box_exists(state: &AppState, principal: &Principal, box_id: &str) -> Result<(), ApiError> {
+    state.call::<_, v1::BoxReply>(subjects::RUNTIME_REGISTRY, principal, &v1::GetBox { box_id: box_id.to_owned() }).await.map(|_| ())
 }
 
 // --- drafts -----------------------------------------------------------------------------
@@ -63,14 +94,15 @@ async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Er
         (status = 403, description = "`self_privilege_forbidden`: box_type admin-pm or admin-ops", body = ErrorBody),
         (status = 422, description = "`box_manifest_validation` (details: the field errors, among them a list or text over its bound, `maxItems` and `maxLength` here, naming the key and the limit), `invalid_request` (unknown fields, wrong types, a malformed Idempotency-Key), `idempotency_key_reuse`", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
 pub async fn submit_draft(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, body: RawBody) -> Result<Response, ApiError> {
+    key.check()?;
     let request = v1::SubmitDraft { request: Some(from_wire::draft_request(body.json()?)?) };
     write::<_, v1::SubmitDraftReply, api::DraftCreated>(
         &state,
         &principal,
         &key,
-        ("POST /boxes/box-drafts", &body.0),
+        ("POST /boxes/box-drafts", body.raw()),
         subjects::DRAFTS,
         request,
         StatusCode::CREATED,
@@ -84,7 +116,7 @@ pub async fn submit_draft(State(state): State<AppState>, Caller(principal): Call
         (status = 200, description = "A page of pending drafts", body = api::DraftPage),
         (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
 pub async fn pending_drafts(
     State(state): State<AppState>,
     Caller(principal): Caller,
@@ -101,7 +133,7 @@ pub async fn pending_drafts(
         (status = 200, description = "A page of drafts", body = api::DraftPage),
         (status = 403, description = "`forbidden`: every requester's drafts need role admin (use `mine=true` for your own)", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated; every requester's drafts: admin"))))]
 pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<DraftsQuery>) -> Result<Json<api::DraftPage>, ApiError> {
     let page = q.page();
     let status = match q.status {
@@ -123,7 +155,7 @@ pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Calle
         (status = 200, description = "The draft", body = api::DraftDetail),
         (status = 404, description = "`draft_not_found`: no such draft, or not yours", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("requester_or_admin"))))]
 pub async fn get_draft(State(state): State<AppState>, Caller(principal): Caller, Id(draft_id): Id) -> Result<Json<api::DraftDetail>, ApiError> {
     read::<_, v1::DraftReply, _>(&state, &principal, subjects::DRAFTS, v1::GetDraft { draft_id }).await
 }
@@ -137,7 +169,7 @@ pub async fn get_draft(State(state): State<AppState>, Caller(principal): Caller,
         (status = 404, description = "`draft_not_found`: no such draft, or not yours", body = ErrorBody),
         (status = 409, description = "`draft_not_pending`", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("requester"))))]
 pub async fn withdraw(
     State(state): State<AppState>,
     Caller(principal): Caller,
@@ -145,10 +177,10 @@ pub async fn withdraw(
     Id(draft_id): Id,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    let api::EmptyRequest {} = body.parse()?;
+    let api::EmptyRequest {} = validated(key.check().and_then(|()| body.parse()), draft_exists(&state, &principal, &draft_id)).await?;
     let route = format!("withdraw {draft_id}");
     let request = v1::WithdrawDraft { draft_id };
-    write::<_, v1::WithdrawReply, api::DraftStatusChanged>(&state, &principal, &key, (&route, &body.0), subjects::DRAFTS, request, StatusCode::OK).await
+    write::<_, v1::WithdrawReply, api::DraftStatusChanged>(&state, &principal, &key, (&route, body.raw()), subjects::DRAFTS, request, StatusCode::OK).await
 }
 
 // --- approval ---------------------------------------------------------------------------
@@ -162,18 +194,18 @@ pub async fn withdraw(
         (status = 404, description = "`draft_not_found`", body = ErrorBody),
         (status = 409, description = "`draft_not_pending`, `over_limit_confirmation_required`, `box_limit_reached`, `box_type_exists`, `manifest_exists`", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
 pub async fn approve(
     State(state): State<AppState>,
-    Caller(principal): Caller,
-    key: IdempotencyKey,
+    HumanAdmin(principal): HumanAdmin,
     Id(draft_id): Id,
+    key: IdempotencyKey,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    let b: api::ApproveRequest = body.parse()?;
+    let b: api::ApproveRequest = validated(key.check().and_then(|()| body.parse()), draft_exists(&state, &principal, &draft_id)).await?;
     let route = format!("approve {draft_id}");
     let request = v1::ApproveDraft { draft_id, confirm_over_limit: b.confirm_over_limit };
-    write::<_, v1::DecisionReply, api::Approved>(&state, &principal, &key, (&route, &body.0), subjects::APPROVAL, request, StatusCode::OK).await
+    write::<_, v1::DecisionReply, api::Approved>(&state, &principal, &key, (&route, body.raw()), subjects::APPROVAL, request, StatusCode::OK).await
 }
 
 /// Reject a draft (a human admin, not the requester).
@@ -185,18 +217,18 @@ pub async fn approve(
         (status = 404, description = "`draft_not_found`", body = ErrorBody),
         (status = 409, description = "`draft_not_pending`", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
 pub async fn reject(
     State(state): State<AppState>,
-    Caller(principal): Caller,
-    key: IdempotencyKey,
+    HumanAdmin(principal): HumanAdmin,
     Id(draft_id): Id,
+    key: IdempotencyKey,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    let b: api::RejectRequest = body.parse()?;
+    let b: api::RejectRequest = validated(key.check().and_then(|()| body.parse()), draft_exists(&state, &principal, &draft_id)).await?;
     let route = format!("reject {draft_id}");
     let request = v1::RejectDraft { draft_id, reason: b.reason };
-    write::<_, v1::DecisionReply, api::DraftStatusChanged>(&state, &principal, &key, (&route, &body.0), subjects::APPROVAL, request, StatusCode::OK).await
+    write::<_, v1::DecisionReply, api::DraftStatusChanged>(&state, &principal, &key, (&route, body.raw()), subjects::APPROVAL, request, StatusCode::OK).await
 }
 
 // --- Boxes ------------------------------------------------------------------------------
@@ -206,7 +238,7 @@ pub async fn reject(
 /// one is archived).
 #[utoipa::path(get, path = "/api/v1/boxes", tag = "boxes", params(BoxesQuery),
     responses((status = 200, description = "A page of Boxes", body = api::BoxList)),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
 pub async fn list_boxes(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<BoxesQuery>) -> Result<Json<api::BoxList>, ApiError> {
     let page = q.page();
     let filter = match q.state {
@@ -224,7 +256,7 @@ pub async fn list_boxes(State(state): State<AppState>, Caller(principal): Caller
 /// One Box with manifest, assignments, provisioning and drift (any caller).
 #[utoipa::path(get, path = "/api/v1/boxes/{box_id}", tag = "boxes", params(("box_id" = String, Path)),
     responses((status = 200, description = "The Box", body = api::BoxDetail), (status = 404, description = "`box_not_found`", body = ErrorBody)),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
 pub async fn get_box(State(state): State<AppState>, Caller(principal): Caller, Id(box_id): Id) -> Result<Json<api::BoxDetail>, ApiError> {
     read::<_, v1::BoxReply, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetBox { box_id }).await
 }
@@ -238,7 +270,7 @@ pub async fn get_box(State(state): State<AppState>, Caller(principal): Caller, I
         (status = 404, description = "`box_not_found`", body = ErrorBody),
         (status = 409, description = "`box_not_active`: the Box is archived or changed meanwhile", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin_or_box_primary"))))]
 pub async fn assign_user(
     State(state): State<AppState>,
     Caller(principal): Caller,
@@ -246,23 +278,23 @@ pub async fn assign_user(
     Id(box_id): Id,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    let b: api::AssignRequest = body.parse()?;
+    let b: api::AssignRequest = validated(key.check().and_then(|()| body.parse()), box_exists(&state, &principal, &box_id)).await?;
     let route = format!("assign {box_id}");
     let role_in_box = match b.role_in_box {
         api::RoleInBox::Primary => v1::BoxRole::Primary,
         api::RoleInBox::Member => v1::BoxRole::Member,
     } as i32;
     let request = v1::AssignUser { box_id, user_id: b.user_id, role_in_box };
-    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
 async fn box_action(state: AppState, principal: Principal, key: IdempotencyKey, box_id: String, body: RawBody, action: Action) -> Result<Response, ApiError> {
-    let api::EmptyRequest {} = body.parse()?;
+    let api::EmptyRequest {} = validated(key.check().and_then(|()| body.parse()), box_exists(&state, &principal, &box_id)).await?;
     // The idempotency scope: "stop <id>", "resume <id>", "archive <id>".
     let verb = action.as_str_name().trim_start_matches("ACTION_").to_ascii_lowercase();
     let route = format!("{verb} {box_id}");
     let request = v1::BoxAction { box_id, action: action as i32 };
-    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
 /// Stop a Box (a human admin): frees its slot, keeps the manifest.
@@ -274,8 +306,14 @@ async fn box_action(state: AppState, principal: Principal, key: IdempotencyKey, 
         (status = 404, description = "`box_not_found`", body = ErrorBody),
         (status = 409, description = "`box_not_active`: not running (stopped or archived), or changed meanwhile", body = ErrorBody),
     ),
-    security(("pat" = [])))]
-pub async fn stop(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, Id(box_id): Id, body: RawBody) -> Result<Response, ApiError> {
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
+pub async fn stop(
+    State(state): State<AppState>,
+    HumanAdmin(principal): HumanAdmin,
+    Id(box_id): Id,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
     box_action(state, principal, key, box_id, body, Action::Stop).await
 }
 
@@ -288,12 +326,12 @@ pub async fn stop(State(state): State<AppState>, Caller(principal): Caller, key:
         (status = 404, description = "`box_not_found`", body = ErrorBody),
         (status = 409, description = "`box_limit_reached`, `box_not_active` (archived, not stopped, or changed meanwhile), `box_type_exists`", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
 pub async fn resume(
     State(state): State<AppState>,
-    Caller(principal): Caller,
-    key: IdempotencyKey,
+    HumanAdmin(principal): HumanAdmin,
     Id(box_id): Id,
+    key: IdempotencyKey,
     body: RawBody,
 ) -> Result<Response, ApiError> {
     box_action(state, principal, key, box_id, body, Action::Resume).await
@@ -309,12 +347,12 @@ pub async fn resume(
         (status = 404, description = "`box_not_found`", body = ErrorBody),
         (status = 409, description = "`box_not_active`: archived already, or changed meanwhile", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
 pub async fn archive(
     State(state): State<AppState>,
-    Caller(principal): Caller,
-    key: IdempotencyKey,
+    HumanAdmin(principal): HumanAdmin,
     Id(box_id): Id,
+    key: IdempotencyKey,
     body: RawBody,
 ) -> Result<Response, ApiError> {
     box_action(state, principal, key, box_id, body, Action::Archive).await
@@ -325,7 +363,7 @@ pub async fn archive(
 /// outcomes, read from the event store.
 #[utoipa::path(get, path = "/api/v1/boxes/{box_id}/history", tag = "boxes", params(("box_id" = String, Path), HistoryQuery),
     responses((status = 200, description = "A page of the Box's history", body = api::BoxHistory), (status = 404, description = "`box_not_found`", body = ErrorBody)),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
 pub async fn box_history(
     State(state): State<AppState>,
     Caller(principal): Caller,
@@ -349,7 +387,7 @@ pub async fn box_history(
         (status = 409, description = "`box_not_active`: the Box is archived or changed meanwhile", body = ErrorBody),
         (status = 422, description = "`invalid_request`: a malformed Idempotency-Key; `idempotency_key_reuse`", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or the Box's primary"))))]
 pub async fn unassign_user(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, ids: BoxUser) -> Result<Response, ApiError> {
     let BoxUser { box_id, user_id } = ids;
     // The idempotency scope names the Box and the user: the request has no body.
@@ -367,7 +405,7 @@ pub async fn unassign_user(State(state): State<AppState>, Caller(principal): Cal
         (status = 404, description = "`box_not_found`: no Box of that box_type (or only archived ones); a new kind of Box needs a draft", body = ErrorBody),
         (status = 422, description = "`invalid_request`: unknown fields, wrong types, or a blank task_description or one over its `maxLength`", body = ErrorBody),
     ),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
 pub async fn feasibility(State(state): State<AppState>, Caller(principal): Caller, body: RawBody) -> Result<Json<api::FeasibilityAnswer>, ApiError> {
     let b: api::FeasibilityRequest = body.parse()?;
     let request = v1::AssessFeasibility { task_description: b.task_description, box_type: b.box_type };
@@ -379,7 +417,7 @@ pub async fn feasibility(State(state): State<AppState>, Caller(principal): Calle
 /// The audit ledger, a page of rows in seq order (admins).
 #[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditQuery),
     responses((status = 200, description = "Ledger rows", body = api::AuditRows), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
 pub async fn audit(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<AuditQuery>) -> Result<Json<api::AuditRows>, ApiError> {
     let page = q.page();
     let request = v1::QueryAudit {
@@ -395,7 +433,7 @@ pub async fn audit(State(state): State<AppState>, Caller(principal): Caller, Par
 /// Verifies the whole ledger against its latest signed checkpoint (admins).
 #[utoipa::path(get, path = "/api/v1/audit/verify", tag = "audit",
     responses((status = 200, description = "The verification result", body = api::VerifyResult), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
-    security(("pat" = [])))]
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
 pub async fn audit_verify(State(state): State<AppState>, Caller(principal): Caller) -> Result<Json<api::VerifyResult>, ApiError> {
     read::<_, v1::VerifyReply, _>(&state, &principal, subjects::AUDIT, v1::VerifyAudit {}).await
 }
@@ -406,19 +444,105 @@ pub async fn audit_verify(State(state): State<AppState>, Caller(principal): Call
 /// message type, payload digest and correlation id; valid for 60 s and accepted once.
 /// Services take assertions only on the subjects atasira's own processes publish on; a NATS
 /// publisher authenticates with its PAT instead and needs none.
-#[utoipa::path(post, path = "/api/v1/auth/nats-assertion", tag = "auth",
+/// It records nothing; `X-Atasira-Position` is the store's head when it was minted.
+#[utoipa::path(post, path = "/api/v1/auth/nats-assertion", tag = "auth", params(IdempotencyHeader),
     request_body = api::AssertionRequest,
     responses((status = 200, description = "The assertion", body = api::AssertionIssued)),
-    security(("pat" = [])))]
-pub async fn nats_assertion(State(state): State<AppState>, Caller(principal): Caller, body: RawBody) -> Result<Json<api::AssertionIssued>, ApiError> {
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
+pub async fn nats_assertion(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, body: RawBody) -> Result<Response, ApiError> {
+    key.check()?;
     let req: api::AssertionRequest = body.parse()?;
     let mut binding = req.binding().map_err(|errors| {
         ApiError::new(ErrorCode::InvalidRequest, "the request the assertion is for is not described right").with_details(Some(serde_json::json!(errors)))
     })?;
-    if binding.correlation_id.is_empty() {
-        binding.correlation_id = uuid::Uuid::new_v4().to_string();
+    idempotency::run(&state.rt.db, &principal, &key, "nats-assertion", body.raw(), async {
+        if binding.correlation_id.is_empty() {
+            binding.correlation_id = uuid::Uuid::new_v4().to_string();
+        }
+        let assertion = state.rt.assertion_keys.sign(&principal, &binding, chrono::Utc::now());
+        let wire = atasira_contracts::assertion_to_wire(&assertion).encode_to_vec();
+        let mut response = Json(api::AssertionIssued::new(&assertion, &wire)).into_response();
+        let head = state.rt.db.head_position().await.map_err(ApiError::internal)?;
+        consistency_headers(&mut response, head, &[]);
+        Ok(response)
+    })
+    .await
+}
+
+// --- tokens -----------------------------------------------------------------------------
+// The gateway owns the token table and the `pat` events: no service is asked.
+
+/// Personal access tokens, oldest first (admins). Never the token or its hash.
+#[utoipa::path(get, path = "/api/v1/auth/tokens", tag = "auth", params(TokensQuery),
+    responses((status = 200, description = "The tokens", body = api::TokenList), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
+pub async fn list_tokens(State(state): State<AppState>, Admin(_admin): Admin, Params(q): Params<TokensQuery>) -> Result<Json<api::TokenList>, ApiError> {
+    let tokens = atasira_platform::auth::list_tokens(&state.rt.db, q.user_id.as_deref()).await.map_err(ApiError::internal)?;
+    let tokens = tokens.iter().map(api::TokenView::from).filter(|t| q.state.is_none_or(|s| s == t.state)).collect();
+    Ok(Json(api::TokenList { tokens }))
+}
+
+/// Revokes tokens `by` the caller, recorded as `TokenRevoked` events; answers once the
+/// audit ledger holds them (`X-Atasira-Position`).
+async fn revoke_tokens(
+    state: &AppState,
+    principal: &Principal,
+    key: &IdempotencyKey,
+    route: &str,
+    which: atasira_platform::auth::Which<'_>,
+) -> Result<Response, ApiError> {
+    // 404 before a malformed Idempotency-Key (the check order).
+    if let atasira_platform::auth::Which::Id(id) = which {
+        let known = atasira_platform::auth::token_exists(&state.rt.db, id).await.map_err(ApiError::internal)?;
+        if !known {
+            return Err(ApiError::new(ErrorCode::TokenNotFound, format!("no token {id:?}")));
+        }
     }
-    let assertion = state.rt.assertion_keys.sign(&principal, &binding, chrono::Utc::now());
-    let wire = atasira_contracts::assertion_to_wire(&assertion).encode_to_vec();
-    Ok(Json(api::AssertionIssued::new(&assertion, &wire)))
+    idempotency::run(&state.rt.db, principal, key, route, b"", async {
+        let revoked = atasira_platform::auth::revoke(&state.rt.db, which, &principal.user_id).await.map_err(ApiError::internal)?;
+        let recorded = revoked.recorded;
+        let lagging = state.wait_for(recorded.position, &recorded.event_ids).await;
+        let mut response = Json(api::TokensRevoked { revoked: revoked.token_ids }).into_response();
+        let position = if recorded.position > 0 { recorded.position } else { state.rt.db.head_position().await.map_err(ApiError::internal)? };
+        consistency_headers(&mut response, position, &lagging);
+        Ok(response)
+    })
+    .await
+}
+
+/// Revoke one token by its id (a human admin): it stops working at once, over REST and
+/// NATS. Revoking a revoked token changes nothing.
+#[utoipa::path(delete, path = "/api/v1/auth/tokens/{token_id}", tag = "auth", params(("token_id" = String, Path), IdempotencyHeader),
+    responses(
+        (status = 200, description = "Revoked (the list is empty when it was revoked already)", body = api::TokensRevoked),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+        (status = 404, description = "`token_not_found`", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    HumanAdmin(principal): HumanAdmin,
+    Id(token_id): Id,
+    key: IdempotencyKey,
+) -> Result<Response, ApiError> {
+    let route = format!("revoke token {token_id}");
+    revoke_tokens(&state, &principal, &key, &route, atasira_platform::auth::Which::Id(&token_id)).await
+}
+
+/// Revoke every live token of a user (a human admin): they stop working at once, over
+/// REST and NATS.
+#[utoipa::path(delete, path = "/api/v1/auth/tokens", tag = "auth", params(RevokeUserQuery, IdempotencyHeader),
+    responses(
+        (status = 200, description = "Revoked (the list is empty when the user had no live token)", body = api::TokensRevoked),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
+pub async fn revoke_user_tokens(
+    State(state): State<AppState>,
+    HumanAdmin(principal): HumanAdmin,
+    Params(q): Params<RevokeUserQuery>,
+    key: IdempotencyKey,
+) -> Result<Response, ApiError> {
+    let route = format!("revoke tokens of {}", q.user_id);
+    revoke_tokens(&state, &principal, &key, &route, atasira_platform::auth::Which::User(&q.user_id)).await
 }

@@ -25,11 +25,22 @@ pub struct Refusal {
     pub code: ErrorCode,
     pub message: String,
     pub field_errors: Vec<FieldError>,
+    /// The events the refusal recorded (a security violation): their position and ids
+    /// travel in the reply, so the caller's next read sees them.
+    pub position: i64,
+    pub event_ids: Vec<String>,
 }
 
 impl Refusal {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), field_errors: Vec::new() }
+        Self { code, message: message.into(), field_errors: Vec::new(), position: 0, event_ids: Vec::new() }
+    }
+
+    /// This refusal recorded the event `event_id` at `position` (R-AUDIT-5).
+    pub fn recorded(mut self, (event_id, position): (String, i64)) -> Self {
+        self.event_ids.push(event_id);
+        self.position = self.position.max(position);
+        self
     }
 
     /// A failure of ours: logged with its cause, answered without it.
@@ -39,7 +50,7 @@ impl Refusal {
     }
 
     pub fn into_reply(self) -> Reply {
-        reply_error(self.code, self.message, &self.field_errors)
+        Reply { position: self.position, event_ids: self.event_ids, ..reply_error(self.code, self.message, &self.field_errors) }
     }
 }
 
@@ -52,7 +63,7 @@ impl std::fmt::Display for Refusal {
 /// Every coded domain or wire error converts with `?`.
 impl<E: Refusing> From<E> for Refusal {
     fn from(e: E) -> Self {
-        Self { code: e.error_code(), message: e.to_string(), field_errors: e.field_errors() }
+        Self { code: e.error_code(), message: e.to_string(), field_errors: e.field_errors(), position: 0, event_ids: Vec::new() }
     }
 }
 
@@ -303,7 +314,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("atasira-service-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("dir");
         let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
-        db.ensure_tables(crate::auth::TOKENS_SCHEMA).await.expect("tokens table");
+        crate::auth::prepare(&db).await.expect("tokens table");
         let bus = Arc::new(InprocBus::default());
         let keys = AssertionKeys::new(AssertionKey::new("internal-1", &[5; 32]).expect("key"), vec![]);
         let rt = Runtime { db, bus: bus.clone(), feeds: FeedSource::default(), assertion_keys: Arc::new(keys), guards: Arc::new(guards) };
@@ -445,7 +456,8 @@ mod tests {
         let (rt, bus) = runtime(Guards::default()).await;
         let _endpoint =
             serve(&rt, subjects::DRAFTS, |_call| async { Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply::default())) }).await.expect("serves");
-        let token = crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None).await.expect("token");
+        let token =
+            crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None, crate::auth::OPERATOR).await.expect("token").token;
         let wait = envelope(&v1::WaitForPosition::default(), "c", "");
         let as_client = |hash: &str| format!("atasira.box.{}.{hash}.{}", subjects::CLIENT, subjects::DRAFTS);
         // when the valid token's holder waits; then answered

@@ -332,7 +332,7 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
             let _ = rx.changed().await;
         }
     }));
-    let pat = auth::create_token(&gateway_db, &agent, Some(chrono::TimeDelta::hours(1))).await?;
+    let pat = auth::create_token(&gateway_db, &agent, Some(chrono::TimeDelta::hours(1)), auth::OPERATOR).await?.token;
     let rest = rest_submit(addr, pat, "rest");
     measure("warm-up (REST)", concurrency, concurrency * 4, &rest).await?;
     let rest_1 = measure("REST submit + read-your-writes", 1, small, &rest).await?;
@@ -366,7 +366,7 @@ async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, 
     let settings = settings_in(data.path());
     let system = Embedded::start(&settings, "127.0.0.1:0".parse()?).await?;
     let agent = Principal::new("bench-agent", Role::Member, Kind::Agent);
-    let pat = auth::create_token(&system.db, &agent, Some(chrono::TimeDelta::hours(1))).await?;
+    let pat = auth::create_token(&system.db, &agent, Some(chrono::TimeDelta::hours(1)), auth::OPERATOR).await?.token;
     let rest = rest_submit(system.addr, pat, "embedded");
     println!("-- embedded: REST submit with read-your-writes (every service in this process, SQLite in {})", data.path().display());
     measure("warm-up (REST, embedded)", concurrency, concurrency * 4, &rest).await?;

@@ -11,6 +11,7 @@ pub mod audit_ledger;
 pub mod boxes;
 pub mod draft;
 pub mod namespace;
+pub mod pat;
 pub mod security;
 
 /// The aggregate types: the names the store, the subjects and the feeds share. Every
@@ -28,6 +29,9 @@ pub mod types {
     pub const DRAFTS_SECURITY: &str = "drafts_security";
     pub const AUDIT_SECURITY: &str = "audit_security";
     pub const PROVISIONER_SECURITY: &str = "provisioner_security";
+    /// Personal access tokens, issued and revoked (appended by the gateway and the operator
+    /// CLI, published by the audit service).
+    pub const PAT: &str = "pat";
     /// Every service's security violations (R-AUDIT-5), one type per refusing service.
     pub const SECURITY: &[&str] = &[APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
     pub const ALL: &[&str] = &[
@@ -42,6 +46,7 @@ pub mod types {
         DRAFTS_SECURITY,
         AUDIT_SECURITY,
         PROVISIONER_SECURITY,
+        PAT,
     ];
 }
 
