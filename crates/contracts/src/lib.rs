@@ -37,6 +37,7 @@ named!(WaitForPosition, WaitForPositionReply, EventNotification);
 named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, ListMyDrafts, DraftPage, GetDraft, DraftReply, WithdrawDraft, WithdrawReply);
 named!(ApproveDraft, RejectDraft, DecisionReply);
 named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxList, GetBox, BoxReply, AssignUser, BoxAction);
+named!(EditBoxManifest, EditBoxConfig);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 
 /// Why bytes from the wire are not what they should be.
@@ -162,6 +163,10 @@ pub struct Refused {
     pub code: ErrorCode,
     pub message: String,
     pub field_errors: Vec<FieldError>,
+    /// A refusal that recorded an event (a security violation): its position and id, for
+    /// read-your-writes; 0 and none otherwise.
+    pub position: i64,
+    pub event_ids: Vec<String>,
 }
 
 impl From<ErrorReply> for Refused {
@@ -170,6 +175,8 @@ impl From<ErrorReply> for Refused {
             code: convert::error_code_from_wire(e.code),
             message: e.message,
             field_errors: e.field_errors.into_iter().map(|f| FieldError::new(f.key, f.message)).collect(),
+            position: 0,
+            event_ids: Vec::new(),
         }
     }
 }
@@ -204,8 +211,8 @@ pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Writt
         Some(v1::reply::Result::Ok(b)) => {
             Ok(Ok((M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?, reply.position, reply.event_ids)))
         }
-        Some(v1::reply::Result::Error(e)) => Ok(Err(e.into())),
-        None => Ok(Err(Refused { code: ErrorCode::Internal, message: "empty reply".into(), field_errors: vec![] })),
+        Some(v1::reply::Result::Error(e)) => Ok(Err(Refused { position: reply.position, event_ids: reply.event_ids, ..e.into() })),
+        None => Ok(Err(Refused { code: ErrorCode::Internal, message: "empty reply".into(), field_errors: vec![], position: 0, event_ids: vec![] })),
     }
 }
 

@@ -65,6 +65,8 @@ requests!(
         Get(GetBox),
         Assign(AssignUser),
         Action(BoxAction),
+        EditManifest(EditBoxManifest),
+        EditConfig(EditBoxConfig),
     }
 );
 

@@ -15,11 +15,14 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub details: Option<Value>,
+    /// A refusal that recorded an event (a security violation): the position it produced
+    /// and the read models still behind, answered as the consistency headers (R-BOX-9).
+    pub consistency: Option<(i64, Vec<String>)>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: None }
+        Self { code, message: message.into(), details: None, consistency: None }
     }
 
     pub fn with_details(mut self, details: Option<Value>) -> Self {
@@ -30,7 +33,7 @@ impl ApiError {
     /// A service's typed refusal, as it came over the bus.
     pub fn from_reply(e: atasira_contracts::Refused) -> Self {
         let details = if e.field_errors.is_empty() { None } else { Some(json!(e.field_errors)) };
-        Self { code: e.code, message: e.message, details }
+        Self { code: e.code, message: e.message, details, consistency: None }
     }
 
     pub fn internal(e: impl std::fmt::Display) -> Self {
@@ -42,7 +45,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let consistency = self.consistency;
         let mut response = (status, Json(ErrorBody { error: self.code.as_str().to_owned(), message: self.message, details: self.details })).into_response();
+        if let Some((position, lagging)) = &consistency {
+            crate::consistency_headers(&mut response, *position, lagging);
+        }
         if self.code == ErrorCode::Busy {
             // Contention passes in moments; say when to come back.
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
@@ -71,6 +78,8 @@ mod tests {
             code: ErrorCode::BoxManifestValidation,
             message: "invalid".into(),
             field_errors: vec![atasira_domain::FieldError::new("purpose", "blank")],
+            position: 0,
+            event_ids: vec![],
         };
         let e = ApiError::from_reply(refused);
         assert_eq!(e.details, Some(json!([{"key": "purpose", "message": "blank"}])));

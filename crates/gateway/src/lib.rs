@@ -27,7 +27,7 @@ use atasira_platform::auth;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse as _, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post, put};
 use axum::{Json, Router};
 use prost::Message as _;
 use serde_json::json;
@@ -94,6 +94,8 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/audit", get(routes::audit))
         .route("/audit/verify", get(routes::audit_verify))
         .route("/openapi.json", get(openapi::serve))
+        .route("/boxes/{box_id}/manifest", put(routes::edit_manifest))
+        .route("/boxes/{box_id}/config", patch(routes::edit_config))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
     Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))
@@ -188,6 +190,15 @@ impl AppState {
             .map_err(|e| ApiError::new(ErrorCode::ServiceUnavailable, format!("the {service} service did not answer: {e}")))?;
         match atasira_contracts::decode_written::<Resp>(&bytes) {
             Ok(Ok(ok)) => Ok(ok),
+            // A refusal that recorded an event (a security violation) is a write too: the
+            // answer waits for it and says where it is, so the next read sees the record.
+            Ok(Err(refusal)) if refusal.position > 0 || !refusal.event_ids.is_empty() => {
+                let (position, event_ids) = (refusal.position, refusal.event_ids.clone());
+                let lagging = self.wait_for(position, &event_ids).await;
+                let mut error = ApiError::from_reply(refusal);
+                error.consistency = Some((position, lagging));
+                Err(error)
+            }
             Ok(Err(refusal)) => Err(ApiError::from_reply(refusal)),
             Err(e) => Err(ApiError::internal(e)),
         }

@@ -127,6 +127,11 @@ fn nul_free(schema: &mut RefOr<Schema>, refs: &mut Vec<String>) {
             for property in o.properties.values_mut() {
                 nul_free(property, refs);
             }
+            if let Some(additional) = o.additional_properties.as_deref_mut()
+                && let utoipa::openapi::schema::AdditionalProperties::RefOr(schema) = additional
+            {
+                nul_free(schema, refs);
+            }
         }
         RefOr::T(Schema::Array(a)) => {
             if let ArrayItems::RefOrSchema(items) = &mut a.items {
@@ -152,6 +157,7 @@ impl Modify for Bounds {
         let fields: Vec<(&str, &str, Bound)> = top_level
             .map(|(path, bound)| ("BoxDraftCreateRequest", path, bound))
             .chain([("RejectRequest", "reason", Bound::Text(bounds::REASON_CHARS)), ("AssignRequest", "user_id", Bound::Text(bounds::USER_ID_CHARS))])
+            .chain(edit_bounds())
             .collect();
         for (name, field, bound) in fields {
             if let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(name)
@@ -161,6 +167,31 @@ impl Modify for Bounds {
             }
         }
     }
+}
+
+/// The bounds of the edit bodies: the manifest's (a mentor edit's purpose and criteria
+/// take a draft's, which fit the manifest's purpose together).
+fn edit_bounds() -> Vec<(&'static str, &'static str, Bound)> {
+    let of = |path: &str| bounds::of(bounds::MANIFEST, path);
+    let mut out: Vec<(&'static str, &'static str, Option<Bound>)> = vec![
+        ("MentorEditRequest", "purpose", bounds::of(bounds::DRAFT_REQUEST, "purpose")),
+        ("MentorEditRequest", "success_criteria", bounds::of(bounds::DRAFT_REQUEST, "success_criteria")),
+        ("MentorEditRequest", "prohibited_actions", of("prohibited_actions")),
+        ("MentorEditRequest", "business_procedure", of("business_procedure")),
+        ("ProcedureStepEdit", "description", of("business_procedure[].description")),
+        ("ProcedureStepEdit", "tool", of("business_procedure[].tool")),
+        ("ConfigPatch", "trigger_schedule", of("trigger_schedule")),
+        ("NotifyChannelPatch", "vault", of("notify.*.vault")),
+        ("NotifyChannelPatch", "item", of("notify.*.item")),
+        ("NotifyChannelPatch", "recipients", of("notify.*.recipients")),
+        ("CredentialsPatch", "allowed_vaults", of("credentials.allowed_vaults")),
+        ("CredentialsPatch", "token_env_var", of("credentials.token_env_var")),
+        ("ShellPatch", "allowed_commands", of("shell.allowed_commands")),
+        ("ShellPatch", "allowed_cwd", of("shell.allowed_cwd")),
+        ("BrowserPatch", "approval_required_selectors", of("browser.approval_required_selectors")),
+        ("BrowserPatch", "approval_required_text_patterns", of("browser.approval_required_text_patterns")),
+    ];
+    out.drain(..).filter_map(|(name, field, bound)| bound.map(|b| (name, field, b))).collect()
 }
 
 /// `schema` (a property's) holds at most what `bound` allows.
@@ -253,8 +284,8 @@ impl Modify for SharedResponses {
     paths(crate::routes::submit_draft, crate::routes::pending_drafts, crate::routes::list_drafts, crate::routes::get_draft, crate::routes::withdraw,
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
-        crate::routes::nats_assertion),
-    components(schemas(api::ErrorBody)),
+        crate::routes::nats_assertion, crate::routes::edit_manifest, crate::routes::edit_config),
+    components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
 pub struct ApiDoc;
@@ -365,7 +396,7 @@ mod tests {
         let doc = doc();
         for (name, op) in operations(&doc) {
             let takes_key = op["parameters"].as_array().is_some_and(|p| p.iter().any(|p| p["name"] == "Idempotency-Key"));
-            let write = name.starts_with("POST") && !name.ends_with("/nats-assertion");
+            let write = ["POST", "PUT", "PATCH", "DELETE"].iter().any(|m| name.starts_with(m)) && !name.ends_with("/nats-assertion");
             assert_eq!(takes_key, write, "{name}");
         }
     }

@@ -292,6 +292,71 @@ pub async fn archive(
     box_action(state, principal, key, box_id, body, Action::Archive).await
 }
 
+// --- edits after activation -------------------------------------------------------------
+
+/// The body of an edit: a JSON object, as a protobuf Struct. Its keys are the registry's
+/// to judge (an unknown key of a mentor edit is a security violation, not a malformed
+/// request), so the gateway checks only that it is an object.
+fn edit_body(body: &RawBody) -> Result<prost_types::Struct, ApiError> {
+    match body.json()? {
+        serde_json::Value::Object(map) => Ok(atasira_contracts::manifest::struct_to_proto(&map)),
+        _ => Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object")),
+    }
+}
+
+/// A mentor edit of the Box's wording (a human admin): purpose, success criteria,
+/// prohibited actions, business procedure. The Box's view and its manifest file follow.
+#[utoipa::path(put, path = "/api/v1/boxes/{box_id}/manifest", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = api::MentorEditRequest, description = "Only the four keys; any other key, top-level or nested, is refused (403) and recorded on the audit ledger."),
+    responses(
+        (status = 200, description = "The Box with its edited manifest (minor version bumped when something changed)", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin; `mentor_edit_prohibited_key`: a key other than the four (one of the prohibited keys, another manifest key, or a key of no manifest, top-level or nested such as `business_procedure[0].x`); details names each key, nothing changes, and a `security_violation` row naming them is on the audit ledger (`X-Atasira-Position` says where)", body = ErrorBody,
+            headers(("X-Atasira-Position" = i64, description = "With `mentor_edit_prohibited_key`: the position of the recorded security violation"))),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+        (status = 409, description = "`box_not_active`: the Box is archived; `conflict`: a concurrent edit was recorded first (retry)", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details names the key: a blank purpose, a null, a wrong type, a text or list over its bound), `invalid_request` (the body is not a JSON object)", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn edit_manifest(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let edit = edit_body(&body)?;
+    let route = format!("edit manifest {box_id}");
+    let request = v1::EditBoxManifest { box_id, edit: Some(edit) };
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+/// A config edit of the Box's operating parameters (a human admin or the Box's primary):
+/// a JSON merge patch (RFC 7396) of `config_defaults`, `trigger_schedule`, `notify`,
+/// `credentials` (names only), `shell` and `browser`, within what was approved. The Box's
+/// view and its manifest file follow.
+#[utoipa::path(patch, path = "/api/v1/boxes/{box_id}/config", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = api::ConfigPatch, content_type = "application/merge-patch+json", description = "A JSON merge patch (RFC 7396): objects merge key by key, `null` deletes a key. `application/json` is read the same way."),
+    responses(
+        (status = 200, description = "The Box with its edited manifest (unchanged when the patch changes nothing)", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary; `capability_change_requires_new_draft`: the patch would change what the Box may do (another manifest key such as `os_operations`, `tools` or `network`; `shell` without an approved `shell:exec`, commands or directories beyond those approved with it, or the approval gate off; vaults not approved; a notify channel without its `notify:<channel>` operation, emptied recipients or broadcast on; browser approval gates removed). details names each key and why; the message says how to submit a new draft", body = ErrorBody),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+        (status = 409, description = "`box_not_active`: the Box is archived; `conflict`: a concurrent edit was recorded first (retry)", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details names the key: an invalid cron in `trigger_schedule`, a notify vault not among `credentials.allowed_vaults`, a wrong type, a key of no manifest, top-level or nested), `invalid_request` (the body is not a JSON object)", body = ErrorBody),
+    ),
+    security(("pat" = [])))]
+pub async fn edit_config(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let patch = edit_body(&body)?;
+    let route = format!("edit config {box_id}");
+    let request = v1::EditBoxConfig { box_id, patch: Some(patch) };
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
 // --- audit ------------------------------------------------------------------------------
 
 /// The audit ledger, a page of rows in seq order (admins).
