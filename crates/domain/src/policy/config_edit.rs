@@ -21,7 +21,7 @@ pub enum ConfigEditError {
     #[error("a config patch must be a JSON object (RFC 7396 merge patch)")]
     NotAnObject,
     /// 403 `capability_change_requires_new_draft`, naming each key and why.
-    #[error("this change would widen what the Box may do ({}); {NEW_DRAFT_HINT}", crate::error::joined(&.0))]
+    #[error("a config edit may not make this change ({}); {NEW_DRAFT_HINT}", crate::error::joined(&.0))]
     CapabilityChange(Vec<FieldError>),
     /// 422: the patched manifest is invalid (bad cron, double gate, wrong types, keys
     /// that are no manifest key).
