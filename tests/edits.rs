@@ -166,8 +166,16 @@ fn table() -> Vec<(Edit, Value, Outcome)> {
         rows.push((Edit::Config, body, config));
     }
     // success_criteria replaces the criteria section (R-EDIT-1)
-    rows.push((Edit::Mentor, json!({"success_criteria": ["daily", "errors escalate"]}), Changed("/purpose", json!("Watch prices, report, and escalate.\n\n## Success criteria\n- daily\n- errors escalate"))));
-    rows.push((Edit::Mentor, json!({"success_criteria": ["daily", "errors escalate"]}), Changed("/purpose", json!("Watch prices, report, and escalate.\n\n## Success criteria\n- daily\n- errors escalate"))));
+    rows.push((
+        Edit::Mentor,
+        json!({"success_criteria": ["daily", "errors escalate"]}),
+        Changed("/purpose", json!("Watch prices, report, and escalate.\n\n## Success criteria\n- daily\n- errors escalate")),
+    ));
+    rows.push((
+        Edit::Mentor,
+        json!({"success_criteria": ["daily", "errors escalate"]}),
+        Changed("/purpose", json!("Watch prices, report, and escalate.\n\n## Success criteria\n- daily\n- errors escalate")),
+    ));
     rows.push((Edit::Config, json!({"success_criteria": ["x"]}), Refused("capability_change_requires_new_draft", &["success_criteria"])));
     // unknown keys, top-level and nested
     rows.push((Edit::Mentor, json!({"quality_gate": true}), Refused("mentor_edit_prohibited_key", &["quality_gate"])));
@@ -255,7 +263,11 @@ fn r_edit_1_2_3_every_manifest_key_under_both_edits_and_each_widening() {
                     } else {
                         // capability widening is not a security violation; the answer says how to go on
                         assert_eq!(violations.len(), violations_before, "{row}");
-                        assert!(a.body["message"].as_str().is_some_and(|m| m.contains("new draft") && m.contains("/api/v1/boxes/box-drafts")), "{row}: {}", a.raw);
+                        assert!(
+                            a.body["message"].as_str().is_some_and(|m| m.contains("new draft") && m.contains("/api/v1/boxes/box-drafts")),
+                            "{row}: {}",
+                            a.raw
+                        );
                     }
                 }
                 Outcome::Invalid(key) => {
@@ -314,13 +326,23 @@ fn r_edit_3_who_may_edit_and_the_one_capability_rule_of_drafts() {
             Some(json!({"config_defaults": {"a": 1}}).to_string().as_bytes()),
         );
         assert_eq!(a.status, 200, "{}", a.raw);
-        // a body that is no JSON object
+        // a body that is no JSON object; the check order holds: 401, 403, 404, then 400/422
         assert_eq!(config(sys, &sys.admin, &plain, &json!([1]), &[]).status, 422);
         assert_eq!(mentor(sys, &sys.admin, &plain, &json!("purpose"), &[]).status, 422);
+        let garbage = |token: Option<&str>, method: &str, id: &str, what: &str| {
+            http(method, &sys.url(&format!("/api/v1/boxes/{id}/{what}")), token, &[], Some(b"{not json")).status
+        };
+        for (method, what) in [("PUT", "manifest"), ("PATCH", "config")] {
+            assert_eq!(garbage(None, method, &plain, what), 401, "{method} {what}");
+            assert_eq!(garbage(Some(&member), method, &plain, what), 403, "{method} {what}");
+            assert_eq!(garbage(Some(&sys.admin), method, "no-such-box", what), 404, "{method} {what}");
+            assert_eq!(garbage(Some(&sys.admin), method, &plain, what), 400, "{method} {what}");
+        }
 
         // Issue 10 item 7: an OS operation named in tools is that operation; the draft is
         // over_limit and its approval needs the second confirmation
-        let d = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &json!({"box_type": "ed-tools", "purpose": "p", "tools": ["shell:exec", "file:write", "Read"]}));
+        let d =
+            sys.post("/api/v1/boxes/box-drafts", &sys.agent, &json!({"box_type": "ed-tools", "purpose": "p", "tools": ["shell:exec", "file:write", "Read"]}));
         assert_eq!(d.status, 201, "{}", d.raw);
         assert_eq!(d.body["over_limit"], true, "{}", d.raw);
         let draft_id = d.body["draft_id"].as_str().expect("draft_id");

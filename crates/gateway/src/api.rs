@@ -40,6 +40,8 @@ pub struct BoxDraftCreateRequest {
     /// OS operations the Box may perform.
     #[schema(schema_with = os_operations_schema_nullable)]
     pub os_operations: Option<Vec<String>>,
+    /// Tools the Box may call. An OS operation named here (`shell:exec`) grants that
+    /// operation exactly as if it were in `os_operations`, and counts for `over_limit`.
     pub tools: Option<Vec<String>>,
     pub allowed_apps: Option<Vec<String>>,
     pub url_allowlist: Option<Vec<String>>,
@@ -185,6 +187,11 @@ pub struct MentorEditRequest {
     pub business_procedure: Option<Vec<ProcedureStepEdit>>,
 }
 
+/// The simple cron expressions the OpenAPI document promises `trigger_schedule` takes:
+/// per field `*`, `*/n` or one value in range (minute, hour, day of month, month, day of
+/// week), or the empty text.
+pub const CRON_PATTERN: &str = r"^$|^(\*|\*/([1-9]|[1-5][0-9])|[0-9]|[1-5][0-9]) (\*|\*/([1-9]|1[0-9]|2[0-3])|[0-9]|1[0-9]|2[0-3]) (\*|[1-9]|[12][0-9]|3[01]) (\*|[1-9]|1[0-2]) (\*|[0-6])$";
+
 /// One step of `business_procedure` in a mentor edit.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -216,8 +223,11 @@ pub struct ConfigPatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = small_json_object_nullable)]
     pub config_defaults: Option<Map<String, Value>>,
-    /// A 5-field cron expression (e.g. `*/15 * * * *`); an invalid one is 422 naming the key.
+    /// A 5-field cron expression (croniter syntax, e.g. `*/15 * * * *`), or empty; an
+    /// invalid one is 422 naming the key. The pattern states a simple form (`*`, `*/n` or
+    /// one value per field); lists and ranges are taken too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = cron_schema)]
     pub trigger_schedule: Option<String>,
     /// Channels (`email`, `line`); a channel the Box has no `notify:<channel>` operation
     /// for is a capability change.
@@ -363,7 +373,8 @@ pub struct DraftSummary {
     pub over_limit: bool,
     /// The os_operations that make it over_limit.
     pub over_limit_ops: Vec<String>,
-    /// The tools that make it over_limit.
+    /// The tools that make it over_limit: over-limit tools (`Bash`, `shell`, ...) and OS
+    /// operations named in `tools` that are over the limit (`shell:exec`, `file:write`, ...).
     pub over_limit_tools: Vec<String>,
     pub warnings: Vec<String>,
     /// The user id of the requester.
@@ -851,12 +862,12 @@ fn small_json_object_builder() -> ObjectBuilder {
     let scalar = ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::String, Type::Number, Type::Boolean]))
         .pattern(Some(crate::openapi::NUL_FREE))
-        .max_length(Some(64));
+        .max_length(Some(16));
     ObjectBuilder::new()
         .schema_type(SchemaType::Type(Type::Object))
-        .property_names(Some(nul_free().max_length(Some(32))))
+        .property_names(Some(nul_free().max_length(Some(8))))
         .additional_properties(Some(scalar))
-        .max_properties(Some(4))
+        .max_properties(Some(1))
 }
 
 fn small_json_object() -> Object {
@@ -865,6 +876,12 @@ fn small_json_object() -> Object {
 
 fn small_json_object_nullable() -> Object {
     small_json_object_builder().schema_type(SchemaType::from_iter([Type::Object, Type::Null])).build()
+}
+
+/// `trigger_schedule` in a config patch: the documented cron form, or null (which
+/// deletes it).
+fn cron_schema() -> Object {
+    ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::String, Type::Null])).pattern(Some(CRON_PATTERN)).build()
 }
 
 /// `notify` in a config patch: channel names to channel patches (or null, which deletes a
@@ -897,6 +914,38 @@ fn os_operations_schema() -> impl Into<RefOr<Schema>> {
 /// A list of OS operation names, or null.
 fn os_operations_schema_nullable() -> impl Into<RefOr<Schema>> {
     ArrayBuilder::new().schema_type(SchemaType::from_iter([Type::Array, Type::Null])).items(os_operation_schema())
+}
+
+#[cfg(test)]
+mod edit_tests {
+    use super::CRON_PATTERN;
+
+    #[test]
+    fn the_documented_cron_form_is_always_a_valid_schedule() {
+        // R-MAN-5: every expression of the form the OpenAPI document promises is taken:
+        // per field `*`, `*/n` (minute, hour) or one value in the field's range. The fields
+        // are independent, so each field's every alternative is tried with `*` elsewhere.
+        let star = || std::iter::once("*".to_owned());
+        let steps = |max: u32| (1..=max).map(|n| format!("*/{n}"));
+        let values = |lo: u32, hi: u32| (lo..=hi).map(|n| n.to_string());
+        let fields: [(Vec<String>, &str); 5] = [
+            (star().chain(steps(59)).chain(values(0, 59)).collect(), r"(\*|\*/([1-9]|[1-5][0-9])|[0-9]|[1-5][0-9])"),
+            (star().chain(steps(23)).chain(values(0, 23)).collect(), r"(\*|\*/([1-9]|1[0-9]|2[0-3])|[0-9]|1[0-9]|2[0-3])"),
+            (star().chain(values(1, 31)).collect(), r"(\*|[1-9]|[12][0-9]|3[01])"),
+            (star().chain(values(1, 12)).collect(), r"(\*|[1-9]|1[0-2])"),
+            (star().chain(values(0, 6)).collect(), r"(\*|[0-6])"),
+        ];
+        let documented = fields.iter().map(|(_, p)| *p).collect::<Vec<_>>().join(" ");
+        assert_eq!(CRON_PATTERN, format!("^$|^{documented}$"), "the pattern states exactly these fields");
+        for (i, (alternatives, _)) in fields.iter().enumerate() {
+            for value in alternatives {
+                let mut parts = vec!["*"; 5];
+                parts[i] = value;
+                let expr = parts.join(" ");
+                assert_eq!(atasira_domain::manifest::validate_cron(&expr), Ok(()), "{expr}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]

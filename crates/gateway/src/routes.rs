@@ -294,14 +294,25 @@ pub async fn archive(
 
 // --- edits after activation -------------------------------------------------------------
 
-/// The body of an edit: a JSON object, as a protobuf Struct. Its keys are the registry's
-/// to judge (an unknown key of a mentor edit is a security violation, not a malformed
-/// request), so the gateway checks only that it is an object.
-fn edit_body(body: &RawBody) -> Result<prost_types::Struct, ApiError> {
-    match body.json()? {
-        serde_json::Value::Object(map) => Ok(atasira_contracts::manifest::struct_to_proto(&map)),
-        _ => Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object")),
-    }
+/// The edit request for a body: a JSON object, as a protobuf Struct. Its keys are the
+/// registry's to judge (an unknown key of a mentor edit is a security violation, not a
+/// malformed request), so the gateway checks only that it is an object. A body that is
+/// not is answered in the spec's order (401, 403, 404, then 400/422): the registry is
+/// first asked the same edit, empty, which changes nothing, so who may not edit, or a Box
+/// that does not exist, is answered as such.
+async fn edit_request<Req: Named>(
+    state: &AppState,
+    principal: &Principal,
+    body: &RawBody,
+    request: impl Fn(prost_types::Struct) -> Req,
+) -> Result<Req, ApiError> {
+    let object = match body.json() {
+        Ok(serde_json::Value::Object(map)) => return Ok(request(atasira_contracts::manifest::struct_to_proto(&map))),
+        Ok(_) => ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object"),
+        Err(e) => e,
+    };
+    let _: (v1::BoxReply, i64) = state.call(subjects::RUNTIME_REGISTRY, principal, &request(prost_types::Struct::default())).await?;
+    Err(object)
 }
 
 /// A mentor edit of the Box's wording (a human admin): purpose, success criteria,
@@ -324,9 +335,8 @@ pub async fn edit_manifest(
     Id(box_id): Id,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    let edit = edit_body(&body)?;
     let route = format!("edit manifest {box_id}");
-    let request = v1::EditBoxManifest { box_id, edit: Some(edit) };
+    let request = edit_request(&state, &principal, &body, |edit| v1::EditBoxManifest { box_id: box_id.clone(), edit: Some(edit) }).await?;
     write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
@@ -351,9 +361,8 @@ pub async fn edit_config(
     Id(box_id): Id,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    let patch = edit_body(&body)?;
     let route = format!("edit config {box_id}");
-    let request = v1::EditBoxConfig { box_id, patch: Some(patch) };
+    let request = edit_request(&state, &principal, &body, |patch| v1::EditBoxConfig { box_id: box_id.clone(), patch: Some(patch) }).await?;
     write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, &body.0), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 

@@ -95,6 +95,15 @@ pub fn config_edit(approved: &BoxManifest, current: &BoxManifest, patch: &Value)
 
     let mut doc = Value::Object(current.to_object());
     json_patch::merge(&mut doc, patch);
+    // What the patch asks for is judged first (403 before 422): a result whose values are
+    // well typed, even if not yet valid (a vault outside allowed_vaults, say), is checked
+    // for widening before the manifest's rules are.
+    if let Ok(asked) = serde_json::from_value::<BoxManifest>(doc.clone()) {
+        let wider = widened(approved, current, &asked);
+        if !wider.is_empty() {
+            return Err(ConfigEditError::CapabilityChange(wider));
+        }
+    }
     let Value::Object(obj) = doc else { return Err(ConfigEditError::NotAnObject) };
     let edited = BoxManifest::from_object(obj).map_err(|r| ConfigEditError::Invalid(r.errors))?.manifest;
 
@@ -292,6 +301,8 @@ browser: {approval_required_selectors: ["#buy"]}
         assert_eq!(edit(&json!([1])).expect_err("array").code(), ErrorCode::InvalidRequest);
         // keys that are no manifest key, top-level or nested, are named
         assert_eq!(edit(&json!({"quality_gate": 1})).expect_err("unknown").field_errors()[0].key, "quality_gate");
+        // a widening is named before the values are judged (403 before 422)
+        assert_eq!(refused_key(json!({"notify": {"line": {"vault": "not-allowed"}}})), "notify.line");
         let nested = edit(&json!({"shell": {"sudo": true}})).expect_err("nested unknown");
         assert_eq!((nested.code(), nested.field_errors()[0].key.as_str()), (ErrorCode::BoxManifestValidation, "shell"));
     }

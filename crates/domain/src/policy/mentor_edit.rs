@@ -106,6 +106,14 @@ pub fn mentor_edit(manifest: &BoxManifest, patch: &Map<String, Value>) -> Result
         return Err(MentorEditError::RefusedKeys { prohibited, not_editable, unknown });
     }
 
+    // A mentor edit's purpose and criteria have a draft's bounds (together they fit the
+    // manifest's purpose).
+    let wording: Map<String, Value> =
+        patch.iter().filter(|(k, _)| matches!(k.as_str(), "purpose" | "success_criteria")).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let over = crate::bounds::check(crate::bounds::DRAFT_REQUEST, &wording);
+    if !over.is_empty() {
+        return Err(MentorEditError::Invalid(over));
+    }
     let mut errors = Vec::new();
     for (key, value) in patch {
         if value.is_null() {
@@ -250,6 +258,17 @@ mod tests {
         assert_eq!(err.code(), ErrorCode::MentorEditProhibitedKey);
         // args_schema is free-form
         assert!(mentor_edit(&manifest(), &patch(json!({"business_procedure": [{"step": 1, "args_schema": {"anything": {"deep": 1}}}]}))).is_ok());
+    }
+
+    #[test]
+    fn given_wording_over_a_drafts_bounds_then_invalid_naming_the_key() {
+        // R-ARCH-6: the same bounds as a draft's purpose and success criteria
+        let long = "x".repeat(crate::bounds::DRAFT_PURPOSE_CHARS + 1);
+        let err = mentor_edit(&manifest(), &patch(json!({"purpose": long}))).expect_err("too long");
+        assert_eq!(err.field_errors()[0].key, "purpose");
+        let many: Vec<String> = (0..21).map(|i| format!("c{i}")).collect();
+        let err = mentor_edit(&manifest(), &patch(json!({"success_criteria": many}))).expect_err("too many");
+        assert_eq!(err.field_errors()[0].key, "success_criteria");
     }
 
     #[test]
