@@ -939,7 +939,7 @@ mod edit_tests {
         assert_eq!(CRON_PATTERN, format!("^$|^{documented}$"), "the pattern states exactly these fields");
         for (i, (alternatives, _)) in fields.iter().enumerate() {
             for value in alternatives {
-                let mut parts = vec!["*"; 5];
+                let mut parts = ["*"; 5];
                 parts[i] = value;
                 let expr = parts.join(" ");
                 assert_eq!(atasira_domain::manifest::validate_cron(&expr), Ok(()), "{expr}");

@@ -17,7 +17,7 @@ pub struct ApiError {
     pub details: Option<Value>,
     /// A refusal that recorded an event (a security violation): the position it produced
     /// and the read models still behind, answered as the consistency headers (R-BOX-9).
-    pub consistency: Option<(i64, Vec<String>)>,
+    pub consistency: Option<Box<(i64, Vec<String>)>>,
 }
 
 impl ApiError {
@@ -47,7 +47,8 @@ impl IntoResponse for ApiError {
         let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let consistency = self.consistency;
         let mut response = (status, Json(ErrorBody { error: self.code.as_str().to_owned(), message: self.message, details: self.details })).into_response();
-        if let Some((position, lagging)) = &consistency {
+        if let Some(written) = &consistency {
+            let (position, lagging) = written.as_ref();
             crate::consistency_headers(&mut response, *position, lagging);
         }
         if self.code == ErrorCode::Busy {

@@ -196,7 +196,7 @@ impl AppState {
                 let (position, event_ids) = (refusal.position, refusal.event_ids.clone());
                 let lagging = self.wait_for(position, &event_ids).await;
                 let mut error = ApiError::from_reply(refusal);
-                error.consistency = Some((position, lagging));
+                error.consistency = Some(Box::new((position, lagging)));
                 Err(error)
             }
             Ok(Err(refusal)) => Err(ApiError::from_reply(refusal)),
