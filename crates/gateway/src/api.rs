@@ -854,7 +854,8 @@ impl utoipa::PartialSchema for RequiredAccess {
 impl ToSchema for RequiredAccess {}
 
 /// A JSON object this document can promise the API takes: a few keys of NUL-free text
-/// holding NUL-free text, numbers or booleans. The API takes any JSON object within the
+/// holding NUL-free text, numbers (whole ones within ±2^53, which a double carries
+/// exactly; beyond is 422) or booleans. The API takes any JSON object within the
 /// key's bound (nested values too); the document states a part of it so that every
 /// example it describes is one the API takes.
 fn small_json_object_builder() -> ObjectBuilder {
@@ -862,7 +863,9 @@ fn small_json_object_builder() -> ObjectBuilder {
     let scalar = ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::String, Type::Number, Type::Boolean]))
         .pattern(Some(crate::openapi::NUL_FREE))
-        .max_length(Some(16));
+        .max_length(Some(16))
+        .minimum(Some(-9007199254740991_i64))
+        .maximum(Some(9007199254740991_i64));
     ObjectBuilder::new()
         .schema_type(SchemaType::Type(Type::Object))
         .property_names(Some(nul_free().max_length(Some(8))))
