@@ -325,11 +325,15 @@ pub fn http(method: &str, url: &str, token: Option<&str>, headers: &[(&str, &str
     if let Some(t) = token {
         req = req.set("Authorization", &format!("Bearer {t}"));
     }
+    // JSON unless the caller names another Content-Type.
+    if body.is_some() && !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        req = req.set("Content-Type", "application/json");
+    }
     for (k, v) in headers {
         req = req.set(k, v);
     }
     let result = match body {
-        Some(b) => req.set("Content-Type", "application/json").send_bytes(b),
+        Some(b) => req.send_bytes(b),
         None => req.call(),
     };
     let response = match result {
@@ -706,6 +710,17 @@ impl System {
             let pool = sqlx::AnyPool::connect(&url).await.expect("database");
             let row = sqlx::query(query).fetch_one(&pool).await.unwrap_or_else(|e| panic!("{query}: {e}"));
             sqlx::Row::try_get::<i64, _>(&row, 0).expect("an integer")
+        })
+    }
+
+    /// One text from this system's database.
+    pub fn sql_text(&self, query: &str) -> String {
+        let url = self.database_url();
+        block_on(async {
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::AnyPool::connect(&url).await.expect("database");
+            let row = sqlx::query(query).fetch_one(&pool).await.unwrap_or_else(|e| panic!("{query}: {e}"));
+            sqlx::Row::try_get::<String, _>(&row, 0).expect("text")
         })
     }
 

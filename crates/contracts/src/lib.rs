@@ -37,6 +37,7 @@ named!(WaitForPosition, WaitForPositionReply, EventNotification);
 named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, ListMyDrafts, DraftPage, GetDraft, DraftReply, WithdrawDraft, WithdrawReply);
 named!(ApproveDraft, RejectDraft, DecisionReply);
 named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxList, GetBox, BoxReply, AssignUser, BoxAction);
+named!(EditBoxManifest, EditBoxConfig);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
 

@@ -70,6 +70,8 @@ requests!(
         History(GetBoxHistory),
         Unassign(UnassignUser),
         Feasibility(AssessFeasibility),
+        EditManifest(EditBoxManifest),
+        EditConfig(EditBoxConfig),
     }
 );
 

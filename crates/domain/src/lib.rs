@@ -27,15 +27,39 @@ pub use manifest::BoxManifest;
 pub use os_operation::OSOperation;
 pub use principal::{Kind, Principal, Role};
 
-error::refusing_via_code!(
-    aggregates::draft::DraftError,
-    aggregates::boxes::BoxError,
-    aggregates::namespace::NamespaceError,
-    policy::MentorEditError,
-    policy::ConfigEditError,
-    aggregates::security::SecurityError,
-    aggregates::pat::PatError,
-);
+error::refusing_via_code!(aggregates::draft::DraftError, aggregates::namespace::NamespaceError, aggregates::security::SecurityError, aggregates::pat::PatError,);
+
+impl Refusing for policy::MentorEditError {
+    fn error_code(&self) -> ErrorCode {
+        self.code()
+    }
+    fn field_errors(&self) -> Vec<error::FieldError> {
+        policy::MentorEditError::field_errors(self)
+    }
+}
+
+impl Refusing for policy::ConfigEditError {
+    fn error_code(&self) -> ErrorCode {
+        self.code()
+    }
+    fn field_errors(&self) -> Vec<error::FieldError> {
+        policy::ConfigEditError::field_errors(self)
+    }
+}
+
+impl Refusing for aggregates::boxes::BoxError {
+    fn error_code(&self) -> ErrorCode {
+        self.code()
+    }
+    fn field_errors(&self) -> Vec<error::FieldError> {
+        match self {
+            aggregates::boxes::BoxError::MentorEdit(e) => e.field_errors(),
+            aggregates::boxes::BoxError::ConfigEdit(e) => e.field_errors(),
+            aggregates::boxes::BoxError::ManifestInvalid(errors) => errors.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
 
 impl Refusing for draft_request::DraftRequestError {
     fn error_code(&self) -> ErrorCode {

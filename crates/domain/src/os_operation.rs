@@ -100,22 +100,105 @@ pub struct OverLimit {
     pub over_limit_tools: Vec<String>,
 }
 
-/// R-DRAFT-8: over_limit from the declared `os_operations` and `tools` (not the effective
-/// union: the rule is stated on the two declared lists).
+/// Where a grant was declared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declared {
+    OsOperations,
+    Tools,
+}
+
+/// One thing a Box may call: an entry of `os_operations` or of `tools`, with the OS
+/// operation it grants. A `tools` entry that names an OS operation (`shell:exec`) grants
+/// that operation exactly as if it were declared in `os_operations`: the runtime's
+/// effective tool list holds both lists (R-MAN-2), so the name is callable either way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub name: String,
+    pub declared: Declared,
+    pub operation: Option<OSOperation>,
+}
+
+impl Grant {
+    /// R-DRAFT-8: an over-limit OS operation (however declared) or an over-limit tool.
+    pub fn is_over_limit(&self) -> bool {
+        match self.operation {
+            Some(op) => op.is_over_limit(),
+            None => OVER_LIMIT_TOOLS.contains(&self.name.as_str()),
+        }
+    }
+}
+
+/// What a set of declared `os_operations` and `tools` grants: the one capability rule
+/// (R-MAN-2, R-DRAFT-8, R-EDIT-3). Draft-time over_limit and edit-time "widens
+/// capability" both read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants(pub Vec<Grant>);
+
+impl Grants {
+    /// The grants of the two declared lists, in declaration order (`os_operations` first),
+    /// each name once per list.
+    pub fn of(os_operations: &[OSOperation], tools: &[String]) -> Grants {
+        let mut out: Vec<Grant> = Vec::new();
+        for op in os_operations {
+            if !out.iter().any(|g| g.declared == Declared::OsOperations && g.operation == Some(*op)) {
+                out.push(Grant { name: op.as_str().to_owned(), declared: Declared::OsOperations, operation: Some(*op) });
+            }
+        }
+        for tool in tools {
+            if !out.iter().any(|g| g.declared == Declared::Tools && g.name == *tool) {
+                out.push(Grant { name: tool.clone(), declared: Declared::Tools, operation: OSOperation::parse(tool) });
+            }
+        }
+        Grants(out)
+    }
+
+    /// Whether `op` is granted, by `os_operations` or by naming it in `tools`.
+    pub fn allows(&self, op: OSOperation) -> bool {
+        self.0.iter().any(|g| g.operation == Some(op))
+    }
+
+    /// The OS operations granted, however declared.
+    pub fn operations(&self) -> std::collections::BTreeSet<OSOperation> {
+        self.0.iter().filter_map(|g| g.operation).collect()
+    }
+
+    /// The tools granted that are not OS operations.
+    pub fn plain_tools(&self) -> std::collections::BTreeSet<&str> {
+        self.0.iter().filter(|g| g.operation.is_none()).map(|g| g.name.as_str()).collect()
+    }
+
+    /// What `after` grants that `self` does not (an operation or a tool name), in
+    /// `after`'s declaration order: empty means `after` is no wider.
+    pub fn widened_by(&self, after: &Grants) -> Vec<String> {
+        let (ops, tools) = (self.operations(), self.plain_tools());
+        let mut out: Vec<String> = Vec::new();
+        for g in &after.0 {
+            let new = match g.operation {
+                Some(op) => !ops.contains(&op),
+                None => !tools.contains(g.name.as_str()),
+            };
+            if new && !out.contains(&g.name) {
+                out.push(g.name.clone());
+            }
+        }
+        out
+    }
+
+    /// R-DRAFT-8: the over_limit verdict. `over_limit_ops` names the over-limit entries of
+    /// `os_operations`; `over_limit_tools` the over-limit entries of `tools`, among them
+    /// those naming an over-limit OS operation.
+    pub fn over_limit(&self) -> OverLimit {
+        let hits =
+            |declared: Declared| -> Vec<String> { self.0.iter().filter(|g| g.declared == declared && g.is_over_limit()).map(|g| g.name.clone()).collect() };
+        let (ops, tools) = (hits(Declared::OsOperations), hits(Declared::Tools));
+        OverLimit { over_limit: !ops.is_empty() || !tools.is_empty(), over_limit_ops: ops, over_limit_tools: tools }
+    }
+}
+
+/// R-DRAFT-8: over_limit from the declared `os_operations` and `tools` (the rule is
+/// stated on the two declared lists; see [`Grants`]).
 pub fn over_limit(os_operations: &[OSOperation], tools: &[String]) -> OverLimit {
-    let mut ops: Vec<String> = Vec::new();
-    for op in os_operations.iter().filter(|op| op.is_over_limit()) {
-        if !ops.iter().any(|o| o == op.as_str()) {
-            ops.push(op.as_str().to_owned());
-        }
-    }
-    let mut hit_tools: Vec<String> = Vec::new();
-    for tool in tools.iter().filter(|t| OVER_LIMIT_TOOLS.contains(&t.as_str())) {
-        if !hit_tools.contains(tool) {
-            hit_tools.push(tool.clone());
-        }
-    }
-    OverLimit { over_limit: !ops.is_empty() || !hit_tools.is_empty(), over_limit_ops: ops, over_limit_tools: hit_tools }
+    Grants::of(os_operations, tools).over_limit()
 }
 
 #[cfg(test)]
@@ -161,5 +244,36 @@ mod tests {
         assert_eq!(safe.len(), 16);
         let verdict = over_limit(&safe, &["Read".to_string(), "Write".to_string()]);
         assert_eq!(verdict, OverLimit::default());
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn given_an_os_operation_named_in_tools_then_it_grants_that_operation_and_counts_for_over_limit() {
+        // R-DRAFT-8, R-MAN-2 (issue 10 item 7): `tools: [shell:exec, file:write]` is the
+        // same capability as declaring them in os_operations
+        let verdict = over_limit(&[], &names(&["shell:exec", "file:write", "Read"]));
+        assert!(verdict.over_limit);
+        assert!(verdict.over_limit_ops.is_empty());
+        assert_eq!(verdict.over_limit_tools, vec!["shell:exec", "file:write"]);
+        let grants = Grants::of(&[], &names(&["shell:exec"]));
+        assert!(grants.allows(OSOperation::ShellExec));
+        assert!(!grants.allows(OSOperation::FileWrite));
+        // a safe operation named in tools grants it and is not over limit
+        assert_eq!(over_limit(&[], &names(&["browser:navigate"])), OverLimit::default());
+        assert!(Grants::of(&[], &names(&["browser:navigate"])).allows(OSOperation::BrowserNavigate));
+    }
+
+    #[test]
+    fn given_two_declarations_when_compared_then_only_new_grants_widen() {
+        // R-EDIT-3 (issue 10 item 7): the same operation moved between the lists is no
+        // wider; a new operation or tool is
+        let before = Grants::of(&[OSOperation::ShellExec], &names(&["Read"]));
+        assert!(before.widened_by(&Grants::of(&[], &names(&["shell:exec", "Read"]))).is_empty());
+        assert!(before.widened_by(&Grants::of(&[], &[])).is_empty(), "removing is narrowing");
+        assert_eq!(before.widened_by(&Grants::of(&[OSOperation::ShellExec, OSOperation::FileWrite], &names(&["Read", "Bash"]))), vec!["file:write", "Bash"]);
+        assert_eq!(before.widened_by(&Grants::of(&[], &names(&["op:read"]))), vec!["op:read"]);
     }
 }

@@ -40,6 +40,8 @@ pub struct BoxDraftCreateRequest {
     /// OS operations the Box may perform.
     #[schema(schema_with = os_operations_schema_nullable)]
     pub os_operations: Option<Vec<String>>,
+    /// Tools the Box may call. An OS operation named here (`shell:exec`) grants that
+    /// operation exactly as if it were in `os_operations`, and counts for `over_limit`.
     pub tools: Option<Vec<String>>,
     pub allowed_apps: Option<Vec<String>>,
     pub url_allowlist: Option<Vec<String>>,
@@ -155,6 +157,145 @@ impl AssertionRequest {
     }
 }
 
+// --- edits after activation -------------------------------------------------------------
+
+/// `PUT /api/v1/boxes/{box_id}/manifest`: a mentor edit of the Box's wording (a human
+/// admin). Only these four keys; any other key, top-level or nested (a step holds only
+/// `step`, `description`, `tool`, `args_schema`), is 403 `mentor_edit_prohibited_key` and
+/// a security violation on the audit ledger naming the keys. Keys not given keep their
+/// value; `success_criteria` replaces the purpose's success-criteria section (`[]` removes
+/// it). A change bumps the minor version; an edit that changes nothing is answered
+/// without a new version.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MentorEditRequest {
+    /// The standing role; must not be blank. Its success-criteria section is kept unless
+    /// `success_criteria` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, pattern = r"^[^\u0000]*[^\u0000\t\n\u000b\u000c\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$")]
+    pub purpose: Option<String>,
+    /// Replaces the "## Success criteria" section of the purpose, one line per item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub success_criteria: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub prohibited_actions: Option<Vec<String>>,
+    /// Replaces the whole procedure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub business_procedure: Option<Vec<ProcedureStepEdit>>,
+}
+
+/// The simple cron expressions the OpenAPI document promises `trigger_schedule` takes:
+/// per field `*`, `*/n` or one value in range (minute, hour, day of month, month, day of
+/// week), or the empty text.
+pub const CRON_PATTERN: &str = r"^$|^(\*|\*/([1-9]|[1-5][0-9])|[0-9]|[1-5][0-9]) (\*|\*/([1-9]|1[0-9]|2[0-3])|[0-9]|1[0-9]|2[0-3]) (\*|[1-9]|[12][0-9]|3[01]) (\*|[1-9]|1[0-2]) (\*|[0-6])$";
+
+/// One step of `business_procedure` in a mentor edit.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcedureStepEdit {
+    #[schema(minimum = -9007199254740991_i64, maximum = 9007199254740991_i64)]
+    pub step: i64,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub tool: String,
+    /// A JSON object (at most 4 KiB as JSON); its strings may hold `{key}` placeholders of
+    /// `config_defaults`.
+    #[serde(default)]
+    #[schema(schema_with = small_json_object)]
+    pub args_schema: Map<String, Value>,
+}
+
+/// `PATCH /api/v1/boxes/{box_id}/config` (`application/merge-patch+json`): a JSON merge
+/// patch (RFC 7396) of the Box's operating parameters, by a human admin or the Box's
+/// primary (an agent primary too, within the same limits). Objects merge key by key,
+/// `null` deletes a key, anything else replaces. Any other top-level manifest key, and
+/// anything that would widen what the Box may do (see the 403), is refused; a key of no
+/// manifest, top-level or nested, is 422 naming it.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigPatch {
+    /// Operating parameters (any JSON object, at most 32 KiB as JSON), reaching the agent
+    /// through `business_procedure` placeholders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = small_json_object_nullable)]
+    pub config_defaults: Option<Map<String, Value>>,
+    /// A 5-field cron expression (croniter syntax, e.g. `*/15 * * * *`), or empty; an
+    /// invalid one is 422 naming the key. The pattern states a simple form (`*`, `*/n` or
+    /// one value per field); lists and ranges are taken too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = cron_schema)]
+    pub trigger_schedule: Option<String>,
+    /// Channels (`email`, `line`); a channel the Box has no `notify:<channel>` operation
+    /// for is a capability change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = notify_patch_schema)]
+    pub notify: Option<BTreeMap<String, NotifyChannelPatch>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<CredentialsPatch>,
+    /// Only for a Box with an approved `shell:exec`, within the commands and directories
+    /// approved with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<ShellPatch>,
+    /// Approval gates may only be added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub browser: Option<BrowserPatch>,
+}
+
+/// A merge patch of one notification channel: vault and item names (never secrets),
+/// recipients (emptying a non-empty list is a capability change), broadcast (turning it on
+/// is a capability change). The vault must be among `credentials.allowed_vaults` (422).
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyChannelPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vault: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipients: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broadcast: Option<bool>,
+}
+
+/// A merge patch of `credentials` (names only): a vault that was not approved is a
+/// capability change.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialsPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_vaults: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_env_var: Option<String>,
+}
+
+/// A merge patch of `shell`: commands and directories within those approved with
+/// `shell:exec` (a directory below an approved one is within); turning the approval gate
+/// off is a capability change.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShellPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_commands: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_cwd: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_approval_outside_allowlist: Option<bool>,
+}
+
+/// A merge patch of `browser`: gates may be added, never removed.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_required_selectors: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_required_text_patterns: Option<Vec<String>>,
+}
+
 // --- errors -----------------------------------------------------------------------------
 
 /// Every error answer: `{"error": code, "message": text, "details": optional}`. The code
@@ -232,7 +373,8 @@ pub struct DraftSummary {
     pub over_limit: bool,
     /// The os_operations that make it over_limit.
     pub over_limit_ops: Vec<String>,
-    /// The tools that make it over_limit.
+    /// The tools that make it over_limit: over-limit tools (`Bash`, `shell`, ...) and OS
+    /// operations named in `tools` that are over the limit (`shell:exec`, `file:write`, ...).
     pub over_limit_tools: Vec<String>,
     pub warnings: Vec<String>,
     /// The user id of the requester.
@@ -903,6 +1045,51 @@ impl utoipa::PartialSchema for RequiredAccess {
 
 impl ToSchema for RequiredAccess {}
 
+/// A JSON object this document can promise the API takes: a few keys of NUL-free text
+/// holding NUL-free text, numbers (whole ones within ±2^53, which a double carries
+/// exactly; beyond is 422) or booleans. The API takes any JSON object within the
+/// key's bound (nested values too); the document states a part of it so that every
+/// example it describes is one the API takes.
+fn small_json_object_builder() -> ObjectBuilder {
+    let nul_free = || string().pattern(Some(crate::openapi::NUL_FREE));
+    let scalar = ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Number, Type::Boolean]))
+        .pattern(Some(crate::openapi::NUL_FREE))
+        .max_length(Some(16))
+        .minimum(Some(-9007199254740991_i64))
+        .maximum(Some(9007199254740991_i64));
+    ObjectBuilder::new()
+        .schema_type(SchemaType::Type(Type::Object))
+        .property_names(Some(nul_free().max_length(Some(8))))
+        .additional_properties(Some(scalar))
+        .max_properties(Some(1))
+}
+
+fn small_json_object() -> Object {
+    small_json_object_builder().build()
+}
+
+fn small_json_object_nullable() -> Object {
+    small_json_object_builder().schema_type(SchemaType::from_iter([Type::Object, Type::Null])).build()
+}
+
+/// `trigger_schedule` in a config patch: the documented cron form, or null (which
+/// deletes it).
+fn cron_schema() -> Object {
+    ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::String, Type::Null])).pattern(Some(CRON_PATTERN)).build()
+}
+
+/// `notify` in a config patch: channel names to channel patches (or null, which deletes a
+/// channel).
+fn notify_patch_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .property_names(Some(string().pattern(Some(crate::openapi::NUL_FREE)).max_length(Some(64))))
+        .additional_properties(Some(utoipa::openapi::Ref::from_schema_name("NotifyChannelPatch")))
+        .max_properties(Some(8))
+        .build()
+}
+
 /// The box_type pattern, reserved words excluded.
 fn box_type_schema() -> impl Into<RefOr<Schema>> {
     let reserved = RESERVED_BOX_TYPES.iter().map(|w| w.replace('-', "\\-")).collect::<Vec<_>>().join("|");
@@ -922,6 +1109,38 @@ fn os_operations_schema() -> impl Into<RefOr<Schema>> {
 /// A list of OS operation names, or null.
 fn os_operations_schema_nullable() -> impl Into<RefOr<Schema>> {
     ArrayBuilder::new().schema_type(SchemaType::from_iter([Type::Array, Type::Null])).items(os_operation_schema())
+}
+
+#[cfg(test)]
+mod edit_tests {
+    use super::CRON_PATTERN;
+
+    #[test]
+    fn the_documented_cron_form_is_always_a_valid_schedule() {
+        // R-MAN-5: every expression of the form the OpenAPI document promises is taken:
+        // per field `*`, `*/n` (minute, hour) or one value in the field's range. The fields
+        // are independent, so each field's every alternative is tried with `*` elsewhere.
+        let star = || std::iter::once("*".to_owned());
+        let steps = |max: u32| (1..=max).map(|n| format!("*/{n}"));
+        let values = |lo: u32, hi: u32| (lo..=hi).map(|n| n.to_string());
+        let fields: [(Vec<String>, &str); 5] = [
+            (star().chain(steps(59)).chain(values(0, 59)).collect(), r"(\*|\*/([1-9]|[1-5][0-9])|[0-9]|[1-5][0-9])"),
+            (star().chain(steps(23)).chain(values(0, 23)).collect(), r"(\*|\*/([1-9]|1[0-9]|2[0-3])|[0-9]|1[0-9]|2[0-3])"),
+            (star().chain(values(1, 31)).collect(), r"(\*|[1-9]|[12][0-9]|3[01])"),
+            (star().chain(values(1, 12)).collect(), r"(\*|[1-9]|1[0-2])"),
+            (star().chain(values(0, 6)).collect(), r"(\*|[0-6])"),
+        ];
+        let documented = fields.iter().map(|(_, p)| *p).collect::<Vec<_>>().join(" ");
+        assert_eq!(CRON_PATTERN, format!("^$|^{documented}$"), "the pattern states exactly these fields");
+        for (i, (alternatives, _)) in fields.iter().enumerate() {
+            for value in alternatives {
+                let mut parts = ["*"; 5];
+                parts[i] = value;
+                let expr = parts.join(" ");
+                assert_eq!(atasira_domain::manifest::validate_cron(&expr), Ok(()), "{expr}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]

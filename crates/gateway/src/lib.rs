@@ -27,7 +27,7 @@ use atasira_platform::auth;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse as _, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, patch, post, put};
 use axum::{Json, Router};
 use prost::Message as _;
 use serde_json::json;
@@ -99,6 +99,8 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/boxes/{box_id}/user-assignments/{user_id}", delete(routes::unassign_user))
         .route("/auth/tokens", get(routes::list_tokens).delete(routes::revoke_user_tokens))
         .route("/auth/tokens/{token_id}", axum::routing::delete(routes::revoke_token))
+        .route("/boxes/{box_id}/manifest", put(routes::edit_manifest))
+        .route("/boxes/{box_id}/config", patch(routes::edit_config))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
     Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))

@@ -131,6 +131,11 @@ fn nul_free(schema: &mut RefOr<Schema>, refs: &mut Vec<String>) {
             for property in o.properties.values_mut() {
                 nul_free(property, refs);
             }
+            if let Some(additional) = o.additional_properties.as_deref_mut()
+                && let utoipa::openapi::schema::AdditionalProperties::RefOr(schema) = additional
+            {
+                nul_free(schema, refs);
+            }
         }
         RefOr::T(Schema::Array(a)) => {
             if let ArrayItems::RefOrSchema(items) = &mut a.items {
@@ -160,6 +165,7 @@ impl Modify for Bounds {
                 ("AssignRequest", "user_id", Bound::Text(bounds::USER_ID_CHARS)),
                 ("FeasibilityRequest", "task_description", Bound::Text(bounds::TASK_DESCRIPTION_CHARS)),
             ])
+            .chain(edit_bounds())
             .collect();
         for (name, field, bound) in fields {
             if let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(name)
@@ -169,6 +175,31 @@ impl Modify for Bounds {
             }
         }
     }
+}
+
+/// The bounds of the edit bodies: the manifest's (a mentor edit's purpose and criteria
+/// take a draft's, which fit the manifest's purpose together).
+fn edit_bounds() -> Vec<(&'static str, &'static str, Bound)> {
+    let of = |path: &str| bounds::of(bounds::MANIFEST, path);
+    let mut out: Vec<(&'static str, &'static str, Option<Bound>)> = vec![
+        ("MentorEditRequest", "purpose", bounds::of(bounds::DRAFT_REQUEST, "purpose")),
+        ("MentorEditRequest", "success_criteria", bounds::of(bounds::DRAFT_REQUEST, "success_criteria")),
+        ("MentorEditRequest", "prohibited_actions", of("prohibited_actions")),
+        ("MentorEditRequest", "business_procedure", of("business_procedure")),
+        ("ProcedureStepEdit", "description", of("business_procedure[].description")),
+        ("ProcedureStepEdit", "tool", of("business_procedure[].tool")),
+        ("ConfigPatch", "trigger_schedule", of("trigger_schedule")),
+        ("NotifyChannelPatch", "vault", of("notify.*.vault")),
+        ("NotifyChannelPatch", "item", of("notify.*.item")),
+        ("NotifyChannelPatch", "recipients", of("notify.*.recipients")),
+        ("CredentialsPatch", "allowed_vaults", of("credentials.allowed_vaults")),
+        ("CredentialsPatch", "token_env_var", of("credentials.token_env_var")),
+        ("ShellPatch", "allowed_commands", of("shell.allowed_commands")),
+        ("ShellPatch", "allowed_cwd", of("shell.allowed_cwd")),
+        ("BrowserPatch", "approval_required_selectors", of("browser.approval_required_selectors")),
+        ("BrowserPatch", "approval_required_text_patterns", of("browser.approval_required_text_patterns")),
+    ];
+    out.drain(..).filter_map(|(name, field, bound)| bound.map(|b| (name, field, b))).collect()
 }
 
 /// `schema` (a property's) holds at most what `bound` allows.
@@ -269,8 +300,9 @@ impl Modify for SharedResponses {
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
         crate::routes::nats_assertion, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility,
-        crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens),
-    components(schemas(api::ErrorBody)),
+        crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens, crate::routes::edit_manifest,
+        crate::routes::edit_config),
+    components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
 pub struct ApiDoc;

@@ -412,6 +412,106 @@ pub async fn feasibility(State(state): State<AppState>, Caller(principal): Calle
     read::<_, v1::FeasibilityReply, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
 }
 
+// --- edits after activation -------------------------------------------------------------
+
+/// The largest whole number a double holds exactly (2^53 - 1).
+const MAX_EXACT_INTEGER: u64 = (1 << 53) - 1;
+
+/// The key of the first whole number in `map` that a double (protobuf `Struct`'s only
+/// number) would not carry exactly, e.g. `business_procedure[0].step`.
+fn inexact_integer(map: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    fn walk(value: &serde_json::Value, path: String) -> Option<String> {
+        match value {
+            serde_json::Value::Number(n) => {
+                let magnitude = n.as_u64().or_else(|| n.as_i64().map(i64::unsigned_abs));
+                magnitude.is_some_and(|m| m > MAX_EXACT_INTEGER).then_some(path)
+            }
+            serde_json::Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| walk(v, format!("{path}[{i}]"))),
+            serde_json::Value::Object(map) => map.iter().find_map(|(k, v)| walk(v, if path.is_empty() { k.clone() } else { format!("{path}.{k}") })),
+            _ => None,
+        }
+    }
+    map.iter().find_map(|(k, v)| walk(v, k.clone()))
+}
+
+/// The edit request for a body: a JSON object, as a protobuf Struct. Its keys are the
+/// registry's to judge (an unknown key of a mentor edit is a security violation, not a
+/// malformed request), so the gateway checks only that it is an object. A body that is
+/// not is answered in the spec's order (401, 403, 404, then 400/422): the registry is
+/// first asked the same edit, empty, which changes nothing, so who may not edit, or a Box
+/// that does not exist, is answered as such.
+async fn edit_request<Req: Named>(
+    state: &AppState,
+    principal: &Principal,
+    body: &RawBody,
+    request: impl Fn(prost_types::Struct) -> Req,
+) -> Result<Req, ApiError> {
+    let object = match body.json() {
+        Ok(serde_json::Value::Object(map)) => match inexact_integer(&map) {
+            None => return Ok(request(atasira_contracts::manifest::struct_to_proto(&map))),
+            Some(key) => ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("{key}: numbers travel as doubles; a whole number must be within ±{MAX_EXACT_INTEGER} to arrive unchanged"),
+            ),
+        },
+        Ok(_) => ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object"),
+        Err(e) => e,
+    };
+    let _: (v1::BoxReply, i64) = state.call(subjects::RUNTIME_REGISTRY, principal, &request(prost_types::Struct::default())).await?;
+    Err(object)
+}
+
+/// A mentor edit of the Box's wording (a human admin): purpose, success criteria,
+/// prohibited actions, business procedure. The Box's view and its manifest file follow.
+#[utoipa::path(put, path = "/api/v1/boxes/{box_id}/manifest", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = api::MentorEditRequest, description = "Only the four keys; any other key, top-level or nested, is refused (403) and recorded on the audit ledger."),
+    responses(
+        (status = 200, description = "The Box with its edited manifest (minor version bumped when something changed)", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin; `mentor_edit_prohibited_key`: a key other than the four (one of the prohibited keys, another manifest key, or a key of no manifest, top-level or nested such as `business_procedure[0].x`); details names each key, nothing changes, and a `security_violation` row naming them is on the audit ledger (`X-Atasira-Position` says where)", body = ErrorBody,
+            headers(("X-Atasira-Position" = i64, description = "With `mentor_edit_prohibited_key`: the position of the recorded security violation"))),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+        (status = 409, description = "`box_not_active`: the Box is archived; `conflict`: a concurrent edit was recorded first (retry)", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details names the key: a blank purpose, a null, a wrong type, a text or list over its bound), `invalid_request` (the body is not a JSON object, or holds a whole number beyond ±2^53, which cannot travel exactly)", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
+pub async fn edit_manifest(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let route = format!("edit manifest {box_id}");
+    let request = edit_request(&state, &principal, &body, |edit| v1::EditBoxManifest { box_id: box_id.clone(), edit: Some(edit) }).await?;
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+/// A config edit of the Box's operating parameters (a human admin or the Box's primary):
+/// a JSON merge patch (RFC 7396) of `config_defaults`, `trigger_schedule`, `notify`,
+/// `credentials` (names only), `shell` and `browser`, within what was approved. The Box's
+/// view and its manifest file follow.
+#[utoipa::path(patch, path = "/api/v1/boxes/{box_id}/config", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = api::ConfigPatch, content_type = "application/merge-patch+json", description = "A JSON merge patch (RFC 7396): objects merge key by key, `null` deletes a key. `application/json` is read the same way."),
+    responses(
+        (status = 200, description = "The Box with its edited manifest (unchanged when the patch changes nothing)", body = api::BoxDetail),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary; `capability_change_requires_new_draft`: the patch would change what the Box may do (another manifest key such as `os_operations`, `tools` or `network`; `shell` without an approved `shell:exec`, commands or directories beyond those approved with it, or the approval gate off; vaults not approved; a notify channel without its `notify:<channel>` operation, emptied recipients or broadcast on; browser approval gates removed). details names each key and why; the message says how to submit a new draft", body = ErrorBody),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+        (status = 409, description = "`box_not_active`: the Box is archived; `conflict`: a concurrent edit was recorded first (retry)", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details names the key: an invalid cron in `trigger_schedule`, a notify vault not among `credentials.allowed_vaults`, a wrong type, a key of no manifest, top-level or nested), `invalid_request` (the body is not a JSON object, or holds a whole number beyond ±2^53, which cannot travel exactly)", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or the Box's primary"))))]
+pub async fn edit_config(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let route = format!("edit config {box_id}");
+    let request = edit_request(&state, &principal, &body, |patch| v1::EditBoxConfig { box_id: box_id.clone(), patch: Some(patch) }).await?;
+    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
 // --- audit ------------------------------------------------------------------------------
 
 /// The audit ledger, a page of rows in seq order (admins).
@@ -545,4 +645,20 @@ pub async fn revoke_user_tokens(
 ) -> Result<Response, ApiError> {
     let route = format!("revoke tokens of {}", q.user_id);
     revoke_tokens(&state, &principal, &key, &route, atasira_platform::auth::Which::User(&q.user_id)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn whole_numbers_a_double_cannot_carry_are_named() {
+        let map = |v: serde_json::Value| v.as_object().cloned().expect("object");
+        assert_eq!(inexact_integer(&map(json!({"a": 9007199254740991_i64, "b": -9007199254740991_i64, "c": 1e300, "d": [1, {"e": 2}]}))), None);
+        assert_eq!(inexact_integer(&map(json!({"business_procedure": [{"step": 9007199254740992_i64}]}))), Some("business_procedure[0].step".to_owned()));
+        assert_eq!(inexact_integer(&map(json!({"config_defaults": {"n": -9007199254740993_i64}}))), Some("config_defaults.n".to_owned()));
+        assert_eq!(inexact_integer(&map(json!({"n": u64::MAX}))), Some("n".to_owned()));
+    }
 }

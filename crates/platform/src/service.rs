@@ -241,7 +241,7 @@ async fn refused_assertion(rt: &Runtime, call: &Call, reason: &'static str, clai
                 at: chrono::Utc::now(),
             };
             match record_security_violation(rt, call.service, command).await {
-                Ok(()) => rt.notify_committed(),
+                Ok(_) => rt.notify_committed(),
                 Err(e) => tracing::error!(service = call.service, error = %e, "could not record a security violation"),
             }
         }
@@ -260,19 +260,28 @@ fn clip(text: &str) -> String {
 }
 
 /// Appends a `SecurityViolation` (R-AUDIT-5) to `service`'s own security aggregate type,
-/// a new stream each.
-pub async fn record_security_violation(rt: &Runtime, service: &str, command: SecurityCommand) -> Result<(), Refusal> {
+/// a new stream each; its position and event id.
+pub async fn record_security_violation(rt: &Runtime, service: &str, command: SecurityCommand) -> Result<(i64, String), Refusal> {
     use atasira_domain::aggregates::security::{ApprovalSecurity, AuditSecurity, DraftsSecurity, ProvisionerSecurity, RegistrySecurity};
+    use atasira_domain::aggregates::types;
     let id = uuid::Uuid::new_v4().to_string();
     let (metadata, retry) = (std::collections::HashMap::new(), crate::command::Retry::ONCE);
-    match service {
-        subjects::DRAFTS => crate::command::execute(&rt.db.cqrs::<DraftsSecurity>(), &id, command, metadata, retry).await,
-        subjects::APPROVAL => crate::command::execute(&rt.db.cqrs::<ApprovalSecurity>(), &id, command, metadata, retry).await,
-        subjects::RUNTIME_REGISTRY => crate::command::execute(&rt.db.cqrs::<RegistrySecurity>(), &id, command, metadata, retry).await,
-        subjects::AUDIT => crate::command::execute(&rt.db.cqrs::<AuditSecurity>(), &id, command, metadata, retry).await,
-        subjects::PROVISIONER => crate::command::execute(&rt.db.cqrs::<ProvisionerSecurity>(), &id, command, metadata, retry).await,
+    let aggregate_type = match service {
+        subjects::DRAFTS => crate::command::execute(&rt.db.cqrs::<DraftsSecurity>(), &id, command, metadata, retry).await.map(|()| types::DRAFTS_SECURITY),
+        subjects::APPROVAL => {
+            crate::command::execute(&rt.db.cqrs::<ApprovalSecurity>(), &id, command, metadata, retry).await.map(|()| types::APPROVAL_SECURITY)
+        }
+        subjects::RUNTIME_REGISTRY => {
+            crate::command::execute(&rt.db.cqrs::<RegistrySecurity>(), &id, command, metadata, retry).await.map(|()| types::REGISTRY_SECURITY)
+        }
+        subjects::AUDIT => crate::command::execute(&rt.db.cqrs::<AuditSecurity>(), &id, command, metadata, retry).await.map(|()| types::AUDIT_SECURITY),
+        subjects::PROVISIONER => {
+            crate::command::execute(&rt.db.cqrs::<ProvisionerSecurity>(), &id, command, metadata, retry).await.map(|()| types::PROVISIONER_SECURITY)
+        }
         other => Err(Refusal::internal(format!("the {other} process has no security aggregate to record in"))),
-    }
+    }?;
+    let (event_id, position) = rt.db.last_event(aggregate_type, &id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
+    Ok((position, event_id))
 }
 
 /// The answer to a read-your-writes wait: which of `read_models` (name, aggregate types

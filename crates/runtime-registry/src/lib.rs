@@ -1,7 +1,7 @@
 //! The runtime registry (SPEC §5): reserves box_types for drafts (R-APPROVE-7 (1)),
 //! activates Boxes from approvals the draft's stream holds, after verifying the approval
 //! token with the public keys the approval service published in the store (R-BOX-1), keeps the Box view and the manifest YAML files (R-BOX-2, R-BOX-5),
-//! and stops, resumes, archives and assigns (R-BOX-6, R-BOX-7).
+//! and stops, resumes, archives, assigns and edits (R-BOX-6, R-BOX-7, R-EDIT-1..3).
 //!
 //! Architecture Invariant: the only path to a Box is `activation::handle` on a recorded
 //! `DraftApproved`, through `BoxCommand::Activate`, which needs a `VerifiedApproval`.
@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::requests::{Incoming, RegistryRequest};
-use atasira_contracts::{Reply, convert, reply_ok, reply_written, subjects, v1};
+use atasira_contracts::{Reply, convert, manifest, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, BoxState, box_id_for};
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
+use atasira_domain::aggregates::security::SecurityCommand;
 use atasira_domain::aggregates::types;
 use atasira_domain::token::ACTIVATION_WINDOW;
 use atasira_domain::{ErrorCode, Principal};
@@ -190,6 +191,39 @@ impl Registry {
                 self.box_command(&r.box_id, command).await
             }
             RegistryRequest::Feasibility(r) => self.feasibility(r).await,
+            RegistryRequest::EditManifest(r) => {
+                let edit = r.edit.map(manifest::struct_from_proto).unwrap_or_default();
+                self.mentor_edit(principal, &r.box_id, edit).await
+            }
+            RegistryRequest::EditConfig(r) => {
+                let patch = serde_json::Value::Object(r.patch.map(manifest::struct_from_proto).unwrap_or_default());
+                self.box_command(&r.box_id, BoxCommand::ConfigEdit { by: principal, patch, at: chrono::Utc::now() }).await
+            }
+        }
+    }
+
+    /// R-EDIT-1, R-EDIT-2: a mentor edit. A prohibited or unknown key refuses the whole edit
+    /// and is recorded as a security violation naming the keys, in this request, so the
+    /// refusal's answer can say where the record is (R-AUDIT-5).
+    async fn mentor_edit(&self, principal: Principal, box_id: &str, edit: serde_json::Map<String, serde_json::Value>) -> Result<Reply, Refusal> {
+        let at = chrono::Utc::now();
+        match self.box_command(box_id, BoxCommand::MentorEdit { by: principal.clone(), patch: edit, at }).await {
+            Err(refusal) if refusal.code == ErrorCode::MentorEditProhibitedKey => {
+                let keys: Vec<&str> = refusal.field_errors.iter().map(|f| f.key.as_str()).collect();
+                let record = SecurityCommand::Record {
+                    service: SERVICE.into(),
+                    actor: principal.user_id.clone(),
+                    target: box_id.to_owned(),
+                    kind: "mentor_edit_prohibited_key".into(),
+                    reason: format!("a mentor edit tried to change {}", named_keys(&keys)),
+                    at,
+                };
+                let written = platform_service::record_security_violation(&self.rt, SERVICE, record).await?;
+                self.rt.notify_committed();
+                let (position, event_id) = written;
+                Err(refusal.recorded((event_id, position)))
+            }
+            other => other,
         }
     }
 
@@ -275,6 +309,17 @@ impl Registry {
     }
 }
 
+/// Keys for a record: at most 20, each at most 64 characters (control characters
+/// escaped), and how many more there were.
+fn named_keys(keys: &[&str]) -> String {
+    const SHOWN: usize = 20;
+    let mut out: Vec<String> = keys.iter().take(SHOWN).map(|k| k.chars().take(64).collect::<String>().escape_debug().to_string()).collect();
+    if keys.len() > SHOWN {
+        out.push(format!("and {} more", keys.len() - SHOWN));
+    }
+    out.join(", ")
+}
+
 /// The deadline of a reservation, decided here and not by the caller (R-APPROVE-7): at
 /// most the activation window from now (a later one is clamped, so a caller cannot hold a
 /// box_type longer), and not past (refused: such a reservation would lapse at once).
@@ -297,6 +342,16 @@ mod tests {
 
     fn now0() -> DateTime<chrono::Utc> {
         DateTime::from_timestamp(1_750_000_000, 250_000_000).expect("valid")
+    }
+
+    #[test]
+    fn r_edit_2_a_record_names_the_refused_keys_within_bounds() {
+        assert_eq!(named_keys(&["tools", "business_procedure[0].x"]), "tools, business_procedure[0].x");
+        let many: Vec<String> = (0..25).map(|i| format!("k{i}")).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(named_keys(&refs).ends_with("k19, and 5 more"));
+        assert_eq!(named_keys(&[&"x".repeat(100)]).len(), 64);
+        assert_eq!(named_keys(&["a\nb"]), "a\\nb");
     }
 
     #[test]

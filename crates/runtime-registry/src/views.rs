@@ -554,6 +554,35 @@ mod tests {
     }
 
     #[test]
+    fn given_a_box_when_edited_then_the_view_shows_the_edited_manifest() {
+        // R-EDIT-1, R-EDIT-3: both edits carry the whole manifest; the view takes it
+        let mut row = BoxRow::activated(&activated(), 1).expect("row");
+        let BoxEvent::BoxActivated { manifest, .. } = activated() else { panic!("an activation") };
+        let mut edited = manifest.clone();
+        edited.purpose = "Edited.".into();
+        edited.version = "1.1.0".into();
+        row.apply(&BoxEvent::BoxManifestEdited {
+            box_id: "b1".into(),
+            manifest: edited.clone(),
+            changed_keys: vec!["purpose".into()],
+            edited_by: "alice".into(),
+            at: t(1),
+        });
+        assert_eq!(row.summary().manifest_version, "1.1.0");
+        let mut configured = edited.clone();
+        configured.trigger_schedule = "0 9 * * 1".into();
+        row.apply(&BoxEvent::BoxConfigEdited {
+            box_id: "b1".into(),
+            manifest: configured.clone(),
+            changed_keys: vec!["trigger_schedule".into()],
+            edited_by: "bob".into(),
+            at: t(2),
+        });
+        assert_eq!(row.manifest, configured);
+        assert_eq!(row.to_wire(false).manifest.map(|m| m.purpose), Some("Edited.".to_owned()));
+    }
+
+    #[test]
     fn given_a_box_when_assigned_twice_then_the_later_role_counts_once() {
         // R-BOX-6
         let mut row = BoxRow::activated(&activated(), 1).expect("row");

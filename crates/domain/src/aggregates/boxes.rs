@@ -46,6 +46,8 @@ pub struct BoxData {
     pub box_id: String,
     pub draft_id: String,
     pub manifest: BoxManifest,
+    /// The manifest the approval token bound: the bound of every config edit (R-EDIT-3).
+    pub approved_manifest: BoxManifest,
     pub state: BoxState,
     pub approved_by: String,
     pub activated_at: DateTime<Utc>,
@@ -251,16 +253,21 @@ impl BoxAggregate {
                 }
                 let d = self.live()?;
                 let manifest = mentor_edit(&d.manifest, &patch).map_err(BoxError::MentorEdit)?;
+                if manifest == d.manifest {
+                    return Ok(vec![]);
+                }
                 let changed_keys = patch.keys().cloned().collect();
                 Ok(vec![BoxEvent::BoxManifestEdited { box_id: d.box_id.clone(), manifest, changed_keys, edited_by: by.user_id, at }])
             }
             BoxCommand::ConfigEdit { by, patch, at } => {
-                let d = self.live()?;
-                let is_primary = d.assignments.iter().any(|(u, r)| *u == by.user_id && *r == BoxRole::Primary);
-                if !(by.is_admin() || is_primary) {
-                    return Err(BoxError::Forbidden("role admin or the Box's primary"));
+                // Who may comes first (403 before 404): nobody is the primary of no Box. A
+                // primary, agent or human, edits within the same limits as an admin.
+                let is_primary = self.data.as_ref().is_some_and(|d| d.assignments.iter().any(|(u, r)| *u == by.user_id && *r == BoxRole::Primary));
+                if !(by.is_human_admin() || is_primary) {
+                    return Err(BoxError::Forbidden("a human admin or the Box's primary"));
                 }
-                let manifest = config_edit(&d.manifest, &patch).map_err(BoxError::ConfigEdit)?;
+                let d = self.live()?;
+                let manifest = config_edit(&d.approved_manifest, &d.manifest, &patch).map_err(BoxError::ConfigEdit)?;
                 if manifest == d.manifest {
                     return Ok(vec![]);
                 }
@@ -320,7 +327,16 @@ impl BoxAggregate {
     pub fn evolve(&mut self, event: BoxEvent) {
         match event {
             BoxEvent::BoxActivated { box_id, draft_id, manifest, approved_by, activated_at, .. } => {
-                self.data = Some(BoxData { box_id, draft_id, manifest, state: BoxState::Idle, approved_by, activated_at, assignments: Vec::new() });
+                self.data = Some(BoxData {
+                    box_id,
+                    draft_id,
+                    approved_manifest: manifest.clone(),
+                    manifest,
+                    state: BoxState::Idle,
+                    approved_by,
+                    activated_at,
+                    assignments: Vec::new(),
+                });
             }
             BoxEvent::BoxUserAssigned { user_id, role_in_box, .. } => {
                 if let Some(d) = self.data.as_mut() {

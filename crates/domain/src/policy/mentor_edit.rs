@@ -30,11 +30,15 @@ pub const MENTOR_PROHIBITED_KEYS: &[&str] = &[
     "network",
 ];
 
+/// The keys of one `business_procedure` step.
+const PROCEDURE_STEP_KEYS: &[&str] = &["step", "description", "tool", "args_schema"];
+
 /// Why a mentor edit is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MentorEditError {
     /// 403 and a security violation (R-EDIT-2): names every offending key. `not_editable`
-    /// are manifest keys outside both lists (they belong to config edit or a new draft).
+    /// are manifest keys outside both lists (they belong to config edit or a new draft);
+    /// `unknown` are keys of no manifest, top-level or nested (`business_procedure[0].x`).
     #[error("mentor edit may change only purpose, success_criteria, prohibited_actions and business_procedure; refused keys: {}", self.refused_keys().join(", "))]
     RefusedKeys { prohibited: Vec<String>, not_editable: Vec<String>, unknown: Vec<String> },
     /// 422: the edited manifest is invalid (wrong types, blank purpose).
@@ -50,6 +54,19 @@ impl MentorEditError {
         }
     }
 
+    /// The keys at fault, each with why.
+    pub fn field_errors(&self) -> Vec<FieldError> {
+        match self {
+            MentorEditError::RefusedKeys { prohibited, not_editable, unknown } => prohibited
+                .iter()
+                .map(|k| FieldError::new(k.as_str(), "may never be changed by a mentor edit"))
+                .chain(not_editable.iter().map(|k| FieldError::new(k.as_str(), "is not the Box's wording: a mentor edit does not change it")))
+                .chain(unknown.iter().map(|k| FieldError::new(k.as_str(), "is not a manifest key")))
+                .collect(),
+            MentorEditError::Invalid(errors) => errors.clone(),
+        }
+    }
+
     /// Every refused key, in the order prohibited, not editable, unknown.
     pub fn refused_keys(&self) -> Vec<String> {
         match self {
@@ -61,7 +78,8 @@ impl MentorEditError {
 
 /// Applies a mentor edit: the four keys replace their values (`success_criteria` replaces
 /// the purpose's success-criteria section; an empty list removes it) and the version is
-/// minor-bumped. Any other key refuses the whole edit, so nothing changes.
+/// minor-bumped. Any other key refuses the whole edit, so nothing changes. An edit that
+/// changes nothing returns the manifest as it is (no bump).
 pub fn mentor_edit(manifest: &BoxManifest, patch: &Map<String, Value>) -> Result<BoxManifest, MentorEditError> {
     let (mut prohibited, mut not_editable, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
     for key in patch.keys() {
@@ -76,11 +94,35 @@ pub fn mentor_edit(manifest: &BoxManifest, patch: &Map<String, Value>) -> Result
             unknown.push(key.clone());
         }
     }
+    // Nested keys of no manifest: a step holds only its four keys (`args_schema` is free).
+    if let Some(Value::Array(steps)) = patch.get("business_procedure") {
+        for (i, step) in steps.iter().enumerate() {
+            if let Value::Object(step) = step {
+                unknown.extend(step.keys().filter(|k| !PROCEDURE_STEP_KEYS.contains(&k.as_str())).map(|k| format!("business_procedure[{i}].{k}")));
+            }
+        }
+    }
     if !(prohibited.is_empty() && not_editable.is_empty() && unknown.is_empty()) {
         return Err(MentorEditError::RefusedKeys { prohibited, not_editable, unknown });
     }
 
+    // A mentor edit's purpose and criteria have a draft's bounds (together they fit the
+    // manifest's purpose).
+    let wording: Map<String, Value> =
+        patch.iter().filter(|(k, _)| matches!(k.as_str(), "purpose" | "success_criteria")).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let over = crate::bounds::check(crate::bounds::DRAFT_REQUEST, &wording);
+    if !over.is_empty() {
+        return Err(MentorEditError::Invalid(over));
+    }
     let mut errors = Vec::new();
+    for (key, value) in patch {
+        if value.is_null() {
+            errors.push(FieldError::new(key.as_str(), "must not be null (an empty list clears a list)"));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(MentorEditError::Invalid(errors));
+    }
     let current = split_purpose(&manifest.purpose);
     let body: String = match patch.get("purpose") {
         Some(Value::String(p)) => p.clone(),
@@ -113,6 +155,11 @@ pub fn mentor_edit(manifest: &BoxManifest, patch: &Map<String, Value>) -> Result
         if let Some(v) = patch.get(key) {
             obj.insert(key.into(), v.clone());
         }
+    }
+    let unchanged = BoxManifest::from_object(obj.clone()).map(|l| l.manifest).map_err(|r| MentorEditError::Invalid(r.errors))?;
+    if unchanged == *manifest {
+        // Nothing to change: the same manifest, the same version (a repeated PUT is a no-op).
+        return Ok(unchanged);
     }
     let version = manifest.bumped_minor_version().unwrap_or_else(|| manifest.version.clone());
     obj.insert("version".into(), Value::from(version));
@@ -203,7 +250,39 @@ mod tests {
     }
 
     #[test]
+    fn given_an_unknown_key_inside_a_step_then_refused_by_its_path() {
+        // R-EDIT-2: unknown keys, nested ones too
+        let err = mentor_edit(&manifest(), &patch(json!({"business_procedure": [{"step": 1, "tool": "Read", "os_operations": ["shell:exec"]}]})))
+            .expect_err("refused");
+        assert_eq!(err.refused_keys(), vec!["business_procedure[0].os_operations"]);
+        assert_eq!(err.code(), ErrorCode::MentorEditProhibitedKey);
+        // args_schema is free-form
+        assert!(mentor_edit(&manifest(), &patch(json!({"business_procedure": [{"step": 1, "args_schema": {"anything": {"deep": 1}}}]}))).is_ok());
+    }
+
+    #[test]
+    fn given_wording_over_a_drafts_bounds_then_invalid_naming_the_key() {
+        // R-ARCH-6: the same bounds as a draft's purpose and success criteria
+        let long = "x".repeat(crate::bounds::DRAFT_PURPOSE_CHARS + 1);
+        let err = mentor_edit(&manifest(), &patch(json!({"purpose": long}))).expect_err("too long");
+        assert_eq!(err.field_errors()[0].key, "purpose");
+        let many: Vec<String> = (0..21).map(|i| format!("c{i}")).collect();
+        let err = mentor_edit(&manifest(), &patch(json!({"success_criteria": many}))).expect_err("too many");
+        assert_eq!(err.field_errors()[0].key, "success_criteria");
+    }
+
+    #[test]
+    fn given_the_same_wording_again_then_nothing_changes() {
+        // R-EDIT-1: a repeated PUT is a no-op (no second bump, success criteria not doubled)
+        let once = mentor_edit(&manifest(), &patch(json!({"success_criteria": ["daily"]}))).expect("allowed");
+        let twice = mentor_edit(&once, &patch(json!({"success_criteria": ["daily"]}))).expect("allowed");
+        assert_eq!(twice, once);
+        assert_eq!(twice.purpose.matches("## Success criteria").count(), 1);
+    }
+
+    #[test]
     fn given_a_blank_purpose_or_bad_types_then_invalid() {
+        assert!(matches!(mentor_edit(&manifest(), &patch(json!({"prohibited_actions": null}))), Err(MentorEditError::Invalid(_))));
         // R-EDIT-1
         assert_eq!(mentor_edit(&manifest(), &patch(json!({"purpose": " "}))).expect_err("blank").code(), ErrorCode::BoxManifestValidation);
         assert!(matches!(mentor_edit(&manifest(), &patch(json!({"prohibited_actions": "x"}))), Err(MentorEditError::Invalid(_))));
