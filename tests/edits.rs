@@ -388,6 +388,22 @@ fn edits_are_idempotent_consistent_under_concurrency_and_never_overwrite_a_hand_
         assert_eq!(c3.status, 200);
         assert_eq!(c3.body["manifest"], c1.body["manifest"], "a repeated patch changes nothing");
 
+        // R-BOX-5, R-EDIT-1, R-EDIT-3: the Box's history shows each edit: who, when, which keys,
+        // the version after it
+        let history = sys.get(&format!("/api/v1/boxes/{box_id}/history?limit=200"), &sys.agent);
+        assert_eq!(history.status, 200, "{}", history.raw);
+        let entries = history.body["entries"].as_array().cloned().unwrap_or_default();
+        let edited = |kind: &str| entries.iter().filter(|e| e["kind"] == kind).cloned().collect::<Vec<Value>>();
+        let (mentor_edits, config_edits) = (edited("manifest_edited"), edited("config_edited"));
+        assert_eq!(mentor_edits.len(), 1, "one mentor edit happened: {entries:?}");
+        assert_eq!(config_edits.len(), 1, "one config edit changed something: {entries:?}");
+        let m = &mentor_edits[0];
+        assert_eq!((m["actor"].as_str(), m["changed_keys"].clone()), (Some("admin"), json!(["prohibited_actions"])), "{m}");
+        assert!(m["at"].is_string() && m["manifest_version"].is_string(), "{m}");
+        let c = &config_edits[0];
+        assert_eq!(c["actor"].as_str(), Some("admin"), "{c}");
+        assert!(c["changed_keys"].as_array().is_some_and(|k| k.iter().all(|k| k.as_str().is_some_and(|k| k.starts_with("config_defaults")))), "{c}");
+
         // Concurrent edits: real parallel requests; every accepted edit is kept (no lost
         // update), each refused one is a 409 to retry.
         const N: usize = 8;

@@ -390,6 +390,7 @@ pub async fn box_history(
     security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or the Box's primary"))))]
 pub async fn unassign_user(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, ids: BoxUser) -> Result<Response, ApiError> {
     let BoxUser { box_id, user_id } = ids;
+    validated(key.check(), box_exists(&state, &principal, &box_id)).await?;
     // The idempotency scope names the Box and the user: the request has no body.
     let route = format!("unassign {box_id} {user_id}");
     let request = v1::UnassignUser { box_id, user_id };
@@ -434,7 +435,8 @@ fn inexact_integer(map: &serde_json::Map<String, serde_json::Value>) -> Option<S
     map.iter().find_map(|(k, v)| walk(v, k.clone()))
 }
 
-/// The edit request for a body: a JSON object, as a protobuf Struct. Its keys are the
+/// The edit request for a body: a JSON object, as a protobuf Struct (after the
+/// Idempotency-Key is found well-formed). Its keys are the
 /// registry's to judge (an unknown key of a mentor edit is a security violation, not a
 /// malformed request), so the gateway checks only that it is an object. A body that is
 /// not is answered in the spec's order (401, 403, 404, then 400/422): the registry is
@@ -443,10 +445,11 @@ fn inexact_integer(map: &serde_json::Map<String, serde_json::Value>) -> Option<S
 async fn edit_request<Req: Named>(
     state: &AppState,
     principal: &Principal,
+    key: &IdempotencyKey,
     body: &RawBody,
     request: impl Fn(prost_types::Struct) -> Req,
 ) -> Result<Req, ApiError> {
-    let object = match body.json() {
+    let object = match key.check().and_then(|()| body.json()) {
         Ok(serde_json::Value::Object(map)) => match inexact_integer(&map) {
             None => return Ok(request(atasira_contracts::manifest::struct_to_proto(&map))),
             Some(key) => ApiError::new(
@@ -482,7 +485,7 @@ pub async fn edit_manifest(
     body: RawBody,
 ) -> Result<Response, ApiError> {
     let route = format!("edit manifest {box_id}");
-    let request = edit_request(&state, &principal, &body, |edit| v1::EditBoxManifest { box_id: box_id.clone(), edit: Some(edit) }).await?;
+    let request = edit_request(&state, &principal, &key, &body, |edit| v1::EditBoxManifest { box_id: box_id.clone(), edit: Some(edit) }).await?;
     write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
@@ -508,7 +511,7 @@ pub async fn edit_config(
     body: RawBody,
 ) -> Result<Response, ApiError> {
     let route = format!("edit config {box_id}");
-    let request = edit_request(&state, &principal, &body, |patch| v1::EditBoxConfig { box_id: box_id.clone(), patch: Some(patch) }).await?;
+    let request = edit_request(&state, &principal, &key, &body, |patch| v1::EditBoxConfig { box_id: box_id.clone(), patch: Some(patch) }).await?;
     write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
