@@ -330,15 +330,19 @@ const POSTGRES_SCHEMA: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS events_commit_order ON events (tx_id, global_position)",
     // The doorbell: a notification naming the aggregate types a statement appended
     // (PostgreSQL folds repeats within a transaction), delivered at commit.
+    // (A store prepared by an older version has a trigger without the transition table:
+    // dropped before the function that reads the table replaces its function.)
+    "DO $$ BEGIN
+        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify' AND tgrelid = 'events'::regclass) THEN
+            DROP TRIGGER events_notify ON events;
+        END IF;
+    END $$",
     "CREATE OR REPLACE FUNCTION atasira_events_notify() RETURNS trigger LANGUAGE plpgsql AS
         $$ BEGIN
             PERFORM pg_notify('atasira_events', COALESCE((SELECT string_agg(DISTINCT aggregate_type, ',') FROM appended), ''));
             RETURN NULL;
         END $$",
     "DO $$ BEGIN
-        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify' AND tgrelid = 'events'::regclass) THEN
-            DROP TRIGGER events_notify ON events;
-        END IF;
         IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify_types' AND tgrelid = 'events'::regclass) THEN
             CREATE TRIGGER events_notify_types AFTER INSERT ON events REFERENCING NEW TABLE AS appended
                 FOR EACH STATEMENT EXECUTE FUNCTION atasira_events_notify();
