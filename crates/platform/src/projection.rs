@@ -125,10 +125,6 @@ pub async fn mark_processed(db: &Db, name: &str, event: &StoredEvent) -> anyhow:
 /// Records `events` in consumer `name`'s processed set, a few statements for the batch;
 /// which of them were new (not processed before), by event id.
 pub async fn mark_batch(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
-    mark_all(tx, name, events).await
-}
-
-async fn mark_all(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
     let mut new = std::collections::HashSet::with_capacity(events.len());
     for chunk in events.chunks(rows_per_statement(2)) {
         let sql = format!("INSERT INTO projection_processed (name, event_id) VALUES {} ON CONFLICT DO NOTHING RETURNING event_id", values_list(chunk.len(), 2));
@@ -149,7 +145,7 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
     let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
     let mut tx = db.begin_consumer().await?;
-    let fresh = mark_all(&mut tx, name, events).await?;
+    let fresh = mark_batch(&mut tx, name, events).await?;
     if let Some(p) = projection
         && !fresh.is_empty()
     {
@@ -173,38 +169,7 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
     Ok(fresh.len())
 }
 
-/// The durable-consumer loop every consumer shares (R-ARCH-6): open feed `name` after its
-/// stored checkpoint, hand each event to `handle`, which commits its effect with the
-/// checkpoint; on failure log it, report the consumer stalled (`Db::stalled`), and read
-/// again from the checkpoint after a pause: a consumer that cannot get past an event stops
-/// alone, visibly, and the process goes on.
-/// Shutdown may cut a handler short: nothing is checkpointed then, so the event is
-/// delivered again and the handler must be idempotent.
-pub async fn consume<F, Fut>(
-    db: Db,
-    feeds: FeedSource,
-    name: &'static str,
-    aggregate_types: &'static [&'static str],
-    shutdown: tokio::sync::watch::Receiver<bool>,
-    handle: F,
-) where
-    F: Fn(StoredEvent) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>>,
-{
-    consume_batches(db, feeds, name, aggregate_types, shutdown, |batch: Vec<StoredEvent>| {
-        let handle = &handle;
-        async move {
-            for event in batch {
-                let id = event.event_id.clone();
-                handle(event).await.with_context(|| format!("{name} cannot handle event {id}"))?;
-            }
-            Ok(())
-        }
-    })
-    .await
-}
-
-/// [`consume`] for consumers whose effects are commands, not rows (activation,
+/// [`consume_batches`] for consumers whose effects are commands, not rows (activation,
 /// provisioning): `handle` acts on each event `acts_on` selects and marks it processed
 /// itself; the events between are marked processed together, one transaction for each run
 /// of them, so a feed of events that need nothing costs a write per batch, not per event.
@@ -241,7 +206,14 @@ pub async fn consume_selected<F, Fut>(
     .await
 }
 
-/// [`consume`], a batch at a time (a projection applies a batch in one transaction).
+/// The durable-consumer loop every consumer shares (R-ARCH-6): open feed `name` after its
+/// stored checkpoint, hand each batch to `handle`, which commits its effect with the
+/// checkpoint; on failure log it, report the consumer stalled (`Db::stalled`), and read
+/// again from the checkpoint after a pause: a consumer that cannot get past an event stops
+/// alone, visibly, and the process goes on.
+/// A projection applies a batch in one transaction.
+/// Shutdown may cut a handler short: nothing is checkpointed then, so the event is
+/// delivered again and the handler must be idempotent.
 pub async fn consume_batches<F, Fut>(
     db: Db,
     feeds: FeedSource,
