@@ -176,10 +176,26 @@ impl std::fmt::Debug for Db {
     }
 }
 
-/// cqrs-es over either backend (`EventStore` is not object safe, hence the enum).
+/// cqrs-es over either backend (`EventStore` is not object safe, hence the enum). In
+/// PostgreSQL cqrs-es loads the aggregate and this module appends (see [`postgres_append`]).
 enum Framework<A: Aggregate<Services = ()>> {
     Sqlite(CqrsFramework<A, PersistedEventStore<sqlite_es::SqliteEventRepository, A>>),
-    Postgres(CqrsFramework<A, PersistedEventStore<postgres_es::PostgresEventRepository, A>>),
+    Postgres(PersistedEventStore<postgres_es::PostgresEventRepository, A>, PgPool),
+}
+
+/// What a command committed: the id and global position of each event it appended, in
+/// order. Known from the append itself in PostgreSQL; empty in SQLite, where the caller
+/// asks the store ([`Db::last_event`]) when it needs them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Committed {
+    pub events: Vec<(String, i64)>,
+}
+
+impl Committed {
+    /// The last event's id and position, when known.
+    pub fn last(&self) -> Option<(String, i64)> {
+        self.events.last().cloned()
+    }
 }
 
 /// cqrs-es over the shared store, with this process's signals: SQLite writes take the
@@ -203,12 +219,34 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
         aggregate_id: &str,
         command: A::Command,
         metadata: std::collections::HashMap<String, String>,
-    ) -> Result<(), cqrs_es::AggregateError<A::Error>> {
+    ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
+        self.run(aggregate_id, command, metadata, false).await
+    }
+
+    /// [`Cqrs::execute`] on a stream this process has just named (a fresh UUID), which
+    /// holds no events yet: PostgreSQL skips loading it (should the stream exist after all,
+    /// the append conflicts).
+    pub async fn execute_new(
+        &self,
+        aggregate_id: &str,
+        command: A::Command,
+        metadata: std::collections::HashMap<String, String>,
+    ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
+        self.run(aggregate_id, command, metadata, true).await
+    }
+
+    async fn run(
+        &self,
+        aggregate_id: &str,
+        command: A::Command,
+        metadata: std::collections::HashMap<String, String>,
+        new_stream: bool,
+    ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
         let turn = match &self.signals.writer {
             Some(writer) => Some(writer.clone().lock_owned().await),
             None => None,
         };
-        let result = self.cqrs.execute(aggregate_id, command, metadata).await;
+        let result = self.cqrs.execute(aggregate_id, command, metadata, new_stream).await;
         drop(turn);
         if result.is_ok() {
             self.signals.appended.send_modify(|a| a.ring(A::TYPE));
@@ -229,12 +267,67 @@ impl<A: Aggregate<Services = ()>> Framework<A> {
         aggregate_id: &str,
         command: A::Command,
         metadata: std::collections::HashMap<String, String>,
-    ) -> Result<(), cqrs_es::AggregateError<A::Error>> {
+        new_stream: bool,
+    ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
         match self {
-            Framework::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
-            Framework::Postgres(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
+            Framework::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await.map(|()| Committed::default()),
+            Framework::Postgres(store, pool) => {
+                use cqrs_es::EventStore as _;
+                let (mut aggregate, sequence) = if new_stream {
+                    (A::default(), 0)
+                } else {
+                    let context = store.load_aggregate(aggregate_id).await?;
+                    (context.aggregate, context.current_sequence)
+                };
+                let sink = cqrs_es::event_sink::EventSink::default();
+                aggregate.handle(command, &(), &sink).await.map_err(cqrs_es::AggregateError::UserError)?;
+                postgres_append::<A>(pool, aggregate_id, sequence, sink.collect().await, &metadata).await
+            }
         }
     }
+}
+
+/// Appends a command's events to the PostgreSQL store in one statement, so one round trip
+/// makes the durable commit (a statement outside a transaction block is its own atomic
+/// transaction): the rows cqrs-es would write (same columns, same JSON binding), returning
+/// their positions. A sequence another writer took first is an optimistic-concurrency
+/// conflict, as in postgres-es.
+async fn postgres_append<A: Aggregate>(
+    pool: &PgPool,
+    aggregate_id: &str,
+    after_sequence: usize,
+    events: Vec<A::Event>,
+    metadata: &HashMap<String, String>,
+) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
+    use cqrs_es::{AggregateError, DomainEvent as _};
+    if events.is_empty() {
+        return Ok(Committed::default());
+    }
+    let unexpected = |e: serde_json::Error| AggregateError::UnexpectedError(Box::new(e));
+    let metadata = serde_json::to_value(metadata).map_err(unexpected)?;
+    // Per row: the stream and the metadata are shared ($1, $2, $3), then sequence, type,
+    // version and payload.
+    let rows: Vec<String> = (0..events.len()).map(|i| 4 + 4 * i).map(|k| format!("($1, $2, ${k}, ${}, ${}, ${}, $3)", k + 1, k + 2, k + 3)).collect();
+    let sql = format!(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {} RETURNING sequence, global_position",
+        rows.join(", ")
+    );
+    let mut query = sqlx::query(&sql).bind(A::TYPE).bind(aggregate_id).bind(&metadata);
+    for (i, event) in events.iter().enumerate() {
+        let sequence = i64::try_from(after_sequence + i + 1).unwrap_or(i64::MAX);
+        query = query.bind(sequence).bind(event.event_type()).bind(event.event_version()).bind(serde_json::to_value(event).map_err(unexpected)?);
+    }
+    let rows = query.fetch_all(pool).await.map_err(|e| match &e {
+        sqlx::Error::Database(d) if d.code().as_deref() == Some("23505") => AggregateError::AggregateConflict,
+        _ => AggregateError::DatabaseConnectionError(Box::new(e)),
+    })?;
+    let mut committed = rows
+        .iter()
+        .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()
+        .map_err(|e| AggregateError::DatabaseConnectionError(Box::new(e)))?;
+    committed.sort_unstable();
+    Ok(Committed { events: committed.into_iter().map(|(sequence, position)| (StoredEvent::event_id_of(A::TYPE, aggregate_id, sequence), position)).collect() })
 }
 
 /// One stored event with its place in the global order.
@@ -503,11 +596,9 @@ impl Db {
             Typed::Sqlite(pool) => {
                 Framework::Sqlite(CqrsFramework::new(PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())), vec![], ()))
             }
-            Typed::Postgres(pool) => Framework::Postgres(CqrsFramework::new(
-                PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())),
-                vec![],
-                (),
-            )),
+            Typed::Postgres(pool) => {
+                Framework::Postgres(PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())), pool.clone())
+            }
         };
         Cqrs { cqrs, signals: self.signals.clone() }
     }
