@@ -161,9 +161,8 @@ impl Cursor {
     }
 }
 
-/// One read of the store: the events after a cursor, and, when there were none, whether
-/// committed events were held back because an older transaction is still running (read
-/// again shortly).
+/// One read of the store: the events after a cursor, and whether committed events were
+/// held back because an older transaction is still running (read again shortly).
 #[derive(Debug, Default)]
 pub struct Batch {
     pub events: Vec<StoredEvent>,
@@ -763,7 +762,10 @@ impl Db {
     /// (all when empty), at most `limit`: the gap-safe read every consumer and the relay
     /// use. PostgreSQL returns only events of transactions older than every transaction
     /// still in flight, so nothing can later appear behind the cursor; `held_back` says
-    /// that committed events wait for such an older transaction (read again soon).
+    /// that committed events wait for such an older transaction (read again soon). So a
+    /// batch shorter than `limit` and not held back holds everything committed so far: a
+    /// reader may wait for the appended bell (marked seen before the read) instead of
+    /// reading again.
     ///
     /// Both reads find their events in an index from the cursor (PostgreSQL:
     /// `events_commit_order` from the row `(tx_id, global_position)`, ordered by the
@@ -772,36 +774,48 @@ impl Db {
     /// size of the store.
     pub async fn read(&self, after: Cursor, aggregate_types: &[&str], limit: i64) -> anyhow::Result<Batch> {
         let types = types_clause(aggregate_types);
-        let rows = match self.kind() {
+        match self.kind() {
             DbKind::Sqlite => {
                 let sql = format!(
                     "SELECT aggregate_type, aggregate_id, sequence, rowid, event_type, event_version, payload, metadata, recorded_at_ms, 0
                        FROM events WHERE {} ORDER BY rowid",
                     sqlite_after(&types)
                 );
-                sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&self.any).await?
+                let rows = sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&self.any).await?;
+                let events = rows.iter().map(row_to_event).collect::<anyhow::Result<Vec<_>>>()?;
+                Ok(Batch { events, held_back: false })
             }
             DbKind::Postgres => {
+                // One round trip: the events, and on every row (on the one row of NULLs
+                // when there are none) whether committed events of these types are held
+                // back by an older transaction still in flight (the same snapshot).
                 let sql = format!(
-                    "SELECT aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT),
-                            CAST(metadata AS TEXT), recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT)
-                       FROM events
-                      WHERE (tx_id, global_position) > (CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8), CAST($2 AS BIGINT))
-                        AND tx_id < pg_snapshot_xmin(pg_current_snapshot()){types}
-                      ORDER BY events.tx_id, events.global_position LIMIT $3"
+                    "SELECT e.aggregate_type, e.aggregate_id, e.sequence, e.global_position, e.event_type, e.event_version, e.payload, e.metadata,
+                            e.recorded_at_ms, e.tx_id, h.held
+                       FROM (SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){types}) AS held) h
+                       LEFT JOIN LATERAL (
+                            SELECT aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT) AS payload,
+                                   CAST(metadata AS TEXT) AS metadata, recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT) AS tx_id
+                              FROM events
+                             WHERE (tx_id, global_position) > (CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8), CAST($2 AS BIGINT))
+                               AND tx_id < pg_snapshot_xmin(pg_current_snapshot()){types}
+                             ORDER BY events.tx_id, events.global_position LIMIT $3) e ON true
+                      ORDER BY e.tx_id, e.global_position"
                 );
-                sqlx::query(&sql).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&self.any).await?
+                let rows = sqlx::query(&sql).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&self.any).await?;
+                let held_back = match rows.first() {
+                    Some(row) => row.try_get::<bool, _>(10)?,
+                    None => false,
+                };
+                let mut events = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    if row.try_get::<Option<String>, _>(0)?.is_some() {
+                        events.push(row_to_event(row)?);
+                    }
+                }
+                Ok(Batch { events, held_back })
             }
-        };
-        let events = rows.iter().map(row_to_event).collect::<anyhow::Result<Vec<_>>>()?;
-        // Asked only of an empty read: a reader that got events reads again anyway.
-        let held_back = if self.kind() == DbKind::Postgres && events.is_empty() {
-            let sql = format!("SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){types})");
-            sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<bool, _>(0)?
-        } else {
-            false
-        };
-        Ok(Batch { events, held_back })
+        }
     }
 
     /// One aggregate's history: the events of stream `(aggregate_type, aggregate_id)` and of
@@ -925,6 +939,13 @@ async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
+
+/// PostgreSQL: a `FROM` item that makes the transaction it runs in commit without waiting
+/// for the WAL flush (`synchronous_commit = off` for that transaction only), so that a
+/// single statement outside a transaction block, which is its own transaction, can write a
+/// consumer's or relay's checkpoint in one round trip (as [`Db::begin_consumer`] does for a
+/// transaction). A crash loses at most the last such writes, which are taken again.
+pub const ASYNC_COMMIT: &str = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit";
 
 /// The channel the events table notifies on commit (see `POSTGRES_SCHEMA`).
 const APPENDED_CHANNEL: &str = "atasira_events";
