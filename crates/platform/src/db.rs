@@ -46,6 +46,10 @@ pub struct Db {
 /// this process made progress; and, for SQLite, the one writer's turn.
 struct Signals {
     appended: watch::Sender<Appended>,
+    /// PostgreSQL: `LISTEN` is in place, so every commit (this process's too) rings the
+    /// appended bell by notification; a local ring after a commit would only wake readers
+    /// a second time for the same events.
+    listening: std::sync::atomic::AtomicBool,
     progressed: watch::Sender<u64>,
     /// SQLite allows one writer at a time; writers queue here instead of retrying on
     /// `SQLITE_BUSY` (which backs off in sleeps of up to 100 ms).
@@ -92,9 +96,18 @@ impl Consumed {
 }
 
 impl Signals {
+    /// Rings the appended bell after a commit of this process, unless the database's
+    /// notification will.
+    fn committed(&self, ring: impl FnOnce(&mut Appended)) {
+        if !self.listening.load(std::sync::atomic::Ordering::Acquire) {
+            self.appended.send_modify(ring);
+        }
+    }
+
     fn new(kind: DbKind) -> Arc<Signals> {
         Arc::new(Signals {
             appended: watch::channel(Appended::default()).0,
+            listening: std::sync::atomic::AtomicBool::new(false),
             progressed: watch::channel(0).0,
             writer: (kind == DbKind::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(()))),
             stalled: Default::default(),
@@ -248,7 +261,7 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
         let result = self.cqrs.execute(aggregate_id, command, metadata, new_stream).await;
         drop(turn);
         if result.is_ok() {
-            self.signals.appended.send_modify(|a| a.ring(A::TYPE));
+            self.signals.committed(|a| a.ring(A::TYPE));
         }
         result
     }
@@ -605,7 +618,7 @@ impl Db {
     /// Rings the appended bell: events were committed (by this process; the store's own
     /// commands ring it themselves).
     pub fn appended(&self) {
-        self.signals.appended.send_modify(Appended::ring_all);
+        self.signals.committed(Appended::ring_all);
     }
 
     /// The appended bell: changes after events were committed; [`Appended::of`] says
@@ -900,7 +913,9 @@ fn types_clause(aggregate_types: &[&str]) -> String {
 
 /// PostgreSQL's doorbell: `LISTEN` on the channel the events table's trigger notifies at
 /// every commit that appended events, ringing the appended bell; reconnects after a
-/// failure (ringing once, since a notification may have been missed). Ends with the `Db`.
+/// failure (ringing once, since a notification may have been missed). While it listens,
+/// this process's own commits ring by notification only (see `Signals::listening`); while
+/// it does not, they ring locally. Ends with the `Db`.
 async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
     loop {
         let listener = async {
@@ -912,18 +927,24 @@ async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
         match listener {
             Ok(mut listener) => {
                 let Some(s) = signals.upgrade() else { return };
+                s.listening.store(true, std::sync::atomic::Ordering::Release);
                 s.appended.send_modify(Appended::ring_all);
                 drop(s);
                 loop {
-                    let received = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
+                    let received = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
                     let Some(s) = signals.upgrade() else { return };
                     match received {
                         // The payload names the types the transaction appended.
-                        Ok(Ok(n)) => s.appended.send_modify(|a| match n.payload() {
+                        Ok(Ok(Some(n))) => s.appended.send_modify(|a| match n.payload() {
                             "" => a.ring_all(),
                             types => types.split(',').for_each(|t| a.ring(t)),
                         }),
+                        // The connection was lost and is back, listening again: what was
+                        // notified meanwhile is lost, so every reader looks.
+                        Ok(Ok(None)) => s.appended.send_modify(Appended::ring_all),
                         Ok(Err(e)) => {
+                            s.listening.store(false, std::sync::atomic::Ordering::Release);
+                            s.appended.send_modify(Appended::ring_all);
                             tracing::warn!(error = %e, "lost the database's event notifications; reconnecting");
                             break;
                         }
