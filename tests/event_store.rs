@@ -63,7 +63,7 @@ fn events_are_append_only_and_concurrent_writers_of_one_aggregate_conflict() {
         // Overlapping: one conflicts; one after the other: the second is an idempotent no-op.
         assert!(a.is_ok() || b.is_ok(), "{a:?} {b:?}");
         for r in [&a, &b] {
-            assert!(matches!(r, Ok(()) | Err(cqrs_es::AggregateError::AggregateConflict)), "{r:?}");
+            assert!(matches!(r, Ok(_) | Err(cqrs_es::AggregateError::AggregateConflict)), "{r:?}");
         }
         // Transactions in flight anywhere in the PostgreSQL cluster (other tests) may hold
         // back visibility for a moment: wait for both events to be readable.

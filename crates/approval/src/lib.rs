@@ -81,7 +81,7 @@ async fn publish_keys(rt: &Runtime, config: &ApprovalConfig) -> anyhow::Result<(
     // finds its keys published.
     for attempt in 1.. {
         match cqrs.execute(KEYS_ID, command.clone(), HashMap::new()).await {
-            Ok(()) => break,
+            Ok(_) => break,
             Err(cqrs_es::AggregateError::AggregateConflict) if attempt < 3 => continue,
             Err(e) => anyhow::bail!("cannot publish the approval public keys: {e}"),
         }
@@ -140,7 +140,7 @@ impl Service {
                 let recorded = self.record_self_approval(principal, draft_id).await?;
                 Err(refusal.recorded(recorded))
             }
-            other => other,
+            other => other.map(|_| ()),
         }
     }
 

@@ -121,12 +121,11 @@ pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> 
     let turn = db.write_turn().await;
     // Committed durably (not `Db::begin_consumer`): a checkpoint may already name the rows.
     let mut tx = db.any().begin().await?;
-    // The checkpoint is written first: on PostgreSQL its row lock serializes concurrent
-    // writers (the second reads the last row only after the first committed); on SQLite
-    // the writer's turn keeps every other writer out.
-    atasira_platform::projection::advance(&mut tx, NAME, last).await?;
-    // Marks the events as handled for waits by event id (`projection::wait_for_events`).
-    let fresh = atasira_platform::projection::mark_batch(&mut tx, NAME, events).await?;
+    // The checkpoint is written before the head is read: on PostgreSQL its row lock
+    // serializes concurrent writers (the second reads the last row only after the first
+    // committed); on SQLite the writer's turn keeps every other writer out. The events are
+    // marked as handled for waits by event id (`projection::wait_for_events`).
+    let fresh = atasira_platform::projection::mark_and_advance(&mut tx, NAME, events).await?;
     let auditable: Vec<(&StoredEvent, &str)> =
         events.iter().filter(|e| fresh.contains(&e.event_id)).filter_map(|e| action_of(&e.aggregate_type, &e.event_type).map(|action| (e, action))).collect();
     let appended = append_rows(&mut tx, keys, &auditable).await?;
@@ -143,21 +142,27 @@ async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event
     if events.is_empty() {
         return Ok(0);
     }
+    // The ledger's head comes with the first look-up of rows the events may have already
+    // (one round trip for a batch of up to 200 events).
+    let (mut seq, mut prev_mac) = (0, String::new());
     let mut have = std::collections::HashSet::new();
-    for chunk in events.chunks(rows_per_statement(1)) {
-        let sql = format!("SELECT event_id FROM audit_ledger_rows WHERE event_id IN ({})", placeholders(chunk.len()));
+    for (i, chunk) in events.chunks(rows_per_statement(1)).enumerate() {
+        let head =
+            if i == 0 { "SELECT * FROM (SELECT seq, mac, NULL AS event_id FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1) AS head UNION ALL " } else { "" };
+        let sql = format!("{head}SELECT NULL, NULL, event_id FROM audit_ledger_rows WHERE event_id IN ({})", placeholders(chunk.len()));
         let mut query = sqlx::query(&sql);
         for (event, _) in chunk {
             query = query.bind(&event.event_id);
         }
         for row in query.fetch_all(&mut **tx).await? {
-            have.insert(row.try_get::<String, _>(0)?);
+            match row.try_get::<Option<String>, _>(2)? {
+                Some(event_id) => {
+                    have.insert(event_id);
+                }
+                None => (seq, prev_mac) = (row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?),
+            }
         }
     }
-    let (mut seq, mut prev_mac) = match sqlx::query("SELECT seq, mac FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1").fetch_optional(&mut **tx).await? {
-        Some(row) => (row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?),
-        None => (0, String::new()),
-    };
     let mut rows = Vec::with_capacity(events.len());
     for (event, action) in events.iter().filter(|(e, _)| !have.contains(&e.event_id)) {
         let time = DateTime::<Utc>::from_timestamp_millis(event.recorded_at_ms)

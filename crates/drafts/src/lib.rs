@@ -19,6 +19,7 @@ use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::command::{self, Retry};
+use atasira_platform::db::Committed;
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::service::{self as platform_service, Call, Refusal};
 use prost::Message as _;
@@ -159,27 +160,31 @@ impl Service {
         };
         let metadata = HashMap::from([("correlation_id".to_owned(), env.correlation_id.clone()), ("principal".to_owned(), principal.user_id.clone())]);
         let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal, at: chrono::Utc::now() };
-        command::execute(&self.cqrs, &draft_id, command, metadata, Retry::ONCE).await?;
+        let committed = command::execute_new(&self.cqrs, &draft_id, command, metadata).await?;
         atasira_platform::failpoint("drafts-after-commit");
-        self.written(&draft_id, &reply).await
+        self.written(&draft_id, committed, &reply).await
     }
 
     /// R-DRAFT-13: the requester withdraws a pending draft (the aggregate decides who may).
     async fn withdraw(&self, principal: Principal, draft_id: &str) -> Result<Reply, Refusal> {
         let command = DraftCommand::Withdraw { by: principal, at: chrono::Utc::now() };
-        command::execute(&self.cqrs, draft_id, command, HashMap::new(), Retry::ONCE).await?;
-        self.written(draft_id, &v1::WithdrawReply { draft_id: draft_id.to_owned(), status: v1::DraftStatus::Withdrawn as i32 }).await
+        let committed = command::execute(&self.cqrs, draft_id, command, HashMap::new(), Retry::ONCE).await?;
+        self.written(draft_id, committed, &v1::WithdrawReply { draft_id: draft_id.to_owned(), status: v1::DraftStatus::Withdrawn as i32 }).await
     }
 
-    /// The reply to a command on `draft_id`, with its last event for read-your-writes.
-    async fn written<M: prost::Message>(&self, draft_id: &str, reply: &M) -> Result<Reply, Refusal> {
-        let (event_id, position) = self
-            .rt
-            .db
-            .last_event(types::DRAFT, draft_id)
-            .await
-            .map_err(Refusal::internal)?
-            .ok_or_else(|| Refusal::internal("the committed draft is not readable"))?;
+    /// The reply to a command on `draft_id`, with its last event for read-your-writes
+    /// (from the commit when the store said, else asked of the store).
+    async fn written<M: prost::Message>(&self, draft_id: &str, committed: Committed, reply: &M) -> Result<Reply, Refusal> {
+        let (event_id, position) = match committed.last() {
+            Some(last) => last,
+            None => self
+                .rt
+                .db
+                .last_event(types::DRAFT, draft_id)
+                .await
+                .map_err(Refusal::internal)?
+                .ok_or_else(|| Refusal::internal("the committed draft is not readable"))?,
+        };
         Ok(reply_written(reply, position, vec![event_id]))
     }
 }

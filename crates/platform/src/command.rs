@@ -9,7 +9,7 @@ use std::time::Duration;
 use atasira_domain::{ErrorCode, Refusing};
 use cqrs_es::{Aggregate, AggregateError};
 
-use crate::db::Cqrs;
+use crate::db::{Committed, Cqrs};
 use crate::service::Refusal;
 
 /// How often, and how patiently, a conflicting command is retried.
@@ -31,8 +31,25 @@ impl Retry {
     pub const CONTENDED: Retry = Retry { attempts: 200, backoff: Duration::from_millis(2), max_backoff: Duration::from_millis(50), exhausted: ErrorCode::Busy };
 }
 
-/// Runs `command` on `aggregate_id`, retrying conflicts as `retry` says.
-pub async fn execute<A>(cqrs: &Cqrs<A>, aggregate_id: &str, command: A::Command, metadata: HashMap<String, String>, retry: Retry) -> Result<(), Refusal>
+/// Runs `command` on a stream this process has just named (a fresh UUID, see
+/// [`Cqrs::execute_new`]); what it committed. A conflict (the stream existed after all) is
+/// answered `conflict`.
+pub async fn execute_new<A>(cqrs: &Cqrs<A>, aggregate_id: &str, command: A::Command, metadata: HashMap<String, String>) -> Result<Committed, Refusal>
+where
+    A: Aggregate<Services = ()>,
+    A::Error: Refusing,
+{
+    match cqrs.execute_new(aggregate_id, command, metadata).await {
+        Ok(committed) => Ok(committed),
+        Err(AggregateError::UserError(e)) => Err(e.into()),
+        Err(AggregateError::AggregateConflict) => Err(Refusal::new(ErrorCode::Conflict, "a concurrent change to the same thing was recorded first; retry")),
+        Err(other) => Err(Refusal::internal(format!("{} {aggregate_id}: {other}", A::TYPE))),
+    }
+}
+
+/// Runs `command` on `aggregate_id`, retrying conflicts as `retry` says; what it
+/// committed (see [`Committed`]).
+pub async fn execute<A>(cqrs: &Cqrs<A>, aggregate_id: &str, command: A::Command, metadata: HashMap<String, String>, retry: Retry) -> Result<Committed, Refusal>
 where
     A: Aggregate<Services = ()>,
     A::Command: Clone,
@@ -41,7 +58,7 @@ where
     let mut delay = retry.backoff;
     for attempt in 1..=retry.attempts.max(1) {
         match cqrs.execute(aggregate_id, command.clone(), metadata.clone()).await {
-            Ok(()) => return Ok(()),
+            Ok(committed) => return Ok(committed),
             Err(AggregateError::UserError(e)) => return Err(e.into()),
             Err(AggregateError::AggregateConflict) if attempt < retry.attempts => {
                 if !delay.is_zero() {

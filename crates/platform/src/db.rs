@@ -46,6 +46,10 @@ pub struct Db {
 /// this process made progress; and, for SQLite, the one writer's turn.
 struct Signals {
     appended: watch::Sender<Appended>,
+    /// PostgreSQL: `LISTEN` is in place, so every commit (this process's too) rings the
+    /// appended bell by notification; a local ring after a commit would only wake readers
+    /// a second time for the same events.
+    listening: std::sync::atomic::AtomicBool,
     progressed: watch::Sender<u64>,
     /// SQLite allows one writer at a time; writers queue here instead of retrying on
     /// `SQLITE_BUSY` (which backs off in sleeps of up to 100 ms).
@@ -92,9 +96,18 @@ impl Consumed {
 }
 
 impl Signals {
+    /// Rings the appended bell after a commit of this process, unless the database's
+    /// notification will.
+    fn committed(&self, ring: impl FnOnce(&mut Appended)) {
+        if !self.listening.load(std::sync::atomic::Ordering::Acquire) {
+            self.appended.send_modify(ring);
+        }
+    }
+
     fn new(kind: DbKind) -> Arc<Signals> {
         Arc::new(Signals {
             appended: watch::channel(Appended::default()).0,
+            listening: std::sync::atomic::AtomicBool::new(false),
             progressed: watch::channel(0).0,
             writer: (kind == DbKind::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(()))),
             stalled: Default::default(),
@@ -161,9 +174,8 @@ impl Cursor {
     }
 }
 
-/// One read of the store: the events after a cursor, and, when there were none, whether
-/// committed events were held back because an older transaction is still running (read
-/// again shortly).
+/// One read of the store: the events after a cursor, and whether committed events were
+/// held back because an older transaction is still running (read again shortly).
 #[derive(Debug, Default)]
 pub struct Batch {
     pub events: Vec<StoredEvent>,
@@ -176,10 +188,26 @@ impl std::fmt::Debug for Db {
     }
 }
 
-/// cqrs-es over either backend (`EventStore` is not object safe, hence the enum).
+/// cqrs-es over either backend (`EventStore` is not object safe, hence the enum). In
+/// PostgreSQL cqrs-es loads the aggregate and this module appends (see [`postgres_append`]).
 enum Framework<A: Aggregate<Services = ()>> {
     Sqlite(CqrsFramework<A, PersistedEventStore<sqlite_es::SqliteEventRepository, A>>),
-    Postgres(CqrsFramework<A, PersistedEventStore<postgres_es::PostgresEventRepository, A>>),
+    Postgres(PersistedEventStore<postgres_es::PostgresEventRepository, A>, PgPool),
+}
+
+/// What a command committed: the id and global position of each event it appended, in
+/// order. Known from the append itself in PostgreSQL; empty in SQLite, where the caller
+/// asks the store ([`Db::last_event`]) when it needs them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Committed {
+    pub events: Vec<(String, i64)>,
+}
+
+impl Committed {
+    /// The last event's id and position, when known.
+    pub fn last(&self) -> Option<(String, i64)> {
+        self.events.last().cloned()
+    }
 }
 
 /// cqrs-es over the shared store, with this process's signals: SQLite writes take the
@@ -203,15 +231,37 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
         aggregate_id: &str,
         command: A::Command,
         metadata: std::collections::HashMap<String, String>,
-    ) -> Result<(), cqrs_es::AggregateError<A::Error>> {
+    ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
+        self.run(aggregate_id, command, metadata, false).await
+    }
+
+    /// [`Cqrs::execute`] on a stream this process has just named (a fresh UUID), which
+    /// holds no events yet: PostgreSQL skips loading it (should the stream exist after all,
+    /// the append conflicts).
+    pub async fn execute_new(
+        &self,
+        aggregate_id: &str,
+        command: A::Command,
+        metadata: std::collections::HashMap<String, String>,
+    ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
+        self.run(aggregate_id, command, metadata, true).await
+    }
+
+    async fn run(
+        &self,
+        aggregate_id: &str,
+        command: A::Command,
+        metadata: std::collections::HashMap<String, String>,
+        new_stream: bool,
+    ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
         let turn = match &self.signals.writer {
             Some(writer) => Some(writer.clone().lock_owned().await),
             None => None,
         };
-        let result = self.cqrs.execute(aggregate_id, command, metadata).await;
+        let result = self.cqrs.execute(aggregate_id, command, metadata, new_stream).await;
         drop(turn);
         if result.is_ok() {
-            self.signals.appended.send_modify(|a| a.ring(A::TYPE));
+            self.signals.committed(|a| a.ring(A::TYPE));
         }
         result
     }
@@ -229,12 +279,67 @@ impl<A: Aggregate<Services = ()>> Framework<A> {
         aggregate_id: &str,
         command: A::Command,
         metadata: std::collections::HashMap<String, String>,
-    ) -> Result<(), cqrs_es::AggregateError<A::Error>> {
+        new_stream: bool,
+    ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
         match self {
-            Framework::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
-            Framework::Postgres(c) => c.execute_with_metadata(aggregate_id, command, metadata).await,
+            Framework::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await.map(|()| Committed::default()),
+            Framework::Postgres(store, pool) => {
+                use cqrs_es::EventStore as _;
+                let (mut aggregate, sequence) = if new_stream {
+                    (A::default(), 0)
+                } else {
+                    let context = store.load_aggregate(aggregate_id).await?;
+                    (context.aggregate, context.current_sequence)
+                };
+                let sink = cqrs_es::event_sink::EventSink::default();
+                aggregate.handle(command, &(), &sink).await.map_err(cqrs_es::AggregateError::UserError)?;
+                postgres_append::<A>(pool, aggregate_id, sequence, sink.collect().await, &metadata).await
+            }
         }
     }
+}
+
+/// Appends a command's events to the PostgreSQL store in one statement, so one round trip
+/// makes the durable commit (a statement outside a transaction block is its own atomic
+/// transaction): the rows cqrs-es would write (same columns, same JSON binding), returning
+/// their positions. A sequence another writer took first is an optimistic-concurrency
+/// conflict, as in postgres-es.
+async fn postgres_append<A: Aggregate>(
+    pool: &PgPool,
+    aggregate_id: &str,
+    after_sequence: usize,
+    events: Vec<A::Event>,
+    metadata: &HashMap<String, String>,
+) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
+    use cqrs_es::{AggregateError, DomainEvent as _};
+    if events.is_empty() {
+        return Ok(Committed::default());
+    }
+    let unexpected = |e: serde_json::Error| AggregateError::UnexpectedError(Box::new(e));
+    let metadata = serde_json::to_value(metadata).map_err(unexpected)?;
+    // Per row: the stream and the metadata are shared ($1, $2, $3), then sequence, type,
+    // version and payload.
+    let rows: Vec<String> = (0..events.len()).map(|i| 4 + 4 * i).map(|k| format!("($1, $2, ${k}, ${}, ${}, ${}, $3)", k + 1, k + 2, k + 3)).collect();
+    let sql = format!(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {} RETURNING sequence, global_position",
+        rows.join(", ")
+    );
+    let mut query = sqlx::query(&sql).bind(A::TYPE).bind(aggregate_id).bind(&metadata);
+    for (i, event) in events.iter().enumerate() {
+        let sequence = i64::try_from(after_sequence + i + 1).unwrap_or(i64::MAX);
+        query = query.bind(sequence).bind(event.event_type()).bind(event.event_version()).bind(serde_json::to_value(event).map_err(unexpected)?);
+    }
+    let rows = query.fetch_all(pool).await.map_err(|e| match &e {
+        sqlx::Error::Database(d) if d.code().as_deref() == Some("23505") => AggregateError::AggregateConflict,
+        _ => AggregateError::DatabaseConnectionError(Box::new(e)),
+    })?;
+    let mut committed = rows
+        .iter()
+        .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()
+        .map_err(|e| AggregateError::DatabaseConnectionError(Box::new(e)))?;
+    committed.sort_unstable();
+    Ok(Committed { events: committed.into_iter().map(|(sequence, position)| (StoredEvent::event_id_of(A::TYPE, aggregate_id, sequence), position)).collect() })
 }
 
 /// One stored event with its place in the global order.
@@ -503,11 +608,9 @@ impl Db {
             Typed::Sqlite(pool) => {
                 Framework::Sqlite(CqrsFramework::new(PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())), vec![], ()))
             }
-            Typed::Postgres(pool) => Framework::Postgres(CqrsFramework::new(
-                PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())),
-                vec![],
-                (),
-            )),
+            Typed::Postgres(pool) => {
+                Framework::Postgres(PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())), pool.clone())
+            }
         };
         Cqrs { cqrs, signals: self.signals.clone() }
     }
@@ -515,7 +618,7 @@ impl Db {
     /// Rings the appended bell: events were committed (by this process; the store's own
     /// commands ring it themselves).
     pub fn appended(&self) {
-        self.signals.appended.send_modify(Appended::ring_all);
+        self.signals.committed(Appended::ring_all);
     }
 
     /// The appended bell: changes after events were committed; [`Appended::of`] says
@@ -672,7 +775,10 @@ impl Db {
     /// (all when empty), at most `limit`: the gap-safe read every consumer and the relay
     /// use. PostgreSQL returns only events of transactions older than every transaction
     /// still in flight, so nothing can later appear behind the cursor; `held_back` says
-    /// that committed events wait for such an older transaction (read again soon).
+    /// that committed events wait for such an older transaction (read again soon). So a
+    /// batch shorter than `limit` and not held back holds everything committed so far: a
+    /// reader may wait for the appended bell (marked seen before the read) instead of
+    /// reading again.
     ///
     /// Both reads find their events in an index from the cursor (PostgreSQL:
     /// `events_commit_order` from the row `(tx_id, global_position)`, ordered by the
@@ -681,36 +787,48 @@ impl Db {
     /// size of the store.
     pub async fn read(&self, after: Cursor, aggregate_types: &[&str], limit: i64) -> anyhow::Result<Batch> {
         let types = types_clause(aggregate_types);
-        let rows = match self.kind() {
+        match self.kind() {
             DbKind::Sqlite => {
                 let sql = format!(
                     "SELECT aggregate_type, aggregate_id, sequence, rowid, event_type, event_version, payload, metadata, recorded_at_ms, 0
                        FROM events WHERE {} ORDER BY rowid",
                     sqlite_after(&types)
                 );
-                sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&self.any).await?
+                let rows = sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&self.any).await?;
+                let events = rows.iter().map(row_to_event).collect::<anyhow::Result<Vec<_>>>()?;
+                Ok(Batch { events, held_back: false })
             }
             DbKind::Postgres => {
+                // One round trip: the events, and on every row (on the one row of NULLs
+                // when there are none) whether committed events of these types are held
+                // back by an older transaction still in flight (the same snapshot).
                 let sql = format!(
-                    "SELECT aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT),
-                            CAST(metadata AS TEXT), recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT)
-                       FROM events
-                      WHERE (tx_id, global_position) > (CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8), CAST($2 AS BIGINT))
-                        AND tx_id < pg_snapshot_xmin(pg_current_snapshot()){types}
-                      ORDER BY events.tx_id, events.global_position LIMIT $3"
+                    "SELECT e.aggregate_type, e.aggregate_id, e.sequence, e.global_position, e.event_type, e.event_version, e.payload, e.metadata,
+                            e.recorded_at_ms, e.tx_id, h.held
+                       FROM (SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){types}) AS held) h
+                       LEFT JOIN LATERAL (
+                            SELECT aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT) AS payload,
+                                   CAST(metadata AS TEXT) AS metadata, recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT) AS tx_id
+                              FROM events
+                             WHERE (tx_id, global_position) > (CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8), CAST($2 AS BIGINT))
+                               AND tx_id < pg_snapshot_xmin(pg_current_snapshot()){types}
+                             ORDER BY events.tx_id, events.global_position LIMIT $3) e ON true
+                      ORDER BY e.tx_id, e.global_position"
                 );
-                sqlx::query(&sql).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&self.any).await?
+                let rows = sqlx::query(&sql).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&self.any).await?;
+                let held_back = match rows.first() {
+                    Some(row) => row.try_get::<bool, _>(10)?,
+                    None => false,
+                };
+                let mut events = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    if row.try_get::<Option<String>, _>(0)?.is_some() {
+                        events.push(row_to_event(row)?);
+                    }
+                }
+                Ok(Batch { events, held_back })
             }
-        };
-        let events = rows.iter().map(row_to_event).collect::<anyhow::Result<Vec<_>>>()?;
-        // Asked only of an empty read: a reader that got events reads again anyway.
-        let held_back = if self.kind() == DbKind::Postgres && events.is_empty() {
-            let sql = format!("SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){types})");
-            sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<bool, _>(0)?
-        } else {
-            false
-        };
-        Ok(Batch { events, held_back })
+        }
     }
 
     /// One aggregate's history: the events of stream `(aggregate_type, aggregate_id)` and of
@@ -795,7 +913,9 @@ fn types_clause(aggregate_types: &[&str]) -> String {
 
 /// PostgreSQL's doorbell: `LISTEN` on the channel the events table's trigger notifies at
 /// every commit that appended events, ringing the appended bell; reconnects after a
-/// failure (ringing once, since a notification may have been missed). Ends with the `Db`.
+/// failure (ringing once, since a notification may have been missed). While it listens,
+/// this process's own commits ring by notification only (see `Signals::listening`); while
+/// it does not, they ring locally. Ends with the `Db`.
 async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
     loop {
         let listener = async {
@@ -807,18 +927,24 @@ async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
         match listener {
             Ok(mut listener) => {
                 let Some(s) = signals.upgrade() else { return };
+                s.listening.store(true, std::sync::atomic::Ordering::Release);
                 s.appended.send_modify(Appended::ring_all);
                 drop(s);
                 loop {
-                    let received = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
+                    let received = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
                     let Some(s) = signals.upgrade() else { return };
                     match received {
                         // The payload names the types the transaction appended.
-                        Ok(Ok(n)) => s.appended.send_modify(|a| match n.payload() {
+                        Ok(Ok(Some(n))) => s.appended.send_modify(|a| match n.payload() {
                             "" => a.ring_all(),
                             types => types.split(',').for_each(|t| a.ring(t)),
                         }),
+                        // The connection was lost and is back, listening again: what was
+                        // notified meanwhile is lost, so every reader looks.
+                        Ok(Ok(None)) => s.appended.send_modify(Appended::ring_all),
                         Ok(Err(e)) => {
+                            s.listening.store(false, std::sync::atomic::Ordering::Release);
+                            s.appended.send_modify(Appended::ring_all);
                             tracing::warn!(error = %e, "lost the database's event notifications; reconnecting");
                             break;
                         }
@@ -834,6 +960,13 @@ async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
+
+/// PostgreSQL: a `FROM` item that makes the transaction it runs in commit without waiting
+/// for the WAL flush (`synchronous_commit = off` for that transaction only), so that a
+/// single statement outside a transaction block, which is its own transaction, can write a
+/// consumer's or relay's checkpoint in one round trip (as [`Db::begin_consumer`] does for a
+/// transaction). A crash loses at most the last such writes, which are taken again.
+pub const ASYNC_COMMIT: &str = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit";
 
 /// The channel the events table notifies on commit (see `POSTGRES_SCHEMA`).
 const APPENDED_CHANNEL: &str = "atasira_events";

@@ -47,6 +47,9 @@ pub struct Feed {
     fallback: Duration,
     /// The pause before reading again while an older transaction holds events back.
     held_back_pause: Duration,
+    /// Set when the last read left nothing behind: the bell as it was before that read,
+    /// to wait for before the next.
+    drained: Option<u64>,
 }
 
 impl std::fmt::Debug for Feed {
@@ -54,6 +57,9 @@ impl std::fmt::Debug for Feed {
         f.debug_struct("Feed").field("types", &self.types).field("cursor", &self.cursor).finish_non_exhaustive()
     }
 }
+
+/// Events a feed reads at most at once.
+const BATCH: i64 = 256;
 
 /// The first pause while events are held back, doubled up to the last.
 const HELD_BACK_PAUSES: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(50));
@@ -65,31 +71,46 @@ impl FeedSource {
         if let Some(unknown) = aggregate_types.iter().find(|t| atasira_contracts::subjects::owner_of(t).is_none()) {
             anyhow::bail!("feed {name}: {unknown:?} is not an aggregate type");
         }
-        Ok(Feed { db: db.clone(), bell: db.on_append(), types: aggregate_types.to_vec(), cursor, fallback: self.fallback, held_back_pause: HELD_BACK_PAUSES.0 })
+        Ok(Feed {
+            db: db.clone(),
+            bell: db.on_append(),
+            types: aggregate_types.to_vec(),
+            cursor,
+            fallback: self.fallback,
+            held_back_pause: HELD_BACK_PAUSES.0,
+            drained: None,
+        })
     }
 }
 
 impl Feed {
-    /// The next batch, or an empty one after waiting for the bell (or the fallback).
+    /// The next batch, or an empty one after waiting for the bell (or the fallback). A
+    /// read that leaves nothing behind (shorter than a batch, nothing held back) is not
+    /// followed by another: the feed waits for the bell first.
     pub async fn next(&mut self) -> anyhow::Result<Vec<Delivery>> {
+        if let Some(seen) = self.drained.take() {
+            // Sleeps through appends of other types.
+            let types = &self.types;
+            let _ = tokio::time::timeout(self.fallback, self.bell.wait_for(|a| a.of(types) != seen)).await;
+        }
         // Marked seen before reading: a commit after this point rings again.
         let seen = self.bell.borrow_and_update().of(&self.types);
-        let batch = self.db.read(self.cursor, &self.types, 256).await?;
+        let batch = self.db.read(self.cursor, &self.types, BATCH).await?;
+        if batch.held_back {
+            if batch.events.is_empty() {
+                tokio::time::sleep(self.held_back_pause).await;
+                self.held_back_pause = (self.held_back_pause * 2).min(HELD_BACK_PAUSES.1);
+            }
+        } else {
+            self.held_back_pause = HELD_BACK_PAUSES.0;
+            if (batch.events.len() as i64) < BATCH {
+                self.drained = Some(seen);
+            }
+        }
         if let Some(last) = batch.events.last() {
             self.cursor = Cursor::of(last);
-            self.held_back_pause = HELD_BACK_PAUSES.0;
-            return Ok(batch.events.into_iter().map(|event| Delivery { event }).collect());
         }
-        if batch.held_back {
-            tokio::time::sleep(self.held_back_pause).await;
-            self.held_back_pause = (self.held_back_pause * 2).min(HELD_BACK_PAUSES.1);
-            return Ok(vec![]);
-        }
-        self.held_back_pause = HELD_BACK_PAUSES.0;
-        // Sleeps through appends of other types.
-        let types = &self.types;
-        let _ = tokio::time::timeout(self.fallback, self.bell.wait_for(|a| a.of(types) != seen)).await;
-        Ok(vec![])
+        Ok(batch.events.into_iter().map(|event| Delivery { event }).collect())
     }
 
     /// Where the feed stands.

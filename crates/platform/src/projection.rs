@@ -139,13 +139,76 @@ pub async fn mark_batch(tx: &mut Transaction<'static, Any>, name: &str, events: 
     Ok(new)
 }
 
+/// [`mark_batch`] and [`advance`] to the last of `events`, inside the transaction that
+/// makes their effect; in PostgreSQL one statement for both.
+pub async fn mark_and_advance(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
+    let Some(last) = events.last() else { return Ok(Default::default()) };
+    if tx.backend_name() != "PostgreSQL" {
+        let fresh = mark_batch(tx, name, events).await?;
+        advance(tx, name, last).await?;
+        return Ok(fresh);
+    }
+    postgres_mark_and_advance(tx, name, events, "VALUES ($1, $2, $3)").await
+}
+
+/// PostgreSQL: the processed-set inserts of `events`, the first statement also moving the
+/// checkpoint to the last of them (never back); `checkpoint_row` is the source of the
+/// checkpoint row's `($1, $2, $3)`.
+async fn postgres_mark_and_advance(
+    conn: &mut sqlx::AnyConnection,
+    name: &str,
+    events: &[StoredEvent],
+    checkpoint_row: &str,
+) -> anyhow::Result<std::collections::HashSet<String>> {
+    let mut new = std::collections::HashSet::with_capacity(events.len());
+    let Some(last) = events.last() else { return Ok(new) };
+    for (i, chunk) in events.chunks(rows_per_statement(1)).enumerate() {
+        let values = (0..chunk.len()).map(|j| format!("($1, ${})", j + 4)).collect::<Vec<_>>().join(", ");
+        let advance = if i == 0 {
+            format!(
+                "WITH advanced AS (INSERT INTO projection_checkpoints (name, tx_id, position) {checkpoint_row}
+                   ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
+                    WHERE projection_checkpoints.tx_id < excluded.tx_id
+                       OR (projection_checkpoints.tx_id = excluded.tx_id AND projection_checkpoints.position < excluded.position)) "
+            )
+        } else {
+            String::new()
+        };
+        let sql = format!("{advance}INSERT INTO projection_processed (name, event_id) VALUES {values} ON CONFLICT DO NOTHING RETURNING event_id");
+        let mut query = sqlx::query(&sql).bind(name).bind(last.tx_id).bind(last.position);
+        for event in chunk {
+            query = query.bind(&event.event_id);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            new.insert(row.try_get::<String, _>(0)?);
+        }
+    }
+    Ok(new)
+}
+
 /// One transaction for a batch: the processed-set inserts (dedup by event id), the rows
 /// of the new events, then the checkpoint. Returns how many events were new.
 async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<&dyn Projection>) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
+    if projection.is_none() && db.kind() == crate::db::DbKind::Postgres {
+        // Nothing but the processed set and the checkpoint: one statement (for a batch of
+        // up to a hundred events), its own transaction, committed asynchronously like
+        // every consumer's (`Db::begin_consumer`).
+        let checkpoint_row = format!("SELECT $1, $2, $3 FROM {}", crate::db::ASYNC_COMMIT);
+        let fresh = if events.len() <= rows_per_statement(1) {
+            postgres_mark_and_advance(&mut *db.any().acquire().await?, name, events, &checkpoint_row).await?
+        } else {
+            let mut tx = db.begin_consumer().await?;
+            let fresh = mark_and_advance(&mut tx, name, events).await?;
+            tx.commit().await?;
+            fresh
+        };
+        db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+        return Ok(fresh.len());
+    }
     let turn = db.write_turn().await;
     let mut tx = db.begin_consumer().await?;
-    let fresh = mark_batch(&mut tx, name, events).await?;
+    let fresh = mark_and_advance(&mut tx, name, events).await?;
     if let Some(p) = projection
         && !fresh.is_empty()
     {
@@ -162,7 +225,6 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
             [] => format!("{name} cannot apply an empty batch"),
         })?;
     }
-    advance(&mut tx, name, last).await?;
     tx.commit().await?;
     drop(turn);
     db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));

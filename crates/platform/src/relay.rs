@@ -52,11 +52,15 @@ async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<Cursor> {
 /// only means events are published again, which JetStream drops by `Nats-Msg-Id`. This
 /// saves one fsync per relayed batch on the command path's disk.
 async fn save(db: &Db, name: &str, at: Cursor, dead: &[(&StoredEvent, String)]) -> anyhow::Result<()> {
-    let turn = db.write_turn().await;
-    let mut tx = db.any().begin().await?;
-    if db.kind() == DbKind::Postgres {
-        sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
+    const UPSERT: &str = "ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position";
+    if db.kind() == DbKind::Postgres && dead.is_empty() {
+        // One statement, its own transaction, which asks for the asynchronous commit itself.
+        let sql = format!("INSERT INTO relay_checkpoints (name, tx_id, position) SELECT $1, $2, $3 FROM {} {UPSERT}", crate::db::ASYNC_COMMIT);
+        sqlx::query(&sql).bind(name).bind(at.tx_id).bind(at.position).execute(db.any()).await?;
+        return Ok(());
     }
+    let turn = db.write_turn().await;
+    let mut tx = db.begin_consumer().await?;
     for (event, reason) in dead {
         sqlx::query("INSERT INTO relay_dead_letters (name, event_id, position, reason, recorded_at_ms) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING")
             .bind(name)
@@ -67,15 +71,12 @@ async fn save(db: &Db, name: &str, at: Cursor, dead: &[(&StoredEvent, String)]) 
             .execute(&mut *tx)
             .await?;
     }
-    sqlx::query(
-        "INSERT INTO relay_checkpoints (name, tx_id, position) VALUES ($1, $2, $3)
-         ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position",
-    )
-    .bind(name)
-    .bind(at.tx_id)
-    .bind(at.position)
-    .execute(&mut *tx)
-    .await?;
+    sqlx::query(&format!("INSERT INTO relay_checkpoints (name, tx_id, position) VALUES ($1, $2, $3) {UPSERT}"))
+        .bind(name)
+        .bind(at.tx_id)
+        .bind(at.position)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     drop(turn);
     Ok(())
@@ -100,13 +101,20 @@ pub struct Relayed {
     pub dead: usize,
     /// Committed events wait for an older transaction: pass again soon.
     pub held_back: bool,
+    /// The pass read everything committed so far (a short batch, nothing held back): the
+    /// next waits for the appended bell.
+    pub drained: bool,
+    /// Where the relay stands after the pass (its stored checkpoint).
+    pub cursor: Cursor,
 }
 
-/// Publishes one batch.
-pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggregate_types: &[&str]) -> anyhow::Result<Relayed> {
+/// Events the relay publishes at most per pass.
+const BATCH: i64 = 256;
+
+/// Publishes one batch after `from` (the relay's checkpoint).
+pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggregate_types: &[&str], from: Cursor) -> anyhow::Result<Relayed> {
     let name = format!("relay-{service}");
-    let from = checkpoint(db, &name).await?;
-    let batch = db.read(from, aggregate_types, 256).await?;
+    let batch = db.read(from, aggregate_types, BATCH).await?;
     let subject = atasira_contracts::subjects::events(service);
     let max_payload = js.client().max_payload();
     let mut dead = Vec::new();
@@ -124,14 +132,23 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
         let ack = js.publish_with_headers(subject.clone(), headers, bytes.into()).await.map_err(|e| anyhow::anyhow!("publish failed: {e}"))?;
         ack.await.map_err(|e| anyhow::anyhow!("JetStream did not acknowledge: {e}"))?;
     }
+    let mut cursor = from;
     if let Some(last) = batch.events.last() {
-        save(db, &name, Cursor::of(last), &dead).await?;
+        cursor = Cursor::of(last);
+        save(db, &name, cursor, &dead).await?;
     }
-    Ok(Relayed { published: batch.events.len() - dead.len(), dead: dead.len(), held_back: batch.held_back })
+    Ok(Relayed {
+        published: batch.events.len() - dead.len(),
+        dead: dead.len(),
+        held_back: batch.held_back,
+        drained: !batch.held_back && (batch.events.len() as i64) < BATCH,
+        cursor,
+    })
 }
 
 /// Runs the relay until shutdown, woken by the store's appended bell; failures (NATS down)
-/// are retried with a pause and no event is skipped.
+/// are retried with a pause and no event is skipped. The checkpoint is read from the store
+/// at the start and after a failure; in between the relay knows where it stands.
 pub async fn run(
     db: Db,
     js: jetstream::Context,
@@ -139,32 +156,49 @@ pub async fn run(
     aggregate_types: &'static [&'static str],
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
+    let name = format!("relay-{service}");
     let mut stream_ready = false;
     let mut bell = db.on_append();
+    let mut at: Option<Cursor> = None;
+    let mut drained: Option<u64> = None;
     loop {
         if *shutdown.borrow() {
             return;
         }
+        if let Some(seen) = drained.take() {
+            tokio::select! {
+                _ = tokio::time::timeout(FALLBACK, bell.wait_for(|a| a.of(aggregate_types) != seen)) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+        // Marked seen before reading: a commit after this point rings again.
         let seen = bell.borrow_and_update().of(aggregate_types);
         let result = async {
             if !stream_ready {
                 ensure_stream(&js).await?;
                 stream_ready = true;
             }
-            relay_once(&db, &js, service, aggregate_types).await
+            let from = match at {
+                Some(cursor) => cursor,
+                None => checkpoint(&db, &name).await?,
+            };
+            relay_once(&db, &js, service, aggregate_types, from).await
         }
         .await;
         let wait = match result {
-            Ok(r) if r.published + r.dead > 0 => continue,
-            Ok(r) if r.held_back => tokio::time::sleep(Duration::from_millis(2)),
-            Ok(_) => {
-                tokio::select! {
-                    _ = tokio::time::timeout(FALLBACK, bell.wait_for(|a| a.of(aggregate_types) != seen)) => {}
-                    _ = shutdown.changed() => return,
+            Ok(r) => {
+                at = Some(r.cursor);
+                if r.drained {
+                    drained = Some(seen);
+                    continue;
                 }
-                continue;
+                if !r.held_back || r.published + r.dead > 0 {
+                    continue;
+                }
+                tokio::time::sleep(Duration::from_millis(2))
             }
             Err(e) => {
+                at = None;
                 tracing::warn!(service, error = %e, "relay failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500))
             }

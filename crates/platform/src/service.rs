@@ -266,21 +266,24 @@ pub async fn record_security_violation(rt: &Runtime, service: &str, command: Sec
     use atasira_domain::aggregates::types;
     let id = uuid::Uuid::new_v4().to_string();
     let (metadata, retry) = (std::collections::HashMap::new(), crate::command::Retry::ONCE);
-    let aggregate_type = match service {
-        subjects::DRAFTS => crate::command::execute(&rt.db.cqrs::<DraftsSecurity>(), &id, command, metadata, retry).await.map(|()| types::DRAFTS_SECURITY),
+    let (committed, aggregate_type) = match service {
+        subjects::DRAFTS => crate::command::execute(&rt.db.cqrs::<DraftsSecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::DRAFTS_SECURITY)),
         subjects::APPROVAL => {
-            crate::command::execute(&rt.db.cqrs::<ApprovalSecurity>(), &id, command, metadata, retry).await.map(|()| types::APPROVAL_SECURITY)
+            crate::command::execute(&rt.db.cqrs::<ApprovalSecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::APPROVAL_SECURITY))
         }
         subjects::RUNTIME_REGISTRY => {
-            crate::command::execute(&rt.db.cqrs::<RegistrySecurity>(), &id, command, metadata, retry).await.map(|()| types::REGISTRY_SECURITY)
+            crate::command::execute(&rt.db.cqrs::<RegistrySecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::REGISTRY_SECURITY))
         }
-        subjects::AUDIT => crate::command::execute(&rt.db.cqrs::<AuditSecurity>(), &id, command, metadata, retry).await.map(|()| types::AUDIT_SECURITY),
+        subjects::AUDIT => crate::command::execute(&rt.db.cqrs::<AuditSecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::AUDIT_SECURITY)),
         subjects::PROVISIONER => {
-            crate::command::execute(&rt.db.cqrs::<ProvisionerSecurity>(), &id, command, metadata, retry).await.map(|()| types::PROVISIONER_SECURITY)
+            crate::command::execute(&rt.db.cqrs::<ProvisionerSecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::PROVISIONER_SECURITY))
         }
         other => Err(Refusal::internal(format!("the {other} process has no security aggregate to record in"))),
     }?;
-    let (event_id, position) = rt.db.last_event(aggregate_type, &id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
+    let (event_id, position) = match committed.last() {
+        Some(last) => last,
+        None => rt.db.last_event(aggregate_type, &id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?,
+    };
     Ok((position, event_id))
 }
 

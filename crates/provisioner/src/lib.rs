@@ -199,7 +199,7 @@ impl Service {
         let mut conflicts = 0;
         loop {
             match self.access.execute(&id, command.clone(), metadata.clone()).await {
-                Ok(()) => return Ok(()),
+                Ok(_) => return Ok(()),
                 Err(cqrs_es::AggregateError::AggregateConflict) if conflicts < 3 => conflicts += 1,
                 Err(e) => anyhow::bail!("cannot record the outcome of access {id}: {e}"),
             }

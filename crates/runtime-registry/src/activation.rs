@@ -98,7 +98,7 @@ async fn activate(registry: &Registry, approved: DraftEvent) -> anyhow::Result<(
     }
     let activate = BoxCommand::Activate { box_id: box_id.clone(), draft_id: draft_id.clone(), manifest: data.manifest, approval, at: *approved_at };
     match registry.boxes.execute(&box_id, activate, HashMap::new()).await {
-        Ok(()) => Ok(()),
+        Ok(_) => Ok(()),
         Err(cqrs_es::AggregateError::UserError(e)) if e.code().is_security_violation() => {
             record_violation(registry, Violation::InvalidToken, &token.claims.approver, draft_id, &e.to_string()).await?;
             release(registry, box_type, draft_id, "invalid approval token").await
@@ -140,5 +140,12 @@ async fn record_violation(registry: &Registry, violation: Violation, actor: &str
         reason: reason.to_owned(),
         at: chrono::Utc::now(),
     };
-    registry.rt.db.cqrs::<RegistrySecurity>().execute(&id, command, HashMap::new()).await.map_err(|e| anyhow::anyhow!("cannot record the violation: {e}"))
+    registry
+        .rt
+        .db
+        .cqrs::<RegistrySecurity>()
+        .execute(&id, command, HashMap::new())
+        .await
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("cannot record the violation: {e}"))
 }
