@@ -10,7 +10,7 @@ use std::time::Duration;
 use prost::Message as _;
 use tokio::sync::watch;
 
-use crate::db::{Appended, Cursor, Db, StoredEvent};
+use crate::db::{Appended, Cursor, Db, DbKind, StoredEvent};
 
 /// How feeds wait for events.
 #[derive(Debug, Clone)]
@@ -47,6 +47,10 @@ pub struct Feed {
     fallback: Duration,
     /// The pause before reading again while an older transaction holds events back.
     held_back_pause: Duration,
+    /// SQLite: the bell as it was before the last read, when that read returned every
+    /// event committed before it began (fewer than it may take). Until the bell changes,
+    /// another read would find nothing.
+    drained: Option<u64>,
 }
 
 impl std::fmt::Debug for Feed {
@@ -54,6 +58,9 @@ impl std::fmt::Debug for Feed {
         f.debug_struct("Feed").field("types", &self.types).field("cursor", &self.cursor).finish_non_exhaustive()
     }
 }
+
+/// The most events one read hands to a consumer.
+const BATCH: i64 = 256;
 
 /// The first pause while events are held back, doubled up to the last.
 const HELD_BACK_PAUSES: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(50));
@@ -65,19 +72,43 @@ impl FeedSource {
         if let Some(unknown) = aggregate_types.iter().find(|t| atasira_contracts::subjects::owner_of(t).is_none()) {
             anyhow::bail!("feed {name}: {unknown:?} is not an aggregate type");
         }
-        Ok(Feed { db: db.clone(), bell: db.on_append(), types: aggregate_types.to_vec(), cursor, fallback: self.fallback, held_back_pause: HELD_BACK_PAUSES.0 })
+        Ok(Feed {
+            db: db.clone(),
+            bell: db.on_append(),
+            types: aggregate_types.to_vec(),
+            cursor,
+            fallback: self.fallback,
+            held_back_pause: HELD_BACK_PAUSES.0,
+            drained: None,
+        })
     }
 }
 
 impl Feed {
     /// The next batch, or an empty one after waiting for the bell (or the fallback).
     pub async fn next(&mut self) -> anyhow::Result<Vec<Delivery>> {
+        if let Some(drained) = self.drained.take()
+            && self.bell.borrow().of(&self.types) == drained
+        {
+            // Nothing of these types was committed since the last read began: wait for
+            // the bell instead of reading nothing.
+            let types = &self.types;
+            let _ = tokio::time::timeout(self.fallback, self.bell.wait_for(|a| a.of(types) != drained)).await;
+            return Ok(vec![]);
+        }
         // Marked seen before reading: a commit after this point rings again.
         let seen = self.bell.borrow_and_update().of(&self.types);
-        let batch = self.db.read(self.cursor, &self.types, 256).await?;
+        let batch = self.db.read(self.cursor, &self.types, BATCH).await?;
         if let Some(last) = batch.events.last() {
             self.cursor = Cursor::of(last);
             self.held_back_pause = HELD_BACK_PAUSES.0;
+            // SQLite has one writer and rings the bell after each commit, so this read saw
+            // every commit before `seen`. (Not PostgreSQL: it holds back events of
+            // transactions younger than one still running, and that one's end may ring
+            // nothing.)
+            if self.db.kind() == DbKind::Sqlite && (batch.events.len() as i64) < BATCH {
+                self.drained = Some(seen);
+            }
             return Ok(batch.events.into_iter().map(|event| Delivery { event }).collect());
         }
         if batch.held_back {
