@@ -465,10 +465,6 @@ const COMMON_SCHEMA: &[&str] = &[
         recorded_at_ms BIGINT NOT NULL, PRIMARY KEY (name, event_id))",
 ];
 
-/// SQLite reads the store through a memory map of up to this size instead of a read call
-/// per page.
-const SQLITE_MMAP_BYTES: u64 = 256 << 20;
-
 /// Checkpoint tables of stores created before checkpoints were cursors.
 const CURSOR_COLUMNS: &[&str] = &["projection_checkpoints", "relay_checkpoints"];
 
@@ -496,16 +492,21 @@ impl Db {
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(Duration::from_secs(10))
-                .pragma("mmap_size", SQLITE_MMAP_BYTES.to_string())
                 .foreign_keys(true);
+            // One connection for commands: they write one at a time anyway (the writer's
+            // turn), and a connection keeps its page cache only while no other connection
+            // writes, so rotating through several would read the store afresh on each.
             let pool = SqlitePoolOptions::new()
-                .max_connections(4)
+                .max_connections(1)
                 .test_before_acquire(false)
                 .connect_with(options)
                 .await
                 .with_context(|| format!("failed to open {url}"))?;
-            // The same settings as the typed pool's: `synchronous` and `mmap_size` hold per
-            // connection (FULL, the default, would sync the disk on every projection commit).
+            // The same settings as the typed pool's: `synchronous` holds per connection
+            // (FULL, the default, would sync the disk on every projection commit). No memory
+            // map: a connection drops its map whenever another one committed, so under
+            // writes each read would map the file again (an unmap costs every core a TLB
+            // flush), more than the read calls it saves.
             let any = AnyPoolOptions::new()
                 .max_connections(4)
                 .test_before_acquire(false)
@@ -513,7 +514,6 @@ impl Db {
                     Box::pin(async move {
                         sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
                         sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
-                        sqlx::query(&format!("PRAGMA mmap_size = {SQLITE_MMAP_BYTES}")).execute(&mut *conn).await?;
                         Ok(())
                     })
                 })
