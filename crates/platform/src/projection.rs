@@ -361,6 +361,11 @@ async fn apply_page(db: &Db, projection: &dyn Projection, events: &[TextEvent], 
     let name = projection.name();
     let turn = db.write_turn().await;
     let mut tx = db.begin_consumer().await?;
+    if db.kind() == DbKind::Postgres {
+        // The view's tables fill up during a rebuild: a plan PostgreSQL cached for a
+        // statement while they were empty (a sequential scan) would stay for the rest.
+        sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(&mut *tx).await?;
+    }
     projection.apply_page(&mut tx, events).await.with_context(|| {
         let id = |e: &TextEvent| StoredEvent::event_id_of(&e.aggregate_type, &e.aggregate_id, e.sequence);
         format!("{name} cannot apply the events from {} to {}", events.first().map(id).unwrap_or_default(), events.last().map(id).unwrap_or_default())
