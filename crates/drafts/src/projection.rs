@@ -13,7 +13,7 @@ use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::aggregates::draft::{DraftEvent, DraftStatus};
 use atasira_domain::aggregates::types;
 use atasira_domain::os_operation::OverLimit;
-use atasira_platform::db::{Db, StoredEvent};
+use atasira_platform::db::{Db, EventRef, StoredEvent, TextEvent};
 use atasira_platform::projection::{Projection, placeholders, rows_per_statement, values_list};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -285,17 +285,17 @@ enum Change {
 }
 
 impl Change {
-    fn of(event: &StoredEvent) -> anyhow::Result<Option<Change>> {
+    fn of(event: EventRef<'_>) -> anyhow::Result<Option<Change>> {
         if event.aggregate_type == types::BOX {
-            return Ok(match BoxEvent::deserialize(&event.payload)? {
+            return Ok(match event.decode::<BoxEvent>()? {
                 BoxEvent::BoxActivated { box_id, draft_id, .. } => Some(Change::Activated { draft_id, box_id }),
                 _ => None,
             });
         }
-        let parsed = DraftEvent::deserialize(&event.payload)?;
+        let parsed: DraftEvent = event.decode()?;
         Ok(Some(match DraftRow::submitted(&parsed, event.position) {
             Some(row) => Change::Submitted(row),
-            None => Change::Later { id: event.aggregate_id.clone(), event: parsed },
+            None => Change::Later { id: event.aggregate_id.to_owned(), event: parsed },
         }))
     }
 
@@ -331,42 +331,56 @@ impl Projection for DraftsView {
         self.apply_batch(tx, std::slice::from_ref(event)).await
     }
 
-    /// Each draft's row is read once, takes the batch's events in order in memory, and is
-    /// written once.
     async fn apply_batch(&self, tx: &mut Transaction<'static, Any>, events: &[StoredEvent]) -> anyhow::Result<()> {
-        let mut changes = Vec::with_capacity(events.len());
-        for event in events {
-            changes.extend(Change::of(event)?);
-        }
-        let ids: Vec<&str> = changes.iter().map(Change::draft_id).collect::<BTreeSet<_>>().into_iter().collect();
-        let mut rows = load_all(tx, &ids).await?;
-        let mut changed = BTreeSet::new();
-        for change in changes {
-            match change {
-                // A redelivered submission leaves the row as it is.
-                Change::Submitted(new) => {
-                    if !rows.contains_key(&new.draft_id) {
-                        changed.insert(new.draft_id.clone());
-                        rows.insert(new.draft_id.clone(), new);
-                    }
+        apply_changes(tx, changes(events.iter().map(StoredEvent::as_event))?).await
+    }
+
+    /// A rebuild's page, decoded from the stored text.
+    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
+        apply_changes(tx, changes(events.iter().map(TextEvent::as_event))?).await
+    }
+}
+
+/// What `events` do to the view, in order.
+fn changes<'a>(events: impl Iterator<Item = EventRef<'a>>) -> anyhow::Result<Vec<Change>> {
+    let mut changes = Vec::with_capacity(events.size_hint().0);
+    for event in events {
+        changes.extend(Change::of(event)?);
+    }
+    Ok(changes)
+}
+
+/// Each draft's row is read once, takes the batch's changes in order in memory, and is
+/// written once.
+async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>) -> anyhow::Result<()> {
+    let ids: Vec<&str> = changes.iter().map(Change::draft_id).collect::<BTreeSet<_>>().into_iter().collect();
+    let mut rows = load_all(tx, &ids).await?;
+    let mut changed = BTreeSet::new();
+    for change in changes {
+        match change {
+            // A redelivered submission leaves the row as it is.
+            Change::Submitted(new) => {
+                if !rows.contains_key(&new.draft_id) {
+                    changed.insert(new.draft_id.clone());
+                    rows.insert(new.draft_id.clone(), new);
                 }
-                Change::Later { id, event } => {
-                    if let Some(row) = rows.get_mut(&id) {
-                        row.apply(&event);
-                        changed.insert(id);
-                    }
+            }
+            Change::Later { id, event } => {
+                if let Some(row) = rows.get_mut(&id) {
+                    row.apply(&event);
+                    changed.insert(id);
                 }
-                Change::Activated { draft_id, box_id } => {
-                    if let Some(row) = rows.get_mut(&draft_id) {
-                        row.activated(&box_id);
-                        changed.insert(draft_id);
-                    }
+            }
+            Change::Activated { draft_id, box_id } => {
+                if let Some(row) = rows.get_mut(&draft_id) {
+                    row.activated(&box_id);
+                    changed.insert(draft_id);
                 }
             }
         }
-        let changed: Vec<&DraftRow> = changed.iter().filter_map(|id| rows.get(id)).collect();
-        save_all(tx, &changed).await
     }
+    let changed: Vec<&DraftRow> = changed.iter().filter_map(|id| rows.get(id)).collect();
+    save_all(tx, &changed).await
 }
 
 /// Rows in submission order after position `after`, filtered by status and/or requester,

@@ -366,6 +366,91 @@ impl StoredEvent {
     pub fn event_id_of(aggregate_type: &str, aggregate_id: &str, sequence: i64) -> String {
         format!("{aggregate_type}/{aggregate_id}/{sequence}")
     }
+
+    /// The event as a projection applies it.
+    pub fn as_event(&self) -> EventRef<'_> {
+        EventRef { aggregate_type: &self.aggregate_type, aggregate_id: &self.aggregate_id, position: self.position, payload: Payload::Parsed(&self.payload) }
+    }
+}
+
+/// One stored event as a rebuild reads it ([`Db::read_text`]): a [`StoredEvent`] whose
+/// payload and metadata are still the stored JSON text, so that a projection decodes the
+/// payload straight into its own event type instead of through a `serde_json::Value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextEvent {
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub sequence: i64,
+    pub position: i64,
+    pub tx_id: i64,
+    pub event_type: String,
+    pub event_version: String,
+    pub payload: String,
+    pub metadata: String,
+    pub recorded_at_ms: i64,
+}
+
+impl TextEvent {
+    /// The event as a projection applies it.
+    pub fn as_event(&self) -> EventRef<'_> {
+        EventRef { aggregate_type: &self.aggregate_type, aggregate_id: &self.aggregate_id, position: self.position, payload: Payload::Text(&self.payload) }
+    }
+
+    /// Right after this event.
+    pub fn cursor(&self) -> Cursor {
+        Cursor { tx_id: self.tx_id, position: self.position }
+    }
+
+    /// The [`StoredEvent`], payload and metadata parsed.
+    pub fn to_stored(&self) -> anyhow::Result<StoredEvent> {
+        Ok(StoredEvent {
+            event_id: StoredEvent::event_id_of(&self.aggregate_type, &self.aggregate_id, self.sequence),
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            sequence: self.sequence,
+            position: self.position,
+            tx_id: self.tx_id,
+            event_type: self.event_type.clone(),
+            event_version: self.event_version.clone(),
+            payload: serde_json::from_str(&self.payload)?,
+            metadata: serde_json::from_str(&self.metadata)?,
+            recorded_at_ms: self.recorded_at_ms,
+        })
+    }
+}
+
+/// An event as a projection applies it, whichever way it was read ([`StoredEvent`] or
+/// [`TextEvent`]): its stream, its place, and its payload, decoded into the projection's
+/// own event type.
+#[derive(Debug, Clone, Copy)]
+pub struct EventRef<'a> {
+    pub aggregate_type: &'a str,
+    pub aggregate_id: &'a str,
+    pub position: i64,
+    payload: Payload<'a>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Payload<'a> {
+    Parsed(&'a serde_json::Value),
+    Text(&'a str),
+}
+
+impl EventRef<'_> {
+    /// The payload as a `T` (the same value from the text as from the parsed payload).
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
+        match self.payload {
+            Payload::Parsed(value) => T::deserialize(value),
+            Payload::Text(text) => serde_json::from_str(text),
+        }
+    }
+}
+
+/// One read of the store as text ([`Db::read_text`]); see [`Batch`].
+#[derive(Debug, Default)]
+pub struct TextBatch {
+    pub events: Vec<TextEvent>,
+    pub held_back: bool,
 }
 
 const SQLITE_SCHEMA: &[&str] = &[
@@ -831,6 +916,55 @@ impl Db {
         }
     }
 
+    /// [`Db::read`] for a rebuild, which reads the whole store: the same events, read
+    /// through the typed pool, payloads left as text ([`TextEvent`]).
+    pub async fn read_text(&self, after: Cursor, aggregate_types: &[&str], limit: i64) -> anyhow::Result<TextBatch> {
+        let sql = self.read_sql(aggregate_types);
+        let events = match &self.typed {
+            Typed::Sqlite(pool) => {
+                let rows = sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(pool).await?;
+                rows.iter().map(text_event).collect::<anyhow::Result<Vec<_>>>()?
+            }
+            Typed::Postgres(pool) => {
+                let rows = sqlx::query(&sql).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(pool).await?;
+                rows.iter().map(text_event).collect::<anyhow::Result<Vec<_>>>()?
+            }
+        };
+        let held_back = events.is_empty() && self.held_back(aggregate_types).await?;
+        Ok(TextBatch { events, held_back })
+    }
+
+    /// The statement of [`Db::read`]: binds the cursor (SQLite its position, PostgreSQL
+    /// `tx_id` then position) and the limit.
+    fn read_sql(&self, aggregate_types: &[&str]) -> String {
+        let types = types_clause(aggregate_types);
+        match self.kind() {
+            DbKind::Sqlite => format!(
+                "SELECT aggregate_type, aggregate_id, sequence, rowid, event_type, event_version, payload, metadata, recorded_at_ms, 0
+                   FROM events WHERE {} ORDER BY rowid",
+                sqlite_after(&types)
+            ),
+            DbKind::Postgres => format!(
+                "SELECT aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT),
+                        CAST(metadata AS TEXT), recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT)
+                   FROM events
+                  WHERE (tx_id, global_position) > (CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8), CAST($2 AS BIGINT))
+                    AND tx_id < pg_snapshot_xmin(pg_current_snapshot()){types}
+                  ORDER BY events.tx_id, events.global_position LIMIT $3"
+            ),
+        }
+    }
+
+    /// PostgreSQL: whether committed events of these types wait for an older transaction
+    /// still in flight (see [`Db::read`]); SQLite: never.
+    async fn held_back(&self, aggregate_types: &[&str]) -> anyhow::Result<bool> {
+        if self.kind() != DbKind::Postgres {
+            return Ok(false);
+        }
+        let sql = format!("SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){})", types_clause(aggregate_types));
+        Ok(sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<bool, _>(0)?)
+    }
+
     /// One aggregate's history: the events of stream `(aggregate_type, aggregate_id)` and of
     /// every stream of `child_type` whose id starts with `<aggregate_id>/` (its satellites,
     /// such as a Box's `access` streams), in commit order after `after` (see [`Cursor`]),
@@ -996,6 +1130,27 @@ async fn expect_tables(conn: &mut sqlx::AnyConnection, statements: &[&str]) -> a
          that owns the schema first",
         missing.join(", ")
     )
+}
+
+/// A row of [`Db::read_sql`] from a typed pool.
+fn text_event<R: Row>(row: &R) -> anyhow::Result<TextEvent>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(TextEvent {
+        aggregate_type: row.try_get(0)?,
+        aggregate_id: row.try_get(1)?,
+        sequence: row.try_get(2)?,
+        position: row.try_get(3)?,
+        event_type: row.try_get(4)?,
+        event_version: row.try_get(5)?,
+        payload: row.try_get(6)?,
+        metadata: row.try_get(7)?,
+        recorded_at_ms: row.try_get(8)?,
+        tx_id: row.try_get(9)?,
+    })
 }
 
 fn row_to_event(row: &AnyRow) -> anyhow::Result<StoredEvent> {

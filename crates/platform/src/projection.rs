@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sqlx::{Any, Row, Transaction};
 
-use crate::db::{Cursor, Db, StoredEvent};
+use crate::db::{Cursor, Db, DbKind, StoredEvent, TextEvent};
 use crate::feed::FeedSource;
 
 #[async_trait::async_trait]
@@ -33,7 +33,18 @@ pub trait Projection: Send + Sync + 'static {
         }
         Ok(())
     }
+    /// Applies a page of a rebuild, the events as stored text ([`TextEvent`]), in order,
+    /// inside the rebuild's transaction: the same effect as [`Projection::apply_batch`] on
+    /// the same events (by default it parses them and calls it). A projection overrides it
+    /// to decode the payloads straight into its own event types.
+    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
+        let events = events.iter().map(TextEvent::to_stored).collect::<anyhow::Result<Vec<_>>>()?;
+        self.apply_batch(tx, &events).await
+    }
 }
+
+/// Events a rebuild reads and applies at a time, one transaction each.
+pub const REBUILD_PAGE: i64 = 5000;
 
 /// Parameters per statement when a batch's rows are written (or looked up) together: far
 /// below the databases' bind limits, and short, since SQLite finds each parameter by a
@@ -85,6 +96,11 @@ pub async fn cursor(db: &Db, name: &str) -> anyhow::Result<Cursor> {
 /// Moves consumer `name`'s checkpoint forward to `event` (never back), inside the
 /// transaction that made the event's effect.
 pub async fn advance(tx: &mut Transaction<'static, Any>, name: &str, event: &StoredEvent) -> anyhow::Result<()> {
+    advance_to(tx, name, Cursor::of(event)).await
+}
+
+/// Moves consumer `name`'s checkpoint forward to `cursor` (never back).
+async fn advance_to(tx: &mut Transaction<'static, Any>, name: &str, cursor: Cursor) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO projection_checkpoints (name, tx_id, position) VALUES ($1, $2, $3)
          ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
@@ -92,8 +108,8 @@ pub async fn advance(tx: &mut Transaction<'static, Any>, name: &str, event: &Sto
              OR (projection_checkpoints.tx_id = excluded.tx_id AND projection_checkpoints.position < excluded.position)",
     )
     .bind(name)
-    .bind(event.tx_id)
-    .bind(event.position)
+    .bind(cursor.tx_id)
+    .bind(cursor.position)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -111,8 +127,12 @@ pub async fn mark(tx: &mut Transaction<'static, Any>, name: &str, event: &Stored
     Ok(inserted == 1)
 }
 
-/// Applies one event unless it was applied before; returns whether it was new.
+/// Applies one event unless it was applied before (see [`processed`]); returns whether it
+/// was new.
 pub async fn apply_one(db: &Db, projection: &dyn Projection, event: &StoredEvent) -> anyhow::Result<bool> {
+    if Cursor::of(event) <= cursor(db, projection.name()).await? {
+        return Ok(false);
+    }
     Ok(record(db, projection.name(), std::slice::from_ref(event), Some(projection)).await? == 1)
 }
 
@@ -349,31 +369,98 @@ pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, shu
 
 /// Drops a projection's rows and rebuilds it from the whole event store (R-ARCH-5).
 pub async fn rebuild(db: &Db, projection: &dyn Projection) -> anyhow::Result<u64> {
+    rebuild_in_pages(db, projection, REBUILD_PAGE).await
+}
+
+/// [`rebuild`], `page` events a transaction: the projection applies each page in memory
+/// ([`Projection::apply_page`]) and the checkpoint moves to its last event. The processed
+/// set stays empty: after a rebuild the cursor alone says what was applied (every event
+/// of the projection's types up to it, see [`processed`]).
+pub async fn rebuild_in_pages(db: &Db, projection: &dyn Projection, page: i64) -> anyhow::Result<u64> {
+    let name = projection.name();
     prepare(db, projection).await?;
     let turn = db.write_turn().await;
     let mut tx = db.any().begin().await?;
     for table in projection.table_names() {
         sqlx::query(&format!("DELETE FROM {table}")).execute(&mut *tx).await?;
     }
-    sqlx::query("DELETE FROM projection_processed WHERE name = $1").bind(projection.name()).execute(&mut *tx).await?;
-    sqlx::query("DELETE FROM projection_checkpoints WHERE name = $1").bind(projection.name()).execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM projection_processed WHERE name = $1").bind(name).execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM projection_checkpoints WHERE name = $1").bind(name).execute(&mut *tx).await?;
     tx.commit().await?;
     drop(turn);
-    let mut at = Cursor::START;
-    let mut applied = 0;
+    // The next page is read (on another thread, through the typed pool's connection) while
+    // this one is applied.
+    let types = projection.aggregate_types();
+    let read = |at: Cursor| {
+        let db = db.clone();
+        tokio::spawn(async move { db.read_text(at, types, page.max(1)).await })
+    };
+    let (mut at, mut next, mut applied) = (Cursor::START, read(Cursor::START), 0);
     loop {
-        let batch = db.read(at, projection.aggregate_types(), 1000).await?;
+        let batch = next.await.context("a rebuild's read of the store stopped")??;
         let Some(last) = batch.events.last() else {
             if batch.held_back {
                 tokio::time::sleep(Duration::from_millis(5)).await;
+                next = read(at);
                 continue;
             }
             break;
         };
-        at = Cursor::of(last);
-        applied += record(db, projection.name(), &batch.events, Some(projection)).await?;
+        at = last.cursor();
+        next = read(at);
+        let result = apply_page(db, projection, &batch.events, at).await;
+        if result.is_err() {
+            next.abort();
+        }
+        result?;
+        applied += batch.events.len() as u64;
     }
-    Ok(applied as u64)
+    Ok(applied)
+}
+
+/// One page of a rebuild in one transaction: the projection's rows, then its checkpoint.
+async fn apply_page(db: &Db, projection: &dyn Projection, events: &[TextEvent], at: Cursor) -> anyhow::Result<()> {
+    let name = projection.name();
+    let turn = db.write_turn().await;
+    let mut tx = db.begin_consumer().await?;
+    if db.kind() == DbKind::Postgres {
+        // The view's tables fill up during a rebuild: a plan PostgreSQL cached for a
+        // statement while they were empty (a sequential scan) would stay for the rest.
+        sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(&mut *tx).await?;
+    }
+    projection.apply_page(&mut tx, events).await.with_context(|| {
+        let id = |e: &TextEvent| StoredEvent::event_id_of(&e.aggregate_type, &e.aggregate_id, e.sequence);
+        format!("{name} cannot apply the events from {} to {}", events.first().map(id).unwrap_or_default(), events.last().map(id).unwrap_or_default())
+    })?;
+    advance_to(&mut tx, name, at).await?;
+    tx.commit().await?;
+    drop(turn);
+    db.progressed_to(name, at, std::iter::empty());
+    Ok(())
+}
+
+/// Whether consumer `name` processed event `event_id`: the event is in its processed set,
+/// or at or behind its cursor. A consumer reads its types in commit order, so everything
+/// of them up to its cursor was applied; a rebuild records only the cursor.
+pub async fn processed(db: &Db, name: &str, event_id: &str) -> anyhow::Result<bool> {
+    // `<aggregate_type>/<aggregate_id>/<sequence>`; an aggregate id may hold `/`.
+    let stream = event_id.split_once('/').and_then(|(t, rest)| rest.rsplit_once('/').map(|(id, seq)| (t, id, seq.parse::<i64>())));
+    let Some((aggregate_type, aggregate_id, Ok(sequence))) = stream else {
+        let row =
+            sqlx::query("SELECT 1 FROM projection_processed WHERE name = $1 AND event_id = $2").bind(name).bind(event_id).fetch_optional(db.any()).await?;
+        return Ok(row.is_some());
+    };
+    let behind = match db.kind() {
+        DbKind::Sqlite => "e.rowid <= c.position",
+        DbKind::Postgres => "(e.tx_id, e.global_position) <= (CAST(CAST(c.tx_id AS TEXT) AS xid8), c.position)",
+    };
+    let sql = format!(
+        "SELECT 1 WHERE EXISTS (SELECT 1 FROM projection_processed WHERE name = $1 AND event_id = $2)
+            OR EXISTS (SELECT 1 FROM events e JOIN projection_checkpoints c ON c.name = $1
+                        WHERE e.aggregate_type = $3 AND e.aggregate_id = $4 AND e.sequence = $5 AND {behind})"
+    );
+    let row = sqlx::query(&sql).bind(name).bind(event_id).bind(aggregate_type).bind(aggregate_id).bind(sequence).fetch_optional(db.any()).await?;
+    Ok(row.is_some())
 }
 
 /// R-BOX-9: waits until every projection in `names` has applied `position`, at most
@@ -419,13 +506,7 @@ pub async fn wait_for_events(
                     Look::Rung => false,
                     Look::SafetyNet => true,
                 };
-                let done = ask_the_store
-                    && sqlx::query("SELECT 1 FROM projection_processed WHERE name = $1 AND event_id = $2")
-                        .bind(*name)
-                        .bind(id)
-                        .fetch_optional(db.any())
-                        .await?
-                        .is_some();
+                let done = ask_the_store && processed(db, name, id).await?;
                 if !done {
                     lagging.push((*name).to_owned());
                     break;

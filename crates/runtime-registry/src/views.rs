@@ -10,7 +10,7 @@ use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxEvent, BoxRole, BoxState};
 use atasira_domain::aggregates::types;
-use atasira_platform::db::{Db, StoredEvent};
+use atasira_platform::db::{Db, EventRef, StoredEvent, TextEvent};
 use atasira_platform::projection::{Projection, placeholders, rows_per_statement, values_list};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -222,16 +222,16 @@ enum Change {
 }
 
 impl Change {
-    fn of(event: &StoredEvent) -> anyhow::Result<Change> {
+    fn of(event: EventRef<'_>) -> anyhow::Result<Change> {
         if event.aggregate_type == types::ACCESS {
-            let outcome = AccessEvent::deserialize(&event.payload)?;
+            let outcome: AccessEvent = event.decode()?;
             let (AccessEvent::AccessProvisioned { box_id, .. } | AccessEvent::AccessProvisionFailed { box_id, .. }) = &outcome;
             return Ok(Change::Provisioned { box_id: box_id.clone(), event: outcome });
         }
-        let parsed = BoxEvent::deserialize(&event.payload)?;
+        let parsed: BoxEvent = event.decode()?;
         Ok(match BoxRow::activated(&parsed, event.position) {
             Some(row) => Change::Activated(Box::new(row)),
-            None => Change::Later { id: event.aggregate_id.clone(), event: parsed },
+            None => Change::Later { id: event.aggregate_id.to_owned(), event: parsed },
         })
     }
 
@@ -278,39 +278,49 @@ impl Projection for BoxesView {
         self.apply_batch(tx, std::slice::from_ref(event)).await
     }
 
-    /// Each Box's row is read once, takes the batch's events in order in memory, and is
-    /// written once.
     async fn apply_batch(&self, tx: &mut Transaction<'static, Any>, events: &[StoredEvent]) -> anyhow::Result<()> {
-        let changes = events.iter().map(Change::of).collect::<anyhow::Result<Vec<_>>>()?;
-        let ids: Vec<&str> = changes.iter().map(Change::box_id).collect::<BTreeSet<_>>().into_iter().collect();
-        let mut rows = load_all(tx, &ids).await?;
-        let mut changed = BTreeSet::new();
-        for change in changes {
-            match change {
-                // A redelivered activation leaves the row as it is.
-                Change::Activated(new) => {
-                    if !rows.contains_key(&new.box_id) {
-                        changed.insert(new.box_id.clone());
-                        rows.insert(new.box_id.clone(), *new);
-                    }
+        let changes = events.iter().map(|e| Change::of(e.as_event())).collect::<anyhow::Result<Vec<_>>>()?;
+        apply_changes(tx, changes).await
+    }
+
+    /// A rebuild's page, decoded from the stored text.
+    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
+        let changes = events.iter().map(|e| Change::of(e.as_event())).collect::<anyhow::Result<Vec<_>>>()?;
+        apply_changes(tx, changes).await
+    }
+}
+
+/// Each Box's row is read once, takes the batch's changes in order in memory, and is
+/// written once.
+async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>) -> anyhow::Result<()> {
+    let ids: Vec<&str> = changes.iter().map(Change::box_id).collect::<BTreeSet<_>>().into_iter().collect();
+    let mut rows = load_all(tx, &ids).await?;
+    let mut changed = BTreeSet::new();
+    for change in changes {
+        match change {
+            // A redelivered activation leaves the row as it is.
+            Change::Activated(new) => {
+                if !rows.contains_key(&new.box_id) {
+                    changed.insert(new.box_id.clone());
+                    rows.insert(new.box_id.clone(), *new);
                 }
-                Change::Later { id, event } => {
-                    if let Some(row) = rows.get_mut(&id) {
-                        row.apply(&event);
-                        changed.insert(id);
-                    }
+            }
+            Change::Later { id, event } => {
+                if let Some(row) = rows.get_mut(&id) {
+                    row.apply(&event);
+                    changed.insert(id);
                 }
-                Change::Provisioned { box_id, event } => {
-                    if let Some(row) = rows.get_mut(&box_id) {
-                        row.provisioned(&event);
-                        changed.insert(box_id);
-                    }
+            }
+            Change::Provisioned { box_id, event } => {
+                if let Some(row) = rows.get_mut(&box_id) {
+                    row.provisioned(&event);
+                    changed.insert(box_id);
                 }
             }
         }
-        let changed: Vec<&BoxRow> = changed.iter().filter_map(|id| rows.get(id)).collect();
-        save_all(tx, &changed).await
     }
+    let changed: Vec<&BoxRow> = changed.iter().filter_map(|id| rows.get(id)).collect();
+    save_all(tx, &changed).await
 }
 
 /// R-BOX-5: active Boxes (not stopped or archived), one per box_type.
