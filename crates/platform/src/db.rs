@@ -402,18 +402,18 @@ impl TextEvent {
     }
 
     /// The [`StoredEvent`], payload and metadata parsed.
-    pub fn to_stored(&self) -> anyhow::Result<StoredEvent> {
+    pub fn into_stored(self) -> anyhow::Result<StoredEvent> {
         Ok(StoredEvent {
             event_id: StoredEvent::event_id_of(&self.aggregate_type, &self.aggregate_id, self.sequence),
-            aggregate_type: self.aggregate_type.clone(),
-            aggregate_id: self.aggregate_id.clone(),
+            payload: serde_json::from_str(&self.payload)?,
+            metadata: serde_json::from_str(&self.metadata)?,
+            aggregate_type: self.aggregate_type,
+            aggregate_id: self.aggregate_id,
             sequence: self.sequence,
             position: self.position,
             tx_id: self.tx_id,
-            event_type: self.event_type.clone(),
-            event_version: self.event_version.clone(),
-            payload: serde_json::from_str(&self.payload)?,
-            metadata: serde_json::from_str(&self.metadata)?,
+            event_type: self.event_type,
+            event_version: self.event_version,
             recorded_at_ms: self.recorded_at_ms,
         })
     }
@@ -1132,7 +1132,7 @@ async fn expect_tables(conn: &mut sqlx::AnyConnection, statements: &[&str]) -> a
     )
 }
 
-/// A row of [`Db::read_sql`] from a typed pool.
+/// A row of the store's event statements (the columns of [`Db::read_sql`]).
 fn text_event<R: Row>(row: &R) -> anyhow::Result<TextEvent>
 where
     usize: sqlx::ColumnIndex<R>,
@@ -1153,25 +1153,9 @@ where
     })
 }
 
+/// A row of the store's event statements, through the Any pool.
 fn row_to_event(row: &AnyRow) -> anyhow::Result<StoredEvent> {
-    let aggregate_type: String = row.try_get(0)?;
-    let aggregate_id: String = row.try_get(1)?;
-    let sequence: i64 = row.try_get(2)?;
-    let payload: String = row.try_get(6)?;
-    let metadata: String = row.try_get(7)?;
-    Ok(StoredEvent {
-        event_id: StoredEvent::event_id_of(&aggregate_type, &aggregate_id, sequence),
-        aggregate_type,
-        aggregate_id,
-        sequence,
-        position: row.try_get(3)?,
-        tx_id: row.try_get(9)?,
-        event_type: row.try_get(4)?,
-        event_version: row.try_get(5)?,
-        payload: serde_json::from_str(&payload)?,
-        metadata: serde_json::from_str(&metadata)?,
-        recorded_at_ms: row.try_get(8)?,
-    })
+    text_event(row)?.into_stored()
 }
 
 /// Hides a password in a database URL for messages.

@@ -38,7 +38,7 @@ pub trait Projection: Send + Sync + 'static {
     /// the same events (by default it parses them and calls it). A projection overrides it
     /// to decode the payloads straight into its own event types.
     async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
-        let events = events.iter().map(TextEvent::to_stored).collect::<anyhow::Result<Vec<_>>>()?;
+        let events = events.iter().cloned().map(TextEvent::into_stored).collect::<anyhow::Result<Vec<_>>>()?;
         self.apply_batch(tx, &events).await
     }
 }
