@@ -419,10 +419,14 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
         ask(&bus, &assertion_keys, None, &v1::WaitForPosition { position, timeout_ms: 5000, event_ids: vec![] }).await.expect("waited");
     assert_eq!(waited.lagging, Vec::<String>::new());
     // and an admin pages the ledger
-    let page: v1::AuditPage =
-        ask(&bus, &assertion_keys, Some(alice()), &v1::QueryAudit { action: String::new(), target: "d1".into(), since: None, limit: 0, after: 0 })
-            .await
-            .expect("page");
+    let page: v1::AuditPage = ask(
+        &bus,
+        &assertion_keys,
+        Some(alice()),
+        &v1::QueryAudit { action: String::new(), target: "d1".into(), since: None, limit: 0, after: 0, event_id: String::new() },
+    )
+    .await
+    .expect("page");
     let got: Vec<serde_json::Value> = page.rows.iter().map(|r| json!(atasira_contracts::convert::ledger_row_from_wire(r).expect("row"))).collect();
     assert_eq!(got.iter().map(|r| r["action"].clone()).collect::<Vec<_>>(), vec![json!("box_draft.create"), json!("box_draft.approve")]);
     for field in ["seq", "time", "action", "actor", "target", "event_id", "payload_digest", "key_id", "mac"] {

@@ -40,6 +40,8 @@ named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxL
 named!(EditBoxManifest, EditBoxConfig);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
+named!(SyncBundle, BundleSynced, PrepareBinding, BindingLease, ConsumeBinding, CreateWorker, WorkerReply, GetWorker, ListBoxWorkers, WorkerPage);
+named!(GetWorkerProvenance, WorkerProvenance);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

@@ -72,6 +72,11 @@ requests!(
         Feasibility(AssessFeasibility),
         EditManifest(EditBoxManifest),
         EditConfig(EditBoxConfig),
+        SyncBundle(SyncBundle),
+        CreateWorker(CreateWorker),
+        GetWorker(GetWorker),
+        ListWorkers(ListBoxWorkers),
+        Provenance(GetWorkerProvenance),
     }
 );
 
@@ -84,7 +89,15 @@ requests!(
 );
 
 requests!(
-    /// The provisioner and the gateway answer nothing over NATS but read-your-writes waits.
+    /// What the provisioner (the execution host side) answers.
+    ProvisionerRequest for crate::subjects::PROVISIONER => {
+        PrepareBinding(PrepareBinding),
+        ConsumeBinding(ConsumeBinding),
+    }
+);
+
+requests!(
+    /// The gateway answers nothing over NATS but read-your-writes waits.
     WaitOnly for "a process without requests of its own" => {}
 );
 

@@ -45,6 +45,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     // ReserveBoxType, ReleaseReservation, AwaitActivation. Nobody asks approval for its
     // keys: it publishes them as events in the store.
     (APPROVAL, RUNTIME_REGISTRY),
+    // ConsumeBinding: CreateWorker claims the execution binding it was handed.
+    (RUNTIME_REGISTRY, PROVISIONER),
 ];
 
 /// The services a NATS publisher (a person or an agent with a PAT) may address, and
@@ -227,11 +229,11 @@ pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
     use atasira_domain::aggregates::types;
     Some(match aggregate_type {
         types::DRAFT | types::DRAFTS_SECURITY => DRAFTS,
-        types::BOX | types::BOX_TYPE_NAMESPACE | types::REGISTRY_SECURITY => RUNTIME_REGISTRY,
+        types::BOX | types::BOX_TYPE_NAMESPACE | types::REGISTRY_SECURITY | types::WORKER | types::CONFIG_BUNDLE => RUNTIME_REGISTRY,
         // Token events are appended by the gateway and the operator CLI (the token table is
         // the gateway's), and published by the audit service: the gateway has no JetStream.
         types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT => AUDIT,
-        types::ACCESS | types::PROVISIONER_SECURITY => PROVISIONER,
+        types::ACCESS | types::PROVISIONER_SECURITY | types::EXECUTION_BINDING => PROVISIONER,
         types::APPROVAL_KEYS | types::APPROVAL_SECURITY => APPROVAL,
         _ => return None,
     })
@@ -329,7 +331,7 @@ mod tests {
         for (from, to) in ROUTES {
             assert!(permissions(to).may_publish(&format!("{}.ab.1", inbox_prefix(from))), "{to} answers {from}");
         }
-        assert!(publishers("_INBOX.runtime-registry.ab.1").is_empty(), "the registry asks nobody anything");
+        assert_eq!(publishers("_INBOX.runtime-registry.ab.1"), [PROVISIONER], "the registry asks only the provisioner (to claim a binding)");
         assert_eq!(publishers("_INBOX.approval.ab.1"), [RUNTIME_REGISTRY]);
         assert!(publishers("_INBOX.drafts.ab.1").is_empty(), "drafts asks nobody anything");
         assert_eq!(publishers(&format!("{}.ab.1", client_inbox(HASH))), IDENTITIES, "every process answers an admin's discovery");

@@ -252,8 +252,8 @@ pub fn payload_digest(payload_json: &[u8]) -> String {
 /// (namespace bookkeeping, the ledger's own checkpoints, anything unknown).
 ///
 /// The aggregate type must match the event's owner, so an event name reused by another
-/// aggregate is not mistaken for an auditable one. `WorkerCreated` has no aggregate yet;
-/// it is accepted from any aggregate type but `audit_ledger`.
+/// aggregate is not mistaken for an auditable one. A refused Worker launch has its own
+/// action, so a filter on `worker.create` shows the Workers made.
 pub fn action_of(aggregate_type: &str, event_type: &str) -> Option<&'static str> {
     let action = match (aggregate_type, event_type) {
         ("draft", "DraftSubmitted") => "box_draft.create",
@@ -274,7 +274,12 @@ pub fn action_of(aggregate_type: &str, event_type: &str) -> Option<&'static str>
         (t, "SecurityViolation") if crate::aggregates::types::SECURITY.contains(&t) => "security_violation",
         ("pat", "TokenIssued") => "token.issue",
         ("pat", "TokenRevoked") => "token.revoke",
-        (t, "WorkerCreated") if t != "audit_ledger" => "worker.create",
+        ("worker", "WorkerCreated") => "worker.create",
+        ("worker", "WorkerLaunchRefused") => "worker.create_refused",
+        ("config_bundle", "ConfigBundleSynced") => "bundle.sync",
+        ("execution_binding", "BindingPrepared") => "binding.prepare",
+        ("execution_binding", "BindingConsumed") => "binding.consume",
+        ("execution_binding", "BindingExpired") => "binding.expire",
         _ => return None,
     };
     Some(action)
@@ -308,6 +313,11 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
         "TokenIssued" => (&[&["issued_by"]], &[&["token_id"]]),
         "TokenRevoked" => (&[&["revoked_by"]], &[&["token_id"]]),
         "WorkerCreated" => (&[&["created_by"], &["created_by", "user_id"], &["by"]], &[&["worker_id"], &["box_id"]]),
+        "WorkerLaunchRefused" => (&[&["by"]], &[&["box_id"]]),
+        "ConfigBundleSynced" => (&[&["by"]], &[&["box_id"]]),
+        "BindingPrepared" => (&[&["prepared_by"]], &[&["box_id"]]),
+        "BindingConsumed" => (&[&["by"]], &[&["box_id"]]),
+        "BindingExpired" => (&[], &[&["box_id"]]),
         _ => (&[&["by"], &["actor"]], &[&["target"]]),
     };
     let actor = actor_paths.iter().find_map(|p| text(p)).unwrap_or_else(|| "system".to_owned());
@@ -673,6 +683,12 @@ mod tests {
             ("pat", "TokenRevoked", Some("token.revoke")),
             ("draft", "TokenRevoked", None),
             ("worker", "WorkerCreated", Some("worker.create")),
+            ("worker", "WorkerLaunchRefused", Some("worker.create_refused")),
+            ("box", "WorkerCreated", None),
+            ("config_bundle", "ConfigBundleSynced", Some("bundle.sync")),
+            ("execution_binding", "BindingPrepared", Some("binding.prepare")),
+            ("execution_binding", "BindingConsumed", Some("binding.consume")),
+            ("execution_binding", "BindingExpired", Some("binding.expire")),
             ("box_type_namespace", "BoxTypeReserved", None),
             ("box_type_namespace", "BoxTypeReleased", None),
             ("audit_ledger", "AuditCheckpoint", None),

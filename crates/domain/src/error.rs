@@ -146,11 +146,34 @@ pub enum ErrorCode {
     AssignmentNotFound,
     /// 404: no personal access token with this id (R-AUTH-4).
     TokenNotFound,
+    /// 404: the ConfigBundle of the Box's current manifest was never synced (R-WORKER-2).
+    BundleNotFound,
+    /// 409: the bundle does not derive from the Box's approved manifest and its recorded
+    /// edits (R-WORKER-6).
+    BundleDigestMismatch,
+    /// 422: the bundle belongs to another Box (R-WORKER-6).
+    BundleProfileIncompatible,
+    /// 404: no execution binding with this handle (R-WORKER-3).
+    BindingNotFound,
+    /// 410: the binding's lease ran out (R-WORKER-3).
+    BindingExpired,
+    /// 409: the binding was prepared for another Box (R-WORKER-6).
+    BindingBoxMismatch,
+    /// 409: the runtime cannot use this binding (its execution host, or it is held by another
+    /// Worker) (R-WORKER-6).
+    BindingUnusable,
+    /// 409: the launch_id was used for a different request (R-WORKER-4).
+    LaunchIdConflict,
+    /// 422: an initial input segment that is not `text`, `ticket_ref` or `objective_ref`
+    /// (R-WORKER-5).
+    InvalidSegment,
+    /// 404: no such Worker (R-WORKER-7).
+    WorkerNotFound,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 31] = [
+    pub const ALL: [ErrorCode; 41] = [
         ErrorCode::InvalidJson,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -182,6 +205,16 @@ impl ErrorCode {
         ErrorCode::InvalidQuery,
         ErrorCode::AssignmentNotFound,
         ErrorCode::TokenNotFound,
+        ErrorCode::BundleNotFound,
+        ErrorCode::BundleDigestMismatch,
+        ErrorCode::BundleProfileIncompatible,
+        ErrorCode::BindingNotFound,
+        ErrorCode::BindingExpired,
+        ErrorCode::BindingBoxMismatch,
+        ErrorCode::BindingUnusable,
+        ErrorCode::LaunchIdConflict,
+        ErrorCode::InvalidSegment,
+        ErrorCode::WorkerNotFound,
     ];
 
     /// The wire code, e.g. `box_limit_reached`.
@@ -218,6 +251,16 @@ impl ErrorCode {
             ErrorCode::InvalidQuery => "invalid_query",
             ErrorCode::AssignmentNotFound => "assignment_not_found",
             ErrorCode::TokenNotFound => "token_not_found",
+            ErrorCode::BundleNotFound => "bundle_not_found",
+            ErrorCode::BundleDigestMismatch => "bundle_digest_mismatch",
+            ErrorCode::BundleProfileIncompatible => "bundle_profile_incompatible",
+            ErrorCode::BindingNotFound => "binding_not_found",
+            ErrorCode::BindingExpired => "binding_expired",
+            ErrorCode::BindingBoxMismatch => "binding_box_mismatch",
+            ErrorCode::BindingUnusable => "binding_unusable",
+            ErrorCode::LaunchIdConflict => "launch_id_conflict",
+            ErrorCode::InvalidSegment => "invalid_segment",
+            ErrorCode::WorkerNotFound => "worker_not_found",
         }
     }
 
@@ -237,6 +280,7 @@ impl ErrorCode {
             | ErrorCode::MentorEditProhibitedKey
             | ErrorCode::CapabilityChangeRequiresNewDraft => 403,
             ErrorCode::NotFound | ErrorCode::DraftNotFound | ErrorCode::BoxNotFound | ErrorCode::AssignmentNotFound | ErrorCode::TokenNotFound => 404,
+            ErrorCode::BundleNotFound | ErrorCode::BindingNotFound | ErrorCode::WorkerNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::DraftNotPending
             | ErrorCode::OverLimitConfirmationRequired
@@ -245,9 +289,15 @@ impl ErrorCode {
             | ErrorCode::ManifestExists
             | ErrorCode::BoxNotActive
             | ErrorCode::InvalidApprovalToken
-            | ErrorCode::Conflict => 409,
+            | ErrorCode::Conflict
+            | ErrorCode::BundleDigestMismatch
+            | ErrorCode::BindingBoxMismatch
+            | ErrorCode::BindingUnusable
+            | ErrorCode::LaunchIdConflict => 409,
+            ErrorCode::BindingExpired => 410,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::BoxManifestValidation | ErrorCode::InvalidRequest | ErrorCode::IdempotencyKeyReuse => 422,
+            ErrorCode::BundleProfileIncompatible | ErrorCode::InvalidSegment => 422,
             ErrorCode::Internal => 500,
             ErrorCode::ServiceUnavailable | ErrorCode::Busy => 503,
         }

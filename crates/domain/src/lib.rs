@@ -18,6 +18,7 @@ pub mod os_operation;
 pub mod policy;
 pub mod principal;
 pub mod token;
+pub mod worker;
 
 pub mod aggregates;
 

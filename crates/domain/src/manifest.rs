@@ -591,7 +591,7 @@ fn top_key(key: &str) -> &str {
 
 /// Sorts object keys recursively so that equal manifests give equal bytes whatever map
 /// implementation serde_json is built with.
-fn canonical(value: Value) -> Value {
+pub(crate) fn canonical(value: Value) -> Value {
     match value {
         Value::Object(map) => {
             let sorted: BTreeMap<String, Value> = map.into_iter().map(|(k, v)| (k, canonical(v))).collect();

@@ -529,6 +529,7 @@ pub async fn audit(State(state): State<AppState>, Caller(principal): Caller, Par
         since: q.since.map(atasira_contracts::convert::timestamp),
         limit: page.limit(),
         after: page.after(),
+        event_id: String::new(),
     };
     read::<_, v1::AuditPage, _>(&state, &principal, subjects::AUDIT, request).await
 }

@@ -35,7 +35,8 @@ use crate::setup::{SetupError, Setups, describe};
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::PROVISIONER;
 /// Aggregate types whose events this service appends and relays.
-pub const AGGREGATE_TYPES: &[&str] = &[atasira_domain::aggregates::types::ACCESS, atasira_domain::aggregates::types::PROVISIONER_SECURITY];
+pub const AGGREGATE_TYPES: &[&str] =
+    &[atasira_domain::aggregates::types::ACCESS, atasira_domain::aggregates::types::PROVISIONER_SECURITY, atasira_domain::aggregates::types::EXECUTION_BINDING];
 
 /// Durable feed name and checkpoint key (in `projection_checkpoints`, so read-your-writes
 /// waits treat the provisioner like any projection).

@@ -35,7 +35,7 @@ pub use views::{BoxesView, ManifestFiles};
 
 pub const SERVICE: &str = subjects::RUNTIME_REGISTRY;
 /// Aggregate types this service appends (and its relay publishes).
-pub const AGGREGATE_TYPES: &[&str] = &[types::BOX, types::BOX_TYPE_NAMESPACE, types::REGISTRY_SECURITY];
+pub const AGGREGATE_TYPES: &[&str] = &[types::BOX, types::BOX_TYPE_NAMESPACE, types::REGISTRY_SECURITY, types::WORKER, types::CONFIG_BUNDLE];
 
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
@@ -199,6 +199,11 @@ impl Registry {
                 let patch = serde_json::Value::Object(r.patch.map(manifest::struct_from_proto).unwrap_or_default());
                 self.box_command(&r.box_id, BoxCommand::ConfigEdit { by: principal, patch, at: chrono::Utc::now() }).await
             }
+            RegistryRequest::SyncBundle(_)
+            | RegistryRequest::CreateWorker(_)
+            | RegistryRequest::GetWorker(_)
+            | RegistryRequest::ListWorkers(_)
+            | RegistryRequest::Provenance(_) => Err(Refusal::new(ErrorCode::ServiceUnavailable, "Workers are not available yet")),
         }
     }
 

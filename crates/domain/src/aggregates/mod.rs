@@ -32,6 +32,14 @@ pub mod types {
     /// Personal access tokens, issued and revoked (appended by the gateway and the operator
     /// CLI, published by the audit service).
     pub const PAT: &str = "pat";
+    /// Runtime Workers, one stream per Worker (launches and refused launches), owned by the
+    /// runtime registry.
+    pub const WORKER: &str = "worker";
+    /// ConfigBundles, one stream per digest, owned by the runtime registry.
+    pub const CONFIG_BUNDLE: &str = "config_bundle";
+    /// Execution bindings, one stream per handle, owned by the provisioner (the execution
+    /// host side).
+    pub const EXECUTION_BINDING: &str = "execution_binding";
     /// Every service's security violations (R-AUDIT-5), one type per refusing service.
     pub const SECURITY: &[&str] = &[APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
     pub const ALL: &[&str] = &[
@@ -47,6 +55,9 @@ pub mod types {
         AUDIT_SECURITY,
         PROVISIONER_SECURITY,
         PAT,
+        WORKER,
+        CONFIG_BUNDLE,
+        EXECUTION_BINDING,
     ];
 }
 
