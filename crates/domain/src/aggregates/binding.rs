@@ -5,8 +5,9 @@
 //!
 //! A binding has a lease: it is consumed by at most one Worker before `expires_at`, and a
 //! prepared binding nobody consumed is expired once the lease is over (`BindingExpired`).
-//! Once consumed, it belongs to that Worker: asking again for the same Worker is a no-op,
-//! whatever the time (a retried `CreateWorker`), and it is never expired.
+//! It is consumed only for the launch and the user it was prepared for. Once consumed, it
+//! belongs to that Worker: asking again for the same Worker is a no-op, whatever the time
+//! (a retried `CreateWorker`), and it is never expired.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -159,7 +160,13 @@ impl ExecutionBinding {
                     return Err(BindingError::BoxMismatch);
                 }
                 if let Some(holder) = &d.consumed_by {
-                    return if *holder == worker_id { Ok(vec![]) } else { Err(BindingError::Unusable("another Worker holds it")) };
+                    return if *holder != worker_id {
+                        Err(BindingError::Unusable("another Worker holds it"))
+                    } else if d.prepared_by != by {
+                        Err(BindingError::Unusable("it was prepared for another user"))
+                    } else {
+                        Ok(vec![])
+                    };
                 }
                 if crate::worker::worker_id_for(&d.launch_id) != worker_id {
                     return Err(BindingError::Unusable("it was prepared for another launch"));
@@ -275,6 +282,9 @@ mod tests {
         // when another Worker claims it; then unusable
         let other = BindingCommand::Consume { box_id: "box-a".into(), worker_id: "wkr_other".into(), by: "erin".into(), now: t0() };
         assert_eq!(given_when::<ExecutionBinding>(consumed(), other).map_err(|e| e.code()), Err(ErrorCode::BindingUnusable));
+        // when the same Worker is claimed for someone else; then unusable
+        let someone_else = consume("box-a", "launch-1", "mallory", t0());
+        assert_eq!(given_when::<ExecutionBinding>(consumed(), someone_else).map_err(|e| e.code()), Err(ErrorCode::BindingUnusable));
     }
 
     #[test]
