@@ -4,7 +4,7 @@
 //! (`AccessProvisioned` / `AccessProvisionFailed`).
 //!
 //! Architecture Invariant: a provisioning failure never touches the Box; this service
-//! appends only `access` events. Managed files live under the data dir, never `~/.ssh`,
+//! appends only `access`, `execution_binding` and its own security events. Managed files live under the data dir, never `~/.ssh`,
 //! and no secret is ever written (only vault and item names).
 //!
 //! Delivery is at-least-once: the feed's checkpoint is stored only after every entry's
