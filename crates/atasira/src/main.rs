@@ -187,6 +187,10 @@ struct CommonArgs {
     /// netrc); each later retry waits twice as long, at most 30 s.
     #[arg(long, env = "ATASIRA_PROVISION_BACKOFF_MS", default_value_t = 1000)]
     provision_backoff_ms: u64,
+    /// How long an execution binding the provisioner prepares for a Worker launch (its
+    /// workspace and tool scope) stays usable before it expires unused: 600, 90s, 10m, 1h.
+    #[arg(long, env = "ATASIRA_BINDING_TTL", value_name = "DURATION", default_value = "10m", value_parser = atasira_domain::worker::parse_ttl)]
+    binding_ttl: Duration,
     /// Testing only: kill the process (SIGKILL) when it reaches one of these points
     /// (comma separated), to prove that nothing committed before is lost.
     #[arg(long, env = "ATASIRA_FAILPOINT", value_name = "POINT", value_delimiter = ',', help_heading = "Testing")]
@@ -210,6 +214,7 @@ impl CommonArgs {
                 ..Default::default()
             },
             provision_backoff: Duration::from_millis(self.provision_backoff_ms),
+            binding_ttl: self.binding_ttl,
         }
     }
 

@@ -34,6 +34,8 @@ pub struct Settings {
     pub gateway: atasira_gateway::Config,
     /// `ATASIRA_PROVISION_BACKOFF_MS`: the provisioner's first retry delay.
     pub provision_backoff: Duration,
+    /// `ATASIRA_BINDING_TTL`: the lease of an execution binding.
+    pub binding_ttl: Duration,
 }
 
 impl Settings {
@@ -109,7 +111,11 @@ pub fn drafts_config(s: &Settings) -> atasira_drafts::DraftsConfig {
 }
 
 fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfig {
-    atasira_provisioner::ProvisionerConfig { data_dir: s.data_dir.clone(), backoff: atasira_provisioner::Backoff::with_initial(s.provision_backoff) }
+    atasira_provisioner::ProvisionerConfig {
+        data_dir: s.data_dir.clone(),
+        backoff: atasira_provisioner::Backoff::with_initial(s.provision_backoff),
+        binding_ttl: s.binding_ttl,
+    }
 }
 
 /// The embedded system `atasira dev` runs: every service and the gateway in this process,

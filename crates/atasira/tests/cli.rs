@@ -284,7 +284,14 @@ fn every_setting_of_dev_and_serve_shows_its_environment_variable() {
         }
     }
     let serve = help(&["serve"]);
-    for variable in ["ATASIRA_PROVISION_BACKOFF_MS", "ATASIRA_FAILPOINT", "ATASIRA_FAILPOINT_DELAY", "ATASIRA_REQUEST_TIMEOUT", "ATASIRA_INTERNAL_KEY"] {
+    for variable in [
+        "ATASIRA_PROVISION_BACKOFF_MS",
+        "ATASIRA_BINDING_TTL",
+        "ATASIRA_FAILPOINT",
+        "ATASIRA_FAILPOINT_DELAY",
+        "ATASIRA_REQUEST_TIMEOUT",
+        "ATASIRA_INTERNAL_KEY",
+    ] {
         assert!(serve.contains(&format!("[env: {variable}")), "`atasira serve --help` does not show {variable}");
     }
 }

@@ -4,13 +4,18 @@
 //! (`AccessProvisioned` / `AccessProvisionFailed`).
 //!
 //! Architecture Invariant: a provisioning failure never touches the Box; this service
-//! appends only `access` events. Managed files live under the data dir, never `~/.ssh`,
+//! appends only `access`, `execution_binding` and its own security events. Managed files live under the data dir, never `~/.ssh`,
 //! and no secret is ever written (only vault and item names).
 //!
 //! Delivery is at-least-once: the feed's checkpoint is stored only after every entry's
 //! outcome is committed, so a crash re-runs the (idempotent) setups of that activation
 //! and the `Access` aggregate drops the duplicate outcomes.
+//!
+//! It is also the execution host's side of a Worker launch (R-WORKER-3, `bindings`):
+//! it prepares execution bindings for the gateway, hands each to one Worker when the
+//! runtime registry claims it, and expires the ones nobody claimed within their lease.
 
+mod bindings;
 mod setup;
 
 use std::collections::HashMap;
@@ -18,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atasira_contracts::requests::{Incoming, WaitOnly};
+use atasira_contracts::requests::{Incoming, ProvisionerRequest};
 use atasira_contracts::{Reply, subjects};
 use atasira_domain::BoxType;
 use atasira_domain::aggregates::access::{Access, AccessCommand};
@@ -27,9 +32,10 @@ use atasira_domain::manifest::RequiredAccess;
 use atasira_platform::Runtime;
 use atasira_platform::db::{Cqrs, StoredEvent};
 use atasira_platform::projection as proj;
-use atasira_platform::service::{self as platform_service, Refusal};
+use atasira_platform::service::{self as platform_service, Call, Refusal};
 use tokio::sync::watch;
 
+use crate::bindings::Bindings;
 use crate::setup::{SetupError, Setups, describe};
 
 /// The service name (also its subject token).
@@ -88,6 +94,8 @@ pub struct ProvisionerConfig {
     pub data_dir: PathBuf,
     /// Retry policy per entry.
     pub backoff: Backoff,
+    /// The lease of an execution binding: unclaimed for this long, it expires.
+    pub binding_ttl: Duration,
 }
 
 /// The final outcome of one entry after its retries.
@@ -106,33 +114,40 @@ struct Service {
     access: Cqrs<Access>,
 }
 
-/// Starts the service: the bus endpoint (read-your-writes waits) and the feed of Box
-/// events. Returns when `shutdown` flips.
+/// Starts the service: the bus endpoint (execution bindings, read-your-writes waits), the
+/// feed of Box events and the binding sweeper. Returns when `shutdown` flips.
 pub async fn run(rt: Runtime, config: ProvisionerConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     tokio::fs::create_dir_all(&config.data_dir).await.map_err(|e| anyhow::anyhow!("cannot create the data dir {}: {e}", config.data_dir.display()))?;
-    let service = Arc::new(Service { access: rt.db.cqrs::<Access>(), setups: Setups::new(config.data_dir), backoff: config.backoff, rt: rt.clone() });
+    // A binding names its workspace as an absolute path: the Worker's tools run elsewhere.
+    let data_dir = std::path::absolute(&config.data_dir).map_err(|e| anyhow::anyhow!("cannot resolve the data dir {}: {e}", config.data_dir.display()))?;
+    let bindings = Arc::new(Bindings::new(rt.clone(), data_dir.join("workspaces"), config.binding_ttl));
+    let service = Arc::new(Service { access: rt.db.cqrs::<Access>(), setups: Setups::new(data_dir), backoff: config.backoff, rt: rt.clone() });
     let endpoint = {
         let rt = rt.clone();
         platform_service::serve(&rt.clone(), SERVICE, move |call| {
-            let rt = rt.clone();
-            async move { answer(&rt, &call.env).await }
+            let (rt, bindings) = (rt.clone(), bindings.clone());
+            async move { answer(&rt, &bindings, &call).await }
         })
         .await?
     };
     let worker = tokio::spawn(consume(service, shutdown.clone()));
+    let sweeper = tokio::spawn(bindings::sweep(rt.clone(), config.binding_ttl, shutdown.clone()));
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     let _ = worker.await;
+    let _ = sweeper.await;
     Ok(())
 }
 
-/// The bus endpoint: only `WaitForPosition`, so the gateway can wait for provisioning to
-/// have seen an activation. It reveals nothing but checkpoints, hence no principal check
-/// (like every service's wait).
-async fn answer(rt: &Runtime, env: &atasira_contracts::Envelope) -> Result<Reply, Refusal> {
-    match WaitOnly::decode(env)? {
+/// The bus endpoint: execution bindings (`PrepareBinding` from the gateway,
+/// `ConsumeBinding` from the runtime registry), and `WaitForPosition`, so the gateway can
+/// wait for provisioning to have seen an activation. A wait reveals nothing but
+/// checkpoints, hence no principal check (like every service's wait).
+async fn answer(rt: &Runtime, bindings: &Bindings, call: &Call) -> Result<Reply, Refusal> {
+    match ProvisionerRequest::decode(&call.env)? {
         Incoming::Wait(w) => platform_service::wait_reply(rt, READ_MODELS, &w).await,
-        Incoming::Request(never) => match never {},
+        Incoming::Request(ProvisionerRequest::PrepareBinding(r)) => bindings.prepare(call, r).await,
+        Incoming::Request(ProvisionerRequest::ConsumeBinding(r)) => bindings.consume(call, r).await,
     }
 }
 

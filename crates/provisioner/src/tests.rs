@@ -128,7 +128,7 @@ async fn ask_wait(rt: &Runtime, position: i64, event_ids: Vec<String>, timeout_m
 
 fn start(rt: &Runtime, data_dir: PathBuf) -> (watch::Sender<bool>, tokio::task::JoinHandle<anyhow::Result<()>>) {
     let (tx, rx) = watch::channel(false);
-    let config = ProvisionerConfig { data_dir, backoff: fast() };
+    let config = ProvisionerConfig { data_dir, backoff: fast(), binding_ttl: atasira_domain::worker::DEFAULT_BINDING_TTL };
     (tx, tokio::spawn(run(rt.clone(), config, rx)))
 }
 
@@ -204,8 +204,8 @@ async fn given_an_activation_with_a_good_and_a_bad_remote_when_the_service_runs_
 }
 
 #[tokio::test]
-async fn given_the_endpoint_when_asked_anything_but_a_wait_then_invalid_request() {
-    // R-PROV-1: the provisioner's only request is the read-your-writes wait
+async fn given_the_endpoint_when_asked_what_the_provisioner_does_not_answer_then_invalid_request() {
+    // R-PROV-1, R-WORKER-3: the provisioner answers waits and execution bindings, nothing else
     let tmp = TempDir::new("atasira-prov-bus");
     let db = Db::connect(&Db::sqlite_url(&tmp.0)).await.expect("db");
     let rt = runtime(&db);
@@ -224,4 +224,203 @@ async fn given_the_endpoint_when_asked_anything_but_a_wait_then_invalid_request(
     let refusal = atasira_contracts::decode_reply::<v1::WaitForPositionReply>(&answer.expect("answered")).expect("decodes").expect_err("refused");
     assert_eq!(refusal.code, ErrorCode::InvalidRequest);
     stop(tx, handle).await;
+}
+
+// ---- execution bindings (R-WORKER-3, R-WORKER-6) ----
+
+use atasira_domain::aggregates::binding::{BindingCommand, BindingEvent, ExecutionBinding};
+use atasira_domain::aggregates::boxes::BoxRole;
+use atasira_domain::worker::worker_id_for;
+
+fn start_with_ttl(rt: &Runtime, data_dir: PathBuf, binding_ttl: Duration) -> (watch::Sender<bool>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    let (tx, rx) = watch::channel(false);
+    let config = ProvisionerConfig { data_dir, backoff: fast(), binding_ttl };
+    (tx, tokio::spawn(run(rt.clone(), config, rx)))
+}
+
+/// Sends `message` to the provisioner from `from`, signed for `principal` as atasira's
+/// processes do; the answer, with the ids of the events it wrote.
+async fn ask<M: atasira_contracts::Named, R: atasira_contracts::Named>(
+    rt: &Runtime,
+    from: &str,
+    principal: &Principal,
+    message: &M,
+) -> Result<(R, Vec<String>), atasira_contracts::Refused> {
+    let subject = subjects::request(from, SERVICE);
+    let correlation = format!("corr-{}", uuid::Uuid::new_v4().simple());
+    let env = atasira_contracts::signed_envelope(&rt.assertion_keys, principal, &subject, message, &correlation, "", chrono::Utc::now());
+    let mut answer = Err(atasira_platform::bus::BusError::Other("not asked yet".into()));
+    // The endpoint is registered as the service starts.
+    for _ in 0..500 {
+        answer = rt.bus.request(&subject, BTreeMap::new(), bytes::Bytes::from(env.encode_to_vec()), Duration::from_secs(10)).await;
+        if answer.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    atasira_contracts::decode_written::<R>(&answer.expect("answered")).expect("decodes").map(|(r, _, ids)| (r, ids))
+}
+
+async fn prepare(rt: &Runtime, principal: &Principal, box_id: &str, launch_id: &str) -> Result<v1::BindingLease, atasira_contracts::Refused> {
+    let request = v1::PrepareBinding { box_id: box_id.into(), launch_id: launch_id.into() };
+    ask::<_, v1::BindingLease>(rt, subjects::GATEWAY, principal, &request).await.map(|(lease, _)| lease)
+}
+
+async fn claim(rt: &Runtime, principal: &Principal, handle: &str, box_id: &str, launch_id: &str) -> Result<Vec<String>, atasira_contracts::Refused> {
+    let request = v1::ConsumeBinding { handle: handle.into(), box_id: box_id.into(), worker_id: worker_id_for(launch_id) };
+    ask::<_, v1::Ack>(rt, subjects::RUNTIME_REGISTRY, principal, &request).await.map(|(_, ids)| ids)
+}
+
+async fn binding_events(db: &Db) -> Vec<(String, BindingEvent)> {
+    let events = db.events_after(0, &[atasira_domain::aggregates::types::EXECUTION_BINDING], 1000).await.expect("events");
+    events.into_iter().map(|e| (e.aggregate_id.clone(), serde_json::from_value(e.payload).expect("binding event"))).collect()
+}
+
+fn code<T: std::fmt::Debug>(answer: Result<T, atasira_contracts::Refused>) -> ErrorCode {
+    answer.expect_err("refused").code
+}
+
+#[tokio::test]
+async fn r_worker_3_a_binding_is_prepared_for_who_may_launch_on_an_active_box_and_claimed_by_one_worker() {
+    // given: Box b1 (sales, with tools) with erin assigned, Box b2, and the provisioner
+    let tmp = TempDir::new("atasira-prov-bind");
+    let data_dir = tmp.0.join("data");
+    std::fs::create_dir_all(&data_dir).expect("data dir");
+    let db = Db::connect(&Db::sqlite_url(&data_dir)).await.expect("db");
+    activate(&db, "b1", "d1", "box_type: sales\npurpose: Report sales.\ntools: [read_file]\nos_operations: [\"browser:navigate\"]\n").await;
+    activate(&db, "b2", "d2", "box_type: support\npurpose: Answer tickets.\n").await;
+    let alice = Principal::new("alice", Role::Admin, Kind::Human);
+    let erin = Principal::new("erin", Role::Member, Kind::Human);
+    let mallory = Principal::new("mallory", Role::Member, Kind::Human);
+    let assign = BoxCommand::AssignUser { by: alice.clone(), user_id: "erin".into(), role_in_box: BoxRole::Member, at: chrono::Utc::now() };
+    db.cqrs::<BoxAggregate>().execute("b1", assign, HashMap::new()).await.expect("assigned");
+    let rt = runtime(&db);
+    let (tx, handle) = start(&rt, data_dir.clone());
+
+    // when erin prepares a binding for her launch; then only a handle and a lease come back
+    let lease = prepare(&rt, &erin, "b1", "launch-1").await.expect("prepared");
+    assert!(lease.handle.starts_with("bnd_") && lease.handle.len() == 36, "{}", lease.handle);
+    let expires_at = atasira_contracts::convert::time_from_wire(lease.expires_at.as_ref()).expect("a lease");
+    assert!(expires_at > chrono::Utc::now() + chrono::TimeDelta::minutes(9), "the default lease is 10 minutes");
+    // and the store holds what only the execution host knows: the workspace exists
+    let events = binding_events(&db).await;
+    let [(id, BindingEvent::BindingPrepared { box_id, launch_id, prepared_by, workspace, tool_scope, ticket_access, execution_host, .. })] = events.as_slice()
+    else {
+        panic!("expected one BindingPrepared: {events:?}")
+    };
+    assert_eq!((id, box_id.as_str(), launch_id.as_str(), prepared_by.as_str()), (&lease.handle, "b1", "launch-1", "erin"));
+    let expected = std::path::absolute(data_dir.join("workspaces/sales")).expect("absolute");
+    assert_eq!(std::path::Path::new(workspace), expected);
+    assert!(expected.is_dir());
+    assert_eq!(
+        (tool_scope.clone(), ticket_access.as_str(), execution_host.as_str()),
+        (vec!["read_file".to_owned(), "browser:navigate".to_owned()], "referenced", "local")
+    );
+
+    // when the registry claims it for erin's Worker; then consumed, once
+    let ids = claim(&rt, &erin, &lease.handle, "b1", "launch-1").await.expect("claimed");
+    assert_eq!(ids, [format!("execution_binding/{}/2", lease.handle)]);
+    assert!(claim(&rt, &erin, &lease.handle, "b1", "launch-1").await.is_ok(), "a retried claim of the same Worker");
+    assert_eq!(binding_events(&db).await.len(), 2);
+    assert_eq!(code(claim(&rt, &erin, &lease.handle, "b1", "launch-2").await), ErrorCode::BindingUnusable, "another Worker");
+    assert_eq!(code(claim(&rt, &erin, &lease.handle, "b2", "launch-1").await), ErrorCode::BindingBoxMismatch);
+    assert_eq!(code(claim(&rt, &erin, &format!("bnd_{}", "0".repeat(32)), "b1", "launch-1").await), ErrorCode::BindingNotFound);
+    assert_eq!(code(claim(&rt, &erin, "../../etc/passwd", "b1", "launch-1").await), ErrorCode::BindingNotFound);
+
+    // a binding prepared for Box A is not used for Box B, nor for another user's launch
+    let other = prepare(&rt, &alice, "b1", "launch-3").await.expect("an admin may launch");
+    assert_eq!(code(claim(&rt, &alice, &other.handle, "b2", "launch-3").await), ErrorCode::BindingBoxMismatch);
+    assert_eq!(code(claim(&rt, &erin, &other.handle, "b1", "launch-3").await), ErrorCode::BindingUnusable);
+
+    // each request comes from its one sender only
+    let request = v1::PrepareBinding { box_id: "b1".into(), launch_id: "launch-4".into() };
+    assert_eq!(code(ask::<_, v1::BindingLease>(&rt, subjects::RUNTIME_REGISTRY, &alice, &request).await), ErrorCode::Forbidden);
+    let request = v1::ConsumeBinding { handle: other.handle.clone(), box_id: "b1".into(), worker_id: worker_id_for("launch-3") };
+    assert_eq!(code(ask::<_, v1::Ack>(&rt, subjects::GATEWAY, &alice, &request).await), ErrorCode::Forbidden);
+    // a launch_id out of bounds is refused naming it
+    let refused = prepare(&rt, &alice, "b1", "a b").await.expect_err("refused");
+    assert_eq!((refused.code, refused.field_errors[0].key.as_str()), (ErrorCode::InvalidRequest, "launch_id"));
+
+    // who may not launch is refused, and it is recorded
+    let refused = prepare(&rt, &mallory, "b1", "launch-5").await.expect_err("refused");
+    assert_eq!(refused.code, ErrorCode::Forbidden);
+    let violations = db.events_after(0, &[atasira_domain::aggregates::types::PROVISIONER_SECURITY], 100).await.expect("events");
+    assert_eq!(violations.len(), 1);
+    assert_eq!(refused.event_ids, [violations[0].event_id.clone()]);
+    let recorded = &violations[0].payload["SecurityViolation"];
+    assert_eq!((recorded["actor"].as_str(), recorded["target"].as_str(), recorded["kind"].as_str()), (Some("mallory"), Some("b1"), Some("launch_forbidden")));
+
+    // an unknown or stopped Box is not active
+    assert_eq!(code(prepare(&rt, &alice, "no-such-box", "launch-6").await), ErrorCode::BoxNotActive);
+    db.cqrs::<BoxAggregate>().execute("b2", BoxCommand::Stop { by: alice.clone(), at: chrono::Utc::now() }, HashMap::new()).await.expect("stopped");
+    assert_eq!(code(prepare(&rt, &alice, "b2", "launch-7").await), ErrorCode::BoxNotActive);
+    stop(tx, handle).await;
+}
+
+#[tokio::test]
+async fn r_worker_3_bindings_nobody_claimed_expire_after_their_lease_and_claimed_ones_never_do() {
+    // given: the provisioner with a 1 s lease and two bindings, one of them claimed
+    let tmp = TempDir::new("atasira-prov-lease");
+    let data_dir = tmp.0.join("data");
+    std::fs::create_dir_all(&data_dir).expect("data dir");
+    let db = Db::connect(&Db::sqlite_url(&data_dir)).await.expect("db");
+    activate(&db, "b1", "d1", "box_type: sales\npurpose: Report sales.\n").await;
+    let alice = Principal::new("alice", Role::Admin, Kind::Human);
+    let rt = runtime(&db);
+    let (tx, handle) = start_with_ttl(&rt, data_dir.clone(), Duration::from_secs(1));
+    let unused = prepare(&rt, &alice, "b1", "launch-1").await.expect("prepared");
+    let used = prepare(&rt, &alice, "b1", "launch-2").await.expect("prepared");
+    claim(&rt, &alice, &used.handle, "b1", "launch-2").await.expect("claimed in time");
+
+    // when the lease is over; then the unused one is swept, and refused as expired
+    let expired =
+        |events: &[(String, BindingEvent)], handle: &str| events.iter().any(|(id, e)| id == handle && matches!(e, BindingEvent::BindingExpired { .. }));
+    wait_until("the unused binding to expire", || async { expired(&binding_events(&db).await, &unused.handle) }).await;
+    assert_eq!(code(claim(&rt, &alice, &unused.handle, "b1", "launch-1").await), ErrorCode::BindingExpired);
+    // and the claimed one is the Worker's for good
+    assert!(!expired(&binding_events(&db).await, &used.handle));
+    assert!(claim(&rt, &alice, &used.handle, "b1", "launch-2").await.is_ok());
+    stop(tx, handle).await;
+}
+
+#[tokio::test]
+async fn r_worker_3_the_sweeper_finds_open_bindings_in_the_store_and_expires_each_once() {
+    // given: bindings recorded before the sweeper ran: one past its lease, one leased for
+    // an hour, one past its lease but claimed
+    let tmp = TempDir::new("atasira-prov-sweep");
+    let db = Db::connect(&Db::sqlite_url(&tmp.0)).await.expect("db");
+    let cqrs = db.cqrs::<ExecutionBinding>();
+    let now = chrono::Utc::now();
+    for (handle, launch, expires_at) in [
+        ("bnd_past", "l1", now - chrono::TimeDelta::seconds(5)),
+        ("bnd_future", "l2", now + chrono::TimeDelta::hours(1)),
+        ("bnd_claimed", "l3", now + chrono::TimeDelta::milliseconds(1)),
+    ] {
+        let command = BindingCommand::Prepare {
+            handle: handle.into(),
+            box_id: "b1".into(),
+            launch_id: launch.into(),
+            prepared_by: "alice".into(),
+            execution_host: "local".into(),
+            workspace: "/w".into(),
+            tool_scope: vec![],
+            ticket_access: "referenced".into(),
+            expires_at,
+            at: now - chrono::TimeDelta::minutes(10),
+        };
+        cqrs.execute(handle, command, HashMap::new()).await.expect("prepared");
+    }
+    let consume = BindingCommand::Consume { box_id: "b1".into(), worker_id: worker_id_for("l3"), by: "alice".into(), now };
+    cqrs.execute("bnd_claimed", consume, HashMap::new()).await.expect("claimed");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+
+    // when it sweeps, twice; then only the open binding past its lease expired, once
+    let mut open = bindings::OpenBindings::default();
+    assert_eq!(bindings::sweep_once(&db, &cqrs, &mut open).await.expect("swept"), 1);
+    assert_eq!(bindings::sweep_once(&db, &cqrs, &mut open).await.expect("swept"), 0);
+    let names: Vec<(String, &str)> = binding_events(&db).await.into_iter().map(|(id, e)| (id, e.name())).collect();
+    let expired: Vec<&str> = names.iter().filter(|(_, n)| *n == "BindingExpired").map(|(id, _)| id.as_str()).collect();
+    assert_eq!(expired, ["bnd_past"]);
+    // and a sweeper started afresh finds nothing more to do
+    assert_eq!(bindings::sweep_once(&db, &cqrs, &mut bindings::OpenBindings::default()).await.expect("swept"), 0);
 }

@@ -357,6 +357,7 @@ fn settings_in(dir: &std::path::Path) -> Settings {
         draft_ttl: chrono::TimeDelta::days(7),
         gateway: Default::default(),
         provision_backoff: Duration::from_secs(1),
+        binding_ttl: atasira_domain::worker::DEFAULT_BINDING_TTL,
     }
 }
 

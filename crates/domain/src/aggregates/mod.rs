@@ -8,6 +8,7 @@
 pub mod access;
 pub mod approval_keys;
 pub mod audit_ledger;
+pub mod binding;
 pub mod boxes;
 pub mod draft;
 pub mod namespace;
