@@ -9,6 +9,8 @@
 mod activation;
 mod history;
 mod keys;
+#[cfg(test)]
+mod launch_tests;
 mod views;
 mod workers;
 mod workers_view;
