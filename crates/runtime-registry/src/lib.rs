@@ -9,8 +9,6 @@
 mod activation;
 mod history;
 mod keys;
-#[cfg(test)]
-mod launch_tests;
 mod views;
 mod workers;
 mod workers_view;

@@ -606,31 +606,4 @@ fn step_of(event: &StoredEvent, activated: &mut Option<(String, String, String)>
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn r_worker_4_launch_ids_box_ids_and_digests_are_checked_for_shape() {
-        assert!(launch_id_errors("launch-1").is_empty());
-        assert_eq!(launch_id_errors("a b").len(), 1);
-        assert_eq!(launch_id_errors("").len(), 1);
-        assert!(box_id_errors("b1").is_empty());
-        assert_eq!(box_id_errors(&"b".repeat(ID_CHARS + 1)).len(), 1);
-        assert_eq!(box_id_errors("b\u{0}").len(), 1);
-        assert!(digest_shaped(&format!("sha256:{}", "ab".repeat(32))));
-        assert!(!digest_shaped("sha256:AB"));
-        assert!(!digest_shaped(&format!("sha256:{}", "AB".repeat(32))));
-        assert!(!digest_shaped("forged"));
-    }
-
-    #[test]
-    fn r_worker_6_the_recorded_refusals_are_the_launchs_own() {
-        for code in [ErrorCode::BindingExpired, ErrorCode::BoxNotActive, ErrorCode::LaunchIdConflict, ErrorCode::InvalidSegment, ErrorCode::Forbidden] {
-            assert!(RECORDED.contains(&code), "{code}");
-        }
-        // a bound of the request or our own failure is no refusal of the launch
-        for code in [ErrorCode::InvalidRequest, ErrorCode::Internal, ErrorCode::ServiceUnavailable] {
-            assert!(!RECORDED.contains(&code), "{code}");
-        }
-    }
-}
+mod tests;

@@ -1,6 +1,7 @@
-//! The registry's side of a Worker launch (R-WORKER-1..7), in process: the real registry
-//! on an SQLite store and the in-process bus, an approved and activated Box, and a stand-in
-//! provisioner that answers `ConsumeBinding` (the provisioner's own rules are its tests').
+//! The registry's side of a Worker launch (R-WORKER-1..7): its small rules, and the real
+//! registry in process, on an SQLite store and the in-process bus, with an approved and
+//! activated Box and a stand-in provisioner that answers `ConsumeBinding` (the
+//! provisioner's own rules are its tests').
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ use prost::Message as _;
 use sqlx::Row as _;
 
 use super::*;
+use crate::{RegistryConfig, Runtime, WorkersView, run};
 
 /// A data directory removed on drop.
 struct TempDir(PathBuf);
@@ -249,4 +251,29 @@ async fn r_worker_a_launch_on_an_approved_box_makes_one_worker_per_launch_id_wit
 
     stop.send(true).expect("registry listening");
     tokio::time::timeout(Duration::from_secs(10), registry).await.expect("stops").expect("no panic").expect("clean exit");
+}
+
+#[test]
+fn r_worker_4_launch_ids_box_ids_and_digests_are_checked_for_shape() {
+    assert!(launch_id_errors("launch-1").is_empty());
+    assert_eq!(launch_id_errors("a b").len(), 1);
+    assert_eq!(launch_id_errors("").len(), 1);
+    assert!(box_id_errors("b1").is_empty());
+    assert_eq!(box_id_errors(&"b".repeat(ID_CHARS + 1)).len(), 1);
+    assert_eq!(box_id_errors("b\u{0}").len(), 1);
+    assert!(digest_shaped(&format!("sha256:{}", "ab".repeat(32))));
+    assert!(!digest_shaped("sha256:AB"));
+    assert!(!digest_shaped(&format!("sha256:{}", "AB".repeat(32))));
+    assert!(!digest_shaped("forged"));
+}
+
+#[test]
+fn r_worker_6_the_recorded_refusals_are_the_launchs_own() {
+    for code in [ErrorCode::BindingExpired, ErrorCode::BoxNotActive, ErrorCode::LaunchIdConflict, ErrorCode::InvalidSegment, ErrorCode::Forbidden] {
+        assert!(RECORDED.contains(&code), "{code}");
+    }
+    // a bound of the request or our own failure is no refusal of the launch
+    for code in [ErrorCode::InvalidRequest, ErrorCode::Internal, ErrorCode::ServiceUnavailable] {
+        assert!(!RECORDED.contains(&code), "{code}");
+    }
 }
