@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use atasira_domain::aggregates::boxes::{BoxCommand, box_id_for};
+use atasira_domain::aggregates::bundle::SYSTEM;
 use atasira_domain::aggregates::draft::{Draft, DraftEvent};
 use atasira_domain::aggregates::namespace::NamespaceCommand;
 use atasira_domain::aggregates::security::{RegistrySecurity, SecurityCommand};
@@ -98,7 +99,11 @@ async fn activate(registry: &Registry, approved: DraftEvent) -> anyhow::Result<(
     }
     let activate = BoxCommand::Activate { box_id: box_id.clone(), draft_id: draft_id.clone(), manifest: data.manifest, approval, at: *approved_at };
     match registry.boxes.execute(&box_id, activate, HashMap::new()).await {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            // R-WORKER-2: the activated manifest's bundle (a replay finds it synced).
+            registry.sync_after_change(&box_id, SYSTEM).await;
+            Ok(())
+        }
         Err(cqrs_es::AggregateError::UserError(e)) if e.code().is_security_violation() => {
             record_violation(registry, Violation::InvalidToken, &token.claims.approver, draft_id, &e.to_string()).await?;
             release(registry, box_type, draft_id, "invalid approval token").await

@@ -10,6 +10,8 @@ mod activation;
 mod history;
 mod keys;
 mod views;
+mod workers;
+mod workers_view;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,9 +21,11 @@ use std::time::Duration;
 use atasira_contracts::requests::{Incoming, RegistryRequest};
 use atasira_contracts::{Reply, convert, manifest, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, BoxState, box_id_for};
+use atasira_domain::aggregates::bundle::ConfigBundle;
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::security::SecurityCommand;
 use atasira_domain::aggregates::types;
+use atasira_domain::aggregates::worker::Worker;
 use atasira_domain::token::ACTIVATION_WINDOW;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
@@ -32,6 +36,7 @@ use atasira_platform::service::{self as platform_service, Call, Refusal};
 
 use keys::KeyProvider;
 pub use views::{BoxesView, ManifestFiles};
+pub use workers_view::WorkersView;
 
 pub const SERVICE: &str = subjects::RUNTIME_REGISTRY;
 /// Aggregate types this service appends (and its relay publishes).
@@ -52,14 +57,21 @@ pub(crate) struct Registry {
     keys: KeyProvider,
     boxes: Cqrs<BoxAggregate>,
     namespace: Cqrs<BoxTypeNamespace>,
+    bundles: Cqrs<ConfigBundle>,
+    workers: Cqrs<Worker>,
 }
 
 /// The projections read-your-writes waits for, with what they read.
-const READ_MODELS: &[(&str, &[&str])] = &[(activation::NAME, &[types::DRAFT]), (views::BOXES, views::BOXES_READS), (views::MANIFESTS, views::MANIFESTS_READS)];
+const READ_MODELS: &[(&str, &[&str])] = &[
+    (activation::NAME, &[types::DRAFT]),
+    (views::BOXES, views::BOXES_READS),
+    (views::MANIFESTS, views::MANIFESTS_READS),
+    (workers_view::WORKERS, workers_view::WORKERS_READS),
+];
 
 /// The registry's projections (for `atasira projections rebuild`).
 pub fn projections(config: &RegistryConfig) -> Vec<Arc<dyn Projection>> {
-    vec![Arc::new(BoxesView), Arc::new(ManifestFiles { manifests_dir: config.manifests_dir.clone() })]
+    vec![Arc::new(BoxesView), Arc::new(ManifestFiles { manifests_dir: config.manifests_dir.clone() }), Arc::new(WorkersView)]
 }
 
 /// Runs the registry until `shutdown` flips.
@@ -69,7 +81,15 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
     for p in &projections {
         proj::prepare(&rt.db, p.as_ref()).await?;
     }
-    let registry = Arc::new(Registry { keys: KeyProvider::load(rt.db.clone()).await?, boxes: rt.db.cqrs(), namespace: rt.db.cqrs(), rt: rt.clone(), config });
+    let registry = Arc::new(Registry {
+        keys: KeyProvider::load(rt.db.clone()).await?,
+        boxes: rt.db.cqrs(),
+        namespace: rt.db.cqrs(),
+        bundles: rt.db.cqrs(),
+        workers: rt.db.cqrs(),
+        rt: rt.clone(),
+        config,
+    });
     let endpoint = {
         let registry = registry.clone();
         platform_service::serve(&rt, SERVICE, move |call| {
@@ -104,11 +124,18 @@ impl Registry {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
             Incoming::Request(request) => request,
         };
-        // Over NATS, publishers read (Boxes, a Box, its history, feasibility); every change
-        // is the API's.
+        // Over NATS, publishers read (Boxes, a Box, its history, feasibility, Workers); every
+        // change is the API's.
         let read = matches!(
             request,
-            RegistryRequest::List(_) | RegistryRequest::Get(_) | RegistryRequest::Page(_) | RegistryRequest::History(_) | RegistryRequest::Feasibility(_)
+            RegistryRequest::List(_)
+                | RegistryRequest::Get(_)
+                | RegistryRequest::Page(_)
+                | RegistryRequest::History(_)
+                | RegistryRequest::Feasibility(_)
+                | RegistryRequest::GetWorker(_)
+                | RegistryRequest::ListWorkers(_)
+                | RegistryRequest::Provenance(_)
         );
         if !read {
             call.only_services("changing a Box")?;
@@ -193,17 +220,30 @@ impl Registry {
             RegistryRequest::Feasibility(r) => self.feasibility(r).await,
             RegistryRequest::EditManifest(r) => {
                 let edit = r.edit.map(manifest::struct_from_proto).unwrap_or_default();
-                self.mentor_edit(principal, &r.box_id, edit).await
+                let by = principal.user_id.clone();
+                let reply = self.mentor_edit(principal, &r.box_id, edit).await?;
+                // R-WORKER-2: every edit syncs the bundle of the manifest it made.
+                self.sync_after_change(&r.box_id, &by).await;
+                Ok(reply)
             }
             RegistryRequest::EditConfig(r) => {
                 let patch = serde_json::Value::Object(r.patch.map(manifest::struct_from_proto).unwrap_or_default());
-                self.box_command(&r.box_id, BoxCommand::ConfigEdit { by: principal, patch, at: chrono::Utc::now() }).await
+                let by = principal.user_id.clone();
+                let reply = self.box_command(&r.box_id, BoxCommand::ConfigEdit { by: principal, patch, at: chrono::Utc::now() }).await?;
+                self.sync_after_change(&r.box_id, &by).await;
+                Ok(reply)
             }
-            RegistryRequest::SyncBundle(_)
-            | RegistryRequest::CreateWorker(_)
-            | RegistryRequest::GetWorker(_)
-            | RegistryRequest::ListWorkers(_)
-            | RegistryRequest::Provenance(_) => Err(Refusal::new(ErrorCode::ServiceUnavailable, "Workers are not available yet")),
+            RegistryRequest::SyncBundle(r) => {
+                call.only_from(&[subjects::GATEWAY], "syncing a bundle")?;
+                self.sync_bundle(&principal, r).await
+            }
+            RegistryRequest::CreateWorker(r) => {
+                call.only_from(&[subjects::GATEWAY], "creating a Worker")?;
+                self.create_worker(principal, r).await
+            }
+            RegistryRequest::GetWorker(r) => self.get_worker(&principal, r).await,
+            RegistryRequest::ListWorkers(r) => self.list_workers(&principal, r).await,
+            RegistryRequest::Provenance(r) => self.provenance(&principal, r).await,
         }
     }
 

@@ -400,6 +400,12 @@ pub async fn current_of_type(db: &Db, box_type: &str) -> anyhow::Result<Option<B
     row.as_ref().map(BoxRow::from_sql).transpose()
 }
 
+/// One Box's row, if it has one.
+pub async fn row(db: &Db, box_id: &str) -> anyhow::Result<Option<BoxRow>> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_id = $1")).bind(box_id).fetch_optional(db.any()).await?;
+    row.as_ref().map(BoxRow::from_sql).transpose()
+}
+
 /// One Box with manifest, assignments, provisioning and drift.
 pub async fn get(db: &Db, manifests_dir: &Path, box_id: &str) -> anyhow::Result<Option<v1::BoxView>> {
     let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_id = $1")).bind(box_id).fetch_optional(db.any()).await?;

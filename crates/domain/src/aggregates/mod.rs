@@ -10,10 +10,12 @@ pub mod approval_keys;
 pub mod audit_ledger;
 pub mod binding;
 pub mod boxes;
+pub mod bundle;
 pub mod draft;
 pub mod namespace;
 pub mod pat;
 pub mod security;
+pub mod worker;
 
 /// The aggregate types: the names the store, the subjects and the feeds share. Every
 /// aggregate's `TYPE` is one of these; anything else is not an atasira aggregate.

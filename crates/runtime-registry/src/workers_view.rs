@@ -1,0 +1,318 @@
+//! The Worker catalog and transcripts (R-WORKER-7): a projection of `WorkerCreated`
+//! events, rebuilt from the `worker` streams. It holds what `GET /workers/{id}` and
+//! `GET /boxes/{id}/workers` show and the bundle digest each Worker pins; never the
+//! binding handle, cwd, workspace or tool scope.
+
+use std::collections::BTreeMap;
+
+use atasira_contracts::{convert, v1};
+use atasira_domain::aggregates::types;
+use atasira_domain::aggregates::worker::WorkerEvent;
+use atasira_domain::worker::Segment;
+use atasira_platform::db::{Db, EventRef, StoredEvent, TextEvent};
+use atasira_platform::projection::Projection;
+use chrono::{DateTime, Utc};
+use sqlx::any::AnyRow;
+use sqlx::{Any, Row, Transaction};
+
+pub const WORKERS: &str = "registry_workers";
+pub const WORKERS_READS: &[&str] = &[types::WORKER];
+
+/// A Worker's catalog entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerRow {
+    pub worker_id: String,
+    pub launch_id: String,
+    pub box_id: String,
+    pub box_type: String,
+    pub role: String,
+    pub labels: BTreeMap<String, String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    /// The bundle the Worker runs (kept for provenance; not in the Worker's answer).
+    pub bundle_digest: String,
+    /// The store position of its creation: the list order and the page cursor.
+    pub position: i64,
+}
+
+/// One entry of a Worker's transcript.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TranscriptRow {
+    pub seq: u32,
+    pub author: String,
+    pub at: DateTime<Utc>,
+    pub segments: Vec<Segment>,
+}
+
+impl WorkerRow {
+    /// The catalog entry and the initial transcript entry (seq 0, by the creator) of a
+    /// creation; nothing for any other event.
+    pub fn created(event: &WorkerEvent, position: i64) -> Option<(WorkerRow, TranscriptRow)> {
+        let WorkerEvent::WorkerCreated { worker_id, launch_id, box_id, box_type, role, labels, initial_input, bundle_digest, created_by, at, .. } = event
+        else {
+            return None;
+        };
+        let row = WorkerRow {
+            worker_id: worker_id.clone(),
+            launch_id: launch_id.clone(),
+            box_id: box_id.clone(),
+            box_type: box_type.clone(),
+            role: role.clone(),
+            labels: labels.clone(),
+            created_by: created_by.clone(),
+            created_at: *at,
+            bundle_digest: bundle_digest.clone(),
+            position,
+        };
+        Some((row, TranscriptRow { seq: 0, author: created_by.clone(), at: *at, segments: initial_input.clone() }))
+    }
+
+    /// The Worker as the wire shows it, with `transcript` (empty in lists).
+    pub fn to_wire(&self, transcript: &[TranscriptRow]) -> v1::WorkerView {
+        v1::WorkerView {
+            worker_id: self.worker_id.clone(),
+            launch_id: self.launch_id.clone(),
+            box_id: self.box_id.clone(),
+            box_type: self.box_type.clone(),
+            role: self.role.clone(),
+            labels: self.labels.clone(),
+            created_by: self.created_by.clone(),
+            created_at: Some(convert::timestamp(self.created_at)),
+            transcript: transcript
+                .iter()
+                .map(|t| v1::TranscriptEntry {
+                    seq: t.seq,
+                    author: t.author.clone(),
+                    at: Some(convert::timestamp(t.at)),
+                    segments: t.segments.iter().map(segment_to_wire).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    fn from_sql(row: &AnyRow) -> anyhow::Result<WorkerRow> {
+        Ok(WorkerRow {
+            worker_id: row.try_get(0)?,
+            launch_id: row.try_get(1)?,
+            box_id: row.try_get(2)?,
+            box_type: row.try_get(3)?,
+            role: row.try_get(4)?,
+            labels: serde_json::from_str(&row.try_get::<String, _>(5)?)?,
+            created_by: row.try_get(6)?,
+            created_at: DateTime::from_timestamp_nanos(row.try_get(7)?),
+            bundle_digest: row.try_get(8)?,
+            position: row.try_get(9)?,
+        })
+    }
+}
+
+pub fn segment_to_wire(segment: &Segment) -> v1::Segment {
+    use v1::segment::Kind;
+    let kind = match segment {
+        Segment::Text(v) => Kind::Text(v.clone()),
+        Segment::TicketRef(v) => Kind::TicketRef(v.clone()),
+        Segment::ObjectiveRef(v) => Kind::ObjectiveRef(v.clone()),
+    };
+    v1::Segment { kind: Some(kind) }
+}
+
+/// A segment from the wire; `None` when it has no kind set.
+pub fn segment_from_wire(segment: &v1::Segment) -> Option<Segment> {
+    use v1::segment::Kind;
+    Some(match segment.kind.as_ref()? {
+        Kind::Text(v) => Segment::Text(v.clone()),
+        Kind::TicketRef(v) => Segment::TicketRef(v.clone()),
+        Kind::ObjectiveRef(v) => Segment::ObjectiveRef(v.clone()),
+    })
+}
+
+fn nanos(t: DateTime<Utc>) -> i64 {
+    t.timestamp_nanos_opt().unwrap_or(i64::MAX)
+}
+
+const COLUMNS: &str = "worker_id, launch_id, box_id, box_type, role, labels_json, created_by, created_at_ns, bundle_digest, position";
+
+/// The catalog.
+#[derive(Debug)]
+pub struct WorkersView;
+
+impl WorkersView {
+    async fn apply_event(tx: &mut Transaction<'static, Any>, event: EventRef<'_>) -> anyhow::Result<()> {
+        let parsed: WorkerEvent = event.decode()?;
+        let Some((row, entry)) = WorkerRow::created(&parsed, event.position) else { return Ok(()) };
+        // A redelivered creation leaves the rows as they are.
+        sqlx::query(&format!("INSERT INTO worker_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (worker_id) DO NOTHING"))
+            .bind(row.worker_id.clone())
+            .bind(row.launch_id)
+            .bind(row.box_id)
+            .bind(row.box_type)
+            .bind(row.role)
+            .bind(serde_json::to_string(&row.labels)?)
+            .bind(row.created_by)
+            .bind(nanos(row.created_at))
+            .bind(row.bundle_digest)
+            .bind(row.position)
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO worker_transcript (worker_id, seq, author, at_ns, segments_json) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (worker_id, seq) DO NOTHING",
+        )
+        .bind(row.worker_id)
+        .bind(i64::from(entry.seq))
+        .bind(entry.author)
+        .bind(nanos(entry.at))
+        .bind(serde_json::to_string(&entry.segments)?)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Projection for WorkersView {
+    fn name(&self) -> &'static str {
+        WORKERS
+    }
+    fn aggregate_types(&self) -> &'static [&'static str] {
+        WORKERS_READS
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        &[
+            "CREATE TABLE IF NOT EXISTS worker_rows (
+                worker_id TEXT PRIMARY KEY,
+                launch_id TEXT NOT NULL,
+                box_id TEXT NOT NULL,
+                box_type TEXT NOT NULL,
+                role TEXT NOT NULL,
+                labels_json TEXT NOT NULL,
+                created_by TEXT NOT NULL,
+                created_at_ns BIGINT NOT NULL,
+                bundle_digest TEXT NOT NULL,
+                position BIGINT NOT NULL
+            )",
+            "CREATE INDEX IF NOT EXISTS worker_rows_by_box ON worker_rows (box_id, position)",
+            "CREATE TABLE IF NOT EXISTS worker_transcript (
+                worker_id TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                author TEXT NOT NULL,
+                at_ns BIGINT NOT NULL,
+                segments_json TEXT NOT NULL,
+                PRIMARY KEY (worker_id, seq)
+            )",
+        ]
+    }
+    fn table_names(&self) -> &'static [&'static str] {
+        &["worker_rows", "worker_transcript"]
+    }
+
+    async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
+        Self::apply_event(tx, event.as_event()).await
+    }
+
+    /// A rebuild's page, decoded from the stored text.
+    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
+        for event in events {
+            Self::apply_event(tx, event.as_event()).await?;
+        }
+        Ok(())
+    }
+}
+
+/// One Worker with its transcript.
+pub async fn get(db: &Db, worker_id: &str) -> anyhow::Result<Option<(WorkerRow, Vec<TranscriptRow>)>> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM worker_rows WHERE worker_id = $1")).bind(worker_id).fetch_optional(db.any()).await?;
+    let Some(row) = row.as_ref().map(WorkerRow::from_sql).transpose()? else { return Ok(None) };
+    let entries = sqlx::query("SELECT seq, author, at_ns, segments_json FROM worker_transcript WHERE worker_id = $1 ORDER BY seq")
+        .bind(worker_id)
+        .fetch_all(db.any())
+        .await?;
+    let transcript = entries
+        .iter()
+        .map(|r| {
+            Ok(TranscriptRow {
+                seq: u32::try_from(r.try_get::<i64, _>(0)?)?,
+                author: r.try_get(1)?,
+                at: DateTime::from_timestamp_nanos(r.try_get(2)?),
+                segments: serde_json::from_str(&r.try_get::<String, _>(3)?)?,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some((row, transcript)))
+}
+
+/// Largest page of Workers, and the size of a page when none is asked for.
+pub const PAGE_MAX: u32 = 200;
+pub const PAGE_DEFAULT: u32 = 50;
+
+/// A page of the Box's Workers in creation order after position `after`, and the cursor
+/// of the next page (0 on the last).
+pub async fn page(db: &Db, box_id: &str, limit: u32, after: u64) -> anyhow::Result<(Vec<WorkerRow>, u64)> {
+    let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
+    let after = i64::try_from(after).unwrap_or(i64::MAX);
+    let sql = format!("SELECT {COLUMNS} FROM worker_rows WHERE box_id = $1 AND position > $2 ORDER BY position LIMIT $3");
+    let rows = sqlx::query(&sql).bind(box_id).bind(after).bind(i64::from(limit) + 1).fetch_all(db.any()).await?;
+    let more = rows.len() > limit as usize;
+    let page = rows.iter().take(limit as usize).map(WorkerRow::from_sql).collect::<anyhow::Result<Vec<_>>>()?;
+    let next = if more { page.last().map_or(0, |r| u64::try_from(r.position).unwrap_or(0)) } else { 0 };
+    Ok((page, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use atasira_domain::worker::worker_id_for;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000 + s, 123_456_789).expect("time")
+    }
+
+    fn created() -> WorkerEvent {
+        WorkerEvent::WorkerCreated {
+            worker_id: worker_id_for("l1"),
+            launch_id: "l1".into(),
+            box_id: "b1".into(),
+            box_type: "sales".into(),
+            role: "reviewer".into(),
+            labels: BTreeMap::from([("team".to_owned(), "ops".to_owned())]),
+            initial_input: vec![Segment::Text("hi".into()), Segment::ObjectiveRef("O-1".into())],
+            fingerprint: "sha256:f".into(),
+            bundle_digest: "sha256:b".into(),
+            binding_handle: "bnd_secret".into(),
+            created_by: "erin".into(),
+            approval_key_id: "k1".into(),
+            chain: vec![],
+            at: t(0),
+        }
+    }
+
+    #[test]
+    fn r_worker_7_a_creation_is_a_catalog_entry_and_its_initial_transcript_without_binding() {
+        let (row, entry) = WorkerRow::created(&created(), 7).expect("row");
+        assert_eq!((row.position, row.created_at, entry.seq, entry.author.as_str()), (7, t(0), 0, "erin"));
+        let wire = row.to_wire(&[entry]);
+        assert_eq!(wire.transcript.len(), 1);
+        assert_eq!(
+            wire.transcript[0].segments.iter().filter_map(segment_from_wire).collect::<Vec<_>>(),
+            vec![Segment::Text("hi".into()), Segment::ObjectiveRef("O-1".into())]
+        );
+        assert_eq!(convert::time_from_wire(wire.created_at.as_ref()), Some(t(0)));
+        // R-WORKER-1: nothing of the binding in the Worker's answer
+        assert!(!format!("{wire:?}").contains("bnd_secret"));
+        let refused = WorkerEvent::WorkerLaunchRefused {
+            worker_id: "w".into(),
+            launch_id: "l".into(),
+            box_id: "b".into(),
+            by: "x".into(),
+            code: "forbidden".into(),
+            reason: "r".into(),
+            at: t(1),
+        };
+        assert!(WorkerRow::created(&refused, 8).is_none());
+    }
+
+    #[test]
+    fn r_worker_5_a_segment_without_a_kind_does_not_convert() {
+        assert_eq!(segment_from_wire(&v1::Segment { kind: None }), None);
+        assert_eq!(segment_from_wire(&segment_to_wire(&Segment::TicketRef("T".into()))), Some(Segment::TicketRef("T".into())));
+    }
+}
