@@ -136,27 +136,6 @@ async fn r_worker_a_launch_on_an_approved_box_makes_one_worker_per_launch_id_wit
     launch_scenario(db, &dir).await;
 }
 
-/// The same on PostgreSQL, when `scripts/test` provides one (`ATASIRA_TEST_DATABASE_URL`, a
-/// role that may create databases); skipped otherwise.
-#[tokio::test]
-async fn r_worker_the_launch_scenario_holds_on_postgresql_too() {
-    use sqlx::Connection as _;
-    let Ok(admin_url) = std::env::var("ATASIRA_TEST_DATABASE_URL") else {
-        eprintln!("skipped: ATASIRA_TEST_DATABASE_URL is not set");
-        return;
-    };
-    let name = format!("atasira_r_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(&admin_url).await.expect("connect to the test PostgreSQL");
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.expect("create database");
-    let base = admin_url.rsplit_once('/').map_or(admin_url.as_str(), |(b, _)| b);
-    let dir = TempDir::new();
-    let db = Db::connect(&format!("{base}/{name}")).await.expect("db");
-    launch_scenario(db.clone(), &dir).await;
-    db.any().close().await;
-    drop(db);
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut admin).await;
-}
-
 async fn launch_scenario(db: Db, dir: &TempDir) {
     let key = AssertionKey::new("internal-1", &[7u8; 32]).expect("key");
     let rt = Runtime {
