@@ -1,7 +1,7 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or
-//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|rebuild|idle`, and offline verbs (`manifest
-//! validate|context|feasibility`, `drafts preview`).
+//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|workers|rebuild|idle`, offline verbs (`manifest
+//! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers create|show|list`).
 //!
 //! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
 //! variable, parsed here and handed to the libraries as parameters (they never read the
@@ -9,6 +9,7 @@
 //! users read: no spec ids there.
 
 mod bench;
+mod client;
 mod keys;
 mod nats_config;
 mod offline;
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// atasira governs how AI employees ("Boxes") come into being and what they may do.
 ///
@@ -148,6 +149,11 @@ enum Command {
     /// Work with Box drafts.
     #[command(subcommand)]
     Drafts(DraftsCommand),
+    /// Launch, show and list the Workers of Boxes, over the REST API of a running gateway.
+    /// Exit 0 when the API answered with success, 1 when it refused, 2 on a usage error, 3
+    /// when the gateway could not be reached.
+    #[command(subcommand)]
+    Workers(client::WorkersCommand),
 }
 
 /// How `serve` authenticates to NATS.
@@ -335,7 +341,12 @@ enum DraftsCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The matches too: `workers create` reads the order of its input flags from them.
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let outcome = match cli.command {
         Command::Dev { data_dir, listen, common } => {
             common.configure_failpoints();
@@ -379,6 +390,10 @@ fn main() -> ExitCode {
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),
         Command::Manifest(ManifestCommand::Feasibility { file, task_description }) => offline::feasibility(&file, &task_description),
         Command::Drafts(DraftsCommand::Preview { json }) => offline::preview(&json),
+        Command::Workers(cmd) => {
+            let sub = matches.subcommand().and_then(|(_, m)| m.subcommand()).map(|(_, m)| m);
+            Ok(client::workers(cmd, sub))
+        }
     };
     match outcome {
         Ok(code) => code,
