@@ -344,7 +344,8 @@ mod tests {
 
     #[test]
     fn r_cli_segments_keep_the_order_they_were_given_in() {
-        let (command, matches) = parsed(&["w", "create", "--box", "b", "--launch-id", "l", "--ticket", "T-1", "--text", "a", "--objective", "O", "--text", "b"]);
+        let (command, matches) =
+            parsed(&["w", "create", "--box", "b", "--launch-id", "l", "--ticket", "T-1", "--text", "a", "--objective", "O", "--text", "b"]);
         let WorkersCommand::Create { text, ticket, objective, .. } = command else { panic!("create") };
         let input = ordered_input(Some(&matches), &text, &ticket, &objective).expect("input");
         let kinds: Vec<(&str, &str)> = input.iter().map(|s| (s["kind"].as_str().unwrap_or(""), s["value"].as_str().unwrap_or(""))).collect();

@@ -140,7 +140,8 @@ enum Command {
     #[command(subcommand)]
     Keys(keys::KeysCommand),
     /// Measure this machine: submitting drafts (against a floor measured in the same run),
-    /// rebuilding projections, and the CPU idle services use. Prints figures and targets.
+    /// launching Workers, rebuilding projections, and the CPU idle services use. Prints
+    /// figures and targets.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Work with BoxManifest YAML files offline (no server needed).
@@ -281,6 +282,35 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2000)]
         count: usize,
     },
+    /// Launching Workers: the one request a browser makes (`POST
+    /// /api/v1/boxes/{box_id}/workers`, answered once the read models hold the Worker),
+    /// each with a fresh launch_id on one active Box; prints p50 and p99 at c=1 and at
+    /// --concurrency.
+    ///
+    /// The embedded part starts every service on SQLite in a fresh temporary data dir; with
+    /// a database URL, the cluster part then runs the gateway and the five services in this
+    /// process, each with its own database pool and NATS connection.
+    Workers {
+        /// NATS server (JetStream enabled), for the cluster part.
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+        nats_url: String,
+        /// A PostgreSQL database the cluster part may write to (use a throwaway one: events
+        /// stay). Without it only the embedded part runs. Only this flag selects it (not
+        /// ATASIRA_DATABASE_URL), so a benchmark never writes to a database by accident.
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Directory of credentials written by `atasira nats-config` (for the NATS server
+        /// at --nats-url): each process of the cluster part connects with its own. Without
+        /// it every connection is anonymous.
+        #[arg(long, env = "ATASIRA_NATS_CREDS_DIR", value_name = "DIR")]
+        nats_creds_dir: Option<PathBuf>,
+        /// Launches in flight in the concurrent runs.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Launches per concurrent run (a quarter of it, at least 50, at concurrency 1).
+        #[arg(long, default_value_t = 400)]
+        count: usize,
+    },
     /// Rebuilding the drafts view and the Box view: seeds a store with N events, then
     /// times the rebuild of both and prints events per second, with where the time goes.
     Rebuild {
@@ -375,6 +405,13 @@ fn main() -> ExitCode {
                 } else {
                     database_url.map(|database_url| bench::ClusterOptions { nats_url, creds_dir: nats_creds_dir, database_url })
                 },
+                concurrency,
+                count,
+            }))
+        }
+        Command::Bench(BenchCommand::Workers { nats_url, database_url, nats_creds_dir, concurrency, count }) => {
+            run_async(bench::workers(bench::WorkersOptions {
+                cluster: database_url.map(|database_url| bench::ClusterOptions { nats_url, creds_dir: nats_creds_dir, database_url }),
                 concurrency,
                 count,
             }))
