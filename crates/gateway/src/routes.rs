@@ -517,6 +517,9 @@ pub async fn edit_config(
 
 // --- Workers ----------------------------------------------------------------------------
 
+/// The longest id the runtime looks a Box up by: no Box has a longer (or a blank) one.
+const BOX_ID_CHARS: usize = 128;
+
 /// Launch a Worker of an active Box: the one request a browser makes. Behind it the gateway
 /// syncs the Box's configuration bundle, has an execution binding prepared for the launch
 /// and creates the Worker with both (the answer names neither). A retry with the same
@@ -530,7 +533,7 @@ pub async fn edit_config(
         (status = 200, description = "An earlier request with this launch_id launched it: the same Worker", body = api::Worker),
         (status = 403, description = "`forbidden`: launching needs a human admin or a user assigned to the Box (an agent only when assigned); recorded on the audit ledger (`X-Atasira-Position` says where)", body = ErrorBody,
             headers(("X-Atasira-Position" = i64, description = "The position of the recorded refusal"))),
-        (status = 404, description = "`box_not_found`: no such Box, answered when the request is also malformed (a well-formed launch on an unknown Box is `box_not_active`); `bundle_not_found`: the Box's configuration bundle was never synced; `binding_not_found`: the execution binding prepared for the launch is gone", body = ErrorBody,
+        (status = 404, description = "`box_not_found`: no such Box, answered when the request is also malformed or the id could name no Box (a well-formed launch on an unknown Box is `box_not_active`); `bundle_not_found`: the Box's configuration bundle was never synced; `binding_not_found`: the execution binding prepared for the launch is gone", body = ErrorBody,
             headers(("X-Atasira-Position" = i64, description = "The position of the recorded refusal"))),
         (status = 409, description = "`box_not_active`: the Box is stopped, archived or unknown; `launch_id_conflict`: the launch_id was used with another request; `bundle_digest_mismatch`: the bundle does not derive from the Box's approved manifest and its recorded edits (the configuration changed during the launch: retry); `binding_box_mismatch`: the execution binding was prepared for another Box; `binding_unusable`: the binding cannot serve this Worker (held by another one); `invalid_approval_token`: the Box's approval no longer verifies; `conflict`: a concurrent write was recorded first (retry)", body = ErrorBody,
             headers(("X-Atasira-Position" = i64, description = "The position of the recorded refusal"))),
@@ -546,6 +549,9 @@ pub async fn launch_worker(
     Id(box_id): Id,
     body: RawBody,
 ) -> Result<Response, ApiError> {
+    if box_id.trim().is_empty() || box_id.chars().count() > BOX_ID_CHARS {
+        return Err(ApiError::new(ErrorCode::BoxNotFound, format!("no Box {box_id:?}")));
+    }
     let launch = validated(key.check().and_then(|()| from_wire::launch_request(&box_id, &body)), box_exists(&state, &principal, &box_id)).await?;
     let route = format!("launch worker {box_id}");
     idempotency::run(&state.rt.db, &principal, &key, &route, body.raw(), launch_steps(&state, &principal, launch)).await
