@@ -40,6 +40,9 @@ pub const AUDITABLE_TYPES: &[&str] = &[
     types::AUDIT_SECURITY,
     types::PROVISIONER_SECURITY,
     types::PAT,
+    types::WORKER,
+    types::CONFIG_BUNDLE,
+    types::EXECUTION_BINDING,
 ];
 
 /// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and

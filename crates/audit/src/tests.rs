@@ -336,6 +336,29 @@ async fn r_audit_4_rows_under_a_rotated_key_still_verify() {
     assert_eq!(first_bad(&verify(&db, &forgotten).await.expect("verify")), Some(1));
 }
 
+#[test]
+fn r_audit_1_every_audited_launch_event_is_read_by_the_ledger_writer() {
+    // R-WORKER (every launch and refusal audited): the writer reads each type whose events
+    // have an action, or their rows would never be written
+    for (aggregate_type, event_type) in [
+        ("worker", "WorkerCreated"),
+        ("worker", "WorkerLaunchRefused"),
+        ("config_bundle", "ConfigBundleSynced"),
+        ("execution_binding", "BindingPrepared"),
+        ("execution_binding", "BindingConsumed"),
+        ("execution_binding", "BindingExpired"),
+    ] {
+        assert!(atasira_domain::audit::action_of(aggregate_type, event_type).is_some(), "{event_type}");
+        assert!(AUDITABLE_TYPES.contains(&aggregate_type), "{aggregate_type} is not read by the ledger writer");
+    }
+    for aggregate_type in atasira_domain::aggregates::types::ALL {
+        let audited = ["DraftSubmitted", "BoxActivated", "AccessProvisioned", "SecurityViolation", "TokenIssued"]
+            .iter()
+            .any(|event_type| atasira_domain::audit::action_of(aggregate_type, event_type).is_some());
+        assert!(!audited || AUDITABLE_TYPES.contains(aggregate_type), "{aggregate_type}");
+    }
+}
+
 #[tokio::test]
 async fn r_audit_3_pages_filter_by_action_target_and_since() {
     // given 5 rows over 3 drafts
