@@ -278,14 +278,17 @@ fn print_list(page: &Value) {
     if workers.is_empty() {
         println!("no Workers");
     } else {
-        println!("{:<36} {:<24} {:<16} {:<16} {:<30} LABELS", "WORKER_ID", "LAUNCH_ID", "ROLE", "CREATED_BY", "CREATED_AT");
+        let launch = workers.iter().map(|w| text(&w["launch_id"]).len()).max().unwrap_or(0).max(9);
+        let role = workers.iter().map(|w| text(&w["role"]).len()).max().unwrap_or(0).max(4);
+        let by = workers.iter().map(|w| text(&w["created_by"]).len()).max().unwrap_or(0).max(10);
+        println!("{:<36} {:<launch$} {:<role$} {:<by$} {:<30} LABELS", "WORKER_ID", "LAUNCH_ID", "ROLE", "CREATED_BY", "CREATED_AT");
         for w in &workers {
-            let role = if text(&w["role"]).is_empty() { "-" } else { text(&w["role"]) };
+            let r = if text(&w["role"]).is_empty() { "-" } else { text(&w["role"]) };
             println!(
-                "{:<36} {:<24} {:<16} {:<16} {:<30} {}",
+                "{:<36} {:<launch$} {:<role$} {:<by$} {:<30} {}",
                 text(&w["worker_id"]),
                 text(&w["launch_id"]),
-                role,
+                r,
                 text(&w["created_by"]),
                 text(&w["created_at"]),
                 labels_text(&w["labels"])
@@ -304,18 +307,20 @@ fn print_provenance(p: &Value) {
     let verified = if p["approval_verified"].as_bool() == Some(true) { "verified now with public keys" } else { "DOES NOT VERIFY" };
     println!("approval    signed by key {} ({verified})", text(&p["approval_key_id"]));
     println!();
-    println!("{:<14} {:<44} {:>9} {:>6}  {:<30} {:<16} DIGEST / VERSION", "STEP", "EVENT", "POSITION", "AUDIT", "AT", "ACTOR");
-    for s in p["steps"].as_array().into_iter().flatten() {
+    let steps = p["steps"].as_array().cloned().unwrap_or_default();
+    let width = steps.iter().map(|s| text(&s["event_id"]).len()).max().unwrap_or(0).max(5);
+    println!("{:<14} {:<width$} {:>8} {:>5}  {:<30} {:<16} DIGEST / VERSION", "STEP", "EVENT", "POSITION", "AUDIT", "AT", "ACTOR");
+    for s in &steps {
         let audit = s["audit_seq"].as_i64().map_or_else(|| "-".to_owned(), |seq| seq.to_string());
         let mut what = text(&s["digest"]).to_owned();
         if let Some(version) = s["manifest_version"].as_str() {
             what = if what.is_empty() { format!("v{version}") } else { format!("{what} v{version}") };
         }
         println!(
-            "{:<14} {:<44} {:>9} {:>6}  {:<30} {:<16} {what}",
+            "{:<14} {:<width$} {:>8} {:>5}  {:<30} {:<16} {what}",
             text(&s["kind"]),
             text(&s["event_id"]),
-            s["position"],
+            s["position"].to_string(),
             audit,
             text(&s["at"]),
             text(&s["actor"])
