@@ -202,6 +202,7 @@ fn run(sys: &System, who: &str, token: &str) {
             .args(["--header", &format!("Authorization: Bearer {token}"), "--report", "har", "--report-har-path"])
             .arg(&har)
             .env("ATASIRA_FUZZ_BOX_TYPE", &plan.box_type)
+            .env("ATASIRA_FUZZ_RUN", who)
             .current_dir(&dir.0)
             .output()
             .expect("schemathesis runs (is it installed in the venv of ATASIRA_TEST_PYTHON?)")
