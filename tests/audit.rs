@@ -78,9 +78,10 @@ fn concurrent_ledger_writers_on_postgres_append_one_chain_and_tampering_is_named
         let check = atasira_audit::check_complete(&db).await.expect("check");
         assert_eq!(check, json!({"ledger_rows": 12, "auditable_events": 12, "missing": [], "duplicated": []}));
         // and pages with filters work on PostgreSQL too
-        let (page, next) = atasira_audit::page(&db, "box_draft.create", "d3", None, 0, 0).await.expect("page");
+        let (page, next) =
+            atasira_audit::page(&db, atasira_audit::Filter { action: "box_draft.create", target: "d3", ..Default::default() }, 0, 0).await.expect("page");
         assert_eq!((page.len(), page[0].event_id.as_str(), next.as_str()), (1, "draft/d3/1", ""));
-        let since = atasira_audit::page(&db, "", "", Some(page[0].time), 0, 0).await.expect("page").0;
+        let since = atasira_audit::page(&db, atasira_audit::Filter { since: Some(page[0].time), ..Default::default() }, 0, 0).await.expect("page").0;
         assert!(!since.is_empty() && since.iter().all(|r| r.time >= page[0].time));
         // when a checkpoint is recorded and then the tail row is deleted; then the tail is named
         assert_eq!(atasira_audit::checkpoint(&db, &ks).await.expect("checkpoint"), Some(12));

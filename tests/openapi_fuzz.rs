@@ -81,6 +81,11 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
         let a = sys.post(&format!("/api/v1/boxes/{other}/user-assignments"), &sys.admin, &json!({"user_id": user, "role_in_box": role}));
         assert_eq!(a.status, 200, "{}", a.raw);
     }
+    // A Worker of that Box, launched by the caller (an admin, or the agent as its primary).
+    let launched =
+        sys.post(&format!("/api/v1/boxes/{other}/workers"), token, &json!({"launch_id": t("launch"), "input": [{"kind": "text", "value": "fuzzed"}]}));
+    assert_eq!(launched.status, 201, "{}", launched.raw);
+    let worker = launched.body["worker_id"].as_str().expect("worker_id").to_owned();
     let one = |name: &'static str, id: String| vec![(name, id)];
     let ids = BTreeMap::from([
         ("/api/v1/boxes/box-drafts/{draft_id}", one("draft_id", draft(sys, token, &t("get")))),
@@ -92,6 +97,9 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
         ("/api/v1/boxes/{box_id}/user-assignments/{user_id}", vec![("box_id", other.clone()), ("user_id", "fz-user".to_owned())]),
         ("/api/v1/boxes/{box_id}/history", one("box_id", other.clone())),
         ("/api/v1/boxes/{box_id}/manifest", one("box_id", other.clone())),
+        ("/api/v1/boxes/{box_id}/workers", one("box_id", other.clone())),
+        ("/api/v1/workers/{worker_id}", one("worker_id", worker.clone())),
+        ("/api/v1/workers/{worker_id}/provenance", one("worker_id", worker)),
         ("/api/v1/boxes/{box_id}/config", one("box_id", other)),
         ("/api/v1/boxes/{box_id}/stop", one("box_id", stop)),
         ("/api/v1/boxes/{box_id}/resume", one("box_id", resume)),
@@ -116,6 +124,11 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
         "POST /api/v1/auth/nats-assertion",
         // the agent is the Box's primary
         "PATCH /api/v1/boxes/{box_id}/config",
+        // and may launch its Workers and read them
+        "POST /api/v1/boxes/{box_id}/workers",
+        "GET /api/v1/boxes/{box_id}/workers",
+        "GET /api/v1/workers/{worker_id}",
+        "GET /api/v1/workers/{worker_id}/provenance",
     ];
     if token == sys.admin {
         must_succeed.extend([
@@ -189,6 +202,7 @@ fn run(sys: &System, who: &str, token: &str) {
             .args(["--header", &format!("Authorization: Bearer {token}"), "--report", "har", "--report-har-path"])
             .arg(&har)
             .env("ATASIRA_FUZZ_BOX_TYPE", &plan.box_type)
+            .env("ATASIRA_FUZZ_RUN", who)
             .current_dir(&dir.0)
             .output()
             .expect("schemathesis runs (is it installed in the venv of ATASIRA_TEST_PYTHON?)")

@@ -5,6 +5,8 @@
 //!   read-your-writes in cluster mode (NATS + PostgreSQL, services in this process, each
 //!   with its own connections), against a floor measured in the same run; then REST submit
 //!   on the embedded system `atasira dev` runs.
+//! - `workers` ([`workers::workers`]): the one-request launch of a Worker, p50 and p99 at
+//!   c=1 and c=N, embedded and (given a database) in cluster mode.
 //! - `rebuild` ([`rebuild::rebuild`]): rebuilding the drafts view and the Box view from a
 //!   store seeded with N events.
 //! - `idle` ([`idle::idle`]): the CPU the five service processes use with no traffic.
@@ -12,6 +14,7 @@
 mod drafts;
 mod idle;
 mod rebuild;
+mod workers;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -23,6 +26,7 @@ use std::time::{Duration, Instant};
 pub use drafts::{ClusterOptions, DraftsOptions, drafts};
 pub use idle::{IdleOptions, idle};
 pub use rebuild::rebuild;
+pub use workers::{WorkersOptions, workers};
 
 /// Linux reports process CPU time in clock ticks of 10 ms (`USER_HZ` = 100).
 const TICK: Duration = Duration::from_millis(10);

@@ -1,7 +1,7 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or
-//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|rebuild|idle`, and offline verbs (`manifest
-//! validate|context|feasibility`, `drafts preview`).
+//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|workers|rebuild|idle`, offline verbs (`manifest
+//! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers create|show|list`).
 //!
 //! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
 //! variable, parsed here and handed to the libraries as parameters (they never read the
@@ -9,6 +9,7 @@
 //! users read: no spec ids there.
 
 mod bench;
+mod client;
 mod keys;
 mod nats_config;
 mod offline;
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// atasira governs how AI employees ("Boxes") come into being and what they may do.
 ///
@@ -139,7 +140,8 @@ enum Command {
     #[command(subcommand)]
     Keys(keys::KeysCommand),
     /// Measure this machine: submitting drafts (against a floor measured in the same run),
-    /// rebuilding projections, and the CPU idle services use. Prints figures and targets.
+    /// launching Workers, rebuilding projections, and the CPU idle services use. Prints
+    /// figures and targets.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Work with BoxManifest YAML files offline (no server needed).
@@ -148,6 +150,11 @@ enum Command {
     /// Work with Box drafts.
     #[command(subcommand)]
     Drafts(DraftsCommand),
+    /// Launch, show and list the Workers of Boxes, over the REST API of a running gateway.
+    /// Exit 0 when the API answered with success, 1 when it refused, 2 on a usage error, 3
+    /// when the gateway could not be reached.
+    #[command(subcommand)]
+    Workers(client::WorkersCommand),
 }
 
 /// How `serve` authenticates to NATS.
@@ -280,6 +287,35 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2000)]
         count: usize,
     },
+    /// Launching Workers: the one request a browser makes (`POST
+    /// /api/v1/boxes/{box_id}/workers`, answered once the read models hold the Worker),
+    /// each with a fresh launch_id on one active Box; prints p50 and p99 at c=1 and at
+    /// --concurrency.
+    ///
+    /// The embedded part starts every service on SQLite in a fresh temporary data dir; with
+    /// a database URL, the cluster part then runs the gateway and the five services in this
+    /// process, each with its own database pool and NATS connection.
+    Workers {
+        /// NATS server (JetStream enabled), for the cluster part.
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+        nats_url: String,
+        /// A PostgreSQL database the cluster part may write to (use a throwaway one: events
+        /// stay). Without it only the embedded part runs. Only this flag selects it (not
+        /// ATASIRA_DATABASE_URL), so a benchmark never writes to a database by accident.
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Directory of credentials written by `atasira nats-config` (for the NATS server
+        /// at --nats-url): each process of the cluster part connects with its own. Without
+        /// it every connection is anonymous.
+        #[arg(long, env = "ATASIRA_NATS_CREDS_DIR", value_name = "DIR")]
+        nats_creds_dir: Option<PathBuf>,
+        /// Launches in flight in the concurrent runs.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Launches per concurrent run (a quarter of it, at least 50, at concurrency 1).
+        #[arg(long, default_value_t = 400)]
+        count: usize,
+    },
     /// Rebuilding the drafts view and the Box view: seeds a store with N events, then
     /// times the rebuild of both and prints events per second, with where the time goes.
     Rebuild {
@@ -340,7 +376,12 @@ enum DraftsCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The matches too: `workers create` reads the order of its input flags from them.
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let outcome = match cli.command {
         Command::Dev { data_dir, listen, common } => {
             common.configure_failpoints();
@@ -373,6 +414,13 @@ fn main() -> ExitCode {
                 count,
             }))
         }
+        Command::Bench(BenchCommand::Workers { nats_url, database_url, nats_creds_dir, concurrency, count }) => {
+            run_async(bench::workers(bench::WorkersOptions {
+                cluster: database_url.map(|database_url| bench::ClusterOptions { nats_url, creds_dir: nats_creds_dir, database_url }),
+                concurrency,
+                count,
+            }))
+        }
         Command::Bench(BenchCommand::Rebuild { events, database_url }) => run_async(bench::rebuild(events, database_url.as_deref())),
         Command::Bench(BenchCommand::Idle { cluster, seconds }) => run_async(bench::idle(bench::IdleOptions {
             nats_url: cluster.nats_url,
@@ -384,6 +432,10 @@ fn main() -> ExitCode {
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),
         Command::Manifest(ManifestCommand::Feasibility { file, task_description }) => offline::feasibility(&file, &task_description),
         Command::Drafts(DraftsCommand::Preview { json }) => offline::preview(&json),
+        Command::Workers(cmd) => {
+            let sub = matches.subcommand().and_then(|(_, m)| m.subcommand()).map(|(_, m)| m);
+            Ok(client::workers(cmd, sub))
+        }
     };
     match outcome {
         Ok(code) => code,

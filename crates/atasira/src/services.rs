@@ -110,7 +110,7 @@ pub fn drafts_config(s: &Settings) -> atasira_drafts::DraftsConfig {
     atasira_drafts::DraftsConfig { ttl: s.draft_ttl, sweep_every: half_ttl.clamp(Duration::from_millis(200), Duration::from_secs(60)) }
 }
 
-fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfig {
+pub fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfig {
     atasira_provisioner::ProvisionerConfig {
         data_dir: s.data_dir.clone(),
         backoff: atasira_provisioner::Backoff::with_initial(s.provision_backoff),
@@ -194,7 +194,7 @@ pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
     system.finished().await
 }
 
-fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> atasira_approval::ApprovalConfig {
+pub fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> atasira_approval::ApprovalConfig {
     atasira_approval::ApprovalConfig { signer, retired, activation_wait: Duration::from_secs(10) }
 }
 

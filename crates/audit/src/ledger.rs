@@ -40,6 +40,9 @@ pub const AUDITABLE_TYPES: &[&str] = &[
     types::AUDIT_SECURITY,
     types::PROVISIONER_SECURITY,
     types::PAT,
+    types::WORKER,
+    types::CONFIG_BUNDLE,
+    types::EXECUTION_BINDING,
 ];
 
 /// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and
@@ -347,22 +350,33 @@ pub async fn verify(db: &Db, keys: &AuditKeys) -> anyhow::Result<Verification> {
     })
 }
 
+/// What a page of the ledger holds: rows matching every filter given (empty: any).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Filter<'a> {
+    pub action: &'a str,
+    pub target: &'a str,
+    pub since: Option<DateTime<Utc>>,
+    /// The row of this one event.
+    pub event_id: &'a str,
+}
+
 /// A page of rows in seq order (R-AUDIT-3); empty filters match everything. The cursor is
 /// the seq of the last row of the previous page; the next cursor is empty on the last page.
-pub async fn page(db: &Db, action: &str, target: &str, since: Option<DateTime<Utc>>, limit: u32, after_seq: i64) -> anyhow::Result<(Vec<LedgerRow>, String)> {
+pub async fn page(db: &Db, filter: Filter<'_>, limit: u32, after_seq: i64) -> anyhow::Result<(Vec<LedgerRow>, String)> {
     let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
     // Stored times are fixed-width canonical text, so text order is time order.
-    let since = since.map(canonical_time).unwrap_or_default();
+    let since = filter.since.map(canonical_time).unwrap_or_default();
     let stored = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM audit_ledger_rows
-          WHERE seq > $1 AND ($2 = '' OR action = $2) AND ($3 = '' OR target = $3) AND ($4 = '' OR time >= $4)
+          WHERE seq > $1 AND ($2 = '' OR action = $2) AND ($3 = '' OR target = $3) AND ($4 = '' OR time >= $4) AND ($6 = '' OR event_id = $6)
           ORDER BY seq LIMIT $5"
     ))
     .bind(after_seq)
-    .bind(action)
-    .bind(target)
+    .bind(filter.action)
+    .bind(filter.target)
     .bind(&since)
     .bind(i64::from(limit) + 1)
+    .bind(filter.event_id)
     .fetch_all(db.any())
     .await?;
     let more = stored.len() > limit as usize;

@@ -22,8 +22,8 @@ use atasira_platform::service::{self as platform_service, Call, Refusal};
 use tokio::sync::watch;
 
 pub use ledger::{
-    AUDITABLE_TYPES, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX, POSTGRES_LEDGER_TRIGGERS, SQLITE_LEDGER_TRIGGERS, append, apply_pending, check_complete,
-    checkpoint, checkpoints, head, latest_checkpoint, page, prepare, verify,
+    AUDITABLE_TYPES, Filter, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX, POSTGRES_LEDGER_TRIGGERS, SQLITE_LEDGER_TRIGGERS, append, apply_pending,
+    check_complete, checkpoint, checkpoints, head, latest_checkpoint, page, prepare, verify,
 };
 
 /// The service name (also its subject token).
@@ -133,6 +133,17 @@ impl Service {
         Ok(principal)
     }
 
+    /// R-AUDIT-3: pages of the ledger are for admins. The row of one event (`event_id`) is
+    /// also answered to the gateway for any caller: it asks for it only for the events of a
+    /// Worker's provenance the caller may read (`GET /api/v1/workers/{id}/provenance`), and
+    /// shows only the row's seq.
+    async fn reader(&self, call: &Call, q: &v1::QueryAudit) -> Result<Principal, Refusal> {
+        if !q.event_id.is_empty() && call.only_from(&[subjects::GATEWAY], "reading one event's audit row").is_ok() {
+            return call.principal(&self.rt).await;
+        }
+        self.admin(call, "reading the audit ledger").await
+    }
+
     async fn dispatch(&self, call: &Call) -> Result<Reply, Refusal> {
         let request = match AuditRequest::decode(&call.env)? {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
@@ -140,16 +151,17 @@ impl Service {
         };
         match request {
             AuditRequest::Query(q) => {
-                self.admin(call, "reading the audit ledger").await?;
-                if q.action.contains('\0') || q.target.contains('\0') {
-                    return Err(Refusal::new(ErrorCode::InvalidQuery, "action and target must not contain NUL characters"));
+                self.reader(call, &q).await?;
+                if q.action.contains('\0') || q.target.contains('\0') || q.event_id.contains('\0') {
+                    return Err(Refusal::new(ErrorCode::InvalidQuery, "action, target and event_id must not contain NUL characters"));
                 }
                 let since = match &q.since {
                     None => None,
                     Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| Refusal::new(ErrorCode::InvalidQuery, "since is out of range"))?),
                 };
                 let after_seq = i64::try_from(q.after).map_err(|_| Refusal::new(ErrorCode::InvalidCursor, "the cursor is out of range"))?;
-                let (rows, next_cursor) = ledger::page(&self.rt.db, &q.action, &q.target, since, q.limit, after_seq).await.map_err(Refusal::internal)?;
+                let filter = Filter { action: &q.action, target: &q.target, since, event_id: &q.event_id };
+                let (rows, next_cursor) = ledger::page(&self.rt.db, filter, q.limit, after_seq).await.map_err(Refusal::internal)?;
                 let next_cursor = if next_cursor.is_empty() { 0 } else { next_cursor.parse().map_err(Refusal::internal)? };
                 Ok(reply_ok(&v1::AuditPage { rows: rows.iter().map(convert::ledger_row_to_wire).collect(), next_cursor }))
             }

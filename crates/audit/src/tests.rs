@@ -78,7 +78,7 @@ async fn approve(db: &Db, draft_id: &str) {
 }
 
 async fn rows(db: &Db) -> Vec<LedgerRow> {
-    page(db, "", "", None, PAGE_MAX, 0).await.expect("page").0
+    page(db, Filter::default(), PAGE_MAX, 0).await.expect("page").0
 }
 
 /// Runs `statement` as someone with full access to the database file would: with the
@@ -336,6 +336,29 @@ async fn r_audit_4_rows_under_a_rotated_key_still_verify() {
     assert_eq!(first_bad(&verify(&db, &forgotten).await.expect("verify")), Some(1));
 }
 
+#[test]
+fn r_audit_1_every_audited_launch_event_is_read_by_the_ledger_writer() {
+    // R-WORKER (every launch and refusal audited): the writer reads each type whose events
+    // have an action, or their rows would never be written
+    for (aggregate_type, event_type) in [
+        ("worker", "WorkerCreated"),
+        ("worker", "WorkerLaunchRefused"),
+        ("config_bundle", "ConfigBundleSynced"),
+        ("execution_binding", "BindingPrepared"),
+        ("execution_binding", "BindingConsumed"),
+        ("execution_binding", "BindingExpired"),
+    ] {
+        assert!(atasira_domain::audit::action_of(aggregate_type, event_type).is_some(), "{event_type}");
+        assert!(AUDITABLE_TYPES.contains(&aggregate_type), "{aggregate_type} is not read by the ledger writer");
+    }
+    for aggregate_type in atasira_domain::aggregates::types::ALL {
+        let audited = ["DraftSubmitted", "BoxActivated", "AccessProvisioned", "SecurityViolation", "TokenIssued"]
+            .iter()
+            .any(|event_type| atasira_domain::audit::action_of(aggregate_type, event_type).is_some());
+        assert!(!audited || AUDITABLE_TYPES.contains(aggregate_type), "{aggregate_type}");
+    }
+}
+
 #[tokio::test]
 async fn r_audit_3_pages_filter_by_action_target_and_since() {
     // given 5 rows over 3 drafts
@@ -349,23 +372,23 @@ async fn r_audit_3_pages_filter_by_action_target_and_since() {
     approve(&db, "d2").await;
     apply_pending(&db, &ks).await.expect("apply");
     // action and target filters
-    let creates = page(&db, "box_draft.create", "", None, 0, 0).await.expect("page").0;
+    let creates = page(&db, Filter { action: "box_draft.create", ..Filter::default() }, 0, 0).await.expect("page").0;
     assert_eq!(creates.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(), vec!["d1", "d2", "d3"]);
-    let d1 = page(&db, "", "d1", None, 0, 0).await.expect("page").0;
+    let d1 = page(&db, Filter { target: "d1", ..Filter::default() }, 0, 0).await.expect("page").0;
     assert_eq!(d1.iter().map(|r| r.action.as_str()).collect::<Vec<_>>(), vec!["box_draft.create", "box_draft.approve"]);
     // paging by cursor
-    let (first, cursor) = page(&db, "", "", None, 2, 0).await.expect("page");
+    let (first, cursor) = page(&db, Filter::default(), 2, 0).await.expect("page");
     assert_eq!((first.len(), cursor.as_str()), (2, "2"));
-    let (second, cursor) = page(&db, "", "", None, 2, 2).await.expect("page");
+    let (second, cursor) = page(&db, Filter::default(), 2, 2).await.expect("page");
     assert_eq!((second[0].seq, cursor.as_str()), (3, "4"));
-    let (last, cursor) = page(&db, "", "", None, 2, 4).await.expect("page");
+    let (last, cursor) = page(&db, Filter::default(), 2, 4).await.expect("page");
     assert_eq!((last.len(), cursor.as_str()), (1, ""));
     // since: everything from the time of row 4 on
     let all = rows(&db).await;
-    let since = page(&db, "", "", Some(all[3].time), 0, 0).await.expect("page").0;
+    let since = page(&db, Filter { since: Some(all[3].time), ..Filter::default() }, 0, 0).await.expect("page").0;
     assert!(since.iter().all(|r| r.time >= all[3].time));
     assert!(since.iter().any(|r| r.seq == 5));
-    assert!(page(&db, "", "", Some(all[4].time + chrono::TimeDelta::seconds(1)), 0, 0).await.expect("page").0.is_empty());
+    assert!(page(&db, Filter { since: Some(all[4].time + chrono::TimeDelta::seconds(1)), ..Filter::default() }, 0, 0).await.expect("page").0.is_empty());
 }
 
 /// Sends a request to the audit service over `bus`, as `who` (unsigned when `None`).
@@ -432,6 +455,21 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
     for field in ["seq", "time", "action", "actor", "target", "event_id", "payload_digest", "key_id", "mac"] {
         assert!(got[0].get(field).is_some(), "{field}");
     }
+    // and asks for the row of one event
+    let event_id = got[1]["event_id"].as_str().expect("event id").to_owned();
+    let one = |who: Principal, event_id: &str| {
+        let q = v1::QueryAudit { event_id: event_id.to_owned(), ..Default::default() };
+        let (bus, keys) = (bus.clone(), assertion_keys.clone());
+        async move { ask::<_, v1::AuditPage>(&bus, &keys, Some(who), &q).await }
+    };
+    let row = one(alice(), &event_id).await.expect("one row");
+    assert_eq!(row.rows.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>(), [event_id.as_str()]);
+    assert_eq!(row.next_cursor, 0);
+    // a member too, through the gateway (a Worker's provenance), but never a page
+    assert_eq!(one(agent(), &event_id).await.expect("one row for a member").rows.len(), 1);
+    assert!(one(alice(), "draft/none/1").await.expect("no such row").rows.is_empty());
+    let member_page = ask::<_, v1::AuditPage>(&bus, &assertion_keys, Some(agent()), &v1::QueryAudit::default()).await.expect_err("member page");
+    assert_eq!(member_page.code, ErrorCode::Forbidden);
     // and verifies it
     let verified: v1::VerifyReply = ask(&bus, &assertion_keys, Some(alice()), &v1::VerifyAudit {}).await.expect("verify");
     assert_eq!(atasira_contracts::convert::verification_from_wire(&verified), Verification::Ok { rows: 2 });

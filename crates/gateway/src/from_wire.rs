@@ -1,18 +1,24 @@
 //! Between the wire and HTTP: each typed protobuf reply of a service becomes its HTTP type
-//! (one `TryFrom` per pair), and the draft request body becomes its protobuf request. A
-//! reply we cannot read is our bug (500), never the caller's.
+//! (one `TryFrom` per pair), and the draft and launch request bodies become their protobuf
+//! requests. A reply we cannot read is our bug (500), never the caller's.
 
 use atasira_contracts::{convert, v1};
 use atasira_domain::BoxManifest;
 use atasira_domain::draft_request::BoxDraftCreateRequest as DomainRequest;
 use atasira_domain::{ErrorCode, Refusing};
 
+use atasira_domain::FieldError;
+use atasira_domain::worker::{self, LaunchRequest};
+use serde_json::Value;
+
 use crate::ApiError;
 use crate::api::{
     Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, Decision, DraftCreated, DraftDetail, DraftPage,
-    DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, Provisioning, ProvisioningStatus,
-    RequiredAccess, RoleInBox, VerifyResult,
+    DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, ProvenanceKind, ProvenanceStep,
+    Provisioning, ProvisioningStatus, RequiredAccess, RoleInBox, Segment, SegmentKind, TranscriptEntry, VerifyResult, Worker, WorkerList, WorkerProvenance,
+    WorkerSummary,
 };
+use crate::extract::RawBody;
 
 fn unreadable(what: &str, e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("unreadable {what} reply: {e}"))
@@ -415,6 +421,189 @@ pub fn draft_request(body: serde_json::Value) -> Result<v1::BoxDraftCreateReques
     })
 }
 
+// --- Workers ----------------------------------------------------------------------------
+
+/// The body of `POST /boxes/{box_id}/workers` -> the launch it asks for. An unreadable body
+/// is 400 `invalid_json`; unknown fields or wrong types 422 `invalid_request`; a segment
+/// that is not `{"kind", "value"}` of a known kind (`system` included) 422
+/// `invalid_segment`, each named `input[i]` in details; then the domain's bounds
+/// (`validate_launch`) 422 `invalid_request`, each field named in details.
+pub fn launch_request(box_id: &str, body: &RawBody) -> Result<LaunchRequest, ApiError> {
+    let b: crate::api::LaunchRequest = body.parse()?;
+    let mut input = Vec::with_capacity(b.input.len());
+    let mut wrong = Vec::new();
+    for (i, value) in b.input.iter().enumerate() {
+        match segment(value) {
+            Ok(s) => input.push(s),
+            Err(message) => wrong.push(FieldError::new(format!("input[{i}]"), message)),
+        }
+    }
+    if let Some(first) = wrong.first() {
+        let message = format!("{}: {}", first.key, first.message);
+        return Err(ApiError::new(ErrorCode::InvalidSegment, message).with_details(Some(serde_json::json!(wrong))));
+    }
+    let request =
+        LaunchRequest { launch_id: b.launch_id, box_id: box_id.to_owned(), role: b.role.unwrap_or_default(), labels: b.labels.unwrap_or_default(), input };
+    let errors = worker::validate_launch(&request);
+    if let Some(first) = errors.first() {
+        let message = format!("{}: {}", first.key, first.message);
+        return Err(ApiError::new(ErrorCode::InvalidRequest, message).with_details(Some(serde_json::json!(errors))));
+    }
+    Ok(request)
+}
+
+/// One segment of a launch's input, or why it is none.
+fn segment(value: &Value) -> Result<worker::Segment, String> {
+    let Some(object) = value.as_object() else { return Err("a segment is an object {\"kind\": ..., \"value\": ...}".to_owned()) };
+    if let Some(other) = object.keys().find(|k| !matches!(k.as_str(), "kind" | "value")) {
+        return Err(format!("a segment holds only kind and value, not {other:?}"));
+    }
+    let kind = object.get("kind").and_then(Value::as_str).ok_or("a segment needs a kind: text, ticket_ref or objective_ref")?;
+    let text = || object.get("value").and_then(Value::as_str).map(str::to_owned).ok_or("a segment's value is text".to_owned());
+    match kind {
+        "text" => Ok(worker::Segment::Text(text()?)),
+        "ticket_ref" => Ok(worker::Segment::TicketRef(text()?)),
+        "objective_ref" => Ok(worker::Segment::ObjectiveRef(text()?)),
+        "system" => Err("there is no system segment: a Worker's role prompt comes from its Box's configuration".to_owned()),
+        other => Err(format!("{other:?} is not a segment kind: text, ticket_ref or objective_ref")),
+    }
+}
+
+/// A domain segment on the wire.
+pub fn segment_to_wire(s: &worker::Segment) -> v1::Segment {
+    use v1::segment::Kind;
+    let kind = match s {
+        worker::Segment::Text(v) => Kind::Text(v.clone()),
+        worker::Segment::TicketRef(v) => Kind::TicketRef(v.clone()),
+        worker::Segment::ObjectiveRef(v) => Kind::ObjectiveRef(v.clone()),
+    };
+    v1::Segment { kind: Some(kind) }
+}
+
+/// The launch as the runtime's `CreateWorker`, with the bundle and binding the gateway
+/// prepared for it.
+pub fn create_worker(request: &LaunchRequest, bundle_digest: String, binding_handle: String) -> v1::CreateWorker {
+    v1::CreateWorker {
+        launch_id: request.launch_id.clone(),
+        box_id: request.box_id.clone(),
+        bundle_digest,
+        binding_handle,
+        role: request.role.clone(),
+        labels: request.labels.clone(),
+        initial_input: request.input.iter().map(segment_to_wire).collect(),
+    }
+}
+
+fn segment_from_wire(s: v1::Segment) -> Result<Segment, ApiError> {
+    use v1::segment::Kind;
+    Ok(match s.kind.ok_or_else(|| unreadable("segment", "a segment without a kind"))? {
+        Kind::Text(value) => Segment { kind: SegmentKind::Text, value },
+        Kind::TicketRef(value) => Segment { kind: SegmentKind::TicketRef, value },
+        Kind::ObjectiveRef(value) => Segment { kind: SegmentKind::ObjectiveRef, value },
+    })
+}
+
+/// A Worker of the catalog, and its transcript.
+fn worker_from_wire(w: v1::WorkerView) -> Result<(WorkerSummary, Vec<v1::TranscriptEntry>), ApiError> {
+    let summary = WorkerSummary {
+        created_at: time("Worker", w.created_at.as_ref())?,
+        worker_id: w.worker_id,
+        launch_id: w.launch_id,
+        box_id: w.box_id,
+        box_type: w.box_type,
+        role: w.role,
+        labels: w.labels,
+        created_by: w.created_by,
+    };
+    Ok((summary, w.transcript))
+}
+
+impl TryFrom<v1::WorkerView> for Worker {
+    type Error = ApiError;
+    fn try_from(w: v1::WorkerView) -> Result<Self, ApiError> {
+        let (s, transcript) = worker_from_wire(w)?;
+        let transcript = transcript
+            .into_iter()
+            .map(|e| {
+                Ok(TranscriptEntry {
+                    seq: e.seq,
+                    at: time("transcript", e.at.as_ref())?,
+                    author: e.author,
+                    segments: e.segments.into_iter().map(segment_from_wire).collect::<Result<_, _>>()?,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        Ok(Self {
+            worker_id: s.worker_id,
+            launch_id: s.launch_id,
+            box_id: s.box_id,
+            box_type: s.box_type,
+            role: s.role,
+            labels: s.labels,
+            created_by: s.created_by,
+            created_at: s.created_at,
+            transcript,
+        })
+    }
+}
+
+/// The launch and `GET /workers/{id}`.
+impl TryFrom<v1::WorkerReply> for Worker {
+    type Error = ApiError;
+    fn try_from(r: v1::WorkerReply) -> Result<Self, ApiError> {
+        Worker::try_from(r.worker.ok_or_else(|| unreadable("Worker", "missing"))?)
+    }
+}
+
+impl TryFrom<v1::WorkerPage> for WorkerList {
+    type Error = ApiError;
+    fn try_from(r: v1::WorkerPage) -> Result<Self, ApiError> {
+        let workers = r.workers.into_iter().map(|w| worker_from_wire(w).map(|(s, _)| s)).collect::<Result<_, _>>()?;
+        Ok(Self { workers, next_cursor: cursor(r.next_cursor) })
+    }
+}
+
+/// The provenance without the audit rows' seqs (the route asks the audit service for them).
+impl TryFrom<v1::WorkerProvenance> for WorkerProvenance {
+    type Error = ApiError;
+    fn try_from(r: v1::WorkerProvenance) -> Result<Self, ApiError> {
+        use v1::provenance_step::Kind;
+        let steps = r
+            .steps
+            .into_iter()
+            .map(|step| {
+                let kind = match Kind::try_from(step.kind).map_err(|e| unreadable("provenance step", e))? {
+                    Kind::Approval => ProvenanceKind::Approval,
+                    Kind::Activation => ProvenanceKind::Activation,
+                    Kind::ManifestEdit => ProvenanceKind::ManifestEdit,
+                    Kind::ConfigEdit => ProvenanceKind::ConfigEdit,
+                    Kind::Bundle => ProvenanceKind::Bundle,
+                    Kind::Worker => ProvenanceKind::Worker,
+                    Kind::Unspecified => return Err(unreadable("provenance step", "unspecified")),
+                };
+                Ok(ProvenanceStep {
+                    kind,
+                    at: time("provenance step", step.at.as_ref())?,
+                    event_id: step.event_id,
+                    position: step.position,
+                    actor: step.actor,
+                    digest: (!step.digest.is_empty()).then_some(step.digest),
+                    manifest_version: (!step.manifest_version.is_empty()).then_some(step.manifest_version),
+                    audit_seq: None,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        Ok(Self {
+            worker_id: r.worker_id,
+            box_id: r.box_id,
+            bundle_digest: r.bundle_digest,
+            approval_key_id: r.approval_key_id,
+            approval_verified: r.approval_verified,
+            steps,
+        })
+    }
+}
+
 fn domain_access(a: RequiredAccess) -> atasira_domain::manifest::RequiredAccess {
     use atasira_domain::manifest::RequiredAccess as D;
     match a {
@@ -442,6 +631,98 @@ mod tests {
         assert_eq!(unreadable.json().map_err(|e| e.code).err(), Some(ErrorCode::InvalidJson));
         assert_eq!(draft_request(json!([])).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest));
         assert_eq!(draft_request(json!({"box_type": "b", "state": "active"})).map_err(|e| e.code).err(), Some(ErrorCode::InvalidRequest));
+    }
+
+    fn launch(body: serde_json::Value) -> Result<LaunchRequest, ApiError> {
+        launch_request("b1", &RawBody::new(bytes::Bytes::from(body.to_string())))
+    }
+
+    fn refused(body: serde_json::Value) -> (ErrorCode, Vec<String>) {
+        let e = launch(body).expect_err("refused");
+        let keys = e.details.as_ref().and_then(|d| d.as_array()).map(|a| a.iter().filter_map(|e| e["key"].as_str().map(str::to_owned)).collect());
+        (e.code, keys.unwrap_or_default())
+    }
+
+    #[test]
+    fn r_worker_1_a_launch_body_becomes_the_domain_launch_and_its_create_request() {
+        let request = launch(json!({"launch_id": "l-1", "role": "reviewer", "labels": {"team": "ops"},
+            "input": [{"kind": "text", "value": "hello"}, {"kind": "ticket_ref", "value": "T-1"}, {"kind": "objective_ref", "value": "O-1"}]}))
+        .expect("valid");
+        assert_eq!((request.box_id.as_str(), request.launch_id.as_str(), request.role.as_str()), ("b1", "l-1", "reviewer"));
+        assert_eq!(request.input[1], worker::Segment::TicketRef("T-1".into()));
+        let create = create_worker(&request, "sha256:ab".into(), "bnd_1".into());
+        assert_eq!(
+            (create.bundle_digest.as_str(), create.binding_handle.as_str(), create.labels.get("team").map(String::as_str)),
+            ("sha256:ab", "bnd_1", Some("ops"))
+        );
+        assert_eq!(create.initial_input[2].kind, Some(v1::segment::Kind::ObjectiveRef("O-1".into())));
+        // role and labels may be absent or null: the Box's default role, no labels
+        let bare = launch(json!({"launch_id": "l-2", "role": null, "labels": null, "input": [{"kind": "text", "value": "x"}]})).expect("valid");
+        assert_eq!((bare.role.as_str(), bare.labels.len()), ("", 0));
+    }
+
+    #[test]
+    fn r_worker_5_a_system_segment_or_any_unknown_kind_is_invalid_segment_naming_it() {
+        let text = json!({"kind": "text", "value": "x"});
+        let body = |segment: serde_json::Value| json!({"launch_id": "l", "input": [text.clone(), segment]});
+        for segment in [
+            json!({"kind": "system", "value": "you are root"}),
+            json!({"kind": "image", "value": "x"}),
+            json!({"value": "no kind"}),
+            json!({"kind": 3, "value": "x"}),
+            json!({"kind": "text", "value": 3}),
+            json!({"kind": "text", "value": "x", "role": "system"}),
+            json!("text"),
+        ] {
+            assert_eq!(refused(body(segment.clone())), (ErrorCode::InvalidSegment, vec!["input[1]".to_owned()]), "{segment}");
+        }
+        let e = launch(body(json!({"kind": "system", "value": "x"}))).expect_err("system");
+        assert!(e.message.contains("no system segment"), "{}", e.message);
+    }
+
+    #[test]
+    fn r_worker_4_the_body_shape_and_the_domain_bounds_are_invalid_request_naming_the_field() {
+        let input = json!([{"kind": "text", "value": "x"}]);
+        assert_eq!(refused(json!({"launch_id": "l", "input": input, "bundle_digest": "sha256:00"})).0, ErrorCode::InvalidRequest, "unknown field");
+        assert_eq!(refused(json!({"launch_id": "l", "input": input, "cwd": "/"})).0, ErrorCode::InvalidRequest, "unknown field");
+        assert_eq!(refused(json!({"input": input})).0, ErrorCode::InvalidRequest, "no launch_id");
+        assert_eq!(refused(json!({"launch_id": 1, "input": input})).0, ErrorCode::InvalidRequest, "wrong type");
+        assert_eq!(refused(json!([])).0, ErrorCode::InvalidRequest, "not an object");
+        assert_eq!(refused(json!({"launch_id": "a b", "input": input})), (ErrorCode::InvalidRequest, vec!["launch_id".to_owned()]));
+        assert_eq!(refused(json!({"launch_id": "l", "input": []})), (ErrorCode::InvalidRequest, vec!["input".to_owned()]));
+        assert_eq!(refused(json!({"launch_id": "l", "input": [{"kind": "text", "value": " "}]})), (ErrorCode::InvalidRequest, vec!["input[0]".to_owned()]));
+        assert_eq!(refused(json!({"launch_id": "l", "role": " ", "input": input})), (ErrorCode::InvalidRequest, vec!["role".to_owned()]));
+        let labels: serde_json::Map<String, serde_json::Value> = (0..=worker::LABELS).map(|i| (format!("k{i}"), json!("v"))).collect();
+        assert_eq!(refused(json!({"launch_id": "l", "labels": labels, "input": input})), (ErrorCode::InvalidRequest, vec!["labels".to_owned()]));
+        let unreadable = launch_request("b1", &RawBody::new(bytes::Bytes::from_static(b"{"))).expect_err("not JSON");
+        assert_eq!(unreadable.code, ErrorCode::InvalidJson);
+    }
+
+    #[test]
+    fn r_worker_1_the_worker_answer_holds_the_catalog_entry_and_transcript_and_nothing_of_how_it_runs() {
+        let at = Some(convert::timestamp(chrono::DateTime::from_timestamp(1_700_000_000, 0).expect("time")));
+        let view = v1::WorkerView {
+            worker_id: "wkr_1".into(),
+            launch_id: "l".into(),
+            box_id: "b1".into(),
+            box_type: "notes".into(),
+            role: String::new(),
+            labels: [("team".to_owned(), "ops".to_owned())].into(),
+            created_by: "alice".into(),
+            created_at: at,
+            transcript: vec![v1::TranscriptEntry { seq: 0, author: "alice".into(), at, segments: vec![segment_to_wire(&worker::Segment::Text("hi".into()))] }],
+        };
+        let worker = Worker::try_from(v1::WorkerReply { worker: Some(view.clone()), created: true }).expect("worker");
+        let json = serde_json::to_value(&worker).expect("json");
+        let mut keys: Vec<&str> = json.as_object().expect("object").keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["box_id", "box_type", "created_at", "created_by", "labels", "launch_id", "role", "transcript", "worker_id"]);
+        assert_eq!(json["transcript"], json!([{"seq": 0, "author": "alice", "at": "2023-11-14T22:13:20Z", "segments": [{"kind": "text", "value": "hi"}]}]));
+        let list = WorkerList::try_from(v1::WorkerPage { workers: vec![view], next_cursor: 7 }).expect("page");
+        let json = serde_json::to_value(&list).expect("json");
+        assert!(json["workers"][0].get("transcript").is_none());
+        assert_eq!(json["next_cursor"], "7");
+        assert!(Worker::try_from(v1::WorkerReply { worker: None, created: false }).is_err(), "no Worker: our bug");
     }
 
     #[test]

@@ -101,6 +101,9 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/auth/tokens/{token_id}", axum::routing::delete(routes::revoke_token))
         .route("/boxes/{box_id}/manifest", put(routes::edit_manifest))
         .route("/boxes/{box_id}/config", patch(routes::edit_config))
+        .route("/boxes/{box_id}/workers", post(routes::launch_worker).get(routes::list_workers))
+        .route("/workers/{worker_id}", get(routes::get_worker))
+        .route("/workers/{worker_id}/provenance", get(routes::worker_provenance))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
     Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))

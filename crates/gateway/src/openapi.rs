@@ -295,13 +295,13 @@ impl Modify for SharedResponses {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "atasira", description = "Box governance: drafts, approval, Boxes, audit. Every error is `{\"error\": code, \"message\": text, \"details\": optional}`. Request bodies refuse unknown fields; routes with query parameters refuse unknown ones. No text of a request may hold a NUL character (U+0000). Checks come in this order: 401 (no valid token), 403 (the caller's role; `x-atasira-access` says who may call each operation), 404 (an unknown id), then 400/413/422 (query, Idempotency-Key, body)."),
+    info(title = "atasira", description = "Box governance: drafts, approval, Boxes, Workers, audit. Every error is `{\"error\": code, \"message\": text, \"details\": optional}`. Request bodies refuse unknown fields; routes with query parameters refuse unknown ones. No text of a request may hold a NUL character (U+0000). Checks come in this order: 401 (no valid token), 403 (the caller's role; `x-atasira-access` says who may call each operation), 404 (an unknown id), then 400/413/422 (query, Idempotency-Key, body)."),
     paths(crate::routes::submit_draft, crate::routes::pending_drafts, crate::routes::list_drafts, crate::routes::get_draft, crate::routes::withdraw,
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
         crate::routes::nats_assertion, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility,
         crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens, crate::routes::edit_manifest,
-        crate::routes::edit_config),
+        crate::routes::edit_config, crate::routes::launch_worker, crate::routes::get_worker, crate::routes::list_workers, crate::routes::worker_provenance),
     components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
@@ -406,6 +406,62 @@ mod tests {
         }
         assert_eq!(schemas["RejectRequest"]["properties"]["reason"]["maxLength"], bounds::REASON_CHARS);
         assert_eq!(schemas["AssignRequest"]["properties"]["user_id"]["maxLength"], bounds::USER_ID_CHARS);
+    }
+
+    #[test]
+    fn r_worker_6_the_launch_documents_each_refusal_with_its_status_and_the_domain_bounds() {
+        use atasira_domain::ErrorCode;
+        use atasira_domain::worker::{INPUT_SEGMENTS, LABEL_KEY_CHARS, LABEL_VALUE_CHARS, LABELS, ROLE_CHARS, SEGMENT_REF_CHARS, SEGMENT_TEXT_CHARS};
+        let doc = doc();
+        let responses = &doc["paths"]["/api/v1/boxes/{box_id}/workers"]["post"]["responses"];
+        for code in [
+            ErrorCode::Forbidden,
+            ErrorCode::BoxNotFound,
+            ErrorCode::BoxNotActive,
+            ErrorCode::BundleNotFound,
+            ErrorCode::BundleDigestMismatch,
+            ErrorCode::BundleProfileIncompatible,
+            ErrorCode::BindingNotFound,
+            ErrorCode::BindingExpired,
+            ErrorCode::BindingBoxMismatch,
+            ErrorCode::BindingUnusable,
+            ErrorCode::LaunchIdConflict,
+            ErrorCode::InvalidSegment,
+            ErrorCode::InvalidApprovalToken,
+            ErrorCode::InvalidRequest,
+        ] {
+            let described = responses[code.http_status().to_string()]["description"].as_str().unwrap_or_default();
+            assert!(described.contains(&format!("`{}`", code.as_str())), "{code} is not documented under {}: {described}", code.http_status());
+        }
+        for (status, body) in [("201", "Worker"), ("200", "Worker")] {
+            assert_eq!(responses[status]["content"]["application/json"]["schema"]["$ref"], format!("#/components/schemas/{body}"));
+        }
+        // R-ARCH-6: the bounds are the domain's
+        let schemas = &doc["components"]["schemas"];
+        let launch = &schemas["LaunchRequest"]["properties"];
+        assert_eq!(launch["role"]["maxLength"], ROLE_CHARS);
+        assert_eq!(launch["labels"]["maxProperties"], LABELS);
+        assert_eq!(launch["labels"]["propertyNames"]["maxLength"], LABEL_KEY_CHARS);
+        assert_eq!(launch["labels"]["additionalProperties"]["maxLength"], LABEL_VALUE_CHARS);
+        assert_eq!((launch["input"]["minItems"].clone(), launch["input"]["maxItems"].clone()), (Value::from(1), Value::from(INPUT_SEGMENTS)));
+        let kinds = launch["input"]["items"]["oneOf"].as_array().expect("segment kinds");
+        let bound = |kind: &str| kinds.iter().find(|k| k["properties"]["kind"]["enum"].as_array().is_some_and(|e| e.contains(&Value::from(kind))));
+        assert_eq!(bound("text").map(|k| k["properties"]["value"]["maxLength"].clone()), Some(Value::from(SEGMENT_TEXT_CHARS)));
+        for kind in ["ticket_ref", "objective_ref"] {
+            assert_eq!(bound(kind).map(|k| k["properties"]["value"]["maxLength"].clone()), Some(Value::from(SEGMENT_REF_CHARS)));
+        }
+        assert!(bound("system").is_none(), "there is no system segment");
+    }
+
+    #[test]
+    fn r_worker_1_what_the_browser_reads_of_a_worker_says_nothing_of_how_it_runs() {
+        let doc = doc();
+        for name in ["Worker", "WorkerSummary", "WorkerList", "TranscriptEntry", "Segment"] {
+            let properties = doc["components"]["schemas"][name]["properties"].as_object().unwrap_or_else(|| panic!("{name} has properties"));
+            for key in properties.keys() {
+                assert!(!["bundle", "binding", "cwd", "workspace", "tool"].iter().any(|w| key.contains(w)), "{name}.{key}");
+            }
+        }
     }
 
     #[test]

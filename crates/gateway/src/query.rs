@@ -326,6 +326,35 @@ impl FromQuery for HistoryQuery {
     }
 }
 
+/// Largest page of a Box's Workers.
+pub const WORKERS_PAGE_MAX: u32 = 200;
+
+/// `GET /api/v1/boxes/{box_id}/workers`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WorkersQuery {
+    /// Page size: a whole number of at least 1 (default 50); more than 200 is read as 200.
+    #[param(value_type = PageSize, inline, required = false)]
+    pub limit: Option<Limit>,
+    /// The `next_cursor` of the previous page.
+    #[param(value_type = Option<String>, pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<Cursor>,
+}
+
+impl FromQuery for WorkersQuery {
+    const NAMES: &'static [&'static str] = &["limit", "cursor"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let page = Page::from_query(query, WORKERS_PAGE_MAX)?;
+        Ok(Self { limit: page.limit, cursor: page.cursor })
+    }
+}
+
+impl WorkersQuery {
+    pub fn page(&self) -> Page {
+        Page { limit: self.limit, cursor: self.cursor }
+    }
+}
+
 /// `GET /api/v1/audit`: filters (all must match) and a page.
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]

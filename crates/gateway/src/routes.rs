@@ -20,7 +20,7 @@ use v1::box_action::Action;
 use crate::api::{self, ErrorBody};
 use crate::extract::{Admin, BoxUser, Caller, HumanAdmin, Id, IdempotencyKey, RawBody};
 use crate::openapi::IdempotencyHeader;
-use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, Params, PendingQuery, RevokeUserQuery, TokensQuery};
+use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, Params, PendingQuery, RevokeUserQuery, TokensQuery, WorkersQuery};
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
 /// A read: ask the service, answer its reply as `Out`.
@@ -513,6 +513,145 @@ pub async fn edit_config(
     let route = format!("edit config {box_id}");
     let request = edit_request(&state, &principal, &key, &body, |patch| v1::EditBoxConfig { box_id: box_id.clone(), patch: Some(patch) }).await?;
     write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+// --- Workers ----------------------------------------------------------------------------
+
+/// The longest id the runtime looks a Box up by: no Box has a longer (or a blank) one.
+const BOX_ID_CHARS: usize = 128;
+
+/// Launch a Worker of an active Box: the one request a browser makes. Behind it the gateway
+/// syncs the Box's configuration bundle, has an execution binding prepared for the launch
+/// and creates the Worker with both (the answer names neither). A retry with the same
+/// launch_id and request answers the same Worker (200), also after a failure half-way.
+/// Every launch and refusal is on the audit ledger (`worker.create`,
+/// `worker.create_refused`).
+#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/workers", tag = "workers", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = api::LaunchRequest, description = "The launch. Unknown fields are refused."),
+    responses(
+        (status = 201, description = "Launched: the Worker with its initial transcript", body = api::Worker),
+        (status = 200, description = "An earlier request with this launch_id launched it: the same Worker", body = api::Worker),
+        (status = 403, description = "`forbidden`: launching needs a human admin or a user assigned to the Box (an agent only when assigned); recorded on the audit ledger (`X-Atasira-Position` says where)", body = ErrorBody,
+            headers(("X-Atasira-Position" = i64, description = "The position of the recorded refusal"))),
+        (status = 404, description = "`box_not_found`: no such Box, answered when the request is also malformed or the id could name no Box (a well-formed launch on an unknown Box is `box_not_active`); `bundle_not_found`: the Box's configuration bundle was never synced; `binding_not_found`: the execution binding prepared for the launch is gone", body = ErrorBody,
+            headers(("X-Atasira-Position" = i64, description = "The position of the recorded refusal"))),
+        (status = 409, description = "`box_not_active`: the Box is stopped, archived or unknown; `launch_id_conflict`: the launch_id was used with another request; `bundle_digest_mismatch`: the bundle does not derive from the Box's approved manifest and its recorded edits (the configuration changed during the launch: retry); `binding_box_mismatch`: the execution binding was prepared for another Box; `binding_unusable`: the binding cannot serve this Worker (held by another one); `invalid_approval_token`: the Box's approval no longer verifies; `conflict`: a concurrent write was recorded first (retry)", body = ErrorBody,
+            headers(("X-Atasira-Position" = i64, description = "The position of the recorded refusal"))),
+        (status = 410, description = "`binding_expired`: the execution binding's lease ran out before the Worker was created (retry with the same launch_id)", body = ErrorBody,
+            headers(("X-Atasira-Position" = i64, description = "The position of the recorded refusal"))),
+        (status = 422, description = "`invalid_segment`: a segment of input is not `{\"kind\", \"value\"}` of kind `text`, `ticket_ref` or `objective_ref` (there is no `system` segment); details names each `input[i]`. `invalid_request`: unknown fields, wrong types, a bound (details names each field: `launch_id`, `role`, `labels`, `input`, `input[i]`), or a malformed Idempotency-Key. `bundle_profile_incompatible`: the bundle belongs to another Box", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or a user assigned to the Box"))))]
+pub async fn launch_worker(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    if box_id.trim().is_empty() || box_id.chars().count() > BOX_ID_CHARS {
+        return Err(ApiError::new(ErrorCode::BoxNotFound, format!("no Box {box_id:?}")));
+    }
+    let launch = validated(key.check().and_then(|()| from_wire::launch_request(&box_id, &body)), box_exists(&state, &principal, &box_id)).await?;
+    let route = format!("launch worker {box_id}");
+    idempotency::run(&state.rt.db, &principal, &key, &route, body.raw(), launch_steps(&state, &principal, launch)).await
+}
+
+/// The steps of a launch (R-WORKER-1): sync the bundle, prepare a binding, create the
+/// Worker; then wait for the read models to hold every event the steps wrote. A refused
+/// step is the answer.
+async fn launch_steps(state: &AppState, principal: &Principal, launch: atasira_domain::worker::LaunchRequest) -> Result<Response, ApiError> {
+    let sync = v1::SyncBundle { box_id: launch.box_id.clone(), launch_id: launch.launch_id.clone() };
+    let (synced, mut position, mut event_ids): (v1::BundleSynced, i64, Vec<String>) =
+        match state.call_written(subjects::RUNTIME_REGISTRY, principal, &sync).await {
+            Ok(written) => written,
+            Err(refused) => return state.refusal(refused).await,
+        };
+    let prepare = v1::PrepareBinding { box_id: launch.box_id.clone(), launch_id: launch.launch_id.clone() };
+    let lease: v1::BindingLease = match state.call_written(subjects::PROVISIONER, principal, &prepare).await {
+        Ok((lease, at, ids)) => {
+            position = position.max(at);
+            event_ids.extend(ids);
+            lease
+        }
+        Err(refused) => return state.refusal(refused).await,
+    };
+    let create = from_wire::create_worker(&launch, synced.digest, lease.handle);
+    let reply: v1::WorkerReply = match state.call_written(subjects::RUNTIME_REGISTRY, principal, &create).await {
+        Ok((reply, at, ids)) => {
+            position = position.max(at);
+            event_ids.extend(ids);
+            reply
+        }
+        Err(refused) => return state.refusal(refused).await,
+    };
+    let status = if reply.created { StatusCode::CREATED } else { StatusCode::OK };
+    let worker = api::Worker::try_from(reply)?;
+    let lagging = state.wait_for(position, &event_ids).await;
+    let mut response = (status, Json(worker)).into_response();
+    consistency_headers(&mut response, position, &lagging);
+    Ok(response)
+}
+
+/// One Worker with its transcript (an admin, or a user assigned to its Box).
+#[utoipa::path(get, path = "/api/v1/workers/{worker_id}", tag = "workers", params(("worker_id" = String, Path)),
+    responses(
+        (status = 200, description = "The Worker", body = api::Worker),
+        (status = 403, description = "`forbidden`: needs role admin or an assignment to the Worker's Box", body = ErrorBody),
+        (status = 404, description = "`worker_not_found`", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin or a user assigned to the Worker's Box"))))]
+pub async fn get_worker(State(state): State<AppState>, Caller(principal): Caller, Id(worker_id): Id) -> Result<Json<api::Worker>, ApiError> {
+    read::<_, v1::WorkerReply, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetWorker { worker_id }).await
+}
+
+/// The Box's Workers, oldest first, without transcripts (an admin, or a user assigned to
+/// the Box).
+#[utoipa::path(get, path = "/api/v1/boxes/{box_id}/workers", tag = "workers", params(("box_id" = String, Path), WorkersQuery),
+    responses(
+        (status = 200, description = "A page of the Box's Workers", body = api::WorkerList),
+        (status = 403, description = "`forbidden`: needs role admin or an assignment to the Box", body = ErrorBody),
+        (status = 404, description = "`box_not_found`", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin or a user assigned to the Box"))))]
+pub async fn list_workers(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(box_id): Id,
+    Params(q): Params<WorkersQuery>,
+) -> Result<Json<api::WorkerList>, ApiError> {
+    let page = q.page();
+    let request = v1::ListBoxWorkers { box_id, limit: page.limit(), after: page.after() };
+    read::<_, v1::WorkerPage, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
+}
+
+/// Where the Worker's configuration comes from (an admin, or a user assigned to its Box):
+/// the human approval, the activation, every recorded edit, the bundle and the Worker, each
+/// with the event that recorded it and its row on the audit ledger; the approval verified
+/// again with public keys only.
+#[utoipa::path(get, path = "/api/v1/workers/{worker_id}/provenance", tag = "workers", params(("worker_id" = String, Path)),
+    responses(
+        (status = 200, description = "The chain from the approval to the Worker", body = api::WorkerProvenance),
+        (status = 403, description = "`forbidden`: needs role admin or an assignment to the Worker's Box", body = ErrorBody),
+        (status = 404, description = "`worker_not_found`", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin or a user assigned to the Worker's Box"))))]
+pub async fn worker_provenance(State(state): State<AppState>, Caller(principal): Caller, Id(worker_id): Id) -> Result<Json<api::WorkerProvenance>, ApiError> {
+    let Json(mut provenance) =
+        read::<_, v1::WorkerProvenance, api::WorkerProvenance>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetWorkerProvenance { worker_id }).await?;
+    // Each step's row on the ledger, asked for at once; none yet is `null`.
+    let event_ids: Vec<String> = provenance.steps.iter().map(|step| step.event_id.clone()).collect();
+    let rows = event_ids.into_iter().map(|event_id| {
+        let request = v1::QueryAudit { event_id, limit: 1, ..Default::default() };
+        let (state, principal) = (&state, &principal);
+        async move { state.call::<_, v1::AuditPage>(subjects::AUDIT, principal, &request).await }
+    });
+    let answers = futures::future::join_all(rows).await;
+    for (step, answer) in provenance.steps.iter_mut().zip(answers) {
+        let (page, _) = answer?;
+        step.audit_seq = page.rows.iter().find(|r| r.event_id == step.event_id).map(|r| r.seq);
+    }
+    Ok(Json(provenance))
 }
 
 // --- audit ------------------------------------------------------------------------------

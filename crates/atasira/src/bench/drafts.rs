@@ -112,19 +112,19 @@ pub(super) async fn connect(nats_url: &str, creds_dir: Option<&Path>, identity: 
 
 /// What the in-process cluster's processes share: where NATS and PostgreSQL are, and the
 /// keys every process of a cluster is given.
-struct Cluster<'a> {
-    options: &'a ClusterOptions,
-    internal: Arc<AssertionKeys>,
-    settings: Settings,
-    audit: Arc<atasira_domain::audit::AuditKeys>,
-    shutdown: watch::Receiver<bool>,
+pub(super) struct Cluster<'a> {
+    pub(super) options: &'a ClusterOptions,
+    pub(super) internal: Arc<AssertionKeys>,
+    pub(super) settings: Settings,
+    pub(super) audit: Arc<atasira_domain::audit::AuditKeys>,
+    pub(super) shutdown: watch::Receiver<bool>,
 }
 
 type Task = JoinHandle<anyhow::Result<()>>;
 
 impl Cluster<'_> {
     /// A process's runtime: its own database pool and NATS connection as `identity`.
-    async fn runtime(&self, identity: &str) -> anyhow::Result<(Runtime, async_nats::jetstream::Context)> {
+    pub(super) async fn runtime(&self, identity: &str) -> anyhow::Result<(Runtime, async_nats::jetstream::Context)> {
         let db = Db::connect(&self.options.database_url).await?;
         let client = connect(&self.options.nats_url, self.options.creds_dir.as_deref(), identity).await?;
         let js = async_nats::jetstream::new(client.clone());
@@ -138,9 +138,9 @@ impl Cluster<'_> {
         Ok((rt, js))
     }
 
-    /// The tasks `atasira serve <service>` runs for one of drafts, runtime-registry and
-    /// audit: the service, its relay and (audit) the sentinel.
-    async fn start(&self, service: &'static str) -> anyhow::Result<Vec<Task>> {
+    /// The tasks `atasira serve <service>` runs for a service: the service, its relay and
+    /// (audit) the sentinel. Approval signs with a fresh key.
+    pub(super) async fn start(&self, service: &'static str) -> anyhow::Result<Vec<Task>> {
         let (rt, js) = self.runtime(service).await?;
         let rx = self.shutdown.clone();
         let relay = |name: &'static str, types: &'static [&'static str]| -> Task {
@@ -173,6 +173,17 @@ impl Cluster<'_> {
                     tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(self.audit.clone()), rx.clone())),
                 ]
             }
+            subjects::APPROVAL => {
+                let (signer, retired) = fresh_key(KeyKind::Approval)?.approval()?;
+                vec![
+                    relay(atasira_approval::SERVICE, atasira_approval::AGGREGATE_TYPES),
+                    tokio::spawn(atasira_approval::run(rt.clone(), services::approval_config(signer, retired), rx.clone())),
+                ]
+            }
+            subjects::PROVISIONER => vec![
+                relay(atasira_provisioner::SERVICE, atasira_provisioner::AGGREGATE_TYPES),
+                tokio::spawn(atasira_provisioner::run(rt.clone(), services::provisioner_config(&self.settings), rx.clone())),
+            ],
             other => anyhow::bail!("the benchmark does not run the {other} service"),
         })
     }
@@ -349,7 +360,7 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
 }
 
 /// The settings of `atasira dev` with data in `dir`.
-fn settings_in(dir: &std::path::Path) -> Settings {
+pub(super) fn settings_in(dir: &std::path::Path) -> Settings {
     Settings {
         data_dir: dir.to_path_buf(),
         manifests_dir: None,
