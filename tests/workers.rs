@@ -360,13 +360,16 @@ fn r_worker_6_forged_digests_and_misused_bindings_sent_as_the_gateway_are_refuse
     let keys = internal_keys(&sys);
     let a = activate(&sys, "wk-forge-a");
     let b = activate(&sys, "wk-forge-b");
-    let sync = |box_id: &str| as_gateway::<_, v1::BundleSynced>(&sys, &keys, subjects::RUNTIME_REGISTRY, &v1::SyncBundle { box_id: box_id.into(), launch_id: "forge".into() });
-    let prepare = |box_id: &str| as_gateway::<_, v1::BindingLease>(&sys, &keys, subjects::PROVISIONER, &v1::PrepareBinding { box_id: box_id.into(), launch_id: "forge".into() });
+    let sync = |box_id: &str| as_gateway::<_, v1::BundleSynced>(&sys, &keys, subjects::RUNTIME_REGISTRY, &v1::SyncBundle { box_id: box_id.into(), launch_id: "f-5".into() });
+    let prepare = |box_id: &str, launch_id: &str| {
+        as_gateway::<_, v1::BindingLease>(&sys, &keys, subjects::PROVISIONER, &v1::PrepareBinding { box_id: box_id.into(), launch_id: launch_id.into() })
+    };
     let digest_a = sync(&a).expect("synced").digest;
     let digest_b = sync(&b).expect("synced").digest;
     assert_ne!(digest_a, digest_b);
     assert_eq!(sync(&a).expect("synced again").digest, digest_a, "syncing is idempotent");
-    let handle_a = prepare(&a).expect("prepared").handle;
+    // A binding is prepared for one launch of one Box.
+    let handle_a = prepare(&a, "f-5").expect("prepared").handle;
     let ask = |r: &v1::CreateWorker| code_of(as_gateway::<_, v1::WorkerReply>(&sys, &keys, subjects::RUNTIME_REGISTRY, r));
 
     let forged = format!("sha256:{}", "0".repeat(64));
@@ -377,7 +380,9 @@ fn r_worker_6_forged_digests_and_misused_bindings_sent_as_the_gateway_are_refuse
     let made = ask(&create(&a, "f-5", &digest_a, &handle_a));
     assert!(made.starts_with("ok wkr_"), "{made}");
     assert_eq!(ask(&create(&a, "f-5", &digest_a, &handle_a)), made, "the same request again: the same Worker");
-    assert_eq!(ask(&create(&a, "f-6", &digest_a, &handle_a)), "binding_unusable", "a binding serves one Worker");
+    assert_eq!(ask(&create(&a, "f-6", &digest_a, &handle_a)), "binding_unusable", "a binding serves one Worker, of the launch it was prepared for");
+    let handle_other_launch = prepare(&a, "f-8").expect("prepared").handle;
+    assert_eq!(ask(&create(&a, "f-9", &digest_a, &handle_other_launch)), "binding_unusable", "another launch's binding");
     assert_eq!(count_events(&sys, "WorkerCreated"), 1);
     assert_eq!(count_events(&sys, "BindingConsumed"), 1);
 
