@@ -165,7 +165,7 @@ fn r_worker_1_4_5_7_one_request_launches_a_worker_idempotently_and_the_catalog_s
         let agent_worker = launched(sys, &sys.agent, &box_id, &launch_body("launch-agent", "hi"));
 
         // R-WORKER-6: box_not_active for an unknown and for a stopped Box
-        let unknown = launch(sys, &sys.admin, "no-such-box", &launch_body("launch-x", "x"));
+        let unknown = launch(sys, &sys.admin, "00000000-0000-4000-8000-000000000000", &launch_body("launch-x", "x"));
         assert_eq!(refused(&unknown), (409, "box_not_active"), "{}", unknown.raw);
         let stopped_box = activate(sys, "wk-stopped");
         let stop = sys.post(&format!("/api/v1/boxes/{stopped_box}/stop"), &sys.admin, &json!({}));
