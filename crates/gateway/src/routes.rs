@@ -576,6 +576,9 @@ async fn launch_steps(state: &AppState, principal: &Principal, launch: atasira_d
         }
         Err(refused) => return state.refusal(refused).await,
     };
+    // Race hook: a test holds a launch here to let its binding's lease run out, or to edit
+    // the Box between the sync and the create.
+    atasira_platform::failpoints::failpoint_delay("gateway.launch.before_create").await;
     let create = from_wire::create_worker(&launch, synced.digest, lease.handle);
     let reply: v1::WorkerReply = match state.call_written(subjects::RUNTIME_REGISTRY, principal, &create).await {
         Ok((reply, at, ids)) => {
