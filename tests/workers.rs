@@ -181,7 +181,8 @@ fn r_worker_1_4_5_7_one_request_launches_a_worker_idempotently_and_the_catalog_s
         assert_eq!(refused(&missing), (404, "worker_not_found"), "{}", missing.raw);
         let list = sys.get(&format!("/api/v1/boxes/{box_id}/workers"), &sys.admin);
         assert_eq!(list.status, 200, "{}", list.raw);
-        let listed: BTreeSet<String> = list.body["workers"].as_array().expect("workers").iter().map(|w| w["worker_id"].as_str().expect("id").to_owned()).collect();
+        let listed: BTreeSet<String> =
+            list.body["workers"].as_array().expect("workers").iter().map(|w| w["worker_id"].as_str().expect("id").to_owned()).collect();
         assert_eq!(listed, BTreeSet::from([worker_id.clone(), par_id.clone(), agent_worker.clone()]), "{mode:?}");
         assert_no_internals("the list", &list.raw);
         assert_no_internals("a Worker", &shown.raw);
@@ -203,10 +204,12 @@ fn r_worker_1_4_5_7_one_request_launches_a_worker_idempotently_and_the_catalog_s
         // R-WORKER-7: restart, then rebuild: the same catalog and transcripts
         let before: Vec<Value> = [&worker_id, &par_id, &agent_worker].iter().map(|id| sys.get(&format!("/api/v1/workers/{id}"), &sys.admin).body).collect();
         sys.restart();
-        let after_restart: Vec<Value> = [&worker_id, &par_id, &agent_worker].iter().map(|id| sys.get(&format!("/api/v1/workers/{id}"), &sys.admin).body).collect();
+        let after_restart: Vec<Value> =
+            [&worker_id, &par_id, &agent_worker].iter().map(|id| sys.get(&format!("/api/v1/workers/{id}"), &sys.admin).body).collect();
         assert_eq!(after_restart, before, "{mode:?}: a restart keeps the catalog");
         rebuild(sys);
-        let after_rebuild: Vec<Value> = [&worker_id, &par_id, &agent_worker].iter().map(|id| sys.get(&format!("/api/v1/workers/{id}"), &sys.admin).body).collect();
+        let after_rebuild: Vec<Value> =
+            [&worker_id, &par_id, &agent_worker].iter().map(|id| sys.get(&format!("/api/v1/workers/{id}"), &sys.admin).body).collect();
         assert_eq!(after_rebuild, before, "{mode:?}: a rebuild gives the same catalog");
         let relisted = sys.get(&format!("/api/v1/boxes/{box_id}/workers"), &sys.admin);
         assert_eq!(relisted.body, list.body, "{mode:?}");
@@ -360,7 +363,9 @@ fn r_worker_6_forged_digests_and_misused_bindings_sent_as_the_gateway_are_refuse
     let keys = internal_keys(&sys);
     let a = activate(&sys, "wk-forge-a");
     let b = activate(&sys, "wk-forge-b");
-    let sync = |box_id: &str| as_gateway::<_, v1::BundleSynced>(&sys, &keys, subjects::RUNTIME_REGISTRY, &v1::SyncBundle { box_id: box_id.into(), launch_id: "f-5".into() });
+    let sync = |box_id: &str| {
+        as_gateway::<_, v1::BundleSynced>(&sys, &keys, subjects::RUNTIME_REGISTRY, &v1::SyncBundle { box_id: box_id.into(), launch_id: "f-5".into() })
+    };
     let prepare = |box_id: &str, launch_id: &str| {
         as_gateway::<_, v1::BindingLease>(&sys, &keys, subjects::PROVISIONER, &v1::PrepareBinding { box_id: box_id.into(), launch_id: launch_id.into() })
     };
@@ -403,10 +408,13 @@ fn r_worker_6_forged_digests_and_misused_bindings_sent_as_the_gateway_are_refuse
 fn r_worker_4_a_registry_killed_between_sync_and_create_loses_nothing_and_the_retry_makes_one_worker() {
     let mut sys = System::start(Mode::Cluster);
     let box_id = activate(&sys, "wk-crash");
+    // The gateway gives up on a silent service after 5 s (not 30), so the cut launch answers.
+    sys.kill("gateway");
+    sys.start_gateway(&[("ATASIRA_REQUEST_TIMEOUT", "5".to_owned())]);
     sys.kill("runtime-registry");
     sys.start_service("runtime-registry", &[("ATASIRA_FAILPOINT", "registry.create_worker".to_owned())]);
     let cut = launch(&sys, &sys.admin, &box_id, &launch_body("crash-1", "survive this"));
-    assert!(cut.status >= 500, "the registry died mid-launch: {}", cut.raw);
+    assert_eq!(refused(&cut), (503, "service_unavailable"), "the registry died mid-launch: {}", cut.raw);
     assert!(sys.proc("runtime-registry").wait_exit(Duration::from_secs(10)).is_some(), "the failpoint killed the registry");
     assert_eq!(count_events(&sys, "WorkerCreated"), 0);
     sys.kill("runtime-registry");
