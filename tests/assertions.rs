@@ -12,9 +12,8 @@
 use std::time::{Duration, Instant};
 
 use atasira_contracts::{Envelope, Refused, decode_reply, envelope, signed_envelope, subjects, v1};
-use atasira_domain::assertion::{AssertionKey, AssertionKeys, PayloadDigest};
 use atasira_domain::{ErrorCode, Kind, Principal, Role};
-use atasira_tests::harness::{Mode, System, http, pat_options};
+use atasira_tests::harness::{Mode, System, pat_options};
 use prost::Message as _;
 use serde_json::{Value, json};
 
@@ -53,25 +52,6 @@ fn ask<R: prost::Message + Default>(sys: &mut System, who: As<'_>, subject: &str
     })
 }
 
-/// The cluster's assertion keys, under the key id the gateway signs with.
-fn internal_keys(sys: &System) -> AssertionKeys {
-    let issued = http(
-        "POST",
-        &sys.url("/api/v1/auth/nats-assertion"),
-        Some(&sys.admin),
-        &[],
-        Some(
-            json!({"subject": "atasira.box.gateway.drafts", "message_type": "atasira.v1.ListPendingDrafts", "payload_sha256": PayloadDigest::of(b"").to_hex()})
-                .to_string()
-                .as_bytes(),
-        ),
-    );
-    assert_eq!(issued.status, 200, "{}", issued.raw);
-    let key_id = issued.body["assertion"]["key_id"].as_str().expect("key id");
-    let secret = hex::decode(sys.internal_key()).expect("hex key");
-    AssertionKeys::new(AssertionKey::new(key_id, &secret).expect("key"), vec![])
-}
-
 fn security_violations(sys: &System) -> Vec<Value> {
     let a = sys.get("/api/v1/audit?action=security_violation&limit=200", &sys.admin);
     assert_eq!(a.status, 200, "{}", a.raw);
@@ -84,7 +64,7 @@ fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_eac
     // ListPendingDrafts as the gateway makes it
     let mut sys = System::start(Mode::Cluster);
     let draft_id = sys.draft(&json!({"box_type": "replayed", "purpose": "p", "tools": ["Read"]}));
-    let keys = internal_keys(&sys);
+    let keys = sys.internal_assertion_keys();
     let admin = Principal::new("admin", Role::Admin, Kind::Human);
     let to_drafts = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
     let to_approval = subjects::request(subjects::GATEWAY, subjects::APPROVAL);

@@ -457,6 +457,22 @@ impl System {
         &self.internal_key
     }
 
+    /// The cluster's assertion keys, under the key id the gateway signs with, for tests
+    /// that mint assertions as the gateway would.
+    pub fn internal_assertion_keys(&self) -> atasira_domain::assertion::AssertionKeys {
+        use atasira_domain::assertion::{AssertionKey, AssertionKeys, PayloadDigest};
+        let body = serde_json::json!({
+            "subject": "atasira.box.gateway.drafts",
+            "message_type": "atasira.v1.ListPendingDrafts",
+            "payload_sha256": PayloadDigest::of(b"").to_hex(),
+        });
+        let issued = http("POST", &self.url("/api/v1/auth/nats-assertion"), Some(&self.admin), &[], Some(body.to_string().as_bytes()));
+        assert_eq!(issued.status, 200, "{}", issued.raw);
+        let key_id = issued.body["assertion"]["key_id"].as_str().expect("key id");
+        let secret = hex::decode(self.internal_key()).expect("hex key");
+        AssertionKeys::new(AssertionKey::new(key_id, &secret).expect("key"), vec![])
+    }
+
     /// Cluster: the credentials file `atasira nats-config` wrote for `identity`.
     pub fn nats_creds(&self, identity: &str) -> PathBuf {
         self.nats_dir.as_ref().expect("cluster mode has NATS credentials").join(format!("{identity}.creds"))

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use atasira_contracts::{Envelope, Named, Refused, decode_reply, signed_envelope, subjects, v1};
-use atasira_domain::assertion::{AssertionKey, AssertionKeys, PayloadDigest};
+use atasira_domain::assertion::AssertionKeys;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_tests::harness::{Answer, Mode, System, http, in_both_modes};
 use prost::Message as _;
@@ -306,25 +306,6 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
 }
 
-/// The cluster's assertion keys, under the key id the gateway signs with.
-fn internal_keys(sys: &System) -> AssertionKeys {
-    let issued = http(
-        "POST",
-        &sys.url("/api/v1/auth/nats-assertion"),
-        Some(&sys.admin),
-        &[],
-        Some(
-            json!({"subject": "atasira.box.gateway.drafts", "message_type": "atasira.v1.ListPendingDrafts", "payload_sha256": PayloadDigest::of(b"").to_hex()})
-                .to_string()
-                .as_bytes(),
-        ),
-    );
-    assert_eq!(issued.status, 200, "{}", issued.raw);
-    let key_id = issued.body["assertion"]["key_id"].as_str().expect("key id");
-    let secret = hex::decode(sys.internal_key()).expect("hex key");
-    AssertionKeys::new(AssertionKey::new(key_id, &secret).expect("key"), vec![])
-}
-
 /// Sends `request` to `to` as the gateway on behalf of the admin; the reply.
 fn as_gateway<Req: Named, Resp: prost::Message + Default>(sys: &System, keys: &AssertionKeys, to: &str, request: &Req) -> Result<Resp, Refused> {
     let admin = Principal { user_id: "admin".into(), role: Role::Admin, kind: Kind::Human };
@@ -360,7 +341,7 @@ fn code_of(r: Result<v1::WorkerReply, Refused>) -> String {
 #[test]
 fn r_worker_6_forged_digests_and_misused_bindings_sent_as_the_gateway_are_refused_by_name() {
     let sys = System::start(Mode::Cluster);
-    let keys = internal_keys(&sys);
+    let keys = sys.internal_assertion_keys();
     let a = activate(&sys, "wk-forge-a");
     let b = activate(&sys, "wk-forge-b");
     let sync = |box_id: &str| {
