@@ -106,7 +106,8 @@ fn box_body(box_type: &str) -> Value {
 /// (`token.issue`, R-AUDIT-1), so the rows of a test start at seq 3.
 const TOKEN_ROWS: usize = 2;
 
-/// Submits and approves a draft: three ledger rows (create, approve, activate).
+/// Submits and approves a draft: four ledger rows (create, approve, activate, and the sync of
+/// the Box's configuration bundle).
 fn approved_box(sys: &System, box_type: &str) {
     let id = sys.draft(&box_body(box_type));
     let a = sys.approve(&id, &sys.admin, false);
@@ -186,7 +187,7 @@ fn the_ledger_refuses_update_delete_and_truncate_and_the_events_refuse_truncate(
     // even to its superuser, as long as the triggers are on.
     in_both_modes(|sys| {
         approved_box(sys, "guarded");
-        ledger_has(sys, 3);
+        ledger_has(sys, 4);
         let mut refused = vec![
             "UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 1",
             "DELETE FROM audit_ledger_rows WHERE seq = 3",
@@ -203,7 +204,7 @@ fn the_ledger_refuses_update_delete_and_truncate_and_the_events_refuse_truncate(
         }
         // and nothing changed
         let (code, v) = sys.audit_verify();
-        assert_eq!((code, &v), (0, &json!({"ok": true, "rows": TOKEN_ROWS + 3})));
+        assert_eq!((code, &v), (0, &json!({"ok": true, "rows": TOKEN_ROWS + 4})));
         assert!(sys.sql_i64("SELECT COUNT(*) FROM events") > 3);
         // and a restart (which prepares the tables again) keeps one set of triggers
         sys.restart();
@@ -280,10 +281,10 @@ fn cluster_services_run_under_a_role_that_cannot_rewrite_history() {
     let mut sys = System::start_cluster_on(database, &[("ATASIRA_DATABASE_URL", service_url.clone())]);
     // then the product works: a Box is approved, the ledger verifies (as that role too)
     approved_box(&sys, "least-privilege");
-    ledger_has(&sys, 3);
-    assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": TOKEN_ROWS + 3})));
+    ledger_has(&sys, 4);
+    assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": TOKEN_ROWS + 4})));
     let (code, out, err) = sys.cli(&["audit", "verify", "--database-url", &service_url]);
-    assert_eq!((code, out.trim()), (0, r#"{"ok":true,"rows":5}"#), "{err}");
+    assert_eq!((code, out.trim()), (0, r#"{"ok":true,"rows":6}"#), "{err}");
     // and the service role can neither switch the triggers off nor go around them
     for statement in [
         "ALTER TABLE audit_ledger_rows DISABLE TRIGGER USER",

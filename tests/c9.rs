@@ -54,13 +54,13 @@ fn one_approval_passes_the_seeds_verification_list() {
         // 3. The YAML exists and is the manifest.
         let yaml = std::fs::read_to_string(sys.data_dir().join("manifests/sales-report.yaml")).expect("the manifest file exists");
         assert!(yaml.contains("box_type: sales-report") && yaml.contains("trigger_type: manual"), "{yaml}");
-        // 4. Signed audit rows for create and approve (and activate), after the issue of
+        // 4. Signed audit rows for create and approve (then activate and the bundle sync), after the issue of
         // the admin's and the agent's tokens.
         let rows = audit_actions(sys);
         let actions: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-        assert_eq!(actions, vec!["token.issue", "token.issue", "box_draft.create", "box_draft.approve", "box.activate"], "{rows:?}");
+        assert_eq!(actions, vec!["token.issue", "token.issue", "box_draft.create", "box_draft.approve", "box.activate", "bundle.sync"], "{rows:?}");
         assert!(rows.iter().all(|r| !r.2.is_empty() && r.3.len() == 64), "every row carries a key id and an HMAC");
-        assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin).body, json!({"ok": true, "rows": 5}));
+        assert_eq!(sys.get("/api/v1/audit/verify", &sys.admin).body, json!({"ok": true, "rows": 6}));
         // The draft reads active with its Box and decision.
         let draft = sys.get(&format!("/api/v1/boxes/box-drafts/{id}"), &sys.agent);
         assert_eq!((draft.body["status"].as_str(), draft.body["box_id"].as_str()), (Some("active"), Some(box_id.as_str())), "{}", draft.raw);
@@ -263,7 +263,7 @@ fn tampering_with_the_ledger_is_named_and_a_truncated_tail_is_caught() {
             assert_eq!(sys.approve(&id, &sys.admin, false).status, 200);
         }
         // (rows 1 and 2: the issue of the admin's and the agent's tokens)
-        assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 8})));
+        assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": 10})));
         // A graceful stop writes the signed checkpoint of the head.
         sys.stop_gracefully();
         assert!(sys.sql_i64("SELECT COUNT(*) FROM events WHERE event_type = 'AuditCheckpoint'") >= 1, "a checkpoint was written on shutdown");

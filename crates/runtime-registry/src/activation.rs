@@ -101,7 +101,7 @@ async fn activate(registry: &Registry, approved: DraftEvent) -> anyhow::Result<(
     match registry.boxes.execute(&box_id, activate, HashMap::new()).await {
         Ok(_) => {
             // R-WORKER-2: the activated manifest's bundle (a replay finds it synced).
-            registry.sync_after_change(&box_id, SYSTEM).await;
+            let _ = registry.sync_after_change(&box_id, SYSTEM).await;
             Ok(())
         }
         Err(cqrs_es::AggregateError::UserError(e)) if e.code().is_security_violation() => {

@@ -174,11 +174,17 @@ impl Registry {
                 let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(r.timeout_ms.min(30_000)));
                 loop {
                     if let Some(view) = views::get(&self.rt.db, &self.config.manifests_dir, &box_id).await.map_err(Refusal::internal)? {
-                        let event = self.rt.db.last_event(types::BOX, &box_id).await.map_err(Refusal::internal)?;
-                        let (ids, position) = event.map(|(id, p)| (vec![id], p)).unwrap_or_default();
-                        return Ok(reply_written(&v1::BoxReply { r#box: Some(view) }, position, ids));
-                    }
-                    if tokio::time::Instant::now() >= deadline {
+                        // The activation syncs the Box's bundle right after; the answer
+                        // includes it, so reads after the approval see it (and its audit
+                        // row). Past the deadline the Box alone is the answer.
+                        let bundle = self.current_bundle_event(&box_id).await.map_err(Refusal::internal)?;
+                        if bundle.is_some() || tokio::time::Instant::now() >= deadline {
+                            let event = self.rt.db.last_event(types::BOX, &box_id).await.map_err(Refusal::internal)?;
+                            let (ids, position) = event.map(|(id, p)| (vec![id], p)).unwrap_or_default();
+                            let reply = reply_written(&v1::BoxReply { r#box: Some(view) }, position, ids);
+                            return Ok(with_event(reply, bundle));
+                        }
+                    } else if tokio::time::Instant::now() >= deadline {
                         return Err(Refusal::new(ErrorCode::ServiceUnavailable, "the Box is not active yet; its activation is still running"));
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -223,15 +229,13 @@ impl Registry {
                 let by = principal.user_id.clone();
                 let reply = self.mentor_edit(principal, &r.box_id, edit).await?;
                 // R-WORKER-2: every edit syncs the bundle of the manifest it made.
-                self.sync_after_change(&r.box_id, &by).await;
-                Ok(reply)
+                Ok(with_event(reply, self.sync_after_change(&r.box_id, &by).await))
             }
             RegistryRequest::EditConfig(r) => {
                 let patch = serde_json::Value::Object(r.patch.map(manifest::struct_from_proto).unwrap_or_default());
                 let by = principal.user_id.clone();
                 let reply = self.box_command(&r.box_id, BoxCommand::ConfigEdit { by: principal, patch, at: chrono::Utc::now() }).await?;
-                self.sync_after_change(&r.box_id, &by).await;
-                Ok(reply)
+                Ok(with_event(reply, self.sync_after_change(&r.box_id, &by).await))
             }
             RegistryRequest::SyncBundle(r) => {
                 call.only_from(&[subjects::GATEWAY], "syncing a bundle")?;
@@ -352,6 +356,17 @@ impl Registry {
             Action::Unspecified => Err(Refusal::new(ErrorCode::InvalidRequest, "action: use stop, resume or archive")),
         }
     }
+}
+
+/// A written reply that also names `event` (its answer waits for that event to be read).
+fn with_event(mut reply: Reply, event: Option<(String, i64)>) -> Reply {
+    if let Some((event_id, position)) = event {
+        reply.position = reply.position.max(position);
+        if !reply.event_ids.contains(&event_id) {
+            reply.event_ids.push(event_id);
+        }
+    }
+    reply
 }
 
 /// Keys for a record: at most 20, each at most 64 characters (control characters

@@ -197,8 +197,9 @@ impl Registry {
     }
 
     /// R-WORKER-2: after an activation or an edit, the bundle of the Box's manifest now
-    /// (idempotent; a failure is mended by the next launch's `SyncBundle`).
-    pub(crate) async fn sync_after_change(&self, box_id: &str, by: &str) {
+    /// (idempotent; a failure is mended by the next launch's `SyncBundle`). The bundle's
+    /// event (id, position), so the change's answer can wait for it to be read (and audited).
+    pub(crate) async fn sync_after_change(&self, box_id: &str, by: &str) -> Option<(String, i64)> {
         let result = async {
             let chain = box_chain(&self.rt.db, box_id).await.map_err(Refusal::internal)?;
             match chain.data {
@@ -208,9 +209,24 @@ impl Registry {
         }
         .await;
         match result {
-            Ok(Some((digest, ..))) => tracing::debug!(box_id, digest, "bundle synced"),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(box_id, error = %e, "could not sync the Box's bundle; the next launch syncs it"),
+            Ok(Some((digest, event_id, position))) => {
+                tracing::debug!(box_id, digest, "bundle synced");
+                Some((event_id, position))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(box_id, error = %e, "could not sync the Box's bundle; the next launch syncs it");
+                None
+            }
+        }
+    }
+
+    /// The event of the bundle of the Box's current manifest, once synced.
+    pub(crate) async fn current_bundle_event(&self, box_id: &str) -> anyhow::Result<Option<(String, i64)>> {
+        let current: BoxAggregate = self.rt.db.load(box_id).await?;
+        match current.data {
+            Some(data) => self.rt.db.last_event(types::CONFIG_BUNDLE, &bundle_digest(box_id, &data.manifest)).await,
+            None => Ok(None),
         }
     }
 
