@@ -48,7 +48,7 @@ pub enum WorkersCommand {
         /// letters, digits, '-', '_', '.', ':'.
         #[arg(long, value_name = "ID")]
         launch_id: String,
-        /// The Worker's role (default: the Box's default role).
+        /// The Worker's role, a name of your choosing (optional; none by default).
         #[arg(long, value_name = "ROLE")]
         role: Option<String>,
         /// A label KEY=VALUE of the Worker (repeatable).

@@ -851,8 +851,8 @@ pub struct LaunchRequest {
     /// `launch_id_conflict`. 1 to 128 letters, digits, `-`, `_`, `.`, `:`.
     #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub launch_id: String,
-    /// The Worker's role; empty, null or absent: the Box's default role. At most 64
-    /// characters, not blank.
+    /// The Worker's role, a name of the caller's choosing; empty, null or absent: none. At
+    /// most 64 characters, not blank.
     #[serde(default)]
     #[schema(schema_with = role_schema)]
     pub role: Option<String>,
@@ -903,7 +903,7 @@ pub struct Worker {
     pub launch_id: String,
     pub box_id: String,
     pub box_type: String,
-    /// Empty: the Box's default role.
+    /// Empty: none was given.
     pub role: String,
     pub labels: BTreeMap<String, String>,
     /// The user who launched it.
@@ -1245,7 +1245,7 @@ fn notify_patch_schema() -> Object {
 /// the domain's checks call blank), and no NUL anywhere.
 const NOT_BLANK: &str = r"^[^\u0000]*[^\u0000\t\n\u000b\u000c\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$";
 
-/// `role` of a launch: empty (the default role), or text within its bound; or null.
+/// `role` of a launch: empty (none), or text within its bound; or null.
 fn role_schema() -> Object {
     use atasira_domain::worker::ROLE_CHARS;
     ObjectBuilder::new()
