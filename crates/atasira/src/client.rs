@@ -198,7 +198,8 @@ pub enum DraftsCommand {
     },
     /// Approve a draft (a human admin other than its requester): its Box becomes active.
     /// A draft over the limit needs confirmation: on a terminal you are asked, naming the
-    /// dangerous operations; otherwise pass --confirm-over-limit.
+    /// dangerous operations; otherwise pass --confirm-over-limit. Unconfirmed, it exits 2
+    /// and approves nothing.
     Approve {
         /// The draft's id.
         draft_id: String,
