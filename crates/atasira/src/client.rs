@@ -1,13 +1,17 @@
-//! Client verbs over the REST API (R-CLI-1): `atasira workers create|show|list`. They
+//! Client verbs over the REST API (R-CLI-1): `atasira workers create|show|list`, `drafts
+//! pending|mine|show|create|approve|reject|withdraw`, `boxes
+//! list|show|history|stop|resume|archive|assign` and `audit list`. They
 //! speak to a running gateway (`--url`, `ATASIRA_BFF_URL`) with a personal access token
 //! (`--token`, `ATASIRA_PAT`), print a table (or the API's JSON with `--json`) and exit 0
 //! when the API answered with success, 1 when it refused, 2 on a usage error, 3 when the
 //! gateway could not be reached.
 
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{ArgMatches, Args, Subcommand};
+use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
 /// Exit codes of the client verbs.
@@ -144,6 +148,376 @@ fn run(command: WorkersCommand, matches: Option<&ArgMatches>) -> u8 {
     }
 }
 
+/// Where a page starts and how long it is, shared by the list verbs.
+#[derive(Debug, Clone, Args)]
+pub struct Paging {
+    /// At most this many items (the API's default page size when absent).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u32>,
+    /// Continue after this cursor (the "next page" a previous list printed).
+    #[arg(long, value_name = "CURSOR")]
+    pub cursor: Option<String>,
+}
+
+/// `atasira drafts ...` over the REST API (`drafts preview` works offline and is not here).
+#[derive(Debug, Subcommand)]
+pub enum DraftsCommand {
+    /// List the drafts waiting for approval, oldest first (admins). Drafts over the limit
+    /// are marked with the dangerous operations and tools they ask for.
+    Pending {
+        #[command(flatten)]
+        paging: Paging,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// List your own drafts in submission order, decided ones included.
+    Mine {
+        /// Only drafts in this status.
+        #[arg(long, value_enum, value_name = "STATUS")]
+        status: Option<DraftStatusArg>,
+        #[command(flatten)]
+        paging: Paging,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Show one draft with its capabilities, status and manifest (its requester or an admin).
+    Show {
+        /// The draft's id.
+        draft_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Submit a draft; it always waits for a human admin's approval.
+    Create {
+        /// The draft request as JSON (box_type, purpose, os_operations, tools, ...); `-`
+        /// reads standard input.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Approve a draft (a human admin other than its requester): its Box becomes active.
+    /// A draft over the limit needs confirmation: on a terminal you are asked, naming the
+    /// dangerous operations; otherwise pass --confirm-over-limit. Unconfirmed, it exits 2
+    /// and approves nothing.
+    Approve {
+        /// The draft's id.
+        draft_id: String,
+        /// Confirm the approval of a draft that asks for operations or tools over the limit,
+        /// without being asked.
+        #[arg(long)]
+        confirm_over_limit: bool,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Reject a draft (a human admin other than its requester), with a reason.
+    Reject {
+        /// The draft's id.
+        draft_id: String,
+        /// Why the draft is rejected (the requester reads it).
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Withdraw a draft of yours that is still waiting for approval.
+    Withdraw {
+        /// The draft's id.
+        draft_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// A draft's status, to filter on.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DraftStatusArg {
+    PendingApproval,
+    Approved,
+    Active,
+    Rejected,
+    Withdrawn,
+    Expired,
+}
+
+/// A Box's state, to filter on.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum BoxStateArg {
+    Idle,
+    Running,
+    Stopped,
+    Archived,
+    All,
+}
+
+/// A user's role in a Box.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RoleInBoxArg {
+    Primary,
+    Member,
+}
+
+/// `atasira boxes ...`.
+#[derive(Debug, Subcommand)]
+pub enum BoxesCommand {
+    /// List Boxes in activation order; by default every Box but archived ones.
+    List {
+        /// Only Boxes in this state (`all` includes archived ones).
+        #[arg(long, value_enum, value_name = "STATE")]
+        state: Option<BoxStateArg>,
+        #[command(flatten)]
+        paging: Paging,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Show a Box with its manifest, user assignments, access setup and drift.
+    Show {
+        /// The Box's id.
+        box_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Show a Box's whole life, oldest first: activation, assignments, edits, stops,
+    /// resumes, archiving and access setup.
+    History {
+        /// The Box's id.
+        box_id: String,
+        /// At most this many entries (the API's default page size when absent).
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        /// Continue after this cursor (the "next page" a previous history printed).
+        #[arg(long, value_name = "CURSOR")]
+        cursor: Option<String>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Stop a Box (a human admin): frees its slot, keeps its manifest.
+    Stop {
+        /// The Box's id.
+        box_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Resume a stopped Box (a human admin): it takes a slot again.
+    Resume {
+        /// The Box's id.
+        box_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Archive a Box (a human admin). This is final; its box_type may be drafted again.
+    Archive {
+        /// The Box's id.
+        box_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Assign a user to a Box (a human admin or the Box's primary).
+    Assign {
+        /// The Box's id.
+        box_id: String,
+        /// The user to assign.
+        #[arg(long, value_name = "USER")]
+        user: String,
+        /// The user's role in the Box.
+        #[arg(long, value_enum, value_name = "ROLE")]
+        role: RoleInBoxArg,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// `atasira audit list` (`audit verify` checks a data dir or database and is not here).
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// List rows of the audit ledger in order (admins), over the REST API of a running
+    /// gateway.
+    List {
+        /// Only rows of this action (such as box_draft.approve or box.activate).
+        #[arg(long, value_name = "ACTION")]
+        action: Option<String>,
+        /// Only rows about this target (a draft or Box id).
+        #[arg(long, value_name = "TARGET")]
+        target: Option<String>,
+        #[command(flatten)]
+        paging: Paging,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// The name clap gives a value (its kebab-case spelling), in the API's snake_case.
+fn wire_name(value: impl ValueEnum) -> String {
+    value.to_possible_value().map(|v| v.get_name().replace('-', "_")).unwrap_or_default()
+}
+
+/// `?a=1&b=2` of the given pairs (absent ones left out), values percent-encoded.
+fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let parts: Vec<String> = pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", segment(v)))).collect();
+    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+}
+
+fn page_pairs(paging: &Paging) -> [(&'static str, Option<String>); 2] {
+    [("limit", paging.limit.map(|l| l.to_string())), ("cursor", paging.cursor.clone())]
+}
+
+pub fn drafts(command: DraftsCommand) -> ExitCode {
+    ExitCode::from(run_drafts(command))
+}
+
+fn run_drafts(command: DraftsCommand) -> u8 {
+    match command {
+        DraftsCommand::Pending { paging, connection } => {
+            let path = format!("/api/v1/boxes/box-drafts/pending{}", query(&page_pairs(&paging)));
+            call(&connection, "GET", &path, None, |_, page| print_drafts(page))
+        }
+        DraftsCommand::Mine { status, paging, connection } => {
+            let mut pairs = vec![("mine", Some("true".to_owned())), ("status", status.map(wire_name))];
+            pairs.extend(page_pairs(&paging));
+            call(&connection, "GET", &format!("/api/v1/boxes/box-drafts{}", query(&pairs)), None, |_, page| print_drafts(page))
+        }
+        DraftsCommand::Show { draft_id, connection } => {
+            call(&connection, "GET", &format!("/api/v1/boxes/box-drafts/{}", segment(&draft_id)), None, |_, d| print_draft(d))
+        }
+        DraftsCommand::Create { file, connection } => {
+            let body = match read_json(&file) {
+                Ok(body) => body,
+                Err(message) => return usage(&message),
+            };
+            call(&connection, "POST", "/api/v1/boxes/box-drafts", Some(&body), |_, d| {
+                println!("submitted, waiting for a human admin's approval");
+                print_rows(&[
+                    ("draft_id", text(&d["draft_id"]).to_owned()),
+                    ("box_type", text(&d["box_type"]).to_owned()),
+                    ("status", text(&d["status"]).to_owned()),
+                    ("over_limit", d["over_limit"].to_string()),
+                    ("warnings", list_text(&d["warnings"])),
+                ]);
+            })
+        }
+        DraftsCommand::Approve { draft_id, confirm_over_limit, connection } => approve(&draft_id, confirm_over_limit, &connection),
+        DraftsCommand::Reject { draft_id, reason, connection } => {
+            let path = format!("/api/v1/boxes/box-drafts/{}/reject", segment(&draft_id));
+            call(&connection, "POST", &path, Some(&json!({"reason": reason})), |_, d| println!("draft {} is {}", text(&d["draft_id"]), text(&d["status"])))
+        }
+        DraftsCommand::Withdraw { draft_id, connection } => {
+            let path = format!("/api/v1/boxes/box-drafts/{}/withdraw", segment(&draft_id));
+            call(&connection, "POST", &path, Some(&json!({})), |_, d| println!("draft {} is {}", text(&d["draft_id"]), text(&d["status"])))
+        }
+    }
+}
+
+/// Reads the draft request file (or standard input) as JSON.
+fn read_json(file: &std::path::Path) -> Result<Value, String> {
+    let bytes = if file == std::path::Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf).map_err(|e| format!("cannot read standard input: {e}"))?;
+        buf
+    } else {
+        std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?
+    };
+    serde_json::from_slice(&bytes).map_err(|e| format!("{} is not JSON: {e}", file.display()))
+}
+
+/// Looks at the draft first: one over the limit is approved only once confirmed.
+fn approve(draft_id: &str, confirm_over_limit: bool, connection: &Connection) -> u8 {
+    let path = format!("/api/v1/boxes/box-drafts/{}", segment(draft_id));
+    let draft = match send(connection, "GET", &path, None) {
+        Ok((status, draft)) if (200..300).contains(&status) => draft,
+        Ok((status, error)) => {
+            if connection.json {
+                println!("{}", serde_json::to_string_pretty(&error).unwrap_or_default());
+            }
+            return refused(status, &error);
+        }
+        Err(code) => return code,
+    };
+    let over_limit = draft["over_limit"].as_bool() == Some(true);
+    if over_limit && !confirm_over_limit {
+        let dangerous = dangerous_text(&draft);
+        let terminal = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+        if !terminal {
+            return usage(&format!(
+                "draft {draft_id} ({}) is over the limit: it asks for {dangerous}; pass --confirm-over-limit to approve it",
+                text(&draft["box_type"])
+            ));
+        }
+        eprint!("draft {draft_id} ({}) is over the limit: it asks for {dangerous}.\nApprove it anyway? Type yes to confirm: ", text(&draft["box_type"]));
+        let mut answer = String::new();
+        if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != "yes" {
+            eprintln!("atasira: not approved");
+            return USAGE;
+        }
+    }
+    let body = json!({"confirm_over_limit": over_limit});
+    call(connection, "POST", &format!("{path}/approve"), Some(&body), |_, a| {
+        println!("approved; the Box is active");
+        print_rows(&[
+            ("draft_id", text(&a["draft_id"]).to_owned()),
+            ("box_id", text(&a["box_id"]).to_owned()),
+            ("box_type", text(&a["box_type"]).to_owned()),
+            ("approved_by", text(&a["approved_by"]).to_owned()),
+            ("approved_at", text(&a["approved_at"]).to_owned()),
+        ]);
+    })
+}
+
+/// The operations and tools over the limit a draft asks for, in words.
+fn dangerous_text(draft: &Value) -> String {
+    let ops = list_text(&draft["over_limit_ops"]);
+    let tools = list_text(&draft["over_limit_tools"]);
+    match (ops.as_str(), tools.as_str()) {
+        ("-", "-") => "capabilities over the limit".to_owned(),
+        (ops, "-") => format!("the operations {ops}"),
+        ("-", tools) => format!("the tools {tools}"),
+        (ops, tools) => format!("the operations {ops} and the tools {tools}"),
+    }
+}
+
+pub fn boxes(command: BoxesCommand) -> ExitCode {
+    ExitCode::from(run_boxes(command))
+}
+
+fn run_boxes(command: BoxesCommand) -> u8 {
+    let action = |verb: &str, box_id: &str, connection: &Connection| {
+        let path = format!("/api/v1/boxes/{}/{verb}", segment(box_id));
+        call(connection, "POST", &path, Some(&json!({})), |_, b| println!("Box {} ({}) is {}", text(&b["box_id"]), text(&b["box_type"]), text(&b["state"])))
+    };
+    match command {
+        BoxesCommand::List { state, paging, connection } => {
+            let mut pairs = vec![("state", state.map(wire_name))];
+            pairs.extend(page_pairs(&paging));
+            call(&connection, "GET", &format!("/api/v1/boxes{}", query(&pairs)), None, |_, page| print_boxes(page))
+        }
+        BoxesCommand::Show { box_id, connection } => call(&connection, "GET", &format!("/api/v1/boxes/{}", segment(&box_id)), None, |_, b| print_box(b)),
+        BoxesCommand::History { box_id, limit, cursor, connection } => {
+            let pairs = [("limit", limit.map(|l| l.to_string())), ("cursor", cursor)];
+            call(&connection, "GET", &format!("/api/v1/boxes/{}/history{}", segment(&box_id), query(&pairs)), None, |_, h| print_history(h))
+        }
+        BoxesCommand::Stop { box_id, connection } => action("stop", &box_id, &connection),
+        BoxesCommand::Resume { box_id, connection } => action("resume", &box_id, &connection),
+        BoxesCommand::Archive { box_id, connection } => action("archive", &box_id, &connection),
+        BoxesCommand::Assign { box_id, user, role, connection } => {
+            let body = json!({"user_id": user, "role_in_box": wire_name(role)});
+            call(&connection, "POST", &format!("/api/v1/boxes/{}/user-assignments", segment(&box_id)), Some(&body), |_, b| print_box(b))
+        }
+    }
+}
+
+pub fn audit(command: AuditCommand) -> ExitCode {
+    ExitCode::from(run_audit(command))
+}
+
+fn run_audit(command: AuditCommand) -> u8 {
+    match command {
+        AuditCommand::List { action, target, paging, connection } => {
+            let mut pairs = vec![("action", action), ("target", target)];
+            pairs.extend(page_pairs(&paging));
+            call(&connection, "GET", &format!("/api/v1/audit{}", query(&pairs)), None, |_, page| print_audit(page))
+        }
+    }
+}
+
 fn usage(message: &str) -> u8 {
     eprintln!("atasira: {message}");
     USAGE
@@ -189,8 +563,27 @@ fn segment(text: &str) -> String {
 
 /// Sends one request and prints its answer: `show` for a success, the error for a refusal.
 fn call(connection: &Connection, method: &str, path: &str, body: Option<&Value>, show: impl FnOnce(u16, &Value)) -> u8 {
+    let (status, value) = match send(connection, method, path, body) {
+        Ok(answer) => answer,
+        Err(code) => return code,
+    };
+    if connection.json {
+        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+    }
+    if (200..300).contains(&status) {
+        if !connection.json {
+            show(status, &value);
+        }
+        return OK;
+    }
+    refused(status, &value)
+}
+
+/// Sends one request: the status and the JSON answer, or the exit code of a request that
+/// could not be made (no token, no gateway).
+fn send(connection: &Connection, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), u8> {
     let Some(token) = connection.token.as_deref().filter(|t| !t.is_empty()) else {
-        return usage("no token: pass --token or set ATASIRA_PAT");
+        return Err(usage("no token: pass --token or set ATASIRA_PAT"));
     };
     let url = format!("{}{path}", connection.url.trim_end_matches('/'));
     let agent = ureq::AgentBuilder::new().timeout(TIMEOUT).build();
@@ -204,26 +597,21 @@ fn call(connection: &Connection, method: &str, path: &str, body: Option<&Value>,
         Err(ureq::Error::Status(status, response)) => (status, response),
         Err(ureq::Error::Transport(e)) => {
             eprintln!("atasira: cannot reach the API at {}: {e}", connection.url);
-            return UNREACHABLE;
+            return Err(UNREACHABLE);
         }
     };
     let text = match response.into_string() {
         Ok(text) => text,
         Err(e) => {
             eprintln!("atasira: the API's answer could not be read: {e}");
-            return UNREACHABLE;
+            return Err(UNREACHABLE);
         }
     };
-    let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    if connection.json {
-        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
-    }
-    if (200..300).contains(&status) {
-        if !connection.json {
-            show(status, &value);
-        }
-        return OK;
-    }
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// Says why the API refused (on stderr); the exit code of a refusal.
+fn refused(status: u16, value: &Value) -> u8 {
     let code = value["error"].as_str().unwrap_or("error");
     let message = value["message"].as_str().map(str::to_owned).unwrap_or_else(|| value.to_string());
     eprintln!("atasira: refused ({status} {code}): {message}");
@@ -328,6 +716,199 @@ fn print_provenance(p: &Value) {
     }
 }
 
+/// `name value` lines, names aligned.
+fn print_rows(rows: &[(&str, String)]) {
+    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    for (name, value) in rows {
+        println!("{name:<width$} {value}");
+    }
+}
+
+/// A table: headers over rows, columns as wide as their widest cell (the last one free).
+fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let parts: Vec<String> = cells.iter().enumerate().map(|(i, c)| if i == last { (*c).to_owned() } else { format!("{c:<w$}", w = widths[i]) }).collect();
+        println!("{}", parts.join("  "));
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// A JSON list of strings as `a, b`, or `-` when empty.
+fn list_text(list: &Value) -> String {
+    let items: Vec<&str> = list.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    if items.is_empty() { "-".to_owned() } else { items.join(", ") }
+}
+
+fn next_page(page: &Value) {
+    if let Some(next) = page["next_cursor"].as_str() {
+        println!("next page: --cursor {next}");
+    }
+}
+
+fn print_drafts(page: &Value) {
+    let drafts = page["drafts"].as_array().cloned().unwrap_or_default();
+    if drafts.is_empty() {
+        println!("no drafts");
+    } else {
+        let rows: Vec<Vec<String>> = drafts
+            .iter()
+            .map(|d| {
+                let limit = if d["over_limit"].as_bool() == Some(true) { format!("OVER LIMIT: {}", dangerous_text(d)) } else { "-".to_owned() };
+                vec![
+                    text(&d["draft_id"]).to_owned(),
+                    text(&d["box_type"]).to_owned(),
+                    text(&d["status"]).to_owned(),
+                    text(&d["requested_by"]).to_owned(),
+                    text(&d["created_at"]).to_owned(),
+                    limit,
+                ]
+            })
+            .collect();
+        print_table(&["DRAFT_ID", "BOX_TYPE", "STATUS", "REQUESTED_BY", "CREATED_AT", "LIMIT"], &rows);
+    }
+    next_page(page);
+}
+
+fn print_draft(d: &Value) {
+    let mut rows = vec![
+        ("draft_id", text(&d["draft_id"]).to_owned()),
+        ("box_type", text(&d["box_type"]).to_owned()),
+        ("name", text(&d["name"]).to_owned()),
+        ("status", text(&d["status"]).to_owned()),
+        ("purpose", text(&d["purpose"]).to_owned()),
+        ("requested_by", text(&d["requested_by"]).to_owned()),
+        ("created_at", text(&d["created_at"]).to_owned()),
+        ("os_operations", list_text(&d["os_operations"])),
+        ("tools", list_text(&d["tools"])),
+        ("url_allowlist", list_text(&d["url_allowlist"])),
+        ("network", text(&d["network"]).to_owned()),
+        ("file_access", list_text(&d["file_access"])),
+        (
+            "required_access",
+            d["required_access"]
+                .as_array()
+                .filter(|a| !a.is_empty())
+                .map_or_else(|| "-".to_owned(), |a| a.iter().map(Value::to_string).collect::<Vec<_>>().join(", ")),
+        ),
+        ("prohibited", list_text(&d["prohibited"])),
+        ("box_id", d["box_id"].as_str().unwrap_or("-").to_owned()),
+        ("over_limit", if d["over_limit"].as_bool() == Some(true) { format!("yes: {}", dangerous_text(d)) } else { "no".to_owned() }),
+        ("warnings", list_text(&d["warnings"])),
+    ];
+    if let Some(decision) = d.get("decision").filter(|v| v.is_object()) {
+        rows.push(("decided_by", decision["by"].as_str().or_else(|| decision["withdrawn_by"].as_str()).unwrap_or("-").to_owned()));
+        rows.push(("decided_at", text(&decision["at"]).to_owned()));
+        if let Some(reason) = decision["reason"].as_str() {
+            rows.push(("reason", reason.to_owned()));
+        }
+    }
+    print_rows(&rows);
+    println!("manifest:");
+    println!("{}", serde_json::to_string_pretty(&d["manifest"]).unwrap_or_default());
+}
+
+fn print_boxes(page: &Value) {
+    let boxes = page["boxes"].as_array().cloned().unwrap_or_default();
+    if boxes.is_empty() {
+        println!("no Boxes");
+    } else {
+        let rows: Vec<Vec<String>> = boxes
+            .iter()
+            .map(|b| {
+                vec![
+                    text(&b["box_id"]).to_owned(),
+                    text(&b["box_type"]).to_owned(),
+                    text(&b["state"]).to_owned(),
+                    text(&b["manifest_version"]).to_owned(),
+                    text(&b["created_at"]).to_owned(),
+                    text(&b["name"]).to_owned(),
+                ]
+            })
+            .collect();
+        print_table(&["BOX_ID", "BOX_TYPE", "STATE", "VERSION", "CREATED_AT", "NAME"], &rows);
+    }
+    next_page(page);
+}
+
+fn print_box(b: &Value) {
+    let assignments: Vec<String> =
+        b["assignments"].as_array().into_iter().flatten().map(|a| format!("{} ({})", text(&a["user_id"]), text(&a["role_in_box"]))).collect();
+    print_rows(&[
+        ("box_id", text(&b["box_id"]).to_owned()),
+        ("box_type", text(&b["box_type"]).to_owned()),
+        ("name", text(&b["name"]).to_owned()),
+        ("state", text(&b["state"]).to_owned()),
+        ("manifest_version", text(&b["manifest_version"]).to_owned()),
+        ("created_at", text(&b["created_at"]).to_owned()),
+        ("draft_id", text(&b["draft_id"]).to_owned()),
+        ("approved_by", text(&b["approved_by"]).to_owned()),
+        ("assignments", if assignments.is_empty() { "-".to_owned() } else { assignments.join(", ") }),
+        ("manifest_drift", if b["manifest_drift"].as_bool() == Some(true) { "yes: the manifest file differs from the approved one" } else { "no" }.to_owned()),
+    ]);
+    let provisioning = b["provisioning"].as_array().cloned().unwrap_or_default();
+    if !provisioning.is_empty() {
+        println!("access setup:");
+        for p in &provisioning {
+            let error = p["reason"].as_str().or_else(|| p["detail"].as_str()).map(|e| format!(": {e}")).unwrap_or_default();
+            println!("  #{} {} {}{error}", p["index"], text(&p["access"]), text(&p["status"]));
+        }
+    }
+}
+
+fn print_history(h: &Value) {
+    let entries = h["entries"].as_array().cloned().unwrap_or_default();
+    if entries.is_empty() {
+        println!("no history");
+    } else {
+        let rows: Vec<Vec<String>> = entries
+            .iter()
+            .map(|e| {
+                let mut what = Vec::new();
+                for key in ["user_id", "role_in_box", "approved_by", "manifest_version", "changed_keys", "state", "access", "reason"] {
+                    if let Some(v) = e.get(key).filter(|v| !v.is_null()) {
+                        what.push(format!("{key}={}", v.as_str().map_or_else(|| v.to_string(), str::to_owned)));
+                    }
+                }
+                vec![text(&e["at"]).to_owned(), text(&e["kind"]).to_owned(), text(&e["actor"]).to_owned(), what.join(" ")]
+            })
+            .collect();
+        print_table(&["AT", "WHAT", "BY", "DETAILS"], &rows);
+    }
+    next_page(h);
+}
+
+fn print_audit(page: &Value) {
+    let rows = page["rows"].as_array().cloned().unwrap_or_default();
+    if rows.is_empty() {
+        println!("no audit rows");
+    } else {
+        let rows: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r["seq"].to_string(),
+                    text(&r["time"]).to_owned(),
+                    text(&r["action"]).to_owned(),
+                    text(&r["actor"]).to_owned(),
+                    text(&r["target"]).to_owned(),
+                ]
+            })
+            .collect();
+        print_table(&["SEQ", "TIME", "ACTION", "ACTOR", "TARGET"], &rows);
+    }
+    next_page(page);
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, FromArgMatches, Parser};
@@ -383,10 +964,39 @@ mod tests {
         assert_eq!(run(bad_label, Some(&m)), USAGE);
     }
 
+    #[derive(Debug, Parser)]
+    enum Others {
+        #[command(subcommand)]
+        Drafts(DraftsCommand),
+        #[command(subcommand)]
+        Boxes(BoxesCommand),
+        #[command(subcommand)]
+        Audit(AuditCommand),
+    }
+
+    #[test]
+    fn r_cli_wire_names_are_the_apis() {
+        assert_eq!(wire_name(DraftStatusArg::PendingApproval), "pending_approval");
+        assert_eq!(wire_name(BoxStateArg::All), "all");
+        assert_eq!(wire_name(RoleInBoxArg::Primary), "primary");
+        assert_eq!(query(&[("a", None), ("action", Some("box.activate".into())), ("target", Some("d 1".into()))]), "?action=box.activate&target=d%201");
+        assert_eq!(query(&[("a", None)]), "");
+    }
+
+    #[test]
+    fn r_cli_over_limit_is_named_in_words() {
+        let draft = json!({"over_limit_ops": ["shell:exec"], "over_limit_tools": ["Bash"]});
+        assert_eq!(dangerous_text(&draft), "the operations shell:exec and the tools Bash");
+        assert_eq!(dangerous_text(&json!({"over_limit_ops": [], "over_limit_tools": ["Bash"]})), "the tools Bash");
+    }
+
     #[test]
     fn r_cli_every_flag_has_help() {
+        let others = Others::command();
+        let groups = others.get_subcommands().flat_map(|g| g.get_subcommands().cloned().collect::<Vec<_>>());
         let command = Cli::command();
-        for sub in command.get_subcommands() {
+        for sub in command.get_subcommands().cloned().chain(groups) {
+            let sub = &sub;
             assert!(sub.get_about().is_some(), "{}", sub.get_name());
             for arg in sub.get_arguments() {
                 assert!(arg.get_help().is_some(), "{} --{}", sub.get_name(), arg.get_id());

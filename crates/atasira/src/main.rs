@@ -1,7 +1,7 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or
 //! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|workers|rebuild|idle`, offline verbs (`manifest
-//! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers create|show|list`).
+//! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers`, `drafts`, `boxes`, `audit list`).
 //!
 //! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
 //! variable, parsed here and handed to the libraries as parameters (they never read the
@@ -36,6 +36,9 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 /// rebuild read models (`projections rebuild`), check the ledger (`audit verify`) and
 /// rotate keys (`keys rotate`); `manifest` and `drafts preview` work offline; `bench
 /// drafts` measures the draft path.
+///
+/// `drafts`, `boxes`, `workers` and `audit list` talk to a running gateway over its REST
+/// API with a personal access token (--url/ATASIRA_BFF_URL, --token/ATASIRA_PAT).
 ///
 /// Every setting is a flag or the ATASIRA_* environment variable shown next to it in the
 /// command's --help. Logs go to stderr; RUST_LOG filters them (default: info).
@@ -124,9 +127,10 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Check the audit ledger's hash chain and signed checkpoints.
+    /// Check the audit ledger's hash chain and signed checkpoints (`verify`, on a data dir
+    /// or database), or list its rows over the REST API of a running gateway (`list`).
     #[command(subcommand)]
-    Audit(operator::AuditCommand),
+    Audit(AuditCommand),
     /// Prepare the database: tables and append-only triggers.
     #[command(subcommand)]
     Db(operator::DbCommand),
@@ -147,9 +151,16 @@ enum Command {
     /// Work with BoxManifest YAML files offline (no server needed).
     #[command(subcommand)]
     Manifest(ManifestCommand),
-    /// Work with Box drafts.
+    /// Work with Box drafts: `preview` works offline; the others go over the REST API of a
+    /// running gateway and exit 0 when the API answered with success, 1 when it refused, 2
+    /// on a usage error, 3 when the gateway could not be reached.
     #[command(subcommand)]
     Drafts(DraftsCommand),
+    /// List, show and look after Boxes, over the REST API of a running gateway. Exit 0 when
+    /// the API answered with success, 1 when it refused, 2 on a usage error, 3 when the
+    /// gateway could not be reached.
+    #[command(subcommand)]
+    Boxes(client::BoxesCommand),
     /// Launch, show and list the Workers of Boxes, over the REST API of a running gateway.
     /// Exit 0 when the API answered with success, 1 when it refused, 2 on a usage error, 3
     /// when the gateway could not be reached.
@@ -373,6 +384,16 @@ enum DraftsCommand {
         #[arg(long = "json", value_name = "BODY")]
         json: String,
     },
+    #[command(flatten)]
+    Client(client::DraftsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    #[command(flatten)]
+    Operator(operator::AuditCommand),
+    #[command(flatten)]
+    Client(client::AuditCommand),
 }
 
 fn main() -> ExitCode {
@@ -398,7 +419,8 @@ fn main() -> ExitCode {
         Command::NatsConfig { out, port, store_dir, force } => {
             nats_config::run(&nats_config::Options { out, port, store_dir, force }).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
         }
-        Command::Audit(cmd) => run_async_code(operator::audit(cmd)),
+        Command::Audit(AuditCommand::Operator(cmd)) => run_async_code(operator::audit(cmd)),
+        Command::Audit(AuditCommand::Client(cmd)) => Ok(client::audit(cmd)),
         Command::Db(cmd) => run_async(operator::db(cmd)),
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),
@@ -432,6 +454,8 @@ fn main() -> ExitCode {
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),
         Command::Manifest(ManifestCommand::Feasibility { file, task_description }) => offline::feasibility(&file, &task_description),
         Command::Drafts(DraftsCommand::Preview { json }) => offline::preview(&json),
+        Command::Drafts(DraftsCommand::Client(cmd)) => Ok(client::drafts(cmd)),
+        Command::Boxes(cmd) => Ok(client::boxes(cmd)),
         Command::Workers(cmd) => {
             let sub = matches.subcommand().and_then(|(_, m)| m.subcommand()).map(|(_, m)| m);
             Ok(client::workers(cmd, sub))
