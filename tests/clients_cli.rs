@@ -32,6 +32,9 @@ fn r_cli_1_client_verbs_document_every_flag() {
         (&["boxes", "resume"], vec![]),
         (&["boxes", "archive"], vec![]),
         (&["boxes", "assign"], vec!["--user", "--role"]),
+        (&["boxes", "unassign"], vec!["--user"]),
+        (&["boxes", "edit"], vec!["--file"]),
+        (&["boxes", "config"], vec!["--file"]),
         (&["audit", "list"], [&["--action", "--target"][..], &paging].concat()),
     ];
     for (verb, flags) in cases {
@@ -188,6 +191,32 @@ fn r_cli_1_client_verbs_end_to_end_on_atasira_dev() {
     let (code, out, _) = cli(&sys.agent, &["boxes", "show", &plain_box]);
     assert_eq!(code, 0);
     assert!(out.contains("bob (member)"), "{out}");
+    // boxes edit (mentor), config (merge patch), unassign
+    let edit = file("edit.json", json!({"purpose": "週次レポート（改訂）"}));
+    let (code, out, err) = cli(&sys.admin, &["boxes", "edit", &plain_box, "--file", &edit, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(json_of(&out)["manifest"]["purpose"].as_str().is_some_and(|p| p.starts_with("週次レポート（改訂）")), "{out}");
+    let widening = file("widening.json", json!({"tools": ["Read", "Bash"]}));
+    let (code, _, err) = cli(&sys.admin, &["boxes", "edit", &plain_box, "--file", &widening]);
+    assert_eq!(code, 1, "a mentor edit of tools is refused: {err}");
+    assert!(err.contains("mentor_edit_prohibited_key"), "{err}");
+    let patch = file("patch.json", json!({"config_defaults": {"week": "49"}}));
+    let (code, out, err) = cli(&sys.admin, &["boxes", "config", &plain_box, "--file", &patch, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json_of(&out)["manifest"]["config_defaults"]["week"], "49", "{out}");
+    let (code, _, err) = cli(&sys.admin, &["boxes", "config", &plain_box, "--file", &widening]);
+    assert_eq!(code, 1, "a config edit that widens tools is refused: {err}");
+    assert!(err.contains("capability_change_requires_new_draft"), "{err}");
+    let (code, _, err) = cli(&sys.admin, &["boxes", "config", &plain_box, "--file", "/nonexistent/patch.json"]);
+    assert_eq!(code, 2, "an unreadable file is a usage error: {err}");
+    let (code, _, err) = cli(&sys.admin, &["boxes", "assign", &plain_box, "--user", "carol", "--role", "member"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = cli(&sys.admin, &["boxes", "unassign", &plain_box, "--user", "carol", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!json_of(&out)["assignments"].as_array().expect("assignments").iter().any(|a| a["user_id"] == "carol"), "{out}");
+    let (code, _, err) = cli(&sys.admin, &["boxes", "unassign", &plain_box, "--user", "carol"]);
+    assert_eq!(code, 1, "no such assignment any more: {err}");
+
     let (code, _, err) = cli(&sys.agent, &["boxes", "stop", &plain_box]);
     assert_eq!(code, 1, "an agent may not stop a Box: {err}");
     let (code, out, err) = cli(&sys.admin, &["boxes", "stop", &plain_box, "--json"]);

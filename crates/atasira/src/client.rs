@@ -312,6 +312,40 @@ pub enum BoxesCommand {
         #[command(flatten)]
         connection: Connection,
     },
+    /// Mentor edit of a Box's wording (a human admin): a JSON object of purpose,
+    /// success_criteria, prohibited_actions and business_procedure only; any other key is
+    /// refused and recorded. The manifest's minor version goes up.
+    Edit {
+        /// The Box's id.
+        box_id: String,
+        /// The edit as a JSON object; `-` reads standard input.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Config edit of a Box's operating parameters (a human admin or the Box's primary): a
+    /// JSON merge patch (a null value deletes its key) that must stay within what the
+    /// approval allowed; widening a capability needs a new draft.
+    Config {
+        /// The Box's id.
+        box_id: String,
+        /// The merge patch as a JSON object; `-` reads standard input.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Remove a user's assignment from a Box (a human admin or the Box's primary).
+    Unassign {
+        /// The Box's id.
+        box_id: String,
+        /// The user to remove.
+        #[arg(long, value_name = "USER")]
+        user: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
     /// Assign a user to a Box (a human admin or the Box's primary).
     Assign {
         /// The Box's id.
@@ -407,7 +441,7 @@ fn run_drafts(command: DraftsCommand) -> u8 {
     }
 }
 
-/// Reads the draft request file (or standard input) as JSON.
+/// Reads a JSON file (or standard input): a draft request, an edit, a merge patch.
 fn read_json(file: &std::path::Path) -> Result<Value, String> {
     let bytes = if file == std::path::Path::new("-") {
         let mut buf = Vec::new();
@@ -497,6 +531,18 @@ fn run_boxes(command: BoxesCommand) -> u8 {
         BoxesCommand::Stop { box_id, connection } => action("stop", &box_id, &connection),
         BoxesCommand::Resume { box_id, connection } => action("resume", &box_id, &connection),
         BoxesCommand::Archive { box_id, connection } => action("archive", &box_id, &connection),
+        BoxesCommand::Edit { box_id, file, connection } => match read_json(&file) {
+            Ok(edit) => call(&connection, "PUT", &format!("/api/v1/boxes/{}/manifest", segment(&box_id)), Some(&edit), |_, b| print_box(b)),
+            Err(message) => usage(&message),
+        },
+        BoxesCommand::Config { box_id, file, connection } => match read_json(&file) {
+            Ok(patch) => call(&connection, "PATCH", &format!("/api/v1/boxes/{}/config", segment(&box_id)), Some(&patch), |_, b| print_box(b)),
+            Err(message) => usage(&message),
+        },
+        BoxesCommand::Unassign { box_id, user, connection } => {
+            let path = format!("/api/v1/boxes/{}/user-assignments/{}", segment(&box_id), segment(&user));
+            call(&connection, "DELETE", &path, None, |_, b| print_box(b))
+        }
         BoxesCommand::Assign { box_id, user, role, connection } => {
             let body = json!({"user_id": user, "role_in_box": wire_name(role)});
             call(&connection, "POST", &format!("/api/v1/boxes/{}/user-assignments", segment(&box_id)), Some(&body), |_, b| print_box(b))
@@ -634,7 +680,7 @@ fn labels_text(labels: &Value) -> String {
 
 fn role_text(role: &Value) -> &str {
     match text(role) {
-        "" => "(the Box's default)",
+        "" => "-",
         role => role,
     }
 }
