@@ -122,7 +122,18 @@ pub(super) struct Cluster<'a> {
 
 type Task = JoinHandle<anyhow::Result<()>>;
 
-impl Cluster<'_> {
+impl<'a> Cluster<'a> {
+    /// The processes of one cluster run: fresh internal and audit keys, settings in `data`.
+    pub(super) fn new(options: &'a ClusterOptions, data: &std::path::Path, shutdown: watch::Receiver<bool>) -> anyhow::Result<Self> {
+        Ok(Cluster {
+            options,
+            internal: Arc::new(fresh_key(KeyKind::Internal)?.assertion_keys()?),
+            settings: settings_in(data),
+            audit: Arc::new(fresh_key(KeyKind::Audit)?.audit_keys()?),
+            shutdown,
+        })
+    }
+
     /// A process's runtime: its own database pool and NATS connection as `identity`.
     pub(super) async fn runtime(&self, identity: &str) -> anyhow::Result<(Runtime, async_nats::jetstream::Context)> {
         let db = Db::connect(&self.options.database_url).await?;
@@ -265,13 +276,7 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
     let small = (count / 4).max(50);
     let data = TempDir::new("cluster")?;
     let (tx, rx) = watch::channel(false);
-    let cluster = Cluster {
-        options: o,
-        internal: Arc::new(fresh_key(KeyKind::Internal)?.assertion_keys()?),
-        settings: settings_in(data.path()),
-        audit: Arc::new(fresh_key(KeyKind::Audit)?.audit_keys()?),
-        shutdown: rx.clone(),
-    };
+    let cluster = Cluster::new(o, data.path(), rx.clone())?;
     // The gateway (which sends the commands) and the floor are processes of their own too.
     let (gateway_rt, _) = cluster.runtime(subjects::GATEWAY).await?;
     let gateway_bus = gateway_rt.bus.clone();

@@ -7,7 +7,6 @@
 //! p99 and asserts nothing.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::subjects;
@@ -17,9 +16,8 @@ use atasira_platform::db::Db;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::drafts::{Cluster, ClusterOptions, fresh_key, settings_in};
+use super::drafts::{Cluster, ClusterOptions, settings_in};
 use super::{Figures, Op, TempDir, measure, op};
-use crate::keys::KeyKind;
 use crate::services::{self, Embedded};
 
 /// What `atasira bench workers` is told.
@@ -111,13 +109,7 @@ async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, 
 async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow::Result<(Figures, Figures)> {
     let data = TempDir::new("workers-cluster")?;
     let (tx, rx) = watch::channel(false);
-    let cluster = Cluster {
-        options: o,
-        internal: Arc::new(fresh_key(KeyKind::Internal)?.assertion_keys()?),
-        settings: settings_in(data.path()),
-        audit: Arc::new(fresh_key(KeyKind::Audit)?.audit_keys()?),
-        shutdown: rx.clone(),
-    };
+    let cluster = Cluster::new(o, data.path(), rx.clone())?;
     let (gateway_rt, _) = cluster.runtime(subjects::GATEWAY).await?;
     let gateway_bus = gateway_rt.bus.clone();
     let mut tasks = Vec::new();
