@@ -1005,18 +1005,33 @@ impl Db {
         rows.iter().map(row_to_event).collect()
     }
 
-    /// One stored event by its stream and sequence.
-    pub async fn event(&self, aggregate_type: &str, aggregate_id: &str, sequence: i64) -> anyhow::Result<Option<StoredEvent>> {
+    /// `SELECT` of every column [`row_to_event`] reads, from `events` of one stream; the
+    /// caller adds its conditions after `aggregate_type = $1 AND aggregate_id = $2`.
+    fn select_stream(&self) -> String {
         let (pos, tx_id) = match self.kind() {
             DbKind::Sqlite => ("rowid", "0"),
             DbKind::Postgres => ("global_position", "CAST(CAST(tx_id AS TEXT) AS BIGINT)"),
         };
-        let sql = format!(
+        format!(
             "SELECT aggregate_type, aggregate_id, sequence, {pos}, event_type, event_version, CAST(payload AS TEXT), CAST(metadata AS TEXT), recorded_at_ms, {tx_id}
-               FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 AND sequence = $3"
-        );
+               FROM events WHERE aggregate_type = $1 AND aggregate_id = $2"
+        )
+    }
+
+    /// One stored event by its stream and sequence.
+    pub async fn event(&self, aggregate_type: &str, aggregate_id: &str, sequence: i64) -> anyhow::Result<Option<StoredEvent>> {
+        let sql = format!("{} AND sequence = $3", self.select_stream());
         let row = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).bind(sequence).fetch_optional(&self.any).await?;
         row.as_ref().map(row_to_event).transpose()
+    }
+
+    /// Every committed event of one stream, in sequence order. Read directly (not through
+    /// the commit-order feed), so an event committed a moment ago is seen whatever else is in
+    /// flight.
+    pub async fn stream(&self, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<Vec<StoredEvent>> {
+        let sql = format!("{} ORDER BY sequence", self.select_stream());
+        let rows = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).fetch_all(&self.any).await?;
+        rows.iter().map(row_to_event).collect()
     }
 
     /// The highest committed position (0 when empty).

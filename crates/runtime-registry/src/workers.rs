@@ -22,11 +22,10 @@ use atasira_domain::aggregates::worker::{NewWorker, WorkerCommand, WorkerEvent};
 use atasira_domain::worker::{LaunchRequest, Segment, bundle_digest, launch_fingerprint, may_launch, validate_launch, worker_id_for};
 use atasira_domain::{ErrorCode, FieldError, Principal};
 use atasira_platform::command::{self, Retry};
-use atasira_platform::db::{Db, DbKind, StoredEvent};
+use atasira_platform::db::{Db, StoredEvent};
 use atasira_platform::projection as proj;
 use atasira_platform::service::Refusal;
 use prost::Message as _;
-use sqlx::Row as _;
 
 use crate::workers_view::{self, WORKERS, WORKERS_READS, WorkerRow};
 use crate::{Registry, SERVICE, views};
@@ -51,37 +50,6 @@ const RECORDED: &[ErrorCode] = &[
 /// Longest box id, binding handle and bundle digest a launch may name.
 const ID_CHARS: usize = 128;
 
-/// One committed event of a stream.
-#[derive(Debug, Clone)]
-struct Link {
-    event_id: String,
-    position: i64,
-    event_type: String,
-    payload: serde_json::Value,
-}
-
-/// Every committed event of one stream, in order. Read directly (not through the
-/// commit-order feed), so an event committed a moment ago is seen whatever else is in flight.
-async fn stream(db: &Db, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<Vec<Link>> {
-    let pos = match db.kind() {
-        DbKind::Sqlite => "rowid",
-        DbKind::Postgres => "global_position",
-    };
-    let sql =
-        format!("SELECT sequence, {pos}, event_type, CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence");
-    let rows = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).fetch_all(db.any()).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Link {
-                event_id: StoredEvent::event_id_of(aggregate_type, aggregate_id, r.try_get(0)?),
-                position: r.try_get(1)?,
-                event_type: r.try_get(2)?,
-                payload: serde_json::from_str(&r.try_get::<String, _>(3)?)?,
-            })
-        })
-        .collect()
-}
-
 /// One stored event by its id (`<type>/<id>/<sequence>`; the id may hold `/`).
 async fn event_by_id(db: &Db, event_id: &str) -> anyhow::Result<Option<StoredEvent>> {
     let parsed = event_id.split_once('/').and_then(|(t, rest)| rest.rsplit_once('/').map(|(id, seq)| (t, id, seq.parse::<i64>())));
@@ -101,7 +69,7 @@ struct BoxChain {
 async fn box_chain(db: &Db, box_id: &str) -> anyhow::Result<BoxChain> {
     let mut aggregate = BoxAggregate::default();
     let mut derived_from = Vec::new();
-    for link in stream(db, types::BOX, box_id).await? {
+    for link in db.stream(types::BOX, box_id).await? {
         let event: BoxEvent = serde_json::from_value(link.payload)?;
         if matches!(event, BoxEvent::BoxActivated { .. } | BoxEvent::BoxManifestEdited { .. } | BoxEvent::BoxConfigEdited { .. }) {
             derived_from.push(link.event_id);
@@ -303,7 +271,7 @@ impl Registry {
 
     /// The creation on the Worker's stream, if any.
     async fn created(&self, worker_id: &str) -> Result<Option<Created>, Refusal> {
-        for link in stream(&self.rt.db, types::WORKER, worker_id).await.map_err(Refusal::internal)? {
+        for link in self.rt.db.stream(types::WORKER, worker_id).await.map_err(Refusal::internal)? {
             if link.event_type == "WorkerCreated" {
                 let event: WorkerEvent = serde_json::from_value(link.payload).map_err(Refusal::internal)?;
                 return Ok(Some(Created { event, event_id: link.event_id, position: link.position }));
@@ -316,7 +284,7 @@ impl Registry {
     /// token checked with the published public keys at the time it was recorded, and bound
     /// to the draft, the box_type and the approved manifest's digest.
     async fn check_approval(&self, draft_id: &str, box_type: &str, approved_digest: &str) -> Result<ApprovalCheck, Refusal> {
-        let links = stream(&self.rt.db, types::DRAFT, draft_id).await.map_err(Refusal::internal)?;
+        let links = self.rt.db.stream(types::DRAFT, draft_id).await.map_err(Refusal::internal)?;
         let Some(link) = links.into_iter().find(|l| l.event_type == "DraftApproved") else {
             return Ok(ApprovalCheck { event_id: None, key_id: String::new(), refused: Some("the Box's draft holds no approval".into()) });
         };
