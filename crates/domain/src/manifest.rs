@@ -95,7 +95,7 @@ pub enum TriggerType {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoopControl {
-    #[serde(default = "default_max_iterations")]
+    #[serde(default = "default_max_iterations", deserialize_with = "whole_number")]
     pub max_iterations: u32,
     #[serde(default = "default_timeout_s")]
     pub timeout_s: f64,
@@ -127,6 +127,7 @@ impl Default for LoopControl {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcedureStep {
+    #[serde(deserialize_with = "whole_number")]
     pub step: i64,
     #[serde(default)]
     pub description: String,
@@ -183,6 +184,14 @@ pub fn default_ssh_port() -> u16 {
 
 /// A port is a whole number, however written: JSON's `22.0` is the integer 22 (JSON Schema
 /// agrees), and some JSON writers only write numbers that way.
+/// A whole number as JSON Schema's `integer` has it: `3` or `3.0` (a number whose fraction is
+/// zero), within the type's range.
+pub fn whole_number<'de, D: serde::Deserializer<'de>, T: TryFrom<i64>>(d: D) -> Result<T, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    let whole = n.as_i64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && (i64::MIN as f64..i64::MAX as f64).contains(f)).map(|f| f as i64));
+    whole.and_then(|i| T::try_from(i).ok()).ok_or_else(|| serde::de::Error::custom(format!("{n} is not a whole number in range")))
+}
+
 pub fn whole_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
     let n = f64::deserialize(d)?;
     if n.fract() == 0.0 && (0.0..=f64::from(u16::MAX)).contains(&n) {

@@ -426,3 +426,20 @@ mod round_trip {
         }
     }
 }
+
+#[test]
+fn whole_numbers_may_be_written_with_a_zero_fraction_as_json_schema_integers_are() {
+    // given a step and a loop limit written as 3.0 and 7.0; then they read as 3 and 7
+    let m: BoxManifest = serde_json::from_value(serde_json::json!({
+        "box_type": "wn", "purpose": "p",
+        "business_procedure": [{"step": 3.0}, {"step": -4067315270067174.0}],
+        "loop_control": {"max_iterations": 7.0},
+    }))
+    .expect("whole numbers");
+    assert_eq!((m.business_procedure[0].step, m.business_procedure[1].step, m.loop_control.max_iterations), (3, -4_067_315_270_067_174, 7));
+    // given a fraction or a value out of the type's range; then refused
+    for bad in [serde_json::json!({"step": 3.5}), serde_json::json!({"step": 1e300})] {
+        assert!(serde_json::from_value::<ProcedureStep>(bad.clone()).is_err(), "{bad}");
+    }
+    assert!(serde_json::from_value::<LoopControl>(serde_json::json!({"max_iterations": -1})).is_err());
+}
