@@ -392,7 +392,8 @@ enum DraftsCommand {
 }
 
 fn main() -> ExitCode {
-    // The matches too: `workers create` reads the order of its input flags from them.
+    // The matches too: `workers create` reads the order of its input flags from them, and
+    // `audit verify` whether a setting came from the command line or the environment.
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
