@@ -9,6 +9,7 @@ mod error;
 mod extract;
 mod from_wire;
 mod idempotency;
+mod mcp;
 mod openapi;
 pub mod query;
 mod routes;
@@ -75,6 +76,11 @@ pub async fn prepare(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
 
 /// The router; `rt.db` holds the gateway's own tables (tokens, idempotency).
 pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
+    app(rt, config).await.map(|(router, _)| router)
+}
+
+/// The router, and what ends the MCP sessions at shutdown.
+async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, mcp::Stop)> {
     prepare(&rt.db).await?;
     let state = AppState { rt, config: Arc::new(config) };
     let api = Router::new()
@@ -105,8 +111,19 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/workers/{worker_id}", get(routes::get_worker))
         .route("/workers/{worker_id}/provenance", get(routes::worker_provenance))
         .method_not_allowed_fallback(method_not_allowed)
-        .fallback(not_found);
-    Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state.clone());
+    // The MCP tools call the same API router in-process.
+    let (mcp, stop_mcp) = mcp::router(api.clone(), state.clone());
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .with_state(state)
+        .nest("/api/v1", api)
+        .merge(mcp)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    Ok((app, stop_mcp))
 }
 
 /// Serves until `shutdown` resolves (the same code drives tests and production).
@@ -120,7 +137,11 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
         }
     })
     .await?;
-    let app = router(rt, config).await?;
+    let (app, stop_mcp) = app(rt, config).await?;
+    let shutdown = async move {
+        shutdown.await;
+        stop_mcp();
+    };
     let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
     endpoint.stop();
     served?;
