@@ -216,3 +216,27 @@ fn r_mcp_1_stdio_says_what_is_missing() {
         assert!(help.contains(needle), "mcp --help lacks {needle}:\n{help}");
     }
 }
+
+/// An MCP client that keeps its event stream open does not hold up a graceful stop.
+#[test]
+fn r_mcp_1_an_open_stream_does_not_hold_the_gateway() {
+    let mut sys = System::start(Mode::Embedded);
+    let accept = [("Accept", "application/json, text/event-stream")];
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let a = http("POST", &sys.url("/mcp"), Some(&sys.agent), &accept, Some(initialize.to_string().as_bytes()));
+    assert_eq!(a.status, 200, "{}", a.raw);
+    let session = a.header("mcp-session-id").expect("a session").to_owned();
+    let session_header = [("Accept", "application/json, text/event-stream"), ("Mcp-Session-Id", session.as_str())];
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let a = http("POST", &sys.url("/mcp"), Some(&sys.agent), &session_header, Some(initialized.to_string().as_bytes()));
+    assert_eq!(a.status, 202, "{}", a.raw);
+    // The server's stream: it stays open until the server ends it.
+    let (url, agent) = (sys.url("/mcp"), sys.agent.clone());
+    let stream = std::thread::spawn(move || http("GET", &url, Some(&agent), &[("Accept", "text/event-stream"), ("Mcp-Session-Id", session.as_str())], None));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let dev = sys.proc("atasira dev");
+    dev.interrupt();
+    assert!(dev.wait_exit(std::time::Duration::ZERO).is_some(), "the gateway did not stop with an MCP stream open:\n{}", dev.stderr_text());
+    assert_eq!(stream.join().expect("the stream ends").status, 200);
+}
