@@ -1,8 +1,8 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or
 //! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|workers|rebuild|idle`, offline verbs (`manifest
-//! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers`, `drafts`, `boxes`, `audit list`, and
-//! `audit verify` with `--url`).
+//! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers`, `drafts`, `boxes`, `audit list`,
+//! `audit verify` with `--url`, and `mcp`, the MCP server on stdio).
 //!
 //! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
 //! variable, parsed here and handed to the libraries as parameters (they never read the
@@ -12,6 +12,7 @@
 mod bench;
 mod client;
 mod keys;
+mod mcp;
 mod nats_config;
 mod offline;
 mod operator;
@@ -40,7 +41,8 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 ///
 /// `drafts`, `boxes`, `workers` and `audit list` talk to a running gateway over its REST
 /// API with a personal access token (--url/ATASIRA_BFF_URL, --token/ATASIRA_PAT); so does
-/// `audit verify` when given --url instead of a data dir or database.
+/// `audit verify` when given --url instead of a data dir or database, and `mcp`, the MCP
+/// server for AI agents (stdio).
 ///
 /// Every setting is a flag or the ATASIRA_* environment variable shown next to it in the
 /// command's --help. Logs go to stderr; RUST_LOG filters them (default: info).
@@ -169,6 +171,16 @@ enum Command {
     /// when the gateway could not be reached.
     #[command(subcommand)]
     Workers(client::WorkersCommand),
+    /// Serve the Model Context Protocol on stdin/stdout, for AI agents and MCP clients.
+    ///
+    /// Five tools, each one call of a running gateway's REST API with the given token:
+    /// atasira_create_box_draft (the draft always waits for a human admin's approval),
+    /// atasira_pending_drafts (needs role admin), atasira_list_boxes, atasira_feasibility
+    /// and atasira_get_draft (your own drafts). There is no approve or reject tool. A
+    /// refusal of the API is a tool error that starts with its error code. Standard
+    /// output carries the protocol only; logs go to stderr. The gateway also serves the
+    /// same tools over streamable HTTP at /mcp (with the token as Bearer).
+    Mcp(mcp::McpArgs),
 }
 
 /// How `serve` authenticates to NATS.
@@ -457,6 +469,7 @@ fn main() -> ExitCode {
         Command::Drafts(DraftsCommand::Preview { json }) => offline::preview(&json),
         Command::Drafts(DraftsCommand::Client(cmd)) => Ok(client::drafts(cmd)),
         Command::Boxes(cmd) => Ok(client::boxes(cmd)),
+        Command::Mcp(args) => run_async(mcp::serve(args)),
         Command::Workers(cmd) => {
             let sub = matches.subcommand().and_then(|(_, m)| m.subcommand()).map(|(_, m)| m);
             Ok(client::workers(cmd, sub))

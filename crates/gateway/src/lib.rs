@@ -9,6 +9,7 @@ mod error;
 mod extract;
 mod from_wire;
 mod idempotency;
+mod mcp;
 mod openapi;
 pub mod query;
 mod routes;
@@ -78,11 +79,11 @@ pub async fn prepare(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
 
 /// The router; `rt.db` holds the gateway's own tables (tokens, idempotency).
 pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
-    Ok(build(rt, config).await?.0)
+    app(rt, config).await.map(|(router, _, _)| router)
 }
 
-/// The router and its live updates (which the gateway closes when it shuts down).
-async fn build(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream::Live>)> {
+/// The router, and what ends the live streams and the MCP sessions at shutdown.
+async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream::Live>, mcp::Stop)> {
     prepare(&rt.db).await?;
     let live = stream::Live::new();
     let state = AppState { rt, config: Arc::new(config), live: live.clone() };
@@ -116,10 +117,19 @@ async fn build(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<strea
         .route("/workers/{worker_id}/provenance", get(routes::worker_provenance))
         .route("/events/stream", get(stream::stream))
         .method_not_allowed_fallback(method_not_allowed)
-        .fallback(not_found);
-    let app =
-        Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state);
-    Ok((app, live))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state.clone());
+    // The MCP tools call the same API router in-process.
+    let (mcp, stop_mcp) = mcp::router(api.clone(), state.clone());
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .with_state(state)
+        .nest("/api/v1", api)
+        .merge(mcp)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    Ok((app, live, stop_mcp))
 }
 
 /// Serves until `shutdown` resolves (the same code drives tests and production).
@@ -133,11 +143,12 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
         }
     })
     .await?;
-    let (app, live) = build(rt, config).await?;
-    // Open event streams would hold a graceful shutdown open: end them first.
+    let (app, live, stop_mcp) = app(rt, config).await?;
+    // Open event streams and MCP sessions would hold a graceful shutdown open: end them first.
     let shutdown = async move {
         shutdown.await;
         live.close();
+        stop_mcp();
     };
     let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
     endpoint.stop();
