@@ -59,6 +59,14 @@ const READ_MODELS: &[(&str, &[&str])] = &[(projection::NAME, projection::READS)]
 pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
     let view: Arc<dyn Projection> = Arc::new(DraftsView);
     proj::prepare(&rt.db, view.as_ref()).await?;
+    let db = rt.db.clone();
+    atasira_platform::metrics::gauge_source(
+        "pending_drafts",
+        Arc::new(move || {
+            let db = db.clone();
+            Box::pin(async move { db.count("SELECT COUNT(*) FROM draft_rows WHERE status = 'pending_approval'").await })
+        }),
+    );
     let service = Arc::new(Service { cqrs: rt.db.cqrs::<Draft>(), rt: rt.clone() });
     let endpoint = {
         let service = service.clone();

@@ -116,6 +116,7 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
         .route("/workers/{worker_id}", get(routes::get_worker))
         .route("/workers/{worker_id}/provenance", get(routes::worker_provenance))
         .route("/events/stream", get(stream::stream))
+        .route_layer(axum::middleware::from_fn(measure))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -124,6 +125,7 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
     let (mcp, stop_mcp) = mcp::router(api.clone(), state.clone());
     let app = Router::new()
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .with_state(state)
         .nest("/api/v1", api)
         .merge(mcp)
@@ -183,6 +185,24 @@ async fn healthz(State(state): State<AppState>) -> Response {
         return Json(json!({"status": "ok"})).into_response();
     }
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "degraded", "stalled": stalled, "unreachable": unreachable}))).into_response()
+}
+
+/// The process's metrics, Prometheus text (`atasira_http_requests_total`, ...; see
+/// `atasira_platform::metrics`). Counts and timings only: no ids, no payloads.
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = atasira_platform::metrics::render(&state.rt.db).await;
+    ([(axum::http::header::CONTENT_TYPE, atasira_platform::metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// Counts and times each request of a known route, by its template (ids stay out of the
+/// labels).
+async fn measure(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = request.method().to_string();
+    let route = request.extensions().get::<axum::extract::MatchedPath>().map_or_else(|| "-".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    atasira_platform::metrics::global().http(&method, &route, response.status().as_u16(), started.elapsed());
+    response
 }
 
 async fn not_found() -> ApiError {

@@ -258,8 +258,17 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
             Some(writer) => Some(writer.clone().lock_owned().await),
             None => None,
         };
+        let started = std::time::Instant::now();
         let result = self.cqrs.execute(aggregate_id, command, metadata, new_stream).await;
         drop(turn);
+        let metrics = crate::metrics::global();
+        metrics.append_seconds.get_or_create(&crate::metrics::AggregateLabel { aggregate_type: A::TYPE.to_owned() }).observe(started.elapsed().as_secs_f64());
+        // Every security violation is a command on a `<service>_security` aggregate.
+        if result.is_ok()
+            && let Some(service) = A::TYPE.strip_suffix("_security")
+        {
+            metrics.security_violations.get_or_create(&crate::metrics::ServiceLabel { service: service.replace('_', "-") }).inc();
+        }
         if result.is_ok() {
             self.signals.committed(|a| a.ring(A::TYPE));
         }
@@ -728,6 +737,7 @@ impl Db {
         if let Ok(mut progress) = self.signals.progress.lock() {
             progress.entry(name.to_owned()).or_default().record(cursor, event_ids);
         }
+        crate::metrics::global().reader_moved(name, cursor);
         self.progressed();
     }
 
@@ -1034,6 +1044,22 @@ impl Db {
         rows.iter().map(row_to_event).collect()
     }
 
+    /// How many committed events of `aggregate_types` (all when empty) lie after `after`: how
+    /// far a reader at `after` is behind (the metrics' lag).
+    pub async fn count_after(&self, after: Cursor, aggregate_types: &[&str]) -> anyhow::Result<i64> {
+        let types = types_clause(aggregate_types);
+        let row = match self.kind() {
+            DbKind::Sqlite => sqlx::query(&format!("SELECT COUNT(*) FROM events WHERE rowid > $1{types}")).bind(after.position).fetch_one(&self.any).await?,
+            DbKind::Postgres => {
+                let sql = format!(
+                    "SELECT COUNT(*) FROM events WHERE (tx_id, global_position) > (CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8), CAST($2 AS BIGINT)){types}"
+                );
+                sqlx::query(&sql).bind(after.tx_id).bind(after.position).fetch_one(&self.any).await?
+            }
+        };
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
     /// Where a reader that wants only what comes next starts: right after the last event
     /// in commit order that [`Db::read`] would return now ([`Cursor::START`] when empty).
     pub async fn head_cursor(&self) -> anyhow::Result<Cursor> {
@@ -1049,6 +1075,11 @@ impl Db {
             Some(row) => Cursor { tx_id: row.try_get::<i64, _>(0)?, position: row.try_get::<i64, _>(1)? },
             None => Cursor::START,
         })
+    }
+
+    /// The one number a `SELECT COUNT(*) ...` answers (a read model's count for the metrics).
+    pub async fn count(&self, sql: &str) -> anyhow::Result<i64> {
+        Ok(sqlx::query(sql).fetch_one(&self.any).await?.try_get::<i64, _>(0)?)
     }
 
     /// The highest committed position (0 when empty).

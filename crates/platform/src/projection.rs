@@ -312,6 +312,7 @@ pub async fn consume_batches<F, Fut>(
         let result: anyhow::Result<()> = async {
             let from = cursor(&db, name).await?;
             db.consumer_opened(name, from);
+            crate::metrics::global().reader_at(name, "consumer", aggregate_types, from);
             let mut feed = feeds.open(&db, name, aggregate_types, from).await?;
             loop {
                 if *shutdown.borrow() {
@@ -340,6 +341,7 @@ pub async fn consume_batches<F, Fut>(
             Ok(()) => return,
             Err(e) => {
                 tracing::error!(consumer = name, error = format!("{e:#}"), "consumer stopped at an event it cannot handle; retrying from its checkpoint");
+                crate::metrics::global().consumer_retries.get_or_create(&crate::metrics::Named { name: name.to_owned() }).inc();
                 db.stalled(name, &format!("{e:#}"));
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}

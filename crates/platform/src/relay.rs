@@ -188,6 +188,7 @@ pub async fn run(
         let wait = match result {
             Ok(r) => {
                 at = Some(r.cursor);
+                crate::metrics::global().reader_at(&name, "relay", aggregate_types, r.cursor);
                 if r.drained {
                     drained = Some(seen);
                     continue;

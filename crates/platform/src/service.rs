@@ -167,14 +167,40 @@ where
     F: Fn(Call) -> Fut,
     Fut: Future<Output = Result<Reply, Refusal>>,
 {
+    let started = std::time::Instant::now();
+    let (request, reply) = answer(rt, service, dispatch, msg).await;
+    let outcome = match &reply.result {
+        Some(atasira_contracts::v1::reply::Result::Error(e)) => atasira_contracts::v1::ErrorCode::try_from(e.code)
+            .map_or_else(|_| "unknown".to_owned(), |c| c.as_str_name().trim_start_matches("ERROR_CODE_").to_lowercase()),
+        _ => "ok".to_owned(),
+    };
+    crate::metrics::global().request(service, &request, &outcome, started.elapsed());
+    reply
+}
+
+/// The request's type (short name, `-` when undecodable) and the answer to it.
+async fn answer<F, Fut>(rt: &Runtime, service: &'static str, dispatch: &F, msg: Message) -> (String, Reply)
+where
+    F: Fn(Call) -> Fut,
+    Fut: Future<Output = Result<Reply, Refusal>>,
+{
     let env = match atasira_contracts::decode_envelope(&msg.payload) {
         Ok(env) => env,
-        Err(e) => return Refusal::from(e).into_reply(),
+        Err(e) => return ("-".to_owned(), Refusal::from(e).into_reply()),
     };
-    let Some(origin) = subjects::origin(&msg.subject, service) else {
-        return Refusal::new(ErrorCode::Unauthenticated, format!("{} names no sender atasira knows", msg.subject)).into_reply();
+    let request = env.message_type.rsplit('.').next().unwrap_or("-").chars().take(64).collect::<String>();
+    (request, dispatch_checked(rt, service, dispatch, msg.subject, env).await)
+}
+
+async fn dispatch_checked<F, Fut>(rt: &Runtime, service: &'static str, dispatch: &F, subject: String, env: atasira_contracts::v1::Envelope) -> Reply
+where
+    F: Fn(Call) -> Fut,
+    Fut: Future<Output = Result<Reply, Refusal>>,
+{
+    let Some(origin) = subjects::origin(&subject, service) else {
+        return Refusal::new(ErrorCode::Unauthenticated, format!("{subject} names no sender atasira knows")).into_reply();
     };
-    let call = Call::new(msg.subject, origin, env, service);
+    let call = Call::new(subject, origin, env, service);
     // A NATS publisher is nobody without a valid token, whatever it asks (R-AUTH-1).
     if matches!(call.origin, Origin::Client { .. })
         && let Err(refusal) = call.principal(rt).await

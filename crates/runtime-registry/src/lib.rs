@@ -81,6 +81,17 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
     for p in &projections {
         proj::prepare(&rt.db, p.as_ref()).await?;
     }
+    let db = rt.db.clone();
+    atasira_platform::metrics::gauge_source(
+        "active_boxes",
+        Arc::new(move || {
+            let db = db.clone();
+            // What the Box limit counts: every Box not archived.
+            Box::pin(async move { db.count("SELECT COUNT(*) FROM box_rows WHERE state <> 'archived'").await })
+        }),
+    );
+    let limit = i64::try_from(config.max_boxes).unwrap_or(i64::MAX);
+    atasira_platform::metrics::gauge_source("box_limit", Arc::new(move || Box::pin(async move { Ok(limit) })));
     let registry = Arc::new(Registry {
         keys: KeyProvider::load(rt.db.clone()).await?,
         boxes: rt.db.cqrs(),
