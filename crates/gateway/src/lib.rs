@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod callout;
+mod dashboard;
 mod error;
 mod extract;
 mod from_wire;
@@ -79,6 +80,7 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
     let state = AppState { rt, config: Arc::new(config) };
     let api = Router::new()
         .route("/auth/nats-assertion", post(routes::nats_assertion))
+        .route("/auth/whoami", get(routes::whoami))
         .route("/boxes/box-drafts", post(routes::submit_draft).get(routes::list_drafts))
         .route("/boxes/box-drafts/pending", get(routes::pending_drafts))
         .route("/boxes/box-drafts/{draft_id}", get(routes::get_draft))
@@ -106,7 +108,13 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/workers/{worker_id}/provenance", get(routes::worker_provenance))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
-    Ok(Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state))
+    Ok(Router::new()
+        .route("/healthz", get(healthz))
+        .merge(dashboard::routes())
+        .nest("/api/v1", api)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state))
 }
 
 /// Serves until `shutdown` resolves (the same code drives tests and production).
