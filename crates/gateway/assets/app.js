@@ -727,6 +727,8 @@ function dispatch(event, data) {
 async function connect() {
   const controller = new AbortController();
   live.controller = controller;
+  const opened = Date.now();
+  let ended = false;
   try {
     const response = await fetch('/api/v1/events/stream', {
       headers: { Authorization: `Bearer ${state.token}`, Accept: 'text/event-stream' }, cache: 'no-store', signal: controller.signal,
@@ -739,7 +741,10 @@ async function connect() {
     let data = [];
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) break;
+      if (done) {
+        ended = true;
+        break;
+      }
       buffer += value;
       const got = buffer.split(/\r?\n/);
       buffer = got.pop();
@@ -761,6 +766,11 @@ async function connect() {
     if (controller.signal.aborted) return;
   }
   if (controller.signal.aborted) return;
+  // The server ends a stream after a while (to check the token again): go on at once.
+  if (ended && live.retries === 0 && Date.now() - opened > 30000) {
+    connect();
+    return;
+  }
   // Down: refresh by polling, and try again later, waiting longer each time.
   setLive(false);
   const wait = Math.min(30000, 1000 * 2 ** live.retries) * (0.75 + Math.random() / 2);
