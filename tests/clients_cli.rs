@@ -7,8 +7,16 @@
 use atasira_tests::harness::{Mode, System, TempDir, atasira_bin, free_port};
 use serde_json::{Value, json};
 
+/// The variables that choose where a verb goes, none of them inherited.
+const WHERE: [&str; 4] = ["ATASIRA_PAT", "ATASIRA_BFF_URL", "ATASIRA_DATA_DIR", "ATASIRA_DATABASE_URL"];
+
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(atasira_bin()).args(args).env_remove("ATASIRA_PAT").env_remove("ATASIRA_BFF_URL").output().expect("atasira runs");
+    let mut cmd = std::process::Command::new(atasira_bin());
+    cmd.args(args);
+    for name in WHERE {
+        cmd.env_remove(name);
+    }
+    let out = cmd.output().expect("atasira runs");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -35,7 +43,7 @@ fn r_cli_1_client_verbs_document_every_flag() {
         (&["boxes", "unassign"], vec!["--user"]),
         (&["boxes", "edit"], vec!["--file"]),
         (&["boxes", "config"], vec!["--file"]),
-        (&["audit", "list"], [&["--action", "--target"][..], &paging].concat()),
+        (&["audit", "list"], [&["--action", "--target", "--since"][..], &paging].concat()),
     ];
     for (verb, flags) in cases {
         let (code, out, err) = run(&[verb, &["--help"]].concat());
@@ -56,6 +64,13 @@ fn r_cli_1_client_verbs_document_every_flag() {
     for verb in [&["drafts", "preview", "--help"][..], &["audit", "verify", "--help"][..]] {
         assert_eq!(run(verb).0, 0, "{verb:?}");
     }
+    // audit verify says both ways: the store (operator) and the gateway (client)
+    let (code, out, _) = run(&["audit", "verify", "--help"]);
+    assert_eq!(code, 0);
+    for flag in ["--data-dir", "--database-url", "--audit-key", "--url", "--token", "--json"] {
+        assert!(out.lines().any(|l| l.trim_start().starts_with(flag)), "audit verify --help lacks {flag}:\n{out}");
+    }
+    assert!(out.contains("On the store itself") && out.contains("Through a running gateway"), "{out}");
     let (code, out, _) = run(&["drafts", "preview", "--json", r#"{"box_type": "cli-check", "purpose": "p"}"#]);
     assert_eq!(code, 0);
     assert_eq!(serde_json::from_str::<Value>(&out).expect("JSON")["status"], 201, "{out}");
@@ -72,6 +87,10 @@ fn r_cli_1_client_verbs_exit_codes_usage_and_unreachable() {
         vec!["boxes", "assign", "b1", "--user", "u", "--role", "owner", "--token", "pat", "--url", &nowhere],
         vec!["boxes", "show", "b1", "--url", &nowhere],
         vec!["audit", "list", "--url", &nowhere],
+        vec!["audit", "list", "--since", "2026-13-01", "--token", "pat", "--url", &nowhere],
+        vec!["audit", "verify"],
+        vec!["audit", "verify", "--url", &nowhere],
+        vec!["audit", "verify", "--url", &nowhere, "--data-dir", "/tmp", "--token", "pat"],
     ] {
         let (code, _, err) = run(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -82,6 +101,7 @@ fn r_cli_1_client_verbs_exit_codes_usage_and_unreachable() {
         vec!["boxes", "list"],
         vec!["boxes", "stop", "b1"],
         vec!["audit", "list", "--action", "box.activate"],
+        vec!["audit", "verify"],
     ] {
         let (code, _, err) = run(&[&args[..], &["--token", "pat", "--url", &nowhere]].concat());
         assert_eq!(code, 3, "{args:?}: {err}");
@@ -95,7 +115,17 @@ fn json_of(out: &str) -> Value {
 
 #[test]
 fn r_cli_1_client_verbs_end_to_end_on_atasira_dev() {
-    let sys = System::start(Mode::Embedded);
+    end_to_end(&System::start(Mode::Embedded));
+}
+
+#[test]
+fn r_cli_1_client_verbs_end_to_end_on_a_cluster() {
+    end_to_end(&System::start(Mode::Cluster));
+}
+
+/// Every drafts, boxes and audit verb against `sys`, with --json parsed and exit codes
+/// checked; the same scenario in both modes.
+fn end_to_end(sys: &System) {
     let url = sys.url("");
     let cli = |token: &str, args: &[&str]| run(&[args, &["--url", &url, "--token", token]].concat());
     let dir = TempDir::new("clients-cli");
@@ -259,7 +289,117 @@ fn r_cli_1_client_verbs_end_to_end_on_atasira_dev() {
     let (code, _, err) = cli(&sys.agent, &["audit", "list"]);
     assert_eq!(code, 1, "{err}");
 
-    // the operator verb still verifies the ledger on the data dir
+    // audit list --since: rows at or after a time; a time to come has none; not a time is usage
+    let (code, out, err) = cli(&sys.admin, &["audit", "list", "--limit", "500", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let all = json_of(&out)["rows"].as_array().cloned().expect("rows");
+    let middle = all[all.len() / 2]["time"].as_str().expect("time").to_owned();
+    let (code, out, err) = cli(&sys.admin, &["audit", "list", "--since", &middle, "--limit", "500", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let since = json_of(&out)["rows"].as_array().cloned().expect("rows");
+    assert!(!since.is_empty() && since.len() < all.len(), "{} of {} rows since {middle}", since.len(), all.len());
+    assert!(since.iter().all(|r| r["time"].as_str().is_some_and(|t| t >= middle.as_str())), "{out}");
+    assert_eq!(since.last(), all.last(), "the newest row is among them");
+    let (code, out, err) = cli(&sys.admin, &["audit", "list", "--since", "2999-01-01T09:00:00+09:00", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json_of(&out)["rows"], json!([]), "{out}");
+    let (code, _, err) = cli(&sys.admin, &["audit", "list", "--since", "yesterday"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("RFC 3339"), "{err}");
+
+    // audit verify through the gateway: verified in words, or as JSON; an agent is refused
+    let (code, out, err) = cli(&sys.admin, &["audit", "verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("verified"), "{out}");
+    let (code, out, err) = cli(&sys.admin, &["audit", "verify", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let rest = json_of(&out);
+    assert_eq!(rest["ok"], true, "{rest}");
+    let (code, _, err) = cli(&sys.agent, &["audit", "verify"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("403 forbidden"), "{err}");
+    // the operator verb still verifies the ledger on the store, and agrees
     let (code, verified) = sys.audit_verify();
-    assert_eq!(code, 0, "{verified}");
+    assert_eq!((code, &verified), (0, &rest), "{verified}");
+    // a flag on the command line picks the way over the environment
+    let verify_with_env = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(atasira_bin());
+        cmd.args(args).env_remove("ATASIRA_AUDIT_KEY");
+        for name in WHERE {
+            cmd.env_remove(name);
+        }
+        cmd.envs(env.iter().copied());
+        let out = cmd.output().expect("atasira runs");
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, out, err) =
+        verify_with_env(&["audit", "verify", "--url", &url], &[("ATASIRA_PAT", &sys.admin), ("ATASIRA_DATA_DIR", "/nonexistent/atasira-data")]);
+    assert_eq!(code, 0, "--url wins over ATASIRA_DATA_DIR: {out}{err}");
+    assert!(out.starts_with("verified"), "{out}");
+    let (code, out, err) = verify_with_env(&["audit", "verify"], &[("ATASIRA_PAT", &sys.admin), ("ATASIRA_BFF_URL", &url)]);
+    assert_eq!((code, out.starts_with("verified")), (0, true), "ATASIRA_BFF_URL alone asks the gateway: {out}{err}");
+    let mut store = sys.target_args();
+    store.splice(0..0, ["audit".to_owned(), "verify".to_owned()]);
+    let store: Vec<&str> = store.iter().map(String::as_str).collect();
+    let key = "b2".repeat(32);
+    let mut env = vec![("ATASIRA_BFF_URL", "http://127.0.0.1:9")];
+    if sys.mode == Mode::Cluster {
+        env.push(("ATASIRA_AUDIT_KEY", &key));
+    }
+    let (code, out, err) = verify_with_env(&store, &env);
+    assert_eq!((code, json_of(&out)), (0, rest.clone()), "--data-dir/--database-url wins over ATASIRA_BFF_URL: {err}");
+    let (code, _, err) = verify_with_env(&["audit", "verify"], &[("ATASIRA_BFF_URL", &url), ("ATASIRA_DATA_DIR", "/nonexistent/atasira-data")]);
+    assert_eq!(code, 2, "both ways from the environment: {err}");
+    assert!(err.contains("--url") && err.contains("--data-dir"), "{err}");
+
+    // a row changed behind the ledger's back: it does not verify (exit 1), the row is named
+    sys.tamper("UPDATE audit_ledger_rows SET actor = 'mallory' WHERE seq = 3");
+    let (code, out, err) = cli(&sys.admin, &["audit", "verify"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("DOES NOT VERIFY") && out.contains("row 3"), "{out}");
+    let (code, out, _) = cli(&sys.admin, &["audit", "verify", "--json"]);
+    let broken = json_of(&out);
+    assert_eq!((code, &broken["ok"], &broken["first_bad_seq"]), (1, &json!(false), &json!(3)), "{broken}");
+    assert_eq!(sys.audit_verify(), (1, broken), "the operator check agrees");
+
+    // piped output never carries progress text
+    assert!(!err.contains("waiting for the gateway"), "{err}");
+}
+
+#[test]
+fn r_cli_1_long_waits_show_progress_on_a_terminal_only() {
+    // Issue 12 item 3: an approval slowed down by 2.5 s (a pause in the activation) shows
+    // "waiting for the gateway" on a terminal, cleared when the answer arrives, and nothing
+    // of it on a pipe.
+    let sys = System::start_with(Mode::Embedded, &[("ATASIRA_FAILPOINT_DELAY", "activation:2500".to_owned())]);
+    let url = sys.url("");
+    let piped = sys.draft(&json!({"box_type": "cli-slow-piped", "purpose": "p"}));
+    let (code, out, err) = run(&["drafts", "approve", &piped, "--url", &url, "--token", &sys.admin]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!err.contains("waiting") && !out.contains("waiting") && !err.contains('\r'), "no progress on a pipe: {out}{err}");
+
+    // A terminal: `script` (util-linux) runs the verb on a pseudo-terminal.
+    if std::process::Command::new("script").arg("--version").output().is_err() {
+        eprintln!("no `script` command: the terminal half of this test is skipped");
+        return;
+    }
+    let on_terminal = sys.draft(&json!({"box_type": "cli-slow-terminal", "purpose": "p"}));
+    let command = format!("{} drafts approve {on_terminal} --url {url} --token {}", atasira_bin().display(), sys.admin);
+    let mut script = std::process::Command::new("script");
+    script.args(["-qefc", &command, "/dev/null"]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+    for name in WHERE {
+        script.env_remove(name);
+    }
+    let mut child = script.spawn().expect("script runs");
+    // stdin stays open until the verb is done (a closed one could end the session early).
+    let stdin = child.stdin.take();
+    let mut screen = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut screen).expect("the terminal's output");
+    let status = child.wait().expect("script ends");
+    drop(stdin);
+    assert_eq!(status.code(), Some(0), "{screen}");
+    let waiting = screen.rfind("waiting for the gateway").unwrap_or_else(|| panic!("no progress on a terminal: {screen:?}"));
+    let approved = screen.find("approved; the Box is active").unwrap_or_else(|| panic!("{screen:?}"));
+    assert!(waiting < approved, "{screen:?}");
+    assert!(screen[waiting..approved].contains("\r\x1b[2K"), "the progress line is cleared before the answer: {screen:?}");
 }

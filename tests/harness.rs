@@ -123,6 +123,11 @@ impl Proc {
         self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default()
     }
 
+    /// The process id.
+    pub fn child_id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGINT (a graceful stop) and wait for the exit.
     pub fn interrupt(&mut self) {
         let _ = Command::new("kill").arg("-INT").arg(self.child.id().to_string()).status();

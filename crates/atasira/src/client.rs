@@ -1,16 +1,20 @@
 //! Client verbs over the REST API (R-CLI-1): `atasira workers create|show|list`, `drafts
 //! pending|mine|show|create|approve|reject|withdraw`, `boxes
-//! list|show|history|stop|resume|archive|assign` and `audit list`. They
-//! speak to a running gateway (`--url`, `ATASIRA_BFF_URL`) with a personal access token
-//! (`--token`, `ATASIRA_PAT`), print a table (or the API's JSON with `--json`) and exit 0
-//! when the API answered with success, 1 when it refused, 2 on a usage error, 3 when the
-//! gateway could not be reached.
+//! list|show|history|stop|resume|archive|assign|unassign|edit|config`, `audit list` and
+//! `audit verify --url` (`audit verify` on a data dir or database is the operator's check,
+//! run by `operator::audit_verify`; [`VerifyArgs::choose`] picks). They speak to a running
+//! gateway (`--url`, `ATASIRA_BFF_URL`) with a personal access token (`--token`,
+//! `ATASIRA_PAT`), print a table (or the API's JSON with `--json`) and exit 0 when the API
+//! answered with success, 1 when it refused, 2 on a usage error, 3 when the gateway could
+//! not be reached. A request that takes longer than a second shows progress on stderr when
+//! stderr is a terminal ([`Progress`]).
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
@@ -361,7 +365,7 @@ pub enum BoxesCommand {
     },
 }
 
-/// `atasira audit list` (`audit verify` checks a data dir or database and is not here).
+/// `atasira audit list|verify`.
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
     /// List rows of the audit ledger in order (admins), over the REST API of a running
@@ -373,11 +377,132 @@ pub enum AuditCommand {
         /// Only rows about this target (a draft or Box id).
         #[arg(long, value_name = "TARGET")]
         target: Option<String>,
+        /// Only rows recorded at or after this time (RFC 3339, such as
+        /// 2026-12-01T09:00:00Z or 2026-12-01T18:00:00+09:00).
+        #[arg(long, value_name = "TIME", value_parser = parse_time)]
+        since: Option<String>,
         #[command(flatten)]
         paging: Paging,
         #[command(flatten)]
         connection: Connection,
     },
+    /// Check the audit ledger's hash chain and every signed checkpoint, in one of two ways.
+    ///
+    /// On the store itself (operators): with --data-dir (the data dir of `atasira dev`) or
+    /// --database-url (the PostgreSQL database of a cluster), and the ledger's MAC key. It
+    /// prints {"ok": true, "rows": N} and exits 0, or {"ok": false, "first_bad_seq": S,
+    /// "reason": ...} and exits 1.
+    ///
+    /// Through a running gateway (admins): with --url (or ATASIRA_BFF_URL) and a token. It
+    /// prints "verified" and the number of rows, or the first row that does not verify and
+    /// why (the API's JSON with --json); it exits 0 when the ledger verifies, 1 when it
+    /// does not or the API refused, 2 on a usage error, 3 when the gateway could not be
+    /// reached.
+    ///
+    /// A flag on the command line picks the way over the environment; with neither (or
+    /// both ways only from the environment) it exits 2 and says so.
+    Verify(VerifyArgs),
+}
+
+/// Where `audit verify` looks: the store (operator) or a gateway (client).
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Check the store of `atasira dev` in this data directory (operator).
+    #[arg(long, env = "ATASIRA_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Check the store in this PostgreSQL database (operator, cluster).
+    #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// MAC key setting of the audit ledger, as the audit service has it
+    /// (ID:HEX[,ID:HEX...]; keep the retired keys, or the rows they MACed do not
+    /// verify). With --data-dir it defaults to that data dir's key. Not used with --url.
+    #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true, value_name = "KEYS")]
+    pub audit_key: Option<String>,
+    /// Ask the gateway at this URL to check the ledger (the REST API of `atasira dev` or
+    /// `atasira serve gateway`), with --token.
+    #[arg(long, env = "ATASIRA_BFF_URL", value_name = "URL")]
+    pub url: Option<String>,
+    /// Personal access token of an admin, to ask the gateway with.
+    #[arg(long, env = "ATASIRA_PAT", hide_env_values = true, value_name = "PAT")]
+    pub token: Option<String>,
+    /// Print the answer as JSON (the store check always does).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where `audit verify` was told to look.
+#[derive(Debug)]
+pub enum VerifyWhere {
+    /// The store itself: a data dir or a database URL, with the ledger's MAC key setting.
+    Store(StoreCheck),
+    /// A running gateway.
+    Gateway(Connection),
+    /// Neither, or both: the message to print (exit 2).
+    Usage(String),
+}
+
+/// The operator's check of the ledger on the store itself.
+#[derive(Debug)]
+pub struct StoreCheck {
+    pub data_dir: Option<PathBuf>,
+    pub database_url: Option<String>,
+    pub audit_key: Option<String>,
+}
+
+impl VerifyArgs {
+    /// The way to check the ledger: a flag given on the command line wins over the
+    /// environment. `matches` are the `audit verify` matches (without them, every value
+    /// counts as given on the command line).
+    pub fn choose(self, matches: Option<&ArgMatches>) -> VerifyWhere {
+        let on_command_line = |id: &str| matches.is_none_or(|m| m.value_source(id) == Some(ValueSource::CommandLine));
+        let store_flag = (self.data_dir.is_some() && on_command_line("data_dir")) || (self.database_url.is_some() && on_command_line("database_url"));
+        let gateway_flag = self.url.is_some() && on_command_line("url");
+        let store_env = self.data_dir.is_some() || self.database_url.is_some();
+        let gateway_env = self.url.is_some();
+        let store = match (store_flag, gateway_flag) {
+            (true, true) => {
+                return VerifyWhere::Usage("give either --data-dir/--database-url (check the store) or --url (ask the gateway), not both".to_owned());
+            }
+            (true, false) => true,
+            (false, true) => false,
+            (false, false) => match (store_env, gateway_env) {
+                (true, true) => {
+                    return VerifyWhere::Usage(
+                        "both ATASIRA_DATA_DIR/ATASIRA_DATABASE_URL and ATASIRA_BFF_URL are set: pass --data-dir or --database-url to check the store, or --url to ask the gateway"
+                            .to_owned(),
+                    );
+                }
+                (true, false) => true,
+                (false, true) => false,
+                (false, false) => {
+                    return VerifyWhere::Usage(
+                        "say where the ledger is: --data-dir DIR or --database-url URL to check the store, or --url URL with --token to ask a running gateway"
+                            .to_owned(),
+                    );
+                }
+            },
+        };
+        if store {
+            // Of a data dir and a database URL, the one on the command line wins; two on
+            // the same footing are ambiguous.
+            let (data_dir, database_url) = match (self.data_dir, self.database_url) {
+                (Some(dir), Some(url)) => match (on_command_line("data_dir"), on_command_line("database_url")) {
+                    (true, false) => (Some(dir), None),
+                    (false, true) => (None, Some(url)),
+                    _ => return VerifyWhere::Usage("give either --data-dir or --database-url, not both".to_owned()),
+                },
+                other => other,
+            };
+            VerifyWhere::Store(StoreCheck { data_dir, database_url, audit_key: self.audit_key })
+        } else {
+            VerifyWhere::Gateway(Connection { url: self.url.unwrap_or_default(), token: self.token, json: self.json })
+        }
+    }
+}
+
+/// An RFC 3339 time, as given (the API reads it).
+fn parse_time(text: &str) -> Result<String, String> {
+    chrono::DateTime::parse_from_rfc3339(text).map(|_| text.to_owned()).map_err(|e| format!("not an RFC 3339 time such as 2026-12-01T09:00:00Z ({e})"))
 }
 
 /// The name clap gives a value (its kebab-case spelling), in the API's snake_case.
@@ -550,18 +675,45 @@ fn run_boxes(command: BoxesCommand) -> u8 {
     }
 }
 
-pub fn audit(command: AuditCommand) -> ExitCode {
-    ExitCode::from(run_audit(command))
+/// `audit list`, or `audit verify` through a gateway: the exit code. `audit verify` on the
+/// store is the operator's check: its settings are handed back to run it.
+pub fn audit(command: AuditCommand, matches: Option<&ArgMatches>) -> Result<ExitCode, StoreCheck> {
+    match command {
+        AuditCommand::List { action, target, since, paging, connection } => {
+            let mut pairs = vec![("action", action), ("target", target), ("since", since)];
+            pairs.extend(page_pairs(&paging));
+            Ok(ExitCode::from(call(&connection, "GET", &format!("/api/v1/audit{}", query(&pairs)), None, |_, page| print_audit(page))))
+        }
+        AuditCommand::Verify(args) => match args.choose(matches) {
+            VerifyWhere::Gateway(connection) => Ok(ExitCode::from(verify(&connection))),
+            VerifyWhere::Store(check) => Err(check),
+            VerifyWhere::Usage(message) => Ok(ExitCode::from(usage(&message))),
+        },
+    }
 }
 
-fn run_audit(command: AuditCommand) -> u8 {
-    match command {
-        AuditCommand::List { action, target, paging, connection } => {
-            let mut pairs = vec![("action", action), ("target", target)];
-            pairs.extend(page_pairs(&paging));
-            call(&connection, "GET", &format!("/api/v1/audit{}", query(&pairs)), None, |_, page| print_audit(page))
+/// `audit verify` through a gateway: 0 when the ledger verifies, 1 when it does not (or
+/// the API refused).
+fn verify(connection: &Connection) -> u8 {
+    let (status, value) = match send(connection, "GET", "/api/v1/audit/verify", None) {
+        Ok(answer) => answer,
+        Err(code) => return code,
+    };
+    if connection.json {
+        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+    }
+    if !(200..300).contains(&status) {
+        return refused(status, &value);
+    }
+    let ok = value["ok"].as_bool() == Some(true);
+    if !connection.json {
+        if ok {
+            println!("verified: the hash chain and every signed checkpoint hold ({} rows)", value["rows"]);
+        } else {
+            println!("DOES NOT VERIFY: row {} is the first bad row: {}", value["first_bad_seq"], text(&value["reason"]));
         }
     }
+    if ok { OK } else { REFUSED }
 }
 
 fn usage(message: &str) -> u8 {
@@ -634,10 +786,12 @@ fn send(connection: &Connection, method: &str, path: &str, body: Option<&Value>)
     let url = format!("{}{path}", connection.url.trim_end_matches('/'));
     let agent = ureq::AgentBuilder::new().timeout(TIMEOUT).build();
     let request = agent.request(method, &url).set("Authorization", &format!("Bearer {token}"));
+    let progress = Progress::start(std::io::stderr().is_terminal());
     let answer = match body {
         Some(body) => request.send_json(body.clone()),
         None => request.call(),
     };
+    drop(progress);
     let (status, response) = match answer {
         Ok(response) => (response.status(), response),
         Err(ureq::Error::Status(status, response)) => (status, response),
@@ -654,6 +808,57 @@ fn send(connection: &Connection, method: &str, path: &str, body: Option<&Value>)
         }
     };
     Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// A request still waiting after this long shows progress (on a terminal).
+const PROGRESS_AFTER: Duration = Duration::from_secs(1);
+
+/// "waiting for the gateway… 3s" on stderr, updated every second while a request takes
+/// longer than [`PROGRESS_AFTER`], and cleared when it is dropped (the answer arrived).
+/// Only on a terminal: a pipe or file never sees it.
+struct Progress {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(terminal: bool) -> Progress {
+        if !terminal {
+            return Progress { done: None, thread: None };
+        }
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            use std::io::Write;
+            let started = std::time::Instant::now();
+            let mut shown = false;
+            let mut wait = PROGRESS_AFTER;
+            // Wakes once a second until the sender is dropped (or sends).
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(wait) {
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[2Katasira: waiting for the gateway\u{2026} {}s", started.elapsed().as_secs());
+                let _ = err.flush();
+                shown = true;
+                wait = Duration::from_secs(1);
+            }
+            if shown {
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[2K");
+                let _ = err.flush();
+            }
+        });
+        Progress { done: Some(done), thread: Some(thread) }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        // Dropping the sender wakes the thread; it clears its line before this returns, so
+        // nothing printed after the answer lands on the progress line.
+        self.done.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Says why the API refused (on stderr); the exit code of a refusal.
@@ -1027,6 +1232,36 @@ mod tests {
         assert_eq!(wire_name(RoleInBoxArg::Primary), "primary");
         assert_eq!(query(&[("a", None), ("action", Some("box.activate".into())), ("target", Some("d 1".into()))]), "?action=box.activate&target=d%201");
         assert_eq!(query(&[("a", None)]), "");
+    }
+
+    fn verify_args() -> VerifyArgs {
+        VerifyArgs { data_dir: None, database_url: None, audit_key: None, url: None, token: Some("pat".into()), json: false }
+    }
+
+    #[test]
+    fn r_cli_audit_verify_checks_the_store_or_asks_the_gateway() {
+        let store = VerifyArgs { data_dir: Some("d".into()), audit_key: Some("k".into()), ..verify_args() };
+        assert!(matches!(store.choose(None), VerifyWhere::Store(StoreCheck { data_dir: Some(_), database_url: None, audit_key: Some(_) })));
+        let gateway = VerifyArgs { url: Some("http://gw".into()), json: true, ..verify_args() };
+        assert!(matches!(gateway.choose(None), VerifyWhere::Gateway(Connection { json: true, .. })));
+        assert!(matches!(verify_args().choose(None), VerifyWhere::Usage(_)), "neither is a usage error");
+        let both = VerifyArgs { database_url: Some("postgres://x".into()), url: Some("http://gw".into()), ..verify_args() };
+        assert!(matches!(both.choose(None), VerifyWhere::Usage(_)), "both is a usage error");
+        let two_stores = VerifyArgs { data_dir: Some("d".into()), database_url: Some("postgres://x".into()), ..verify_args() };
+        assert!(matches!(two_stores.choose(None), VerifyWhere::Usage(_)));
+    }
+
+    #[test]
+    fn r_cli_audit_since_is_an_rfc3339_time() {
+        assert_eq!(parse_time("2026-12-01T18:00:00+09:00").as_deref(), Ok("2026-12-01T18:00:00+09:00"));
+        assert!(parse_time("yesterday").is_err());
+        assert_eq!(query(&[("since", Some("2026-12-01T18:00:00+09:00".into()))]), "?since=2026-12-01T18%3A00%3A00%2B09%3A00");
+    }
+
+    #[test]
+    fn r_cli_progress_never_shows_off_a_terminal() {
+        let progress = Progress::start(false);
+        assert!(progress.thread.is_none() && progress.done.is_none());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or
 //! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|workers|rebuild|idle`, offline verbs (`manifest
-//! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers`, `drafts`, `boxes`, `audit list`).
+//! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers`, `drafts`, `boxes`, `audit list`, and
+//! `audit verify` with `--url`).
 //!
 //! One configuration per process: every setting is a clap argument with an `ATASIRA_*`
 //! variable, parsed here and handed to the libraries as parameters (they never read the
@@ -38,7 +39,8 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 /// drafts` measures the draft path.
 ///
 /// `drafts`, `boxes`, `workers` and `audit list` talk to a running gateway over its REST
-/// API with a personal access token (--url/ATASIRA_BFF_URL, --token/ATASIRA_PAT).
+/// API with a personal access token (--url/ATASIRA_BFF_URL, --token/ATASIRA_PAT); so does
+/// `audit verify` when given --url instead of a data dir or database.
 ///
 /// Every setting is a flag or the ATASIRA_* environment variable shown next to it in the
 /// command's --help. Logs go to stderr; RUST_LOG filters them (default: info).
@@ -127,10 +129,11 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Check the audit ledger's hash chain and signed checkpoints (`verify`, on a data dir
-    /// or database), or list its rows over the REST API of a running gateway (`list`).
+    /// Check the audit ledger's hash chain and signed checkpoints (`verify`: on a data dir or
+    /// database, or through a running gateway with --url), or list its rows over the REST
+    /// API of a running gateway (`list`).
     #[command(subcommand)]
-    Audit(AuditCommand),
+    Audit(client::AuditCommand),
     /// Prepare the database: tables and append-only triggers.
     #[command(subcommand)]
     Db(operator::DbCommand),
@@ -388,16 +391,9 @@ enum DraftsCommand {
     Client(client::DraftsCommand),
 }
 
-#[derive(Debug, Subcommand)]
-enum AuditCommand {
-    #[command(flatten)]
-    Operator(operator::AuditCommand),
-    #[command(flatten)]
-    Client(client::AuditCommand),
-}
-
 fn main() -> ExitCode {
-    // The matches too: `workers create` reads the order of its input flags from them.
+    // The matches too: `workers create` reads the order of its input flags from them, and
+    // `audit verify` whether a setting came from the command line or the environment.
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
@@ -419,8 +415,13 @@ fn main() -> ExitCode {
         Command::NatsConfig { out, port, store_dir, force } => {
             nats_config::run(&nats_config::Options { out, port, store_dir, force }).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
         }
-        Command::Audit(AuditCommand::Operator(cmd)) => run_async_code(operator::audit(cmd)),
-        Command::Audit(AuditCommand::Client(cmd)) => Ok(client::audit(cmd)),
+        Command::Audit(cmd) => {
+            let sub = matches.subcommand().and_then(|(_, m)| m.subcommand()).map(|(_, m)| m);
+            match client::audit(cmd, sub) {
+                Ok(code) => Ok(code),
+                Err(check) => run_async_code(operator::audit_verify(check.data_dir, check.database_url, check.audit_key)),
+            }
+        }
         Command::Db(cmd) => run_async(operator::db(cmd)),
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
         Command::Projections(cmd) => run_async(operator::projections(cmd)),

@@ -106,21 +106,6 @@ pub enum DbCommand {
     },
 }
 
-#[derive(Debug, Subcommand)]
-pub enum AuditCommand {
-    /// Check the hash chain and every signed checkpoint. Prints {"ok": true, "rows": N} and
-    /// exits 0, or {"ok": false, "first_bad_seq": S, "reason": ...} and exits 1.
-    Verify {
-        #[command(flatten)]
-        target: Target,
-        /// MAC key setting of the audit ledger, as the audit service has it
-        /// (ID:HEX[,ID:HEX...]; keep the retired keys, or the rows they MACed do not
-        /// verify). With --data-dir it defaults to that data dir's key.
-        #[arg(long, env = "ATASIRA_AUDIT_KEY", hide_env_values = true)]
-        audit_key: Option<String>,
-    },
-}
-
 /// `30m`, `12h`, `7d`, `90s`.
 fn parse_ttl(s: &str) -> anyhow::Result<chrono::TimeDelta> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
@@ -202,17 +187,15 @@ fn token_json(t: &auth::TokenInfo) -> serde_json::Value {
     })
 }
 
-pub async fn audit(cmd: AuditCommand) -> anyhow::Result<std::process::ExitCode> {
-    match cmd {
-        AuditCommand::Verify { target, audit_key } => {
-            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
-            let keys = crate::services::audit_keys_for(audit_key.as_deref(), target.data_dir.as_deref())?;
-            let result = atasira_audit::verify(&db, &keys).await?;
-            let json = serde_json::to_value(&result)?;
-            println!("{json}");
-            Ok(if json["ok"] == true { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
-        }
-    }
+/// `audit verify` on the store: a data dir or a database URL (at least one), with the
+/// ledger's MAC key setting. Prints the result as JSON; exit 1 when it does not verify.
+pub async fn audit_verify(data_dir: Option<PathBuf>, database_url: Option<String>, audit_key: Option<String>) -> anyhow::Result<std::process::ExitCode> {
+    let db = open_db(data_dir.as_deref(), database_url.as_deref()).await?;
+    let keys = crate::services::audit_keys_for(audit_key.as_deref(), data_dir.as_deref())?;
+    let result = atasira_audit::verify(&db, &keys).await?;
+    let json = serde_json::to_value(&result)?;
+    println!("{json}");
+    Ok(if json["ok"] == true { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
 }
 
 pub async fn db(cmd: DbCommand) -> anyhow::Result<()> {

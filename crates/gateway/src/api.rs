@@ -822,6 +822,26 @@ pub struct AuditRows {
     pub next_cursor: Option<String>,
 }
 
+/// What changed, as `GET /api/v1/events/stream` announces it: the read models have applied
+/// the store up to `position` (0: unknown, re-read everything the topics name).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StreamChange {
+    pub position: i64,
+    /// The views that may have changed.
+    pub topics: Vec<StreamTopic>,
+}
+
+/// A kind of view a change concerns: `drafts` (pending and own drafts), `boxes` (Boxes,
+/// their manifests, assignments and history), `workers`, `audit` (the ledger).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamTopic {
+    Drafts,
+    Boxes,
+    Workers,
+    Audit,
+}
+
 /// `{"ok": true, "rows": N}` or `{"ok": false, "first_bad_seq": S, "reason": "..."}`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct VerifyResult {

@@ -13,6 +13,7 @@ mod idempotency;
 mod openapi;
 pub mod query;
 mod routes;
+mod stream;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -66,6 +67,8 @@ impl Default for Config {
 struct AppState {
     rt: Runtime,
     config: Arc<Config>,
+    /// Live updates (`stream.rs`).
+    live: Arc<stream::Live>,
 }
 
 /// Creates the gateway's own tables (tokens, idempotency); idempotent.
@@ -76,8 +79,15 @@ pub async fn prepare(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
 
 /// The router; `rt.db` holds the gateway's own tables (tokens, idempotency).
 pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
+    Ok(build(rt, config).await?.0)
+}
+
+/// The router and its live updates (which the gateway closes when it shuts down).
+async fn build(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream::Live>)> {
     prepare(&rt.db).await?;
-    let state = AppState { rt, config: Arc::new(config) };
+    let live = stream::Live::new();
+    let state = AppState { rt, config: Arc::new(config), live: live.clone() };
+    tokio::spawn(stream::announce(state.clone(), live.clone()));
     let api = Router::new()
         .route("/auth/nats-assertion", post(routes::nats_assertion))
         .route("/auth/whoami", get(routes::whoami))
@@ -106,15 +116,17 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
         .route("/boxes/{box_id}/workers", post(routes::launch_worker).get(routes::list_workers))
         .route("/workers/{worker_id}", get(routes::get_worker))
         .route("/workers/{worker_id}/provenance", get(routes::worker_provenance))
+        .route("/events/stream", get(stream::stream))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
-    Ok(Router::new()
+    let app = Router::new()
         .route("/healthz", get(healthz))
         .merge(dashboard::routes())
         .nest("/api/v1", api)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state))
+        .with_state(state);
+    Ok((app, live))
 }
 
 /// Serves until `shutdown` resolves (the same code drives tests and production).
@@ -128,7 +140,12 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
         }
     })
     .await?;
-    let app = router(rt, config).await?;
+    let (app, live) = build(rt, config).await?;
+    // Open event streams would hold a graceful shutdown open: end them first.
+    let shutdown = async move {
+        shutdown.await;
+        live.close();
+    };
     let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
     endpoint.stop();
     served?;

@@ -301,7 +301,8 @@ impl Modify for SharedResponses {
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
         crate::routes::nats_assertion, crate::routes::whoami, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility,
         crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens, crate::routes::edit_manifest,
-        crate::routes::edit_config, crate::routes::launch_worker, crate::routes::get_worker, crate::routes::list_workers, crate::routes::worker_provenance),
+        crate::routes::edit_config, crate::routes::launch_worker, crate::routes::get_worker, crate::routes::list_workers, crate::routes::worker_provenance,
+        crate::stream::stream),
     components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
@@ -353,7 +354,10 @@ mod tests {
                 }
             }
             for (status, response) in responses {
-                let schema = &response["content"]["application/json"]["schema"];
+                // The live stream's answer is server-sent events, each a named type.
+                let content = &response["content"];
+                let schema =
+                    if content.get("text/event-stream").is_some() { &content["text/event-stream"]["schema"] } else { &content["application/json"]["schema"] };
                 assert!(schema["$ref"].is_string(), "{name} {status}: the body is not a named type: {schema}");
                 if !status.starts_with('2') {
                     assert_eq!(schema["$ref"], "#/components/schemas/ErrorBody", "{name} {status}");

@@ -1034,6 +1034,23 @@ impl Db {
         rows.iter().map(row_to_event).collect()
     }
 
+    /// Where a reader that wants only what comes next starts: right after the last event
+    /// in commit order that [`Db::read`] would return now ([`Cursor::START`] when empty).
+    pub async fn head_cursor(&self) -> anyhow::Result<Cursor> {
+        let sql = match self.kind() {
+            DbKind::Sqlite => "SELECT 0, COALESCE(MAX(rowid), 0) FROM events",
+            DbKind::Postgres => {
+                "SELECT CAST(CAST(tx_id AS TEXT) AS BIGINT), global_position FROM events
+                  WHERE tx_id < pg_snapshot_xmin(pg_current_snapshot())
+                  ORDER BY tx_id DESC, global_position DESC LIMIT 1"
+            }
+        };
+        Ok(match sqlx::query(sql).fetch_optional(&self.any).await? {
+            Some(row) => Cursor { tx_id: row.try_get::<i64, _>(0)?, position: row.try_get::<i64, _>(1)? },
+            None => Cursor::START,
+        })
+    }
+
     /// The highest committed position (0 when empty).
     pub async fn head_position(&self) -> anyhow::Result<i64> {
         let sql = format!("SELECT COALESCE(MAX({}), 0) FROM events", self.position_expr());
