@@ -122,6 +122,7 @@ fn plan(sys: &System, run: &str, token: &str) -> Plan {
         "GET /api/v1/boxes/{box_id}/history",
         "POST /api/v1/boxes/feasibility",
         "POST /api/v1/auth/nats-assertion",
+        "GET /api/v1/auth/whoami",
         // the agent is the Box's primary
         "PATCH /api/v1/boxes/{box_id}/config",
         // and may launch its Workers and read them

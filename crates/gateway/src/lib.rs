@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod callout;
+mod dashboard;
 mod error;
 mod extract;
 mod from_wire;
@@ -90,6 +91,7 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
     tokio::spawn(stream::announce(state.clone(), live.clone()));
     let api = Router::new()
         .route("/auth/nats-assertion", post(routes::nats_assertion))
+        .route("/auth/whoami", get(routes::whoami))
         .route("/boxes/box-drafts", post(routes::submit_draft).get(routes::list_drafts))
         .route("/boxes/box-drafts/pending", get(routes::pending_drafts))
         .route("/boxes/box-drafts/{draft_id}", get(routes::get_draft))
@@ -126,6 +128,7 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .merge(dashboard::routes())
         .with_state(state)
         .nest("/api/v1", api)
         .merge(mcp)

@@ -299,7 +299,7 @@ impl Modify for SharedResponses {
     paths(crate::routes::submit_draft, crate::routes::pending_drafts, crate::routes::list_drafts, crate::routes::get_draft, crate::routes::withdraw,
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
-        crate::routes::nats_assertion, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility,
+        crate::routes::nats_assertion, crate::routes::whoami, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility,
         crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens, crate::routes::edit_manifest,
         crate::routes::edit_config, crate::routes::launch_worker, crate::routes::get_worker, crate::routes::list_workers, crate::routes::worker_provenance,
         crate::stream::stream),

@@ -715,6 +715,15 @@ pub async fn nats_assertion(State(state): State<AppState>, Caller(principal): Ca
     .await
 }
 
+/// Who the caller is: the user, role and kind of the token (any caller). The dashboard
+/// shows it and renders only the controls the role may use.
+#[utoipa::path(get, path = "/api/v1/auth/whoami", tag = "auth",
+    responses((status = 200, description = "The caller", body = api::PrincipalView)),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
+pub async fn whoami(Caller(principal): Caller) -> Json<api::PrincipalView> {
+    Json(api::PrincipalView::from(&principal))
+}
+
 // --- tokens -----------------------------------------------------------------------------
 // The gateway owns the token table and the `pat` events: no service is asked.
 

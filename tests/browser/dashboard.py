@@ -1,0 +1,250 @@
+"""The ops dashboard in a real headless Chromium, driven by Playwright (R-UI-1).
+
+Run by tests/dashboard.rs, which starts atasira, seeds drafts and passes, in the
+environment:
+  ATASIRA_DASHBOARD_URL      the gateway, e.g. http://127.0.0.1:PORT
+  ATASIRA_DASHBOARD_ADMIN    an admin's token (user admin: role admin, kind human)
+  ATASIRA_DASHBOARD_AGENT    an agent's token (user agent: role member, kind agent)
+  ATASIRA_DASHBOARD_DRAFTS   JSON: {"over": id, "reject": id, "live": id, "own": id,
+                             "types": {name: box_type}}; over is over the limit, own was
+                             drafted by the admin, the others by the agent
+  ATASIRA_DASHBOARD_OUT      where the screenshots go
+  ATASIRA_TEST_CHROMIUM      the Chromium binary (/usr/bin/chromium)
+
+Prints one line per step; any failed expectation ends it with a non-zero exit.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from playwright.sync_api import expect, sync_playwright
+
+BASE = os.environ["ATASIRA_DASHBOARD_URL"].rstrip("/")
+ADMIN = os.environ["ATASIRA_DASHBOARD_ADMIN"]
+AGENT = os.environ["ATASIRA_DASHBOARD_AGENT"]
+DRAFTS = json.loads(os.environ["ATASIRA_DASHBOARD_DRAFTS"])
+TYPES = DRAFTS["types"]
+OUT = Path(os.environ["ATASIRA_DASHBOARD_OUT"])
+CHROMIUM = os.environ.get("ATASIRA_TEST_CHROMIUM", "/usr/bin/chromium")
+# The machine's network is closed: nothing but the page and its server.
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REASON = "Too broad: a report needs no shell"
+
+
+def step(text):
+    print(f"dashboard: {text}", flush=True)
+
+
+def rest(method, path, token, body=None):
+    """One REST call beside the browser; the parsed answer."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"{BASE}/api/v1{path}", data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def card(page, draft_id):
+    return page.locator(f'#drafts-list article[data-draft-id="{draft_id}"]')
+
+
+def sign_in(page, token):
+    page.fill("#token", token)
+    page.click("#sign-in-form button[type=submit]")
+    expect(page.locator("#sign-in")).to_be_hidden()
+
+
+def shot(page, name):
+    # Without the passing notice over the view.
+    page.evaluate("document.getElementById('flash').hidden = true")
+    path = OUT / f"dashboard-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    step(f"screenshot {path}")
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    expect.set_options(timeout=20_000)
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="atasira-chromium-") as profile, sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=ARGS, viewport={"width": 1360, "height": 900}
+        )
+        page = browser.pages[0] if browser.pages else browser.new_page()
+        # Uncaught script errors and anything the Content-Security-Policy refused.
+        page.on("pageerror", lambda e: failures.append(f"script error: {e}"))
+        page.on("console", lambda m: failures.append(f"console: {m.text}") if "Content Security Policy" in m.text else None)
+        approvals = []
+        page.on("request", lambda r: approvals.append(r) if r.method == "POST" and r.url.endswith("/approve") else None)
+
+        page.goto(f"{BASE}/")
+        expect(page.locator("#sign-in-form")).to_be_visible()
+        step("a wrong token is refused in words")
+        page.fill("#token", "atasira_pat_wrong")
+        page.click("#sign-in-form button[type=submit]")
+        expect(page.locator("#sign-in-error")).to_contain_text("not accepted")
+
+        step("sign in as admin: who and which role")
+        sign_in(page, ADMIN)
+        expect(page.locator("#whoami")).to_contain_text("Signed in as admin")
+        expect(page.locator("#whoami")).to_contain_text("admin · human")
+        assert page.evaluate("sessionStorage.getItem('atasira.token')") == ADMIN
+        assert page.evaluate("localStorage.length") == 0, "the token is not kept in localStorage"
+        # Set once: a reload would lose it.
+        page.evaluate("window.atasiraNotReloaded = true")
+
+        step("the over-limit draft is first and highlighted, with every capability")
+        over = card(page, DRAFTS["over"])
+        expect(over).to_have_class("card draft over-limit")
+        expect(page.locator("#drafts-list article").first).to_have_attribute("data-draft-id", DRAFTS["over"])
+        expect(over.locator(".badge.danger")).to_have_text("OVER LIMIT")
+        expect(over.locator("ul.chips li.danger", has_text="shell:exec")).to_be_visible()
+        for text in ["https://reports.example", "git remote https://git.example/sales.git", "/srv/reports", "Success criteria", "every Monday", "agent"]:
+            expect(over).to_contain_text(text)
+        expect(card(page, DRAFTS["reject"])).not_to_have_class("card draft over-limit")
+        shot(page, "pending")
+
+        step("approve asks a second time, naming the dangerous operations")
+        over.locator('[data-action="approve"]').click()
+        confirm = over.locator(".confirm")
+        expect(confirm).to_be_visible()
+        expect(confirm).to_contain_text("over the limit")
+        expect(confirm.locator("strong", has_text="shell:exec")).to_be_visible()
+        expect(confirm.locator("strong", has_text="Bash")).to_be_visible()
+        assert approvals == [], "nothing is approved before the second confirmation"
+        shot(page, "confirm")
+        confirm.locator('[data-action="confirm-over-limit"]').click()
+        expect(over).to_have_count(0)
+        assert len(approvals) == 1 and approvals[0].post_data_json == {"confirm_over_limit": True}, approvals
+        assert rest("GET", f"/boxes/box-drafts/{DRAFTS['over']}", ADMIN)["status"] == "active"
+
+        step("a refusal is shown in words: approving one's own draft")
+        own = card(page, DRAFTS["own"])
+        own.locator('[data-action="approve"]').click()
+        expect(own.locator(".error")).to_have_text("nobody may approve or reject a draft they submitted")
+        expect(own).to_be_visible()
+
+        step("reject with a reason")
+        rejected = card(page, DRAFTS["reject"])
+        rejected.locator('[data-action="reject"]').click()
+        rejected.locator("textarea[name=reason]").fill(REASON)
+        rejected.locator('[data-action="confirm-reject"]').click()
+        expect(rejected).to_have_count(0)
+        decided = rest("GET", f"/boxes/box-drafts/{DRAFTS['reject']}", ADMIN)
+        assert decided["status"] == "rejected" and decided["decision"]["reason"] == REASON, decided
+
+        step("the approved Box is in the Boxes view")
+        page.click('#tabs a[data-view="boxes"]')
+        box_row = page.locator(f'#boxes-list button[data-box-type="{TYPES["over"]}"]')
+        expect(box_row).to_be_visible()
+        # The event stream is up: what follows arrives by it, not by the 5 s fallback.
+        expect(page.locator("#live")).to_have_class("live on")
+
+        step("a Box approved elsewhere appears without reloading")
+        live_row = page.locator(f'#boxes-list button[data-box-type="{TYPES["live"]}"]')
+        expect(live_row).to_have_count(0)
+        approved = rest("POST", f"/boxes/box-drafts/{DRAFTS['live']}/approve", ADMIN, {"confirm_over_limit": False})
+        expect(live_row).to_be_visible()
+        assert page.evaluate("window.atasiraNotReloaded") is True, "the page was reloaded"
+        assert approved["box_type"] == TYPES["live"]
+
+        step("a Box's manifest, assignments, provisioning, history and edit forms")
+        box_row.click()
+        detail = page.locator("#box-detail")
+        expect(detail.locator("h3").first).to_have_text(TYPES["over"])
+        for text in ["Assignments", "Provisioning", "History", "activated", "git remote https://git.example/sales.git"]:
+            expect(detail).to_contain_text(text)
+        expect(detail.locator('[data-action="stop"]')).to_be_visible()
+        expect(page.locator("#mentor-form")).to_be_visible()
+        step("a config edit the server refuses shows why, next to the form")
+        page.locator("#config-form textarea").fill('{"network": "full"}')
+        page.locator("#config-form button[type=submit]").click()
+        refusal = page.locator("#config-form .form-error")
+        expect(refusal).to_be_visible()
+        expect(refusal).to_contain_text("new draft")
+        step("a mentor edit is saved")
+        page.locator("#mentor-form textarea[name=prohibited_actions]").fill("delete reports")
+        page.locator("#mentor-form button[type=submit]").click()
+        expect(page.locator("#flash")).to_contain_text("version 1.1.0")
+        expect(detail).to_contain_text("manifest edited")
+        shot(page, "boxes")
+
+        step("launch a Worker and read its provenance")
+        page.click('#tabs a[data-view="workers"]')
+        page.select_option("#workers-box", label=f"{TYPES['over']} (idle)")
+        expect(page.locator("#launch-form")).to_be_visible()
+        page.fill("#launch-role", "weekly report")
+        page.fill("#launch-input", "Write this week's sales report.")
+        page.click("#launch-form button[type=submit]")
+        worker_row = page.locator("#workers-list button.row", has_text="weekly report")
+        expect(worker_row).to_be_visible()
+        worker_row.click()
+        worker = page.locator("#worker-detail")
+        expect(worker).to_contain_text("Write this week's sales report.")
+        expect(worker).to_contain_text("The approval verifies with the public key")
+        expect(worker.locator("table")).to_contain_text("approval")
+        shot(page, "workers")
+
+        step("the audit ledger verifies, and filters")
+        page.click('#tabs a[data-view="audit"]')
+        expect(page.locator("#audit-verify")).to_contain_text("verified")
+        expect(page.locator("#audit-verify")).to_have_class("badge ok")
+        expect(page.locator("#audit-rows tr.violation")).not_to_have_count(0)
+        shot(page, "audit")
+        page.fill("#audit-action", "box_draft.reject")
+        page.click("#audit-filter button[type=submit]")
+        expect(page.locator("#audit-rows tr")).to_have_count(1)
+        expect(page.locator("#audit-rows")).to_contain_text(DRAFTS["reject"])
+        page.locator("#audit-filter button[type=reset]").click()
+        expect(page.locator("#audit-rows tr")).not_to_have_count(1)
+        assert page.evaluate("window.atasiraNotReloaded") is True, "the page was reloaded"
+
+        step("sign in as an agent: no approve or reject control, no audit")
+        page.click("#sign-out")
+        expect(page.locator("#sign-in-form")).to_be_visible()
+        assert page.evaluate("sessionStorage.getItem('atasira.token')") is None
+        sign_in(page, AGENT)
+        expect(page.locator("#whoami")).to_contain_text("Signed in as agent")
+        expect(page.locator("#whoami")).to_contain_text("member · agent")
+        expect(page.locator("#drafts-title")).to_have_text("Your drafts")
+        expect(page.locator("#drafts-list article").first).to_be_visible()
+        expect(page.locator('[data-action="approve"]')).to_have_count(0)
+        expect(page.locator('[data-action="reject"]')).to_have_count(0)
+        expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+        expect(page.locator('#tabs a[data-view="audit"]')).to_be_hidden()
+        shot(page, "agent")
+        page.click('#tabs a[data-view="boxes"]')
+        page.locator(f'#boxes-list button[data-box-type="{TYPES["over"]}"]').click()
+        expect(page.locator("#box-detail")).to_contain_text("History")
+        for action in ["stop", "resume", "archive"]:
+            expect(page.locator(f'[data-action="{action}"]')).to_have_count(0)
+        expect(page.locator("#mentor-form")).to_have_count(0)
+        step("what the API refuses an agent is said in words")
+        page.click('#tabs a[data-view="workers"]')
+        page.select_option("#workers-box", label=f"{TYPES['over']} (idle)")
+        expect(page.locator("#workers-error")).to_be_visible()
+        expect(page.locator("#workers-error")).to_contain_text("assign")
+        browser.close()
+    if failures:
+        print("\n".join(failures), file=sys.stderr)
+        sys.exit(1)
+    step("all scenarios passed")
+
+
+if __name__ == "__main__":
+    main()

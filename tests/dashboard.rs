@@ -1,0 +1,108 @@
+//! The ops dashboard (R-UI-1) in a real browser: `tests/browser/dashboard.py` drives a
+//! headless Chromium with Playwright against `atasira dev`. Sign in as admin, an over-limit
+//! draft first and highlighted, approved only after the second confirmation, the Box in the
+//! Boxes view without a reload (live updates), a rejection with a reason, a refusal in
+//! words, edits, a Worker launched, the audit ledger verified; an agent sees no approve or
+//! reject control. Screenshots of each view are kept under the test's output directory.
+//!
+//! Needs what `scripts/test` provides: `ATASIRA_TEST_PYTHON` (a venv with `playwright`) and
+//! `ATASIRA_TEST_CHROMIUM` (Debian's chromium).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use atasira_tests::harness::{Mode, System, http};
+use atasira_tests::workspace_root;
+use serde_json::{Value, json};
+
+fn env(name: &str, what: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the suite with scripts/test, which installs {what}"))
+}
+
+fn draft(sys: &System, token: &str, body: &Value) -> String {
+    let a = sys.post("/api/v1/boxes/box-drafts", token, body);
+    assert_eq!(a.status, 201, "{}", a.raw);
+    a.body["draft_id"].as_str().expect("draft_id").to_owned()
+}
+
+#[test]
+fn r_ui_1_the_page_is_served_with_its_policy_and_leaves_the_api_alone() {
+    let sys = System::start(Mode::Embedded);
+    let page = http("GET", &sys.url("/"), None, &[], None);
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    let csp = page.header("content-security-policy").expect("a Content-Security-Policy");
+    assert!(csp.starts_with("default-src 'self'") && !csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"), "{csp}");
+    assert_eq!(page.header("cache-control"), Some("no-cache"));
+    assert!(page.raw.contains("/assets/app.js"), "{}", page.raw);
+    // Revalidation by ETag.
+    let etag = page.header("etag").expect("an ETag").to_owned();
+    let again = http("GET", &sys.url("/"), None, &[("If-None-Match", &etag)], None);
+    assert_eq!(again.status, 304);
+    for (file, kind) in [("app.js", "text/javascript"), ("app.css", "text/css"), ("favicon.svg", "image/svg+xml")] {
+        let a = http("GET", &sys.url(&format!("/assets/{file}")), None, &[], None);
+        assert_eq!(a.status, 200, "{file}");
+        assert!(a.header("content-type").is_some_and(|t| t.starts_with(kind)), "{file}: {:?}", a.header("content-type"));
+        assert_eq!(a.header("x-content-type-options"), Some("nosniff"), "{file}");
+    }
+    // Unknown files and API routes are still the API's JSON 404.
+    for path in ["/assets/nope.js", "/assets/index.html", "/api/v1/nope", "/nope"] {
+        let a = http("GET", &sys.url(path), None, &[], None);
+        assert_eq!((a.status, a.body["error"].as_str()), (404, Some("not_found")), "{path}: {}", a.raw);
+    }
+    // Who the caller is, for the page to show and to decide which controls to draw.
+    let me = sys.get("/api/v1/auth/whoami", &sys.admin);
+    assert_eq!((me.status, me.body.clone()), (200, json!({"user_id": "admin", "role": "admin", "kind": "human"})));
+    let me = sys.get("/api/v1/auth/whoami", &sys.agent);
+    assert_eq!(me.body, json!({"user_id": "agent", "role": "member", "kind": "agent"}));
+    assert_eq!(http("GET", &sys.url("/api/v1/auth/whoami"), None, &[], None).status, 401);
+}
+
+#[test]
+fn r_ui_1_an_admin_approves_over_the_limit_after_a_second_confirmation_and_an_agent_cannot_in_a_browser() {
+    let python = env("ATASIRA_TEST_PYTHON", "playwright into its venv");
+    let chromium = env("ATASIRA_TEST_CHROMIUM", "Debian's chromium");
+    let sys = System::start(Mode::Embedded);
+    let types = json!({"over": "dash-sales", "reject": "dash-reject", "live": "dash-live", "own": "dash-own"});
+    let over = draft(
+        &sys,
+        &sys.agent,
+        &json!({"box_type": types["over"], "name": "Sales reports", "purpose": "Write the weekly sales report",
+            "success_criteria": ["A report every Monday", "Errors go to a person"],
+            "os_operations": ["shell:exec", "file:read"], "tools": ["Bash", "Read"], "url_allowlist": ["https://reports.example"],
+            "file_access": ["read:/srv/reports/*"], "allow_network": true,
+            "required_access": [{"type": "git_remote", "url": "https://git.example/sales.git"}]}),
+    );
+    let reject = draft(&sys, &sys.agent, &json!({"box_type": types["reject"], "purpose": "Read the mail", "tools": ["Read"]}));
+    let live = draft(&sys, &sys.agent, &json!({"box_type": types["live"], "purpose": "Answer questions"}));
+    let own = draft(&sys, &sys.admin, &json!({"box_type": types["own"], "purpose": "Something of my own"}));
+
+    // The screenshots stay after the run, under cargo's directory for test output.
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    let drafts = json!({"over": over, "reject": reject, "live": live, "own": own, "types": types});
+    let run = Command::new(&python)
+        .arg(workspace_root().join("tests/browser/dashboard.py"))
+        .env("ATASIRA_DASHBOARD_URL", &sys.base_url)
+        .env("ATASIRA_DASHBOARD_ADMIN", &sys.admin)
+        .env("ATASIRA_DASHBOARD_AGENT", &sys.agent)
+        .env("ATASIRA_DASHBOARD_DRAFTS", drafts.to_string())
+        .env("ATASIRA_DASHBOARD_OUT", &out)
+        .env("ATASIRA_TEST_CHROMIUM", &chromium)
+        .output()
+        .expect("python runs (is playwright installed in the venv of ATASIRA_TEST_PYTHON?)");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    eprintln!("{stdout}");
+    assert!(run.status.success(), "the browser scenarios failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all scenarios passed"), "{stdout}");
+    for view in ["pending", "boxes", "workers", "audit", "agent"] {
+        assert!(out.join(format!("dashboard-{view}.png")).is_file(), "no screenshot of {view} in {}", out.display());
+    }
+
+    // What the browser did is what the API holds.
+    let drafts = sys.get(&format!("/api/v1/boxes/box-drafts/{over}"), &sys.admin);
+    assert_eq!(drafts.body["status"], "active", "{}", drafts.raw);
+    assert_eq!(sys.get(&format!("/api/v1/boxes/box-drafts/{own}"), &sys.admin).body["status"], "pending_approval");
+    let (code, verified) = sys.audit_verify();
+    assert_eq!((code, verified["ok"].as_bool()), (0, Some(true)), "{verified}");
+}
