@@ -258,4 +258,34 @@ mod tests {
         assert!(text.contains(r#"atasira_request_seconds_count{service="drafts",request="SubmitDraft"} 2"#), "{text}");
         assert!(text.contains(r#"atasira_http_requests_total{method="POST",route="/api/v1/boxes/box-drafts",status="201"} 1"#), "{text}");
     }
+
+    /// The example Grafana dashboard (`examples/grafana/atasira.json`) asks only for series
+    /// this registry exports.
+    #[test]
+    fn the_example_dashboard_asks_for_series_that_exist() {
+        let m = Metrics::new();
+        let named = Named { name: "x".to_owned() };
+        m.request("s", "r", "ok", Duration::from_millis(1));
+        m.http("GET", "/", 200, Duration::from_millis(1));
+        m.append_seconds.get_or_create(&AggregateLabel { aggregate_type: "draft".to_owned() }).observe(0.001);
+        m.consumer_retries.get_or_create(&named).inc();
+        m.security_violations.get_or_create(&ServiceLabel { service: "approval".to_owned() }).inc();
+        m.relay_lag.get_or_create(&named).set(1);
+        m.consumer_lag.get_or_create(&named).set(1);
+        m.gauges.get_or_create(&named).set(1);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).expect("encodes");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/grafana/atasira.json");
+        let dashboard: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).expect("the example dashboard")).expect("JSON");
+        let mut asked = 0;
+        for target in dashboard["panels"].as_array().expect("panels").iter().flat_map(|p| p["targets"].as_array().expect("targets")) {
+            let expr = target["expr"].as_str().expect("expr");
+            for (at, _) in expr.match_indices("atasira_") {
+                let name: String = expr[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                asked += 1;
+                assert!(text.lines().any(|l| l.starts_with(&format!("{name}{{"))), "the dashboard asks for {name}, which is not exported:\n{text}");
+            }
+        }
+        assert!(asked >= 10, "{asked}");
+    }
 }
