@@ -572,6 +572,19 @@ impl System {
         self.procs.iter_mut().find(|p| p.name.contains(name)).unwrap_or_else(|| panic!("no process {name}"))
     }
 
+    /// SIGKILLs and forgets the first (oldest) process whose name contains `name`; its stderr.
+    pub fn kill_oldest(&mut self, name: &str) -> String {
+        let at = self.procs.iter().position(|p| p.name.contains(name)).unwrap_or_else(|| panic!("no process {name}"));
+        let mut p = self.procs.remove(at);
+        p.kill();
+        p.stderr_text()
+    }
+
+    /// The stderr of every process whose name contains `name`, oldest first.
+    pub fn stderr_of(&self, name: &str) -> Vec<String> {
+        self.procs.iter().filter(|p| p.name.contains(name)).map(Proc::stderr_text).collect()
+    }
+
     /// SIGKILLs and forgets the processes whose name contains `name`.
     pub fn kill(&mut self, name: &str) {
         for p in self.procs.iter_mut().filter(|p| p.name.contains(name)) {

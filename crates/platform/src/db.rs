@@ -1077,6 +1077,15 @@ impl Db {
         })
     }
 
+    /// PostgreSQL: a connection of its own, out of the pool (it ends when dropped), for a
+    /// session that must outlive one query (an advisory lock, `exclusive.rs`).
+    pub async fn pg_connection(&self) -> anyhow::Result<sqlx::PgConnection> {
+        match &self.typed {
+            Typed::Postgres(pool) => Ok(pool.acquire().await?.detach()),
+            Typed::Sqlite(_) => anyhow::bail!("SQLite has no session locks"),
+        }
+    }
+
     /// The one number a `SELECT COUNT(*) ...` answers (a read model's count for the metrics).
     pub async fn count(&self, sql: &str) -> anyhow::Result<i64> {
         Ok(sqlx::query(sql).fetch_one(&self.any).await?.try_get::<i64, _>(0)?)

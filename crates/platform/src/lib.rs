@@ -10,6 +10,7 @@ pub mod auth;
 pub mod bus;
 pub mod command;
 pub mod db;
+pub mod exclusive;
 pub mod failpoints;
 pub mod feed;
 pub mod guard;

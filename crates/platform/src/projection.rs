@@ -309,18 +309,23 @@ pub async fn consume_batches<F, Fut>(
 {
     let mut pause = Duration::from_millis(500);
     loop {
-        let result: anyhow::Result<()> = async {
+        // One process runs this consumer; other replicas stand by (`exclusive.rs`).
+        let Some(mut lease) = crate::exclusive::acquire(&db, name, &mut shutdown).await else { return };
+        let lost = lease.lost();
+        tokio::pin!(lost);
+        let result: anyhow::Result<bool> = async {
             let from = cursor(&db, name).await?;
             db.consumer_opened(name, from);
             crate::metrics::global().reader_at(name, "consumer", aggregate_types, from);
             let mut feed = feeds.open(&db, name, aggregate_types, from).await?;
             loop {
                 if *shutdown.borrow() {
-                    return Ok(());
+                    return Ok(true);
                 }
                 let batch = tokio::select! {
                     b = feed.next() => b?,
-                    _ = shutdown.changed() => return Ok(()),
+                    _ = shutdown.changed() => return Ok(true),
+                    () = &mut lost => return Ok(false),
                 };
                 if batch.is_empty() {
                     continue;
@@ -328,7 +333,10 @@ pub async fn consume_batches<F, Fut>(
                 let events = batch.into_iter().map(|d| d.event).collect();
                 tokio::select! {
                     r = handle(events) => r?,
-                    _ = shutdown.changed() => return Ok(()),
+                    _ = shutdown.changed() => return Ok(true),
+                    // Cut short, nothing is checkpointed: whoever holds the lock next
+                    // applies the batch again (handlers are idempotent).
+                    () = &mut lost => return Ok(false),
                 }
                 if db.recovered(name) {
                     tracing::info!(consumer = name, "consumer moving again");
@@ -338,7 +346,8 @@ pub async fn consume_batches<F, Fut>(
         }
         .await;
         match result {
-            Ok(()) => return,
+            Ok(true) => return,
+            Ok(false) => tracing::warn!(consumer = name, "lost the lock that makes this process the consumer's only runner; competing for it again"),
             Err(e) => {
                 tracing::error!(consumer = name, error = format!("{e:#}"), "consumer stopped at an event it cannot handle; retrying from its checkpoint");
                 crate::metrics::global().consumer_retries.get_or_create(&crate::metrics::Named { name: name.to_owned() }).inc();

@@ -157,6 +157,30 @@ pub async fn run(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let name = format!("relay-{service}");
+    loop {
+        // One process of the service relays; other replicas stand by (`exclusive.rs`).
+        let Some(mut lease) = crate::exclusive::acquire(&db, &name, &mut shutdown).await else { return };
+        let stopped = tokio::select! {
+            () = relay(&db, &js, service, aggregate_types, &mut shutdown) => true,
+            () = lease.lost() => false,
+        };
+        if stopped {
+            return;
+        }
+        tracing::warn!(service, "lost the lock that makes this process the relay; competing for it again");
+    }
+}
+
+/// The relay while this process holds its lock; returns at shutdown.
+async fn relay(
+    db: &Db,
+    js: &jetstream::Context,
+    service: &'static str,
+    aggregate_types: &'static [&'static str],
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) {
+    let (db, js) = (db.clone(), js.clone());
+    let name = format!("relay-{service}");
     let mut stream_ready = false;
     let mut bell = db.on_append();
     let mut at: Option<Cursor> = None;

@@ -1,0 +1,71 @@
+//! Two replicas of a service (issue 13 item 5, R-ARCH-7): both answer requests (a NATS
+//! queue group), but each relay and each consumer runs in one of them only, under a
+//! PostgreSQL advisory lock; when the holder is SIGKILLed, the other takes over. Nothing
+//! acknowledged is lost, the drafts view converges, and the audit ledger (one writer, one
+//! hash chain) verifies.
+
+use std::time::{Duration, Instant};
+
+use atasira_tests::harness::{Mode, System};
+use serde_json::json;
+
+fn pending(sys: &System) -> Vec<String> {
+    let page = sys.get("/api/v1/boxes/box-drafts/pending?limit=200", &sys.admin);
+    assert_eq!(page.status, 200, "{}", page.raw);
+    page.body["drafts"].as_array().expect("drafts").iter().map(|d| d["draft_id"].as_str().expect("id").to_owned()).collect()
+}
+
+/// Waits until `done` holds (the takeover needs the dead holder's session to end).
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} did not happen");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_second_replica_stands_by_and_takes_over_the_consumers_when_the_first_dies() {
+    let mut sys = System::start(Mode::Cluster);
+    for service in ["drafts", "audit"] {
+        sys.start_service(service, &[]);
+    }
+    // The replica that came second stands by for every consumer and relay of its service.
+    eventually("the second replicas standing by", || {
+        sys.stderr_of("serve audit")[1].contains("standing by") && sys.stderr_of("serve drafts")[1].contains("standing by")
+    });
+    for replicas in [sys.stderr_of("serve drafts"), sys.stderr_of("serve audit")] {
+        assert!(!replicas[0].contains("standing by"), "the first replica runs everything:\n{}", replicas[0]);
+    }
+
+    let mut acknowledged = Vec::new();
+    for i in 0..4 {
+        acknowledged.push(sys.draft(&json!({"box_type": format!("replica-before-{i}"), "purpose": "before the kill"})));
+    }
+    let approved = sys.approve(&acknowledged[0], &sys.admin, false);
+    assert_eq!(approved.status, 200, "{}", approved.raw);
+    acknowledged.remove(0);
+
+    // The holders die; the standbys take over once PostgreSQL ends the dead sessions.
+    let drafts = sys.kill_oldest("serve drafts");
+    let audit = sys.kill_oldest("serve audit");
+    assert!(!drafts.is_empty() && !audit.is_empty());
+    for i in 0..4 {
+        acknowledged.push(sys.draft(&json!({"box_type": format!("replica-after-{i}"), "purpose": "after the kill"})));
+    }
+    eventually("the survivor taking over", || sys.stderr_of("serve drafts")[0].contains("took over") && sys.stderr_of("serve audit")[0].contains("took over"));
+    // Every acknowledged draft is in the view the survivor now keeps.
+    eventually("the drafts view converging", || {
+        let listed = pending(&sys);
+        acknowledged.iter().all(|id| listed.contains(id))
+    });
+    assert_eq!(pending(&sys).len(), acknowledged.len());
+    // One writer at a time: the ledger's chain holds, with a row for every draft.
+    eventually("the ledger catching up", || {
+        let rows = sys.get("/api/v1/audit?action=box_draft.create&limit=200", &sys.admin);
+        // Eight drafts in all (one of them approved since).
+        rows.body["rows"].as_array().is_some_and(|r| r.len() == 8)
+    });
+    let (code, verified) = sys.audit_verify();
+    assert_eq!(code, 0, "{verified}");
+}
