@@ -117,8 +117,13 @@ async fn build(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<strea
         .route("/events/stream", get(stream::stream))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);
-    let app =
-        Router::new().route("/healthz", get(healthz)).nest("/api/v1", api).fallback(not_found).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state);
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .nest("/api/v1", api)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state);
     Ok((app, live))
 }
 
@@ -172,6 +177,12 @@ async fn healthz(State(state): State<AppState>) -> Response {
         return Json(json!({"status": "ok"})).into_response();
     }
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "degraded", "stalled": stalled, "unreachable": unreachable}))).into_response()
+}
+
+/// `GET /readyz`: this process's own readiness (its NATS connection, its database, its
+/// consumers), the same answer as every service's probe port (`platform::probe`).
+async fn readyz(State(state): State<AppState>) -> Response {
+    atasira_platform::probe::answer(&state.rt).await
 }
 
 async fn not_found() -> ApiError {

@@ -13,6 +13,7 @@ pub mod db;
 pub mod failpoints;
 pub mod feed;
 pub mod guard;
+pub mod probe;
 pub mod projection;
 pub mod relay;
 pub mod sentinel;
