@@ -10,14 +10,17 @@ use serde_json::json;
 
 use crate::services::open_db;
 
-/// Where the database is.
+/// Where the database is. Both may be set, as in the environment of a cluster process:
+/// then the database URL names the store and the data dir only where managed files are
+/// (manifests), as for `atasira serve`.
 #[derive(Debug, Args)]
-#[group(required = true, multiple = false)]
+#[group(required = true, multiple = true)]
 pub struct Target {
-    /// Data directory of `atasira dev` (embedded).
+    /// Data directory of `atasira dev` (embedded); with --database-url, only where the
+    /// managed files are.
     #[arg(long, env = "ATASIRA_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// PostgreSQL URL (cluster).
+    /// PostgreSQL URL (cluster); the store, also when a data dir is set.
     #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
 }
