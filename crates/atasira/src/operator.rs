@@ -237,3 +237,27 @@ pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::TokensCommand;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: TokensCommand,
+    }
+
+    #[test]
+    fn a_cluster_process_environment_with_both_a_data_dir_and_a_database_url_names_the_database() {
+        // Inside a compose container both are set; the store is the database.
+        let args = ["t", "create", "--user", "admin", "--role", "admin", "--kind", "human", "--data-dir", "/var/lib/atasira", "--database-url", "postgres://x"];
+        let Cli { command: TokensCommand::Create { target, .. } } = Cli::try_parse_from(args).expect("both are accepted") else {
+            panic!("not create");
+        };
+        assert_eq!(target.database_url.as_deref(), Some("postgres://x"));
+        assert!(Cli::try_parse_from(["t", "create", "--user", "a", "--role", "admin", "--kind", "human"]).is_err(), "one of them is required");
+    }
+}
