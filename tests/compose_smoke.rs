@@ -517,6 +517,11 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     assert_eq!(boxes.body["boxes"][0]["box_type"], "sales-report", "{}", boxes.raw);
     let verified = http("GET", &format!("{api}/audit/verify"), Some(&admin), &[], None);
     assert_eq!(verified.body["ok"], true, "{}", verified.raw);
+    // The runbook's check of the ledger on the store, in the audit container.
+    let audit = service(&all, "audit").clone();
+    let out = local.command(&audit, &atasira_bin(), &["audit".to_owned(), "verify".to_owned()]).output().expect("audit verify");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(report["ok"], true, "audit verify in the audit container: {report} {}", String::from_utf8_lossy(&out.stderr));
     // The registry wrote the manifest into its volume.
     assert!(local.volume("manifests").join("sales-report.yaml").exists(), "the manifest file is not in the manifests volume");
     drop(procs);
