@@ -77,3 +77,21 @@ fn the_embedded_gateway_is_ready() {
     let ready = http("GET", &sys.url("/readyz"), None, &[], None);
     assert_eq!((ready.status, &ready.body), (200, &json!({"status": "ready"})), "{}", ready.raw);
 }
+
+#[test]
+fn a_stalled_consumer_makes_its_process_not_ready() {
+    // R-OPS-2: a drafts event the drafts view cannot read (written behind the product's
+    // back) stalls that view; the drafts process says it is not ready and names it.
+    let mut sys = System::start(Mode::Cluster);
+    let drafts = format!("{}/readyz", sys.probe_url("serve drafts"));
+    assert_eq!(http("GET", &drafts, None, &[], None).status, 200);
+    sys.append_raw_event("draft", "broken", 1, "DraftSubmitted", r#"{"DraftSubmitted": {"nonsense": true}}"#);
+    let (_, body) = eventually(&drafts, Duration::from_secs(30), |status, _| status == 503);
+    assert_eq!(body["status"], "not_ready", "{body}");
+    assert_eq!(body["checks"]["consumers"]["ok"], false, "{body}");
+    assert!(body["checks"]["consumers"]["stalled"].to_string().contains("drafts_view"), "{body}");
+    assert_eq!((&body["checks"]["nats"]["ok"], &body["checks"]["database"]["ok"]), (&json!(true), &json!(true)), "{body}");
+    // Alive all the same.
+    let alive = http("GET", &drafts.replace("/readyz", "/healthz"), None, &[], None);
+    assert_eq!(alive.status, 200);
+}
