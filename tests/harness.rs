@@ -80,10 +80,16 @@ pub struct Proc {
 impl Proc {
     pub fn spawn(name: &str, program: &Path, args: &[&str], envs: &[(&str, String)]) -> Proc {
         let mut cmd = Command::new(program);
-        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(args);
         for (k, v) in envs {
             cmd.env(k, v);
         }
+        Proc::spawn_command(name, cmd)
+    }
+
+    /// Starts `cmd` as it is (arguments, environment, working directory), output kept.
+    pub fn spawn_command(name: &str, mut cmd: Command) -> Proc {
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let stderr = Arc::new(Mutex::new(Vec::new()));
@@ -539,7 +545,8 @@ impl System {
     /// Cluster: starts the gateway process; `base_url` follows its new port.
     pub fn start_gateway(&mut self, extra_env: &[(&str, String)]) {
         let env = self.cluster_env("gateway", extra_env);
-        let mut g = Proc::spawn("atasira serve gateway", &atasira_bin(), &["serve", "gateway", "--listen", "127.0.0.1:0"], &env);
+        let args = ["serve", "gateway", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+        let mut g = Proc::spawn("atasira serve gateway", &atasira_bin(), &args, &env);
         let line = g.wait_stderr("listening on http://", Duration::from_secs(30));
         self.base_url = listening_url(&line);
         self.procs.push(g);
@@ -562,9 +569,17 @@ impl System {
     /// serves its subject.
     pub fn start_service(&mut self, service: &str, extra_env: &[(&str, String)]) {
         let env = self.cluster_env(service, extra_env);
-        let mut p = Proc::spawn(&format!("atasira serve {service}"), &atasira_bin(), &["serve", service], &env);
+        let mut p = Proc::spawn(&format!("atasira serve {service}"), &atasira_bin(), &["serve", service, "--metrics-listen", "127.0.0.1:0"], &env);
         p.wait_stderr("serving on", Duration::from_secs(30));
         self.procs.push(p);
+    }
+
+    /// Cluster: the probe port (`--metrics-listen`) of the process whose name contains
+    /// `name`, as `http://ADDR`.
+    pub fn probe_url(&mut self, name: &str) -> String {
+        let p = self.proc(name);
+        let line = p.wait_stderr("probes on http://", Duration::from_secs(30));
+        listening_url(&line)
     }
 
     /// The process whose name contains `name`.
@@ -781,7 +796,8 @@ impl System {
     }
 }
 
-fn listening_url(line: &str) -> String {
+/// The `http://ADDR` in a "listening on" or "probes on" line.
+pub fn listening_url(line: &str) -> String {
     let start = line.find("http://").expect("url in line");
     let rest = &line[start..];
     let end = rest.find(|c: char| c.is_whitespace()).unwrap_or(rest.len());

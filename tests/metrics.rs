@@ -52,12 +52,23 @@ fn r_ops_1_metrics_count_requests_appends_lag_and_the_state_of_the_read_models_e
 }
 
 #[test]
-fn r_ops_1_the_gateway_of_a_cluster_counts_its_routes() {
-    let sys = System::start(Mode::Cluster);
+fn r_ops_1_the_gateway_of_a_cluster_counts_its_routes_and_each_service_its_requests() {
+    let mut sys = System::start(Mode::Cluster);
     sys.draft(&json!({"box_type": "metrics-cluster", "purpose": "counted"}));
     let unknown = sys.get("/api/v1/boxes/no-such-box", &sys.admin);
     assert_eq!(unknown.status, 404, "{}", unknown.raw);
     let text = scrape(&sys);
     assert_eq!(sample(&text, r#"atasira_http_requests_total{method="POST",route="/api/v1/boxes/box-drafts",status="201"}"#), Some(1.0), "{text}");
     assert_eq!(sample(&text, r#"atasira_http_requests_total{method="GET",route="/api/v1/boxes/{box_id}",status="404"}"#), Some(1.0), "{text}");
+
+    // The drafts process's probe port: its requests, its relay's and consumers' lag, the
+    // pending drafts it keeps.
+    let probe = sys.probe_url("serve drafts");
+    let answer = http("GET", &format!("{probe}/metrics"), None, &[], None);
+    assert_eq!(answer.status, 200, "{}", answer.raw);
+    let text = answer.raw;
+    assert_eq!(sample(&text, r#"atasira_requests_total{service="drafts",request="SubmitDraft",outcome="ok"}"#), Some(1.0), "{text}");
+    assert_eq!(sample(&text, r#"atasira_state{name="pending_drafts"}"#), Some(1.0), "{text}");
+    assert!(text.contains(r#"atasira_relay_lag_events{name="relay-drafts"}"#), "{text}");
+    assert!(text.contains(r#"atasira_consumer_lag_events{name="drafts_view"}"#), "{text}");
 }

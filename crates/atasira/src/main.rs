@@ -104,6 +104,13 @@ enum Command {
         /// Address of the REST API (gateway only).
         #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        /// Serve this process's health probes on this address (off unless given):
+        /// `GET /healthz` answers 200 while the process runs; `GET /readyz` answers 200 when
+        /// it is connected to NATS, its database answers and none of its consumers is stuck,
+        /// else 503 naming what failed. Port 0 picks a free port (printed on stderr). The
+        /// gateway answers both on its REST address as well.
+        #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
+        metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
         common: CommonArgs,
     },
@@ -416,11 +423,25 @@ fn main() -> ExitCode {
             common.configure_failpoints();
             run_async(services::dev(common.settings(data_dir), listen))
         }
-        Command::Serve { service, nats_url, nats_auth, database_url, internal_key, approval_key, approval_key_file, audit_key, data_dir, listen, common } => {
+        Command::Serve {
+            service,
+            nats_url,
+            nats_auth,
+            database_url,
+            internal_key,
+            approval_key,
+            approval_key_file,
+            audit_key,
+            data_dir,
+            listen,
+            metrics_listen,
+            common,
+        } => {
             common.configure_failpoints();
             let keys = services::ClusterKeys { internal: internal_key, approval: approval_key, approval_file: approval_key_file, audit: audit_key };
             run_async(async move {
                 let auth = services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.insecure_nats)?;
+                let listen = services::Listen { api: listen, probes: metrics_listen };
                 services::serve(service, &nats_url, auth, &database_url, keys, listen, common.settings(data_dir)).await
             })
         }

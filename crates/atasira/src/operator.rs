@@ -10,14 +10,17 @@ use serde_json::json;
 
 use crate::services::open_db;
 
-/// Where the database is.
+/// Where the database is. Both may be set, as in the environment of a cluster process:
+/// then the database URL names the store and the data dir only where managed files are
+/// (manifests), as for `atasira serve`.
 #[derive(Debug, Args)]
-#[group(required = true, multiple = false)]
+#[group(required = true, multiple = true)]
 pub struct Target {
-    /// Data directory of `atasira dev` (embedded).
+    /// Data directory of `atasira dev` (embedded); with --database-url, only where the
+    /// managed files are.
     #[arg(long, env = "ATASIRA_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// PostgreSQL URL (cluster).
+    /// PostgreSQL URL (cluster); the store, also when a data dir is set.
     #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
 }
@@ -232,5 +235,29 @@ pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
             println!("{}", json!({"rebuilt": rebuilt, "audit_ledger": ledger}));
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::TokensCommand;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: TokensCommand,
+    }
+
+    #[test]
+    fn a_cluster_process_environment_with_both_a_data_dir_and_a_database_url_names_the_database() {
+        // Inside a compose container both are set; the store is the database.
+        let args = ["t", "create", "--user", "admin", "--role", "admin", "--kind", "human", "--data-dir", "/var/lib/atasira", "--database-url", "postgres://x"];
+        let Cli { command: TokensCommand::Create { target, .. } } = Cli::try_parse_from(args).expect("both are accepted") else {
+            panic!("not create");
+        };
+        assert_eq!(target.database_url.as_deref(), Some("postgres://x"));
+        assert!(Cli::try_parse_from(["t", "create", "--user", "a", "--role", "admin", "--kind", "human"]).is_err(), "one of them is required");
     }
 }

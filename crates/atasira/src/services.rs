@@ -286,6 +286,15 @@ async fn warn_insecure_nats(identity: &'static str) {
     }
 }
 
+/// Where `atasira serve` listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Listen {
+    /// The REST API (gateway only).
+    pub api: SocketAddr,
+    /// The probe port (`--metrics-listen`), if any.
+    pub probes: Option<SocketAddr>,
+}
+
 /// `atasira serve <service>`.
 pub async fn serve(
     service: ServiceName,
@@ -293,7 +302,7 @@ pub async fn serve(
     nats_auth: NatsAuth,
     database_url: &str,
     keys: ClusterKeys,
-    listen: SocketAddr,
+    listen: Listen,
     settings: Settings,
 ) -> anyhow::Result<()> {
     let identity = service.identity();
@@ -320,10 +329,20 @@ pub async fn serve(
     };
     let (tx, rx) = watch::channel(false);
     tokio::spawn(ctrl_c(tx));
+    if let Some(addr) = listen.probes {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr} for the probes"))?;
+        eprintln!("atasira {identity}: probes on http://{}", listener.local_addr()?);
+        let (rt, stop) = (rt.clone(), wait(rx.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = atasira_platform::probe::serve(listener, rt, stop).await {
+                tracing::error!("{identity}: the probe port stopped: {e:#}");
+            }
+        });
+    }
     let relay_for = |name: &'static str, types: &'static [&'static str]| tokio::spawn(relay::run(db.clone(), js.clone(), name, types, rx.clone()));
     match service {
         ServiceName::Gateway => {
-            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
+            let listener = tokio::net::TcpListener::bind(listen.api).await.with_context(|| format!("failed to listen on {}", listen.api))?;
             eprintln!("atasira gateway: listening on http://{}", listener.local_addr()?);
             let callout = callout_issuer.map(|issuer| tokio::spawn(atasira_gateway::callout::run(client, db.clone(), issuer, wait(rx.clone()))));
             let served = atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)).await;
@@ -425,7 +444,8 @@ pub async fn connect_nats(url: &str, identity: &str, auth: &NatsAuth, wait_for_s
     options.connect(url).await.with_context(|| format!("failed to connect to NATS at {url}"))
 }
 
-/// The database named by `--data-dir` or `--database-url`.
+/// The database named by `--database-url`, else by `--data-dir` (a cluster process has both
+/// set: its store is the database, its data dir holds managed files).
 pub async fn open_db(data_dir: Option<&Path>, database_url: Option<&str>) -> anyhow::Result<Db> {
     match (data_dir, database_url) {
         (_, Some(url)) => Db::connect(url).await,

@@ -127,6 +127,7 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
     let (mcp, stop_mcp) = mcp::router(api.clone(), state.clone());
     let app = Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(dashboard::routes())
         .with_state(state)
@@ -206,6 +207,12 @@ async fn measure(request: axum::extract::Request, next: axum::middleware::Next) 
     let response = next.run(request).await;
     atasira_platform::metrics::global().http(&method, &route, response.status().as_u16(), started.elapsed());
     response
+}
+
+/// `GET /readyz`: this process's own readiness (its NATS connection, its database, its
+/// consumers), the same answer as every service's probe port (`platform::probe`).
+async fn readyz(State(state): State<AppState>) -> Response {
+    atasira_platform::probe::answer(&state.rt).await
 }
 
 async fn not_found() -> ApiError {

@@ -51,6 +51,12 @@ pub trait Bus: Send + Sync {
 
     /// Serves `subjects` (may contain `*` tokens) for `service`, registered under that name.
     async fn serve(&self, service: &str, subjects: &[String], handler: Handler) -> Result<Endpoint, BusError>;
+
+    /// Whether the bus can carry messages now (readiness, `/readyz`); why not otherwise.
+    /// The in-process bus always can.
+    fn connected(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The embedded bus: same subjects and bytes, no server.
@@ -122,6 +128,13 @@ impl Bus for NatsBus {
                 async_nats::RequestErrorKind::TimedOut => BusError::Timeout(subject.to_owned()),
                 _ => BusError::Other(e.to_string()),
             }),
+        }
+    }
+
+    fn connected(&self) -> Result<(), String> {
+        match self.client.connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            state => Err(format!("not connected to NATS ({state})")),
         }
     }
 

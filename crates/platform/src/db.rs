@@ -768,6 +768,12 @@ impl Db {
         self.signals.progress.lock().ok()?.get(name).map(|c| c.cursor)
     }
 
+    /// Asks the database a trivial question (readiness, `/readyz`).
+    pub async fn ping(&self) -> anyhow::Result<()> {
+        sqlx::query("SELECT 1").execute(&self.any).await.context("the database did not answer")?;
+        Ok(())
+    }
+
     /// Reports consumer `name` stuck at an event it cannot handle (health, `/healthz`).
     pub fn stalled(&self, name: &str, error: &str) {
         if let Ok(mut stalled) = self.signals.stalled.lock() {

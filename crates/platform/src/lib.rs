@@ -15,6 +15,7 @@ pub mod failpoints;
 pub mod feed;
 pub mod guard;
 pub mod metrics;
+pub mod probe;
 pub mod projection;
 pub mod relay;
 pub mod sentinel;
