@@ -212,18 +212,27 @@ pub fn gauge_source(name: &'static str, source: GaugeSource) {
     }
 }
 
+/// How many events each relay and consumer of this process is behind, by name (those whose
+/// lag the store could not tell are left out).
+pub async fn lags(db: &Db) -> Vec<(String, &'static str, i64)> {
+    let m = global();
+    let readers: Vec<(String, Reader)> = m.readers.lock().map(|r| r.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+    let mut out = Vec::with_capacity(readers.len());
+    for (name, reader) in readers {
+        match db.count_after(reader.at, reader.types).await {
+            Ok(behind) => out.push((name, reader.kind, behind)),
+            Err(e) => tracing::debug!(reader = name, error = %e, "metrics: lag unknown"),
+        }
+    }
+    out
+}
+
 /// Measures what is measured when scraped (lags, gauges), then the whole registry as text.
 pub async fn render(db: &Db) -> String {
     let m = global();
-    let readers: Vec<(String, Reader)> = m.readers.lock().map(|r| r.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
-    for (name, reader) in readers {
-        match db.count_after(reader.at, reader.types).await {
-            Ok(behind) => {
-                let family = if reader.kind == "relay" { &m.relay_lag } else { &m.consumer_lag };
-                family.get_or_create(&Named { name }).set(behind);
-            }
-            Err(e) => tracing::debug!(reader = name, error = %e, "metrics: lag unknown"),
-        }
+    for (name, kind, behind) in lags(db).await {
+        let family = if kind == "relay" { &m.relay_lag } else { &m.consumer_lag };
+        family.get_or_create(&Named { name }).set(behind);
     }
     let sources: Vec<(&'static str, GaugeSource)> = m.sources.lock().map(|s| s.iter().map(|(k, v)| (*k, v.clone())).collect()).unwrap_or_default();
     for (name, source) in sources {

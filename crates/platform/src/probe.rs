@@ -1,7 +1,8 @@
 //! Liveness and readiness of a process (R-OPS-2), for container health checks and load
 //! balancers: `GET /healthz` answers while the process runs; `GET /readyz` answers 200 only
-//! when the process can do its work: NATS connected, the database answering, and none of
-//! its consumers stalled (`Db::stalled_consumers`).
+//! when the process can do its work: NATS connected, the database answering, none of its
+//! consumers stalled (`Db::stalled_consumers`), and none of its relays and consumers more
+//! than [`MAX_LAG`] events behind.
 //!
 //! [`router`] is the small HTTP server `atasira serve <service> --metrics-listen` runs; the
 //! gateway answers [`readyz`] on its own listener too. The port also serves `/metrics`
@@ -18,6 +19,9 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 use crate::Runtime;
+
+/// How many events a relay or consumer of the process may be behind and still be ready.
+pub const MAX_LAG: i64 = 1000;
 
 /// How long the database may take to answer the readiness question.
 const DATABASE_WAIT: Duration = Duration::from_secs(2);
@@ -42,10 +46,19 @@ pub async fn readiness(rt: &Runtime) -> Readiness {
         Ok(Err(e)) => json!({"ok": false, "error": format!("{e:#}")}),
         Err(_) => json!({"ok": false, "error": format!("the database did not answer within {} s", DATABASE_WAIT.as_secs())}),
     };
-    let stalled: Vec<Value> = rt.db.stalled_consumers().into_iter().map(|(consumer, error)| json!({"consumer": consumer, "error": error})).collect();
-    let consumers = if stalled.is_empty() { json!({"ok": true}) } else { json!({"ok": false, "stalled": stalled}) };
+    let consumers = consumers_check(rt.db.stalled_consumers(), crate::metrics::lags(&rt.db).await, MAX_LAG);
     let ready = [&nats, &database, &consumers].iter().all(|c| c["ok"] == true);
     Readiness { ready, checks: json!({"nats": nats, "database": database, "consumers": consumers}) }
+}
+
+/// The consumers' check: none stalled, and none of the readers more than `bound` events
+/// behind (a replica that just took over, or a backlog after an outage, serves stale reads
+/// until it catches up).
+fn consumers_check(stalled: Vec<(String, String)>, lags: Vec<(String, &'static str, i64)>, bound: i64) -> Value {
+    let stalled: Vec<Value> = stalled.into_iter().map(|(consumer, error)| json!({"consumer": consumer, "error": error})).collect();
+    let behind: Vec<Value> =
+        lags.into_iter().filter(|(_, _, lag)| *lag > bound).map(|(reader, _, lag)| json!({"reader": reader, "behind": lag, "bound": bound})).collect();
+    if stalled.is_empty() && behind.is_empty() { json!({"ok": true}) } else { json!({"ok": false, "stalled": stalled, "behind": behind}) }
 }
 
 /// `GET /readyz`: 200 `{"status": "ready"}`, or 503 `{"status": "not_ready", "checks":
@@ -82,4 +95,24 @@ pub fn router(rt: Runtime) -> Router {
 pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     axum::serve(listener, router(rt)).with_graceful_shutdown(shutdown).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_far_behind_or_a_stalled_consumer_is_not_ready() {
+        // Given readers within the bound and nothing stalled, then ready.
+        let near = vec![("drafts_view".to_owned(), "consumer", 3), ("relay-drafts".to_owned(), "relay", 1000)];
+        assert_eq!(consumers_check(vec![], near.clone(), 1000), json!({"ok": true}));
+        // When one reader is past the bound, then not ready, naming it.
+        let far = vec![("drafts_view".to_owned(), "consumer", 1001)];
+        let check = consumers_check(vec![], far, 1000);
+        assert_eq!(check["ok"], false);
+        assert_eq!(check["behind"][0], json!({"reader": "drafts_view", "behind": 1001, "bound": 1000}));
+        // When a consumer is stalled, then not ready, naming it and its error.
+        let check = consumers_check(vec![("audit_ledger".to_owned(), "bad event".to_owned())], near, 1000);
+        assert_eq!(check["stalled"][0], json!({"consumer": "audit_ledger", "error": "bad event"}));
+    }
 }
