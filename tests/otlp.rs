@@ -17,12 +17,13 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message as _;
 use serde_json::json;
 
-/// One received span: the exporting process's `service.name`, trace id, span name, and its
-/// string attributes.
+/// One received span: the exporting process's `service.name`, its ids, name and string (and
+/// integer) attributes.
 #[derive(Debug, Clone)]
 struct Span {
     service: String,
     trace_id: String,
+    span_id: String,
     parent: String,
     name: String,
     attributes: BTreeMap<String, String>,
@@ -118,6 +119,7 @@ fn decode(body: &[u8], kept: &Mutex<Vec<Span>>) -> &'static str {
                 spans.push(Span {
                     service: service.clone(),
                     trace_id: hex::encode(&span.trace_id),
+                    span_id: hex::encode(&span.span_id),
                     parent: hex::encode(&span.parent_span_id),
                     name: span.name,
                     attributes: strings(&span.attributes),
@@ -173,17 +175,55 @@ fn r_ops_1_one_approve_is_one_trace_across_every_process_of_a_cluster() {
     for service in services {
         assert!(seen.contains(service), "no span of {service} in the approve's trace; seen {seen:?}\n{spans:#?}");
     }
-    // The gateway's HTTP span is the child of the caller's span; the approval request, the
-    // registry's reserve and activation, the provisioner and the audit writer follow it.
+    // The gateway's HTTP span is the child of the caller's span; the approval request is its
+    // child, the registry's reserve and activation the approval's, the provisioner follows the
+    // activation's events, and the audit writer records them all.
     let http_span = spans.iter().find(|s| s.service == "atasira-gateway" && s.name == "http").expect("the gateway's HTTP span");
     assert_eq!(http_span.attributes.get("http.route").map(String::as_str), Some("/api/v1/boxes/box-drafts/{draft_id}/approve"), "{http_span:?}");
     assert!(!http_span.parent.is_empty(), "the caller's traceparent is the parent");
-    let requests = |service: &str| spans.iter().filter(|s| s.service == service && s.name == "request").count();
-    assert!(requests("atasira-approval") >= 1 && requests("atasira-runtime-registry") >= 1, "{spans:#?}");
-    let consumers: BTreeSet<&str> = spans.iter().filter(|s| s.name == "consume").filter_map(|s| s.attributes.get("consumer").map(String::as_str)).collect();
-    assert!(consumers.len() >= 3, "activation, provisioning and the ledger consume the approve's events: {consumers:?}");
+    let of = |service: &str, name: &str| spans.iter().filter(|s| s.service == service && s.name == name).collect::<Vec<_>>();
+    let approval = of("atasira-approval", "request");
+    assert!(approval.iter().any(|s| s.parent == http_span.span_id), "{spans:#?}");
+    let approval_ids: BTreeSet<&str> = approval.iter().map(|s| s.span_id.as_str()).collect();
+    let registry = of("atasira-runtime-registry", "request");
+    assert!(registry.iter().any(|s| approval_ids.contains(s.parent.as_str())), "the reserve is the approval's child: {spans:#?}");
+    let activation: Vec<&Span> =
+        of("atasira-runtime-registry", "consume").into_iter().filter(|s| s.attributes.get("consumer").is_some_and(|c| c == "registry_activation")).collect();
+    assert!(activation.iter().any(|s| approval_ids.contains(s.parent.as_str())), "activation follows the approval's events: {spans:#?}");
+    let registry_ids: BTreeSet<&str> = spans.iter().filter(|s| s.service == "atasira-runtime-registry").map(|s| s.span_id.as_str()).collect();
+    assert!(
+        of("atasira-provisioner", "consume").iter().any(|s| registry_ids.contains(s.parent.as_str())),
+        "provisioning follows the activation's events: {spans:#?}"
+    );
+    assert!(!of("atasira-audit", "consume").is_empty(), "{spans:#?}");
     // Every span of every process names a service; no secret is an attribute.
     let all = collector.spans();
     assert!(all.iter().all(|s| s.service.starts_with("atasira-")), "{all:#?}");
     assert!(!all.iter().any(|s| s.attributes.values().any(|v| v.contains(&sys.admin) || v.contains(sys.internal_key()))), "a secret in a span");
+}
+
+#[test]
+fn r_ops_1_one_approve_is_one_trace_in_embedded_mode() {
+    // `atasira dev` is one process: one service.name, and the spans name the service
+    // (requests) or the consumer (events).
+    let collector = Collector::start();
+    let sys = System::start_with(Mode::Embedded, &otlp_env(&collector));
+    let draft = sys.draft(&provisioned("traced-embedded"));
+    let trace_id = approve_traced(&sys, &draft);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let wanted = ["approval", "runtime-registry", "registry_activation", "provisioner", "audit_ledger"];
+    let spans = loop {
+        let spans = collector.trace(&trace_id, &["atasira-dev"]);
+        let named: BTreeSet<&str> =
+            spans.iter().filter_map(|s| s.attributes.get("service").or_else(|| s.attributes.get("consumer")).map(String::as_str)).collect();
+        if wanted.iter().all(|w| named.contains(w)) || Instant::now() > deadline {
+            break spans;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let named: BTreeSet<&str> = spans.iter().filter_map(|s| s.attributes.get("service").or_else(|| s.attributes.get("consumer")).map(String::as_str)).collect();
+    for w in wanted {
+        assert!(named.contains(w), "no span of {w} in the approve's trace; seen {named:?}");
+    }
+    assert!(spans.iter().all(|s| s.service == "atasira-dev"), "{spans:#?}");
 }
