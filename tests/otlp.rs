@@ -152,6 +152,43 @@ fn provisioned(box_type: &str) -> serde_json::Value {
            "required_access": [{"type": "ssh_target", "host": "build.example", "user": "ci", "port": 2222}]})
 }
 
+/// The `traceparent` headers of the public feed's notifications of `aggregate_id`'s events
+/// (waits until one is there, at most half a minute).
+fn feed_traceparents(sys: &System, aggregate_id: &str) -> Vec<String> {
+    use atasira_contracts::subjects;
+    use futures::StreamExt as _;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let client = async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::AUDIT))
+            .custom_inbox_prefix(subjects::inbox_prefix(subjects::AUDIT))
+            .connect(sys.nats_url())
+            .await
+            .expect("connects");
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let consumer: async_nats::jetstream::consumer::PullConsumer =
+                stream.create_consumer(async_nats::jetstream::consumer::pull::Config::default()).await.expect("an ephemeral consumer");
+            let pending = consumer.clone().info().await.expect("info").num_pending as usize;
+            let mut messages = consumer.fetch().max_messages(pending.max(1)).expires(Duration::from_secs(2)).messages().await.expect("fetch");
+            let mut found = Vec::new();
+            while let Some(Ok(message)) = messages.next().await {
+                let n = atasira_contracts::v1::EventNotification::decode(&message.payload[..]).expect("a notification");
+                if n.aggregate_id == aggregate_id
+                    && let Some(h) = message.headers.as_ref().and_then(|h| h.get("traceparent"))
+                {
+                    found.push(h.as_str().to_owned());
+                }
+            }
+            if !found.is_empty() || Instant::now() > deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
 /// Approves `draft` with the caller's own W3C `traceparent`; the trace id it names.
 fn approve_traced(sys: &System, draft: &str) -> String {
     let trace_id = uuid::Uuid::new_v4().simple().to_string();
@@ -196,6 +233,11 @@ fn r_ops_1_one_approve_is_one_trace_across_every_process_of_a_cluster() {
         "provisioning follows the activation's events: {spans:#?}"
     );
     assert!(!of("atasira-audit", "consume").is_empty(), "{spans:#?}");
+    // The approve's events carry the trace context in the store and on the public feed.
+    let metadata = sys.sql_text(&format!("SELECT CAST(metadata AS TEXT) FROM events WHERE aggregate_id = '{draft}' ORDER BY sequence DESC LIMIT 1"));
+    assert!(metadata.contains(&trace_id), "{metadata}");
+    let headers = feed_traceparents(&sys, &draft);
+    assert!(headers.iter().any(|h| h.contains(&trace_id)), "the relay's publish carries the traceparent: {headers:?}");
     // Every span of every process names a service; no secret is an attribute.
     let all = collector.spans();
     assert!(all.iter().all(|s| s.service.starts_with("atasira-")), "{all:#?}");
