@@ -16,6 +16,7 @@ mod mcp;
 mod nats_config;
 mod offline;
 mod operator;
+mod otel;
 mod services;
 
 use std::net::SocketAddr;
@@ -421,7 +422,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Dev { data_dir, listen, common } => {
             common.configure_failpoints();
-            run_async(services::dev(common.settings(data_dir), listen))
+            run_traced(Some("atasira-dev"), services::dev(common.settings(data_dir), listen))
         }
         Command::Serve {
             service,
@@ -439,7 +440,8 @@ fn main() -> ExitCode {
         } => {
             common.configure_failpoints();
             let keys = services::ClusterKeys { internal: internal_key, approval: approval_key, approval_file: approval_key_file, audit: audit_key };
-            run_async(async move {
+            let trace_as = format!("atasira-{}", service.identity());
+            run_traced(Some(&trace_as), async move {
                 let auth = services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.insecure_nats)?;
                 let listen = services::Listen { api: listen, probes: metrics_listen };
                 services::serve(service, &nats_url, auth, &database_url, keys, listen, common.settings(data_dir)).await
@@ -517,8 +519,32 @@ fn run_async_code(fut: impl std::future::Future<Output = anyhow::Result<ExitCode
 
 /// Runs an async command on a multi-threaded runtime with logs on stderr.
 fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Result<ExitCode, String> {
+    run_traced(None, fut)
+}
+
+/// Like `run_async`; a process with a `service_name` also exports its spans over OTLP when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set (and starts no exporter otherwise).
+fn run_traced(service_name: Option<&str>, fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Result<ExitCode, String> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let provider = match service_name.filter(|_| otel::configured()).map(otel::provider).transpose() {
+        Ok(provider) => provider,
+        Err(e) => return Err(format!("cannot export traces: {e:#}")),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(provider.as_ref().map(otel::layer))
+        .try_init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("cannot start the runtime: {e}"))?;
-    runtime.block_on(fut).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
+    let outcome = runtime.block_on(fut).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"));
+    drop(runtime);
+    // Sends the spans still in the batch.
+    if let Some(provider) = provider
+        && let Err(e) = provider.shutdown()
+    {
+        eprintln!("atasira: traces not all exported: {e}");
+    }
+    outcome
 }

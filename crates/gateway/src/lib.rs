@@ -204,7 +204,18 @@ async fn measure(request: axum::extract::Request, next: axum::middleware::Next) 
     let started = std::time::Instant::now();
     let method = request.method().to_string();
     let route = request.extensions().get::<axum::extract::MatchedPath>().map_or_else(|| "-".to_owned(), |p| p.as_str().to_owned());
-    let response = next.run(request).await;
+    // The root of the call's trace, or a child of the caller's W3C `traceparent` (R-OPS-1).
+    let span =
+        tracing::info_span!("http", http.request.method = method.as_str(), http.route = route.as_str(), http.response.status_code = tracing::field::Empty);
+    let headers = request
+        .headers()
+        .iter()
+        .filter(|(k, _)| *k == "traceparent" || *k == "tracestate")
+        .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    atasira_platform::trace::follow_headers(&span, &headers);
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
     atasira_platform::metrics::global().http(&method, &route, response.status().as_u16(), started.elapsed());
     response
 }
@@ -239,8 +250,8 @@ impl AppState {
         let correlation_id = uuid::Uuid::new_v4().to_string();
         let subject = subjects::request(subjects::GATEWAY, service);
         let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation_id, "", chrono::Utc::now());
-        let mut headers = BTreeMap::new();
-        headers.insert("traceparent".to_owned(), traceparent(&correlation_id));
+        // The bus adds the trace context of the HTTP request's span (R-OPS-1).
+        let headers = BTreeMap::new();
         // A body under the HTTP limit can still make a request the bus cannot carry; the
         // same answer in both modes (the in-process bus has no limit).
         if env.encoded_len() + HEADER_ROOM > atasira_contracts::MAX_MESSAGE_BYTES {
@@ -301,13 +312,6 @@ impl AppState {
             Err(_) => vec![service.to_owned()],
         }
     }
-}
-
-/// A W3C traceparent derived from the correlation id (R-OPS-1), so one call is one trace.
-fn traceparent(correlation_id: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let h = Sha256::digest(correlation_id.as_bytes());
-    format!("00-{}-{}-01", hex::encode(&h[..16]), hex::encode(&h[16..24]))
 }
 
 /// Adds `X-Atasira-Position` and, when behind, `X-Atasira-Lagging` (R-BOX-9).

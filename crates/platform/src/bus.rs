@@ -46,7 +46,8 @@ impl Endpoint {
 
 #[async_trait::async_trait]
 pub trait Bus: Send + Sync {
-    /// Sends a request and waits for the reply.
+    /// Sends a request and waits for the reply; the current span's trace context goes in
+    /// its headers (`traceparent`, when spans are exported).
     async fn request(&self, subject: &str, headers: BTreeMap<String, String>, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError>;
 
     /// Serves `subjects` (may contain `*` tokens) for `service`, registered under that name.
@@ -73,7 +74,10 @@ impl std::fmt::Debug for InprocBus {
 
 #[async_trait::async_trait]
 impl Bus for InprocBus {
-    async fn request(&self, subject: &str, headers: BTreeMap<String, String>, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError> {
+    async fn request(&self, subject: &str, mut headers: BTreeMap<String, String>, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError> {
+        crate::trace::inject(|k, v| {
+            headers.insert(k.to_owned(), v);
+        });
         let handler = {
             let routes = self.routes.read().map_err(|_| BusError::Other("route table poisoned".into()))?;
             routes.iter().find(|(p, _)| atasira_contracts::subjects::covers(p, subject)).map(|(_, h)| h.clone())
@@ -120,6 +124,8 @@ impl Bus for NatsBus {
         for (k, v) in &headers {
             h.insert(k.as_str(), v.as_str());
         }
+        // The caller's trace context (R-OPS-1); it replaces any the caller set.
+        crate::trace::inject(|k, v| h.insert(k, v.as_str()));
         let request = async_nats::Request::new().payload(payload).headers(h).timeout(Some(timeout));
         match self.client.send_request(subject.to_owned(), request).await {
             Ok(msg) => Ok(msg.payload),

@@ -258,6 +258,11 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
             Some(writer) => Some(writer.clone().lock_owned().await),
             None => None,
         };
+        // The command's trace context travels with its events to every consumer (R-OPS-1).
+        let mut metadata = metadata;
+        crate::trace::inject(|k, v| {
+            metadata.insert(k.to_owned(), v);
+        });
         let started = std::time::Instant::now();
         let result = self.cqrs.execute(aggregate_id, command, metadata, new_stream).await;
         drop(turn);

@@ -20,6 +20,7 @@ pub mod projection;
 pub mod relay;
 pub mod sentinel;
 pub mod service;
+pub mod trace;
 
 use std::sync::Arc;
 

@@ -330,9 +330,10 @@ pub async fn consume_batches<F, Fut>(
                 if batch.is_empty() {
                     continue;
                 }
-                let events = batch.into_iter().map(|d| d.event).collect();
+                let events: Vec<StoredEvent> = batch.into_iter().map(|d| d.event).collect();
+                let span = batch_span(name, &events);
                 tokio::select! {
-                    r = handle(events) => r?,
+                    r = tracing::Instrument::instrument(handle(events), span) => r?,
                     _ = shutdown.changed() => return Ok(true),
                     // Cut short, nothing is checkpointed: whoever holds the lock next
                     // applies the batch again (handlers are idempotent).
@@ -360,6 +361,19 @@ pub async fn consume_batches<F, Fut>(
             }
         }
     }
+}
+
+/// The span of a batch (R-OPS-1): a child of the command that appended its first event,
+/// linked to the commands of the others, so an event's consumers join its API call's trace.
+fn batch_span(name: &'static str, events: &[StoredEvent]) -> tracing::Span {
+    let span = tracing::info_span!("consume", consumer = name, events = events.len());
+    if let Some((first, rest)) = events.split_first() {
+        crate::trace::follow_event(&span, &first.metadata);
+        for e in rest.iter().filter(|e| e.metadata.get(crate::trace::TRACEPARENT) != first.metadata.get(crate::trace::TRACEPARENT)) {
+            crate::trace::link_event(&span, &e.metadata);
+        }
+    }
+    span
 }
 
 /// Creates the projection's tables.

@@ -129,6 +129,12 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
         }
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", message_id(event).as_str());
+        // The appending command's trace context, for subscribers that trace (R-OPS-1).
+        for key in [crate::trace::TRACEPARENT, "tracestate"] {
+            if let Some(value) = event.metadata.get(key).and_then(serde_json::Value::as_str) {
+                headers.insert(key, value);
+            }
+        }
         let ack = js.publish_with_headers(subject.clone(), headers, bytes.into()).await.map_err(|e| anyhow::anyhow!("publish failed: {e}"))?;
         ack.await.map_err(|e| anyhow::anyhow!("JetStream did not acknowledge: {e}"))?;
     }

@@ -140,7 +140,8 @@ where
         // Taken before the task does any work, so excess requests cost nothing but the answer.
         let permit = in_flight.clone().try_acquire_owned();
         // W3C trace context from the caller (R-OPS-1): one API call is one trace.
-        let span = tracing::info_span!("request", service, traceparent = msg.headers.get("traceparent").map(String::as_str).unwrap_or(""));
+        let span = tracing::info_span!("request", service, subject = msg.subject.as_str());
+        crate::trace::follow_headers(&span, &msg.headers);
         Box::pin(tracing::Instrument::instrument(
             async move {
                 let reply = match permit {

@@ -1,0 +1,271 @@
+//! One trace per API call (R-OPS-1, issue 13 item 3): with `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! set, every process exports its spans over OTLP/HTTP, and the W3C trace context travels
+//! in bus request headers and in event metadata, so one approve is one trace across the
+//! gateway, approval, the runtime registry (reserve, activation), the provisioner and the
+//! audit writer. The receiver is a small OTLP/HTTP collector in this test, decoding the
+//! protobuf `ExportTraceServiceRequest` with the opentelemetry-proto crate.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use atasira_tests::harness::{Mode, System, http};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use prost::Message as _;
+use serde_json::json;
+
+/// One received span: the exporting process's `service.name`, its ids, name and string (and
+/// integer) attributes.
+#[derive(Debug, Clone)]
+struct Span {
+    service: String,
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    name: String,
+    attributes: BTreeMap<String, String>,
+}
+
+/// An OTLP/HTTP receiver on a free loopback port, keeping every span it is sent.
+struct Collector {
+    port: u16,
+    spans: Arc<Mutex<Vec<Span>>>,
+}
+
+impl Collector {
+    fn start() -> Collector {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let kept = spans.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let kept = kept.clone();
+                std::thread::spawn(move || serve(stream, &kept));
+            }
+        });
+        Collector { port, spans }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().expect("spans").clone()
+    }
+
+    /// Waits until the trace's spans come from every one of `services` (or a minute passed).
+    fn trace(&self, trace_id: &str, services: &[&str]) -> Vec<Span> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let spans: Vec<Span> = self.spans().into_iter().filter(|s| s.trace_id == trace_id).collect();
+            let seen: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+            if services.iter().all(|s| seen.contains(s)) || Instant::now() > deadline {
+                return spans;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Answers the HTTP/1.1 requests of one connection: POST /v1/traces with a protobuf body.
+fn serve(stream: TcpStream, kept: &Mutex<Vec<Span>>) {
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut stream = stream;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if line.trim().is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let status = if request_line.starts_with("POST /v1/traces ") { decode(&body, kept) } else { "404 Not Found" };
+        let answer = format!("HTTP/1.1 {status}\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n");
+        if stream.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn decode(body: &[u8], kept: &Mutex<Vec<Span>>) -> &'static str {
+    let Ok(request) = ExportTraceServiceRequest::decode(body) else { return "400 Bad Request" };
+    let mut spans = kept.lock().expect("spans");
+    for resource_spans in request.resource_spans {
+        let resource = resource_spans.resource.map(|r| strings(&r.attributes)).unwrap_or_default();
+        let service = resource.get("service.name").cloned().unwrap_or_default();
+        for scope in resource_spans.scope_spans {
+            for span in scope.spans {
+                spans.push(Span {
+                    service: service.clone(),
+                    trace_id: hex::encode(&span.trace_id),
+                    span_id: hex::encode(&span.span_id),
+                    parent: hex::encode(&span.parent_span_id),
+                    name: span.name,
+                    attributes: strings(&span.attributes),
+                });
+            }
+        }
+    }
+    "200 OK"
+}
+
+fn strings(attributes: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> BTreeMap<String, String> {
+    attributes
+        .iter()
+        .filter_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            AnyValue::StringValue(s) => Some((kv.key.clone(), s.clone())),
+            AnyValue::IntValue(i) => Some((kv.key.clone(), i.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn otlp_env(collector: &Collector) -> Vec<(&'static str, String)> {
+    // A short batch delay, so spans arrive while the test looks.
+    vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()), ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned())]
+}
+
+/// A draft whose approval provisions something (an SSH target: no network involved).
+fn provisioned(box_type: &str) -> serde_json::Value {
+    json!({"box_type": box_type, "name": box_type, "purpose": "traced", "success_criteria": ["one trace"], "tools": ["Read"], "os_operations": ["file:read"],
+           "required_access": [{"type": "ssh_target", "host": "build.example", "user": "ci", "port": 2222}]})
+}
+
+/// The `traceparent` headers of the public feed's notifications of `aggregate_id`'s events
+/// (waits until one is there, at most half a minute).
+fn feed_traceparents(sys: &System, aggregate_id: &str) -> Vec<String> {
+    use atasira_contracts::subjects;
+    use futures::StreamExt as _;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let client = async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::AUDIT))
+            .custom_inbox_prefix(subjects::inbox_prefix(subjects::AUDIT))
+            .connect(sys.nats_url())
+            .await
+            .expect("connects");
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let consumer: async_nats::jetstream::consumer::PullConsumer =
+                stream.create_consumer(async_nats::jetstream::consumer::pull::Config::default()).await.expect("an ephemeral consumer");
+            let pending = consumer.clone().info().await.expect("info").num_pending as usize;
+            let mut messages = consumer.fetch().max_messages(pending.max(1)).expires(Duration::from_secs(2)).messages().await.expect("fetch");
+            let mut found = Vec::new();
+            while let Some(Ok(message)) = messages.next().await {
+                let n = atasira_contracts::v1::EventNotification::decode(&message.payload[..]).expect("a notification");
+                if n.aggregate_id == aggregate_id
+                    && let Some(h) = message.headers.as_ref().and_then(|h| h.get("traceparent"))
+                {
+                    found.push(h.as_str().to_owned());
+                }
+            }
+            if !found.is_empty() || Instant::now() > deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// Approves `draft` with the caller's own W3C `traceparent`; the trace id it names.
+fn approve_traced(sys: &System, draft: &str) -> String {
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let traceparent = format!("00-{trace_id}-{}-01", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    let body = json!({"confirm_over_limit": false}).to_string();
+    let a =
+        http("POST", &sys.url(&format!("/api/v1/boxes/box-drafts/{draft}/approve")), Some(&sys.admin), &[("traceparent", &traceparent)], Some(body.as_bytes()));
+    assert_eq!(a.status, 200, "{}", a.raw);
+    trace_id
+}
+
+#[test]
+fn r_ops_1_one_approve_is_one_trace_across_every_process_of_a_cluster() {
+    let collector = Collector::start();
+    let sys = System::start_with(Mode::Cluster, &otlp_env(&collector));
+    let draft = sys.draft(&provisioned("traced-cluster"));
+    let trace_id = approve_traced(&sys, &draft);
+    let services = ["atasira-gateway", "atasira-approval", "atasira-runtime-registry", "atasira-provisioner", "atasira-audit"];
+    let spans = collector.trace(&trace_id, &services);
+    let seen: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+    for service in services {
+        assert!(seen.contains(service), "no span of {service} in the approve's trace; seen {seen:?}\n{spans:#?}");
+    }
+    // The gateway's HTTP span is the child of the caller's span; the approval request is its
+    // child, the registry's reserve and activation the approval's, the provisioner follows the
+    // activation's events, and the audit writer records them all.
+    let http_span = spans.iter().find(|s| s.service == "atasira-gateway" && s.name == "http").expect("the gateway's HTTP span");
+    assert_eq!(http_span.attributes.get("http.route").map(String::as_str), Some("/api/v1/boxes/box-drafts/{draft_id}/approve"), "{http_span:?}");
+    assert!(!http_span.parent.is_empty(), "the caller's traceparent is the parent");
+    let of = |service: &str, name: &str| spans.iter().filter(|s| s.service == service && s.name == name).collect::<Vec<_>>();
+    let approval = of("atasira-approval", "request");
+    assert!(approval.iter().any(|s| s.parent == http_span.span_id), "{spans:#?}");
+    let approval_ids: BTreeSet<&str> = approval.iter().map(|s| s.span_id.as_str()).collect();
+    let registry = of("atasira-runtime-registry", "request");
+    assert!(registry.iter().any(|s| approval_ids.contains(s.parent.as_str())), "the reserve is the approval's child: {spans:#?}");
+    let activation: Vec<&Span> =
+        of("atasira-runtime-registry", "consume").into_iter().filter(|s| s.attributes.get("consumer").is_some_and(|c| c == "registry_activation")).collect();
+    assert!(activation.iter().any(|s| approval_ids.contains(s.parent.as_str())), "activation follows the approval's events: {spans:#?}");
+    let registry_ids: BTreeSet<&str> = spans.iter().filter(|s| s.service == "atasira-runtime-registry").map(|s| s.span_id.as_str()).collect();
+    assert!(
+        of("atasira-provisioner", "consume").iter().any(|s| registry_ids.contains(s.parent.as_str())),
+        "provisioning follows the activation's events: {spans:#?}"
+    );
+    assert!(!of("atasira-audit", "consume").is_empty(), "{spans:#?}");
+    // The approve's events carry the trace context in the store and on the public feed.
+    let metadata = sys.sql_text(&format!("SELECT CAST(metadata AS TEXT) FROM events WHERE aggregate_id = '{draft}' ORDER BY sequence DESC LIMIT 1"));
+    assert!(metadata.contains(&trace_id), "{metadata}");
+    let headers = feed_traceparents(&sys, &draft);
+    assert!(headers.iter().any(|h| h.contains(&trace_id)), "the relay's publish carries the traceparent: {headers:?}");
+    // Every span of every process names a service; no secret is an attribute.
+    let all = collector.spans();
+    assert!(all.iter().all(|s| s.service.starts_with("atasira-")), "{all:#?}");
+    assert!(!all.iter().any(|s| s.attributes.values().any(|v| v.contains(&sys.admin) || v.contains(sys.internal_key()))), "a secret in a span");
+}
+
+#[test]
+fn r_ops_1_one_approve_is_one_trace_in_embedded_mode() {
+    // `atasira dev` is one process: one service.name, and the spans name the service
+    // (requests) or the consumer (events).
+    let collector = Collector::start();
+    let sys = System::start_with(Mode::Embedded, &otlp_env(&collector));
+    let draft = sys.draft(&provisioned("traced-embedded"));
+    let trace_id = approve_traced(&sys, &draft);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let wanted = ["approval", "runtime-registry", "registry_activation", "provisioner", "audit_ledger"];
+    let spans = loop {
+        let spans = collector.trace(&trace_id, &["atasira-dev"]);
+        let named: BTreeSet<&str> =
+            spans.iter().filter_map(|s| s.attributes.get("service").or_else(|| s.attributes.get("consumer")).map(String::as_str)).collect();
+        if wanted.iter().all(|w| named.contains(w)) || Instant::now() > deadline {
+            break spans;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let named: BTreeSet<&str> = spans.iter().filter_map(|s| s.attributes.get("service").or_else(|| s.attributes.get("consumer")).map(String::as_str)).collect();
+    for w in wanted {
+        assert!(named.contains(w), "no span of {w} in the approve's trace; seen {named:?}");
+    }
+    assert!(spans.iter().all(|s| s.service == "atasira-dev"), "{spans:#?}");
+}
