@@ -91,12 +91,8 @@ pub enum WorkersCommand {
         /// The Box whose Workers to list (its box_id).
         #[arg(long = "box", value_name = "BOX_ID")]
         box_id: String,
-        /// At most this many Workers (default 50, at most 200).
-        #[arg(long, value_name = "N")]
-        limit: Option<u32>,
-        /// Continue after this cursor (the "next page" a previous list printed).
-        #[arg(long, value_name = "CURSOR")]
-        cursor: Option<String>,
+        #[command(flatten)]
+        paging: Paging,
         #[command(flatten)]
         connection: Connection,
     },
@@ -138,16 +134,9 @@ fn run(command: WorkersCommand, matches: Option<&ArgMatches>) -> u8 {
                 call(&connection, "GET", &format!("/api/v1/workers/{}", segment(&worker_id)), None, |_, w| print_worker(w))
             }
         }
-        WorkersCommand::List { box_id, limit, cursor, connection } => {
-            let mut query = Vec::new();
-            if let Some(limit) = limit {
-                query.push(format!("limit={limit}"));
-            }
-            if let Some(cursor) = cursor {
-                query.push(format!("cursor={}", segment(&cursor)));
-            }
-            let query = if query.is_empty() { String::new() } else { format!("?{}", query.join("&")) };
-            call(&connection, "GET", &format!("/api/v1/boxes/{}/workers{query}", segment(&box_id)), None, |_, page| print_list(page))
+        WorkersCommand::List { box_id, paging, connection } => {
+            let path = format!("/api/v1/boxes/{}/workers{}", segment(&box_id), query(&page_pairs(&paging)));
+            call(&connection, "GET", &path, None, |_, page| print_list(page))
         }
     }
 }
@@ -286,12 +275,8 @@ pub enum BoxesCommand {
     History {
         /// The Box's id.
         box_id: String,
-        /// At most this many entries (the API's default page size when absent).
-        #[arg(long, value_name = "N")]
-        limit: Option<u32>,
-        /// Continue after this cursor (the "next page" a previous history printed).
-        #[arg(long, value_name = "CURSOR")]
-        cursor: Option<String>,
+        #[command(flatten)]
+        paging: Paging,
         #[command(flatten)]
         connection: Connection,
     },
@@ -649,9 +634,9 @@ fn run_boxes(command: BoxesCommand) -> u8 {
             call(&connection, "GET", &format!("/api/v1/boxes{}", query(&pairs)), None, |_, page| print_boxes(page))
         }
         BoxesCommand::Show { box_id, connection } => call(&connection, "GET", &format!("/api/v1/boxes/{}", segment(&box_id)), None, |_, b| print_box(b)),
-        BoxesCommand::History { box_id, limit, cursor, connection } => {
-            let pairs = [("limit", limit.map(|l| l.to_string())), ("cursor", cursor)];
-            call(&connection, "GET", &format!("/api/v1/boxes/{}/history{}", segment(&box_id), query(&pairs)), None, |_, h| print_history(h))
+        BoxesCommand::History { box_id, paging, connection } => {
+            let path = format!("/api/v1/boxes/{}/history{}", segment(&box_id), query(&page_pairs(&paging)));
+            call(&connection, "GET", &path, None, |_, h| print_history(h))
         }
         BoxesCommand::Stop { box_id, connection } => action("stop", &box_id, &connection),
         BoxesCommand::Resume { box_id, connection } => action("resume", &box_id, &connection),
