@@ -197,16 +197,23 @@ pub fn reporting_server_errors(options: async_nats::ConnectOptions) -> (async_na
     (options, rx)
 }
 
-/// A nats-server with JetStream on a free port, authenticated (R-ARCH-10); its store is
-/// deleted on drop.
+/// A nats-server with JetStream on a free port, authenticated (R-ARCH-10), or a cluster of
+/// them (routes on loopback); its store is deleted on drop.
 #[derive(Debug)]
 pub struct Nats {
-    pub port: u16,
+    nodes: Vec<NatsNode>,
     /// JetStream's store (kept across `down`/`up`, removed on drop).
     _store: TempDir,
-    proc: Option<Proc>,
-    /// The configuration `atasira nats-config` wrote.
+}
+
+#[derive(Debug)]
+struct NatsNode {
+    port: u16,
+    /// The monitoring port (clusters: `/healthz` says when JetStream has its leader).
+    monitor: Option<u16>,
+    /// The configuration `atasira nats-config` wrote for this node.
     conf: PathBuf,
+    proc: Option<Proc>,
 }
 
 impl Nats {
@@ -214,36 +221,99 @@ impl Nats {
     /// `creds_dir` (R-ARCH-10): every connection authenticated, each identity with its own
     /// permissions; JetStream in a temporary directory.
     pub fn start_authenticated(creds_dir: &Path) -> Nats {
-        let (port, store_dir) = (free_port(), TempDir::new("atasira-nats"));
+        Nats::start_nodes(creds_dir, 1)
+    }
+
+    /// `nodes` servers: one alone, or a cluster whose configurations `atasira nats-config
+    /// --route ...` wrote (authenticated routes on loopback, JetStream clustered). Returns
+    /// once every node's JetStream is healthy.
+    pub fn start_nodes(creds_dir: &Path, nodes: usize) -> Nats {
+        let store_dir = TempDir::new("atasira-nats");
+        let ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
         let out = creds_dir.display().to_string();
         let store = store_dir.0.display().to_string();
-        let generated = Command::new(atasira_bin())
-            .args(["nats-config", "--out", &out, "--port", &port.to_string(), "--store-dir", &store])
-            .output()
-            .expect("atasira nats-config runs");
+        let mut args = vec!["nats-config".to_owned(), "--out".into(), out, "--port".into(), ports[0].to_string(), "--store-dir".into(), store];
+        if nodes > 1 {
+            for _ in 0..nodes {
+                args.extend(["--route".to_owned(), format!("127.0.0.1:{}", free_port())]);
+            }
+        }
+        let generated = Command::new(atasira_bin()).args(&args).output().expect("atasira nats-config runs");
         assert!(generated.status.success(), "atasira nats-config failed: {}", String::from_utf8_lossy(&generated.stderr));
-        let mut nats = Nats { port, _store: store_dir, proc: None, conf: creds_dir.join("nats-server.conf") };
+        let conf = |n: usize| if nodes == 1 { creds_dir.join("nats-server.conf") } else { creds_dir.join(format!("nats-server-{n}.conf")) };
+        let nodes =
+            ports.iter().enumerate().map(|(i, port)| NatsNode { port: *port, monitor: (nodes > 1).then(free_port), conf: conf(i + 1), proc: None }).collect();
+        let mut nats = Nats { nodes, _store: store_dir };
         nats.up();
         nats
     }
 
+    /// The (first) server's client URL.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://127.0.0.1:{}", self.nodes[0].port)
     }
 
-    /// Starts (again) on the same port and store (both are in the configuration; only the
-    /// address is narrowed to loopback).
+    /// Every node's client URL, separated by commas (as `--nats-url` takes them).
+    pub fn urls(&self) -> String {
+        self.nodes.iter().map(|n| format!("nats://127.0.0.1:{}", n.port)).collect::<Vec<_>>().join(",")
+    }
+
+    /// Starts (again) every node that is down.
     pub fn up(&mut self) {
-        let bin = PathBuf::from(required_env("ATASIRA_TEST_NATS_SERVER"));
-        let conf = self.conf.to_str().expect("utf-8 path");
-        self.proc = Some(Proc::spawn("nats-server", &bin, &["-c", conf, "-a", "127.0.0.1"], &[]));
-        wait_for_port(self.port, Duration::from_secs(10));
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].proc.is_none() {
+                self.up_node(i);
+            }
+        }
+        for node in &self.nodes {
+            if let Some(monitor) = node.monitor {
+                wait_for_healthz(monitor);
+            }
+        }
     }
 
+    /// Starts node `i` (from 0) on its port and store (the port is in the configuration
+    /// of a single server; a cluster's nodes share theirs, so each gets its own here; the
+    /// address is narrowed to loopback).
+    pub fn up_node(&mut self, i: usize) {
+        let bin = PathBuf::from(required_env("ATASIRA_TEST_NATS_SERVER"));
+        let node = &mut self.nodes[i];
+        let conf = node.conf.to_str().expect("utf-8 path").to_owned();
+        let port = node.port.to_string();
+        let mut args = vec!["-c", &conf, "-a", "127.0.0.1", "-p", &port];
+        let monitor = node.monitor.map(|m| m.to_string());
+        if let Some(m) = &monitor {
+            args.extend(["-m", m]);
+        }
+        node.proc = Some(Proc::spawn(&format!("nats-server {}", i + 1), &bin, &args, &[]));
+        wait_for_port(node.port, Duration::from_secs(10));
+    }
+
+    /// SIGKILLs every node.
     pub fn down(&mut self) {
-        if let Some(mut p) = self.proc.take() {
+        for i in 0..self.nodes.len() {
+            self.kill_node(i);
+        }
+    }
+
+    /// SIGKILLs node `i` (from 0).
+    pub fn kill_node(&mut self, i: usize) {
+        if let Some(mut p) = self.nodes[i].proc.take() {
             p.kill();
         }
+    }
+}
+
+/// Waits until a nats-server's monitoring port says it is healthy (JetStream included).
+fn wait_for_healthz(monitor: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let a = http("GET", &format!("http://127.0.0.1:{monitor}/healthz"), None, &[], None);
+        if a.status == 200 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nats-server (monitor {monitor}) not healthy: {}", a.raw);
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -375,6 +445,8 @@ pub struct System {
     database: Option<Database>,
     internal_key: String,
     procs: Vec<Proc>,
+    /// Cluster: processes per service (and gateways).
+    replicas: usize,
 }
 
 impl System {
@@ -385,18 +457,24 @@ impl System {
     /// Starts with extra environment for every process (settings such as a short TTL).
     pub fn start_with(mode: Mode, extra_env: &[(&str, String)]) -> System {
         let database = (mode == Mode::Cluster).then(Database::create);
-        System::start_on(mode, database, extra_env)
+        System::start_on(mode, database, 1, 1, extra_env)
     }
 
     /// Cluster: starts on a database the test prepared (roles, grants); `System` drops it.
     pub fn start_cluster_on(database: Database, extra_env: &[(&str, String)]) -> System {
-        System::start_on(Mode::Cluster, Some(database), extra_env)
+        System::start_on(Mode::Cluster, Some(database), 1, 1, extra_env)
     }
 
-    fn start_on(mode: Mode, database: Option<Database>, extra_env: &[(&str, String)]) -> System {
+    /// Cluster, scaled out: a cluster of `nats_nodes` nats-servers, and `replicas` processes
+    /// of every service and of the gateway (`gateway_urls` lists the gateways).
+    pub fn start_scaled(nats_nodes: usize, replicas: usize, extra_env: &[(&str, String)]) -> System {
+        System::start_on(Mode::Cluster, Some(Database::create()), nats_nodes, replicas, extra_env)
+    }
+
+    fn start_on(mode: Mode, database: Option<Database>, nats_nodes: usize, replicas: usize, extra_env: &[(&str, String)]) -> System {
         let dir = TempDir::new("atasira-sys");
         let nats_dir = (mode == Mode::Cluster).then(|| dir.0.join("nats"));
-        let nats = nats_dir.as_deref().map(Nats::start_authenticated);
+        let nats = nats_dir.as_deref().map(|d| Nats::start_nodes(d, nats_nodes));
         let internal_key: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
         let mut sys = System {
             mode,
@@ -409,6 +487,7 @@ impl System {
             database,
             internal_key,
             procs: Vec::new(),
+            replicas,
         };
         sys.start_services(extra_env);
         match mode {
@@ -462,6 +541,11 @@ impl System {
         self.nats.as_ref().expect("cluster mode has NATS").url()
     }
 
+    /// Cluster: every NATS node's client URL, separated by commas.
+    pub fn nats_urls(&self) -> String {
+        self.nats.as_ref().expect("cluster mode has NATS").urls()
+    }
+
     /// The internal key every cluster process signs and verifies principal assertions with
     /// (hex), for tests that mint an assertion as the gateway would.
     pub fn internal_key(&self) -> &str {
@@ -498,7 +582,7 @@ impl System {
     /// credentials), with `extra` on top.
     fn cluster_env(&self, identity: &str, extra: &[(&str, String)]) -> Vec<(&'static str, String)> {
         let mut env = vec![
-            ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::url).unwrap_or_default()),
+            ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::urls).unwrap_or_default()),
             ("ATASIRA_NATS_CREDS", self.nats_dir.as_ref().map(|_| self.nats_creds(identity).display().to_string()).unwrap_or_default()),
             ("ATASIRA_DATABASE_URL", self.database_url()),
             ("ATASIRA_INTERNAL_KEY", self.internal_key.clone()),
@@ -532,10 +616,17 @@ impl System {
                 self.procs.push(p);
             }
             Mode::Cluster => {
-                for service in CLUSTER_SERVICES {
-                    self.start_service(service, extra_env);
+                for _ in 0..self.replicas {
+                    for service in CLUSTER_SERVICES {
+                        self.start_service(service, extra_env);
+                    }
                 }
-                self.start_gateway(extra_env);
+                let first = self.procs.len();
+                for _ in 0..self.replicas {
+                    self.start_gateway(extra_env);
+                }
+                // The first gateway answers `base_url`.
+                self.base_url = listening_url(&self.procs[first].wait_stderr("listening on http://", Duration::from_secs(1)));
             }
         }
         let health = http("GET", &format!("{}/healthz", self.base_url), None, &[], None);
@@ -580,6 +671,19 @@ impl System {
         let p = self.proc(name);
         let line = p.wait_stderr("probes on http://", Duration::from_secs(30));
         listening_url(&line)
+    }
+
+    /// Every gateway's base URL, oldest first.
+    pub fn gateway_urls(&mut self) -> Vec<String> {
+        let gateways = self.procs.iter_mut().filter(|p| p.name.contains("serve gateway"));
+        gateways.map(|p| listening_url(&p.wait_stderr("listening on http://", Duration::from_secs(30)))).collect()
+    }
+
+    /// Cluster: the probe port of the `nth` (from 0, oldest first) process whose name contains
+    /// `name`.
+    pub fn probe_url_of(&mut self, name: &str, nth: usize) -> String {
+        let p = self.procs.iter_mut().filter(|p| p.name.contains(name)).nth(nth).unwrap_or_else(|| panic!("no process {name} #{nth}"));
+        listening_url(&p.wait_stderr("probes on http://", Duration::from_secs(30)))
     }
 
     /// The process whose name contains `name`.

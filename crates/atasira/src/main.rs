@@ -71,7 +71,8 @@ enum Command {
     Serve {
         /// The service to run.
         service: services::ServiceName,
-        /// NATS server (JetStream enabled).
+        /// NATS server (JetStream enabled), or the nodes of a NATS cluster separated by
+        /// commas.
         #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
         nats_url: String,
         #[command(flatten)]
@@ -112,6 +113,11 @@ enum Command {
         /// gateway answers both on its REST address as well.
         #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
+        /// How many nats-servers keep a copy of the public events stream: 1 on a single
+        /// server, 3 on a three-node cluster (then losing one node loses nothing). An
+        /// existing stream is raised to this, never lowered.
+        #[arg(long, env = "ATASIRA_STREAM_REPLICAS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+        stream_replicas: u8,
         #[command(flatten)]
         common: CommonArgs,
     },
@@ -134,6 +140,14 @@ enum Command {
         /// Where nats-server keeps JetStream data (default DIR/jetstream).
         #[arg(long, value_name = "D")]
         store_dir: Option<PathBuf>,
+        /// A NATS cluster instead of one server: the route address (HOST:PORT) of every
+        /// node, repeated or separated by commas (e.g. nats-1:6222,nats-2:6222,nats-3:6222).
+        /// Writes nats-server-1.conf ... nats-server-N.conf, one per node in this order, each
+        /// listening for routes on its own address (on all interfaces unless HOST is an IP)
+        /// and keeping JetStream in D/atasira-<n>. Routes authenticate with a password kept
+        /// in those files, which are therefore readable by their owner only.
+        #[arg(long = "route", value_name = "HOST:PORT", value_delimiter = ',', num_args = 1)]
+        routes: Vec<String>,
         /// Replace a configuration already in DIR, with new keys for every process (each
         /// process then needs its new file, and nats-server the new configuration).
         #[arg(long)]
@@ -256,6 +270,7 @@ impl CommonArgs {
             },
             provision_backoff: Duration::from_millis(self.provision_backoff_ms),
             binding_ttl: self.binding_ttl,
+            stream_replicas: 1,
         }
     }
 
@@ -436,6 +451,7 @@ fn main() -> ExitCode {
             data_dir,
             listen,
             metrics_listen,
+            stream_replicas,
             common,
         } => {
             common.configure_failpoints();
@@ -444,11 +460,12 @@ fn main() -> ExitCode {
             run_traced(Some(&trace_as), async move {
                 let auth = services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.insecure_nats)?;
                 let listen = services::Listen { api: listen, probes: metrics_listen };
-                services::serve(service, &nats_url, auth, &database_url, keys, listen, common.settings(data_dir)).await
+                let settings = services::Settings { stream_replicas: usize::from(stream_replicas), ..common.settings(data_dir) };
+                services::serve(service, &nats_url, auth, &database_url, keys, listen, settings).await
             })
         }
-        Command::NatsConfig { out, port, store_dir, force } => {
-            nats_config::run(&nats_config::Options { out, port, store_dir, force }).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
+        Command::NatsConfig { out, port, store_dir, routes, force } => {
+            nats_config::run(&nats_config::Options { out, port, store_dir, routes, force }).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
         }
         Command::Audit(cmd) => {
             let sub = matches.subcommand().and_then(|(_, m)| m.subcommand()).map(|(_, m)| m);

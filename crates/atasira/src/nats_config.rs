@@ -57,8 +57,76 @@ fn render_permissions(p: &Permissions) -> anyhow::Result<String> {
     Ok(format!("{{ publish: {}, subscribe: {}, allow_responses: {} }}", side(&p.publish)?, side(&p.subscribe)?, p.allow_responses))
 }
 
-/// The nats-server configuration for these keys (pure).
-pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path) -> anyhow::Result<String> {
+/// The cluster name every node's configuration carries.
+pub const CLUSTER_NAME: &str = "atasira";
+/// The user routes between the nodes authenticate as.
+const ROUTE_USER: &str = "route";
+
+/// One node of a NATS cluster, as its configuration needs it.
+#[derive(Clone)]
+pub struct Node {
+    /// `atasira-<n>`: the server name JetStream's clustering needs, unique per node.
+    pub name: String,
+    /// Where it listens for routes.
+    pub listen: String,
+    /// The route addresses (HOST:PORT) of the other nodes.
+    pub peers: Vec<String>,
+    /// The routes' password (shared by every node).
+    pub route_secret: String,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("name", &self.name).field("listen", &self.listen).field("peers", &self.peers).finish_non_exhaustive()
+    }
+}
+
+/// A route address given as HOST:PORT: its host and port, or why not.
+fn split_route(route: &str) -> anyhow::Result<(String, u16)> {
+    let (host, port) = route.rsplit_once(':').ok_or_else(|| anyhow::anyhow!("--route {route:?}: give HOST:PORT"))?;
+    let port: u16 = port.parse().map_err(|_| anyhow::anyhow!("--route {route:?}: {port:?} is not a port"))?;
+    let plain = !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'));
+    if !plain || port == 0 {
+        anyhow::bail!("--route {route:?}: give HOST:PORT (a host name or IP address and a port)");
+    }
+    Ok((host.to_owned(), port))
+}
+
+/// The nodes of a cluster whose route addresses are `routes` (pure but for nothing: the
+/// secret is given).
+pub fn cluster_nodes(routes: &[String], route_secret: &str) -> anyhow::Result<Vec<Node>> {
+    let parsed: Vec<(String, u16)> = routes.iter().map(|r| split_route(r)).collect::<anyhow::Result<_>>()?;
+    let mut seen = std::collections::BTreeSet::new();
+    for (host, port) in &parsed {
+        if !seen.insert((host.clone(), *port)) {
+            anyhow::bail!("--route {host}:{port} is given twice: give each node's route address once");
+        }
+    }
+    if parsed.len() < 2 {
+        anyhow::bail!("a cluster needs the route addresses of at least two nodes (three for JetStream to survive losing one)");
+    }
+    Ok(parsed
+        .iter()
+        .enumerate()
+        .map(|(i, (host, port))| {
+            // An IP is listened on as given; a name (a container's host name) on every interface.
+            let listen_host = if host.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok() { host.as_str() } else { "0.0.0.0" };
+            Node {
+                name: format!("atasira-{}", i + 1),
+                listen: format!("{listen_host}:{port}"),
+                peers: parsed.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (h, p))| format!("{h}:{p}")).collect(),
+                route_secret: route_secret.to_owned(),
+            }
+        })
+        .collect())
+}
+
+/// The nats-server configuration for these keys (pure); with `node`, that node's of a cluster.
+pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path, node: Option<&Node>) -> anyhow::Result<String> {
+    let store_dir = match node {
+        Some(n) => store_dir.join(&n.name),
+        None => store_dir.to_path_buf(),
+    };
     let store = store_dir
         .to_str()
         .and_then(quoted)
@@ -72,6 +140,19 @@ pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path) -> anyhow::Re
     let _ = writeln!(conf);
     let _ = writeln!(conf, "port: {port}");
     let _ = writeln!(conf);
+    if let Some(node) = node {
+        let bad = |what: &str| anyhow::anyhow!("the {what} of node {} cannot be written to the configuration", node.name);
+        let _ = writeln!(conf, "# Node {} of the cluster {CLUSTER_NAME}: routes to the other nodes, authenticated.", node.name);
+        let _ = writeln!(conf, "server_name: {}", quoted(&node.name).ok_or_else(|| bad("name"))?);
+        let _ = writeln!(conf, "cluster {{");
+        let _ = writeln!(conf, "  name: {}", quoted(CLUSTER_NAME).ok_or_else(|| bad("cluster name"))?);
+        let _ = writeln!(conf, "  listen: {}", quoted(&node.listen).ok_or_else(|| bad("route address"))?);
+        let _ = writeln!(conf, "  authorization {{ user: \"{ROUTE_USER}\", password: {} }}", quoted(&node.route_secret).ok_or_else(|| bad("route password"))?);
+        let routes: Vec<String> = node.peers.iter().map(|p| format!("nats-route://{ROUTE_USER}:{}@{p}", node.route_secret)).collect();
+        let _ = writeln!(conf, "  routes: {}", quoted_list(&routes).map_err(|_| bad("routes"))?);
+        let _ = writeln!(conf, "}}");
+        let _ = writeln!(conf);
+    }
     let _ = writeln!(conf, "jetstream {{");
     let _ = writeln!(conf, "  store_dir: {store}");
     let _ = writeln!(conf, "  sync_interval: always");
@@ -188,7 +269,14 @@ pub struct Options {
     pub out: PathBuf,
     pub port: u16,
     pub store_dir: Option<PathBuf>,
+    /// `--route`: the route address of every node of a cluster (none: one server).
+    pub routes: Vec<String>,
     pub force: bool,
+}
+
+/// The configuration file of cluster node `n` (from 1).
+pub fn node_conf_file(n: usize) -> String {
+    format!("nats-server-{n}.conf")
 }
 
 /// Writes `text` to `path` with `mode`, replacing an existing file only through a rename
@@ -213,8 +301,9 @@ fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
 /// `atasira nats-config`.
 pub fn run(options: &Options) -> anyhow::Result<()> {
     let out = &options.out;
-    let existing: Vec<PathBuf> =
-        std::iter::once(out.join(CONF_FILE)).chain(subjects::IDENTITIES.iter().map(|i| creds_path(out, i))).filter(|p| p.exists()).collect();
+    let nodes = if options.routes.is_empty() { Vec::new() } else { cluster_nodes(&options.routes, &hex::encode(atasira_platform::auth::random_secret()))? };
+    let conf_files: Vec<PathBuf> = if nodes.is_empty() { vec![out.join(CONF_FILE)] } else { (1..=nodes.len()).map(|n| out.join(node_conf_file(n))).collect() };
+    let existing: Vec<PathBuf> = conf_files.iter().cloned().chain(subjects::IDENTITIES.iter().map(|i| creds_path(out, i))).filter(|p| p.exists()).collect();
     if !existing.is_empty() && !options.force {
         anyhow::bail!(
             "{} already holds a NATS configuration ({}); pass --force to replace it with new keys \
@@ -239,7 +328,6 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let issuer = nkeys::KeyPair::new_account();
     let users: Vec<(&'static str, nkeys::KeyPair)> = subjects::IDENTITIES.iter().map(|i| (*i, nkeys::KeyPair::new_user())).collect();
     let public = PublicKeys { users: users.iter().map(|(i, k)| (*i, k.public_key())).collect(), callout_issuer: issuer.public_key() };
-    let conf = render_conf(&public, options.port, &store_dir)?;
     let seed = |k: &nkeys::KeyPair| k.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"));
 
     let mut written = Vec::new();
@@ -249,17 +337,37 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         write_file(&path, &render_creds(identity, &seed(key)?, account_seed.as_deref()), 0o600)?;
         written.push((path, *identity));
     }
-    // The configuration holds public keys only; nats-server may run as another user.
-    let conf_path = out.join(CONF_FILE);
-    write_file(&conf_path, &conf, 0o644)?;
-
-    eprintln!("atasira nats-config: wrote {} (port {}, JetStream store {})", conf_path.display(), options.port, store_dir.display());
+    if nodes.is_empty() {
+        // The configuration holds public keys only; nats-server may run as another user.
+        let conf_path = out.join(CONF_FILE);
+        write_file(&conf_path, &render_conf(&public, options.port, &store_dir, None)?, 0o644)?;
+        eprintln!("atasira nats-config: wrote {} (port {}, JetStream store {})", conf_path.display(), options.port, store_dir.display());
+    } else {
+        // Each node's file holds the routes' password: its owner only.
+        for (node, path) in nodes.iter().zip(&conf_files) {
+            write_file(path, &render_conf(&public, options.port, &store_dir, Some(node))?, 0o600)?;
+            eprintln!(
+                "atasira nats-config: wrote {} (node {}, port {}, routes on {}, JetStream store {}; mode 0600: it holds the routes' password)",
+                path.display(),
+                node.name,
+                options.port,
+                node.listen,
+                store_dir.join(&node.name).display()
+            );
+        }
+    }
     for (path, identity) in &written {
         let what = if *identity == subjects::GATEWAY { "gateway, with the auth callout's issuer key" } else { identity };
         eprintln!("  {} ({what}; mode 0600)", path.display());
     }
-    eprintln!("next: nats-server -c {}", conf_path.display());
+    for path in &conf_files {
+        eprintln!("next: nats-server -c {}", path.display());
+    }
     eprintln!("      atasira serve <service> --nats-creds {}", creds_path(&out, "<service>").display());
+    if !nodes.is_empty() {
+        eprintln!("      with --nats-url listing the nodes' client addresses, separated by commas, and (services)");
+        eprintln!("      --stream-replicas {} so the events stream survives losing a node", nodes.len().min(3));
+    }
     Ok(())
 }
 
@@ -277,7 +385,7 @@ mod tests {
     #[test]
     fn the_configuration_quotes_every_subject_and_lists_every_identity() {
         let keys = keys();
-        let conf = render_conf(&keys, 4333, Path::new("/var/lib/nats")).expect("renders");
+        let conf = render_conf(&keys, 4333, Path::new("/var/lib/nats"), None).expect("renders");
         assert!(conf.contains("port: 4333"));
         assert!(conf.contains("store_dir: \"/var/lib/nats\""));
         assert!(conf.contains("sync_interval: always"));
@@ -297,7 +405,33 @@ mod tests {
         assert_eq!(none, "{ publish: { deny: [\">\"] }, subscribe: { deny: [\">\"] }, allow_responses: false }");
         let odd = Permissions { publish: vec!["a\" b".into()], subscribe: vec!["x".into()], allow_responses: false };
         assert!(render_permissions(&odd).is_err());
-        assert!(render_conf(&keys(), 4222, Path::new("/with space")).is_err());
+        assert!(render_conf(&keys(), 4222, Path::new("/with space"), None).is_err());
+    }
+
+    #[test]
+    fn given_three_route_addresses_when_rendered_then_each_node_routes_to_the_two_others_with_the_password() {
+        let routes: Vec<String> = ["127.0.0.1:6001", "127.0.0.1:6002", "nats-3:6222"].map(String::from).to_vec();
+        let nodes = cluster_nodes(&routes, "s3cret").expect("nodes");
+        assert_eq!(nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["atasira-1", "atasira-2", "atasira-3"]);
+        assert_eq!(nodes[0].listen, "127.0.0.1:6001", "an IP is listened on as given");
+        assert_eq!(nodes[2].listen, "0.0.0.0:6222", "a host name on every interface");
+        assert_eq!(nodes[1].peers, ["127.0.0.1:6001", "nats-3:6222"]);
+        assert!(!format!("{:?}", nodes[0]).contains("s3cret"), "Debug hides the password");
+
+        let conf = render_conf(&keys(), 4222, Path::new("/var/lib/nats"), Some(&nodes[0])).expect("renders");
+        assert!(conf.contains("server_name: \"atasira-1\""), "{conf}");
+        assert!(conf.contains("store_dir: \"/var/lib/nats/atasira-1\""), "a store per node: {conf}");
+        assert!(conf.contains("authorization { user: \"route\", password: \"s3cret\" }"), "{conf}");
+        assert!(conf.contains("routes: [\"nats-route://route:s3cret@127.0.0.1:6002\", \"nats-route://route:s3cret@nats-3:6222\"]"), "{conf}");
+        assert!(conf.contains("auth_callout"), "the same accounts and callout as one server");
+    }
+
+    #[test]
+    fn given_bad_route_addresses_then_they_are_refused_naming_them() {
+        for bad in [vec!["127.0.0.1:6001"], vec!["a:1", "a:1"], vec!["a", "b:2"], vec!["a:x", "b:2"], vec!["a b:1", "b:2"]] {
+            let routes: Vec<String> = bad.iter().map(|r| (*r).to_owned()).collect();
+            assert!(cluster_nodes(&routes, "s").is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct Settings {
     pub provision_backoff: Duration,
     /// `ATASIRA_BINDING_TTL`: the lease of an execution binding.
     pub binding_ttl: Duration,
+    /// `ATASIRA_STREAM_REPLICAS` (cluster): copies of the public events stream.
+    pub stream_replicas: usize,
 }
 
 impl Settings {
@@ -319,7 +321,7 @@ pub async fn serve(
         NatsAuth::Insecure => None,
     };
     let client = connect_nats(nats_url, identity, &nats_auth, true).await?;
-    let js = async_nats::jetstream::new(client.clone());
+    let events = relay::EventsStream::new(async_nats::jetstream::new(client.clone()), settings.stream_replicas);
     let rt = Runtime {
         db: db.clone(),
         bus: Arc::new(NatsBus::new(client.clone())),
@@ -339,7 +341,7 @@ pub async fn serve(
             }
         });
     }
-    let relay_for = |name: &'static str, types: &'static [&'static str]| tokio::spawn(relay::run(db.clone(), js.clone(), name, types, rx.clone()));
+    let relay_for = |name: &'static str, types: &'static [&'static str]| tokio::spawn(relay::run(db.clone(), events.clone(), name, types, rx.clone()));
     match service {
         ServiceName::Gateway => {
             let listener = tokio::net::TcpListener::bind(listen.api).await.with_context(|| format!("failed to listen on {}", listen.api))?;
@@ -391,7 +393,7 @@ pub async fn serve(
             tracing::info!(keys = ?setting.ids(), "audit MAC keys (current first; retired keys only verify)");
             let relay = relay_for(atasira_audit::SERVICE, atasira_audit::AGGREGATE_TYPES);
             // Holds every notification on the public event feed to the store.
-            let sentinel = tokio::spawn(atasira_platform::sentinel::run(rt.clone(), js.clone(), rx.clone()));
+            let sentinel = tokio::spawn(atasira_platform::sentinel::run(rt.clone(), events.clone(), rx.clone()));
             atasira_audit::run(rt, atasira_audit::AuditConfig::new(Arc::new(setting.audit_keys()?)), rx).await?;
             let _ = relay.await;
             let _ = sentinel.await;
@@ -441,7 +443,22 @@ pub async fn connect_nats(url: &str, identity: &str, auth: &NatsAuth, wait_for_s
                 }
             }
         });
-    options.connect(url).await.with_context(|| format!("failed to connect to NATS at {url}"))
+    options.connect(server_addrs(url)?.as_slice()).await.with_context(|| format!("failed to connect to NATS at {url}"))
+}
+
+/// `--nats-url`: one server, or several separated by commas (the nodes of a cluster; the
+/// client also learns the others from the server it reaches).
+pub fn server_addrs(url: &str) -> anyhow::Result<Vec<async_nats::ServerAddr>> {
+    let addrs: Vec<async_nats::ServerAddr> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| u.parse::<async_nats::ServerAddr>().map_err(|e| anyhow::anyhow!("{u:?} is not a NATS server address: {e}")))
+        .collect::<anyhow::Result<_>>()?;
+    if addrs.is_empty() {
+        anyhow::bail!("no NATS server address given");
+    }
+    Ok(addrs)
 }
 
 /// The database named by `--database-url`, else by `--data-dir` (a cluster process has both

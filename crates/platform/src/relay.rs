@@ -27,16 +27,38 @@ pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
 /// The safety-net poll when the appended bell stays silent.
 const FALLBACK: Duration = Duration::from_secs(2);
 
-/// The events stream (idempotent).
-pub async fn ensure_stream(js: &jetstream::Context) -> anyhow::Result<jetstream::stream::Stream> {
-    js.get_or_create_stream(jetstream::stream::Config {
-        name: atasira_contracts::subjects::EVENTS_STREAM.to_owned(),
-        subjects: vec![atasira_contracts::subjects::EVENTS_WILDCARD.to_owned()],
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))
+/// The public events stream on JetStream, with the number of copies it is kept in: 1 on a
+/// single nats-server, 3 on a three-node cluster (`--stream-replicas`).
+#[derive(Clone, Debug)]
+pub struct EventsStream {
+    pub js: jetstream::Context,
+    pub replicas: usize,
+}
+
+impl EventsStream {
+    pub fn new(js: jetstream::Context, replicas: usize) -> EventsStream {
+        EventsStream { js, replicas: replicas.max(1) }
+    }
+
+    /// Creates the stream, or raises its replicas to the setting (a stream created on one
+    /// node keeps its data when the cluster grows); never lowers them.
+    pub async fn ensure(&self) -> anyhow::Result<jetstream::stream::Stream> {
+        let config = jetstream::stream::Config {
+            name: atasira_contracts::subjects::EVENTS_STREAM.to_owned(),
+            subjects: vec![atasira_contracts::subjects::EVENTS_WILDCARD.to_owned()],
+            duplicate_window: Duration::from_secs(120),
+            num_replicas: self.replicas,
+            ..Default::default()
+        };
+        let mut stream = self.js.get_or_create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))?;
+        let current = stream.info().await.map_err(|e| anyhow::anyhow!("cannot read the events stream: {e}"))?.config.clone();
+        if current.num_replicas < self.replicas {
+            tracing::info!(from = current.num_replicas, to = self.replicas, "raising the events stream's replicas");
+            let raised = jetstream::stream::Config { num_replicas: self.replicas, ..current };
+            self.js.update_stream(raised).await.map_err(|e| anyhow::anyhow!("cannot raise the events stream's replicas: {e}"))?;
+        }
+        Ok(stream)
+    }
 }
 
 async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<Cursor> {
@@ -157,7 +179,7 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
 /// at the start and after a failure; in between the relay knows where it stands.
 pub async fn run(
     db: Db,
-    js: jetstream::Context,
+    stream: EventsStream,
     service: &'static str,
     aggregate_types: &'static [&'static str],
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -167,7 +189,7 @@ pub async fn run(
         // One process of the service relays; other replicas stand by (`exclusive.rs`).
         let Some(mut lease) = crate::exclusive::acquire(&db, &name, &mut shutdown).await else { return };
         let stopped = tokio::select! {
-            () = relay(&db, &js, service, aggregate_types, &mut shutdown) => true,
+            () = relay(&db, &stream, service, aggregate_types, &mut shutdown) => true,
             () = lease.lost() => false,
         };
         if stopped {
@@ -180,12 +202,12 @@ pub async fn run(
 /// The relay while this process holds its lock; returns at shutdown.
 async fn relay(
     db: &Db,
-    js: &jetstream::Context,
+    stream: &EventsStream,
     service: &'static str,
     aggregate_types: &'static [&'static str],
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) {
-    let (db, js) = (db.clone(), js.clone());
+    let (db, js) = (db.clone(), stream.js.clone());
     let name = format!("relay-{service}");
     let mut stream_ready = false;
     let mut bell = db.on_append();
@@ -205,7 +227,7 @@ async fn relay(
         let seen = bell.borrow_and_update().of(aggregate_types);
         let result = async {
             if !stream_ready {
-                ensure_stream(&js).await?;
+                stream.ensure().await?;
                 stream_ready = true;
             }
             let from = match at {

@@ -37,10 +37,10 @@ pub fn mismatch(subject: &str, notification: &atasira_contracts::v1::EventNotifi
 }
 
 /// Runs until shutdown; reconnects after failures.
-pub async fn run(rt: Runtime, js: jetstream::Context, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+pub async fn run(rt: Runtime, events: crate::relay::EventsStream, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     loop {
         let result = tokio::select! {
-            r = watch(&rt, &js) => r,
+            r = watch(&rt, &events) => r,
             _ = shutdown.changed() => return,
         };
         if let Err(e) = result {
@@ -53,8 +53,8 @@ pub async fn run(rt: Runtime, js: jetstream::Context, mut shutdown: tokio::sync:
     }
 }
 
-async fn watch(rt: &Runtime, js: &jetstream::Context) -> anyhow::Result<()> {
-    let stream = crate::relay::ensure_stream(js).await?;
+async fn watch(rt: &Runtime, events: &crate::relay::EventsStream) -> anyhow::Result<()> {
+    let stream = events.ensure().await?;
     let consumer: jetstream::consumer::PullConsumer = stream
         .get_or_create_consumer(
             NAME,
