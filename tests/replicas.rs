@@ -69,3 +69,37 @@ fn a_second_replica_stands_by_and_takes_over_the_consumers_when_the_first_dies()
     let (code, verified) = sys.audit_verify();
     assert_eq!(code, 0, "{verified}");
 }
+
+#[test]
+fn a_write_whose_wait_the_standby_answers_sees_the_other_replicas_consumers_without_polling() {
+    // R-BOX-9 with replicas: the gateway's read-your-writes waits go to either drafts
+    // process (a queue group), but the drafts view runs in one. The standby learns of the
+    // view's progress from PostgreSQL's notification, instead of looking in the store once
+    // a second (the safety net), which would add up to a second to half the writes.
+    let wait = [("ATASIRA_CONSISTENCY_WAIT", "3".to_owned())];
+    // The first drafts process (it runs the drafts view) takes 300 ms per batch, so the
+    // standby's first look never finds the write applied.
+    let slow = [("ATASIRA_CONSISTENCY_WAIT", "3".to_owned()), ("ATASIRA_FAILPOINT_DELAY", "consumer.before_record:300".to_owned())];
+    let mut sys = System::start_with(atasira_tests::harness::Mode::Cluster, &wait);
+    sys.kill("serve drafts");
+    sys.start_service("drafts", &slow);
+    sys.start_service("drafts", &wait);
+    eventually("the second drafts process standing by", || sys.stderr_of("serve drafts")[1].contains("standing by"));
+    // Enough writes that the standby answers some of the waits (it does half, at random).
+    let lagging: Vec<String> = (0..12)
+        .filter_map(|i| {
+            let a = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &json!({"box_type": format!("standby-{i}"), "purpose": "wait"}));
+            assert_eq!(a.status, 201, "{}", a.raw);
+            a.header("x-atasira-lagging").map(str::to_owned)
+        })
+        .collect();
+    assert!(lagging.is_empty(), "writes answered before the drafts view had them: {lagging:?}");
+    // The standby answered its share of the waits when told, not by its poll.
+    let metrics = atasira_tests::harness::http("GET", &format!("{}/metrics", sys.probe_url_of("serve drafts", 1)), None, &[], None).raw;
+    let count = |look: &str| -> f64 {
+        let line = format!("atasira_consistency_waits_total{{look=\"{look}\",outcome=\"applied\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(line.as_str())).map_or(0.0, |v| v.trim().parse().expect("a number"))
+    };
+    assert!(count("remote") > 0.0, "the standby answered no wait on the database's notification:\n{metrics}");
+    assert_eq!(count("safety_net"), 0.0, "the standby waited for its once-a-second look:\n{metrics}");
+}

@@ -51,6 +51,9 @@ struct Signals {
     /// a second time for the same events.
     listening: std::sync::atomic::AtomicBool,
     progressed: watch::Sender<u64>,
+    /// PostgreSQL: a consumer of any process committed (`LISTEN` on the progress channel),
+    /// for the waits of a process whose consumers run in another replica.
+    remote_progressed: watch::Sender<u64>,
     /// SQLite allows one writer at a time; writers queue here instead of retrying on
     /// `SQLITE_BUSY` (which backs off in sleeps of up to 100 ms).
     writer: Option<Arc<tokio::sync::Mutex<()>>>,
@@ -109,6 +112,7 @@ impl Signals {
             appended: watch::channel(Appended::default()).0,
             listening: std::sync::atomic::AtomicBool::new(false),
             progressed: watch::channel(0).0,
+            remote_progressed: watch::channel(0).0,
             writer: (kind == DbKind::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(()))),
             stalled: Default::default(),
             progress: Default::default(),
@@ -554,6 +558,24 @@ const POSTGRES_SCHEMA: &[&str] = &[
     END $$",
 ];
 
+/// PostgreSQL: every commit of a consumer (its processed set or its checkpoint) notifies
+/// the progress channel, so a replica that stands by for a consumer, and answers
+/// read-your-writes waits for it, learns of the progress without polling.
+const POSTGRES_PROGRESS: &[&str] = &[
+    "CREATE OR REPLACE FUNCTION atasira_progress_notify() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN PERFORM pg_notify('atasira_progress', ''); RETURN NULL; END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'processed_notify' AND tgrelid = 'projection_processed'::regclass) THEN
+            CREATE TRIGGER processed_notify AFTER INSERT ON projection_processed
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_progress_notify();
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'checkpoint_notify' AND tgrelid = 'projection_checkpoints'::regclass) THEN
+            CREATE TRIGGER checkpoint_notify AFTER INSERT OR UPDATE ON projection_checkpoints
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_progress_notify();
+        END IF;
+    END $$",
+];
+
 /// Tables every component shares the shape of: projection checkpoints and processed sets.
 /// A checkpoint is a [`Cursor`]: `(tx_id, position)`.
 const COMMON_SCHEMA: &[&str] = &[
@@ -650,7 +672,8 @@ impl Db {
             DbKind::Sqlite => SQLITE_SCHEMA,
             DbKind::Postgres => POSTGRES_SCHEMA,
         };
-        let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).copied().collect();
+        let progress: &[&str] = if self.kind() == DbKind::Postgres { POSTGRES_PROGRESS } else { &[] };
+        let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).chain(progress).copied().collect();
         self.ensure_tables(&all).await?;
         for table in CURSOR_COLUMNS {
             let add = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tx_id BIGINT NOT NULL DEFAULT 0");
@@ -734,6 +757,18 @@ impl Db {
     /// The progress bell (read-your-writes waits on it).
     pub fn on_progress(&self) -> watch::Receiver<u64> {
         self.signals.progressed.subscribe()
+    }
+
+    /// The remote progress bell: in PostgreSQL, a consumer of any process committed.
+    pub fn on_remote_progress(&self) -> watch::Receiver<u64> {
+        self.signals.remote_progressed.subscribe()
+    }
+
+    /// Whether consumer `name` runs in this process (its feed opened here), so what it
+    /// commits is known here without asking the database; a replica standing by for it
+    /// (`exclusive.rs`) has to ask.
+    pub fn runs_here(&self, name: &str) -> bool {
+        self.signals.progress.lock().is_ok_and(|p| p.get(name).is_some_and(|c| c.opened_at.is_some()))
     }
 
     /// Consumer `name` of this process committed up to `cursor`, processing `event_ids`:
@@ -1137,7 +1172,7 @@ async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
     loop {
         let listener = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            listener.listen(APPENDED_CHANNEL).await?;
+            listener.listen_all([APPENDED_CHANNEL, PROGRESS_CHANNEL]).await?;
             Ok::<_, sqlx::Error>(listener)
         }
         .await;
@@ -1151,6 +1186,7 @@ async fn listen_for_appends(pool: PgPool, signals: std::sync::Weak<Signals>) {
                     let received = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
                     let Some(s) = signals.upgrade() else { return };
                     match received {
+                        Ok(Ok(Some(n))) if n.channel() == PROGRESS_CHANNEL => s.remote_progressed.send_modify(|n| *n = n.wrapping_add(1)),
                         // The payload names the types the transaction appended.
                         Ok(Ok(Some(n))) => s.appended.send_modify(|a| match n.payload() {
                             "" => a.ring_all(),
@@ -1187,6 +1223,8 @@ pub const ASYNC_COMMIT: &str = "(SELECT set_config('synchronous_commit', 'off', 
 
 /// The channel the events table notifies on commit (see `POSTGRES_SCHEMA`).
 const APPENDED_CHANNEL: &str = "atasira_events";
+/// The channel consumers' commits notify (see `POSTGRES_PROGRESS`).
+const PROGRESS_CHANNEL: &str = "atasira_progress";
 
 /// The table a `CREATE TABLE IF NOT EXISTS <name> (...)` statement creates.
 fn created_table(statement: &str) -> Option<&str> {

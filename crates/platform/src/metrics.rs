@@ -68,6 +68,16 @@ pub struct AggregateLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    /// What the wait's last look followed: `first`, `local` (a consumer of this process),
+    /// `remote` (a consumer of another process, by the database's notification) or
+    /// `safety_net` (the once-a-second look).
+    pub look: &'static str,
+    /// `applied` or `lagging`.
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServiceLabel {
     pub service: String,
 }
@@ -94,6 +104,7 @@ pub struct Metrics {
     pub append_seconds: Family<AggregateLabel, Histogram>,
     pub consumer_retries: Family<Named, Counter>,
     pub security_violations: Family<ServiceLabel, Counter>,
+    pub consistency_waits: Family<WaitLabels, Counter>,
     relay_lag: Family<Named, Gauge>,
     consumer_lag: Family<Named, Gauge>,
     gauges: Family<Named, Gauge>,
@@ -134,6 +145,12 @@ impl Metrics {
         );
         let security_violations = Family::<ServiceLabel, Counter>::default();
         registry.register("security_violations", "Security violations this process recorded, by the service that refused", security_violations.clone());
+        let consistency_waits = Family::<WaitLabels, Counter>::default();
+        registry.register(
+            "consistency_waits",
+            "Read-your-writes waits this process answered, by what its last look followed and whether the read models had the write",
+            consistency_waits.clone(),
+        );
         let relay_lag = Family::<Named, Gauge>::default();
         registry.register("relay_lag_events", "Events of its service a relay has not published yet", relay_lag.clone());
         let consumer_lag = Family::<Named, Gauge>::default();
@@ -149,6 +166,7 @@ impl Metrics {
             append_seconds,
             consumer_retries,
             security_violations,
+            consistency_waits,
             relay_lag,
             consumer_lag,
             gauges,

@@ -210,6 +210,8 @@ async fn postgres_mark_and_advance(
 /// of the new events, then the checkpoint. Returns how many events were new.
 async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<&dyn Projection>) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
+    // Tests slow a consumer down here (a replica's waits must not depend on winning a race).
+    crate::failpoints::failpoint_delay("consumer.before_record").await;
     if projection.is_none() && db.kind() == crate::db::DbKind::Postgres {
         // Nothing but the processed set and the checkpoint: one statement (for a batch of
         // up to a hundred events), its own transaction, committed asynchronously like
@@ -496,7 +498,8 @@ pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: D
         let mut lagging = Vec::new();
         for name in names {
             let seen = db.progress_of(name).is_some_and(|c| c.position >= position);
-            if !seen && (look == Look::Rung || checkpoint(db, name).await? < position) {
+            let from_memory = look == Look::Rung || (look == Look::Remote && db.runs_here(name));
+            if !seen && (from_memory || checkpoint(db, name).await? < position) {
                 lagging.push((*name).to_owned());
             }
         }
@@ -529,6 +532,7 @@ pub async fn wait_for_events(
                 let ask_the_store = match look {
                     Look::First => !memory_knows,
                     Look::Rung => false,
+                    Look::Remote => !db.runs_here(name),
                     Look::SafetyNet => true,
                 };
                 let done = ask_the_store && processed(db, name, id).await?;
@@ -550,16 +554,31 @@ enum Look {
     First,
     /// A consumer of this process committed: what it did is in memory.
     Rung,
+    /// A consumer of another process committed (PostgreSQL's progress notification): the
+    /// store knows what the consumers that do not run here did.
+    Remote,
     /// The safety net's look, a second after the last: a consumer of another process, or
     /// an event that left the memory's window.
     SafetyNet,
 }
 
-/// Asks `behind` again each time a consumer of this process made progress, until it says
-/// nothing is behind or `timeout` passed; returns its last answer. The consumers a service
-/// answers for run in its own process, so their progress bell is the signal to look, and
-/// what they committed is in memory ([`Db::progressed_to`]), so a look after a ring asks
-/// no database.
+impl Look {
+    fn label(self) -> &'static str {
+        match self {
+            Look::First => "first",
+            Look::Rung => "local",
+            Look::Remote => "remote",
+            Look::SafetyNet => "safety_net",
+        }
+    }
+}
+
+/// Asks `behind` again each time a consumer made progress, until it says nothing is behind
+/// or `timeout` passed; returns its last answer. The consumers a service answers for
+/// usually run in its own process, so their progress bell is the signal to look, and what
+/// they committed is in memory ([`Db::progressed_to`]), so a look after a ring asks no
+/// database. A replica standing by for them (they run in another one) looks in the store
+/// when PostgreSQL says some consumer committed.
 async fn until<F, Fut>(db: &Db, timeout: Duration, behind: F) -> anyhow::Result<Vec<String>>
 where
     F: Fn(Look) -> Fut,
@@ -567,15 +586,24 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut progress = db.on_progress();
+    let mut remote = db.on_remote_progress();
     let mut look = Look::First;
     loop {
         progress.borrow_and_update();
+        remote.borrow_and_update();
         let lagging = behind(look).await?;
         if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
+            let outcome = if lagging.is_empty() { "applied" } else { "lagging" };
+            crate::metrics::global().consistency_waits.get_or_create(&crate::metrics::WaitLabels { look: look.label(), outcome }).inc();
             return Ok(lagging);
         }
-        let rung = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + Duration::from_secs(1)), progress.changed()).await;
-        look = if matches!(rung, Ok(Ok(()))) { Look::Rung } else { Look::SafetyNet };
+        let safety_net = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+        // The bells live as long as `db`, so `changed` fails only when it is gone.
+        look = tokio::select! {
+            Ok(()) = progress.changed() => Look::Rung,
+            Ok(()) = remote.changed() => Look::Remote,
+            () = tokio::time::sleep_until(safety_net) => Look::SafetyNet,
+        };
     }
 }
 
