@@ -122,8 +122,13 @@ pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::R
 pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
-    // Committed durably (not `Db::begin_consumer`): a checkpoint may already name the rows.
-    let mut tx = db.any().begin().await?;
+    // Committed like every consumer's transaction (PostgreSQL: without waiting for the WAL
+    // flush), which takes a disk sync off every write's read-your-writes wait. Nothing can
+    // be lost for good: a row follows from its event alone (its time is the event's), so
+    // rows lost with the last moments before a database crash are appended again, the same,
+    // from the writer's checkpoint (lost with them); and a signed checkpoint commits
+    // durably, which flushes every row it names.
+    let mut tx = db.begin_consumer().await?;
     // The checkpoint is written before the head is read: on PostgreSQL its row lock
     // serializes concurrent writers (the second reads the last row only after the first
     // committed); on SQLite the writer's turn keeps every other writer out. The events are
