@@ -343,7 +343,7 @@ pub enum ReplayError {
 }
 
 /// The MACed bytes: purpose tag, key id, user_id, role, kind, subject, message type, payload
-/// digest (32 bytes), correlation id, idempotency key, expires_at (i64 unix seconds big-endian), each
+/// digest (32 bytes), correlation id, idempotency key (when not empty), expires_at (i64 unix seconds big-endian), each
 /// prefixed by its u32 big-endian length so that no two distinct assertions share an
 /// encoding.
 fn canonical_bytes(key_id: &str, principal: &Principal, binding: &Binding, expires_at: DateTime<Utc>) -> Vec<u8> {
@@ -369,7 +369,13 @@ fn canonical_bytes(key_id: &str, principal: &Principal, binding: &Binding, expir
     push_item(&mut out, message_type.as_bytes());
     push_item(&mut out, &payload_sha256.0);
     push_item(&mut out, correlation_id.as_bytes());
-    push_item(&mut out, idempotency_key.as_bytes());
+    // Only when there is one: an assertion without a key MACs the same bytes as before
+    // keys were bound, so processes of both versions verify each other's during an
+    // upgrade. Unambiguous all the same: the items are length-prefixed, so a keyed
+    // encoding has one item more.
+    if !idempotency_key.is_empty() {
+        push_item(&mut out, idempotency_key.as_bytes());
+    }
     push_item(&mut out, &expires_at.timestamp().to_be_bytes());
     out
 }
@@ -807,6 +813,27 @@ mod tests {
         let b1 = Binding { subject: "a.b".into(), message_type: "c".into(), ..list_pending() };
         let b2 = Binding { subject: "a".into(), message_type: ".bc".into(), ..list_pending() };
         assert_ne!(canonical_bytes("k", &p1, &b1, now0()), canonical_bytes("k", &p1, &b2, now0()));
+    }
+
+    #[test]
+    fn r_draft_11_an_idempotency_key_is_one_more_item_and_no_key_adds_nothing() {
+        // given a request without a key; then its bytes are the nine items and the expiry
+        // that assertions had before keys were bound (processes of both versions agree)
+        let p = member();
+        let plain = canonical_bytes("k", &p, &list_pending(), now0());
+        let mut expected = Vec::new();
+        for item in [PURPOSE_TAG.as_bytes(), b"k", p.user_id.as_bytes(), b"member", b"human", b"atasira.box.gateway.drafts", b"atasira.v1.ListPendingDrafts"] {
+            push_item(&mut expected, item);
+        }
+        push_item(&mut expected, &list_pending().payload_sha256.0);
+        push_item(&mut expected, b"corr-1");
+        push_item(&mut expected, &now0().timestamp().to_be_bytes());
+        assert_eq!(plain, expected);
+        // and a key is an item of its own, never mistaken for the end of the correlation id
+        let keyed = Binding { idempotency_key: "x".into(), ..list_pending() };
+        let folded = Binding { correlation_id: "corr-1\0\0\0\x01x".into(), ..list_pending() };
+        assert_ne!(canonical_bytes("k", &p, &keyed, now0()), canonical_bytes("k", &p, &folded, now0()));
+        assert_ne!(canonical_bytes("k", &p, &keyed, now0()), plain);
     }
 
     proptest! {
