@@ -1,6 +1,7 @@
 //! Retries after a gateway died mid-request (R-DRAFT-11, R-APPROVE-6): an Idempotency-Key
 //! claim left unfinished is taken over once its lease ends, and the work done again answers
-//! what the first run did: the same draft, the same decision, never a second draft or Box.
+//! what the first run did: the same draft, the same decision, the same unassignment, never
+//! a second draft or Box.
 
 use std::time::Duration;
 
@@ -29,7 +30,12 @@ fn restart_gateway(sys: &mut System, env: &[(&str, String)]) {
 
 /// Sends a request the failpoint kills after its work; waits until the gateway is dead.
 fn killed_after_work(sys: &mut System, path: &str, token: &str, key: &str, body: &Value) {
-    let answer = http("POST", &sys.url(path), Some(token), &[("Idempotency-Key", key)], Some(body.to_string().as_bytes()));
+    killed_after(sys, "POST", path, token, key, Some(body));
+}
+
+fn killed_after(sys: &mut System, method: &str, path: &str, token: &str, key: &str, body: Option<&Value>) {
+    let body = body.map(Value::to_string);
+    let answer = http(method, &sys.url(path), Some(token), &[("Idempotency-Key", key)], body.as_deref().map(str::as_bytes));
     assert!(answer.status == 0 || answer.status >= 500, "the gateway died before answering: {} {}", answer.status, answer.raw);
     let name = if sys.mode == Mode::Embedded { "atasira dev" } else { "serve gateway" };
     assert!(sys.proc(name).wait_exit(Duration::from_secs(10)).is_some(), "the failpoint ended the gateway");
@@ -103,7 +109,7 @@ fn a_draft_submit_retried_after_its_gateway_died_answers_the_same_draft_once() {
 }
 
 #[test]
-fn an_approve_retried_after_its_gateway_died_answers_the_first_decision_and_one_box() {
+fn an_approve_and_an_unassign_retried_after_their_gateway_died_answer_as_the_first_run_did() {
     // R-APPROVE-6: the first approve activated the Box; its gateway died before storing
     // the answer. The retry with the same key, after the lease, answers the same decision.
     in_both_modes(|sys| {
@@ -134,5 +140,23 @@ fn an_approve_retried_after_its_gateway_died_answers_the_first_decision_and_one_
         let other = sys.token("carol", "admin", "human");
         let theirs = post_keyed(sys, &path, &other, "approve-1", &body);
         assert_eq!((theirs.status, theirs.body["error"].as_str()), (409, Some("draft_not_pending")), "{}", theirs.raw);
+
+        // An unassign run again answers the Box, not `assignment_not_found`: the first run
+        // recorded its key with the event.
+        let assigned = sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &admin, &json!({"user_id": "erin", "role_in_box": "member"}));
+        assert_eq!(assigned.status, 200, "{}", assigned.raw);
+        let erin = format!("/api/v1/boxes/{box_id}/user-assignments/erin");
+        restart_gateway(sys, &[kill_after_work(), short_lease()]);
+        killed_after(sys, "DELETE", &erin, &admin, "unassign-1", None);
+        restart_gateway(sys, &[short_lease()]);
+        let unassigned = http("DELETE", &sys.url(&erin), Some(&admin), &[("Idempotency-Key", "unassign-1")], None);
+        assert_eq!(unassigned.status, 200, "{}", unassigned.raw);
+        assert_eq!(unassigned.body["assignments"], json!([]), "{}", unassigned.raw);
+        assert!(unassigned.header("x-atasira-position").is_some(), "{:?}", unassigned.headers);
+        let unassigns = "SELECT COUNT(*) FROM events WHERE aggregate_type = 'box' AND event_type = 'BoxUserUnassigned'";
+        assert_eq!(count(sys, unassigns), 1);
+        // another key is another request: erin is not assigned
+        let other_key = http("DELETE", &sys.url(&erin), Some(&admin), &[("Idempotency-Key", "unassign-2")], None);
+        assert_eq!((other_key.status, other_key.body["error"].as_str()), (404, Some("assignment_not_found")), "{}", other_key.raw);
     });
 }
