@@ -40,7 +40,12 @@ impl Publisher {
 
     /// Like `call`, with the store position of what the request wrote.
     async fn written<M: atasira_contracts::Named, R: prost::Message + Default>(&self, to: &str, message: &M) -> Result<(R, i64), String> {
-        let env = atasira_contracts::envelope(message, &uuid::Uuid::new_v4().to_string(), "");
+        self.keyed(to, message, "").await
+    }
+
+    /// Like `written`, with an idempotency key in the envelope.
+    async fn keyed<M: atasira_contracts::Named, R: prost::Message + Default>(&self, to: &str, message: &M, key: &str) -> Result<(R, i64), String> {
+        let env = atasira_contracts::envelope(message, &uuid::Uuid::new_v4().to_string(), key);
         let reply = tokio::time::timeout(Duration::from_secs(10), self.client.request(self.subject(to), env.encode_to_vec().into()))
             .await
             .map_err(|_| "timeout".to_owned())?
@@ -147,4 +152,29 @@ fn a_revoked_pat_stops_working_over_nats_at_once() {
         assert_eq!(publisher.call::<_, v1::DraftPage>("drafts", &v1::ListMyDrafts { limit: 10, after: 0 }).await.err().as_deref(), Some("unauthenticated"));
         assert!(connect(&url, &token).await.is_err(), "and it cannot connect again");
     });
+}
+
+#[test]
+fn a_publishers_submit_with_an_idempotency_key_names_one_draft_whatever_the_retries() {
+    // R-DRAFT-11: the drafts service derives a keyed draft's id from the caller and the
+    // key, so a submit run again answers the draft the first run made, as it made it
+    let sys = System::start(Mode::Cluster);
+    let url = sys.nats_url();
+    let (first, again, reuse, theirs) = block_on(async {
+        let agent = connect(&url, &sys.agent).await.expect("the agent's PAT connects");
+        let first: Result<(v1::SubmitDraftReply, i64), _> = agent.keyed("drafts", &submit("keyed", "p"), "k-1").await;
+        let again: Result<(v1::SubmitDraftReply, i64), _> = agent.keyed("drafts", &submit("keyed", "p"), "k-1").await;
+        let reuse: Result<(v1::SubmitDraftReply, i64), _> = agent.keyed("drafts", &submit("keyed", "another purpose"), "k-1").await;
+        let admin = connect(&url, &sys.admin).await.expect("the admin's PAT connects");
+        let theirs: Result<(v1::SubmitDraftReply, i64), _> = admin.keyed("drafts", &submit("keyed", "p"), "k-1").await;
+        (first, again, reuse, theirs)
+    });
+    let first = first.expect("submitted");
+    assert!(first.1 > 0, "a position for read-your-writes");
+    assert_eq!(again, Ok(first.clone()), "the same draft, with the position of its submission");
+    assert_eq!(reuse.map(|(r, _)| r.draft_id), Err("idempotency_key_reuse".to_owned()), "the key named another draft");
+    let theirs = theirs.expect("another caller's key is theirs");
+    assert_ne!(theirs.0.draft_id, first.0.draft_id);
+    let pending = sys.eventually_pending(Duration::from_secs(20), |l| l.len() >= 2);
+    assert_eq!(pending.len(), 2, "one draft per caller: {pending:?}");
 }

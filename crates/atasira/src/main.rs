@@ -250,6 +250,12 @@ struct CommonArgs {
     /// (comma separated), to prove that nothing committed before is lost.
     #[arg(long, env = "ATASIRA_FAILPOINT", value_name = "POINT", value_delimiter = ',', help_heading = "Testing")]
     failpoint: Vec<String>,
+    /// Testing only: seconds an unfinished Idempotency-Key claim holds before a retry may
+    /// take it over and redo the work (default: three request timeouts, the consistency
+    /// wait and 6 s, longer than any request can take). Shorter lets a retry redo work that
+    /// is still running.
+    #[arg(long, env = "ATASIRA_IDEMPOTENCY_LEASE", value_name = "SECONDS", help_heading = "Testing")]
+    idempotency_lease: Option<f64>,
     /// Testing only: pause at a point for some milliseconds (NAME:MILLIS, comma
     /// separated), to force an interleaving.
     #[arg(long, env = "ATASIRA_FAILPOINT_DELAY", value_name = "NAME:MILLIS", value_delimiter = ',', help_heading = "Testing")]
@@ -266,6 +272,7 @@ impl CommonArgs {
             gateway: atasira_gateway::Config {
                 consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)),
                 request_timeout: Duration::from_secs_f64(self.request_timeout.clamp(0.1, 300.0)),
+                idempotency_lease: self.idempotency_lease.map(|s| Duration::from_secs_f64(s.clamp(0.1, 86_400.0))),
                 ..Default::default()
             },
             provision_backoff: Duration::from_millis(self.provision_backoff_ms),

@@ -67,6 +67,7 @@ pub fn assertion_to_wire(a: &DomainAssertion) -> v1::PrincipalAssertion {
         subject: a.binding.subject.clone(),
         message_type: a.binding.message_type.clone(),
         payload_sha256: a.binding.payload_sha256.0.to_vec(),
+        idempotency_key: a.binding.idempotency_key.clone(),
     }
 }
 
@@ -78,7 +79,13 @@ pub fn assertion_from_wire(w: &v1::PrincipalAssertion) -> Result<DomainAssertion
     Ok(DomainAssertion {
         key_id: w.key_id.clone(),
         principal: principal_from_wire(p)?,
-        binding: Binding { subject: w.subject.clone(), message_type: w.message_type.clone(), payload_sha256, correlation_id: w.correlation_id.clone() },
+        binding: Binding {
+            subject: w.subject.clone(),
+            message_type: w.message_type.clone(),
+            payload_sha256,
+            correlation_id: w.correlation_id.clone(),
+            idempotency_key: w.idempotency_key.clone(),
+        },
         expires_at,
         mac: w.mac.clone(),
     })

@@ -97,14 +97,16 @@ pub fn envelope<M: Named>(payload: &M, correlation_id: &str, idempotency_key: &s
 }
 
 /// The one request `env` on `subject` is, as a principal assertion binds it: the subject,
-/// the message type, the SHA-256 of the payload bytes and the correlation id. The signer
-/// and the verifier both derive it here, so nobody computes a digest by hand.
+/// the message type, the SHA-256 of the payload bytes, the correlation id and the
+/// idempotency key. The signer and the verifier both derive it here, so nobody computes a
+/// digest by hand.
 pub fn binding(subject: &str, env: &Envelope) -> Binding {
     Binding {
         subject: subject.to_owned(),
         message_type: env.message_type.clone(),
         payload_sha256: PayloadDigest::of(&env.payload),
         correlation_id: env.correlation_id.clone(),
+        idempotency_key: env.idempotency_key.clone(),
     }
 }
 

@@ -3,8 +3,8 @@
 //!
 //! Why: services must not trust a bare principal in a message, since anything that can
 //! publish on NATS could claim to be an admin. The assertion is short-lived (60 s) and bound
-//! to one request: its subject, its message type, the SHA-256 of its payload and its
-//! correlation id ([`Binding`]), so a captured assertion is worthless for any other request
+//! to one request: its subject, its message type, the SHA-256 of its payload, its
+//! correlation id and its idempotency key ([`Binding`]), so a captured assertion is worthless for any other request
 //! (an assertion made for `ListPendingDrafts` does not approve a draft). A verifier accepts
 //! each assertion once ([`ReplayCache`]), so it is worthless for the same request a second
 //! time too. It names its key id, so keys rotate without breaking in-flight requests. Every
@@ -157,6 +157,9 @@ impl AssertionKeys {
         if a.binding.correlation_id != binding.correlation_id {
             return Err(AssertionError::CorrelationMismatch);
         }
+        if a.binding.idempotency_key != binding.idempotency_key {
+            return Err(AssertionError::IdempotencyKeyMismatch);
+        }
         if now > a.expires_at {
             return Err(AssertionError::Expired { expires_at: a.expires_at });
         }
@@ -235,6 +238,10 @@ pub struct Binding {
     pub payload_sha256: PayloadDigest,
     /// The envelope's correlation id.
     pub correlation_id: String,
+    /// The envelope's idempotency key (empty: none). A service may derive what it creates
+    /// from it (the drafts service: the draft id), so it is bound like the payload.
+    #[serde(default)]
+    pub idempotency_key: String,
 }
 
 /// An assertion whose MAC, binding and lifetime checked out; only [`AssertionKeys::verify`]
@@ -336,15 +343,23 @@ pub enum ReplayError {
 }
 
 /// The MACed bytes: purpose tag, key id, user_id, role, kind, subject, message type, payload
-/// digest (32 bytes), correlation id, expires_at (i64 unix seconds big-endian), each
+/// digest (32 bytes), correlation id, idempotency key (when not empty), expires_at (i64 unix seconds big-endian), each
 /// prefixed by its u32 big-endian length so that no two distinct assertions share an
 /// encoding.
 fn canonical_bytes(key_id: &str, principal: &Principal, binding: &Binding, expires_at: DateTime<Utc>) -> Vec<u8> {
     let role = principal.role.to_string();
     let kind = principal.kind.to_string();
-    let Binding { subject, message_type, payload_sha256, correlation_id } = binding;
-    let mut out =
-        Vec::with_capacity(160 + key_id.len() + principal.user_id.len() + subject.len() + message_type.len() + correlation_id.len() + role.len() + kind.len());
+    let Binding { subject, message_type, payload_sha256, correlation_id, idempotency_key } = binding;
+    let mut out = Vec::with_capacity(
+        170 + key_id.len()
+            + principal.user_id.len()
+            + subject.len()
+            + message_type.len()
+            + correlation_id.len()
+            + idempotency_key.len()
+            + role.len()
+            + kind.len(),
+    );
     push_item(&mut out, PURPOSE_TAG.as_bytes());
     push_item(&mut out, key_id.as_bytes());
     push_item(&mut out, principal.user_id.as_bytes());
@@ -354,6 +369,13 @@ fn canonical_bytes(key_id: &str, principal: &Principal, binding: &Binding, expir
     push_item(&mut out, message_type.as_bytes());
     push_item(&mut out, &payload_sha256.0);
     push_item(&mut out, correlation_id.as_bytes());
+    // Only when there is one: an assertion without a key MACs the same bytes as before
+    // keys were bound, so processes of both versions verify each other's during an
+    // upgrade. Unambiguous all the same: the items are length-prefixed, so a keyed
+    // encoding has one item more.
+    if !idempotency_key.is_empty() {
+        push_item(&mut out, idempotency_key.as_bytes());
+    }
     push_item(&mut out, &expires_at.timestamp().to_be_bytes());
     out
 }
@@ -416,6 +438,8 @@ pub enum AssertionError {
     PayloadMismatch,
     #[error("principal assertion belongs to another request")]
     CorrelationMismatch,
+    #[error("principal assertion was made for another idempotency key")]
+    IdempotencyKeyMismatch,
     #[error("principal assertion expired at {expires_at}")]
     Expired { expires_at: DateTime<Utc> },
     #[error("principal assertion expires at {expires_at}, further ahead than its lifetime")]
@@ -436,6 +460,7 @@ impl AssertionError {
             AssertionError::MessageTypeMismatch => "message_type_mismatch",
             AssertionError::PayloadMismatch => "payload_mismatch",
             AssertionError::CorrelationMismatch => "correlation_mismatch",
+            AssertionError::IdempotencyKeyMismatch => "idempotency_key_mismatch",
             AssertionError::Expired { .. } => "expired",
             AssertionError::ExpiryTooFar { .. } => "expiry_too_far",
         }
@@ -475,6 +500,7 @@ mod tests {
             message_type: message_type.to_owned(),
             payload_sha256: PayloadDigest::of(payload),
             correlation_id: correlation_id.to_owned(),
+            idempotency_key: String::new(),
         }
     }
 
@@ -549,6 +575,24 @@ mod tests {
         let err = check(&ks, &a, &other, now0()).expect_err("other request");
         assert_eq!(err, AssertionError::CorrelationMismatch);
         assert_eq!(err.reason(), "correlation_mismatch");
+    }
+
+    #[test]
+    fn r_draft_11_other_idempotency_key_fails() {
+        // given an assertion for a submit with key k1 (the drafts service derives the
+        // draft id from it); when the same request arrives with key k2; then refused
+        let ks = keys();
+        let with_key = Binding { idempotency_key: "k1".into(), ..list_pending() };
+        let a = ks.sign(&member(), &with_key, now0());
+        let other = Binding { idempotency_key: "k2".into(), ..list_pending() };
+        let err = check(&ks, &a, &other, now0()).expect_err("other key");
+        assert_eq!(err, AssertionError::IdempotencyKeyMismatch);
+        assert_eq!(err.reason(), "idempotency_key_mismatch");
+        // and a forged binding that claims k2 breaks the MAC
+        let mut forged = a.clone();
+        forged.binding.idempotency_key = "k2".into();
+        assert_eq!(check(&ks, &forged, &other, now0()).expect_err("forged"), AssertionError::MacMismatch);
+        assert_eq!(check(&ks, &a, &with_key, now0()).map(|p| p.user_id), Ok(member().user_id));
     }
 
     #[test]
@@ -769,6 +813,27 @@ mod tests {
         let b1 = Binding { subject: "a.b".into(), message_type: "c".into(), ..list_pending() };
         let b2 = Binding { subject: "a".into(), message_type: ".bc".into(), ..list_pending() };
         assert_ne!(canonical_bytes("k", &p1, &b1, now0()), canonical_bytes("k", &p1, &b2, now0()));
+    }
+
+    #[test]
+    fn r_draft_11_an_idempotency_key_is_one_more_item_and_no_key_adds_nothing() {
+        // given a request without a key; then its bytes are the nine items and the expiry
+        // that assertions had before keys were bound (processes of both versions agree)
+        let p = member();
+        let plain = canonical_bytes("k", &p, &list_pending(), now0());
+        let mut expected = Vec::new();
+        for item in [PURPOSE_TAG.as_bytes(), b"k", p.user_id.as_bytes(), b"member", b"human", b"atasira.box.gateway.drafts", b"atasira.v1.ListPendingDrafts"] {
+            push_item(&mut expected, item);
+        }
+        push_item(&mut expected, &list_pending().payload_sha256.0);
+        push_item(&mut expected, b"corr-1");
+        push_item(&mut expected, &now0().timestamp().to_be_bytes());
+        assert_eq!(plain, expected);
+        // and a key is an item of its own, never mistaken for the end of the correlation id
+        let keyed = Binding { idempotency_key: "x".into(), ..list_pending() };
+        let folded = Binding { correlation_id: "corr-1\0\0\0\x01x".into(), ..list_pending() };
+        assert_ne!(canonical_bytes("k", &p, &keyed, now0()), canonical_bytes("k", &p, &folded, now0()));
+        assert_ne!(canonical_bytes("k", &p, &keyed, now0()), plain);
     }
 
     proptest! {

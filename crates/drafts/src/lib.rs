@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use atasira_contracts::requests::{DraftsRequest, Incoming};
 use atasira_contracts::{Envelope, Reply, reply_ok, reply_written, subjects, v1};
-use atasira_domain::aggregates::draft::{Draft, DraftCommand};
+use atasira_domain::aggregates::draft::{Draft, DraftCommand, draft_id_for};
 use atasira_domain::aggregates::types;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
@@ -158,7 +158,10 @@ impl Service {
     async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
         let plan = request.plan()?;
-        let draft_id = uuid::Uuid::new_v4().to_string();
+        // R-DRAFT-11: with an Idempotency-Key, every run of the request names the same draft.
+        let keyed = !env.idempotency_key.is_empty();
+        let draft_id = if keyed { draft_id_for(&principal.user_id, &env.idempotency_key) } else { uuid::Uuid::new_v4().to_string() };
+        let digest = plan.manifest.digest();
         let reply = v1::SubmitDraftReply {
             draft_id: draft_id.clone(),
             box_type: plan.manifest.box_type.to_string(),
@@ -167,10 +170,47 @@ impl Service {
             warnings: plan.warnings.clone(),
         };
         let metadata = HashMap::from([("correlation_id".to_owned(), env.correlation_id.clone()), ("principal".to_owned(), principal.user_id.clone())]);
-        let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal, at: chrono::Utc::now() };
-        let committed = command::execute_new(&self.cqrs, &draft_id, command, metadata).await?;
-        atasira_platform::failpoint("drafts-after-commit");
-        self.written(&draft_id, committed, &reply).await
+        let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal.clone(), at: chrono::Utc::now() };
+        match command::execute_new(&self.cqrs, &draft_id, command, metadata).await {
+            Ok(committed) => {
+                atasira_platform::failpoint("drafts-after-commit");
+                self.written(&draft_id, committed, &reply).await
+            }
+            // The stream exists: an earlier run of this request made it.
+            Err(refusal) if keyed && refusal.code == ErrorCode::Conflict => self.submitted_before(&principal, &draft_id, &digest).await,
+            Err(refusal) => Err(refusal),
+        }
+    }
+
+    /// R-DRAFT-11: a keyed submit run again (its gateway died before storing the answer)
+    /// answers what the first run did: the same draft, as submitted, with its first event
+    /// for read-your-writes. The draft must be the caller's and hold the same manifest.
+    async fn submitted_before(&self, principal: &Principal, draft_id: &str, digest: &str) -> Result<Reply, Refusal> {
+        let draft: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
+        let Some(d) = draft.data else {
+            return Err(Refusal::new(ErrorCode::Conflict, "a concurrent submit with this Idempotency-Key was recorded first; retry"));
+        };
+        if d.requested_by.user_id != principal.user_id {
+            return Err(Refusal::new(ErrorCode::Conflict, "this Idempotency-Key names a draft that is not yours; use another key"));
+        }
+        if d.manifest.digest() != digest {
+            return Err(Refusal::new(ErrorCode::IdempotencyKeyReuse, "this Idempotency-Key was used with a different draft"));
+        }
+        let reply = v1::SubmitDraftReply {
+            draft_id: draft_id.to_owned(),
+            box_type: d.manifest.box_type.to_string(),
+            status: v1::DraftStatus::PendingApproval as i32,
+            over_limit: d.over_limit.over_limit,
+            warnings: d.warnings,
+        };
+        let (event_id, position) = self
+            .rt
+            .db
+            .first_event(types::DRAFT, draft_id)
+            .await
+            .map_err(Refusal::internal)?
+            .ok_or_else(|| Refusal::internal("the submitted draft is not readable"))?;
+        Ok(reply_written(&reply, position, vec![event_id]))
     }
 
     /// R-DRAFT-13: the requester withdraws a pending draft (the aggregate decides who may).

@@ -120,6 +120,11 @@ pub struct AssertionRequest {
     /// The correlation id the request carries; one is generated when absent or empty.
     #[serde(default)]
     pub correlation_id: Option<String>,
+    /// The idempotency key the envelope carries (absent or empty: none), at most 255
+    /// visible ASCII characters. The drafts service derives a submitted draft's id from it.
+    #[serde(default)]
+    #[schema(pattern = "^[!-~]{0,255}$")]
+    pub idempotency_key: Option<String>,
 }
 
 impl AssertionRequest {
@@ -145,12 +150,17 @@ impl AssertionRequest {
         if digest.is_none() {
             errors.push(FieldError::new("payload_sha256", "must be the SHA-256 of the payload bytes as 64 lowercase hex digits"));
         }
+        let idempotency_key = self.idempotency_key.clone().unwrap_or_default();
+        if idempotency_key.len() > 255 || !idempotency_key.bytes().all(|b| (b'!'..=b'~').contains(&b)) {
+            errors.push(FieldError::new("idempotency_key", "must be at most 255 visible ASCII characters without spaces"));
+        }
         match digest {
             Some(payload_sha256) if errors.is_empty() => Ok(Binding {
                 subject: self.subject.clone(),
                 message_type: self.message_type.clone(),
                 payload_sha256,
                 correlation_id: self.correlation_id.clone().unwrap_or_default(),
+                idempotency_key,
             }),
             _ => Err(errors),
         }
@@ -1042,6 +1052,8 @@ pub struct Assertion {
     /// 64 lowercase hex digits.
     pub payload_sha256: String,
     pub correlation_id: String,
+    /// Empty: the request carries none.
+    pub idempotency_key: String,
     pub expires_at: DateTime<Utc>,
     /// Lowercase hex HMAC-SHA256.
     pub mac: String,
@@ -1072,6 +1084,7 @@ impl AssertionIssued {
                 message_type: binding.message_type.clone(),
                 payload_sha256: binding.payload_sha256.to_hex(),
                 correlation_id: binding.correlation_id.clone(),
+                idempotency_key: binding.idempotency_key.clone(),
                 expires_at: assertion.expires_at,
                 mac: assertion.mac.clone(),
             },
@@ -1377,6 +1390,7 @@ mod tests {
             message_type: "atasira.v1.ListPendingDrafts".into(),
             payload_sha256: digest.into(),
             correlation_id: Some("c1".into()),
+            idempotency_key: None,
         };
         let binding = ok.binding().expect("valid");
         assert_eq!(
@@ -1408,6 +1422,13 @@ mod tests {
         }
         for payload_sha256 in ["", "e3b0", &digest.to_uppercase(), &format!("{digest}00"), &"z".repeat(64)] {
             assert_eq!(keys(&AssertionRequest { payload_sha256: payload_sha256.into(), ..ok.clone() }), ["payload_sha256"], "{payload_sha256}");
+        }
+        // the envelope's idempotency key is bound too: visible ASCII, at most 255
+        let keyed = AssertionRequest { idempotency_key: Some("retry-1".into()), ..ok.clone() };
+        assert_eq!(keyed.binding().expect("valid").idempotency_key, "retry-1");
+        assert_eq!(ok.binding().expect("valid").idempotency_key, "");
+        for key in ["a b", "é", &"k".repeat(256)] {
+            assert_eq!(keys(&AssertionRequest { idempotency_key: Some(key.into()), ..ok.clone() }), ["idempotency_key"], "{key}");
         }
     }
 

@@ -52,6 +52,9 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Services whose projections a write waits for.
     pub read_models: Vec<&'static str>,
+    /// How long an unfinished Idempotency-Key claim holds before a retry may take it over;
+    /// `None`: [`Config::write_limit`] and a margin (tests set it short).
+    pub idempotency_lease: Option<Duration>,
 }
 
 impl Default for Config {
@@ -60,7 +63,24 @@ impl Default for Config {
             consistency_wait: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             read_models: vec![subjects::DRAFTS, subjects::RUNTIME_REGISTRY, subjects::AUDIT],
+            idempotency_lease: None,
         }
+    }
+}
+
+impl Config {
+    /// The longest a write may take; the gateway gives it up (503) then. The longest one is
+    /// a Worker launch: three service calls, each up to the request timeout, then the
+    /// read-your-writes wait, whose calls give up a second after the consistency wait.
+    pub fn write_limit(&self) -> Duration {
+        self.request_timeout * 3 + self.consistency_wait + Duration::from_secs(1)
+    }
+
+    /// The lease of an Idempotency-Key claim (`idempotency.rs`): past it, an unfinished
+    /// claim was left by a gateway that died, and a retry takes it over. Longer than
+    /// [`Config::write_limit`] by a margin for the clocks of two gateways.
+    pub fn claim_lease(&self) -> Duration {
+        self.idempotency_lease.unwrap_or_else(|| self.write_limit() + Duration::from_secs(5))
     }
 }
 
@@ -247,9 +267,22 @@ impl AppState {
         principal: &Principal,
         request: &Req,
     ) -> Result<(Resp, i64, Vec<String>), ApiError> {
+        self.call_keyed(service, principal, request, "").await
+    }
+
+    /// Like `call_written`, with the caller's Idempotency-Key in the envelope (bound by the
+    /// assertion like the payload), so a service can make a re-run of the same request
+    /// answer what the first run did (`idempotency.rs`).
+    async fn call_keyed<Req: Named, Resp: prost::Message + Default>(
+        &self,
+        service: &str,
+        principal: &Principal,
+        request: &Req,
+        idempotency_key: &str,
+    ) -> Result<(Resp, i64, Vec<String>), ApiError> {
         let correlation_id = uuid::Uuid::new_v4().to_string();
         let subject = subjects::request(subjects::GATEWAY, service);
-        let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation_id, "", chrono::Utc::now());
+        let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation_id, idempotency_key, chrono::Utc::now());
         // The bus adds the trace context of the HTTP request's span (R-OPS-1).
         let headers = BTreeMap::new();
         // A body under the HTTP limit can still make a request the bus cannot carry; the

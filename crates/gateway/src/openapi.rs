@@ -28,7 +28,8 @@ use crate::api;
 #[allow(dead_code)] // Only documents the header; `extract::IdempotencyKey` reads it.
 pub struct IdempotencyHeader {
     /// Retries with the same key (per caller, kept 24 h) get the first answer, with
-    /// `Idempotent-Replayed: true`; the same key with a different request is 422
+    /// `Idempotent-Replayed: true`, waiting for it while it is in progress (then 503 with
+    /// `Retry-After`); the same key with a different request is 422
     /// `idempotency_key_reuse`. 1 to 255 visible ASCII characters, no spaces; anything else
     /// is 422 `invalid_request`.
     #[param(rename = "Idempotency-Key", value_type = String, required = false, pattern = "^[!-~]{1,255}$")]
@@ -262,6 +263,23 @@ impl Modify for SharedResponses {
                 add(op, "400", &format!("A malformed query parameter: {}", codes.join(", ")));
             }
             add(op, "500", "`internal`: a failure of ours; retry later");
+            if idempotent {
+                add(
+                    op,
+                    "503",
+                    "`service_unavailable`: a service did not answer in time, or an earlier request with this Idempotency-Key is still running; retry (with the same key: once a request that never finished has held the key past its lease, a retry does the work again and gets what that request did)",
+                );
+                if let Some(RefOr::T(r)) = op.responses.responses.get_mut("503") {
+                    let integer = ObjectBuilder::new().schema_type(SchemaType::Type(Type::Integer)).build();
+                    r.headers.insert(
+                        "Retry-After".to_owned(),
+                        HeaderBuilder::new()
+                            .schema(integer)
+                            .description(Some("Seconds to wait; with a request still running, until its hold on the key lapses"))
+                            .build(),
+                    );
+                }
+            }
             add(op, "503", "`service_unavailable`: a service did not answer in time; retry");
             if idempotent {
                 for (status, response) in op.responses.responses.iter_mut() {

@@ -45,8 +45,9 @@ async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Er
     request: Req,
     status: StatusCode,
 ) -> Result<Response, ApiError> {
-    idempotency::run(&state.rt.db, principal, key, route, body, async {
-        let (reply, position, event_ids): (Resp, i64, Vec<String>) = match state.call_written(service, principal, &request).await {
+    idempotency::run(state, principal, key, route, body, async {
+        let idempotency_key = key.key.as_deref().unwrap_or_default();
+        let (reply, position, event_ids): (Resp, i64, Vec<String>) = match state.call_keyed(service, principal, &request, idempotency_key).await {
             Ok(written) => written,
             Err(refused) => return state.refusal(refused).await,
         };
@@ -554,7 +555,7 @@ pub async fn launch_worker(
     }
     let launch = validated(key.check().and_then(|()| from_wire::launch_request(&box_id, &body)), box_exists(&state, &principal, &box_id)).await?;
     let route = format!("launch worker {box_id}");
-    idempotency::run(&state.rt.db, &principal, &key, &route, body.raw(), launch_steps(&state, &principal, launch)).await
+    idempotency::run(&state, &principal, &key, &route, body.raw(), launch_steps(&state, &principal, launch)).await
 }
 
 /// The steps of a launch (R-WORKER-1): sync the bundle, prepare a binding, create the
@@ -687,7 +688,7 @@ pub async fn audit_verify(State(state): State<AppState>, Caller(principal): Call
 // --- auth -------------------------------------------------------------------------------
 
 /// A principal assertion for the caller's PAT, bound to one NATS request: its subject,
-/// message type, payload digest and correlation id; valid for 60 s and accepted once.
+/// message type, payload digest, correlation id and idempotency key; valid for 60 s and accepted once.
 /// Services take assertions only on the subjects atasira's own processes publish on; a NATS
 /// publisher authenticates with its PAT instead and needs none.
 /// It records nothing; `X-Atasira-Position` is the store's head when it was minted.
@@ -701,7 +702,7 @@ pub async fn nats_assertion(State(state): State<AppState>, Caller(principal): Ca
     let mut binding = req.binding().map_err(|errors| {
         ApiError::new(ErrorCode::InvalidRequest, "the request the assertion is for is not described right").with_details(Some(serde_json::json!(errors)))
     })?;
-    idempotency::run(&state.rt.db, &principal, &key, "nats-assertion", body.raw(), async {
+    idempotency::run(&state, &principal, &key, "nats-assertion", body.raw(), async {
         if binding.correlation_id.is_empty() {
             binding.correlation_id = uuid::Uuid::new_v4().to_string();
         }
@@ -753,7 +754,7 @@ async fn revoke_tokens(
             return Err(ApiError::new(ErrorCode::TokenNotFound, format!("no token {id:?}")));
         }
     }
-    idempotency::run(&state.rt.db, principal, key, route, b"", async {
+    idempotency::run(state, principal, key, route, b"", async {
         let revoked = atasira_platform::auth::revoke(&state.rt.db, which, &principal.user_id).await.map_err(ApiError::internal)?;
         let recorded = revoked.recorded;
         let lagging = state.wait_for(recorded.position, &recorded.event_ids).await;

@@ -886,6 +886,16 @@ impl Db {
         })
     }
 
+    /// The id and position of an aggregate's first event.
+    pub async fn first_event(&self, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<Option<(String, i64)>> {
+        let sql = format!("SELECT sequence, {} FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence LIMIT 1", self.position_expr());
+        let row = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).fetch_optional(&self.any).await?;
+        Ok(match row {
+            Some(r) => Some((StoredEvent::event_id_of(aggregate_type, aggregate_id, r.try_get(0)?), r.try_get(1)?)),
+            None => None,
+        })
+    }
+
     /// Events after `position` in global order, of the given aggregate types (all when
     /// empty), at most `limit`.
     ///

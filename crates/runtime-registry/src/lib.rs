@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use atasira_contracts::requests::{Incoming, RegistryRequest};
 use atasira_contracts::{Reply, convert, manifest, reply_ok, reply_written, subjects, v1};
-use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, BoxState, box_id_for};
+use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, BoxEvent, BoxState, box_id_for};
 use atasira_domain::aggregates::bundle::ConfigBundle;
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::security::SecurityCommand;
@@ -230,10 +230,7 @@ impl Registry {
                 let (next_cursor_tx, next_cursor) = next.map_or((0, 0), |c| (u64::try_from(c.tx_id).unwrap_or(0), u64::try_from(c.position).unwrap_or(0)));
                 Ok(reply_ok(&v1::BoxHistoryPage { entries, next_cursor, next_cursor_tx }))
             }
-            RegistryRequest::Unassign(r) => {
-                let command = BoxCommand::UnassignUser { by: principal, user_id: r.user_id, at: chrono::Utc::now() };
-                self.box_command(&r.box_id, command).await
-            }
+            RegistryRequest::Unassign(r) => self.unassign(principal, r, &call.env.idempotency_key).await,
             RegistryRequest::Feasibility(r) => self.feasibility(r).await,
             RegistryRequest::EditManifest(r) => {
                 let edit = r.edit.map(manifest::struct_from_proto).unwrap_or_default();
@@ -328,7 +325,35 @@ impl Registry {
 
     /// Runs a Box command, waits for the Box view to apply it, answers the Box.
     async fn box_command(&self, box_id: &str, command: BoxCommand) -> Result<Reply, Refusal> {
-        command::execute(&self.boxes, box_id, command, HashMap::new(), Retry::ONCE).await?;
+        self.box_command_with(box_id, command, HashMap::new()).await
+    }
+
+    /// R-DRAFT-11: an unassign with an Idempotency-Key records the key in its event's
+    /// metadata; run again (the gateway that ran it died before answering), it finds the
+    /// user unassigned by the same caller with the same key and answers the Box as the
+    /// first run did, instead of `assignment_not_found`.
+    async fn unassign(&self, principal: Principal, r: v1::UnassignUser, idempotency_key: &str) -> Result<Reply, Refusal> {
+        let caller = principal.user_id.clone();
+        let metadata = if idempotency_key.is_empty() { HashMap::new() } else { HashMap::from([("idempotency_key".to_owned(), idempotency_key.to_owned())]) };
+        let command = BoxCommand::UnassignUser { by: principal, user_id: r.user_id.clone(), at: chrono::Utc::now() };
+        match self.box_command_with(&r.box_id, command, metadata).await {
+            Err(refusal) if refusal.code == ErrorCode::AssignmentNotFound && !idempotency_key.is_empty() => {
+                let stream = self.rt.db.stream(types::BOX, &r.box_id).await.map_err(Refusal::internal)?;
+                let done = stream.iter().rev().find(|e| {
+                    e.metadata.get("idempotency_key").and_then(|k| k.as_str()) == Some(idempotency_key)
+                        && matches!(serde_json::from_value(e.payload.clone()),
+                            Ok(BoxEvent::BoxUserUnassigned { user_id, unassigned_by, .. }) if user_id == r.user_id && unassigned_by == caller)
+                });
+                let Some(done) = done else { return Err(refusal) };
+                let view = self.view(&r.box_id).await?;
+                Ok(reply_written(&v1::BoxReply { r#box: Some(view) }, done.position, vec![done.event_id.clone()]))
+            }
+            other => other,
+        }
+    }
+
+    async fn box_command_with(&self, box_id: &str, command: BoxCommand, metadata: HashMap<String, String>) -> Result<Reply, Refusal> {
+        command::execute(&self.boxes, box_id, command, metadata, Retry::ONCE).await?;
         let (event_id, position) = self.rt.db.last_event(types::BOX, box_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
         proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), 0, Duration::from_secs(5))
             .await

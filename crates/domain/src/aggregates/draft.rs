@@ -15,6 +15,16 @@ use crate::os_operation::OverLimit;
 use crate::principal::Principal;
 use crate::token::ApprovalToken;
 
+/// R-DRAFT-11: the id of the draft a submit with an Idempotency-Key creates, the same
+/// for every run of that request (a retry after the gateway that ran it died), and for
+/// nobody else's: UUIDv5 of the submitter's user id and the key.
+pub fn draft_id_for(user_id: &str, idempotency_key: &str) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6174_6173_6972_612d_6472_6166_7469_6431);
+    // Length-prefixed, so no two (user, key) pairs share a name.
+    let name = format!("{}:{user_id}{idempotency_key}", user_id.len());
+    uuid::Uuid::new_v5(&NAMESPACE, name.as_bytes()).to_string()
+}
+
 /// Where a draft is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -291,3 +291,16 @@ fn given_a_stream_whose_approval_does_not_bind_its_manifest_then_it_holds_no_app
         assert!(!state(&[s.clone(), written.clone()]).holds_approval(&written));
     }
 }
+
+#[test]
+fn r_draft_11_given_a_key_when_the_same_user_submits_again_then_the_same_draft_id() {
+    // given one user and one Idempotency-Key; when the submit runs twice; then one id
+    let first = draft_id_for("alice", "k-1");
+    assert_eq!(first, draft_id_for("alice", "k-1"));
+    assert!(uuid::Uuid::parse_str(&first).is_ok(), "{first}");
+    // and another key, or another user with the same key, names another draft
+    assert_ne!(first, draft_id_for("alice", "k-2"));
+    assert_ne!(first, draft_id_for("bob", "k-1"));
+    // and the boundary between user and key cannot be moved
+    assert_ne!(draft_id_for("ab", "c"), draft_id_for("a", "bc"));
+}
