@@ -63,25 +63,27 @@ struct Record {
 }
 
 /// Sends one command until it gets an answer that is not a failure of the system (no
-/// answer, 5xx), alternating gateways, with the same Idempotency-Key; `None` after a minute.
-fn send(gateways: &[String], first: usize, path: &str, token: &str, key: &str, body: &Value, record: &Mutex<Record>) -> Option<Answer> {
+/// answer, 5xx), with the same Idempotency-Key, switching to the other gateway after each
+/// failure (`gateway` is the one to try first, and then the one that answered); `None`
+/// after a minute.
+fn send(gateways: &[String], gateway: &mut usize, path: &str, token: &str, key: &str, body: &Value, record: &Mutex<Record>) -> Option<Answer> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(60);
     let bytes = body.to_string();
-    for attempt in 0.. {
-        let base = &gateways[(first + attempt) % gateways.len()];
+    loop {
+        let base = &gateways[*gateway % gateways.len()];
         let a = http("POST", &format!("{base}{path}"), Some(token), &[("Idempotency-Key", key)], Some(bytes.as_bytes()));
         if a.status != 0 && a.status < 500 {
             record.lock().expect("record").spans.push((started, Instant::now()));
             return Some(a);
         }
+        *gateway += 1;
         if Instant::now() > deadline {
             return None;
         }
         record.lock().expect("record").retries += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
-    unreachable!()
 }
 
 /// One client: cycles until `stop`.
@@ -93,13 +95,15 @@ fn client(n: usize, gateways: &[String], agent: &str, admin: &str, stop: &Atomic
     };
     let odd = |what: String| record.lock().expect("record").unexpected.push(what);
     let gave_up = |what: String| record.lock().expect("record").gave_up.push(what);
+    // Clients start spread over the gateways.
+    let mut gateway = n;
     for cycle in 0.. {
         if stop.load(Ordering::Relaxed) {
             return;
         }
         let box_type = format!("scale-{n}-{cycle}");
         let body = json!({"box_type": box_type, "purpose": "scale-out load", "success_criteria": ["it stays correct"]});
-        let Some(a) = send(gateways, n, "/api/v1/boxes/box-drafts", agent, &format!("{box_type}-draft"), &body, record) else {
+        let Some(a) = send(gateways, &mut gateway, "/api/v1/boxes/box-drafts", agent, &format!("{box_type}-draft"), &body, record) else {
             gave_up(format!("draft {box_type}"));
             continue;
         };
@@ -113,7 +117,7 @@ fn client(n: usize, gateways: &[String], agent: &str, admin: &str, stop: &Atomic
         });
 
         let path = format!("/api/v1/boxes/box-drafts/{draft_id}/approve");
-        let Some(a) = send(gateways, n + 1, &path, admin, &format!("{box_type}-approve"), &json!({"confirm_over_limit": false}), record) else {
+        let Some(a) = send(gateways, &mut gateway, &path, admin, &format!("{box_type}-approve"), &json!({"confirm_over_limit": false}), record) else {
             gave_up(format!("approve {draft_id}"));
             continue;
         };
@@ -134,7 +138,7 @@ fn client(n: usize, gateways: &[String], agent: &str, admin: &str, stop: &Atomic
         });
 
         let path = format!("/api/v1/boxes/{box_id}/archive");
-        let Some(a) = send(gateways, n, &path, admin, &format!("{box_type}-archive"), &json!({}), record) else {
+        let Some(a) = send(gateways, &mut gateway, &path, admin, &format!("{box_type}-archive"), &json!({}), record) else {
             gave_up(format!("archive {box_id}"));
             continue;
         };
