@@ -9,7 +9,8 @@
 //! What must hold: no acknowledged command is lost, no draft or Box is made twice, the Box
 //! limit is never exceeded (replayed from the store), the audit ledger verifies, the read
 //! models converge on the store, every event reaches the replicated stream once, and
-//! throughput comes back (the time it takes is printed, not asserted).
+//! throughput comes back (the time it takes is printed, not asserted). Then the dead are
+//! restarted: the NATS node catches the stream up and the processes stand by.
 //!
 //! `ATASIRA_LONG_TESTS=1` runs a heavier load for longer.
 
@@ -212,8 +213,16 @@ fn ids_with(sys: &System, aggregate_type: &str, event_type: &str) -> Vec<String>
     listed.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect()
 }
 
+/// The events stream as JetStream reports it (read as the audit process).
+struct StreamState {
+    messages: u64,
+    replicas: usize,
+    /// The leader's peers: (server name, current, offline).
+    peers: Vec<(String, bool, bool)>,
+}
+
 /// The events the JetStream stream holds, and its replicas (read as the audit process).
-fn stream_state(sys: &System) -> (u64, usize) {
+fn stream_state(sys: &System) -> StreamState {
     use atasira_contracts::subjects;
     let urls: Vec<async_nats::ServerAddr> = sys.nats_urls().split(',').map(|u| u.parse().expect("address")).collect();
     let seed = sys.nats_seed(subjects::AUDIT);
@@ -226,7 +235,8 @@ fn stream_state(sys: &System) -> (u64, usize) {
         let js = async_nats::jetstream::new(client);
         let mut stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
         let info = stream.info().await.expect("info");
-        (info.state.messages, info.config.num_replicas)
+        let peers = info.cluster.as_ref().map(|c| c.replicas.iter().map(|p| (p.name.clone(), p.current, p.offline)).collect()).unwrap_or_default();
+        StreamState { messages: info.state.messages, replicas: info.config.num_replicas, peers }
     })
 }
 
@@ -388,11 +398,35 @@ fn three_nats_nodes_and_two_of_every_process_lose_nothing_when_one_of_each_dies_
     let mut events = 0;
     eventually("every event on the stream", Duration::from_secs(60), || {
         events = u64::try_from(sys.sql_i64("SELECT count(*) FROM events")).expect("count");
-        let (messages, replicas) = stream_state(&sys);
+        let StreamState { messages, replicas, .. } = stream_state(&sys);
         if replicas != 3 {
             return Err(format!("the stream has {replicas} replicas"));
         }
         if messages == events { Ok(()) } else { Err(format!("{messages} messages on the stream, {events} events in the store")) }
     });
     eprintln!("scale-out: {events} events in the store, each on the stream (3 replicas) once");
+
+    // The dead come back, as an operator would restart them: the NATS node rejoins and
+    // catches the stream up, restarted processes stand by, and a new gateway serves.
+    sys.nats().up();
+    for service in ["drafts", "approval", "provisioner", "runtime-registry", "audit"] {
+        sys.start_service(service, &env);
+    }
+    sys.start_gateway(&env);
+    eventually("the restarted NATS node catching the stream up", Duration::from_secs(60), || {
+        let peers = stream_state(&sys).peers;
+        let healthy = peers.len() == 2 && peers.iter().all(|(_, current, offline)| *current && !offline);
+        if healthy { Ok(()) } else { Err(format!("the leader's peers: {peers:?}")) }
+    });
+    eventually("the restarted processes standing by", Duration::from_secs(60), || {
+        for service in ["serve drafts", "serve approval", "serve provisioner", "serve runtime-registry", "serve audit"] {
+            let newest = sys.stderr_of(service).pop().unwrap_or_default();
+            if !newest.contains("standing by") {
+                return Err(format!("{service} restarted but not standing by"));
+            }
+        }
+        Ok(())
+    });
+    let a = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &json!({"box_type": "after-the-restarts", "purpose": "healed"}));
+    assert_eq!((a.status, a.header("x-atasira-lagging")), (201, None), "{}", a.raw);
 }
