@@ -573,6 +573,18 @@ impl System {
         self.nats_dir.as_ref().expect("cluster mode has NATS credentials").join(format!("{identity}.creds"))
     }
 
+    /// Cluster: a JetStream context connected to every NATS node as the process
+    /// `identity` (its nkey and inbox prefix), for a test that reads or forges the feed.
+    pub async fn jetstream_as(&self, identity: &str) -> async_nats::jetstream::Context {
+        let urls: Vec<async_nats::ServerAddr> = self.nats_urls().split(',').map(|u| u.parse().expect("a NATS address")).collect();
+        let client = async_nats::ConnectOptions::with_nkey(self.nats_seed(identity))
+            .custom_inbox_prefix(atasira_contracts::subjects::inbox_prefix(identity))
+            .connect(urls.as_slice())
+            .await
+            .unwrap_or_else(|e| panic!("connects as {identity}: {e}"));
+        async_nats::jetstream::new(client)
+    }
+
     /// Cluster: the user nkey seed of `identity`, for a test that connects as it.
     pub fn nats_seed(&self, identity: &str) -> String {
         creds_seed(&self.nats_creds(identity))
@@ -665,12 +677,10 @@ impl System {
         self.procs.push(p);
     }
 
-    /// Cluster: the probe port (`--metrics-listen`) of the process whose name contains
-    /// `name`, as `http://ADDR`.
+    /// Cluster: the probe port (`--metrics-listen`) of the (first) process whose name
+    /// contains `name`, as `http://ADDR`.
     pub fn probe_url(&mut self, name: &str) -> String {
-        let p = self.proc(name);
-        let line = p.wait_stderr("probes on http://", Duration::from_secs(30));
-        listening_url(&line)
+        self.probe_url_of(name, 0)
     }
 
     /// Every gateway's base URL, oldest first.

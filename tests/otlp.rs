@@ -159,12 +159,7 @@ fn feed_traceparents(sys: &System, aggregate_id: &str) -> Vec<String> {
     use futures::StreamExt as _;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
-        let client = async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::AUDIT))
-            .custom_inbox_prefix(subjects::inbox_prefix(subjects::AUDIT))
-            .connect(sys.nats_url())
-            .await
-            .expect("connects");
-        let js = async_nats::jetstream::new(client);
+        let js = sys.jetstream_as(subjects::AUDIT).await;
         let stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -224,15 +224,8 @@ struct StreamState {
 /// The events the JetStream stream holds, and its replicas (read as the audit process).
 fn stream_state(sys: &System) -> StreamState {
     use atasira_contracts::subjects;
-    let urls: Vec<async_nats::ServerAddr> = sys.nats_urls().split(',').map(|u| u.parse().expect("address")).collect();
-    let seed = sys.nats_seed(subjects::AUDIT);
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async move {
-        let client = async_nats::ConnectOptions::with_nkey(seed)
-            .custom_inbox_prefix(subjects::inbox_prefix(subjects::AUDIT))
-            .connect(urls.as_slice())
-            .await
-            .expect("connects");
-        let js = async_nats::jetstream::new(client);
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+        let js = sys.jetstream_as(subjects::AUDIT).await;
         let mut stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
         let info = stream.info().await.expect("info");
         let peers = info.cluster.as_ref().map(|c| c.replicas.iter().map(|p| (p.name.clone(), p.current, p.offline)).collect()).unwrap_or_default();

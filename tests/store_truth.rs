@@ -42,11 +42,8 @@ fn eventually(what: &str, probe: impl Fn() -> bool) {
 /// A notification as a process holding `identity`'s NATS credentials can publish it on
 /// its events subject, with the `Nats-Msg-Id` an attacker would guess (the event id).
 async fn forge(sys: &System, identity: &str, event_id: &str, event_type: &str, payload: &Value) {
-    let client = async_nats::ConnectOptions::with_nkey(sys.nats_seed(identity))
-        .custom_inbox_prefix(subjects::inbox_prefix(identity))
-        .connect(sys.nats_url())
-        .await
-        .expect("connects with the leaked credentials");
+    // Connected with the leaked credentials.
+    let js = sys.jetstream_as(identity).await;
     let mut parts = event_id.splitn(3, '/');
     let (aggregate_type, aggregate_id, sequence) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
     let notification = v1::EventNotification {
@@ -61,7 +58,6 @@ async fn forge(sys: &System, identity: &str, event_id: &str, event_type: &str, p
         metadata: Default::default(),
         recorded_at_unix_ms: chrono::Utc::now().timestamp_millis(),
     };
-    let js = async_nats::jetstream::new(client);
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Nats-Msg-Id", event_id);
     let ack = js.publish_with_headers(subjects::events(identity), headers, notification.encode_to_vec().into()).await.expect("published");
@@ -70,12 +66,7 @@ async fn forge(sys: &System, identity: &str, event_id: &str, event_type: &str, p
 
 /// Every notification on the public event feed for `event_id`, as (payload JSON).
 async fn on_the_feed(sys: &System, event_id: &str) -> Vec<Value> {
-    let client = async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::AUDIT))
-        .custom_inbox_prefix(subjects::inbox_prefix(subjects::AUDIT))
-        .connect(sys.nats_url())
-        .await
-        .expect("connects");
-    let js = async_nats::jetstream::new(client);
+    let js = sys.jetstream_as(subjects::AUDIT).await;
     let stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
     let consumer: async_nats::jetstream::consumer::PullConsumer =
         stream.create_consumer(async_nats::jetstream::consumer::pull::Config::default()).await.expect("an ephemeral consumer");

@@ -877,18 +877,19 @@ impl Db {
 
     /// The id and position of an aggregate's latest event.
     pub async fn last_event(&self, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<Option<(String, i64)>> {
-        let sql =
-            format!("SELECT sequence, {} FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence DESC LIMIT 1", self.position_expr());
-        let row = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).fetch_optional(&self.any).await?;
-        Ok(match row {
-            Some(r) => Some((StoredEvent::event_id_of(aggregate_type, aggregate_id, r.try_get(0)?), r.try_get(1)?)),
-            None => None,
-        })
+        self.end_event(aggregate_type, aggregate_id, "DESC").await
     }
 
     /// The id and position of an aggregate's first event.
     pub async fn first_event(&self, aggregate_type: &str, aggregate_id: &str) -> anyhow::Result<Option<(String, i64)>> {
-        let sql = format!("SELECT sequence, {} FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence LIMIT 1", self.position_expr());
+        self.end_event(aggregate_type, aggregate_id, "ASC").await
+    }
+
+    /// The id and position of an aggregate's event at one end of its stream (`order`: `ASC`
+    /// for the first, `DESC` for the latest).
+    async fn end_event(&self, aggregate_type: &str, aggregate_id: &str, order: &str) -> anyhow::Result<Option<(String, i64)>> {
+        let sql =
+            format!("SELECT sequence, {} FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence {order} LIMIT 1", self.position_expr());
         let row = sqlx::query(&sql).bind(aggregate_type).bind(aggregate_id).fetch_optional(&self.any).await?;
         Ok(match row {
             Some(r) => Some((StoredEvent::event_id_of(aggregate_type, aggregate_id, r.try_get(0)?), r.try_get(1)?)),

@@ -50,8 +50,9 @@ impl EventsStream {
             num_replicas: self.replicas,
             ..Default::default()
         };
-        let mut stream = self.js.get_or_create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))?;
-        let current = stream.info().await.map_err(|e| anyhow::anyhow!("cannot read the events stream: {e}"))?.config.clone();
+        let stream = self.js.get_or_create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))?;
+        // The configuration it was found or created with (no second round trip).
+        let current = stream.cached_info().config.clone();
         if current.num_replicas < self.replicas {
             tracing::info!(from = current.num_replicas, to = self.replicas, "raising the events stream's replicas");
             let raised = jetstream::stream::Config { num_replicas: self.replicas, ..current };
