@@ -437,6 +437,10 @@ fn whole_numbers_may_be_written_with_a_zero_fraction_as_json_schema_integers_are
     }))
     .expect("whole numbers");
     assert_eq!((m.business_procedure[0].step, m.business_procedure[1].step, m.loop_control.max_iterations), (3, -4_067_315_270_067_174, 7));
+    // given a large whole number read from JSON text, as a request body is; then it is exact
+    // (the fuzzer found -2111190071909749.0 read one unit in the last place off, as ...748.75)
+    let step: ProcedureStep = serde_json::from_str(r#"{"step": -2111190071909749.0}"#).expect("exact whole number");
+    assert_eq!(step.step, -2_111_190_071_909_749);
     // given a fraction or a value out of the type's range; then refused
     for bad in [serde_json::json!({"step": 3.5}), serde_json::json!({"step": 1e300})] {
         assert!(serde_json::from_value::<ProcedureStep>(bad.clone()).is_err(), "{bad}");
