@@ -290,14 +290,18 @@ pub async fn consume_selected<F, Fut>(
     .await
 }
 
+/// How long a consumer that is told to stop lets the batch in flight finish.
+const FINISH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
+
 /// The durable-consumer loop every consumer shares (R-ARCH-6): open feed `name` after its
 /// stored checkpoint, hand each batch to `handle`, which commits its effect with the
 /// checkpoint; on failure log it, report the consumer stalled (`Db::stalled`), and read
 /// again from the checkpoint after a pause: a consumer that cannot get past an event stops
 /// alone, visibly, and the process goes on.
 /// A projection applies a batch in one transaction.
-/// Shutdown may cut a handler short: nothing is checkpointed then, so the event is
-/// delivered again and the handler must be idempotent.
+/// Shutdown lets a batch in flight finish for up to `FINISH_ON_SHUTDOWN`, then cuts it
+/// short; so may losing the lock. Nothing is checkpointed then, so the event is delivered
+/// again and the handler must be idempotent.
 pub async fn consume_batches<F, Fut>(
     db: Db,
     feeds: FeedSource,
@@ -334,9 +338,20 @@ pub async fn consume_batches<F, Fut>(
                 }
                 let events: Vec<StoredEvent> = batch.into_iter().map(|d| d.event).collect();
                 let span = batch_span(name, &events);
+                let work = tracing::Instrument::instrument(handle(events), span);
+                tokio::pin!(work);
                 tokio::select! {
-                    r = tracing::Instrument::instrument(handle(events), span) => r?,
-                    _ = shutdown.changed() => return Ok(true),
+                    r = &mut work => r?,
+                    // The batch in flight is let finish, for a while: dropped, its writes
+                    // could still commit (a queued SQLite write, a COMMIT already sent)
+                    // after whatever the caller does once the consumer has stopped, such
+                    // as the audit service's closing checkpoint.
+                    _ = shutdown.changed() => {
+                        if tokio::time::timeout(FINISH_ON_SHUTDOWN, &mut work).await.is_err() {
+                            tracing::warn!(consumer = name, "stopped with a batch unfinished; it is applied again on the next start");
+                        }
+                        return Ok(true);
+                    }
                     // Cut short, nothing is checkpointed: whoever holds the lock next
                     // applies the batch again (handlers are idempotent).
                     () = &mut lost => return Ok(false),
@@ -620,5 +635,47 @@ pub async fn answer_wait(
         wait_for(db, &names, request.position, timeout).await
     } else {
         wait_for_events(db, projections, &request.event_ids, request.position, timeout).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use atasira_domain::aggregates::draft::{Draft, DraftCommand};
+    use atasira_domain::draft_request::BoxDraftCreateRequest;
+    use atasira_domain::{Kind, Principal, Role};
+
+    #[tokio::test]
+    async fn r_arch_6_a_consumer_told_to_stop_lets_its_batch_in_flight_finish() {
+        // given a consumer whose handler is busy with a batch (one submitted draft)
+        let dir = std::env::temp_dir().join(format!("atasira-consume-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
+        let plan = BoxDraftCreateRequest::from_value(serde_json::json!({"box_type": "d1", "purpose": "p"})).and_then(|r| r.plan()).expect("plan");
+        let by = Principal::new("agent-1", Role::Member, Kind::Agent);
+        let submit = DraftCommand::Submit { draft_id: "d1".into(), plan, requested_by: by, at: chrono::Utc::now() };
+        db.cqrs::<Draft>().execute("d1", submit, std::collections::HashMap::new()).await.expect("submit");
+        let (started, finished) = (Arc::new(tokio::sync::Notify::new()), Arc::new(AtomicBool::new(false)));
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let consumer = tokio::spawn({
+            let (db, started, finished) = (db.clone(), started.clone(), finished.clone());
+            consume_batches(db, FeedSource::default(), "slow", &["draft"], rx, move |_| {
+                let (started, finished) = (started.clone(), finished.clone());
+                async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    finished.store(true, Ordering::SeqCst);
+                    Ok(())
+                }
+            })
+        });
+        started.notified().await;
+        // when it is told to stop; then it returns only after the batch finished
+        tx.send(true).expect("shutdown");
+        consumer.await.expect("joined");
+        assert!(finished.load(Ordering::SeqCst), "the consumer returned while its batch was still being written");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
