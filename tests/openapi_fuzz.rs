@@ -159,9 +159,11 @@ fn config(plan: &Plan) -> String {
         // The edits carry free-form JSON objects (`config_defaults`, a step's `args_schema`):
         // any JSON within a byte bound, which JSON Schema cannot state. The document states
         // a form the API always takes, so valid data is still held to being accepted; data
-        // outside that form is not expected to be refused.
+        // outside that form is not expected to be refused. The check is off for them, and
+        // no such data is generated for them either: a run once applied the check to one
+        // of them all the same (`{"k": null}` in a step's `args_schema`).
         if path.ends_with("/manifest") || path.ends_with("/config") {
-            toml.push_str("checks.negative_data_rejection.enabled = false\n");
+            toml.push_str("checks.negative_data_rejection.enabled = false\ngeneration.mode = \"positive\"\n");
         }
     }
     // The live stream answers for minutes by design (server-sent events): a client that
