@@ -205,3 +205,53 @@ fn a_two_event_command_interleaved_with_concurrent_appends_skips_nothing() {
         assert_eq!(stored, written);
     });
 }
+
+#[test]
+fn a_read_costs_what_it_returns_even_when_the_planner_knows_nothing_of_the_store() {
+    // R-ARCH-6: given a young store whose statistics were never gathered (autovacuum has
+    // not come by yet) holding 5,000 events of one type
+    let database = Database::create();
+    runtime().block_on(async {
+        let db = Db::connect(&database.url).await.expect("connect");
+        sqlx::query("ALTER TABLE events SET (autovacuum_enabled = false)").execute(db.any()).await.expect("no autovacuum");
+        sqlx::query(
+            "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
+             SELECT 'draft', 'd' || i, 1, 'DraftSubmitted', '1', '{}', '{}' FROM generate_series(1, 5000) AS i",
+        )
+        .execute(db.any())
+        .await
+        .expect("seed");
+        let last = db.read(Cursor::START, &["draft"], 5000).await.expect("read").events.last().map(Cursor::of).expect("events");
+        let near_the_end = Cursor { tx_id: last.tx_id, position: last.position - 3 };
+        // when a consumer of drafts and Boxes, or of Boxes alone, reads from near the end,
+        // with the plan PostgreSQL keeps for a prepared statement; then the read touches a
+        // few pages, not every stored event of its types (5,000 rows take about 100 pages)
+        for types in [&["draft", "box"][..], &["box"][..]] {
+            let mut conn = db.any().acquire().await.expect("connection");
+            sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut *conn).await.expect("generic plans");
+            let statement = atasira_platform::db::pg_read_statement(types);
+            sqlx::query(&format!("PREPARE probe(bigint, bigint, bigint) AS {statement}")).execute(&mut *conn).await.expect("prepare");
+            let explain = format!("EXPLAIN (ANALYZE, BUFFERS) EXECUTE probe({}, {}, 100)", near_the_end.tx_id, near_the_end.position);
+            let plan: Vec<String> = sqlx::query(&explain)
+                .fetch_all(&mut *conn)
+                .await
+                .expect("explain")
+                .iter()
+                .map(|row| sqlx::Row::try_get::<String, _>(row, 0).expect("a plan line"))
+                .collect();
+            // The first `Buffers:` line is the whole statement's: "shared hit=N read=M".
+            let total = plan.iter().find(|l| l.trim_start().starts_with("Buffers: shared")).expect("a Buffers line");
+            let pages: i64 = total
+                .split_whitespace()
+                .filter_map(|w| w.strip_prefix("hit=").or_else(|| w.strip_prefix("read=")))
+                .map(|n| n.trim_end_matches(',').parse::<i64>().expect("a number"))
+                .sum();
+            assert!(pages < 40, "reading {types:?} from near the end touched {pages} pages:\n{}", plan.join("\n"));
+            sqlx::query("DEALLOCATE probe").execute(&mut *conn).await.expect("deallocate");
+        }
+        // and the read returns what is there, in order
+        let batch = db.read(near_the_end, &["draft", "box"], 100).await.expect("read");
+        assert_eq!(batch.events.len(), 3);
+        assert!(batch.events.windows(2).all(|w| w[0].position < w[1].position));
+    });
+}
