@@ -1014,7 +1014,7 @@ impl Db {
         if self.kind() != DbKind::Postgres {
             return Ok(false);
         }
-        let sql = format!("SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){})", types_clause(aggregate_types));
+        let sql = format!("SELECT {}", pg_held(aggregate_types));
         Ok(sqlx::query(&sql).fetch_one(&self.any).await?.try_get::<bool, _>(0)?)
     }
 
@@ -1161,14 +1161,28 @@ pub fn pg_read_statement(aggregate_types: &[&str]) -> String {
          CAST(metadata AS TEXT) AS metadata, recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT) AS tx_id",
         aggregate_types,
     );
-    let types = types_clause(aggregate_types);
+    let held = pg_held(aggregate_types);
     format!(
         "SELECT e.aggregate_type, e.aggregate_id, e.sequence, e.global_position, e.event_type, e.event_version, e.payload, e.metadata,
                 e.recorded_at_ms, e.tx_id, h.held
-           FROM (SELECT EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){types}) AS held) h
+           FROM (SELECT {held} AS held) h
            LEFT JOIN LATERAL ({events}) e ON true
           ORDER BY e.tx_id, e.global_position"
     )
+}
+
+/// PostgreSQL: whether committed events of `aggregate_types` (any when empty) wait for an
+/// older transaction still in flight (see [`Db::read`]); each type looked up apart in
+/// `events_type_commit_order`, as in [`pg_after`] (a list of types let the planner scan the
+/// whole table).
+fn pg_held(aggregate_types: &[&str]) -> String {
+    let exists = |only: String| format!("EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){only})");
+    let types: std::collections::BTreeSet<&str> = aggregate_types.iter().copied().collect();
+    if types.is_empty() {
+        return exists(String::new());
+    }
+    let each: Vec<String> = types.iter().map(|t| exists(format!(" AND aggregate_type = '{}'", t.replace('\'', "''")))).collect();
+    format!("({})", each.join(" OR "))
 }
 
 /// PostgreSQL: `columns` (which name `global_position` and a `tx_id`) of the events after
