@@ -11,8 +11,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context;
+use cqrs_es::Aggregate;
 use cqrs_es::persist::PersistedEventStore;
-use cqrs_es::{Aggregate, CqrsFramework};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -195,13 +195,13 @@ impl std::fmt::Debug for Db {
 /// cqrs-es over either backend (`EventStore` is not object safe, hence the enum). In
 /// PostgreSQL cqrs-es loads the aggregate and this module appends (see [`postgres_append`]).
 enum Framework<A: Aggregate<Services = ()>> {
-    Sqlite(CqrsFramework<A, PersistedEventStore<sqlite_es::SqliteEventRepository, A>>),
+    Sqlite(PersistedEventStore<sqlite_es::SqliteEventRepository, A>, SqlitePool),
     Postgres(PersistedEventStore<postgres_es::PostgresEventRepository, A>, PgPool),
 }
 
 /// What a command committed: the id and global position of each event it appended, in
-/// order. Known from the append itself in PostgreSQL; empty in SQLite, where the caller
-/// asks the store ([`Db::last_event`]) when it needs them.
+/// order, from the append itself (empty when the command appended nothing; the caller
+/// then asks the store, [`Db::last_event`], when it needs the stream's last event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Committed {
     pub events: Vec<(String, i64)>,
@@ -299,31 +299,39 @@ impl<A: Aggregate<Services = ()>> Framework<A> {
         metadata: std::collections::HashMap<String, String>,
         new_stream: bool,
     ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
+        use cqrs_es::EventStore as _;
+        let (mut aggregate, sequence) = if new_stream {
+            (A::default(), 0)
+        } else {
+            let context = match self {
+                Framework::Sqlite(store, _) => store.load_aggregate(aggregate_id).await?,
+                Framework::Postgres(store, _) => store.load_aggregate(aggregate_id).await?,
+            };
+            (context.aggregate, context.current_sequence)
+        };
+        let sink = cqrs_es::event_sink::EventSink::default();
+        aggregate.handle(command, &(), &sink).await.map_err(cqrs_es::AggregateError::UserError)?;
+        let events = sink.collect().await;
         match self {
-            Framework::Sqlite(c) => c.execute_with_metadata(aggregate_id, command, metadata).await.map(|()| Committed::default()),
-            Framework::Postgres(store, pool) => {
-                use cqrs_es::EventStore as _;
-                let (mut aggregate, sequence) = if new_stream {
-                    (A::default(), 0)
-                } else {
-                    let context = store.load_aggregate(aggregate_id).await?;
-                    (context.aggregate, context.current_sequence)
-                };
-                let sink = cqrs_es::event_sink::EventSink::default();
-                aggregate.handle(command, &(), &sink).await.map_err(cqrs_es::AggregateError::UserError)?;
-                postgres_append::<A>(pool, aggregate_id, sequence, sink.collect().await, &metadata).await
-            }
+            Framework::Sqlite(_, pool) => append::<A>(AppendPool::Sqlite(pool), aggregate_id, sequence, events, &metadata).await,
+            Framework::Postgres(_, pool) => append::<A>(AppendPool::Postgres(pool), aggregate_id, sequence, events, &metadata).await,
         }
     }
 }
 
-/// Appends a command's events to the PostgreSQL store in one statement, so one round trip
-/// makes the durable commit (a statement outside a transaction block is its own atomic
-/// transaction): the rows cqrs-es would write (same columns, same JSON binding), returning
-/// their positions. A sequence another writer took first is an optimistic-concurrency
-/// conflict, as in postgres-es.
-async fn postgres_append<A: Aggregate>(
-    pool: &PgPool,
+/// The pool a command's events are appended through.
+enum AppendPool<'a> {
+    Sqlite(&'a SqlitePool),
+    Postgres(&'a PgPool),
+}
+
+/// Appends a command's events to the store in one statement, so one round trip makes the
+/// commit (a statement outside a transaction block is its own atomic transaction): the
+/// rows cqrs-es would write (same columns, the same JSON), returning their positions
+/// (PostgreSQL's `global_position`, SQLite's rowid). A sequence another writer took first
+/// is an optimistic-concurrency conflict, as in postgres-es and sqlite-es.
+async fn append<A: Aggregate>(
+    pool: AppendPool<'_>,
     aggregate_id: &str,
     after_sequence: usize,
     events: Vec<A::Event>,
@@ -334,28 +342,46 @@ async fn postgres_append<A: Aggregate>(
         return Ok(Committed::default());
     }
     let unexpected = |e: serde_json::Error| AggregateError::UnexpectedError(Box::new(e));
-    let metadata = serde_json::to_value(metadata).map_err(unexpected)?;
+    let metadata = serde_json::to_string(metadata).map_err(unexpected)?;
+    let (json, position) = match pool {
+        AppendPool::Sqlite(_) => (("", ""), "rowid"),
+        AppendPool::Postgres(_) => (("CAST(", " AS json)"), "global_position"),
+    };
     // Per row: the stream and the metadata are shared ($1, $2, $3), then sequence, type,
     // version and payload.
-    let rows: Vec<String> = (0..events.len()).map(|i| 4 + 4 * i).map(|k| format!("($1, $2, ${k}, ${}, ${}, ${}, $3)", k + 1, k + 2, k + 3)).collect();
+    let values: Vec<String> = (0..events.len())
+        .map(|i| 4 + 4 * i)
+        .map(|k| format!("($1, $2, ${k}, ${}, ${}, {}${}{}, {}$3{})", k + 1, k + 2, json.0, k + 3, json.1, json.0, json.1))
+        .collect();
     let sql = format!(
-        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {} RETURNING sequence, global_position",
-        rows.join(", ")
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {} RETURNING sequence, {position}",
+        values.join(", ")
     );
-    let mut query = sqlx::query(&sql).bind(A::TYPE).bind(aggregate_id).bind(&metadata);
+    let mut rows = Vec::with_capacity(events.len());
     for (i, event) in events.iter().enumerate() {
         let sequence = i64::try_from(after_sequence + i + 1).unwrap_or(i64::MAX);
-        query = query.bind(sequence).bind(event.event_type()).bind(event.event_version()).bind(serde_json::to_value(event).map_err(unexpected)?);
+        rows.push((sequence, event.event_type(), event.event_version(), serde_json::to_string(event).map_err(unexpected)?));
     }
-    let rows = query.fetch_all(pool).await.map_err(|e| match &e {
-        sqlx::Error::Database(d) if d.code().as_deref() == Some("23505") => AggregateError::AggregateConflict,
+    macro_rules! run {
+        ($pool:expr) => {{
+            let mut query = sqlx::query(&sql).bind(A::TYPE).bind(aggregate_id).bind(metadata.as_str());
+            for (sequence, event_type, version, payload) in &rows {
+                query = query.bind(*sequence).bind(event_type.as_str()).bind(version.as_str()).bind(payload.as_str());
+            }
+            query
+                .fetch_all($pool)
+                .await
+                .and_then(|stored| stored.iter().map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?))).collect::<Result<Vec<_>, _>>())
+        }};
+    }
+    let stored = match pool {
+        AppendPool::Sqlite(pool) => run!(pool),
+        AppendPool::Postgres(pool) => run!(pool),
+    };
+    let mut committed = stored.map_err(|e| match &e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => AggregateError::AggregateConflict,
         _ => AggregateError::DatabaseConnectionError(Box::new(e)),
     })?;
-    let mut committed = rows
-        .iter()
-        .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
-        .collect::<Result<Vec<_>, sqlx::Error>>()
-        .map_err(|e| AggregateError::DatabaseConnectionError(Box::new(e)))?;
     committed.sort_unstable();
     Ok(Committed { events: committed.into_iter().map(|(sequence, position)| (StoredEvent::event_id_of(A::TYPE, aggregate_id, sequence), position)).collect() })
 }
@@ -730,9 +756,7 @@ impl Db {
         A: Aggregate<Services = ()> + 'static,
     {
         let cqrs = match &self.typed {
-            Typed::Sqlite(pool) => {
-                Framework::Sqlite(CqrsFramework::new(PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())), vec![], ()))
-            }
+            Typed::Sqlite(pool) => Framework::Sqlite(PersistedEventStore::new_event_store(sqlite_es::SqliteEventRepository::new(pool.clone())), pool.clone()),
             Typed::Postgres(pool) => {
                 Framework::Postgres(PersistedEventStore::new_event_store(postgres_es::PostgresEventRepository::new(pool.clone())), pool.clone())
             }
@@ -1391,5 +1415,33 @@ mod tests {
         // and the cursor never goes back
         consumed.record(Cursor { tx_id: 0, position: 3 }, []);
         assert_eq!(consumed.cursor.position, ids.len() as i64);
+    }
+
+    #[tokio::test]
+    async fn r_arch_4_an_embedded_command_says_what_it_appended_and_a_taken_sequence_conflicts() {
+        use atasira_domain::aggregates::draft::{Draft, DraftCommand};
+        use atasira_domain::draft_request::BoxDraftCreateRequest;
+        use atasira_domain::{Kind, Principal, Role};
+        // given the embedded store
+        let dir = std::env::temp_dir().join(format!("atasira-append-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
+        let agent = Principal::new("agent-1", Role::Member, Kind::Agent);
+        let submit = |id: &str| {
+            let plan = BoxDraftCreateRequest::from_value(serde_json::json!({"box_type": id, "purpose": "p"})).and_then(|r| r.plan()).expect("plan");
+            DraftCommand::Submit { draft_id: id.into(), plan, requested_by: agent.clone(), at: chrono::Utc::now() }
+        };
+        // when a draft is submitted and withdrawn; then each command names its event and its position, as the store has them
+        let cqrs = db.cqrs::<Draft>();
+        let submitted = cqrs.execute_new("d1", submit("d1"), HashMap::new()).await.expect("submit");
+        let withdrawn = cqrs.execute("d1", DraftCommand::Withdraw { by: agent.clone(), at: chrono::Utc::now() }, HashMap::new()).await.expect("withdraw");
+        assert_eq!(submitted.last(), db.first_event(types::DRAFT, "d1").await.expect("read"));
+        assert_eq!(withdrawn.last(), db.last_event(types::DRAFT, "d1").await.expect("read"));
+        assert_eq!(withdrawn.last().map(|(id, _)| id).as_deref(), Some("draft/d1/2"));
+        // and a command on a stream it believes new, which is not, conflicts and appends nothing
+        let again = cqrs.execute_new("d1", submit("d1"), HashMap::new()).await;
+        assert!(matches!(again, Err(cqrs_es::AggregateError::AggregateConflict)), "{again:?}");
+        assert_eq!(db.stream(types::DRAFT, "d1").await.expect("read").len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
