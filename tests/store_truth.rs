@@ -182,3 +182,32 @@ fn an_event_a_projection_cannot_apply_stops_only_that_projection_visibly() {
         eventually("the ledger went past the broken event", || sys.sql_i64("SELECT COUNT(*) FROM audit_ledger_rows WHERE event_id = 'draft/broken/1'") == 1);
     }
 }
+
+#[test]
+fn the_relay_stores_its_checkpoint_once_it_is_idle_and_a_restart_publishes_nothing_twice() {
+    // R-ARCH-6: the relay stores its cursor at most every 250 ms while busy, and once it
+    // goes idle, so the stored checkpoint reaches the last relayed event.
+    let mut sys = System::start(Mode::Cluster);
+    let drafts: Vec<String> = (0..5).map(|i| sys.draft(&sales(&format!("relayed-{i}")))).collect();
+    let last = sys.sql_i64(&format!("SELECT global_position FROM events WHERE aggregate_type = 'draft' AND aggregate_id = '{}'", drafts[4]));
+    eventually("the drafts relay stored the last draft's position", || {
+        sys.sql_i64("SELECT COALESCE(MAX(position), 0) FROM relay_checkpoints WHERE name = 'relay-drafts'") >= last
+    });
+    // and after a restart of every process each draft is on the public feed once
+    sys.restart();
+    let after = sys.draft(&sales("after-the-restart"));
+    for id in drafts.iter().chain([&after]) {
+        let event_id = format!("draft/{id}/1");
+        let feed = runtime().block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let feed = on_the_feed(&sys, &event_id).await;
+                if !feed.is_empty() || Instant::now() > deadline {
+                    return feed;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        assert_eq!(feed.len(), 1, "{event_id} on the feed: {feed:?}");
+    }
+}

@@ -1,7 +1,8 @@
 //! The outbox relay (R-ARCH-6): publishes a service's committed events to JetStream, the
 //! public event feed for subscribers outside atasira, in commit order (the gap-safe read
-//! every consumer uses), and advances its checkpoint only after JetStream acknowledged. It
-//! resumes from the checkpoint after a crash; JetStream drops repeats inside its window.
+//! every consumer uses), and advances its checkpoint only after JetStream acknowledged
+//! (storing it at most every `SAVE_EVERY`). It resumes from the checkpoint after a crash;
+//! JetStream drops repeats inside its window.
 //!
 //! `Nats-Msg-Id` is the event id plus a digest of the stored event: repeats of the same
 //! stored event share it, while a message forged with a real event's id (an id is
@@ -26,6 +27,12 @@ pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
 
 /// The safety-net poll when the appended bell stays silent.
 const FALLBACK: Duration = Duration::from_secs(2);
+
+/// How long the relay's stored checkpoint may stay behind what JetStream acknowledged:
+/// after a crash or a take-over, at most this much is published again, which JetStream
+/// drops as repeats (its window is minutes). Under load the checkpoint is written a few
+/// times a second, not once per command.
+const SAVE_EVERY: Duration = Duration::from_millis(250);
 
 /// The public events stream on JetStream, with the number of copies it is kept in: 1 on a
 /// single nats-server, 3 on a three-node cluster (`--stream-replicas`).
@@ -127,8 +134,10 @@ pub struct Relayed {
     /// The pass read everything committed so far (a short batch, nothing held back): the
     /// next waits for the appended bell.
     pub drained: bool,
-    /// Where the relay stands after the pass (its stored checkpoint).
+    /// Where the relay stands after the pass (JetStream has everything up to it).
     pub cursor: Cursor,
+    /// The stored checkpoint is `cursor` (dead letters are stored with it at once).
+    pub saved: bool,
 }
 
 /// Events the relay publishes at most per pass.
@@ -164,6 +173,10 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
     let mut cursor = from;
     if let Some(last) = batch.events.last() {
         cursor = Cursor::of(last);
+    }
+    // A dead letter is recorded at once, with the checkpoint past it; otherwise the
+    // caller saves the checkpoint when it is due (`SAVE_EVERY`).
+    if !dead.is_empty() {
         save(db, &name, cursor, &dead).await?;
     }
     Ok(Relayed {
@@ -172,6 +185,7 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
         held_back: batch.held_back,
         drained: !batch.held_back && (batch.events.len() as i64) < BATCH,
         cursor,
+        saved: !dead.is_empty(),
     })
 }
 
@@ -214,14 +228,46 @@ async fn relay(
     let mut bell = db.on_append();
     let mut at: Option<Cursor> = None;
     let mut drained: Option<u64> = None;
+    // What JetStream acknowledged but the stored checkpoint does not say yet, and since when.
+    let mut unsaved: Option<(Cursor, tokio::time::Instant)> = None;
+    // Saves the checkpoint when due (`force`: now); a failure leaves it for the next time.
+    let save_due = |unsaved: &mut Option<(Cursor, tokio::time::Instant)>, force: bool| {
+        let due = unsaved.filter(|(_, since)| force || since.elapsed() >= SAVE_EVERY).map(|(cursor, _)| cursor);
+        let (db, name) = (db.clone(), name.clone());
+        if due.is_some() {
+            *unsaved = None;
+        }
+        async move {
+            if let Some(cursor) = due
+                && let Err(e) = save(&db, &name, cursor, &[]).await
+            {
+                tracing::warn!(relay = %name, error = %e, "could not store the relay's checkpoint; events after the stored one are published again after a restart, and JetStream drops the repeats");
+            }
+        }
+    };
     loop {
         if *shutdown.borrow() {
+            save_due(&mut unsaved, true).await;
             return;
         }
         if let Some(seen) = drained.take() {
-            tokio::select! {
-                _ = tokio::time::timeout(FALLBACK, bell.wait_for(|a| a.of(aggregate_types) != seen)) => {}
-                _ = shutdown.changed() => return,
+            // Idle: the checkpoint is stored once it is due, then the relay sleeps.
+            let wake = match unsaved {
+                Some((_, since)) => (since + SAVE_EVERY).saturating_duration_since(tokio::time::Instant::now()),
+                None => FALLBACK,
+            };
+            let woke = tokio::select! {
+                r = tokio::time::timeout(wake, bell.wait_for(|a| a.of(aggregate_types) != seen)) => Some(r.is_err()),
+                _ = shutdown.changed() => None,
+            };
+            let Some(timed_out) = woke else {
+                save_due(&mut unsaved, true).await;
+                return;
+            };
+            if timed_out && unsaved.is_some() {
+                save_due(&mut unsaved, true).await;
+                drained = Some(seen);
+                continue;
             }
         }
         // Marked seen before reading: a commit after this point rings again.
@@ -240,6 +286,13 @@ async fn relay(
         .await;
         let wait = match result {
             Ok(r) => {
+                if r.saved {
+                    unsaved = None;
+                } else if at != Some(r.cursor) || unsaved.is_some() {
+                    let since = unsaved.map_or_else(tokio::time::Instant::now, |(_, since)| since);
+                    unsaved = Some((r.cursor, since));
+                }
+                save_due(&mut unsaved, false).await;
                 at = Some(r.cursor);
                 crate::metrics::global().reader_at(&name, "relay", aggregate_types, r.cursor);
                 if r.drained {
@@ -252,6 +305,9 @@ async fn relay(
                 tokio::time::sleep(Duration::from_millis(2))
             }
             Err(e) => {
+                // What was acknowledged stays acknowledged: store it before reading the
+                // checkpoint again.
+                save_due(&mut unsaved, true).await;
                 at = None;
                 tracing::warn!(service, error = %e, "relay failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500))
