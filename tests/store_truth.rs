@@ -82,6 +82,18 @@ async fn on_the_feed(sys: &System, event_id: &str) -> Vec<Value> {
     found
 }
 
+/// [`on_the_feed`] once `event_id` is there (the relay publishes it soon), or after 30 s.
+async fn once_on_the_feed(sys: &System, event_id: &str) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let feed = on_the_feed(sys, event_id).await;
+        if !feed.is_empty() || Instant::now() > deadline {
+            return feed;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn forged_violations(sys: &System) -> i64 {
     sys.sql_i64("SELECT COUNT(*) FROM events WHERE aggregate_type = 'audit_security' AND CAST(payload AS TEXT) LIKE '%forged_event_notification%'")
 }
@@ -146,16 +158,7 @@ fn an_event_the_bus_cannot_carry_is_a_dead_letter_and_the_relay_goes_on() {
     let after = sys.draft(&sales("after-the-big-one"));
     let after_id = format!("draft/{after}/1");
     eventually("the big event is a dead letter", || sys.sql_i64("SELECT COUNT(*) FROM relay_dead_letters WHERE event_id = 'drafts_security/huge/1'") == 1);
-    let feed = runtime().block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let feed = on_the_feed(&sys, &after_id).await;
-            if !feed.is_empty() || Instant::now() > deadline {
-                return feed;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
+    let feed = runtime().block_on(once_on_the_feed(&sys, &after_id));
     assert_eq!(feed.len(), 1, "the next event was relayed");
     // Internal consumers read the store: the ledger has the big event's row too.
     eventually("the ledger has the big event", || sys.sql_i64("SELECT COUNT(*) FROM audit_ledger_rows WHERE event_id = 'drafts_security/huge/1'") == 1);
@@ -198,16 +201,7 @@ fn the_relay_stores_its_checkpoint_once_it_is_idle_and_a_restart_publishes_nothi
     let after = sys.draft(&sales("after-the-restart"));
     for id in drafts.iter().chain([&after]) {
         let event_id = format!("draft/{id}/1");
-        let feed = runtime().block_on(async {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let feed = on_the_feed(&sys, &event_id).await;
-                if !feed.is_empty() || Instant::now() > deadline {
-                    return feed;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
+        let feed = runtime().block_on(once_on_the_feed(&sys, &event_id));
         assert_eq!(feed.len(), 1, "{event_id} on the feed: {feed:?}");
     }
 }
