@@ -134,10 +134,9 @@ pub struct Relayed {
     /// The pass read everything committed so far (a short batch, nothing held back): the
     /// next waits for the appended bell.
     pub drained: bool,
-    /// Where the relay stands after the pass (JetStream has everything up to it).
+    /// Where the relay stands after the pass (JetStream has everything up to it; the
+    /// stored checkpoint too when the pass had dead letters).
     pub cursor: Cursor,
-    /// The stored checkpoint is `cursor` (dead letters are stored with it at once).
-    pub saved: bool,
 }
 
 /// Events the relay publishes at most per pass.
@@ -185,7 +184,6 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
         held_back: batch.held_back,
         drained: !batch.held_back && (batch.events.len() as i64) < BATCH,
         cursor,
-        saved: !dead.is_empty(),
     })
 }
 
@@ -214,6 +212,27 @@ pub async fn run(
     }
 }
 
+/// A cursor JetStream acknowledged that the stored checkpoint does not say yet, and since
+/// when it has been behind.
+#[derive(Debug, Clone, Copy)]
+struct Unsaved {
+    cursor: Cursor,
+    since: tokio::time::Instant,
+}
+
+/// Stores the relay's checkpoint when it is due (`force`: now) and clears `unsaved`; a
+/// failure only means events after the stored checkpoint are published again one day.
+async fn save_due(db: &Db, name: &str, unsaved: &mut Option<Unsaved>, force: bool) {
+    let Some(u) = *unsaved else { return };
+    if !force && u.since.elapsed() < SAVE_EVERY {
+        return;
+    }
+    *unsaved = None;
+    if let Err(e) = save(db, name, u.cursor, &[]).await {
+        tracing::warn!(relay = %name, error = %e, "could not store the relay's checkpoint; events after the stored one are published again after a restart, and JetStream drops the repeats");
+    }
+}
+
 /// The relay while this process holds its lock; returns at shutdown.
 async fn relay(
     db: &Db,
@@ -229,31 +248,16 @@ async fn relay(
     let mut at: Option<Cursor> = None;
     let mut drained: Option<u64> = None;
     // What JetStream acknowledged but the stored checkpoint does not say yet, and since when.
-    let mut unsaved: Option<(Cursor, tokio::time::Instant)> = None;
-    // Saves the checkpoint when due (`force`: now); a failure leaves it for the next time.
-    let save_due = |unsaved: &mut Option<(Cursor, tokio::time::Instant)>, force: bool| {
-        let due = unsaved.filter(|(_, since)| force || since.elapsed() >= SAVE_EVERY).map(|(cursor, _)| cursor);
-        let (db, name) = (db.clone(), name.clone());
-        if due.is_some() {
-            *unsaved = None;
-        }
-        async move {
-            if let Some(cursor) = due
-                && let Err(e) = save(&db, &name, cursor, &[]).await
-            {
-                tracing::warn!(relay = %name, error = %e, "could not store the relay's checkpoint; events after the stored one are published again after a restart, and JetStream drops the repeats");
-            }
-        }
-    };
+    let mut unsaved: Option<Unsaved> = None;
     loop {
         if *shutdown.borrow() {
-            save_due(&mut unsaved, true).await;
+            save_due(&db, &name, &mut unsaved, true).await;
             return;
         }
         if let Some(seen) = drained.take() {
             // Idle: the checkpoint is stored once it is due, then the relay sleeps.
             let wake = match unsaved {
-                Some((_, since)) => (since + SAVE_EVERY).saturating_duration_since(tokio::time::Instant::now()),
+                Some(u) => (u.since + SAVE_EVERY).saturating_duration_since(tokio::time::Instant::now()),
                 None => FALLBACK,
             };
             let woke = tokio::select! {
@@ -261,11 +265,11 @@ async fn relay(
                 _ = shutdown.changed() => None,
             };
             let Some(timed_out) = woke else {
-                save_due(&mut unsaved, true).await;
+                save_due(&db, &name, &mut unsaved, true).await;
                 return;
             };
             if timed_out && unsaved.is_some() {
-                save_due(&mut unsaved, true).await;
+                save_due(&db, &name, &mut unsaved, true).await;
                 drained = Some(seen);
                 continue;
             }
@@ -286,13 +290,14 @@ async fn relay(
         .await;
         let wait = match result {
             Ok(r) => {
-                if r.saved {
+                if r.dead > 0 {
+                    // Stored with the dead letters.
                     unsaved = None;
-                } else if at != Some(r.cursor) || unsaved.is_some() {
-                    let since = unsaved.map_or_else(tokio::time::Instant::now, |(_, since)| since);
-                    unsaved = Some((r.cursor, since));
+                } else if at != Some(r.cursor) {
+                    let since = unsaved.map_or_else(tokio::time::Instant::now, |u| u.since);
+                    unsaved = Some(Unsaved { cursor: r.cursor, since });
                 }
-                save_due(&mut unsaved, false).await;
+                save_due(&db, &name, &mut unsaved, false).await;
                 at = Some(r.cursor);
                 crate::metrics::global().reader_at(&name, "relay", aggregate_types, r.cursor);
                 if r.drained {
@@ -307,7 +312,7 @@ async fn relay(
             Err(e) => {
                 // What was acknowledged stays acknowledged: store it before reading the
                 // checkpoint again.
-                save_due(&mut unsaved, true).await;
+                save_due(&db, &name, &mut unsaved, true).await;
                 at = None;
                 tracing::warn!(service, error = %e, "relay failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500))
