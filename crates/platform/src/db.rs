@@ -192,8 +192,8 @@ impl std::fmt::Debug for Db {
     }
 }
 
-/// cqrs-es over either backend (`EventStore` is not object safe, hence the enum). In
-/// PostgreSQL cqrs-es loads the aggregate and this module appends (see [`postgres_append`]).
+/// cqrs-es over either backend (`EventStore` is not object safe, hence the enum): cqrs-es
+/// loads the aggregate, and this module appends (see [`append`]).
 enum Framework<A: Aggregate<Services = ()>> {
     Sqlite(PersistedEventStore<sqlite_es::SqliteEventRepository, A>, SqlitePool),
     Postgres(PersistedEventStore<postgres_es::PostgresEventRepository, A>, PgPool),
@@ -312,17 +312,8 @@ impl<A: Aggregate<Services = ()>> Framework<A> {
         let sink = cqrs_es::event_sink::EventSink::default();
         aggregate.handle(command, &(), &sink).await.map_err(cqrs_es::AggregateError::UserError)?;
         let events = sink.collect().await;
-        match self {
-            Framework::Sqlite(_, pool) => append::<A>(AppendPool::Sqlite(pool), aggregate_id, sequence, events, &metadata).await,
-            Framework::Postgres(_, pool) => append::<A>(AppendPool::Postgres(pool), aggregate_id, sequence, events, &metadata).await,
-        }
+        append(self, aggregate_id, sequence, events, &metadata).await
     }
-}
-
-/// The pool a command's events are appended through.
-enum AppendPool<'a> {
-    Sqlite(&'a SqlitePool),
-    Postgres(&'a PgPool),
 }
 
 /// Appends a command's events to the store in one statement, so one round trip makes the
@@ -330,8 +321,8 @@ enum AppendPool<'a> {
 /// rows cqrs-es would write (same columns, the same JSON), returning their positions
 /// (PostgreSQL's `global_position`, SQLite's rowid). A sequence another writer took first
 /// is an optimistic-concurrency conflict, as in postgres-es and sqlite-es.
-async fn append<A: Aggregate>(
-    pool: AppendPool<'_>,
+async fn append<A: Aggregate<Services = ()>>(
+    framework: &Framework<A>,
     aggregate_id: &str,
     after_sequence: usize,
     events: Vec<A::Event>,
@@ -343,9 +334,9 @@ async fn append<A: Aggregate>(
     }
     let unexpected = |e: serde_json::Error| AggregateError::UnexpectedError(Box::new(e));
     let metadata = serde_json::to_string(metadata).map_err(unexpected)?;
-    let (json, position) = match pool {
-        AppendPool::Sqlite(_) => (("", ""), "rowid"),
-        AppendPool::Postgres(_) => (("CAST(", " AS json)"), "global_position"),
+    let (json, position) = match framework {
+        Framework::Sqlite(..) => (("", ""), "rowid"),
+        Framework::Postgres(..) => (("CAST(", " AS json)"), "global_position"),
     };
     // Per row: the stream and the metadata are shared ($1, $2, $3), then sequence, type,
     // version and payload.
@@ -374,9 +365,9 @@ async fn append<A: Aggregate>(
                 .and_then(|stored| stored.iter().map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?))).collect::<Result<Vec<_>, _>>())
         }};
     }
-    let stored = match pool {
-        AppendPool::Sqlite(pool) => run!(pool),
-        AppendPool::Postgres(pool) => run!(pool),
+    let stored = match framework {
+        Framework::Sqlite(_, pool) => run!(pool),
+        Framework::Postgres(_, pool) => run!(pool),
     };
     let mut committed = stored.map_err(|e| match &e {
         sqlx::Error::Database(d) if d.is_unique_violation() => AggregateError::AggregateConflict,
@@ -1024,11 +1015,7 @@ impl Db {
                    FROM events WHERE {} ORDER BY rowid",
                 sqlite_after(&types)
             ),
-            DbKind::Postgres => pg_after(
-                "aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT) AS payload,
-                 CAST(metadata AS TEXT) AS metadata, recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT) AS tx_id",
-                aggregate_types,
-            ),
+            DbKind::Postgres => pg_after(PG_EVENT_COLUMNS, aggregate_types),
         }
     }
 
@@ -1174,17 +1161,25 @@ fn sqlite_after(types: &str) -> String {
     format!("rowid IN (SELECT rowid FROM events WHERE rowid > $1{types} ORDER BY rowid LIMIT $2)")
 }
 
+/// The columns of a stored event as [`row_to_event`] and [`text_event`] read them, from
+/// PostgreSQL (payload and metadata as text, `tx_id` as a number).
+const PG_EVENT_COLUMNS: &str = "aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT) AS payload,
+     CAST(metadata AS TEXT) AS metadata, recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT) AS tx_id";
+
+/// ` AND aggregate_type = '<type>'` for each of `aggregate_types`, once each (none when
+/// empty): the branches of a per-type read.
+fn each_type(aggregate_types: &[&str]) -> Vec<String> {
+    let types: std::collections::BTreeSet<&str> = aggregate_types.iter().copied().collect();
+    types.iter().map(|t| format!(" AND aggregate_type = '{}'", t.replace('\'', "''"))).collect()
+}
+
 /// The statement [`Db::read`] runs on PostgreSQL (binds: the cursor's `tx_id`, its
 /// position, the limit), public so that tests can look at its plan. One round trip: the
 /// events, and on every row (on the one row of NULLs when there are none) whether
 /// committed events of these types are held back by an older transaction still in flight
 /// (the same snapshot).
 pub fn pg_read_statement(aggregate_types: &[&str]) -> String {
-    let events = pg_after(
-        "aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT) AS payload,
-         CAST(metadata AS TEXT) AS metadata, recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT) AS tx_id",
-        aggregate_types,
-    );
+    let events = pg_after(PG_EVENT_COLUMNS, aggregate_types);
     let held = pg_held(aggregate_types);
     format!(
         "SELECT e.aggregate_type, e.aggregate_id, e.sequence, e.global_position, e.event_type, e.event_version, e.payload, e.metadata,
@@ -1200,13 +1195,12 @@ pub fn pg_read_statement(aggregate_types: &[&str]) -> String {
 /// `events_type_commit_order`, as in [`pg_after`] (a list of types let the planner scan the
 /// whole table).
 fn pg_held(aggregate_types: &[&str]) -> String {
-    let exists = |only: String| format!("EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){only})");
-    let types: std::collections::BTreeSet<&str> = aggregate_types.iter().copied().collect();
-    if types.is_empty() {
-        return exists(String::new());
+    let exists = |only: &str| format!("EXISTS (SELECT 1 FROM events WHERE tx_id >= pg_snapshot_xmin(pg_current_snapshot()){only})");
+    let each = each_type(aggregate_types);
+    if each.is_empty() {
+        return exists("");
     }
-    let each: Vec<String> = types.iter().map(|t| exists(format!(" AND aggregate_type = '{}'", t.replace('\'', "''")))).collect();
-    format!("({})", each.join(" OR "))
+    format!("({})", each.iter().map(|only| exists(only)).collect::<Vec<_>>().join(" OR "))
 }
 
 /// PostgreSQL: `columns` (which name `global_position` and a `tx_id`) of the events after
@@ -1220,7 +1214,7 @@ fn pg_held(aggregate_types: &[&str]) -> String {
 /// when its statistics were stale, as in a young store: every stored event of the types,
 /// on every read, a few milliseconds at 5,000 events.)
 fn pg_after(columns: &str, aggregate_types: &[&str]) -> String {
-    let branch = |only: String| {
+    let branch = |only: &str| {
         format!(
             "SELECT {columns} FROM events
               WHERE (tx_id, global_position) > (CAST(CAST(CAST($1 AS BIGINT) AS TEXT) AS xid8), CAST($2 AS BIGINT))
@@ -1228,11 +1222,11 @@ fn pg_after(columns: &str, aggregate_types: &[&str]) -> String {
               ORDER BY events.tx_id, events.global_position LIMIT $3"
         )
     };
-    let types: std::collections::BTreeSet<&str> = aggregate_types.iter().copied().collect();
-    if types.is_empty() {
-        return branch(String::new());
+    let each = each_type(aggregate_types);
+    if each.is_empty() {
+        return branch("");
     }
-    let branches: Vec<String> = types.iter().map(|t| format!("({})", branch(format!(" AND aggregate_type = '{}'", t.replace('\'', "''"))))).collect();
+    let branches: Vec<String> = each.iter().map(|only| format!("({})", branch(only))).collect();
     format!("SELECT * FROM ({}) AS by_type ORDER BY by_type.tx_id, by_type.global_position LIMIT $3", branches.join(" UNION ALL "))
 }
 
@@ -1376,6 +1370,43 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// What the platform's unit tests share: a store in a directory of its own, and a draft
+/// submission to put an event in it.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Db;
+
+    /// An embedded store in a fresh temporary directory, removed on drop.
+    pub(crate) struct TempDb {
+        pub(crate) db: Db,
+        dir: std::path::PathBuf,
+    }
+
+    impl TempDb {
+        pub(crate) async fn new() -> TempDb {
+            let dir = std::env::temp_dir().join(format!("atasira-platform-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
+            TempDb { db, dir }
+        }
+    }
+
+    impl Drop for TempDb {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// An agent's submission of draft `id` (its box_type is the id too).
+    pub(crate) fn submit(id: &str) -> atasira_domain::aggregates::draft::DraftCommand {
+        let plan = atasira_domain::draft_request::BoxDraftCreateRequest::from_value(serde_json::json!({"box_type": id, "purpose": "p"}))
+            .and_then(|r| r.plan())
+            .expect("plan");
+        let agent = atasira_domain::Principal::new("agent-1", atasira_domain::Role::Member, atasira_domain::Kind::Agent);
+        atasira_domain::aggregates::draft::DraftCommand::Submit { draft_id: id.into(), plan, requested_by: agent, at: chrono::Utc::now() }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1420,28 +1451,21 @@ mod tests {
     #[tokio::test]
     async fn r_arch_4_an_embedded_command_says_what_it_appended_and_a_taken_sequence_conflicts() {
         use atasira_domain::aggregates::draft::{Draft, DraftCommand};
-        use atasira_domain::draft_request::BoxDraftCreateRequest;
         use atasira_domain::{Kind, Principal, Role};
         // given the embedded store
-        let dir = std::env::temp_dir().join(format!("atasira-append-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
+        let store = testing::TempDb::new().await;
+        let db = &store.db;
         let agent = Principal::new("agent-1", Role::Member, Kind::Agent);
-        let submit = |id: &str| {
-            let plan = BoxDraftCreateRequest::from_value(serde_json::json!({"box_type": id, "purpose": "p"})).and_then(|r| r.plan()).expect("plan");
-            DraftCommand::Submit { draft_id: id.into(), plan, requested_by: agent.clone(), at: chrono::Utc::now() }
-        };
         // when a draft is submitted and withdrawn; then each command names its event and its position, as the store has them
         let cqrs = db.cqrs::<Draft>();
-        let submitted = cqrs.execute_new("d1", submit("d1"), HashMap::new()).await.expect("submit");
+        let submitted = cqrs.execute_new("d1", testing::submit("d1"), HashMap::new()).await.expect("submit");
         let withdrawn = cqrs.execute("d1", DraftCommand::Withdraw { by: agent.clone(), at: chrono::Utc::now() }, HashMap::new()).await.expect("withdraw");
         assert_eq!(submitted.last(), db.first_event(types::DRAFT, "d1").await.expect("read"));
         assert_eq!(withdrawn.last(), db.last_event(types::DRAFT, "d1").await.expect("read"));
         assert_eq!(withdrawn.last().map(|(id, _)| id).as_deref(), Some("draft/d1/2"));
         // and a command on a stream it believes new, which is not, conflicts and appends nothing
-        let again = cqrs.execute_new("d1", submit("d1"), HashMap::new()).await;
+        let again = cqrs.execute_new("d1", testing::submit("d1"), HashMap::new()).await;
         assert!(matches!(again, Err(cqrs_es::AggregateError::AggregateConflict)), "{again:?}");
         assert_eq!(db.stream(types::DRAFT, "d1").await.expect("read").len(), 2);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

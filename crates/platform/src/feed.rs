@@ -147,13 +147,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_feed_of_a_type_that_is_no_aggregate_is_refused_not_routed_anywhere() {
-        let dir = std::env::temp_dir().join(format!("atasira-feed-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
+        let store = crate::db::testing::TempDb::new().await;
+        let db = &store.db;
         let feeds = FeedSource::default();
-        let Err(refused) = feeds.open(&db, "typo", &["draft", "drafts"], Cursor::START).await else { panic!("a feed of \"drafts\" was opened") };
+        let Err(refused) = feeds.open(db, "typo", &["draft", "drafts"], Cursor::START).await else { panic!("a feed of \"drafts\" was opened") };
         assert!(refused.to_string().contains("\"drafts\" is not an aggregate type"), "{refused}");
-        assert!(feeds.open(&db, "fine", &["draft", "box"], Cursor::START).await.is_ok());
-        let _ = std::fs::remove_dir_all(&dir);
+        assert!(feeds.open(db, "fine", &["draft", "box"], Cursor::START).await.is_ok());
     }
 }

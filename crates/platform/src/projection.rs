@@ -643,20 +643,16 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use atasira_domain::aggregates::draft::{Draft, DraftCommand};
-    use atasira_domain::draft_request::BoxDraftCreateRequest;
-    use atasira_domain::{Kind, Principal, Role};
+    use atasira_domain::aggregates::draft::Draft;
+
+    use crate::db::testing;
 
     #[tokio::test]
     async fn r_arch_6_a_consumer_told_to_stop_lets_its_batch_in_flight_finish() {
         // given a consumer whose handler is busy with a batch (one submitted draft)
-        let dir = std::env::temp_dir().join(format!("atasira-consume-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
-        let plan = BoxDraftCreateRequest::from_value(serde_json::json!({"box_type": "d1", "purpose": "p"})).and_then(|r| r.plan()).expect("plan");
-        let by = Principal::new("agent-1", Role::Member, Kind::Agent);
-        let submit = DraftCommand::Submit { draft_id: "d1".into(), plan, requested_by: by, at: chrono::Utc::now() };
-        db.cqrs::<Draft>().execute("d1", submit, std::collections::HashMap::new()).await.expect("submit");
+        let store = testing::TempDb::new().await;
+        let db = store.db.clone();
+        db.cqrs::<Draft>().execute("d1", testing::submit("d1"), std::collections::HashMap::new()).await.expect("submit");
         let (started, finished) = (Arc::new(tokio::sync::Notify::new()), Arc::new(AtomicBool::new(false)));
         let (tx, rx) = tokio::sync::watch::channel(false);
         let consumer = tokio::spawn({
@@ -676,6 +672,5 @@ mod tests {
         tx.send(true).expect("shutdown");
         consumer.await.expect("joined");
         assert!(finished.load(Ordering::SeqCst), "the consumer returned while its batch was still being written");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
