@@ -93,12 +93,6 @@ pub async fn cursor(db: &Db, name: &str) -> anyhow::Result<Cursor> {
     })
 }
 
-/// Moves consumer `name`'s checkpoint forward to `event` (never back), inside the
-/// transaction that made the event's effect.
-pub async fn advance(tx: &mut Transaction<'static, Any>, name: &str, event: &StoredEvent) -> anyhow::Result<()> {
-    advance_to(tx, name, Cursor::of(event)).await
-}
-
 /// Moves consumer `name`'s checkpoint forward to `cursor` (never back).
 async fn advance_to(tx: &mut Transaction<'static, Any>, name: &str, cursor: Cursor) -> anyhow::Result<()> {
     sqlx::query(
@@ -113,18 +107,6 @@ async fn advance_to(tx: &mut Transaction<'static, Any>, name: &str, cursor: Curs
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-/// Records `event` in consumer `name`'s processed set (for dedup and waits by event id);
-/// whether it was new.
-pub async fn mark(tx: &mut Transaction<'static, Any>, name: &str, event: &StoredEvent) -> anyhow::Result<bool> {
-    let inserted = sqlx::query("INSERT INTO projection_processed (name, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-        .bind(name)
-        .bind(&event.event_id)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected();
-    Ok(inserted == 1)
 }
 
 /// Applies one event unless it was applied before (see [`processed`]); returns whether it
@@ -142,33 +124,39 @@ pub async fn mark_processed(db: &Db, name: &str, event: &StoredEvent) -> anyhow:
     Ok(record(db, name, std::slice::from_ref(event), None).await? == 1)
 }
 
-/// Records `events` in consumer `name`'s processed set, a few statements for the batch;
-/// which of them were new (not processed before), by event id.
-pub async fn mark_batch(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
-    let mut new = std::collections::HashSet::with_capacity(events.len());
-    for chunk in events.chunks(rows_per_statement(2)) {
-        let sql = format!("INSERT INTO projection_processed (name, event_id) VALUES {} ON CONFLICT DO NOTHING RETURNING event_id", values_list(chunk.len(), 2));
-        let mut query = sqlx::query(&sql);
-        for event in chunk {
-            query = query.bind(name).bind(&event.event_id);
-        }
-        for row in query.fetch_all(&mut **tx).await? {
-            new.insert(row.try_get::<String, _>(0)?);
-        }
-    }
-    Ok(new)
-}
-
-/// [`mark_batch`] and [`advance`] to the last of `events`, inside the transaction that
-/// makes their effect; in PostgreSQL one statement for both.
+/// Records `events` as processed by consumer `name` and moves its cursor to the last of
+/// them (never back), inside the transaction that makes their effect; which of them were
+/// new (not processed before), by event id. PostgreSQL: the processed set and the cursor
+/// in one statement; SQLite: the cursor alone ([`sqlite_advance`]).
 pub async fn mark_and_advance(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
-    let Some(last) = events.last() else { return Ok(Default::default()) };
     if tx.backend_name() != "PostgreSQL" {
-        let fresh = mark_batch(tx, name, events).await?;
-        advance(tx, name, last).await?;
-        return Ok(fresh);
+        return sqlite_advance(&mut **tx, name, events).await;
     }
     postgres_mark_and_advance(tx, name, events, "VALUES ($1, $2, $3)").await
+}
+
+/// SQLite: moves consumer `name`'s cursor to the last of `events` (never back) and
+/// answers their ids as new when it moved, none when the cursor was there already. SQLite
+/// has one writer, so rowid order is commit order: a consumer reads its types after its
+/// cursor and everything up to the cursor was applied. The cursor says all a processed set
+/// would, one statement less for every batch.
+async fn sqlite_advance(conn: &mut sqlx::AnyConnection, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
+    let Some(last) = events.last() else { return Ok(Default::default()) };
+    let moved = sqlx::query(
+        "INSERT INTO projection_checkpoints (name, tx_id, position) VALUES ($1, $2, $3)
+         ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
+          WHERE projection_checkpoints.position < excluded.position
+         RETURNING position",
+    )
+    .bind(name)
+    .bind(last.tx_id)
+    .bind(last.position)
+    .fetch_optional(conn)
+    .await?;
+    Ok(match moved {
+        Some(_) => events.iter().map(|e| e.event_id.clone()).collect(),
+        None => Default::default(),
+    })
 }
 
 /// PostgreSQL: the processed-set inserts of `events`, the first statement also moving the
@@ -206,8 +194,10 @@ async fn postgres_mark_and_advance(
     Ok(new)
 }
 
-/// One transaction for a batch: the processed-set inserts (dedup by event id), the rows
-/// of the new events, then the checkpoint. Returns how many events were new.
+/// One transaction for a batch: what was processed and the cursor ([`mark_and_advance`]),
+/// then the rows of the new events. Returns how many events were new. `events` follow
+/// the consumer's cursor in commit order (a feed's batch, or one event checked against the
+/// cursor, or the next event a command-driven consumer handled).
 async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<&dyn Projection>) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     // Tests slow a consumer down here (a replica's waits must not depend on winning a race).
@@ -229,6 +219,14 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
         return Ok(fresh.len());
     }
     let turn = db.write_turn().await;
+    if projection.is_none() {
+        // SQLite, nothing but the cursor: one statement, its own transaction (under the
+        // writer's turn like every write).
+        let fresh = sqlite_advance(&mut *db.any().acquire().await?, name, events).await?;
+        drop(turn);
+        db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+        return Ok(fresh.len());
+    }
     let mut tx = db.begin_consumer().await?;
     let fresh = mark_and_advance(&mut tx, name, events).await?;
     if let Some(p) = projection
@@ -672,5 +670,27 @@ mod tests {
         tx.send(true).expect("shutdown");
         consumer.await.expect("joined");
         assert!(finished.load(Ordering::SeqCst), "the consumer returned while its batch was still being written");
+    }
+
+    #[tokio::test]
+    async fn r_arch_6_an_embedded_consumer_keeps_its_cursor_alone_and_takes_nothing_twice() {
+        // given the embedded store with three submitted drafts
+        let store = testing::TempDb::new().await;
+        let db = &store.db;
+        for id in ["d1", "d2", "d3"] {
+            db.cqrs::<Draft>().execute_new(id, testing::submit(id), std::collections::HashMap::new()).await.expect("submit");
+        }
+        let events = db.read(Cursor::START, &["draft"], 10).await.expect("read").events;
+        // when a consumer marks the first two processed, one at a time, and the first again
+        assert!(mark_processed(db, "c", &events[0]).await.expect("mark"), "the first event is new");
+        assert!(mark_processed(db, "c", &events[1]).await.expect("mark"), "the second event is new");
+        assert!(!mark_processed(db, "c", &events[0]).await.expect("mark"), "an event behind the cursor is not new again");
+        // then its cursor is at the second, which tells what it processed
+        assert_eq!(cursor(db, "c").await.expect("cursor"), Cursor::of(&events[1]), "a second mark of the first did not move the cursor back");
+        for (event, done) in events.iter().zip([true, true, false]) {
+            assert_eq!(processed(db, "c", &event.event_id).await.expect("processed"), done, "{}", event.event_id);
+        }
+        // and it wrote nothing but its cursor: SQLite's commit order is its rowid order
+        assert_eq!(db.count("SELECT COUNT(*) FROM projection_processed").await.expect("count"), 0);
     }
 }
