@@ -221,15 +221,20 @@ impl DraftRow {
     }
 }
 
-/// Stores `rows` (each draft once), a few to a statement: a new draft's row is inserted; a
-/// stored one takes the row's status, decision and Box (its submission never changes).
-async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow]) -> anyhow::Result<()> {
+/// Stores `rows` (each draft once), a few to a statement. `Stored::Update`: a new draft's
+/// row is inserted; a stored one takes the row's status, decision and Box (its submission
+/// never changes). `Stored::Insert`: rows of drafts submitted in this batch, inserted
+/// unless the draft has a row already (a redelivered submission leaves it as it is).
+async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow], how: Stored) -> anyhow::Result<()> {
+    let on_conflict = match how {
+        Stored::Insert => "DO NOTHING",
+        Stored::Update => {
+            "(draft_id) DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by,
+               decided_at_ns = excluded.decided_at_ns, decision_reason = excluded.decision_reason, box_id = excluded.box_id"
+        }
+    };
     for chunk in rows.chunks(rows_per_statement(13)) {
-        let sql = format!(
-            "INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT (draft_id) DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by,
-               decided_at_ns = excluded.decided_at_ns, decision_reason = excluded.decision_reason, box_id = excluded.box_id",
-            values_list(chunk.len(), 13)
-        );
+        let sql = format!("INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT {on_conflict}", values_list(chunk.len(), 13));
         let mut query = sqlx::query(&sql);
         for row in chunk {
             query = query
@@ -250,6 +255,15 @@ async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow]) -> any
         query.execute(&mut **tx).await?;
     }
     Ok(())
+}
+
+/// How [`save_all`] stores rows.
+#[derive(Clone, Copy)]
+enum Stored {
+    /// Rows of drafts submitted in the batch: inserted, an existing row left as it is.
+    Insert,
+    /// Stored rows the batch changed: updated (or inserted).
+    Update,
 }
 
 /// Times are stored as nanoseconds since the epoch (exact, and ordered as numbers).
@@ -351,18 +365,20 @@ fn changes<'a>(events: impl Iterator<Item = EventRef<'a>>) -> anyhow::Result<Vec
 }
 
 /// Each draft's row is read once, takes the batch's changes in order in memory, and is
-/// written once.
+/// written once. A draft submitted in the batch has no stored row to read (its row is
+/// inserted, and left as it is should the draft have one), so a batch of submissions is
+/// one statement.
 async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>) -> anyhow::Result<()> {
-    let ids: Vec<&str> = changes.iter().map(Change::draft_id).collect::<BTreeSet<_>>().into_iter().collect();
-    let mut rows = load_all(tx, &ids).await?;
-    let mut changed = BTreeSet::new();
+    let submitted: BTreeSet<&str> = changes.iter().filter(|c| matches!(c, Change::Submitted(_))).map(Change::draft_id).collect();
+    let stored: Vec<&str> = changes.iter().map(Change::draft_id).filter(|id| !submitted.contains(id)).collect::<BTreeSet<_>>().into_iter().collect();
+    let mut rows = if stored.is_empty() { HashMap::new() } else { load_all(tx, &stored).await? };
+    let (mut new, mut changed) = (BTreeSet::new(), BTreeSet::new());
     for change in changes {
         match change {
-            // A redelivered submission leaves the row as it is.
-            Change::Submitted(new) => {
-                if !rows.contains_key(&new.draft_id) {
-                    changed.insert(new.draft_id.clone());
-                    rows.insert(new.draft_id.clone(), new);
+            Change::Submitted(row) => {
+                if !rows.contains_key(&row.draft_id) {
+                    new.insert(row.draft_id.clone());
+                    rows.insert(row.draft_id.clone(), row);
                 }
             }
             Change::Later { id, event } => {
@@ -379,8 +395,9 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
             }
         }
     }
-    let changed: Vec<&DraftRow> = changed.iter().filter_map(|id| rows.get(id)).collect();
-    save_all(tx, &changed).await
+    let pick = |ids: &BTreeSet<String>, skip: &BTreeSet<String>| ids.iter().filter(|id| !skip.contains(*id)).filter_map(|id| rows.get(id)).collect::<Vec<&DraftRow>>();
+    save_all(tx, &pick(&new, &BTreeSet::new()), Stored::Insert).await?;
+    save_all(tx, &pick(&changed, &new), Stored::Update).await
 }
 
 /// Rows in submission order after position `after`, filtered by status and/or requester,
