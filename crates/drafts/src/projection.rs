@@ -395,7 +395,8 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
             }
         }
     }
-    let pick = |ids: &BTreeSet<String>, skip: &BTreeSet<String>| ids.iter().filter(|id| !skip.contains(*id)).filter_map(|id| rows.get(id)).collect::<Vec<&DraftRow>>();
+    let pick =
+        |ids: &BTreeSet<String>, skip: &BTreeSet<String>| ids.iter().filter(|id| !skip.contains(*id)).filter_map(|id| rows.get(id)).collect::<Vec<&DraftRow>>();
     save_all(tx, &pick(&new, &BTreeSet::new()), Stored::Insert).await?;
     save_all(tx, &pick(&changed, &new), Stored::Update).await
 }

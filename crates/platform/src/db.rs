@@ -57,6 +57,11 @@ struct Signals {
     /// SQLite allows one writer at a time; writers queue here instead of retrying on
     /// `SQLITE_BUSY` (which backs off in sleeps of up to 100 ms).
     writer: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// SQLite: where commands on new streams hand their appends, to be written together
+    /// with the others waiting for the writer's turn ([`append_in_groups`]).
+    appends: Option<tokio::sync::mpsc::UnboundedSender<AppendJob>>,
+    /// What the group appender wrote so far.
+    grouped: Arc<Grouped>,
     /// Consumers of this process that cannot get past an event: name -> the error.
     stalled: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
     /// What the consumers of this process committed, so that a read-your-writes wait looks
@@ -107,13 +112,24 @@ impl Signals {
         }
     }
 
-    fn new(kind: DbKind) -> Arc<Signals> {
+    /// The signals of a store; for SQLite (given its typed pool) the writer's turn, and the
+    /// task that appends commands' events in groups.
+    fn new(sqlite: Option<SqlitePool>) -> Arc<Signals> {
+        let writer = sqlite.as_ref().map(|_| Arc::new(tokio::sync::Mutex::new(())));
+        let grouped = Arc::new(Grouped::default());
+        let appends = sqlite.zip(writer.clone()).map(|(pool, turn)| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(append_in_groups(pool, turn, rx, grouped.clone()));
+            tx
+        });
         Arc::new(Signals {
             appended: watch::channel(Appended::default()).0,
             listening: std::sync::atomic::AtomicBool::new(false),
             progressed: watch::channel(0).0,
             remote_progressed: watch::channel(0).0,
-            writer: (kind == DbKind::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(()))),
+            writer,
+            appends,
+            grouped,
             stalled: Default::default(),
             progress: Default::default(),
         })
@@ -258,18 +274,28 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
         metadata: std::collections::HashMap<String, String>,
         new_stream: bool,
     ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
-        let turn = match &self.signals.writer {
-            Some(writer) => Some(writer.clone().lock_owned().await),
-            None => None,
-        };
         // The command's trace context travels with its events to every consumer (R-OPS-1).
         let mut metadata = metadata;
         crate::trace::inject(|k, v| {
             metadata.insert(k.to_owned(), v);
         });
         let started = std::time::Instant::now();
-        let result = self.cqrs.execute(aggregate_id, command, metadata, new_stream).await;
-        drop(turn);
+        let result = match (&self.signals.appends, new_stream) {
+            // SQLite, a stream with nothing to load: the appender takes the writer's turn
+            // for this append and the others waiting.
+            (Some(appends), true) => self.cqrs.execute(aggregate_id, command, metadata, Appender::Grouped(appends)).await,
+            // Otherwise the load and the append hold the turn (SQLite), so commands of this
+            // process on one stream never conflict.
+            _ => {
+                let turn = match &self.signals.writer {
+                    Some(writer) => Some(writer.clone().lock_owned().await),
+                    None => None,
+                };
+                let result = self.cqrs.execute(aggregate_id, command, metadata, Appender::Direct { new_stream }).await;
+                drop(turn);
+                result
+            }
+        };
         let metrics = crate::metrics::global();
         metrics.append_seconds.get_or_create(&crate::metrics::AggregateLabel { aggregate_type: A::TYPE.to_owned() }).observe(started.elapsed().as_secs_f64());
         // Every security violation is a command on a `<service>_security` aggregate.
@@ -291,15 +317,28 @@ impl<A: Aggregate<Services = ()>> std::fmt::Debug for Framework<A> {
     }
 }
 
+/// How a command's events reach the store.
+enum Appender<'a> {
+    /// Appended by the command itself; `new_stream`: the stream holds nothing yet, so
+    /// nothing is loaded.
+    Direct { new_stream: bool },
+    /// SQLite, a new stream: handed to the group appender ([`append_in_groups`]).
+    Grouped(&'a tokio::sync::mpsc::UnboundedSender<AppendJob>),
+}
+
 impl<A: Aggregate<Services = ()>> Framework<A> {
     async fn execute(
         &self,
         aggregate_id: &str,
         command: A::Command,
         metadata: std::collections::HashMap<String, String>,
-        new_stream: bool,
+        appender: Appender<'_>,
     ) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
         use cqrs_es::EventStore as _;
+        let new_stream = match appender {
+            Appender::Direct { new_stream } => new_stream,
+            Appender::Grouped(_) => true,
+        };
         let (mut aggregate, sequence) = if new_stream {
             (A::default(), 0)
         } else {
@@ -312,69 +351,183 @@ impl<A: Aggregate<Services = ()>> Framework<A> {
         let sink = cqrs_es::event_sink::EventSink::default();
         aggregate.handle(command, &(), &sink).await.map_err(cqrs_es::AggregateError::UserError)?;
         let events = sink.collect().await;
-        append(self, aggregate_id, sequence, events, &metadata).await
+        let unexpected = |e: serde_json::Error| cqrs_es::AggregateError::UnexpectedError(Box::new(e));
+        let Some(rows) = AppendRows::of::<A>(aggregate_id, sequence, &events, &metadata).map_err(unexpected)? else {
+            return Ok(Committed::default());
+        };
+        let stored = match (appender, self) {
+            (Appender::Grouped(appends), _) => {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                if appends.send(AppendJob { rows, reply }).is_err() {
+                    return Err(cqrs_es::AggregateError::DatabaseConnectionError("the store's appender has stopped".into()));
+                }
+                answer.await.unwrap_or_else(|_| Err(sqlx::Error::PoolClosed))
+            }
+            (Appender::Direct { .. }, Framework::Sqlite(_, pool)) => {
+                insert_rows!(pool, "", &[&rows]).map(|stored| stored.into_iter().map(|(_, _, s, p)| (s, p)).collect())
+            }
+            (Appender::Direct { .. }, Framework::Postgres(_, pool)) => {
+                insert_rows!(pool, "json", &[&rows]).map(|stored| stored.into_iter().map(|(_, _, s, p)| (s, p)).collect())
+            }
+        };
+        let mut committed = stored.map_err(|e| match &e {
+            sqlx::Error::Database(d) if d.is_unique_violation() => cqrs_es::AggregateError::AggregateConflict,
+            _ => cqrs_es::AggregateError::DatabaseConnectionError(Box::new(e)),
+        })?;
+        committed.sort_unstable();
+        Ok(Committed {
+            events: committed.into_iter().map(|(sequence, position)| (StoredEvent::event_id_of(A::TYPE, aggregate_id, sequence), position)).collect(),
+        })
     }
 }
 
-/// Appends a command's events to the store in one statement, so one round trip makes the
-/// commit (a statement outside a transaction block is its own atomic transaction): the
-/// rows cqrs-es would write (same columns, the same JSON), returning their positions
-/// (PostgreSQL's `global_position`, SQLite's rowid). A sequence another writer took first
-/// is an optimistic-concurrency conflict, as in postgres-es and sqlite-es.
-async fn append<A: Aggregate<Services = ()>>(
-    framework: &Framework<A>,
-    aggregate_id: &str,
-    after_sequence: usize,
-    events: Vec<A::Event>,
-    metadata: &HashMap<String, String>,
-) -> Result<Committed, cqrs_es::AggregateError<A::Error>> {
-    use cqrs_es::{AggregateError, DomainEvent as _};
-    if events.is_empty() {
-        return Ok(Committed::default());
+/// A command's events as the rows cqrs-es would write (same columns, the same JSON).
+struct AppendRows {
+    aggregate_type: &'static str,
+    aggregate_id: String,
+    metadata: String,
+    /// Per event: sequence, type, version, payload.
+    rows: Vec<(i64, String, String, String)>,
+}
+
+impl AppendRows {
+    /// The rows of `events` appended after `after_sequence`; `None` when there are none.
+    fn of<A: Aggregate>(
+        aggregate_id: &str,
+        after_sequence: usize,
+        events: &[A::Event],
+        metadata: &HashMap<String, String>,
+    ) -> serde_json::Result<Option<AppendRows>> {
+        use cqrs_es::DomainEvent as _;
+        if events.is_empty() {
+            return Ok(None);
+        }
+        let mut rows = Vec::with_capacity(events.len());
+        for (i, event) in events.iter().enumerate() {
+            let sequence = i64::try_from(after_sequence + i + 1).unwrap_or(i64::MAX);
+            rows.push((sequence, event.event_type(), event.event_version(), serde_json::to_string(event)?));
+        }
+        Ok(Some(AppendRows { aggregate_type: A::TYPE, aggregate_id: aggregate_id.to_owned(), metadata: serde_json::to_string(metadata)?, rows }))
     }
-    let unexpected = |e: serde_json::Error| AggregateError::UnexpectedError(Box::new(e));
-    let metadata = serde_json::to_string(metadata).map_err(unexpected)?;
-    let (json, position) = match framework {
-        Framework::Sqlite(..) => (("", ""), "rowid"),
-        Framework::Postgres(..) => (("CAST(", " AS json)"), "global_position"),
-    };
-    // Per row: the stream and the metadata are shared ($1, $2, $3), then sequence, type,
-    // version and payload.
-    let values: Vec<String> = (0..events.len())
-        .map(|i| 4 + 4 * i)
-        .map(|k| format!("($1, $2, ${k}, ${}, ${}, {}${}{}, {}$3{})", k + 1, k + 2, json.0, k + 3, json.1, json.0, json.1))
+}
+
+/// The statement that appends `rows` rows in one go (a statement outside a transaction
+/// block is its own atomic transaction: all rows or none), returning each row's stream,
+/// sequence and position (PostgreSQL's `global_position`, SQLite's rowid); `json` casts
+/// the payload and metadata for PostgreSQL's `json` columns. A sequence another writer took
+/// first fails the statement: the optimistic-concurrency conflict, as in postgres-es and
+/// sqlite-es.
+fn insert_statement(rows: usize, json: bool) -> String {
+    let (open, close, position) = if json { ("CAST(", " AS json)", "global_position") } else { ("", "", "rowid") };
+    let values: Vec<String> = (0..rows)
+        .map(|i| 1 + 7 * i)
+        .map(|k| format!("(${k}, ${}, ${}, ${}, ${}, {open}${}{close}, {open}${}{close})", k + 1, k + 2, k + 3, k + 4, k + 5, k + 6))
         .collect();
-    let sql = format!(
-        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {} RETURNING sequence, {position}",
+    format!(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {}
+         RETURNING aggregate_type, aggregate_id, sequence, {position}",
         values.join(", ")
-    );
-    let mut rows = Vec::with_capacity(events.len());
-    for (i, event) in events.iter().enumerate() {
-        let sequence = i64::try_from(after_sequence + i + 1).unwrap_or(i64::MAX);
-        rows.push((sequence, event.event_type(), event.event_version(), serde_json::to_string(event).map_err(unexpected)?));
-    }
-    macro_rules! run {
-        ($pool:expr) => {{
-            let mut query = sqlx::query(&sql).bind(A::TYPE).bind(aggregate_id).bind(metadata.as_str());
-            for (sequence, event_type, version, payload) in &rows {
-                query = query.bind(*sequence).bind(event_type.as_str()).bind(version.as_str()).bind(payload.as_str());
+    )
+}
+
+/// Runs [`insert_statement`] for `appends` on `$pool` (`"json"` for PostgreSQL): the
+/// stream, sequence and position of every row stored.
+macro_rules! insert_rows {
+    ($pool:expr, $json:expr, $appends:expr) => {{
+        let appends: &[&AppendRows] = $appends;
+        let sql = insert_statement(appends.iter().map(|a| a.rows.len()).sum(), $json == "json");
+        let mut query = sqlx::query(&sql);
+        for a in appends {
+            for (sequence, event_type, version, payload) in &a.rows {
+                query = query
+                    .bind(a.aggregate_type)
+                    .bind(a.aggregate_id.as_str())
+                    .bind(*sequence)
+                    .bind(event_type.as_str())
+                    .bind(version.as_str())
+                    .bind(payload.as_str())
+                    .bind(a.metadata.as_str());
             }
-            query
-                .fetch_all($pool)
-                .await
-                .and_then(|stored| stored.iter().map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?))).collect::<Result<Vec<_>, _>>())
-        }};
+        }
+        query.fetch_all($pool).await.and_then(|stored| {
+            stored
+                .iter()
+                .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?, r.try_get::<i64, _>(2)?, r.try_get::<i64, _>(3)?)))
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+        })
+    }};
+}
+use insert_rows;
+
+/// A command's append handed to the group appender, and where its outcome goes: the
+/// sequence and position of each row.
+struct AppendJob {
+    rows: AppendRows,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<(i64, i64)>, sqlx::Error>>,
+}
+
+/// What SQLite's group appender wrote: commits, and the appends they held.
+#[derive(Debug, Default)]
+struct Grouped {
+    commits: std::sync::atomic::AtomicU64,
+    appends: std::sync::atomic::AtomicU64,
+}
+
+impl Grouped {
+    fn wrote(&self, commits: usize, appends: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.commits.fetch_add(commits as u64, Relaxed);
+        self.appends.fetch_add(appends as u64, Relaxed);
     }
-    let stored = match framework {
-        Framework::Sqlite(_, pool) => run!(pool),
-        Framework::Postgres(_, pool) => run!(pool),
-    };
-    let mut committed = stored.map_err(|e| match &e {
-        sqlx::Error::Database(d) if d.is_unique_violation() => AggregateError::AggregateConflict,
-        _ => AggregateError::DatabaseConnectionError(Box::new(e)),
-    })?;
-    committed.sort_unstable();
-    Ok(Committed { events: committed.into_iter().map(|(sequence, position)| (StoredEvent::event_id_of(A::TYPE, aggregate_id, sequence), position)).collect() })
+}
+
+/// Appends written together at most (SQLite binds them all in one statement).
+const APPEND_GROUP: usize = 32;
+
+/// SQLite's group commit: takes the writer's turn for the appends waiting, and writes them
+/// in one statement (one trip to the connection's thread, one transaction), instead of a
+/// turn and a trip each. Should that statement fail (a stream another command took first,
+/// or anything else), every append of the group is written alone, so each learns its own
+/// outcome. Runs until the store's handles are gone.
+async fn append_in_groups(
+    pool: SqlitePool,
+    turn: Arc<tokio::sync::Mutex<()>>,
+    mut jobs: tokio::sync::mpsc::UnboundedReceiver<AppendJob>,
+    grouped: Arc<Grouped>,
+) {
+    while let Some(first) = jobs.recv().await {
+        let mut group = vec![first];
+        let held = turn.lock().await;
+        // Those that came while this one waited for the turn go with it.
+        while group.len() < APPEND_GROUP
+            && let Ok(job) = jobs.try_recv()
+        {
+            group.push(job);
+        }
+        let together = match group.len() {
+            1 => None,
+            _ => insert_rows!(&pool, "", &group.iter().map(|j| &j.rows).collect::<Vec<_>>()).ok(),
+        };
+        match together {
+            Some(stored) => {
+                drop(held);
+                grouped.wrote(1, group.len());
+                for job in group {
+                    let r = &job.rows;
+                    let own = stored.iter().filter(|(t, id, _, _)| t == r.aggregate_type && *id == r.aggregate_id).map(|(_, _, s, p)| (*s, *p)).collect();
+                    let _ = job.reply.send(Ok(own));
+                }
+            }
+            None => {
+                grouped.wrote(group.len(), group.len());
+                for job in group {
+                    let stored = insert_rows!(&pool, "", &[&job.rows]).map(|stored| stored.into_iter().map(|(_, _, s, p)| (s, p)).collect());
+                    let _ = job.reply.send(stored);
+                }
+                drop(held);
+            }
+        }
+    }
 }
 
 /// One stored event with its place in the global order.
@@ -624,7 +777,7 @@ impl Db {
                 .await
                 .with_context(|| format!("failed to connect to {}", redact(url)))?;
             let any = AnyPoolOptions::new().max_connections(8).test_before_acquire(false).connect(url).await.context("failed to open the Any pool")?;
-            let signals = Signals::new(DbKind::Postgres);
+            let signals = Signals::new(None);
             tokio::spawn(listen_for_appends(pool.clone(), Arc::downgrade(&signals)));
             Db { typed: Typed::Postgres(pool), any, signals }
         } else if url.starts_with("sqlite:") {
@@ -661,7 +814,7 @@ impl Db {
                 .connect(url)
                 .await
                 .context("failed to open the Any pool")?;
-            Db { typed: Typed::Sqlite(pool), any, signals: Signals::new(DbKind::Sqlite) }
+            Db { typed: Typed::Sqlite(pool.clone()), any, signals: Signals::new(Some(pool)) }
         } else {
             anyhow::bail!("unsupported database URL {:?}: use postgres://... or sqlite://...", redact(url));
         };
@@ -753,6 +906,13 @@ impl Db {
             }
         };
         Cqrs { cqrs, signals: self.signals.clone() }
+    }
+
+    /// SQLite: how many commits the commands on new streams took so far, and how many
+    /// commands they held (more commands than commits: commands written together).
+    pub fn appends_per_commit(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.signals.grouped.commits.load(Relaxed), self.signals.grouped.appends.load(Relaxed))
     }
 
     /// Rings the appended bell: events were committed (by this process; the store's own
@@ -1467,5 +1627,56 @@ mod tests {
         let again = cqrs.execute_new("d1", testing::submit("d1"), HashMap::new()).await;
         assert!(matches!(again, Err(cqrs_es::AggregateError::AggregateConflict)), "{again:?}");
         assert_eq!(db.stream(types::DRAFT, "d1").await.expect("read").len(), 2);
+    }
+
+    /// Submits each of `ids` at once while the test holds the writer's turn, then lets
+    /// the writer go; each submission's outcome, in the order of `ids`.
+    async fn submit_while_the_writer_is_busy(
+        db: &Db,
+        ids: &[&str],
+    ) -> Vec<Result<Committed, cqrs_es::AggregateError<atasira_domain::aggregates::draft::DraftError>>> {
+        use atasira_domain::aggregates::draft::Draft;
+        let turn = db.write_turn().await;
+        let tasks: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (db, id) = (db.clone(), (*id).to_owned());
+                tokio::spawn(async move { db.cqrs::<Draft>().execute_new(&id, testing::submit(&id), HashMap::new()).await })
+            })
+            .collect();
+        // Every submission reaches the appender while the writer is busy.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(turn);
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            outcomes.push(task.await.expect("joined"));
+        }
+        outcomes
+    }
+
+    #[tokio::test]
+    async fn r_arch_4_embedded_commands_waiting_for_the_writer_are_written_together_and_each_learns_its_own_outcome() {
+        // given the embedded store, its writer busy while twenty drafts are submitted
+        let store = testing::TempDb::new().await;
+        let db = &store.db;
+        let ids: Vec<String> = (0..20).map(|i| format!("g{i}")).collect();
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let outcomes = submit_while_the_writer_is_busy(db, &ids).await;
+        // then they are written in one commit, and each is told its own event and position
+        assert_eq!(db.appends_per_commit(), (1, 20), "twenty submissions, one commit");
+        for (id, outcome) in ids.iter().zip(outcomes) {
+            assert_eq!(outcome.expect("submitted").last(), db.first_event(types::DRAFT, id).await.expect("read"), "{id}");
+        }
+        // when a group holds two submissions of one draft
+        let outcomes = submit_while_the_writer_is_busy(db, &["h1", "h2", "h1", "h3"]).await;
+        // then exactly one of those conflicts, and the others are stored, each told its own
+        let conflicts = outcomes.iter().filter(|o| matches!(o, Err(cqrs_es::AggregateError::AggregateConflict))).count();
+        assert_eq!(conflicts, 1, "{outcomes:?}");
+        for (id, outcome) in ["h1", "h2", "h1", "h3"].iter().zip(outcomes) {
+            if let Ok(committed) = outcome {
+                assert_eq!(committed.last(), db.first_event(types::DRAFT, id).await.expect("read"), "{id}");
+            }
+        }
+        assert_eq!(db.count("SELECT COUNT(*) FROM events WHERE aggregate_type = 'draft'").await.expect("count"), 23);
     }
 }

@@ -130,7 +130,7 @@ pub async fn mark_processed(db: &Db, name: &str, event: &StoredEvent) -> anyhow:
 /// in one statement; SQLite: the cursor alone ([`sqlite_advance`]).
 pub async fn mark_and_advance(tx: &mut Transaction<'static, Any>, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
     if tx.backend_name() != "PostgreSQL" {
-        return sqlite_advance(&mut **tx, name, events).await;
+        return sqlite_advance(tx, name, events).await;
     }
     postgres_mark_and_advance(tx, name, events, "VALUES ($1, $2, $3)").await
 }

@@ -389,7 +389,10 @@ async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, 
     println!("-- embedded: REST submit with read-your-writes (every service in this process, SQLite in {})", data.path().display());
     measure("warm-up (REST, embedded)", concurrency, concurrency * 4, &rest).await?;
     let rest_1 = measure("REST submit + read-your-writes", 1, (count / 4).max(50), &rest).await?;
+    let (commits, appends) = system.db.appends_per_commit();
     let rest_n = measure("REST submit + read-your-writes", concurrency, count, &rest).await?;
+    let (commits, appends) = (system.db.appends_per_commit().0 - commits, system.db.appends_per_commit().1 - appends);
+    println!("  (c={concurrency}: {appends} submissions in {commits} commits, {:.1} per commit)", appends as f64 / commits.max(1) as f64);
     system.stop().await?;
     Ok((rest_1, rest_n))
 }
