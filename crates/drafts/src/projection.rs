@@ -14,7 +14,7 @@ use atasira_domain::aggregates::draft::{DraftEvent, DraftStatus};
 use atasira_domain::aggregates::types;
 use atasira_domain::os_operation::OverLimit;
 use atasira_platform::db::{Db, EventRef, StoredEvent, TextEvent};
-use atasira_platform::projection::{Projection, placeholders, rows_per_statement, values_list};
+use atasira_platform::projection::{Arg, BlindWrite, Projection, bind_all, placeholders, rows_per_statement, values_list_from};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
@@ -226,6 +226,15 @@ impl DraftRow {
 /// never changes). `Stored::Insert`: rows of drafts submitted in this batch, inserted
 /// unless the draft has a row already (a redelivered submission leaves it as it is).
 async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow], how: Stored) -> anyhow::Result<()> {
+    for chunk in rows.chunks(rows_per_statement(13)) {
+        let (sql, args) = (insert_rows(1, chunk.len(), how), row_args(chunk)?);
+        bind_all(sqlx::query(&sql), &args).execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// The statement that stores `rows` rows ([`save_all`]), its parameters from `$first`.
+fn insert_rows(first: usize, rows: usize, how: Stored) -> String {
     let on_conflict = match how {
         Stored::Insert => "DO NOTHING",
         Stored::Update => {
@@ -233,28 +242,30 @@ async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow], how: S
                decided_at_ns = excluded.decided_at_ns, decision_reason = excluded.decision_reason, box_id = excluded.box_id"
         }
     };
-    for chunk in rows.chunks(rows_per_statement(13)) {
-        let sql = format!("INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT {on_conflict}", values_list(chunk.len(), 13));
-        let mut query = sqlx::query(&sql);
-        for row in chunk {
-            query = query
-                .bind(row.draft_id.clone())
-                .bind(row.box_type.clone())
-                .bind(row.requested_by.clone())
-                .bind(row.status.as_str())
-                .bind(row.position)
-                .bind(nanos(row.submitted_at))
-                .bind(row.decided_by.clone())
-                .bind(row.decided_at.map(nanos))
-                .bind(row.decision_reason.clone())
-                .bind(row.box_id.clone())
-                .bind(serde_json::to_string(&row.over_limit)?)
-                .bind(serde_json::to_string(&row.warnings)?)
-                .bind(serde_json::to_string(&row.manifest)?);
-        }
-        query.execute(&mut **tx).await?;
+    format!("INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT {on_conflict}", values_list_from(first, rows, 13))
+}
+
+/// The thirteen column values of each of `rows`, in order.
+fn row_args(rows: &[&DraftRow]) -> anyhow::Result<Vec<Arg>> {
+    let mut args = Vec::with_capacity(rows.len() * 13);
+    for row in rows {
+        args.extend([
+            Arg::Text(row.draft_id.clone()),
+            Arg::Text(row.box_type.clone()),
+            Arg::Text(row.requested_by.clone()),
+            Arg::Text(row.status.as_str().to_owned()),
+            Arg::Int(row.position),
+            Arg::Int(nanos(row.submitted_at)),
+            Arg::MaybeText(row.decided_by.clone()),
+            Arg::MaybeInt(row.decided_at.map(nanos)),
+            Arg::MaybeText(row.decision_reason.clone()),
+            Arg::MaybeText(row.box_id.clone()),
+            Arg::Text(serde_json::to_string(&row.over_limit)?),
+            Arg::Text(serde_json::to_string(&row.warnings)?),
+            Arg::Text(serde_json::to_string(&row.manifest)?),
+        ]);
     }
-    Ok(())
+    Ok(args)
 }
 
 /// How [`save_all`] stores rows.
@@ -339,6 +350,23 @@ impl Projection for DraftsView {
     }
     fn table_names(&self) -> &'static [&'static str] {
         &["draft_rows"]
+    }
+
+    /// A batch of submissions (nothing else the view takes) needs no row read: its rows,
+    /// inserted unless there (as many as one statement holds).
+    fn blind_write(&self, events: &[StoredEvent], first: usize) -> anyhow::Result<Option<BlindWrite>> {
+        let mut rows = Vec::with_capacity(events.len());
+        for change in changes(events.iter().map(StoredEvent::as_event))? {
+            match change {
+                Change::Submitted(row) => rows.push(row),
+                Change::Later { .. } | Change::Activated { .. } => return Ok(None),
+            }
+        }
+        if rows.is_empty() || rows.len() > rows_per_statement(13) {
+            return Ok(None);
+        }
+        let args = row_args(&rows.iter().collect::<Vec<_>>())?;
+        Ok(Some(BlindWrite { statement: insert_rows(first, rows.len(), Stored::Insert), args }))
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
@@ -536,6 +564,36 @@ mod tests {
         assert_eq!(row.status, RowStatus::Rejected);
         let d = row.to_wire(false).decision.expect("decision");
         assert_eq!((d.by.as_str(), d.reason.as_str()), ("alice", "too wide"));
+    }
+
+    fn stored(event: &DraftEvent, sequence: i64) -> StoredEvent {
+        use cqrs_es::DomainEvent as _;
+        StoredEvent {
+            event_id: StoredEvent::event_id_of(types::DRAFT, "d1", sequence),
+            aggregate_type: types::DRAFT.into(),
+            aggregate_id: "d1".into(),
+            sequence,
+            position: sequence,
+            tx_id: 0,
+            event_type: event.event_type(),
+            event_version: event.event_version(),
+            payload: serde_json::to_value(event).expect("json"),
+            metadata: serde_json::json!({}),
+            recorded_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn given_a_batch_of_submissions_then_its_rows_are_written_without_reading_the_view() {
+        // given a batch holding only a submission; then its row is written blind
+        let write = DraftsView.blind_write(&[stored(&submitted(), 1)], 4).expect("decodes").expect("a submission needs no read");
+        assert_eq!(write.args.len(), 13, "one row of thirteen columns");
+        assert_eq!(write.args[0], Arg::Text("d1".into()));
+        assert!(write.statement.contains("VALUES ($4, ") && write.statement.contains("$16)"), "{}", write.statement);
+        // given a decision in the batch; then the stored row is read first (apply_batch)
+        let rejected =
+            DraftEvent::DraftRejected { draft_id: "d1".into(), box_type: "ops-bot".into(), rejected_by: "alice".into(), reason: "no".into(), at: t(3) };
+        assert!(DraftsView.blind_write(&[stored(&submitted(), 1), stored(&rejected, 2)], 1).expect("decodes").is_none());
     }
 
     fn placeholder_token() -> atasira_domain::token::ApprovalToken {

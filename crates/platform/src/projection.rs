@@ -41,6 +41,15 @@ pub trait Projection: Send + Sync + 'static {
         let events = events.iter().cloned().map(TextEvent::into_stored).collect::<anyhow::Result<Vec<_>>>()?;
         self.apply_batch(tx, &events).await
     }
+    /// The one statement that applies a batch of new events without reading the view, its
+    /// parameters numbered from `$first`, when the batch allows it and applying it twice
+    /// changes nothing (the drafts view's batch of submissions: rows inserted unless
+    /// there). The runner sends it with the cursor (and in PostgreSQL the processed set) in
+    /// one round trip; `None` (the default): [`Projection::apply_batch`] in a transaction.
+    fn blind_write(&self, events: &[StoredEvent], first: usize) -> anyhow::Result<Option<BlindWrite>> {
+        let _ = (events, first);
+        Ok(None)
+    }
 }
 
 /// Events a rebuild reads and applies at a time, one transaction each.
@@ -58,6 +67,11 @@ pub fn rows_per_statement(columns: usize) -> usize {
 
 /// `($1, $2), ($3, $4), ...`: the VALUES of a multi-row insert of `rows` rows of `columns`.
 pub fn values_list(rows: usize, columns: usize) -> String {
+    values_list_from(1, rows, columns)
+}
+
+/// [`values_list`] whose first parameter is `$first`.
+pub fn values_list_from(first: usize, rows: usize, columns: usize) -> String {
     let mut out = String::with_capacity(rows * columns * 5);
     for r in 0..rows {
         out.push_str(if r == 0 { "(" } else { ", (" });
@@ -66,7 +80,7 @@ pub fn values_list(rows: usize, columns: usize) -> String {
                 out.push_str(", ");
             }
             out.push('$');
-            out.push_str(&(r * columns + c + 1).to_string());
+            out.push_str(&(first + r * columns + c).to_string());
         }
         out.push(')');
     }
@@ -76,6 +90,89 @@ pub fn values_list(rows: usize, columns: usize) -> String {
 /// `$1, $2, ...`: `n` placeholders, for `IN (...)`.
 pub fn placeholders(n: usize) -> String {
     (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+}
+
+/// A value bound to a statement of [`Writes`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arg {
+    Text(String),
+    Int(i64),
+    MaybeText(Option<String>),
+    MaybeInt(Option<i64>),
+}
+
+/// Binds `args` to `query`, in order.
+pub fn bind_all<'q>(
+    mut query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
+    args: &'q [Arg],
+) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+    for arg in args {
+        query = match arg {
+            Arg::Text(v) => query.bind(v.as_str()),
+            Arg::Int(v) => query.bind(*v),
+            Arg::MaybeText(v) => query.bind(v.as_deref()),
+            Arg::MaybeInt(v) => query.bind(*v),
+        };
+    }
+    query
+}
+
+/// A statement of [`Projection::blind_write`] and its arguments, in order.
+#[derive(Debug)]
+pub struct BlindWrite {
+    pub statement: String,
+    pub args: Vec<Arg>,
+}
+
+/// Applies `events` with `projection`'s [`Projection::blind_write`], when it has one, in
+/// one round trip with the cursor (PostgreSQL: and the processed set, in one statement of
+/// its own transaction, committed asynchronously like every consumer's; SQLite: two
+/// statements under the writer's turn, each its own transaction, so a crash between them
+/// leaves the cursor behind and the batch is applied again, to no effect). Whether it did.
+async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &dyn Projection) -> anyhow::Result<bool> {
+    let Some(last) = events.last() else { return Ok(false) };
+    let context = || format!("{name} cannot apply the events up to {}", last.event_id);
+    let cursor = [Arg::Text(name.to_owned()), Arg::Int(last.tx_id), Arg::Int(last.position)];
+    match db.kind() {
+        DbKind::Postgres => {
+            if events.len() > rows_per_statement(1) {
+                return Ok(false);
+            }
+            let Some(write) = projection.blind_write(events, 4 + events.len()).with_context(context)? else { return Ok(false) };
+            let marks = (0..events.len()).map(|i| format!("($1, ${})", i + 4)).collect::<Vec<_>>().join(", ");
+            let sql = format!(
+                "WITH advanced AS (INSERT INTO projection_checkpoints (name, tx_id, position) SELECT $1, $2, $3 FROM {}
+                   ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
+                    WHERE projection_checkpoints.tx_id < excluded.tx_id
+                       OR (projection_checkpoints.tx_id = excluded.tx_id AND projection_checkpoints.position < excluded.position)),
+                 marked AS (INSERT INTO projection_processed (name, event_id) VALUES {marks} ON CONFLICT DO NOTHING)
+                 {}",
+                crate::db::ASYNC_COMMIT,
+                write.statement
+            );
+            let args: Vec<Arg> = cursor.into_iter().chain(events.iter().map(|e| Arg::Text(e.event_id.clone()))).chain(write.args).collect();
+            bind_all(sqlx::query(&sql), &args).execute(db.any()).await.with_context(context)?;
+        }
+        DbKind::Sqlite => {
+            let Some(write) = projection.blind_write(events, 1).with_context(context)? else { return Ok(false) };
+            let k = write.args.len() + 1;
+            let sql = format!(
+                "{};
+                 INSERT INTO projection_checkpoints (name, tx_id, position) VALUES (${k}, ${}, ${})
+                 ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
+                  WHERE projection_checkpoints.position < excluded.position",
+                write.statement,
+                k + 1,
+                k + 2
+            );
+            let args: Vec<Arg> = write.args.into_iter().chain(cursor).collect();
+            let turn = db.write_turn().await;
+            bind_all(sqlx::query(&sql), &args).execute(db.any()).await.with_context(context)?;
+            drop(turn);
+        }
+    }
+    db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+    Ok(true)
 }
 
 /// The stored checkpoint's position (0 before the first event). Positions are commit
@@ -202,6 +299,11 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
     let Some(last) = events.last() else { return Ok(0) };
     // Tests slow a consumer down here (a replica's waits must not depend on winning a race).
     crate::failpoints::failpoint_delay("consumer.before_record").await;
+    if let Some(p) = projection
+        && write_blind(db, name, events, p).await?
+    {
+        return Ok(events.len());
+    }
     if projection.is_none() && db.kind() == crate::db::DbKind::Postgres {
         // Nothing but the processed set and the checkpoint: one statement (for a batch of
         // up to a hundred events), its own transaction, committed asynchronously like
