@@ -272,3 +272,23 @@ fn a_read_costs_what_it_returns_even_when_the_planner_knows_nothing_of_the_store
         assert!(batch.events.windows(2).all(|w| w[0].position < w[1].position));
     });
 }
+
+#[test]
+fn reads_cut_short_on_postgresql_leave_the_next_read_whole() {
+    // R-ARCH-6: a feed's reads share a connection kept between reads; a read whose caller
+    // stopped mid-statement must not leave that connection half-way through a reply.
+    let database = Database::create();
+    runtime().block_on(async {
+        let db = Db::connect(&database.url).await.expect("connect");
+        for i in 0..50 {
+            let id = format!("r{i}");
+            db.cqrs::<Draft>().execute_new(&id, submit(&id), HashMap::new()).await.expect("submit");
+        }
+        let whole = db.read(Cursor::START, &["draft"], 100).await.expect("read").events;
+        assert_eq!(whole.len(), 50);
+        for micros in [0, 1, 10, 50, 100, 200, 300, 500, 800, 1200, 2000] {
+            let _ = tokio::time::timeout(std::time::Duration::from_micros(micros), db.read(Cursor::START, &["draft"], 100)).await;
+            assert_eq!(db.read(Cursor::START, &["draft"], 100).await.expect("read").events, whole, "after a read cut short at {micros} µs");
+        }
+    });
+}

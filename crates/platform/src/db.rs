@@ -62,6 +62,8 @@ struct Signals {
     appends: Option<tokio::sync::mpsc::UnboundedSender<AppendJob>>,
     /// What the group appender wrote so far.
     grouped: Arc<Grouped>,
+    /// The connection [`Db::read`] keeps between reads (see there).
+    reader: tokio::sync::Mutex<Option<sqlx::pool::PoolConnection<sqlx::Any>>>,
     /// Consumers of this process that cannot get past an event: name -> the error.
     stalled: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
     /// What the consumers of this process committed, so that a read-your-writes wait looks
@@ -130,6 +132,7 @@ impl Signals {
             writer,
             appends,
             grouped,
+            reader: Default::default(),
             stalled: Default::default(),
             progress: Default::default(),
         })
@@ -1118,20 +1121,37 @@ impl Db {
     /// size of the store.
     pub async fn read(&self, after: Cursor, aggregate_types: &[&str], limit: i64) -> anyhow::Result<Batch> {
         let types = types_clause(aggregate_types);
-        match self.kind() {
+        // The process's feeds and relays read on one connection, kept between reads: a
+        // connection going back to the pool is tested with a round trip of its own (sqlx),
+        // which every read (one per commit, at low load) would pay for. Taken out while
+        // in use, so a read cut short (its caller stopped) returns it to the pool, which
+        // brings it back to a known state, instead of leaving it here mid-statement.
+        let mut kept = self.signals.reader.lock().await;
+        let mut conn = match kept.take() {
+            Some(conn) => conn,
+            None => self.any.acquire().await?,
+        };
+        let read = match self.kind() {
             DbKind::Sqlite => {
                 let sql = format!(
                     "SELECT aggregate_type, aggregate_id, sequence, rowid, event_type, event_version, payload, metadata, recorded_at_ms, 0
                        FROM events WHERE {} ORDER BY rowid",
                     sqlite_after(&types)
                 );
-                let rows = sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&self.any).await?;
+                sqlx::query(&sql).bind(after.position).bind(limit).fetch_all(&mut *conn).await
+            }
+            DbKind::Postgres => sqlx::query(&pg_read_statement(aggregate_types)).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&mut *conn).await,
+        };
+        // A failed read's connection goes back to the pool (which tests it) instead.
+        let rows = read?;
+        *kept = Some(conn);
+        drop(kept);
+        match self.kind() {
+            DbKind::Sqlite => {
                 let events = rows.iter().map(row_to_event).collect::<anyhow::Result<Vec<_>>>()?;
                 Ok(Batch { events, held_back: false })
             }
             DbKind::Postgres => {
-                let sql = pg_read_statement(aggregate_types);
-                let rows = sqlx::query(&sql).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&self.any).await?;
                 let held_back = match rows.first() {
                     Some(row) => row.try_get::<bool, _>(10)?,
                     None => false,
@@ -1678,5 +1698,26 @@ mod tests {
             }
         }
         assert_eq!(db.count("SELECT COUNT(*) FROM events WHERE aggregate_type = 'draft'").await.expect("count"), 23);
+    }
+
+    #[tokio::test]
+    async fn r_arch_6_reads_cut_short_leave_the_next_read_whole() {
+        use atasira_domain::aggregates::draft::Draft;
+        // given a store with a few drafts
+        let store = testing::TempDb::new().await;
+        let db = &store.db;
+        for i in 0..5 {
+            let id = format!("r{i}");
+            db.cqrs::<Draft>().execute_new(&id, testing::submit(&id), HashMap::new()).await.expect("submit");
+        }
+        let whole = db.read(Cursor::START, &[types::DRAFT], 10).await.expect("read").events;
+        assert_eq!(whole.len(), 5);
+        // when reads are cut short at every point they can be
+        for micros in [0, 1, 5, 20, 50, 100, 200, 500, 1000] {
+            let _ = tokio::time::timeout(Duration::from_micros(micros), db.read(Cursor::START, &[types::DRAFT], 10)).await;
+        }
+        // then the next read answers as a whole one did, on the connection the reads keep
+        assert_eq!(db.read(Cursor::START, &[types::DRAFT], 10).await.expect("read").events, whole);
+        assert_eq!(db.read(Cursor::of(&whole[2]), &[types::DRAFT], 10).await.expect("read").events, whole[3..].to_vec());
     }
 }
