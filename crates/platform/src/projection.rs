@@ -92,7 +92,18 @@ pub fn placeholders(n: usize) -> String {
     (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
-/// A value bound to a statement of [`Writes`].
+/// The statement that moves consumer `name`'s cursor (never back) to the row `source`
+/// gives (`VALUES ($1, $2, $3)`, or a `SELECT`): name, tx_id, position.
+fn upsert_cursor(source: &str) -> String {
+    format!(
+        "INSERT INTO projection_checkpoints (name, tx_id, position) {source}
+         ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
+          WHERE projection_checkpoints.tx_id < excluded.tx_id
+             OR (projection_checkpoints.tx_id = excluded.tx_id AND projection_checkpoints.position < excluded.position)"
+    )
+}
+
+/// A value bound to a statement of [`BlindWrite`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Arg {
     Text(String),
@@ -141,13 +152,10 @@ async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &d
             let Some(write) = projection.blind_write(events, 4 + events.len()).with_context(context)? else { return Ok(false) };
             let marks = (0..events.len()).map(|i| format!("($1, ${})", i + 4)).collect::<Vec<_>>().join(", ");
             let sql = format!(
-                "WITH advanced AS (INSERT INTO projection_checkpoints (name, tx_id, position) SELECT $1, $2, $3 FROM {}
-                   ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
-                    WHERE projection_checkpoints.tx_id < excluded.tx_id
-                       OR (projection_checkpoints.tx_id = excluded.tx_id AND projection_checkpoints.position < excluded.position)),
+                "WITH advanced AS ({}),
                  marked AS (INSERT INTO projection_processed (name, event_id) VALUES {marks} ON CONFLICT DO NOTHING)
                  {}",
-                crate::db::ASYNC_COMMIT,
+                upsert_cursor(&format!("SELECT $1, $2, $3 FROM {}", crate::db::ASYNC_COMMIT)),
                 write.statement
             );
             let args: Vec<Arg> = cursor.into_iter().chain(events.iter().map(|e| Arg::Text(e.event_id.clone()))).chain(write.args).collect();
@@ -156,15 +164,7 @@ async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &d
         DbKind::Sqlite => {
             let Some(write) = projection.blind_write(events, 1).with_context(context)? else { return Ok(false) };
             let k = write.args.len() + 1;
-            let sql = format!(
-                "{};
-                 INSERT INTO projection_checkpoints (name, tx_id, position) VALUES (${k}, ${}, ${})
-                 ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
-                  WHERE projection_checkpoints.position < excluded.position",
-                write.statement,
-                k + 1,
-                k + 2
-            );
+            let sql = format!("{};\n{}", write.statement, upsert_cursor(&format!("VALUES (${k}, ${}, ${})", k + 1, k + 2)));
             let args: Vec<Arg> = write.args.into_iter().chain(cursor).collect();
             let turn = db.write_turn().await;
             bind_all(sqlx::query(&sql), &args).execute(db.any()).await.with_context(context)?;
@@ -192,17 +192,7 @@ pub async fn cursor(db: &Db, name: &str) -> anyhow::Result<Cursor> {
 
 /// Moves consumer `name`'s checkpoint forward to `cursor` (never back).
 async fn advance_to(tx: &mut Transaction<'static, Any>, name: &str, cursor: Cursor) -> anyhow::Result<()> {
-    sqlx::query(
-        "INSERT INTO projection_checkpoints (name, tx_id, position) VALUES ($1, $2, $3)
-         ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
-          WHERE projection_checkpoints.tx_id < excluded.tx_id
-             OR (projection_checkpoints.tx_id = excluded.tx_id AND projection_checkpoints.position < excluded.position)",
-    )
-    .bind(name)
-    .bind(cursor.tx_id)
-    .bind(cursor.position)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(&upsert_cursor("VALUES ($1, $2, $3)")).bind(name).bind(cursor.tx_id).bind(cursor.position).execute(&mut **tx).await?;
     Ok(())
 }
 
@@ -239,17 +229,12 @@ pub async fn mark_and_advance(tx: &mut Transaction<'static, Any>, name: &str, ev
 /// would, one statement less for every batch.
 async fn sqlite_advance(conn: &mut sqlx::AnyConnection, name: &str, events: &[StoredEvent]) -> anyhow::Result<std::collections::HashSet<String>> {
     let Some(last) = events.last() else { return Ok(Default::default()) };
-    let moved = sqlx::query(
-        "INSERT INTO projection_checkpoints (name, tx_id, position) VALUES ($1, $2, $3)
-         ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
-          WHERE projection_checkpoints.position < excluded.position
-         RETURNING position",
-    )
-    .bind(name)
-    .bind(last.tx_id)
-    .bind(last.position)
-    .fetch_optional(conn)
-    .await?;
+    let moved = sqlx::query(&format!("{} RETURNING position", upsert_cursor("VALUES ($1, $2, $3)")))
+        .bind(name)
+        .bind(last.tx_id)
+        .bind(last.position)
+        .fetch_optional(conn)
+        .await?;
     Ok(match moved {
         Some(_) => events.iter().map(|e| e.event_id.clone()).collect(),
         None => Default::default(),
@@ -269,16 +254,7 @@ async fn postgres_mark_and_advance(
     let Some(last) = events.last() else { return Ok(new) };
     for (i, chunk) in events.chunks(rows_per_statement(1)).enumerate() {
         let values = (0..chunk.len()).map(|j| format!("($1, ${})", j + 4)).collect::<Vec<_>>().join(", ");
-        let advance = if i == 0 {
-            format!(
-                "WITH advanced AS (INSERT INTO projection_checkpoints (name, tx_id, position) {checkpoint_row}
-                   ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position
-                    WHERE projection_checkpoints.tx_id < excluded.tx_id
-                       OR (projection_checkpoints.tx_id = excluded.tx_id AND projection_checkpoints.position < excluded.position)) "
-            )
-        } else {
-            String::new()
-        };
+        let advance = if i == 0 { format!("WITH advanced AS ({}) ", upsert_cursor(checkpoint_row)) } else { String::new() };
         let sql = format!("{advance}INSERT INTO projection_processed (name, event_id) VALUES {values} ON CONFLICT DO NOTHING RETURNING event_id");
         let mut query = sqlx::query(&sql).bind(name).bind(last.tx_id).bind(last.position);
         for event in chunk {
