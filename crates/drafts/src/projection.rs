@@ -399,7 +399,7 @@ fn changes<'a>(events: impl Iterator<Item = EventRef<'a>>) -> anyhow::Result<Vec
 async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>) -> anyhow::Result<()> {
     let submitted: BTreeSet<&str> = changes.iter().filter(|c| matches!(c, Change::Submitted(_))).map(Change::draft_id).collect();
     let stored: Vec<&str> = changes.iter().map(Change::draft_id).filter(|id| !submitted.contains(id)).collect::<BTreeSet<_>>().into_iter().collect();
-    let mut rows = if stored.is_empty() { HashMap::new() } else { load_all(tx, &stored).await? };
+    let mut rows = load_all(tx, &stored).await?;
     let (mut new, mut changed) = (BTreeSet::new(), BTreeSet::new());
     for change in changes {
         match change {
@@ -423,10 +423,11 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
             }
         }
     }
-    let pick =
-        |ids: &BTreeSet<String>, skip: &BTreeSet<String>| ids.iter().filter(|id| !skip.contains(*id)).filter_map(|id| rows.get(id)).collect::<Vec<&DraftRow>>();
-    save_all(tx, &pick(&new, &BTreeSet::new()), Stored::Insert).await?;
-    save_all(tx, &pick(&changed, &new), Stored::Update).await
+    // A draft submitted in this batch is inserted as it ends up; only stored rows are updated.
+    changed.retain(|id| !new.contains(id));
+    let pick = |ids: &BTreeSet<String>| ids.iter().filter_map(|id| rows.get(id)).collect::<Vec<&DraftRow>>();
+    save_all(tx, &pick(&new), Stored::Insert).await?;
+    save_all(tx, &pick(&changed), Stored::Update).await
 }
 
 /// Rows in submission order after position `after`, filtered by status and/or requester,

@@ -114,6 +114,14 @@ impl Signals {
         }
     }
 
+    /// The writer's turn ([`Db::write_turn`]).
+    async fn write_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        match &self.writer {
+            Some(writer) => Some(writer.clone().lock_owned().await),
+            None => None,
+        }
+    }
+
     /// The signals of a store; for SQLite (given its typed pool) the writer's turn, and the
     /// task that appends commands' events in groups.
     fn new(sqlite: Option<SqlitePool>) -> Arc<Signals> {
@@ -290,10 +298,7 @@ impl<A: Aggregate<Services = ()>> Cqrs<A> {
             // Otherwise the load and the append hold the turn (SQLite), so commands of this
             // process on one stream never conflict.
             _ => {
-                let turn = match &self.signals.writer {
-                    Some(writer) => Some(writer.clone().lock_owned().await),
-                    None => None,
-                };
+                let turn = self.signals.write_turn().await;
                 let result = self.cqrs.execute(aggregate_id, command, metadata, Appender::Direct { new_stream }).await;
                 drop(turn);
                 result
@@ -366,12 +371,8 @@ impl<A: Aggregate<Services = ()>> Framework<A> {
                 }
                 answer.await.unwrap_or_else(|_| Err(sqlx::Error::PoolClosed))
             }
-            (Appender::Direct { .. }, Framework::Sqlite(_, pool)) => {
-                insert_rows!(pool, "", &[&rows]).map(|stored| stored.into_iter().map(|(_, _, s, p)| (s, p)).collect())
-            }
-            (Appender::Direct { .. }, Framework::Postgres(_, pool)) => {
-                insert_rows!(pool, "json", &[&rows]).map(|stored| stored.into_iter().map(|(_, _, s, p)| (s, p)).collect())
-            }
+            (Appender::Direct { .. }, Framework::Sqlite(_, pool)) => insert_rows!(pool, false, &[&rows]).map(positions),
+            (Appender::Direct { .. }, Framework::Postgres(_, pool)) => insert_rows!(pool, true, &[&rows]).map(positions),
         };
         let mut committed = stored.map_err(|e| match &e {
             sqlx::Error::Database(d) if d.is_unique_violation() => cqrs_es::AggregateError::AggregateConflict,
@@ -433,12 +434,12 @@ fn insert_statement(rows: usize, json: bool) -> String {
     )
 }
 
-/// Runs [`insert_statement`] for `appends` on `$pool` (`"json"` for PostgreSQL): the
+/// Runs [`insert_statement`] for `appends` on `$pool` (`$json`: PostgreSQL's casts): the
 /// stream, sequence and position of every row stored.
 macro_rules! insert_rows {
     ($pool:expr, $json:expr, $appends:expr) => {{
         let appends: &[&AppendRows] = $appends;
-        let sql = insert_statement(appends.iter().map(|a| a.rows.len()).sum(), $json == "json");
+        let sql = insert_statement(appends.iter().map(|a| a.rows.len()).sum(), $json);
         let mut query = sqlx::query(&sql);
         for a in appends {
             for (sequence, event_type, version, payload) in &a.rows {
@@ -461,6 +462,11 @@ macro_rules! insert_rows {
     }};
 }
 use insert_rows;
+
+/// The sequence and position of each row [`insert_rows`] stored for one stream.
+fn positions(stored: Vec<(String, String, i64, i64)>) -> Vec<(i64, i64)> {
+    stored.into_iter().map(|(_, _, sequence, position)| (sequence, position)).collect()
+}
 
 /// A command's append handed to the group appender, and where its outcome goes: the
 /// sequence and position of each row.
@@ -509,7 +515,7 @@ async fn append_in_groups(
         }
         let together = match group.len() {
             1 => None,
-            _ => insert_rows!(&pool, "", &group.iter().map(|j| &j.rows).collect::<Vec<_>>()).ok(),
+            _ => insert_rows!(&pool, false, &group.iter().map(|j| &j.rows).collect::<Vec<_>>()).ok(),
         };
         match together {
             Some(stored) => {
@@ -524,7 +530,7 @@ async fn append_in_groups(
             None => {
                 grouped.wrote(group.len(), group.len());
                 for job in group {
-                    let stored = insert_rows!(&pool, "", &[&job.rows]).map(|stored| stored.into_iter().map(|(_, _, s, p)| (s, p)).collect());
+                    let stored = insert_rows!(&pool, false, &[&job.rows]).map(positions);
                     let _ = job.reply.send(stored);
                 }
                 drop(held);
@@ -1025,10 +1031,7 @@ impl Db {
     /// The writer's turn (SQLite: one writer at a time, queued here; PostgreSQL: none
     /// needed). Hold it from `begin` to `commit` of a write transaction.
     pub async fn write_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        match &self.signals.writer {
-            Some(writer) => Some(writer.clone().lock_owned().await),
-            None => None,
-        }
+        self.signals.write_turn().await
     }
 
     /// Loads an aggregate's current state (for look-ups before a command).
