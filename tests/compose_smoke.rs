@@ -475,6 +475,18 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     procs.push(Proc::spawn_command("nats-server", cmd));
     local.wait_healthy(nats, &mut procs);
 
+    // nats-setup: the operator creates the events stream and the sentinel's consumer, with
+    // credentials no atasira service mounts.
+    let setup = service(&all, "nats-setup");
+    assert_eq!(setup.command.first().map(String::as_str), Some("nats-setup"), "{:?}", setup.command);
+    let operator = setup.environment.get("ATASIRA_NATS_CREDS").expect("nats-setup has ATASIRA_NATS_CREDS");
+    assert!(setup.volumes.iter().any(|(v, m)| v == "creds-operator" && operator.starts_with(m.as_str())), "nats-setup mounts the operator's credentials");
+    for s in &atasira {
+        assert!(s.volumes.iter().all(|(v, _)| v != "creds-operator"), "service {} mounts the operator's credentials", s.name);
+    }
+    let out = local.command(setup, &atasira_bin(), &setup.command).output().expect("nats-setup runs");
+    assert!(out.status.success(), "nats-setup failed: {}", String::from_utf8_lossy(&out.stderr));
+
     // The atasira services, then their health checks (GET /readyz).
     for s in &atasira {
         let cmd = local.command(s, &atasira_bin(), &s.command);

@@ -245,6 +245,17 @@ impl Nats {
             ports.iter().enumerate().map(|(i, port)| NatsNode { port: *port, monitor: (nodes > 1).then(free_port), conf: conf(i + 1), proc: None }).collect();
         let mut nats = Nats { nodes, _store: store_dir };
         nats.up();
+        // The operator creates the events stream and the sentinel's consumer (no process
+        // of the cluster may).
+        let creds = creds_dir.join(format!("{}.creds", atasira_contracts::subjects::OPERATOR));
+        let replicas = nats.nodes.len().min(3).to_string();
+        let set_up = Command::new(atasira_bin())
+            .args(["nats-setup", "--nats-url", &nats.urls(), "--stream-replicas", &replicas, "--timeout", "30"])
+            .arg("--nats-creds")
+            .arg(&creds)
+            .output()
+            .expect("atasira nats-setup runs");
+        assert!(set_up.status.success(), "atasira nats-setup failed: {}", String::from_utf8_lossy(&set_up.stderr));
         nats
     }
 

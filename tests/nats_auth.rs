@@ -221,6 +221,139 @@ fn the_gateway_publishes_no_events_and_has_no_jetstream() {
     });
 }
 
+/// JetStream API calls that would let a process change what others read, or make the
+/// server publish where that process may not: (subject, body). Creating streams (with a
+/// republish onto the gateway's approval subject, on the auth callout's subject, as a
+/// mirror), changing, purging or deleting the events stream or its messages, consumers
+/// that push onto another identity's subject, reading another consumer, listing.
+fn jetstream_attacks(identity: &str) -> Vec<(String, serde_json::Value)> {
+    let victim = subjects::request(subjects::GATEWAY, subjects::APPROVAL);
+    let stream = subjects::EVENTS_STREAM;
+    let own = subjects::events(identity);
+    let push = |name: &str| json!({"stream_name": stream, "config": {"durable_name": name, "deliver_subject": victim, "ack_policy": "none"}});
+    vec![
+        ("$JS.API.STREAM.CREATE.EVIL".into(), json!({"name": "EVIL", "subjects": [format!("{own}.x")], "republish": {"src": ">", "dest": victim}})),
+        ("$JS.API.STREAM.CREATE.CALLOUT".into(), json!({"name": "CALLOUT", "subjects": [subjects::AUTH_CALLOUT]})),
+        ("$JS.API.STREAM.CREATE.COPY".into(), json!({"name": "COPY", "mirror": {"name": stream}})),
+        ("$JS.API.STREAM.CREATE.MERGED".into(), json!({"name": "MERGED", "sources": [{"name": stream}]})),
+        (
+            format!("$JS.API.STREAM.UPDATE.{stream}"),
+            json!({"name": stream, "subjects": [subjects::EVENTS_WILDCARD], "republish": {"src": ">", "dest": victim}}),
+        ),
+        (format!("$JS.API.STREAM.PURGE.{stream}"), json!({})),
+        (format!("$JS.API.STREAM.DELETE.{stream}"), json!({})),
+        (format!("$JS.API.STREAM.MSG.DELETE.{stream}"), json!({"seq": 1})),
+        (format!("$JS.API.STREAM.MSG.GET.{stream}"), json!({"seq": 1})),
+        (format!("$JS.API.DIRECT.GET.{stream}"), json!({"seq": 1})),
+        (format!("$JS.API.CONSUMER.CREATE.{stream}.push"), push("push")),
+        (format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.push"), push("push")),
+        (format!("$JS.API.CONSUMER.CREATE.{stream}"), json!({"stream_name": stream, "config": {"deliver_subject": victim}})),
+        (
+            format!("$JS.API.CONSUMER.CREATE.{stream}.{}", subjects::SENTINEL_CONSUMER),
+            json!({"stream_name": stream, "config": {"durable_name": subjects::SENTINEL_CONSUMER, "deliver_subject": victim}}),
+        ),
+        (format!("$JS.API.CONSUMER.DELETE.{stream}.{}", subjects::SENTINEL_CONSUMER), json!({})),
+        ("$JS.API.STREAM.NAMES".into(), json!({})),
+        ("$JS.API.STREAM.LIST".into(), json!({})),
+        ("$JS.API.INFO".into(), json!({})),
+    ]
+}
+
+#[test]
+fn no_process_may_change_jetstream_or_make_the_server_deliver_onto_another_identitys_subject() {
+    // R-ARCH-13: every JetStream call that creates, changes, purges or deletes a stream or
+    // consumer, or would make the server deliver (republish, mirror, sources, a push
+    // consumer's deliver subject), is refused to every process identity; each may make
+    // only the calls its code makes. The operator set the stream up (`atasira nats-setup`).
+    let (dir, nats) = authenticated_nats();
+    let creds = dir.0.join("nats");
+    runtime().block_on(async {
+        for identity in subjects::IDENTITIES {
+            let (client, mut errors) = connect_as(&nats, &creds, identity).await;
+            let mut attacks = jetstream_attacks(identity);
+            if *identity != subjects::AUDIT {
+                // Only the audit service reads the sentinel's consumer.
+                for call in ["CONSUMER.INFO", "CONSUMER.MSG.NEXT"] {
+                    attacks.push((format!("$JS.API.{call}.{}.{}", subjects::EVENTS_STREAM, subjects::SENTINEL_CONSUMER), json!({"batch": 1})));
+                }
+            }
+            if *identity == subjects::GATEWAY {
+                attacks.push((format!("$JS.API.STREAM.INFO.{}", subjects::EVENTS_STREAM), json!({})));
+            }
+            for (subject, body) in attacks {
+                let inbox = format!("{}.attack", subjects::inbox_prefix(identity));
+                client.publish_with_reply(subject.clone(), inbox, body.to_string().into()).await.expect("sent");
+                client.flush().await.expect("flush");
+                assert_refused(violation(&mut errors).await, "Publish", &subject);
+            }
+            // What its code does is allowed: a service looks the stream up, and the audit
+            // service reads the sentinel's consumer.
+            if subjects::SERVICES.contains(identity) {
+                let js = async_nats::jetstream::new(client.clone());
+                let stream = js.get_stream(subjects::EVENTS_STREAM).await.unwrap_or_else(|e| panic!("{identity} looks the events stream up: {e}"));
+                if *identity == subjects::AUDIT {
+                    let consumer = stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>(subjects::SENTINEL_CONSUMER).await;
+                    assert!(consumer.is_ok(), "the audit service reads the sentinel's consumer");
+                }
+                assert_eq!(no_error(&mut errors).await, Ok(()), "{identity}: its own calls are allowed");
+            }
+        }
+
+        // The operator sees the stream and consumer as `atasira nats-setup` made them.
+        let (operator, mut errors) = connect_as(&nats, &creds, subjects::OPERATOR).await;
+        let js = async_nats::jetstream::new(operator.clone());
+        let names: Vec<String> = js.stream_names().collect::<Vec<_>>().await.into_iter().map(|n| n.expect("a name")).collect();
+        assert_eq!(names, [subjects::EVENTS_STREAM], "no stream was created");
+        let mut stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
+        let config = stream.info().await.expect("info").config.clone();
+        assert_eq!(config.subjects, [subjects::EVENTS_WILDCARD]);
+        assert!(config.republish.is_none() && config.mirror.is_none() && config.sources.as_ref().is_none_or(Vec::is_empty), "{config:?}");
+        let consumers: Vec<String> = stream.consumer_names().collect::<Vec<_>>().await.into_iter().map(|n| n.expect("a name")).collect();
+        assert_eq!(consumers, [subjects::SENTINEL_CONSUMER], "no consumer was created or deleted");
+        let sentinel = stream.consumer_info(subjects::SENTINEL_CONSUMER).await.expect("the sentinel's consumer");
+        assert!(sentinel.config.deliver_subject.is_none(), "a pull consumer");
+        // The operator speaks for no process.
+        operator.publish(subjects::request(subjects::GATEWAY, subjects::APPROVAL), "x".into()).await.expect("sent");
+        operator.flush().await.expect("flush");
+        assert_refused(violation(&mut errors).await, "Publish", "atasira.box.gateway.approval");
+    });
+}
+
+#[test]
+fn a_pull_or_an_acknowledgement_sent_to_another_subject_never_reads_as_a_request_there() {
+    // R-ARCH-13, the residual risk of what services may call: nats-server delivers a pulled
+    // message, and a publish acknowledgement, to whatever reply subject the caller names.
+    // A pulled message keeps the events subject it was stored under, so the approval
+    // service never takes it for a request of the gateway's.
+    let (dir, nats) = authenticated_nats();
+    let creds = dir.0.join("nats");
+    runtime().block_on(async {
+        let (approval, _) = connect_as(&nats, &creds, subjects::APPROVAL).await;
+        let mut listening = approval.subscribe("atasira.box.*.approval").await.expect("subscribed");
+        approval.flush().await.expect("flush");
+        let (audit, mut audit_errors) = connect_as(&nats, &creds, subjects::AUDIT).await;
+        // Something in the stream for the sentinel to hand out (the audit service publishes
+        // its own events), then a pull whose answers go to the gateway's approval subject.
+        let js = async_nats::jetstream::new(audit.clone());
+        js.publish(subjects::events(subjects::AUDIT), "crafted".into()).await.expect("sent").await.expect("stored");
+        let next = format!("$JS.API.CONSUMER.MSG.NEXT.{}.{}", subjects::EVENTS_STREAM, subjects::SENTINEL_CONSUMER);
+        let victim = subjects::request(subjects::GATEWAY, subjects::APPROVAL);
+        audit.publish_with_reply(next, victim.clone(), json!({"batch": 1, "expires": 2_000_000_000}).to_string().into()).await.expect("sent");
+        audit.publish_with_reply(subjects::events(subjects::AUDIT), victim.clone(), "crafted again".into()).await.expect("sent");
+        audit.flush().await.expect("flush");
+        assert_eq!(no_error(&mut audit_errors).await, Ok(()));
+        let mut seen = Vec::new();
+        while let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(3), listening.next()).await {
+            seen.push((message.subject.to_string(), message.payload.clone()));
+        }
+        for (subject, payload) in &seen {
+            let as_request = subjects::origin(subject, subjects::APPROVAL).is_some();
+            assert!(!as_request || !payload.starts_with(b"crafted"), "a crafted payload arrived as a request on {subject}");
+        }
+        assert!(seen.iter().any(|(s, p)| s == "atasira.box.audit.events" && &p[..] == b"crafted"), "the pull did go astray, under its own subject: {seen:?}");
+    });
+}
+
 #[test]
 fn the_cluster_runs_the_c9_flow_within_its_permissions() {
     // R-ARCH-10: every request the processes make is one the table allows; nats-server

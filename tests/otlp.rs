@@ -159,7 +159,7 @@ fn feed_traceparents(sys: &System, aggregate_id: &str) -> Vec<String> {
     use futures::StreamExt as _;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
-        let js = sys.jetstream_as(subjects::AUDIT).await;
+        let js = sys.jetstream_as(subjects::OPERATOR).await;
         let stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

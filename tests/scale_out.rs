@@ -213,7 +213,7 @@ fn ids_with(sys: &System, aggregate_type: &str, event_type: &str) -> Vec<String>
     listed.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect()
 }
 
-/// The events stream as JetStream reports it (read as the audit process).
+/// The events stream as JetStream reports it (read as the operator).
 struct StreamState {
     messages: u64,
     replicas: usize,
@@ -221,11 +221,11 @@ struct StreamState {
     peers: Vec<(String, bool, bool)>,
 }
 
-/// The events the JetStream stream holds, and its replicas (read as the audit process).
+/// The events the JetStream stream holds, and its replicas (read as the operator).
 fn stream_state(sys: &System) -> StreamState {
     use atasira_contracts::subjects;
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
-        let js = sys.jetstream_as(subjects::AUDIT).await;
+        let js = sys.jetstream_as(subjects::OPERATOR).await;
         let mut stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
         let info = stream.info().await.expect("info");
         let peers = info.cluster.as_ref().map(|c| c.replicas.iter().map(|p| (p.name.clone(), p.current, p.offline)).collect()).unwrap_or_default();
@@ -238,7 +238,6 @@ fn three_nats_nodes_and_two_of_every_process_lose_nothing_when_one_of_each_dies_
     let load = Load::from_env();
     let limit = 3;
     let env = [
-        ("ATASIRA_STREAM_REPLICAS", "3".to_owned()),
         ("ATASIRA_MAX_BOXES", limit.to_string()),
         // A request whose NATS node died is answered 503 after this, and retried; a retry
         // of a request whose gateway died takes its Idempotency-Key over after the lease

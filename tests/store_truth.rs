@@ -66,7 +66,7 @@ async fn forge(sys: &System, identity: &str, event_id: &str, event_type: &str, p
 
 /// Every notification on the public event feed for `event_id`, as (payload JSON).
 async fn on_the_feed(sys: &System, event_id: &str) -> Vec<Value> {
-    let js = sys.jetstream_as(subjects::AUDIT).await;
+    let js = sys.jetstream_as(subjects::OPERATOR).await;
     let stream = js.get_stream(subjects::EVENTS_STREAM).await.expect("the events stream");
     let consumer: async_nats::jetstream::consumer::PullConsumer =
         stream.create_consumer(async_nats::jetstream::consumer::pull::Config::default()).await.expect("an ephemeral consumer");

@@ -475,7 +475,7 @@ fn permission_table() -> String {
     use atasira_contracts::subjects;
     let list = |subjects: &[String]| subjects.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
     let mut table = String::from("| NATS user | may publish | may subscribe |\n|---|---|---|\n");
-    for identity in subjects::IDENTITIES {
+    for identity in subjects::IDENTITIES.iter().chain([&subjects::OPERATOR]) {
         let p = subjects::permissions(identity);
         table.push_str(&format!("| `{identity}` | {} | {} |\n", list(&p.publish), list(&p.subscribe)));
     }

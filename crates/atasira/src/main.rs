@@ -113,11 +113,6 @@ enum Command {
         /// gateway answers both on its REST address as well.
         #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
-        /// How many nats-servers keep a copy of the public events stream: 1 on a single
-        /// server, 3 on a three-node cluster (then losing one node loses nothing). An
-        /// existing stream is raised to this, never lowered.
-        #[arg(long, env = "ATASIRA_STREAM_REPLICAS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
-        stream_replicas: u8,
         #[command(flatten)]
         common: CommonArgs,
     },
@@ -152,6 +147,32 @@ enum Command {
         /// process then needs its new file, and nats-server the new configuration).
         #[arg(long)]
         force: bool,
+    },
+    /// Create the public events stream and the audit sentinel's consumer on NATS, once,
+    /// with the operator's credentials (run again to raise the stream's replicas).
+    ///
+    /// No process of the cluster may create, change or delete JetStream streams or
+    /// consumers: run this after nats-server starts and before (or while) the services
+    /// start; they wait for the stream. Prints what it did on stderr.
+    NatsSetup {
+        /// NATS server, or the nodes of a NATS cluster separated by commas.
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+        nats_url: String,
+        /// The operator's NATS credentials file, written by `atasira nats-config`
+        /// (DIR/operator.creds). Required unless --insecure-nats.
+        #[arg(long, env = "ATASIRA_NATS_CREDS", value_name = "FILE")]
+        nats_creds: Option<PathBuf>,
+        /// Connect without credentials (a NATS server that authenticates nobody).
+        #[arg(long, env = "ATASIRA_INSECURE_NATS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+        insecure_nats: bool,
+        /// How many nats-servers keep a copy of the public events stream: 1 on a single
+        /// server, 3 on a three-node cluster (then losing one node loses nothing). An
+        /// existing stream is raised to this, never lowered.
+        #[arg(long, env = "ATASIRA_STREAM_REPLICAS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+        stream_replicas: u8,
+        /// Give up after this many seconds if NATS does not answer.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+        timeout: u64,
     },
     /// Check the audit ledger's hash chain and signed checkpoints (`verify`: on a data dir or
     /// database, or through a running gateway with --url), or list its rows over the REST
@@ -277,7 +298,6 @@ impl CommonArgs {
             },
             provision_backoff: Duration::from_millis(self.provision_backoff_ms),
             binding_ttl: self.binding_ttl,
-            stream_replicas: 1,
         }
     }
 
@@ -458,7 +478,6 @@ fn main() -> ExitCode {
             data_dir,
             listen,
             metrics_listen,
-            stream_replicas,
             common,
         } => {
             common.configure_failpoints();
@@ -467,13 +486,19 @@ fn main() -> ExitCode {
             run_traced(Some(&trace_as), async move {
                 let auth = services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.insecure_nats)?;
                 let listen = services::Listen { api: listen, probes: metrics_listen };
-                let settings = services::Settings { stream_replicas: usize::from(stream_replicas), ..common.settings(data_dir) };
-                services::serve(service, &nats_url, auth, &database_url, keys, listen, settings).await
+                services::serve(service, &nats_url, auth, &database_url, keys, listen, common.settings(data_dir)).await
             })
         }
         Command::NatsConfig { out, port, store_dir, routes, force } => {
             nats_config::run(&nats_config::Options { out, port, store_dir, routes, force }).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
         }
+        Command::NatsSetup { nats_url, nats_creds, insecure_nats, stream_replicas, timeout } => run_async(async move {
+            let auth = services::NatsAuth::from_args(atasira_contracts::subjects::OPERATOR, nats_creds.as_deref(), insecure_nats)?;
+            let setup = nats_config::set_up(&nats_url, &auth, usize::from(stream_replicas));
+            tokio::time::timeout(std::time::Duration::from_secs(timeout), setup)
+                .await
+                .map_err(|_| anyhow::anyhow!("NATS at {nats_url} did not answer within {timeout} s"))?
+        }),
         Command::Audit(cmd) => {
             let sub = matches.subcommand().and_then(|(_, m)| m.subcommand()).map(|(_, m)| m);
             match client::audit(cmd, sub) {

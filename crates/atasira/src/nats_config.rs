@@ -25,10 +25,16 @@ pub fn creds_path(dir: &Path, identity: &str) -> PathBuf {
     dir.join(format!("{identity}.creds"))
 }
 
+/// Every NATS user the configuration names: the processes of the cluster, then the
+/// operator (who sets up JetStream with `atasira nats-setup`).
+fn users() -> impl Iterator<Item = &'static str> {
+    subjects::IDENTITIES.iter().copied().chain([subjects::OPERATOR])
+}
+
 /// What the configuration needs to know about the keys (public halves only).
 #[derive(Debug, Clone)]
 pub struct PublicKeys {
-    /// (identity, user public key `U...`), in `subjects::IDENTITIES` order.
+    /// (identity, user public key `U...`), in `users()` order.
     pub users: Vec<(&'static str, String)>,
     /// The auth callout's issuer (account public key `A...`).
     pub callout_issuer: String,
@@ -303,7 +309,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let out = &options.out;
     let nodes = if options.routes.is_empty() { Vec::new() } else { cluster_nodes(&options.routes, &hex::encode(atasira_platform::auth::random_secret()))? };
     let conf_files: Vec<PathBuf> = if nodes.is_empty() { vec![out.join(CONF_FILE)] } else { (1..=nodes.len()).map(|n| out.join(node_conf_file(n))).collect() };
-    let existing: Vec<PathBuf> = conf_files.iter().cloned().chain(subjects::IDENTITIES.iter().map(|i| creds_path(out, i))).filter(|p| p.exists()).collect();
+    let existing: Vec<PathBuf> = conf_files.iter().cloned().chain(users().map(|i| creds_path(out, i))).filter(|p| p.exists()).collect();
     if !existing.is_empty() && !options.force {
         anyhow::bail!(
             "{} already holds a NATS configuration ({}); pass --force to replace it with new keys \
@@ -326,7 +332,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     };
 
     let issuer = nkeys::KeyPair::new_account();
-    let users: Vec<(&'static str, nkeys::KeyPair)> = subjects::IDENTITIES.iter().map(|i| (*i, nkeys::KeyPair::new_user())).collect();
+    let users: Vec<(&'static str, nkeys::KeyPair)> = users().map(|i| (i, nkeys::KeyPair::new_user())).collect();
     let public = PublicKeys { users: users.iter().map(|(i, k)| (*i, k.public_key())).collect(), callout_issuer: issuer.public_key() };
     let seed = |k: &nkeys::KeyPair| k.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"));
 
@@ -357,17 +363,42 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         }
     }
     for (path, identity) in &written {
-        let what = if *identity == subjects::GATEWAY { "gateway, with the auth callout's issuer key" } else { identity };
+        let what = match *identity {
+            subjects::GATEWAY => "gateway, with the auth callout's issuer key",
+            subjects::OPERATOR => "operator: sets up JetStream; give it to no process",
+            _ => identity,
+        };
         eprintln!("  {} ({what}; mode 0600)", path.display());
     }
     for path in &conf_files {
         eprintln!("next: nats-server -c {}", path.display());
     }
+    eprintln!("      atasira nats-setup --nats-creds {}", creds_path(&out, subjects::OPERATOR).display());
     eprintln!("      atasira serve <service> --nats-creds {}", creds_path(&out, "<service>").display());
     if !nodes.is_empty() {
-        eprintln!("      with --nats-url listing the nodes' client addresses, separated by commas, and (services)");
+        eprintln!("      with --nats-url listing the nodes' client addresses, separated by commas, and (nats-setup)");
         eprintln!("      --stream-replicas {} so the events stream survives losing a node", nodes.len().min(3));
     }
+    Ok(())
+}
+
+/// `atasira nats-setup`: as the operator, creates the events stream (or raises its
+/// replicas) and the sentinel's consumer; says what it did on stderr.
+pub async fn set_up(nats_url: &str, auth: &crate::services::NatsAuth, replicas: usize) -> anyhow::Result<()> {
+    use atasira_platform::relay::{self, StreamSetUp};
+    let client = crate::services::connect_nats(nats_url, subjects::OPERATOR, auth, true).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    let did = relay::set_up_events_stream(&js, replicas).await?;
+    let stream = js.get_stream(subjects::EVENTS_STREAM).await.map_err(|e| anyhow::anyhow!("cannot look up the events stream: {e}"))?;
+    let what = match did {
+        StreamSetUp::Created => format!("created the events stream {} ({replicas} replica(s))", subjects::EVENTS_STREAM),
+        StreamSetUp::ReplicasRaised { from } => format!("raised the events stream's replicas from {from} to {replicas}"),
+        StreamSetUp::AlreadyThere => format!("the events stream {} is already there", subjects::EVENTS_STREAM),
+    };
+    eprintln!("atasira nats-setup: {what}");
+    let consumer = if atasira_platform::sentinel::set_up_consumer(&stream).await? { "created" } else { "is already there" };
+    eprintln!("atasira nats-setup: the audit sentinel's consumer {consumer}");
+    client.flush().await.map_err(|e| anyhow::anyhow!("NATS: {e}"))?;
     Ok(())
 }
 
@@ -377,7 +408,7 @@ mod tests {
 
     fn keys() -> PublicKeys {
         PublicKeys {
-            users: subjects::IDENTITIES.iter().map(|i| (*i, nkeys::KeyPair::new_user().public_key())).collect(),
+            users: users().map(|i| (i, nkeys::KeyPair::new_user().public_key())).collect(),
             callout_issuer: nkeys::KeyPair::new_account().public_key(),
         }
     }
@@ -389,14 +420,15 @@ mod tests {
         assert!(conf.contains("port: 4333"));
         assert!(conf.contains("store_dir: \"/var/lib/nats\""));
         assert!(conf.contains("sync_interval: always"));
-        assert!(conf.contains("\"$JS.API.>\""), "{conf}");
+        assert_eq!(conf.matches("\"$JS.API.>\"").count(), 1, "the operator's alone: {conf}");
+        assert!(conf.contains("\"$JS.API.STREAM.INFO.ATASIRA_EVENTS\""), "{conf}");
         assert!(conf.contains("\"$SYS.REQ.USER.AUTH\""));
         assert!(!conf.contains(" $"), "no unquoted subject (nats-server would read a variable): {conf}");
         for (identity, public) in &keys.users {
             assert!(conf.contains(&format!("# {identity}\n      {{ nkey: \"{public}\"")), "{identity}");
         }
         assert!(conf.contains(&format!("issuer: \"{}\"", keys.callout_issuer)));
-        assert_eq!(conf.matches("allow_responses: false").count(), subjects::IDENTITIES.len(), "replies go to the callers' inboxes only");
+        assert_eq!(conf.matches("allow_responses: false").count(), subjects::IDENTITIES.len() + 1, "replies go to the callers' inboxes only");
     }
 
     #[test]

@@ -36,8 +36,6 @@ pub struct Settings {
     pub provision_backoff: Duration,
     /// `ATASIRA_BINDING_TTL`: the lease of an execution binding.
     pub binding_ttl: Duration,
-    /// `ATASIRA_STREAM_REPLICAS` (cluster): copies of the public events stream.
-    pub stream_replicas: usize,
 }
 
 impl Settings {
@@ -321,7 +319,7 @@ pub async fn serve(
         NatsAuth::Insecure => None,
     };
     let client = connect_nats(nats_url, identity, &nats_auth, true).await?;
-    let events = relay::EventsStream::new(async_nats::jetstream::new(client.clone()), settings.stream_replicas);
+    let events = relay::EventsStream::new(async_nats::jetstream::new(client.clone()));
     let rt = Runtime {
         db: db.clone(),
         bus: Arc::new(NatsBus::new(client.clone())),

@@ -57,8 +57,40 @@ pub const CLIENT_ROUTES: &[(&str, bool)] = &[(DRAFTS, false), (RUNTIME_REGISTRY,
 /// client subject has five tokens where a Box subject has four.
 pub const CLIENT: &str = "client";
 
-/// The JetStream API, for the services that relay and consume events.
+/// The one-off operator identity `atasira nats-config` writes (`operator.creds`): the only
+/// NATS user that may create, change, purge or delete streams and consumers. `atasira
+/// nats-setup` uses it to create the events stream and the sentinel's consumer; no
+/// process of the cluster holds it.
+pub const OPERATOR: &str = "operator";
+
+/// The whole JetStream API: the operator's alone.
 pub const JETSTREAM_API: &str = "$JS.API.>";
+
+/// The audit sentinel's durable pull consumer on the events stream (created by the
+/// operator, read by the audit service).
+pub const SENTINEL_CONSUMER: &str = "sentinel";
+
+/// The JetStream API calls `identity`'s code makes, each on one named stream or consumer
+/// (R-ARCH-13): every service looks the events stream up before it relays (its publishes
+/// are acknowledged into its own inbox); the audit service also reads and acknowledges
+/// the sentinel's consumer. Nobody but the operator may create, update, purge or delete a
+/// stream or consumer, delete a message, or make the server deliver anywhere (a stream's
+/// republish, mirror or sources, a push consumer's deliver subject).
+pub fn jetstream_grants(identity: &str) -> Vec<String> {
+    if identity == OPERATOR {
+        return vec![JETSTREAM_API.to_owned()];
+    }
+    if !SERVICES.contains(&identity) {
+        return Vec::new();
+    }
+    let mut grants = vec![format!("$JS.API.STREAM.INFO.{EVENTS_STREAM}")];
+    if identity == AUDIT {
+        grants.push(format!("$JS.API.CONSUMER.INFO.{EVENTS_STREAM}.{SENTINEL_CONSUMER}"));
+        grants.push(format!("$JS.API.CONSUMER.MSG.NEXT.{EVENTS_STREAM}.{SENTINEL_CONSUMER}"));
+        grants.push(format!("$JS.ACK.{EVENTS_STREAM}.{SENTINEL_CONSUMER}.>"));
+    }
+    grants
+}
 
 /// The NATS services API (`$SRV.PING|INFO|STATS`), where every process registers.
 pub const SERVICES_API: &str = "$SRV.>";
@@ -71,11 +103,6 @@ pub const AUTH_CALLOUT: &str = "$SYS.REQ.USER.AUTH";
 
 /// Where nats-server expects the auth callout's answers.
 pub const AUTH_CALLOUT_REPLIES: &str = "$SYS._INBOX.>";
-
-/// Acknowledgements of the events stream's messages.
-pub fn jetstream_acks() -> String {
-    format!("$JS.ACK.{EVENTS_STREAM}.>")
-}
 
 /// The reply inbox prefix of a process identity: its replies arrive below it, and nobody
 /// else may subscribe there.
@@ -121,8 +148,8 @@ pub struct Permissions {
 }
 
 /// The permissions of a process identity (R-ARCH-10), derived from `ROUTES`: it publishes
-/// its own requests, its own events (services relay them) and, as a JetStream user, the
-/// JetStream API; it listens on its own subjects, the services API and its own inbox.
+/// its own requests, its own events (services relay them) and the JetStream API calls its
+/// code makes (`jetstream_grants`); it listens on its own subjects, the services API and its own inbox.
 ///
 /// It answers requests by publishing into its callers' inboxes: those of the processes
 /// routed to it, and those of NATS publishers (every process answers an admin's services
@@ -132,8 +159,13 @@ pub struct Permissions {
 /// "answer" on `atasira.box.approval.runtime-registry` and speak as approval. The gateway
 /// also answers the auth callout.
 ///
+/// The operator may use the whole JetStream API and hear its answers, nothing else.
+///
 /// An unknown identity may do nothing (empty lists).
 pub fn permissions(identity: &str) -> Permissions {
+    if identity == OPERATOR {
+        return Permissions { publish: jetstream_grants(OPERATOR), subscribe: vec![format!("{}.>", inbox_prefix(OPERATOR))], allow_responses: false };
+    }
     if !IDENTITIES.contains(&identity) {
         return Permissions::default();
     }
@@ -143,8 +175,7 @@ pub fn permissions(identity: &str) -> Permissions {
     let mut subscribe = listen_subjects(identity);
     if SERVICES.contains(&identity) {
         publish.push(events(identity));
-        publish.push(JETSTREAM_API.to_owned());
-        publish.push(jetstream_acks());
+        publish.extend(jetstream_grants(identity));
     }
     subscribe.push(SERVICES_API.to_owned());
     subscribe.push(format!("{}.>", inbox_prefix(identity)));
@@ -301,9 +332,50 @@ mod tests {
         }
         assert!(publishers(&events(GATEWAY)).is_empty());
         assert!(publishers("atasira.box.nats-publisher.events").is_empty());
-        let jetstream = publishers("$JS.API.STREAM.PURGE.ATASIRA_EVENTS");
-        assert_eq!(jetstream, SERVICES, "the gateway has no JetStream");
+        assert_eq!(publishers("$JS.API.STREAM.INFO.ATASIRA_EVENTS"), SERVICES, "the gateway has no JetStream");
         assert!(!permissions(GATEWAY).may_publish("$JS.ACK.ATASIRA_EVENTS.c.1.1.1.1.1"));
+    }
+
+    #[test]
+    fn given_any_process_identity_then_it_may_not_change_streams_or_consumers_or_make_the_server_deliver() {
+        // R-ARCH-13: only the operator manages JetStream; a process calls what it reads.
+        let refused = [
+            "$JS.API.STREAM.CREATE.ATASIRA_EVENTS",
+            "$JS.API.STREAM.CREATE.EVIL",
+            "$JS.API.STREAM.UPDATE.ATASIRA_EVENTS",
+            "$JS.API.STREAM.DELETE.ATASIRA_EVENTS",
+            "$JS.API.STREAM.PURGE.ATASIRA_EVENTS",
+            "$JS.API.STREAM.MSG.DELETE.ATASIRA_EVENTS",
+            "$JS.API.STREAM.MSG.GET.ATASIRA_EVENTS",
+            "$JS.API.STREAM.LIST",
+            "$JS.API.STREAM.NAMES",
+            "$JS.API.STREAM.INFO.EVIL",
+            "$JS.API.CONSUMER.CREATE.ATASIRA_EVENTS",
+            "$JS.API.CONSUMER.CREATE.ATASIRA_EVENTS.sentinel",
+            "$JS.API.CONSUMER.CREATE.ATASIRA_EVENTS.push.atasira.box.*.events",
+            "$JS.API.CONSUMER.DURABLE.CREATE.ATASIRA_EVENTS.push",
+            "$JS.API.CONSUMER.DELETE.ATASIRA_EVENTS.sentinel",
+            "$JS.API.CONSUMER.MSG.NEXT.ATASIRA_EVENTS.other",
+            "$JS.API.CONSUMER.MSG.NEXT.EVIL.sentinel",
+            "$JS.API.CONSUMER.PAUSE.ATASIRA_EVENTS.sentinel",
+            "$JS.API.DIRECT.GET.ATASIRA_EVENTS",
+            "$JS.API.ACCOUNT.PURGE.ATASIRA",
+            "$JS.API.META.LEADER.STEPDOWN",
+            "$JS.ACK.ATASIRA_EVENTS.other.1.1.1.1.1",
+        ];
+        for subject in refused {
+            assert!(publishers(subject).is_empty(), "{subject}: {:?}", publishers(subject));
+        }
+        assert_eq!(publishers("$JS.API.CONSUMER.MSG.NEXT.ATASIRA_EVENTS.sentinel"), [AUDIT]);
+        assert_eq!(publishers("$JS.ACK.ATASIRA_EVENTS.sentinel.1.1.1.1.1"), [AUDIT]);
+        for identity in IDENTITIES {
+            assert!(!permissions(identity).may_subscribe("$JS.API.>") && !permissions(identity).may_subscribe("$JS.EVENT.>"));
+        }
+        let operator = permissions(OPERATOR);
+        assert!(operator.may_publish("$JS.API.STREAM.CREATE.ATASIRA_EVENTS") && operator.may_publish("$JS.API.CONSUMER.CREATE.ATASIRA_EVENTS.sentinel"));
+        assert!(!operator.may_publish(&request(GATEWAY, APPROVAL)) && !operator.may_publish(&events(DRAFTS)), "the operator speaks for no process");
+        assert_eq!(operator.subscribe, ["_INBOX.operator.>"]);
+        assert!(!IDENTITIES.contains(&OPERATOR), "no process runs as the operator");
     }
 
     #[test]

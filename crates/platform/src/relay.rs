@@ -34,39 +34,76 @@ const FALLBACK: Duration = Duration::from_secs(2);
 /// times a second, not once per command.
 const SAVE_EVERY: Duration = Duration::from_millis(250);
 
-/// The public events stream on JetStream, with the number of copies it is kept in: 1 on a
-/// single nats-server, 3 on a three-node cluster (`--stream-replicas`).
+/// The public events stream on JetStream, as a service sees it: created and configured by
+/// the operator (`atasira nats-setup`, see [`events_stream_config`]); a service only looks
+/// it up (R-ARCH-13: no process may create, change or delete a stream).
 #[derive(Clone, Debug)]
 pub struct EventsStream {
     pub js: jetstream::Context,
-    pub replicas: usize,
 }
 
+/// The events stream's configuration, kept in `replicas` copies (1 on a single
+/// nats-server, 3 on a three-node cluster).
+pub fn events_stream_config(replicas: usize) -> jetstream::stream::Config {
+    jetstream::stream::Config {
+        name: atasira_contracts::subjects::EVENTS_STREAM.to_owned(),
+        subjects: vec![atasira_contracts::subjects::EVENTS_WILDCARD.to_owned()],
+        duplicate_window: Duration::from_secs(120),
+        num_replicas: replicas.max(1),
+        ..Default::default()
+    }
+}
+
+/// Why a service cannot use the events stream: the operator has not created it yet.
+pub const NOT_SET_UP: &str = "the events stream does not exist yet: an operator creates it once with `atasira nats-setup --nats-creds <dir>/operator.creds`";
+
 impl EventsStream {
-    pub fn new(js: jetstream::Context, replicas: usize) -> EventsStream {
-        EventsStream { js, replicas: replicas.max(1) }
+    pub fn new(js: jetstream::Context) -> EventsStream {
+        EventsStream { js }
     }
 
-    /// Creates the stream, or raises its replicas to the setting (a stream created on one
-    /// node keeps its data when the cluster grows); never lowers them.
-    pub async fn ensure(&self) -> anyhow::Result<jetstream::stream::Stream> {
-        let config = jetstream::stream::Config {
-            name: atasira_contracts::subjects::EVENTS_STREAM.to_owned(),
-            subjects: vec![atasira_contracts::subjects::EVENTS_WILDCARD.to_owned()],
-            duplicate_window: Duration::from_secs(120),
-            num_replicas: self.replicas,
-            ..Default::default()
-        };
-        let stream = self.js.get_or_create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))?;
-        // The configuration it was found or created with (no second round trip).
-        let current = stream.cached_info().config.clone();
-        if current.num_replicas < self.replicas {
-            tracing::info!(from = current.num_replicas, to = self.replicas, "raising the events stream's replicas");
-            let raised = jetstream::stream::Config { num_replicas: self.replicas, ..current };
-            self.js.update_stream(raised).await.map_err(|e| anyhow::anyhow!("cannot raise the events stream's replicas: {e}"))?;
+    /// The stream, looked up (one `STREAM.INFO`).
+    pub async fn lookup(&self) -> anyhow::Result<jetstream::stream::Stream> {
+        match self.js.get_stream(atasira_contracts::subjects::EVENTS_STREAM).await {
+            Ok(stream) => Ok(stream),
+            Err(e) if stream_not_found(&e) => Err(anyhow::anyhow!("{NOT_SET_UP}")),
+            Err(e) => Err(anyhow::anyhow!("cannot look up the events stream: {e}")),
         }
-        Ok(stream)
     }
+}
+
+fn stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j) if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// What [`set_up_events_stream`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamSetUp {
+    Created,
+    ReplicasRaised { from: usize },
+    AlreadyThere,
+}
+
+/// Creates the events stream, or raises its replicas to `replicas` (a stream created on
+/// one node keeps its data when the cluster grows; replicas are never lowered): the
+/// operator's half of `atasira nats-setup`.
+pub async fn set_up_events_stream(js: &jetstream::Context, replicas: usize) -> anyhow::Result<StreamSetUp> {
+    let config = events_stream_config(replicas);
+    let current = match js.get_stream(&config.name).await {
+        Ok(stream) => stream.cached_info().config.clone(),
+        Err(e) if stream_not_found(&e) => {
+            js.create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))?;
+            return Ok(StreamSetUp::Created);
+        }
+        Err(e) => return Err(anyhow::anyhow!("cannot look up the events stream: {e}")),
+    };
+    if current.num_replicas >= config.num_replicas {
+        return Ok(StreamSetUp::AlreadyThere);
+    }
+    let from = current.num_replicas;
+    let raised = jetstream::stream::Config { num_replicas: config.num_replicas, ..current };
+    js.update_stream(raised).await.map_err(|e| anyhow::anyhow!("cannot raise the events stream's replicas: {e}"))?;
+    Ok(StreamSetUp::ReplicasRaised { from })
 }
 
 async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<Cursor> {
@@ -278,7 +315,7 @@ async fn relay(
         let seen = bell.borrow_and_update().of(aggregate_types);
         let result = async {
             if !stream_ready {
-                stream.ensure().await?;
+                stream.lookup().await?;
                 stream_ready = true;
             }
             let from = match at {

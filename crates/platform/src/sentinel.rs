@@ -18,8 +18,27 @@ use crate::Runtime;
 use crate::db::StoredEvent;
 use crate::guard::Verdict;
 
-/// The durable consumer's name.
-const NAME: &str = "sentinel";
+/// The durable consumer's configuration: every notification published from now on, each
+/// acknowledged. The operator creates it (`atasira nats-setup`); the audit service only
+/// reads it (R-ARCH-13).
+pub fn consumer_config() -> jetstream::consumer::pull::Config {
+    jetstream::consumer::pull::Config {
+        durable_name: Some(subjects::SENTINEL_CONSUMER.to_owned()),
+        deliver_policy: jetstream::consumer::DeliverPolicy::New,
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ..Default::default()
+    }
+}
+
+/// Creates the sentinel's consumer on the events stream if it is not there: the
+/// operator's half of `atasira nats-setup`. Returns whether it created it.
+pub async fn set_up_consumer(stream: &jetstream::stream::Stream) -> anyhow::Result<bool> {
+    if stream.get_consumer::<jetstream::consumer::pull::Config>(subjects::SENTINEL_CONSUMER).await.is_ok() {
+        return Ok(false);
+    }
+    stream.create_consumer(consumer_config()).await.map_err(|e| anyhow::anyhow!("cannot create the sentinel's consumer: {e}"))?;
+    Ok(true)
+}
 
 /// Why a notification does not match the store; `None` when it does.
 pub fn mismatch(subject: &str, notification: &atasira_contracts::v1::EventNotification, stored: Option<&StoredEvent>) -> Option<&'static str> {
@@ -54,19 +73,10 @@ pub async fn run(rt: Runtime, events: crate::relay::EventsStream, mut shutdown: 
 }
 
 async fn watch(rt: &Runtime, events: &crate::relay::EventsStream) -> anyhow::Result<()> {
-    let stream = events.ensure().await?;
-    let consumer: jetstream::consumer::PullConsumer = stream
-        .get_or_create_consumer(
-            NAME,
-            jetstream::consumer::pull::Config {
-                durable_name: Some(NAME.to_owned()),
-                deliver_policy: jetstream::consumer::DeliverPolicy::New,
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot create the sentinel's consumer: {e}"))?;
+    let stream = events.lookup().await?;
+    let consumer: jetstream::consumer::PullConsumer = stream.get_consumer(subjects::SENTINEL_CONSUMER).await.map_err(|e| {
+        anyhow::anyhow!("cannot find the sentinel's consumer ({e}); an operator creates it with `atasira nats-setup --nats-creds <dir>/operator.creds`")
+    })?;
     let mut messages = consumer.messages().await.map_err(|e| anyhow::anyhow!("cannot read the event feed: {e}"))?;
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| anyhow::anyhow!("event feed: {e}"))?;

@@ -157,7 +157,7 @@ impl<'a> Cluster<'a> {
         let relay = |name: &'static str, types: &'static [&'static str]| -> Task {
             let (db, js, rx) = (rt.db.clone(), js.clone(), rx.clone());
             tokio::spawn(async move {
-                relay::run(db, relay::EventsStream::new(js, 1), name, types, rx).await;
+                relay::run(db, relay::EventsStream::new(js), name, types, rx).await;
                 Ok(())
             })
         };
@@ -174,7 +174,7 @@ impl<'a> Cluster<'a> {
                 let sentinel = tokio::spawn({
                     let (rt, js, rx) = (rt.clone(), js.clone(), rx.clone());
                     async move {
-                        atasira_platform::sentinel::run(rt, relay::EventsStream::new(js, 1), rx).await;
+                        atasira_platform::sentinel::run(rt, relay::EventsStream::new(js), rx).await;
                         Ok(())
                     }
                 });
@@ -374,7 +374,6 @@ pub(super) fn settings_in(dir: &std::path::Path) -> Settings {
         gateway: Default::default(),
         provision_backoff: Duration::from_secs(1),
         binding_ttl: atasira_domain::worker::DEFAULT_BINDING_TTL,
-        stream_replicas: 1,
     }
 }
 
