@@ -4,15 +4,16 @@
 //! is a `security_violation` row of the audit ledger. NATS publishers are their token:
 //! an unknown one gets nothing, not even a read-your-writes wait (R-AUTH-1).
 //!
-//! The test talks to the services as the gateway does: it mints assertions with the
-//! cluster's internal key through the same helper the gateway uses, and sends them on the
-//! gateway's subjects with the gateway's NATS credentials (the attacker who captured an
-//! assertion is assumed to be able to send it there). NATS publishers connect with their PAT.
+//! The test talks to the services as the gateway does: it has the running gateway sign
+//! assertions for it (`POST /api/v1/auth/nats-assertion`; nothing else can sign them), and
+//! sends them on the gateway's subjects with the gateway's NATS credentials (the attacker
+//! who captured an assertion is assumed to be able to send it there). NATS publishers
+//! connect with their PAT.
 
 use std::time::{Duration, Instant};
 
-use atasira_contracts::{Envelope, Refused, decode_reply, envelope, signed_envelope, subjects, v1};
-use atasira_domain::{ErrorCode, Kind, Principal, Role};
+use atasira_contracts::{Envelope, Refused, decode_reply, envelope, subjects, v1};
+use atasira_domain::ErrorCode;
 use atasira_tests::harness::{Mode, System, pat_options};
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -64,12 +65,10 @@ fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_eac
     // ListPendingDrafts as the gateway makes it
     let mut sys = System::start(Mode::Cluster);
     let draft_id = sys.draft(&json!({"box_type": "replayed", "purpose": "p", "tools": ["Read"]}));
-    let keys = sys.internal_assertion_keys();
-    let admin = Principal::new("admin", Role::Admin, Kind::Human);
     let to_drafts = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
     let to_approval = subjects::request(subjects::GATEWAY, subjects::APPROVAL);
     let list = v1::ListPendingDrafts { limit: 50, after: 0 };
-    let captured = signed_envelope(&keys, &admin, &to_drafts, &list, "captured-1", "", chrono::Utc::now());
+    let captured = sys.gateway_signed(&to_drafts, &list, "captured-1");
 
     // when it is used for its request; then it works, once
     let page: v1::DraftPage = ask(&mut sys, As::Gateway, &to_drafts, &captured).expect("the request it was made for");
@@ -79,7 +78,7 @@ fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_eac
 
     // when a fresh admin assertion for ListPendingDrafts rides on an ApproveDraft of the
     // agent's draft; then it approves nothing
-    let fresh = signed_envelope(&keys, &admin, &to_drafts, &list, "captured-2", "", chrono::Utc::now());
+    let fresh = sys.gateway_signed(&to_drafts, &list, "captured-2");
     let approve = Envelope {
         assertion: fresh.assertion.clone(),
         ..envelope(&v1::ApproveDraft { draft_id: draft_id.clone(), confirm_over_limit: false }, "captured-2", "")

@@ -31,7 +31,6 @@ use yaml_serde::Value as Yaml;
 /// What compose would read from the operator's shell (and .env) for this run.
 fn operator_env() -> BTreeMap<String, String> {
     [
-        ("ATASIRA_INTERNAL_KEY", "3c".repeat(32)),
         ("ATASIRA_APPROVAL_KEY", "4d".repeat(32)),
         ("ATASIRA_AUDIT_KEY", "5e".repeat(32)),
         // POSTGRES_PASSWORD, ATASIRA_MAX_BOXES and RUST_LOG are left to the file's defaults.
@@ -354,8 +353,8 @@ fn validate_with_docker_compose(env: &BTreeMap<String, String>) {
     let checked = compose().envs(env).output().expect("docker-compose runs");
     assert!(checked.status.success(), "docker-compose config: {}", String::from_utf8_lossy(&checked.stderr));
     // Without the keys compose must refuse to start (they have no default).
-    let refused = compose().env_remove("ATASIRA_INTERNAL_KEY").output().expect("runs");
-    assert!(!refused.status.success(), "compose starts without ATASIRA_INTERNAL_KEY");
+    let refused = compose().env_remove("ATASIRA_AUDIT_KEY").output().expect("runs");
+    assert!(!refused.status.success(), "compose starts without ATASIRA_AUDIT_KEY");
 }
 
 /// The documented bootstrap command (deploy/README.md) with `--role` in it, as argv after

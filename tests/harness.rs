@@ -454,7 +454,6 @@ pub struct System {
     /// `<identity>.creds` (see `nats_seed`).
     pub nats_dir: Option<PathBuf>,
     database: Option<Database>,
-    internal_key: String,
     procs: Vec<Proc>,
     /// Cluster: processes per service (and gateways).
     replicas: usize,
@@ -486,20 +485,8 @@ impl System {
         let dir = TempDir::new("atasira-sys");
         let nats_dir = (mode == Mode::Cluster).then(|| dir.0.join("nats"));
         let nats = nats_dir.as_deref().map(|d| Nats::start_nodes(d, nats_nodes));
-        let internal_key: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
-        let mut sys = System {
-            mode,
-            base_url: String::new(),
-            admin: String::new(),
-            agent: String::new(),
-            dir,
-            nats,
-            nats_dir,
-            database,
-            internal_key,
-            procs: Vec::new(),
-            replicas,
-        };
+        let mut sys =
+            System { mode, base_url: String::new(), admin: String::new(), agent: String::new(), dir, nats, nats_dir, database, procs: Vec::new(), replicas };
         sys.start_services(extra_env);
         match mode {
             Mode::Embedded => {
@@ -557,26 +544,25 @@ impl System {
         self.nats.as_ref().expect("cluster mode has NATS").urls()
     }
 
-    /// The internal key every cluster process signs and verifies principal assertions with
-    /// (hex), for tests that mint an assertion as the gateway would.
-    pub fn internal_key(&self) -> &str {
-        &self.internal_key
-    }
-
-    /// The cluster's assertion keys, under the key id the gateway signs with, for tests
-    /// that mint assertions as the gateway would.
-    pub fn internal_assertion_keys(&self) -> atasira_domain::assertion::AssertionKeys {
-        use atasira_domain::assertion::{AssertionKey, AssertionKeys, PayloadDigest};
+    /// An envelope of `message` for `subject` (a request as the gateway sends it) with an
+    /// assertion for the admin that the running gateway signed, through
+    /// `POST /api/v1/auth/nats-assertion`: what someone who captured one holds. No test
+    /// can mint one itself: only the gateway holds its signing key.
+    pub fn gateway_signed<M: atasira_contracts::Named>(&self, subject: &str, message: &M, correlation_id: &str) -> atasira_contracts::Envelope {
+        use prost::Message as _;
+        let mut env = atasira_contracts::envelope(message, correlation_id, "");
+        let binding = atasira_contracts::binding(subject, &env);
         let body = serde_json::json!({
-            "subject": "atasira.box.gateway.drafts",
-            "message_type": "atasira.v1.ListPendingDrafts",
-            "payload_sha256": PayloadDigest::of(b"").to_hex(),
+            "subject": binding.subject,
+            "message_type": binding.message_type,
+            "payload_sha256": binding.payload_sha256.to_hex(),
+            "correlation_id": binding.correlation_id,
         });
         let issued = http("POST", &self.url("/api/v1/auth/nats-assertion"), Some(&self.admin), &[], Some(body.to_string().as_bytes()));
         assert_eq!(issued.status, 200, "{}", issued.raw);
-        let key_id = issued.body["assertion"]["key_id"].as_str().expect("key id");
-        let secret = hex::decode(self.internal_key()).expect("hex key");
-        AssertionKeys::new(AssertionKey::new(key_id, &secret).expect("key"), vec![])
+        let wire = hex::decode(issued.body["assertion_protobuf_hex"].as_str().expect("protobuf hex")).expect("hex");
+        env.assertion = Some(atasira_contracts::v1::PrincipalAssertion::decode(&wire[..]).expect("an assertion"));
+        env
     }
 
     /// Cluster: the credentials file `atasira nats-config` wrote for `identity`.
@@ -608,7 +594,6 @@ impl System {
             ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::urls).unwrap_or_default()),
             ("ATASIRA_NATS_CREDS", self.nats_dir.as_ref().map(|_| self.nats_creds(identity).display().to_string()).unwrap_or_default()),
             ("ATASIRA_DATABASE_URL", self.database_url()),
-            ("ATASIRA_INTERNAL_KEY", self.internal_key.clone()),
             ("ATASIRA_APPROVAL_KEY", "a1".repeat(32)),
             ("ATASIRA_AUDIT_KEY", "b2".repeat(32)),
             ("ATASIRA_DATA_DIR", self.data_dir().display().to_string()),

@@ -12,9 +12,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use atasira_contracts::{Envelope, Named, Refused, decode_reply, signed_envelope, subjects, v1};
-use atasira_domain::assertion::AssertionKeys;
-use atasira_domain::{Kind, Principal, Role};
+use atasira_contracts::{Envelope, Named, Refused, decode_reply, subjects, v1};
 use atasira_tests::harness::{Answer, Mode, System, http, in_both_modes};
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -307,10 +305,9 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 }
 
 /// Sends `request` to `to` as the gateway on behalf of the admin; the reply.
-fn as_gateway<Req: Named, Resp: prost::Message + Default>(sys: &System, keys: &AssertionKeys, to: &str, request: &Req) -> Result<Resp, Refused> {
-    let admin = Principal { user_id: "admin".into(), role: Role::Admin, kind: Kind::Human };
+fn as_gateway<Req: Named, Resp: prost::Message + Default>(sys: &System, to: &str, request: &Req) -> Result<Resp, Refused> {
     let subject = subjects::request(subjects::GATEWAY, to);
-    let env: Envelope = signed_envelope(keys, &admin, &subject, request, &uuid::Uuid::new_v4().to_string(), "", chrono::Utc::now());
+    let env: Envelope = sys.gateway_signed(&subject, request, &uuid::Uuid::new_v4().to_string());
     block_on(async {
         let options = async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::GATEWAY)).custom_inbox_prefix(subjects::inbox_prefix(subjects::GATEWAY));
         let client = options.connect(sys.nats_url()).await.expect("connects as the gateway");
@@ -341,14 +338,12 @@ fn code_of(r: Result<v1::WorkerReply, Refused>) -> String {
 #[test]
 fn r_worker_6_forged_digests_and_misused_bindings_sent_as_the_gateway_are_refused_by_name() {
     let sys = System::start(Mode::Cluster);
-    let keys = sys.internal_assertion_keys();
     let a = activate(&sys, "wk-forge-a");
     let b = activate(&sys, "wk-forge-b");
-    let sync = |box_id: &str| {
-        as_gateway::<_, v1::BundleSynced>(&sys, &keys, subjects::RUNTIME_REGISTRY, &v1::SyncBundle { box_id: box_id.into(), launch_id: "f-5".into() })
-    };
+    let sync =
+        |box_id: &str| as_gateway::<_, v1::BundleSynced>(&sys, subjects::RUNTIME_REGISTRY, &v1::SyncBundle { box_id: box_id.into(), launch_id: "f-5".into() });
     let prepare = |box_id: &str, launch_id: &str| {
-        as_gateway::<_, v1::BindingLease>(&sys, &keys, subjects::PROVISIONER, &v1::PrepareBinding { box_id: box_id.into(), launch_id: launch_id.into() })
+        as_gateway::<_, v1::BindingLease>(&sys, subjects::PROVISIONER, &v1::PrepareBinding { box_id: box_id.into(), launch_id: launch_id.into() })
     };
     let digest_a = sync(&a).expect("synced").digest;
     let digest_b = sync(&b).expect("synced").digest;
@@ -356,7 +351,7 @@ fn r_worker_6_forged_digests_and_misused_bindings_sent_as_the_gateway_are_refuse
     assert_eq!(sync(&a).expect("synced again").digest, digest_a, "syncing is idempotent");
     // A binding is prepared for one launch of one Box.
     let handle_a = prepare(&a, "f-5").expect("prepared").handle;
-    let ask = |r: &v1::CreateWorker| code_of(as_gateway::<_, v1::WorkerReply>(&sys, &keys, subjects::RUNTIME_REGISTRY, r));
+    let ask = |r: &v1::CreateWorker| code_of(as_gateway::<_, v1::WorkerReply>(&sys, subjects::RUNTIME_REGISTRY, r));
 
     let forged = format!("sha256:{}", "0".repeat(64));
     assert_eq!(ask(&create(&a, "f-1", &forged, &handle_a)), "bundle_digest_mismatch");

@@ -31,7 +31,7 @@ use prost::Message as _;
 pub const SERVICE: &str = subjects::APPROVAL;
 /// Aggregate types this service appends on its own (its decisions go on the draft stream,
 /// which the drafts relay publishes).
-pub const AGGREGATE_TYPES: &[&str] = &[types::APPROVAL_KEYS, types::APPROVAL_SECURITY];
+pub const AGGREGATE_TYPES: &[&str] = &[types::APPROVAL_KEYS, types::APPROVAL_SECURITY, types::APPROVAL_ASSERTION_KEYS];
 
 /// Settings of the approval service.
 pub struct ApprovalConfig {
@@ -153,7 +153,8 @@ impl Service {
     ) -> Result<Result<Written<Resp>, Refused>, Refusal> {
         let correlation = uuid::Uuid::new_v4().to_string();
         let subject = subjects::request(SERVICE, to);
-        let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation, "", chrono::Utc::now());
+        let signer = self.rt.assertion_keys.signer().map_err(Refusal::internal)?;
+        let env = signed_envelope(&signer, principal, &subject, request, &correlation, "", chrono::Utc::now());
         let bytes = self
             .rt
             .bus

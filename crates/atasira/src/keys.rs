@@ -1,8 +1,9 @@
-//! Key settings, one format for the internal assertion key, the approval signing key and
-//! the audit MAC key: `ID:HEX[,ID:HEX...]`. The first key is current (it signs or MACs);
+//! Key settings, one format for the approval signing key and the audit MAC key:
+//! `ID:HEX[,ID:HEX...]`. The first key is current (it signs or MACs);
 //! the others are retired and only verify, so rotation never breaks what an older key
 //! signed. A bare `HEX` (the format before key ids were configurable) is the kind's
-//! default id (`internal-1`, `approval-1`, `audit-1`).
+//! default id (`approval-1`, `audit-1`). Principal assertion keys have no setting: each
+//! signing process draws its own and publishes the public half in the store.
 //!
 //! `atasira keys rotate` prints the next setting of one key: a fresh current key, the
 //! present keys kept as retired. Secrets never reach an error message or a log line; only
@@ -11,7 +12,6 @@
 use std::fmt;
 
 use anyhow::Context;
-use atasira_domain::assertion::{AssertionKey, AssertionKeys};
 use atasira_domain::audit::{AuditKey, AuditKeys};
 use atasira_domain::token::{ApprovalSigner, PublicKeyEntry};
 use clap::Subcommand;
@@ -22,8 +22,6 @@ const MAX_ID_LEN: usize = 64;
 /// Which key a setting is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KeyKind {
-    /// The internal key that signs principal assertions (every process).
-    Internal,
     /// The approval service's Ed25519 signing key (the approval service only).
     Approval,
     /// The audit ledger's MAC key (the audit service and `atasira audit verify`).
@@ -34,7 +32,6 @@ impl KeyKind {
     /// The id a bare hex key gets: the id these keys had before ids were configurable.
     pub fn default_id(self) -> &'static str {
         match self {
-            KeyKind::Internal => "internal-1",
             KeyKind::Approval => "approval-1",
             KeyKind::Audit => "audit-1",
         }
@@ -43,7 +40,6 @@ impl KeyKind {
     /// The variable (and flag) that holds the setting, for messages.
     pub fn setting(self) -> &'static str {
         match self {
-            KeyKind::Internal => "ATASIRA_INTERNAL_KEY (--internal-key)",
             KeyKind::Approval => "ATASIRA_APPROVAL_KEY (--approval-key, --approval-key-file)",
             KeyKind::Audit => "ATASIRA_AUDIT_KEY (--audit-key)",
         }
@@ -51,7 +47,6 @@ impl KeyKind {
 
     fn name(self) -> &'static str {
         match self {
-            KeyKind::Internal => "internal",
             KeyKind::Approval => "approval",
             KeyKind::Audit => "audit",
         }
@@ -61,7 +56,7 @@ impl KeyKind {
     fn check_len(self, len: usize) -> Result<(), String> {
         match self {
             KeyKind::Approval if len != 32 => Err(format!("has {len} bytes; an approval key is exactly 32 bytes (64 hex digits)")),
-            KeyKind::Internal | KeyKind::Audit if len < 32 => Err(format!("has {len} bytes; at least 32 (64 hex digits) are required")),
+            KeyKind::Audit if len < 32 => Err(format!("has {len} bytes; at least 32 (64 hex digits) are required")),
             _ => Ok(()),
         }
     }
@@ -154,11 +149,6 @@ impl KeySetting {
         Ok(next)
     }
 
-    pub fn assertion_keys(&self) -> anyhow::Result<AssertionKeys> {
-        let key = |e: &KeyEntry| AssertionKey::new(e.id.clone(), &e.secret).map_err(|err| anyhow::anyhow!("internal key: {err}"));
-        Ok(AssertionKeys::new(key(&self.current)?, self.retired.iter().map(key).collect::<anyhow::Result<_>>()?))
-    }
-
     pub fn audit_keys(&self) -> anyhow::Result<AuditKeys> {
         let key = |e: &KeyEntry| AuditKey::new(e.id.clone(), &e.secret).map_err(|err| anyhow::anyhow!("audit key: {err}"));
         Ok(AuditKeys::new(key(&self.current)?, self.retired.iter().map(key).collect::<anyhow::Result<_>>()?))
@@ -206,9 +196,6 @@ pub enum KeysCommand {
         /// audit-1 -> audit-2).
         #[arg(long)]
         id: Option<String>,
-        /// The present internal key setting (read with --kind internal).
-        #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true, value_name = "KEYS")]
-        internal_key: Option<String>,
         /// The present approval key setting (read with --kind approval).
         #[arg(long, env = "ATASIRA_APPROVAL_KEY", hide_env_values = true, value_name = "KEYS")]
         approval_key: Option<String>,
@@ -223,9 +210,8 @@ pub enum KeysCommand {
 
 /// `atasira keys ...`.
 pub fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
-    let KeysCommand::Rotate { kind, id, internal_key, approval_key, approval_key_file, audit_key } = cmd;
+    let KeysCommand::Rotate { kind, id, approval_key, approval_key_file, audit_key } = cmd;
     let present = match kind {
-        KeyKind::Internal => internal_key,
         KeyKind::Audit => audit_key,
         KeyKind::Approval => match (approval_key, approval_key_file) {
             (Some(k), _) => Some(k),
@@ -251,7 +237,6 @@ pub fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
 /// What to do with a new setting; names key ids only.
 fn instructions(kind: KeyKind, new_id: &str, retired: Option<&str>) -> String {
     let variable = match kind {
-        KeyKind::Internal => "ATASIRA_INTERNAL_KEY",
         KeyKind::Approval => "ATASIRA_APPROVAL_KEY",
         KeyKind::Audit => "ATASIRA_AUDIT_KEY",
     };
@@ -260,12 +245,6 @@ fn instructions(kind: KeyKind, new_id: &str, retired: Option<&str>) -> String {
         None => format!("atasira: above is a fresh {variable} with the key {new_id}."),
     };
     let how = match kind {
-        KeyKind::Internal => {
-            "Give it to every process (gateway and services) and restart them. Assertions live a minute, so a retired internal key \
-             may be dropped from the list a minute after every process runs the new setting. To rotate without stopping everything, \
-             first restart every process with the same keys but the old current key first (the new key then only verifies), then \
-             with this setting."
-        }
         KeyKind::Approval => {
             "Give it to the approval service (ATASIRA_APPROVAL_KEY or the file of ATASIRA_APPROVAL_KEY_FILE) and restart that service \
              alone: it publishes the new public key in the event store, where the runtime registry reads it. Published keys stay \
@@ -291,7 +270,7 @@ mod tests {
     #[test]
     fn a_bare_hex_key_gets_the_default_id_and_no_retired_keys() {
         // given today's format; when parsed; then the id is the one such keys always had
-        for (kind, id) in [(KeyKind::Internal, "internal-1"), (KeyKind::Approval, "approval-1"), (KeyKind::Audit, "audit-1")] {
+        for (kind, id) in [(KeyKind::Approval, "approval-1"), (KeyKind::Audit, "audit-1")] {
             let s = KeySetting::parse(kind, &format!(" {}\n", hex_of(1))).expect("parses");
             assert_eq!((s.ids(), s.retired.len()), (vec![id], 0));
         }
@@ -311,9 +290,9 @@ mod tests {
     fn bad_settings_are_refused_without_quoting_the_secret() {
         let secret = "zz".repeat(32);
         let cases = [
-            (KeyKind::Internal, String::new(), "is empty"),
-            (KeyKind::Internal, format!("k1:{secret}"), "not hex"),
-            (KeyKind::Internal, format!("k1:{}", "ab".repeat(16)), "at least 32"),
+            (KeyKind::Audit, String::new(), "is empty"),
+            (KeyKind::Audit, format!("k1:{secret}"), "not hex"),
+            (KeyKind::Audit, format!("k1:{}", "ab".repeat(16)), "at least 32"),
             (KeyKind::Approval, format!("k1:{}", "ab".repeat(33)), "exactly 32"),
             (KeyKind::Audit, format!("a b:{}", hex_of(1)), "bad id"),
             (KeyKind::Audit, format!("k1:{},k1:{}", hex_of(1), hex_of(2)), "appears twice"),
@@ -353,15 +332,6 @@ mod tests {
         assert_eq!(next_id("k9", &["k9"]), "k10");
         assert_eq!(next_id("main", &["main"]), "main-2");
         assert_eq!(next_id("k1", &["k1", "k2", "k3"]), "k4");
-    }
-
-    #[test]
-    fn rotated_internal_keys_sign_with_the_new_id() {
-        // given a bare internal key; when rotated; then the new key signs (the domain's
-        // tests show that retired assertion keys keep verifying)
-        let next = KeySetting::parse(KeyKind::Internal, &hex_of(1)).expect("parses").rotated(None, [2; 32]).expect("rotates");
-        assert_eq!(next.assertion_keys().expect("keys").current_key_id(), "internal-2");
-        assert_eq!(next.ids(), vec!["internal-2", "internal-1"]);
     }
 
     #[test]

@@ -80,12 +80,6 @@ enum Command {
         /// PostgreSQL database holding the shared event store.
         #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
         database_url: String,
-        /// The key that signs principal assertions, the same for every process:
-        /// ID:HEX[,ID:HEX...] (32+ bytes each). The first key signs; the others are
-        /// retired and only verify. A bare HEX is the key "internal-1". `atasira keys
-        /// rotate --kind internal` makes the next setting.
-        #[arg(long, env = "ATASIRA_INTERNAL_KEY", hide_env_values = true, value_name = "KEYS")]
-        internal_key: String,
         /// Ed25519 signing key of the approval service (approval only): ID:HEX[,ID:HEX...]
         /// (64 hex digits each). The first key signs; the public keys of all of them are
         /// published in the event store at start (once; a published key stays published),
@@ -188,7 +182,7 @@ enum Command {
     /// Maintain the read models (projections) built from the event store.
     #[command(subcommand)]
     Projections(operator::ProjectionsCommand),
-    /// Rotate the internal, approval or audit key: print the next key setting.
+    /// Rotate the approval or audit key: print the next key setting.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
     /// Measure this machine: submitting drafts (against a floor measured in the same run),
@@ -466,22 +460,9 @@ fn main() -> ExitCode {
             common.configure_failpoints();
             run_traced(Some("atasira-dev"), services::dev(common.settings(data_dir), listen))
         }
-        Command::Serve {
-            service,
-            nats_url,
-            nats_auth,
-            database_url,
-            internal_key,
-            approval_key,
-            approval_key_file,
-            audit_key,
-            data_dir,
-            listen,
-            metrics_listen,
-            common,
-        } => {
+        Command::Serve { service, nats_url, nats_auth, database_url, approval_key, approval_key_file, audit_key, data_dir, listen, metrics_listen, common } => {
             common.configure_failpoints();
-            let keys = services::ClusterKeys { internal: internal_key, approval: approval_key, approval_file: approval_key_file, audit: audit_key };
+            let keys = services::ClusterKeys { approval: approval_key, approval_file: approval_key_file, audit: audit_key };
             let trace_as = format!("atasira-{}", service.identity());
             run_traced(Some(&trace_as), async move {
                 let auth = services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.insecure_nats)?;

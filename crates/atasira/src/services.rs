@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use atasira_domain::assertion::AssertionKeys;
 use atasira_domain::audit::AuditKeys;
 use atasira_domain::token::{ApprovalSigner, PublicKeyEntry};
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{InprocBus, NatsBus};
 use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
+use atasira_platform::keys::AssertionKeys;
 use atasira_platform::{Runtime, auth, relay};
 use tokio::sync::watch;
 
@@ -70,11 +70,6 @@ fn write_private(path: &Path, content: &str) -> anyhow::Result<()> {
     let mut f = options.open(path).with_context(|| format!("failed to create {}", path.display()))?;
     f.write_all(content.as_bytes())?;
     Ok(())
-}
-
-/// The internal assertion keys from a key setting (see [`KeySetting::parse`]).
-pub fn internal_keys(setting: &str) -> anyhow::Result<AssertionKeys> {
-    KeySetting::parse(KeyKind::Internal, setting)?.assertion_keys()
 }
 
 /// The audit key given (`--audit-key`, `ATASIRA_AUDIT_KEY`), else the one of a data dir.
@@ -142,25 +137,29 @@ impl Embedded {
             db: db.clone(),
             bus: Arc::new(InprocBus::default()),
             feeds: FeedSource::default(),
-            assertion_keys: Arc::new(internal_keys(&key_file(&data_dir, "internal.key")?)?),
+            assertion_keys: AssertionKeys::default(),
             guards: Default::default(),
         };
+        let (shutdown, rx) = watch::channel(false);
+        // The gateway, approval and the registry each sign with a key of their own.
+        let gateway_rt = signing(&rt, atasira_contracts::subjects::GATEWAY, &rx).await?;
+        let approval_rt = signing(&rt, atasira_contracts::subjects::APPROVAL, &rx).await?;
+        let registry_rt = signing(&rt, atasira_contracts::subjects::RUNTIME_REGISTRY, &rx).await?;
         // A key file holds a key setting too, so an embedded operator rotates by editing it.
         let (signer, retired) = KeySetting::parse(KeyKind::Approval, &key_file(&data_dir, "approval.key")?)?.approval()?;
         let audit = audit_keys_for(None, Some(&data_dir))?;
         let first_start = !auth::has_tokens(&db).await?;
-        let (shutdown, rx) = watch::channel(false);
         let services = vec![
             tokio::spawn(atasira_drafts::run(rt.clone(), drafts_config(settings), rx.clone())),
-            tokio::spawn(atasira_approval::run(rt.clone(), approval_config(signer, retired), rx.clone())),
-            tokio::spawn(atasira_runtime_registry::run(rt.clone(), registry_config(settings), rx.clone())),
+            tokio::spawn(atasira_approval::run(approval_rt, approval_config(signer, retired), rx.clone())),
+            tokio::spawn(atasira_runtime_registry::run(registry_rt, registry_config(settings), rx.clone())),
             tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(Arc::new(audit)), rx.clone())),
             tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(settings), rx.clone())),
         ];
         wait_ready(rt.bus.as_ref(), atasira_contracts::subjects::SERVICES).await?;
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
         let addr = listener.local_addr()?;
-        let gateway = tokio::spawn(atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)));
+        let gateway = tokio::spawn(atasira_gateway::serve(listener, gateway_rt, settings.gateway.clone(), wait(rx)));
         Ok(Embedded { addr, db, first_start, shutdown, gateway, services })
     }
 
@@ -178,6 +177,15 @@ impl Embedded {
         }
         Ok(())
     }
+}
+
+/// `rt` with a signing key of `issuer`'s own, published in the store before it signs
+/// anything, and replaced by a new one every twelve hours until shutdown (R-ARCH-13).
+async fn signing(rt: &Runtime, issuer: &'static str, shutdown: &watch::Receiver<bool>) -> anyhow::Result<Runtime> {
+    let keys = rt.assertion_keys.own_signer();
+    keys.publish_new_key(&rt.db, issuer).await?;
+    tokio::spawn(atasira_platform::keys::rotate(keys.clone(), rt.db.clone(), issuer, shutdown.clone()));
+    Ok(Runtime { assertion_keys: keys, ..rt.clone() })
 }
 
 /// `atasira dev`.
@@ -216,7 +224,6 @@ pub enum ServiceName {
 /// Cluster-mode secrets, from flags or the environment.
 #[derive(Debug, Clone)]
 pub struct ClusterKeys {
-    pub internal: String,
     pub approval: Option<String>,
     pub approval_file: Option<PathBuf>,
     pub audit: Option<String>,
@@ -306,9 +313,6 @@ pub async fn serve(
     settings: Settings,
 ) -> anyhow::Result<()> {
     let identity = service.identity();
-    let internal = KeySetting::parse(KeyKind::Internal, &keys.internal)?;
-    // Key ids are not secret; they tell an operator which keys a process runs with.
-    tracing::info!(keys = ?internal.ids(), "internal assertion keys (current first; retired keys only verify)");
     let db = Db::connect(database_url).await?;
     if let NatsAuth::Insecure = nats_auth {
         tokio::spawn(warn_insecure_nats(identity));
@@ -324,11 +328,16 @@ pub async fn serve(
         db: db.clone(),
         bus: Arc::new(NatsBus::new(client.clone())),
         feeds: FeedSource::default(),
-        assertion_keys: Arc::new(internal.assertion_keys()?),
+        assertion_keys: AssertionKeys::default(),
         guards: Default::default(),
     };
     let (tx, rx) = watch::channel(false);
     tokio::spawn(ctrl_c(tx));
+    // The processes that call others for a principal sign with a key of their own.
+    let rt = match service {
+        ServiceName::Gateway | ServiceName::Approval | ServiceName::RuntimeRegistry => signing(&rt, identity, &rx).await?,
+        _ => rt,
+    };
     if let Some(addr) = listen.probes {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr} for the probes"))?;
         eprintln!("atasira {identity}: probes on http://{}", listener.local_addr()?);

@@ -290,7 +290,7 @@ fn every_setting_of_dev_and_serve_shows_its_environment_variable() {
         "ATASIRA_FAILPOINT",
         "ATASIRA_FAILPOINT_DELAY",
         "ATASIRA_REQUEST_TIMEOUT",
-        "ATASIRA_INTERNAL_KEY",
+        "ATASIRA_APPROVAL_KEY",
     ] {
         assert!(serve.contains(&format!("[env: {variable}")), "`atasira serve --help` does not show {variable}");
     }
@@ -301,13 +301,7 @@ fn help_never_prints_a_secret_from_the_environment() {
     let secret = "s3cr3t-value-from-the-environment";
     let url = format!("postgres://atasira:{secret}@db/atasira");
     let nats = format!("nats://atasira:{secret}@nats:4222");
-    let env = [
-        ("ATASIRA_INTERNAL_KEY", secret),
-        ("ATASIRA_APPROVAL_KEY", secret),
-        ("ATASIRA_AUDIT_KEY", secret),
-        ("ATASIRA_DATABASE_URL", url.as_str()),
-        ("ATASIRA_NATS_URL", nats.as_str()),
-    ];
+    let env = [("ATASIRA_APPROVAL_KEY", secret), ("ATASIRA_AUDIT_KEY", secret), ("ATASIRA_DATABASE_URL", url.as_str()), ("ATASIRA_NATS_URL", nats.as_str())];
     for command in [
         &["serve"][..],
         &["dev"],
@@ -367,8 +361,7 @@ fn keys_rotate_prints_the_next_setting_alone_and_its_secrets_nowhere_else() {
 
     // given a malformed present setting; then a usage error that does not quote it
     let bad = format!("k1:{}", "zq".repeat(32));
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_atasira")).args(["keys", "rotate", "--kind", "internal"]).env("ATASIRA_INTERNAL_KEY", &bad).output().expect("runs");
+    let out = Command::new(env!("CARGO_BIN_EXE_atasira")).args(["keys", "rotate", "--kind", "audit"]).env("ATASIRA_AUDIT_KEY", &bad).output().expect("runs");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("not hex") && !stderr.contains("zq"), "{stderr}");

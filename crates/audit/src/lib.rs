@@ -31,8 +31,12 @@ pub const SERVICE: &str = subjects::AUDIT;
 /// Aggregate types whose events this service appends and relays.
 /// The aggregate types whose events this service publishes: its own, and the personal
 /// access tokens' (appended by the gateway and `atasira tokens`, which have no JetStream).
-pub const AGGREGATE_TYPES: &[&str] =
-    &[atasira_domain::aggregates::types::AUDIT_LEDGER, atasira_domain::aggregates::types::AUDIT_SECURITY, atasira_domain::aggregates::types::PAT];
+pub const AGGREGATE_TYPES: &[&str] = &[
+    atasira_domain::aggregates::types::AUDIT_LEDGER,
+    atasira_domain::aggregates::types::AUDIT_SECURITY,
+    atasira_domain::aggregates::types::PAT,
+    atasira_domain::aggregates::types::GATEWAY_ASSERTION_KEYS,
+];
 /// R-AUDIT-2: "every minute".
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 

@@ -12,7 +12,7 @@ use atasira_contracts::{Named, Refused, decode_reply, envelope, signed_envelope}
 use atasira_domain::aggregates::audit_ledger::{AuditLedger, LEDGER_ID};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
-use atasira_domain::assertion::{AssertionKey, AssertionKeys};
+use atasira_domain::assertion::AssertionSigner;
 use atasira_domain::audit::{AuditKey, AuditKeys, LedgerRow, Verification, payload_digest};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::token::ApprovalSigner;
@@ -21,6 +21,7 @@ use atasira_platform::Runtime;
 use atasira_platform::bus::{Bus, InprocBus};
 use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
+use atasira_platform::keys::AssertionKeys;
 use chrono::Utc;
 use serde_json::json;
 use sqlx::Row;
@@ -392,7 +393,7 @@ async fn r_audit_3_pages_filter_by_action_target_and_since() {
 }
 
 /// Sends a request to the audit service over `bus`, as `who` (unsigned when `None`).
-async fn ask<M: Named, R: Named>(bus: &InprocBus, assertion_keys: &AssertionKeys, who: Option<Principal>, message: &M) -> Result<R, Refused> {
+async fn ask<M: Named, R: Named>(bus: &InprocBus, assertion_keys: &AssertionSigner, who: Option<Principal>, message: &M) -> Result<R, Refused> {
     let correlation = uuid::Uuid::new_v4().to_string();
     let subject = "atasira.box.gateway.audit";
     let env = match who {
@@ -420,12 +421,13 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
     let dir = TempDir::new();
     let db = db(&dir).await;
     let bus = Arc::new(InprocBus::default());
-    let assertion_keys = AssertionKeys::new(AssertionKey::new("internal-1", &[9; 32]).expect("key"), vec![]);
+    // The test's gateway signs; the service knows its public key only.
+    let assertion_keys = AssertionSigner::new("gateway-test", "gateway", &[9; 32], Utc::now());
     let rt = Runtime {
         db: db.clone(),
         bus: bus.clone(),
         feeds: FeedSource::default(),
-        assertion_keys: Arc::new(assertion_keys.clone()),
+        assertion_keys: AssertionKeys::fixed(None, [assertion_keys.public_key()]),
         guards: Default::default(),
     };
     let (tx, rx) = watch::channel(false);
@@ -507,7 +509,7 @@ async fn r_audit_2_the_service_checkpoints_periodically_when_the_ledger_grew() {
         db: db.clone(),
         bus: Arc::new(InprocBus::default()),
         feeds: FeedSource::default(),
-        assertion_keys: Arc::new(AssertionKeys::new(AssertionKey::new("internal-1", &[9; 32]).expect("key"), vec![])),
+        assertion_keys: AssertionKeys::default(),
         guards: Default::default(),
     };
     let (tx, rx) = watch::channel(false);

@@ -63,7 +63,7 @@ pub fn assertion_to_wire(a: &DomainAssertion) -> v1::PrincipalAssertion {
         principal: Some(principal_to_wire(&a.principal)),
         correlation_id: a.binding.correlation_id.clone(),
         expires_at_unix: a.expires_at.timestamp(),
-        mac: a.mac.clone(),
+        signature: a.signature.clone(),
         subject: a.binding.subject.clone(),
         message_type: a.binding.message_type.clone(),
         payload_sha256: a.binding.payload_sha256.0.to_vec(),
@@ -71,7 +71,7 @@ pub fn assertion_to_wire(a: &DomainAssertion) -> v1::PrincipalAssertion {
     }
 }
 
-/// Wire -> domain; the MAC is checked by the receiver with its keys.
+/// Wire -> domain; the signature is checked by the receiver with its keyring.
 pub fn assertion_from_wire(w: &v1::PrincipalAssertion) -> Result<DomainAssertion, WireError> {
     let p = w.principal.as_ref().ok_or_else(|| WireError::Assertion("no principal".into()))?;
     let expires_at: DateTime<Utc> = DateTime::from_timestamp(w.expires_at_unix, 0).ok_or_else(|| WireError::Assertion("expiry out of range".into()))?;
@@ -87,7 +87,7 @@ pub fn assertion_from_wire(w: &v1::PrincipalAssertion) -> Result<DomainAssertion
             idempotency_key: w.idempotency_key.clone(),
         },
         expires_at,
-        mac: w.mac.clone(),
+        signature: w.signature.clone(),
     })
 }
 

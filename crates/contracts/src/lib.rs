@@ -13,7 +13,7 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/atasira.v1.rs"));
 }
 
-use atasira_domain::assertion::{AssertionKeys, Binding, PayloadDigest};
+use atasira_domain::assertion::{AssertionSigner, Binding, PayloadDigest};
 use atasira_domain::{ErrorCode, FieldError, Principal};
 use chrono::{DateTime, Utc};
 use prost::Message;
@@ -110,10 +110,10 @@ pub fn binding(subject: &str, env: &Envelope) -> Binding {
     }
 }
 
-/// Wraps `payload` for `subject` on behalf of `principal`, with an assertion (signed by the
-/// current key of `keys` at `now`) bound to exactly this request (R-ARCH-3).
+/// Wraps `payload` for `subject` on behalf of `principal`, with an assertion (signed by
+/// `signer` at `now`) bound to exactly this request (R-ARCH-3).
 pub fn signed_envelope<M: Named>(
-    keys: &AssertionKeys,
+    signer: &AssertionSigner,
     principal: &Principal,
     subject: &str,
     payload: &M,
@@ -122,7 +122,7 @@ pub fn signed_envelope<M: Named>(
     now: DateTime<Utc>,
 ) -> Envelope {
     let mut env = envelope(payload, correlation_id, idempotency_key);
-    let assertion = keys.sign(principal, &binding(subject, &env), now);
+    let assertion = signer.sign(principal, &binding(subject, &env), now);
     env.assertion = Some(assertion_to_wire(&assertion));
     env
 }
@@ -224,28 +224,29 @@ pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Writt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use atasira_domain::assertion::AssertionKey;
+    use atasira_domain::assertion::AssertionKeyring;
     use atasira_domain::{Kind, Role};
 
     #[test]
     fn an_assertion_survives_the_wire_and_still_verifies_for_its_request_only() {
         // R-ARCH-3
-        let keys = AssertionKeys::new(AssertionKey::new("k1", &[3; 32]).expect("key"), vec![]);
         let now = chrono::Utc::now();
+        let signer = AssertionSigner::new("k1", subjects::GATEWAY, &[3; 32], now);
+        let ring = AssertionKeyring::new([signer.public_key()]);
         let principal = Principal::new("alice", Role::Admin, Kind::Human);
         let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
-        let env = signed_envelope(&keys, &principal, &subject, &v1::ListPendingDrafts { limit: 5, after: 0 }, "corr-1", "", now);
+        let env = signed_envelope(&signer, &principal, &subject, &v1::ListPendingDrafts { limit: 5, after: 0 }, "corr-1", "", now);
         let bytes = env.encode_to_vec();
         let back = decode_envelope(&bytes).expect("decodes");
         let a = assertion_from_wire(back.assertion.as_ref().expect("has assertion")).expect("converts");
-        assert_eq!(keys.verify(&a, &binding(&subject, &back), now).map(|v| v.principal().clone()), Ok(principal));
+        assert_eq!(ring.verify(&a, &binding(&subject, &back), subjects::GATEWAY, now).map(|v| v.principal().clone()), Ok(principal));
         assert_eq!(payload::<v1::ListPendingDrafts>(&back).expect("payload").limit, 5);
         assert!(matches!(payload::<v1::SubmitDraft>(&back), Err(WireError::WrongType { .. })));
         // The same assertion on another subject, or with another payload, is refused.
-        assert!(keys.verify(&a, &binding("atasira.box.gateway.audit", &back), now).is_err());
+        assert!(ring.verify(&a, &binding("atasira.box.gateway.audit", &back), subjects::GATEWAY, now).is_err());
         let mut changed = back.clone();
         changed.payload = v1::ListPendingDrafts { limit: 6, after: 0 }.encode_to_vec();
-        assert!(keys.verify(&a, &binding(&subject, &changed), now).is_err());
+        assert!(ring.verify(&a, &binding(&subject, &changed), subjects::GATEWAY, now).is_err());
         // A digest that is not 32 bytes does not convert.
         let mut short = back.assertion.clone().expect("has assertion");
         short.payload_sha256.pop();

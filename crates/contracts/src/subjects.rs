@@ -260,12 +260,15 @@ pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
     use atasira_domain::aggregates::types;
     Some(match aggregate_type {
         types::DRAFT | types::DRAFTS_SECURITY => DRAFTS,
-        types::BOX | types::BOX_TYPE_NAMESPACE | types::REGISTRY_SECURITY | types::WORKER | types::CONFIG_BUNDLE => RUNTIME_REGISTRY,
-        // Token events are appended by the gateway and the operator CLI (the token table is
-        // the gateway's), and published by the audit service: the gateway has no JetStream.
-        types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT => AUDIT,
+        types::BOX | types::BOX_TYPE_NAMESPACE | types::REGISTRY_SECURITY | types::WORKER | types::CONFIG_BUNDLE | types::REGISTRY_ASSERTION_KEYS => {
+            RUNTIME_REGISTRY
+        }
+        // Token events and the gateway's assertion keys are appended by the gateway (tokens
+        // also by the operator CLI; the token table is the gateway's), and published by the
+        // audit service: the gateway has no JetStream.
+        types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT | types::GATEWAY_ASSERTION_KEYS => AUDIT,
         types::ACCESS | types::PROVISIONER_SECURITY | types::EXECUTION_BINDING => PROVISIONER,
-        types::APPROVAL_KEYS | types::APPROVAL_SECURITY => APPROVAL,
+        types::APPROVAL_KEYS | types::APPROVAL_SECURITY | types::APPROVAL_ASSERTION_KEYS => APPROVAL,
         _ => return None,
     })
 }

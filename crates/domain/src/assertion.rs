@@ -1,5 +1,6 @@
-//! The principal assertion (R-ARCH-3, R-AUTH-5, R-AUDIT-4): the gateway vouches for the
-//! calling principal to services over NATS with an HMAC-SHA256 under an internal key.
+//! The principal assertion (R-ARCH-3, R-ARCH-13, R-AUTH-5, R-AUDIT-4): a process of the
+//! cluster vouches for the calling principal to a service over NATS with an Ed25519
+//! signature under its own key.
 //!
 //! Why: services must not trust a bare principal in a message, since anything that can
 //! publish on NATS could claim to be an admin. The assertion is short-lived (60 s) and bound
@@ -7,144 +8,194 @@
 //! correlation id and its idempotency key ([`Binding`]), so a captured assertion is worthless for any other request
 //! (an assertion made for `ListPendingDrafts` does not approve a draft). A verifier accepts
 //! each assertion once ([`ReplayCache`]), so it is worthless for the same request a second
-//! time too. It names its key id, so keys rotate without breaking in-flight requests. Every
+//! time too.
+//!
+//! Signing is asymmetric (R-ARCH-13): each signing process (the gateway; approval and the
+//! runtime registry for the calls they make) holds its own [`AssertionSigner`] and publishes
+//! its public half; verifiers hold only public keys ([`AssertionKeyring`]), each tied to the
+//! issuer that published it, and accept a key only on requests that issuer sends. So a
+//! process that verifies assertions cannot mint one, and one issuer's key cannot speak for
+//! another. Keys carry an expiry, so a signer rotates by publishing a new key. Every
 //! refusal maps to the typed error `unauthenticated` at the service boundary;
 //! [`AssertionError::reason`] says why.
 //!
-//! This module does no IO and reads no clock: keys and `now` come from the caller.
+//! This module does no IO and reads no clock: keys, randomness and `now` come from the caller.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
-use hmac::{Hmac, Mac};
+use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::principal::Principal;
 use crate::token::push_item;
 
-type HmacSha256 = Hmac<Sha256>;
-
 /// Lifetime of an assertion (R-ARCH-3: 60 s): long enough for one request, short enough
 /// that a captured one is soon worthless.
 pub const ASSERTION_TTL: TimeDelta = TimeDelta::seconds(60);
 
-/// Domain separation: a MAC over these bytes cannot be confused with a MAC made by the same
-/// key for another purpose (e.g. audit rows) or another format version.
-pub const PURPOSE_TAG: &str = "atasira.principal-assertion.v2";
+/// How long a published signing key verifies: a signer publishes its next key well before
+/// (see [`KEY_ROTATE_AFTER`]), so a key taken from a process stops working a day later.
+pub const KEY_LIFETIME: TimeDelta = TimeDelta::hours(24);
 
-/// Minimum secret length: HMAC-SHA256 keys shorter than the hash output weaken it.
-pub const MIN_SECRET_LEN: usize = 32;
+/// When a signer publishes its next key.
+pub const KEY_ROTATE_AFTER: TimeDelta = TimeDelta::hours(12);
+
+/// Domain separation: a signature over these bytes cannot be confused with one made for
+/// another purpose (e.g. approval tokens) or another format version.
+pub const PURPOSE_TAG: &str = "atasira.principal-assertion.v3";
 
 /// Upper bound on an encoded assertion accepted by [`PrincipalAssertion::decode`], so a
 /// hostile header cannot make a service parse megabytes.
 pub const MAX_ENCODED_LEN: usize = 16 * 1024;
 
-/// Length of an HMAC-SHA256 tag in bytes.
-const MAC_LEN: usize = 32;
+/// Length of an Ed25519 signature in bytes.
+const SIGNATURE_LEN: usize = 64;
 
-/// One internal HMAC key with its id. Holds the keyed HMAC state, never prints it.
+/// What the replay cache remembers of an admitted assertion: the SHA-256 of its signature.
+type Tag = [u8; 32];
+
+/// One process's signing key, with the id and the issuer (its process identity) it is
+/// published under. Never prints the secret.
 #[derive(Clone)]
-pub struct AssertionKey {
+pub struct AssertionSigner {
     key_id: String,
-    mac: HmacSha256,
+    issuer: String,
+    signing: SigningKey,
+    expires_at: DateTime<Utc>,
 }
 
-impl AssertionKey {
-    /// Builds a key from secret bytes given by the caller (config, secret store).
-    /// Refuses secrets shorter than [`MIN_SECRET_LEN`].
-    pub fn new(key_id: impl Into<String>, secret: &[u8]) -> Result<Self, AssertionKeyError> {
-        let key_id = key_id.into();
-        if secret.len() < MIN_SECRET_LEN {
-            return Err(AssertionKeyError::SecretTooShort { key_id, len: secret.len(), min: MIN_SECRET_LEN });
-        }
-        let mac = <HmacSha256 as Mac>::new_from_slice(secret).map_err(|_| AssertionKeyError::InvalidSecret { key_id: key_id.clone() })?;
-        Ok(Self { key_id, mac })
+impl AssertionSigner {
+    /// A signer from 32 secret bytes the caller drew at random, published at `now` (it
+    /// verifies until `now + KEY_LIFETIME`).
+    pub fn new(key_id: impl Into<String>, issuer: impl Into<String>, seed: &[u8; 32], now: DateTime<Utc>) -> Self {
+        let expires_at = now.checked_add_signed(KEY_LIFETIME).unwrap_or(DateTime::<Utc>::MAX_UTC).trunc_subsecs(0);
+        Self { key_id: key_id.into(), issuer: issuer.into(), signing: SigningKey::from_bytes(seed), expires_at }
     }
 
     pub fn key_id(&self) -> &str {
         &self.key_id
     }
 
-    fn tag(&self, bytes: &[u8]) -> [u8; MAC_LEN] {
-        let mut mac = self.mac.clone();
-        mac.update(bytes);
-        mac.finalize().into_bytes().into()
-    }
-}
-
-/// Never prints the secret: keys end up in logged configuration structs.
-impl fmt::Debug for AssertionKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AssertionKey").field("key_id", &self.key_id).finish_non_exhaustive()
-    }
-}
-
-/// Why a key could not be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AssertionKeyError {
-    #[error("assertion key {key_id:?}: secret has {len} bytes, at least {min} required")]
-    SecretTooShort { key_id: String, len: usize, min: usize },
-    #[error("assertion key {key_id:?}: secret rejected by HMAC")]
-    InvalidSecret { key_id: String },
-}
-
-/// The key set of a gateway or service (R-AUDIT-4 rotation): sign with the current key,
-/// verify with the current or any retired key still kept, so assertions minted just before
-/// a rotation keep verifying until they expire.
-#[derive(Debug, Clone)]
-pub struct AssertionKeys {
-    current: AssertionKey,
-    retired: BTreeMap<String, AssertionKey>,
-}
-
-impl AssertionKeys {
-    /// `current` signs; `retired` only verify. A retired key with the current key's id is
-    /// ignored (the current key wins).
-    pub fn new(current: AssertionKey, retired: Vec<AssertionKey>) -> Self {
-        let retired = retired.into_iter().filter(|k| k.key_id != current.key_id).map(|k| (k.key_id.clone(), k)).collect();
-        Self { current, retired }
+    pub fn issuer(&self) -> &str {
+        &self.issuer
     }
 
-    pub fn current_key_id(&self) -> &str {
-        &self.current.key_id
-    }
-
-    fn get(&self, key_id: &str) -> Option<&AssertionKey> {
-        if self.current.key_id == key_id { Some(&self.current) } else { self.retired.get(key_id) }
+    /// The public half, as it is published.
+    pub fn public_key(&self) -> AssertionPublicKey {
+        AssertionPublicKey { key_id: self.key_id.clone(), issuer: self.issuer.clone(), key: self.signing.verifying_key(), expires_at: self.expires_at }
     }
 
     /// Mints an assertion for `principal` on the one request `binding` describes, valid
-    /// until `now + ASSERTION_TTL` truncated to whole seconds (only unix seconds are MACed).
+    /// until `now + ASSERTION_TTL` truncated to whole seconds (only unix seconds are signed).
     pub fn sign(&self, principal: &Principal, binding: &Binding, now: DateTime<Utc>) -> PrincipalAssertion {
         let expires_at = now.checked_add_signed(ASSERTION_TTL).unwrap_or(DateTime::<Utc>::MAX_UTC).trunc_subsecs(0);
-        let key_id = self.current.key_id.clone();
+        let key_id = self.key_id.clone();
         let bytes = canonical_bytes(&key_id, principal, binding, expires_at);
-        let mac = hex::encode(self.current.tag(&bytes));
-        PrincipalAssertion { key_id, principal: principal.clone(), binding: binding.clone(), expires_at, mac }
+        let signature = hex::encode(self.signing.sign(&bytes).to_bytes());
+        PrincipalAssertion { key_id, principal: principal.clone(), binding: binding.clone(), expires_at, signature }
+    }
+}
+
+impl fmt::Debug for AssertionSigner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AssertionSigner").field("key_id", &self.key_id).field("issuer", &self.issuer).finish_non_exhaustive()
+    }
+}
+
+/// A published public key: who may sign with it (the issuer) and until when it verifies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssertionPublicKey {
+    key_id: String,
+    issuer: String,
+    key: VerifyingKey,
+    expires_at: DateTime<Utc>,
+}
+
+impl AssertionPublicKey {
+    /// From its published form (the key as 64 hex digits).
+    pub fn from_hex(key_id: impl Into<String>, issuer: impl Into<String>, public_hex: &str, expires_at: DateTime<Utc>) -> Result<Self, AssertionKeyError> {
+        let key_id = key_id.into();
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(public_hex, &mut bytes).map_err(|_| AssertionKeyError::Malformed { key_id: key_id.clone() })?;
+        let key = VerifyingKey::from_bytes(&bytes).map_err(|_| AssertionKeyError::Malformed { key_id: key_id.clone() })?;
+        Ok(Self { key_id, issuer: issuer.into(), key, expires_at })
     }
 
-    /// Checks an assertion for the request `binding` describes (the subject it arrived on,
-    /// its message type, the digest of its payload, its correlation id) at `now`. The MAC is
-    /// compared in constant time (R-AUDIT-4). What passes still has to be admitted once by
-    /// the verifier's [`ReplayCache`] before its principal counts.
-    pub fn verify(&self, a: &PrincipalAssertion, binding: &Binding, now: DateTime<Utc>) -> Result<Verified, AssertionError> {
-        let key = self.get(&a.key_id).ok_or_else(|| AssertionError::UnknownKeyId { key_id: a.key_id.clone() })?;
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
 
-        let mut tag = [0u8; MAC_LEN];
-        hex::decode_to_slice(a.mac.as_bytes(), &mut tag).map_err(|_| AssertionError::MalformedMac)?;
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        self.expires_at
+    }
+
+    /// The key as 64 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.key.as_bytes())
+    }
+}
+
+/// Why a published key could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssertionKeyError {
+    #[error("assertion key {key_id:?}: not an Ed25519 public key")]
+    Malformed { key_id: String },
+}
+
+/// The public keys a verifier knows, by key id. It holds no secret: nothing here can mint
+/// an assertion.
+#[derive(Debug, Clone, Default)]
+pub struct AssertionKeyring {
+    keys: BTreeMap<String, AssertionPublicKey>,
+}
+
+impl AssertionKeyring {
+    pub fn new(keys: impl IntoIterator<Item = AssertionPublicKey>) -> Self {
+        let mut ring = Self::default();
+        for key in keys {
+            ring.insert(key);
+        }
+        ring
+    }
+
+    /// Adds a key; the first key published under an id stays (an id is never reused).
+    pub fn insert(&mut self, key: AssertionPublicKey) {
+        self.keys.entry(key.key_id.clone()).or_insert(key);
+    }
+
+    pub fn knows(&self, key_id: &str) -> bool {
+        self.keys.contains_key(key_id)
+    }
+
+    /// Checks an assertion that arrived from `issuer` (the sender its subject names) for
+    /// the request `binding` describes (the subject it arrived on, its message type, the
+    /// digest of its payload, its correlation id) at `now`: the key must be one `issuer`
+    /// published and not expired, and the signature must hold. What passes still has to be
+    /// admitted once by the verifier's [`ReplayCache`] before its principal counts.
+    pub fn verify(&self, a: &PrincipalAssertion, binding: &Binding, issuer: &str, now: DateTime<Utc>) -> Result<Verified, AssertionError> {
+        let key = self.keys.get(&a.key_id).ok_or_else(|| AssertionError::UnknownKeyId { key_id: a.key_id.clone() })?;
+        if key.issuer != issuer {
+            return Err(AssertionError::WrongIssuer { key_id: a.key_id.clone() });
+        }
+
+        let mut signature = [0u8; SIGNATURE_LEN];
+        hex::decode_to_slice(a.signature.as_bytes(), &mut signature).map_err(|_| AssertionError::MalformedSignature)?;
 
         if a.expires_at.timestamp_subsec_nanos() != 0 {
             return Err(AssertionError::NonCanonicalTime);
         }
 
         let bytes = canonical_bytes(&a.key_id, &a.principal, &a.binding, a.expires_at);
-        let mut mac = key.mac.clone();
-        mac.update(&bytes);
-        mac.verify_slice(&tag).map_err(|_| AssertionError::MacMismatch)?;
+        key.key.verify_strict(&bytes, &Signature::from_bytes(&signature)).map_err(|_| AssertionError::BadSignature)?;
 
-        // The MAC holds, so these are what the signer bound it to; compare with this request.
+        // The signature holds, so these are what the signer bound it to; compare with this request.
         if a.binding.subject != binding.subject {
             return Err(AssertionError::SubjectMismatch);
         }
@@ -160,13 +211,16 @@ impl AssertionKeys {
         if a.binding.idempotency_key != binding.idempotency_key {
             return Err(AssertionError::IdempotencyKeyMismatch);
         }
+        if now > key.expires_at {
+            return Err(AssertionError::KeyExpired { key_id: a.key_id.clone() });
+        }
         if now > a.expires_at {
             return Err(AssertionError::Expired { expires_at: a.expires_at });
         }
         if a.expires_at.signed_duration_since(now) > ASSERTION_TTL {
             return Err(AssertionError::ExpiryTooFar { expires_at: a.expires_at });
         }
-        Ok(Verified { principal: a.principal.clone(), tag, expires_at: a.expires_at })
+        Ok(Verified { principal: a.principal.clone(), tag: Sha256::digest(signature).into(), expires_at: a.expires_at })
     }
 }
 
@@ -244,16 +298,22 @@ pub struct Binding {
     pub idempotency_key: String,
 }
 
-/// An assertion whose MAC, binding and lifetime checked out; only [`AssertionKeys::verify`]
-/// makes one, and only [`ReplayCache::admit`] turns it into a principal.
+/// An assertion whose signature, binding and lifetime checked out; only
+/// [`AssertionKeyring::verify`] makes one, and only [`ReplayCache::admit`] turns it into a
+/// principal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
     principal: Principal,
-    tag: [u8; MAC_LEN],
+    tag: Tag,
     expires_at: DateTime<Utc>,
 }
 
 impl Verified {
+    /// What the replay cache remembers of it: the SHA-256 of its signature.
+    pub fn tag(&self) -> &Tag {
+        &self.tag
+    }
+
     pub fn principal(&self) -> &Principal {
         &self.principal
     }
@@ -272,15 +332,15 @@ pub const REPLAY_GRACE: TimeDelta = TimeDelta::seconds(5);
 /// assertion lifetime.
 pub const REPLAY_CACHE_CAPACITY: usize = 1 << 18;
 
-/// Every assertion a verifier admitted and that has not expired yet, by its MAC: a second
+/// Every assertion a verifier admitted and that has not expired yet, by its signature: a second
 /// use within the lifetime is a replay. Bounded: expired entries are dropped as time moves
 /// on, and when `capacity` unexpired entries are held, new assertions are refused
 /// ([`ReplayError::Full`], which callers answer as `busy`) instead of growing the cache.
 #[derive(Debug, Clone)]
 pub struct ReplayCache {
     capacity: usize,
-    seen: HashSet<[u8; MAC_LEN]>,
-    by_expiry: BTreeSet<(DateTime<Utc>, [u8; MAC_LEN])>,
+    seen: HashSet<Tag>,
+    by_expiry: BTreeSet<(DateTime<Utc>, Tag)>,
 }
 
 impl Default for ReplayCache {
@@ -342,7 +402,7 @@ pub enum ReplayError {
     Full { capacity: usize },
 }
 
-/// The MACed bytes: purpose tag, key id, user_id, role, kind, subject, message type, payload
+/// The signed bytes: purpose tag, key id, user_id, role, kind, subject, message type, payload
 /// digest (32 bytes), correlation id, idempotency key (when not empty), expires_at (i64 unix seconds big-endian), each
 /// prefixed by its u32 big-endian length so that no two distinct assertions share an
 /// encoding.
@@ -369,10 +429,8 @@ fn canonical_bytes(key_id: &str, principal: &Principal, binding: &Binding, expir
     push_item(&mut out, message_type.as_bytes());
     push_item(&mut out, &payload_sha256.0);
     push_item(&mut out, correlation_id.as_bytes());
-    // Only when there is one: an assertion without a key MACs the same bytes as before
-    // keys were bound, so processes of both versions verify each other's during an
-    // upgrade. Unambiguous all the same: the items are length-prefixed, so a keyed
-    // encoding has one item more.
+    // Only when there is one. Unambiguous all the same: the items are length-prefixed, so
+    // a keyed encoding has one item more.
     if !idempotency_key.is_empty() {
         push_item(&mut out, idempotency_key.as_bytes());
     }
@@ -380,7 +438,7 @@ fn canonical_bytes(key_id: &str, principal: &Principal, binding: &Binding, expir
     out
 }
 
-/// The gateway's statement "this request comes from this principal", carried in the
+/// A process's statement "this request comes from this principal", carried in the
 /// request's envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrincipalAssertion {
@@ -388,10 +446,10 @@ pub struct PrincipalAssertion {
     pub principal: Principal,
     /// The one request it is good for.
     pub binding: Binding,
-    /// Whole seconds: only unix seconds are MACed.
+    /// Whole seconds: only unix seconds are signed.
     pub expires_at: DateTime<Utc>,
-    /// Lowercase hex of the 32-byte HMAC-SHA256 tag.
-    pub mac: String,
+    /// Lowercase hex of the 64-byte Ed25519 signature.
+    pub signature: String,
 }
 
 impl PrincipalAssertion {
@@ -403,7 +461,7 @@ impl PrincipalAssertion {
         hex::encode(serde_json::to_vec(self).unwrap_or_default())
     }
 
-    /// Parses the text form. Only the shape is checked here; [`AssertionKeys::verify`]
+    /// Parses the text form. Only the shape is checked here; [`AssertionKeyring::verify`]
     /// decides whether it is valid.
     pub fn decode(encoded: &str) -> Result<Self, AssertionError> {
         if encoded.len() > MAX_ENCODED_LEN {
@@ -424,12 +482,16 @@ pub enum AssertionError {
     Malformed,
     #[error("principal assertion signed with unknown key id {key_id:?}")]
     UnknownKeyId { key_id: String },
-    #[error("principal assertion mac is not 64 hex characters")]
-    MalformedMac,
-    #[error("principal assertion expiry carries fractions of a second, which the mac does not cover")]
+    #[error("principal assertion signed with key {key_id:?}, which its sender did not publish")]
+    WrongIssuer { key_id: String },
+    #[error("principal assertion signed with key {key_id:?}, which has expired")]
+    KeyExpired { key_id: String },
+    #[error("principal assertion signature is not 128 hex characters")]
+    MalformedSignature,
+    #[error("principal assertion expiry carries fractions of a second, which the signature does not cover")]
     NonCanonicalTime,
-    #[error("principal assertion mac does not match")]
-    MacMismatch,
+    #[error("principal assertion signature does not hold")]
+    BadSignature,
     #[error("principal assertion was made for another subject")]
     SubjectMismatch,
     #[error("principal assertion was made for another message type")]
@@ -453,9 +515,11 @@ impl AssertionError {
             AssertionError::Missing => "missing_assertion",
             AssertionError::Malformed => "malformed_assertion",
             AssertionError::UnknownKeyId { .. } => "unknown_key_id",
-            AssertionError::MalformedMac => "malformed_mac",
+            AssertionError::WrongIssuer { .. } => "wrong_issuer",
+            AssertionError::KeyExpired { .. } => "key_expired",
+            AssertionError::MalformedSignature => "malformed_signature",
             AssertionError::NonCanonicalTime => "non_canonical_time",
-            AssertionError::MacMismatch => "mac_mismatch",
+            AssertionError::BadSignature => "bad_signature",
             AssertionError::SubjectMismatch => "subject_mismatch",
             AssertionError::MessageTypeMismatch => "message_type_mismatch",
             AssertionError::PayloadMismatch => "payload_mismatch",
@@ -473,16 +537,37 @@ mod tests {
     use crate::principal::{Kind, Role};
     use proptest::prelude::*;
 
-    fn key(id: &str, byte: u8) -> AssertionKey {
-        AssertionKey::new(id, &[byte; 32]).expect("valid key")
-    }
-
-    fn keys() -> AssertionKeys {
-        AssertionKeys::new(key("k1", 1), vec![])
-    }
-
     fn now0() -> DateTime<Utc> {
         DateTime::from_timestamp(1_750_000_000, 0).expect("valid timestamp")
+    }
+
+    /// The gateway's signer `id` with seed bytes `byte`, published an hour before `now0`.
+    fn key(id: &str, byte: u8) -> AssertionSigner {
+        AssertionSigner::new(id, "gateway", &[byte; 32], now0() - TimeDelta::hours(1))
+    }
+
+    /// A signer and a verifier's keyring that knows its public key.
+    struct Keys {
+        signer: AssertionSigner,
+        ring: AssertionKeyring,
+    }
+
+    impl Keys {
+        fn of(signer: AssertionSigner, known: &[&AssertionSigner]) -> Self {
+            Keys { ring: AssertionKeyring::new(known.iter().map(|k| k.public_key())), signer }
+        }
+        fn sign(&self, p: &Principal, b: &Binding, now: DateTime<Utc>) -> PrincipalAssertion {
+            self.signer.sign(p, b, now)
+        }
+        /// Verifies as a service does a request the gateway sent.
+        fn verify(&self, a: &PrincipalAssertion, b: &Binding, now: DateTime<Utc>) -> Result<Verified, AssertionError> {
+            self.ring.verify(a, b, "gateway", now)
+        }
+    }
+
+    fn keys() -> Keys {
+        let k = key("k1", 1);
+        Keys::of(k.clone(), &[&k])
     }
 
     fn member() -> Principal {
@@ -509,7 +594,7 @@ mod tests {
     }
 
     /// Verifies and unwraps the principal.
-    fn check(ks: &AssertionKeys, a: &PrincipalAssertion, binding: &Binding, now: DateTime<Utc>) -> Result<Principal, AssertionError> {
+    fn check(ks: &Keys, a: &PrincipalAssertion, binding: &Binding, now: DateTime<Utc>) -> Result<Principal, AssertionError> {
         ks.verify(a, binding, now).map(|v| v.principal().clone())
     }
 
@@ -588,10 +673,10 @@ mod tests {
         let err = check(&ks, &a, &other, now0()).expect_err("other key");
         assert_eq!(err, AssertionError::IdempotencyKeyMismatch);
         assert_eq!(err.reason(), "idempotency_key_mismatch");
-        // and a forged binding that claims k2 breaks the MAC
+        // and a forged binding that claims k2 breaks the signature
         let mut forged = a.clone();
         forged.binding.idempotency_key = "k2".into();
-        assert_eq!(check(&ks, &forged, &other, now0()).expect_err("forged"), AssertionError::MacMismatch);
+        assert_eq!(check(&ks, &forged, &other, now0()).expect_err("forged"), AssertionError::BadSignature);
         assert_eq!(check(&ks, &a, &with_key, now0()).map(|p| p.user_id), Ok(member().user_id));
     }
 
@@ -602,15 +687,15 @@ mod tests {
         let mut a = ks.sign(&member(), &list_pending(), now0());
         // when the role is changed to admin
         a.principal.role = Role::Admin;
-        // then the MAC no longer matches
+        // then the signature no longer holds
         let err = check(&ks, &a, &list_pending(), now0()).expect_err("tampered");
-        assert_eq!(err, AssertionError::MacMismatch);
-        assert_eq!(err.reason(), "mac_mismatch");
+        assert_eq!(err, AssertionError::BadSignature);
+        assert_eq!(err.reason(), "bad_signature");
     }
 
     #[test]
     fn r_arch_3_tampered_fields_fail() {
-        // given an assertion; when any MACed field changes (and the request is made to match it); then mismatch
+        // given an assertion; when any signed field changes (and the request is made to match it); then mismatch
         let ks = keys();
         let a = ks.sign(&member(), &list_pending(), now0());
         let alterations: Vec<fn(&mut PrincipalAssertion)> = vec![
@@ -626,7 +711,7 @@ mod tests {
             let mut forged = a.clone();
             alter(&mut forged);
             let binding = forged.binding.clone();
-            assert_eq!(check(&ks, &forged, &binding, now0()), Err(AssertionError::MacMismatch), "{forged:?}");
+            assert_eq!(check(&ks, &forged, &binding, now0()), Err(AssertionError::BadSignature), "{forged:?}");
         }
     }
 
@@ -654,21 +739,21 @@ mod tests {
     #[test]
     fn r_audit_4_rotated_key_still_verifies() {
         // given an assertion signed by the old key
-        let old = AssertionKeys::new(key("k-old", 1), vec![]);
+        let (old, new) = (key("k-old", 1), key("k-new", 2));
         let a = old.sign(&member(), &list_pending(), now0());
-        // when the verifier has rotated to a new key but keeps the old one
-        let rotated = AssertionKeys::new(key("k-new", 2), vec![key("k-old", 1)]);
+        // when the signer has published a new key and the verifier knows both
+        let rotated = Keys::of(new.clone(), &[&new, &old]);
         // then the old assertion verifies, and new ones are signed with the new key
         assert_eq!(check(&rotated, &a, &list_pending(), now0()), Ok(member()));
         assert_eq!(rotated.sign(&member(), &list_pending(), now0()).key_id, "k-new");
-        assert_eq!(rotated.current_key_id(), "k-new");
     }
 
     #[test]
     fn r_audit_4_unknown_key_fails() {
         // given an assertion by k-old; when the verifier only knows k-new; then unknown key
-        let a = AssertionKeys::new(key("k-old", 1), vec![]).sign(&member(), &list_pending(), now0());
-        let ks = AssertionKeys::new(key("k-new", 2), vec![]);
+        let a = key("k-old", 1).sign(&member(), &list_pending(), now0());
+        let new = key("k-new", 2);
+        let ks = Keys::of(new.clone(), &[&new]);
         let err = check(&ks, &a, &list_pending(), now0()).expect_err("unknown");
         assert_eq!(err, AssertionError::UnknownKeyId { key_id: "k-old".into() });
         assert_eq!(err.reason(), "unknown_key_id");
@@ -676,26 +761,66 @@ mod tests {
 
     #[test]
     fn r_audit_4_other_secret_under_same_id_fails() {
-        // given an assertion by k1 with secret 1; when verified with k1 holding secret 2
+        // given an assertion by k1 with seed 1; when verified with k1 published from seed 2
         let a = keys().sign(&member(), &list_pending(), now0());
-        let ks = AssertionKeys::new(key("k1", 2), vec![]);
-        // then the MAC does not match
-        assert_eq!(check(&ks, &a, &list_pending(), now0()), Err(AssertionError::MacMismatch));
+        let other = key("k1", 2);
+        let ks = Keys::of(other.clone(), &[&other]);
+        // then the signature does not hold
+        assert_eq!(check(&ks, &a, &list_pending(), now0()), Err(AssertionError::BadSignature));
     }
 
     #[test]
-    fn r_arch_3_malformed_mac_and_subsecond_expiry_fail() {
+    fn r_arch_13_a_key_verifies_only_what_its_own_issuer_sends() {
+        // given the registry's key, which the verifier knows as the registry's
+        let registry = AssertionSigner::new("r1", "runtime-registry", &[7; 32], now0());
+        let ring = AssertionKeyring::new([registry.public_key()]);
+        let a = registry.sign(&admin(), &list_pending(), now0());
+        // when its assertion arrives on a request the gateway sent; then refused
+        let err = ring.verify(&a, &list_pending(), "gateway", now0()).expect_err("another issuer");
+        assert_eq!(err, AssertionError::WrongIssuer { key_id: "r1".into() });
+        assert_eq!(err.reason(), "wrong_issuer");
+        // and on the registry's own request it holds
+        assert!(ring.verify(&a, &list_pending(), "runtime-registry", now0()).is_ok());
+        // and the keyring has no way to sign: it holds public keys only
+        assert_eq!(ring.keys.values().map(AssertionPublicKey::to_hex).collect::<Vec<_>>(), [registry.public_key().to_hex()]);
+    }
+
+    #[test]
+    fn r_audit_4_an_expired_key_verifies_nothing() {
+        // given a key published at now0; when an assertion signed just before its end is
+        // checked after it; then refused, although the assertion itself is young
+        let k = AssertionSigner::new("k1", "gateway", &[1; 32], now0());
+        let ks = Keys::of(k.clone(), &[&k]);
+        let end = now0() + KEY_LIFETIME;
+        let a = ks.sign(&member(), &list_pending(), end - TimeDelta::seconds(1));
+        assert!(ks.verify(&a, &list_pending(), end).is_ok());
+        let err = check(&ks, &a, &list_pending(), end + TimeDelta::seconds(1)).expect_err("expired key");
+        assert_eq!(err.reason(), "key_expired");
+    }
+
+    #[test]
+    fn r_arch_13_a_published_key_reads_back_and_a_bad_one_is_refused() {
+        let k = key("k1", 3).public_key();
+        let back = AssertionPublicKey::from_hex("k1", "gateway", &k.to_hex(), k.expires_at()).expect("reads");
+        assert_eq!(back, k);
+        for bad in ["", "zz", &"00".repeat(31)] {
+            assert!(AssertionPublicKey::from_hex("k1", "gateway", bad, k.expires_at()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn r_arch_3_malformed_signature_and_subsecond_expiry_fail() {
         // given a valid assertion
         let ks = keys();
         let a = ks.sign(&member(), &list_pending(), now0());
-        // when the mac is not 32 bytes of hex; then malformed mac
-        for bad in ["", "xyz", "abcd", &"0".repeat(66)] {
+        // when the signature is not 64 bytes of hex; then malformed
+        for bad in ["", "xyz", "abcd", &"0".repeat(130)] {
             let mut forged = a.clone();
-            forged.mac = bad.to_owned();
-            let err = check(&ks, &forged, &list_pending(), now0()).expect_err("bad mac");
-            assert_eq!(err.reason(), "malformed_mac", "{bad:?}");
+            forged.signature = bad.to_owned();
+            let err = check(&ks, &forged, &list_pending(), now0()).expect_err("bad signature");
+            assert_eq!(err.reason(), "malformed_signature", "{bad:?}");
         }
-        // when the expiry gains an (unMACed) fraction of a second; then refused
+        // when the expiry gains an (unsigned) fraction of a second; then refused
         let mut forged = a.clone();
         forged.expires_at += TimeDelta::milliseconds(500);
         let err = check(&ks, &forged, &list_pending(), now0()).expect_err("subsecond");
@@ -725,9 +850,9 @@ mod tests {
         // then the second use is a replay
         let err = cache.admit(again, now0() + TimeDelta::seconds(20)).expect_err("replayed");
         assert_eq!(err, ReplayError::Replayed);
-        // and the same MAC written in capitals is the same assertion
+        // and the same signature written in capitals is the same assertion
         let mut shouting = a.clone();
-        shouting.mac = a.mac.to_uppercase();
+        shouting.signature = a.signature.to_uppercase();
         let verified = ks.verify(&shouting, &list_pending(), now0()).expect("hex is hex");
         assert_eq!(cache.admit(verified, now0()), Err(ReplayError::Replayed));
     }
@@ -792,16 +917,11 @@ mod tests {
     }
 
     #[test]
-    fn r_audit_4_key_debug_hides_secret_and_short_secret_refused() {
-        // given a key; when debug-printed; then only the key id shows
-        let k = AssertionKey::new("k1", &[0xCD; 32]).expect("valid");
+    fn r_audit_4_a_signer_never_prints_its_secret() {
+        let k = AssertionSigner::new("k1", "gateway", &[0xCD; 32], now0());
         let text = format!("{k:?}");
-        assert!(text.contains("k1"));
-        assert!(!text.to_lowercase().contains("cdcd"));
-        assert!(!text.contains("205"));
-        // and a short secret is refused
-        let err = AssertionKey::new("k1", b"short").expect_err("short");
-        assert_eq!(err, AssertionKeyError::SecretTooShort { key_id: "k1".into(), len: 5, min: 32 });
+        assert!(text.contains("k1") && text.contains("gateway"));
+        assert!(!text.to_lowercase().contains("cdcd") && !text.contains("205"), "{text}");
     }
 
     #[test]
@@ -818,7 +938,6 @@ mod tests {
     #[test]
     fn r_draft_11_an_idempotency_key_is_one_more_item_and_no_key_adds_nothing() {
         // given a request without a key; then its bytes are the nine items and the expiry
-        // that assertions had before keys were bound (processes of both versions agree)
         let p = member();
         let plain = canonical_bytes("k", &p, &list_pending(), now0());
         let mut expected = Vec::new();
@@ -844,7 +963,7 @@ mod tests {
             user_id in ".*",
             subject in ".*",
             corr in ".*",
-            mac in prop_oneof![".*", "[0-9a-f]{64}"],
+            signature in prop_oneof![".*", "[0-9a-f]{128}"],
             secs in -100_000_000_000i64..100_000_000_000i64,
             nanos in prop_oneof![3 => Just(0u32), 1 => 0u32..2_000_000_000u32],
             now_secs in -100_000_000_000i64..100_000_000_000i64,
@@ -858,7 +977,7 @@ mod tests {
                 principal: Principal::new(user_id, Role::Admin, Kind::Human),
                 binding: binding.clone(),
                 expires_at,
-                mac,
+                signature,
             };
             prop_assert!(ks.verify(&a, &binding, now).is_err());
             let _ = PrincipalAssertion::decode(&a.encode());

@@ -28,7 +28,13 @@ pub use manifest::BoxManifest;
 pub use os_operation::OSOperation;
 pub use principal::{Kind, Principal, Role};
 
-error::refusing_via_code!(aggregates::draft::DraftError, aggregates::namespace::NamespaceError, aggregates::security::SecurityError, aggregates::pat::PatError,);
+error::refusing_via_code!(
+    aggregates::draft::DraftError,
+    aggregates::namespace::NamespaceError,
+    aggregates::security::SecurityError,
+    aggregates::pat::PatError,
+    aggregates::assertion_keys::AssertionKeyPublishError,
+);
 
 impl Refusing for policy::MentorEditError {
     fn error_code(&self) -> ErrorCode {

@@ -1055,8 +1055,8 @@ pub struct Assertion {
     /// Empty: the request carries none.
     pub idempotency_key: String,
     pub expires_at: DateTime<Utc>,
-    /// Lowercase hex HMAC-SHA256.
-    pub mac: String,
+    /// Lowercase hex of the gateway's Ed25519 signature (64 bytes).
+    pub signature: String,
 }
 
 /// 200 of `POST /api/v1/auth/nats-assertion`.
@@ -1086,7 +1086,7 @@ impl AssertionIssued {
                 correlation_id: binding.correlation_id.clone(),
                 idempotency_key: binding.idempotency_key.clone(),
                 expires_at: assertion.expires_at,
-                mac: assertion.mac.clone(),
+                signature: assertion.signature.clone(),
             },
             assertion_protobuf_hex: hex::encode(protobuf),
         }

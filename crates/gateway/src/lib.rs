@@ -282,7 +282,8 @@ impl AppState {
     ) -> Result<(Resp, i64, Vec<String>), ApiError> {
         let correlation_id = uuid::Uuid::new_v4().to_string();
         let subject = subjects::request(subjects::GATEWAY, service);
-        let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation_id, idempotency_key, chrono::Utc::now());
+        let signer = self.rt.assertion_keys.signer().map_err(ApiError::internal)?;
+        let env = signed_envelope(&signer, principal, &subject, request, &correlation_id, idempotency_key, chrono::Utc::now());
         // The bus adds the trace context of the HTTP request's span (R-OPS-1).
         let headers = BTreeMap::new();
         // A body under the HTTP limit can still make a request the bus cannot carry; the

@@ -706,7 +706,7 @@ pub async fn nats_assertion(State(state): State<AppState>, Caller(principal): Ca
         if binding.correlation_id.is_empty() {
             binding.correlation_id = uuid::Uuid::new_v4().to_string();
         }
-        let assertion = state.rt.assertion_keys.sign(&principal, &binding, chrono::Utc::now());
+        let assertion = state.rt.assertion_keys.signer().map_err(ApiError::internal)?.sign(&principal, &binding, chrono::Utc::now());
         let wire = atasira_contracts::assertion_to_wire(&assertion).encode_to_vec();
         let mut response = Json(api::AssertionIssued::new(&assertion, &wire)).into_response();
         let head = state.rt.db.head_position().await.map_err(ApiError::internal)?;

@@ -14,6 +14,7 @@ pub mod exclusive;
 pub mod failpoints;
 pub mod feed;
 pub mod guard;
+pub mod keys;
 pub mod metrics;
 pub mod probe;
 pub mod projection;
@@ -26,16 +27,15 @@ use std::sync::Arc;
 
 pub use failpoints::{failpoint, failpoint_delay};
 
-use atasira_domain::assertion::AssertionKeys;
-
 /// Everything a service needs from the outside world.
 #[derive(Clone)]
 pub struct Runtime {
     pub db: db::Db,
     pub bus: Arc<dyn bus::Bus>,
     pub feeds: feed::FeedSource,
-    /// Verifies (and, in the gateway, signs) principal assertions (R-ARCH-3).
-    pub assertion_keys: Arc<AssertionKeys>,
+    /// Verifies principal assertions with published public keys, and signs them in the
+    /// processes that call others for a principal (R-ARCH-3, R-ARCH-13).
+    pub assertion_keys: keys::AssertionKeys,
     /// The process's request limits, replay cache and violation rate limit.
     pub guards: Arc<guard::Guards>,
 }

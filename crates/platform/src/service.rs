@@ -225,7 +225,10 @@ async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusa
         Ok(a) => a,
         Err(_) => return Err(refused_assertion(rt, call, AssertionError::Malformed.reason(), claimed, Some(&wire.key_id)).await),
     };
-    let verified = match rt.assertion_keys.verify(&assertion, &atasira_contracts::binding(&call.subject, &call.env), now) {
+    let Origin::Service(issuer) = call.origin else {
+        return Err(refused_assertion(rt, call, AssertionError::Missing.reason(), claimed, Some(&wire.key_id)).await);
+    };
+    let verified = match rt.assertion_keys.verify(&rt.db, &assertion, &atasira_contracts::binding(&call.subject, &call.env), issuer, now).await {
         Ok(v) => v,
         Err(e) => return Err(refused_assertion(rt, call, e.reason(), claimed, Some(&wire.key_id)).await),
     };
@@ -339,8 +342,9 @@ pub async fn until_shutdown(mut shutdown: tokio::sync::watch::Receiver<bool>) {
 mod tests {
     use std::time::Duration;
 
+    use crate::keys::AssertionKeys;
     use atasira_contracts::{Named, decode_reply, envelope, signed_envelope, v1};
-    use atasira_domain::assertion::{AssertionKey, AssertionKeys};
+    use atasira_domain::assertion::AssertionSigner;
     use atasira_domain::{Kind, Role};
 
     use super::*;
@@ -355,8 +359,9 @@ mod tests {
         let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
         crate::auth::prepare(&db).await.expect("tokens table");
         let bus = Arc::new(InprocBus::default());
-        let keys = AssertionKeys::new(AssertionKey::new("internal-1", &[5; 32]).expect("key"), vec![]);
-        let rt = Runtime { db, bus: bus.clone(), feeds: FeedSource::default(), assertion_keys: Arc::new(keys), guards: Arc::new(guards) };
+        let signer = AssertionSigner::new("gateway-1", subjects::GATEWAY, &[5; 32], chrono::Utc::now());
+        let keys = AssertionKeys::fixed(Some(signer.clone()), [signer.public_key()]);
+        let rt = Runtime { db, bus: bus.clone(), feeds: FeedSource::default(), assertion_keys: keys, guards: Arc::new(guards) };
         (rt, bus)
     }
 
@@ -433,21 +438,27 @@ mod tests {
         let alice = Principal::new("alice", Role::Admin, Kind::Human);
         let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
         let list = v1::ListPendingDrafts { limit: 5, after: 0 };
-        let env = signed_envelope(&rt.assertion_keys, &alice, &subject, &list, "corr-1", "", chrono::Utc::now());
+        let env = signed_envelope(&rt.assertion_keys.signer().expect("signs"), &alice, &subject, &list, "corr-1", "", chrono::Utc::now());
         // when it is sent; then it acts for alice
         assert_eq!(send(&bus, &subject, &env).await.expect("accepted").lagging, ["alice"]);
         // when the same request is sent again; then it is a replay
         let replayed = send(&bus, &subject, &env).await.expect_err("replayed");
         assert_eq!((replayed.code, replayed.message.as_str()), (ErrorCode::Unauthenticated, "invalid principal assertion: replayed"));
         // when a fresh assertion for ListPendingDrafts rides on an ApproveDraft; then refused
-        let fresh = signed_envelope(&rt.assertion_keys, &alice, &subject, &list, "corr-2", "", chrono::Utc::now());
+        let fresh = signed_envelope(&rt.assertion_keys.signer().expect("signs"), &alice, &subject, &list, "corr-2", "", chrono::Utc::now());
         let approve =
             Envelope { assertion: fresh.assertion.clone(), ..envelope(&v1::ApproveDraft { draft_id: "d1".into(), confirm_over_limit: false }, "corr-2", "") };
         let wrong_type = send(&bus, &subject, &approve).await.expect_err("wrong type");
         assert_eq!(wrong_type.message, "invalid principal assertion: message_type_mismatch");
-        // when it is sent to another service's subject... it is bound to the drafts subject
+        // when it is sent on another sender's subject; then the gateway's key is not that
+        // sender's (R-ARCH-13), and on another addressee's it is bound to the drafts subject
         let elsewhere = subjects::request(subjects::APPROVAL, subjects::DRAFTS);
-        assert_eq!(send(&bus, &elsewhere, &fresh).await.expect_err("other subject").message, "invalid principal assertion: subject_mismatch");
+        assert_eq!(send(&bus, &elsewhere, &fresh).await.expect_err("other sender").message, "invalid principal assertion: wrong_issuer");
+        let other_addressee = Envelope { assertion: fresh.assertion.clone(), ..fresh.clone() };
+        let mut to_audit = other_addressee.assertion.clone().expect("assertion");
+        to_audit.subject = subjects::request(subjects::GATEWAY, subjects::AUDIT);
+        let forged = Envelope { assertion: Some(to_audit), ..fresh.clone() };
+        assert_eq!(send(&bus, &subject, &forged).await.expect_err("rebound").message, "invalid principal assertion: bad_signature");
         // when the payload is changed; then refused
         let changed = Envelope { payload: v1::ListPendingDrafts { limit: 6, after: 0 }.encode_to_vec(), ..fresh.clone() };
         assert_eq!(send(&bus, &subject, &changed).await.expect_err("changed").message, "invalid principal assertion: payload_mismatch");
@@ -458,19 +469,19 @@ mod tests {
         assert_eq!(send(&bus, &subject, &fresh).await.expect("accepted").lagging, ["alice"]);
 
         // then each refusal is a SecurityViolation of the drafts service, naming reason,
-        // subject, sender, claimed user and key, never the MAC
+        // subject, sender, claimed user and key, never the signature
         let recorded = violations(&rt).await;
         let reasons: Vec<&str> = recorded.iter().map(|v| v["reason"].as_str().expect("reason").split(':').next().expect("code")).collect();
-        assert_eq!(reasons, ["replayed", "message_type_mismatch", "subject_mismatch", "payload_mismatch", "missing_assertion"]);
+        assert_eq!(reasons, ["replayed", "message_type_mismatch", "wrong_issuer", "bad_signature", "payload_mismatch", "missing_assertion"]);
         assert_eq!(recorded[0]["service"], "drafts");
         assert_eq!(recorded[0]["kind"], "invalid_assertion");
         assert_eq!(recorded[0]["actor"], "gateway");
         assert_eq!(recorded[0]["target"], subject.as_str());
         assert_eq!(recorded[2]["actor"], "approval");
         let reason = recorded[0]["reason"].as_str().expect("reason");
-        assert_eq!(reason, format!("replayed: {} claiming user alice with key internal-1", v1::ListPendingDrafts::NAME));
-        let mac = env.assertion.as_ref().expect("assertion").mac.clone();
-        assert!(recorded.iter().all(|v| !v.to_string().contains(&mac)));
+        assert_eq!(reason, format!("replayed: {} claiming user alice with key gateway-1", v1::ListPendingDrafts::NAME));
+        let signature = env.assertion.as_ref().expect("assertion").signature.clone();
+        assert!(recorded.iter().all(|v| !v.to_string().contains(&signature)));
     }
 
     #[tokio::test]

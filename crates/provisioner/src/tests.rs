@@ -11,12 +11,13 @@ use atasira_contracts::v1;
 use atasira_domain::ErrorCode;
 use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand};
-use atasira_domain::assertion::{AssertionKey, AssertionKeys};
+use atasira_domain::assertion::AssertionSigner;
 use atasira_domain::token::{ApprovalSigner, Keyring};
 use atasira_domain::{BoxManifest, Kind, Principal, Role};
 use atasira_platform::bus::InprocBus;
 use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
+use atasira_platform::keys::AssertionKeys;
 
 use super::*;
 use crate::setup::tests::{TempDir, bare_repo_with_a_commit};
@@ -72,13 +73,18 @@ async fn given_a_refused_url_when_provisioned_then_failed_at_once_without_retrie
     assert!(!pwned.exists());
 }
 
+/// A fixed signing key of `issuer` (the processes that call the provisioner).
+fn signer(issuer: &str) -> AssertionSigner {
+    AssertionSigner::new(format!("{issuer}-test"), issuer, &[issuer.len() as u8; 32], chrono::Utc::now())
+}
+
 fn runtime(db: &Db) -> Runtime {
-    let key = AssertionKey::new("internal-1", &[7u8; 32]).expect("key");
+    let known = [subjects::GATEWAY, subjects::RUNTIME_REGISTRY].map(|issuer| signer(issuer).public_key());
     Runtime {
         db: db.clone(),
         bus: Arc::new(InprocBus::default()),
         feeds: FeedSource::default(),
-        assertion_keys: Arc::new(AssertionKeys::new(key, vec![])),
+        assertion_keys: AssertionKeys::fixed(None, known),
         guards: Default::default(),
     }
 }
@@ -248,7 +254,7 @@ async fn ask<M: atasira_contracts::Named, R: atasira_contracts::Named>(
 ) -> Result<(R, Vec<String>), atasira_contracts::Refused> {
     let subject = subjects::request(from, SERVICE);
     let correlation = format!("corr-{}", uuid::Uuid::new_v4().simple());
-    let env = atasira_contracts::signed_envelope(&rt.assertion_keys, principal, &subject, message, &correlation, "", chrono::Utc::now());
+    let env = atasira_contracts::signed_envelope(&signer(from), principal, &subject, message, &correlation, "", chrono::Utc::now());
     let mut answer = Err(atasira_platform::bus::BusError::Other("not asked yet".into()));
     // The endpoint is registered as the service starts.
     for _ in 0..500 {

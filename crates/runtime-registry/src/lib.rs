@@ -40,7 +40,8 @@ pub use workers_view::WorkersView;
 
 pub const SERVICE: &str = subjects::RUNTIME_REGISTRY;
 /// Aggregate types this service appends (and its relay publishes).
-pub const AGGREGATE_TYPES: &[&str] = &[types::BOX, types::BOX_TYPE_NAMESPACE, types::REGISTRY_SECURITY, types::WORKER, types::CONFIG_BUNDLE];
+pub const AGGREGATE_TYPES: &[&str] =
+    &[types::BOX, types::BOX_TYPE_NAMESPACE, types::REGISTRY_SECURITY, types::WORKER, types::CONFIG_BUNDLE, types::REGISTRY_ASSERTION_KEYS];
 
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {

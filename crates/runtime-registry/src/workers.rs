@@ -304,7 +304,8 @@ impl Registry {
     async fn consume_binding(&self, principal: &Principal, request: &v1::ConsumeBinding) -> Result<Result<(), Refused>, Refusal> {
         let correlation = uuid::Uuid::new_v4().to_string();
         let subject = subjects::request(SERVICE, subjects::PROVISIONER);
-        let env = signed_envelope(&self.rt.assertion_keys, principal, &subject, request, &correlation, "", chrono::Utc::now());
+        let signer = self.rt.assertion_keys.signer().map_err(Refusal::internal)?;
+        let env = signed_envelope(&signer, principal, &subject, request, &correlation, "", chrono::Utc::now());
         let bytes = self
             .rt
             .bus

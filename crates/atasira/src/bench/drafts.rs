@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atasira_contracts::{decode_reply, envelope, signed_envelope, subjects, v1};
-use atasira_domain::assertion::AssertionKeys;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{Bus, Endpoint, Handler, Message, NatsBus};
 use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
+use atasira_platform::keys::AssertionKeys;
 use atasira_platform::{Runtime, auth, relay};
 use bytes::Bytes;
 use prost::Message as _;
@@ -114,7 +114,8 @@ pub(super) async fn connect(nats_url: &str, creds_dir: Option<&Path>, identity: 
 /// keys every process of a cluster is given.
 pub(super) struct Cluster<'a> {
     pub(super) options: &'a ClusterOptions,
-    pub(super) internal: Arc<AssertionKeys>,
+    /// The public keys the processes learn (each signing process has its own signer).
+    pub(super) keys: AssertionKeys,
     pub(super) settings: Settings,
     pub(super) audit: Arc<atasira_domain::audit::AuditKeys>,
     pub(super) shutdown: watch::Receiver<bool>,
@@ -123,11 +124,11 @@ pub(super) struct Cluster<'a> {
 type Task = JoinHandle<anyhow::Result<()>>;
 
 impl<'a> Cluster<'a> {
-    /// The processes of one cluster run: fresh internal and audit keys, settings in `data`.
+    /// The processes of one cluster run: fresh audit keys, settings in `data`.
     pub(super) fn new(options: &'a ClusterOptions, data: &std::path::Path, shutdown: watch::Receiver<bool>) -> anyhow::Result<Self> {
         Ok(Cluster {
             options,
-            internal: Arc::new(fresh_key(KeyKind::Internal)?.assertion_keys()?),
+            keys: AssertionKeys::default(),
             settings: settings_in(data),
             audit: Arc::new(fresh_key(KeyKind::Audit)?.audit_keys()?),
             shutdown,
@@ -140,12 +141,16 @@ impl<'a> Cluster<'a> {
         let client = connect(&self.options.nats_url, self.options.creds_dir.as_deref(), identity).await?;
         let js = async_nats::jetstream::new(client.clone());
         let rt = Runtime {
-            db,
+            db: db.clone(),
             bus: Arc::new(NatsBus::new(client)),
             feeds: FeedSource::default(),
-            assertion_keys: self.internal.clone(),
+            assertion_keys: self.keys.own_signer(),
             guards: Default::default(),
         };
+        // The processes that sign publish a key of their own first, as `serve` does.
+        if [subjects::GATEWAY, subjects::APPROVAL, subjects::RUNTIME_REGISTRY].contains(&identity) {
+            rt.assertion_keys.publish_new_key(&db, identity).await?;
+        }
         Ok((rt, js))
     }
 
@@ -298,7 +303,7 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
     };
     let agent = Principal::new("bench-agent", Role::Member, Kind::Agent);
     let drafts_op = {
-        let (bus, keys, agent) = (gateway_bus.clone(), cluster.internal.clone(), agent.clone());
+        let (bus, keys, agent) = (gateway_bus.clone(), gateway_rt.assertion_keys.signer()?, agent.clone());
         op(move |i: usize| {
             let (bus, keys, agent) = (bus.clone(), keys.clone(), agent.clone());
             async move {

@@ -93,7 +93,7 @@ pub async fn idle(o: IdleOptions) -> anyhow::Result<()> {
         o.seconds,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
-    let (internal, approval, audit) = (fresh_key(KeyKind::Internal)?.render(), fresh_key(KeyKind::Approval)?.render(), fresh_key(KeyKind::Audit)?.render());
+    let (approval, audit) = (fresh_key(KeyKind::Approval)?.render(), fresh_key(KeyKind::Audit)?.render());
     let mut processes = Processes { running: Vec::new(), logs: dir.path().to_path_buf() };
     eprintln!("  ... starting {}", subjects::SERVICES.join(", "));
     for service in subjects::SERVICES {
@@ -103,7 +103,6 @@ pub async fn idle(o: IdleOptions) -> anyhow::Result<()> {
             .args(["serve", service])
             .env("ATASIRA_NATS_URL", &o.nats_url)
             .env("ATASIRA_DATABASE_URL", &o.database_url)
-            .env("ATASIRA_INTERNAL_KEY", &internal)
             .env("ATASIRA_DATA_DIR", dir.path().join("data"))
             .env_remove("ATASIRA_APPROVAL_KEY_FILE")
             .stdin(Stdio::null())

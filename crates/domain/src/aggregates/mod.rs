@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod approval_keys;
+pub mod assertion_keys;
 pub mod audit_ledger;
 pub mod binding;
 pub mod boxes;
@@ -43,6 +44,12 @@ pub mod types {
     /// Execution bindings, one stream per handle, owned by the provisioner (the execution
     /// host side).
     pub const EXECUTION_BINDING: &str = "execution_binding";
+    /// Principal assertion keys, one type per signing process, one stream per key id: the
+    /// gateway's (published by the audit service, like tokens: the gateway has no
+    /// JetStream), approval's and the runtime registry's.
+    pub const GATEWAY_ASSERTION_KEYS: &str = "gateway_assertion_keys";
+    pub const APPROVAL_ASSERTION_KEYS: &str = "approval_assertion_keys";
+    pub const REGISTRY_ASSERTION_KEYS: &str = "registry_assertion_keys";
     /// Every service's security violations (R-AUDIT-5), one type per refusing service.
     pub const SECURITY: &[&str] = &[APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
     pub const ALL: &[&str] = &[
@@ -61,6 +68,9 @@ pub mod types {
         WORKER,
         CONFIG_BUNDLE,
         EXECUTION_BINDING,
+        GATEWAY_ASSERTION_KEYS,
+        APPROVAL_ASSERTION_KEYS,
+        REGISTRY_ASSERTION_KEYS,
     ];
 }
 

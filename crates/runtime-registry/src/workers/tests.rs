@@ -13,7 +13,7 @@ use atasira_domain::aggregates::approval_keys::{ApprovalKeys, ApprovalKeysComman
 use atasira_domain::aggregates::boxes::box_id_for;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::aggregates::types;
-use atasira_domain::assertion::{AssertionKey, AssertionKeys};
+use atasira_domain::assertion::AssertionSigner;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::token::ApprovalSigner;
 use atasira_domain::worker::worker_id_for;
@@ -21,6 +21,7 @@ use atasira_domain::{ErrorCode, Kind, Principal, Role};
 use atasira_platform::bus::InprocBus;
 use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
+use atasira_platform::keys::AssertionKeys;
 use atasira_platform::service::{Refusal, serve};
 use prost::Message as _;
 use sqlx::Row as _;
@@ -92,7 +93,7 @@ async fn provisioner(rt: &Runtime) -> atasira_platform::bus::Endpoint {
 async fn ask<Req: Named, Resp: prost::Message + Default>(rt: &Runtime, principal: &Principal, request: &Req) -> Result<(Resp, i64, Vec<String>), Refused> {
     let subject = subjects::request(subjects::GATEWAY, SERVICE);
     let correlation = uuid::Uuid::new_v4().to_string();
-    let env = signed_envelope(&rt.assertion_keys, principal, &subject, request, &correlation, "", chrono::Utc::now());
+    let env = signed_envelope(&signer(subjects::GATEWAY), principal, &subject, request, &correlation, "", chrono::Utc::now());
     let bytes = rt.bus.request(&subject, BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(30)).await.expect("answered");
     atasira_contracts::decode_written::<Resp>(&bytes).expect("decodes")
 }
@@ -136,13 +137,20 @@ async fn r_worker_a_launch_on_an_approved_box_makes_one_worker_per_launch_id_wit
     launch_scenario(db, &dir).await;
 }
 
+/// A fixed signing key of `issuer` (the test's gateway, the registry itself).
+fn signer(issuer: &str) -> AssertionSigner {
+    AssertionSigner::new(format!("{issuer}-test"), issuer, &[issuer.len() as u8; 32], chrono::Utc::now())
+}
+
 async fn launch_scenario(db: Db, dir: &TempDir) {
-    let key = AssertionKey::new("internal-1", &[7u8; 32]).expect("key");
+    // The registry signs its calls to the provisioner with its own key; every process here
+    // knows the gateway's and the registry's public keys.
+    let (gateway, registry) = (signer(subjects::GATEWAY), signer(SERVICE));
     let rt = Runtime {
         db: db.clone(),
         bus: Arc::new(InprocBus::default()),
         feeds: FeedSource::default(),
-        assertion_keys: Arc::new(AssertionKeys::new(key, vec![])),
+        assertion_keys: AssertionKeys::fixed(Some(registry.clone()), [gateway.public_key(), registry.public_key()]),
         guards: Default::default(),
     };
     approved_draft(&db, "d1").await;
