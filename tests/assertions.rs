@@ -146,3 +146,23 @@ fn a_nats_publisher_with_a_revoked_token_gets_not_even_a_wait_and_nobody_else_aw
         assert_eq!(refused.code, ErrorCode::Unauthenticated, "{refused}");
     });
 }
+
+#[test]
+fn a_captured_assertion_is_admitted_once_by_all_the_replicas_of_a_service_together() {
+    // R-ARCH-13: given two drafts processes (NATS hands each request to one of them) and a
+    // captured admin assertion for ListPendingDrafts
+    let mut sys = System::start(Mode::Cluster);
+    sys.start_drafts(&[]);
+    let to_drafts = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+    let captured = sys.gateway_signed(&to_drafts, &v1::ListPendingDrafts { limit: 5, after: 0 }, "replicated-1");
+    block_on(async {
+        let gateway = connect(&mut sys, As::Gateway).await.expect("connects as the gateway");
+        // when it is used once, then sent again and again (each time to either replica)
+        assert!(request::<v1::DraftPage>(&gateway, &to_drafts, &captured).await.is_ok(), "the first use");
+        for attempt in 0..12 {
+            // then no replica admits it a second time
+            let again = request::<v1::DraftPage>(&gateway, &to_drafts, &captured).await.expect_err("a replay");
+            assert_eq!(again.message, "invalid principal assertion: replayed", "attempt {attempt}");
+        }
+    });
+}

@@ -314,3 +314,82 @@ fn cluster_services_run_under_a_role_that_cannot_rewrite_history() {
     drop(sys);
     drop(roles);
 }
+
+/// An insert of one event as `aggregate_type`/`event_type`, rolled back if it is taken.
+fn try_append(sys: &System, url: &str, aggregate_type: &str, event_type: &str) -> Result<(), String> {
+    let insert = format!(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) \
+         VALUES ('{aggregate_type}', 'forged-{}', 1, '{event_type}', '1', '{{}}', '{{}}')",
+        uuid::Uuid::new_v4().simple()
+    );
+    sys.database().run_as(url, &["BEGIN", &insert, "ROLLBACK"])
+}
+
+#[test]
+fn each_process_role_appends_only_its_own_events_and_can_switch_nothing_off() {
+    // R-ARCH-13: given a cluster whose processes run as the roles `atasira db roles` made
+    let sys = System::start(Mode::Cluster);
+    approved_box(&sys, "own-roles");
+    ledger_has(&sys, 4);
+    let connected: Vec<String> = {
+        let url = sys.database_url();
+        let statement = "SELECT DISTINCT usename::text FROM pg_stat_activity WHERE datname = current_database()";
+        runtime().block_on(async {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&url).await.expect("connects");
+            sqlx::query_scalar(statement).fetch_all(&mut conn).await.expect("activity")
+        })
+    };
+    for identity in atasira_contracts::subjects::IDENTITIES {
+        let role = sys.database_url_of(identity).split("://").nth(1).and_then(|r| r.split(':').next()).expect("a role").to_owned();
+        assert!(connected.contains(&role), "{identity} does not run as its role {role}: {connected:?}");
+    }
+    // each role may append what it owns, and nothing of another's: no decision but
+    // approval's, no key but its own, no Box but the registry's
+    let owns = |identity: &str| match identity {
+        "gateway" => ("pat", "TokenIssued"),
+        "drafts" => ("draft", "DraftSubmitted"),
+        "approval" => ("draft", "DraftApproved"),
+        "provisioner" => ("access", "AccessProvisioned"),
+        "runtime-registry" => ("box", "BoxActivated"),
+        _ => ("audit_ledger", "AuditCheckpoint"),
+    };
+    let foreign = [
+        ("draft", "DraftApproved", "approval"),
+        ("approval_keys", "ApprovalKeyPublished", "approval"),
+        ("gateway_assertion_keys", "AssertionKeyPublished", "gateway"),
+        ("box", "BoxActivated", "runtime-registry"),
+        ("pat", "TokenIssued", "gateway"),
+        ("audit_ledger", "AuditCheckpoint", "audit"),
+    ];
+    for identity in atasira_contracts::subjects::IDENTITIES {
+        let url = sys.database_url_of(identity);
+        let (t, e) = owns(identity);
+        assert_eq!(try_append(&sys, &url, t, e), Ok(()), "{identity} appends its own {e}");
+        for (t, e, owner) in foreign.iter().filter(|(_, _, owner)| owner != identity) {
+            let err = try_append(&sys, &url, t, e).expect_err(&format!("{identity} appended {e}"));
+            assert!(err.contains("may not append"), "{identity} {e} (owner {owner}): {err}");
+        }
+        // and none can write tokens but the gateway, or rewrite or switch anything off
+        let token_row = "INSERT INTO gateway_tokens (token_hash, user_id, role, kind, created_at_ms) VALUES ('x', 'mallory', 'admin', 'human', 0)";
+        let token = sys.database().run_as(&url, &["BEGIN", token_row, "ROLLBACK"]);
+        assert_eq!(token.is_ok(), *identity == "gateway", "{identity} writing a token row: {token:?}");
+        for statement in [
+            "ALTER TABLE events DISABLE TRIGGER events_writer_check",
+            "ALTER TABLE events DISABLE TRIGGER USER",
+            "DROP TRIGGER events_append_only ON events",
+            "DELETE FROM event_writers",
+            "INSERT INTO event_writers (role, aggregate_type) VALUES (current_user, 'draft')",
+            "UPDATE events SET payload = '{}'",
+            "DELETE FROM audit_ledger_rows",
+            "UPDATE audit_ledger_rows SET mac = ''",
+            "SET session_replication_role = replica",
+            "CREATE TABLE sneaky (x int)",
+        ] {
+            let err = sys.database().run_as(&url, &[statement]).expect_err(&format!("{identity}: {statement}"));
+            assert!(err.contains("must be owner") || err.contains("permission denied") || err.contains("append-only"), "{identity}: {err}");
+        }
+    }
+    // and the legitimate flow went on: the ledger verifies
+    assert_eq!(sys.audit_verify().0, 0);
+}

@@ -33,7 +33,8 @@ fn operator_env() -> BTreeMap<String, String> {
     [
         ("ATASIRA_APPROVAL_KEY", "4d".repeat(32)),
         ("ATASIRA_AUDIT_KEY", "5e".repeat(32)),
-        // POSTGRES_PASSWORD, ATASIRA_MAX_BOXES and RUST_LOG are left to the file's defaults.
+        ("POSTGRES_PASSWORD", "6f".repeat(16)),
+        // ATASIRA_MAX_BOXES and RUST_LOG are left to the file's defaults.
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -391,19 +392,24 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     let version = Command::new(atasira_bin()).arg("--version").output().expect("atasira --version");
     assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), format!("atasira {}", arg.trim()), "update ARG ATASIRA_VERSION in deploy/Dockerfile");
 
-    // PostgreSQL: the compose user, password and database are the ones the services use.
+    // PostgreSQL: no service connects as the owner; each reads its own role's URL file.
     let pg = service(&all, "postgres");
-    let compose_url =
-        format!("postgres://{}:{}@postgres:5432/{}", pg.environment["POSTGRES_USER"], pg.environment["POSTGRES_PASSWORD"], pg.environment["POSTGRES_DB"]);
     for s in &atasira {
-        assert_eq!(s.environment.get("ATASIRA_DATABASE_URL"), Some(&compose_url), "service {}", s.name);
+        assert!(!s.environment.contains_key("ATASIRA_DATABASE_URL"), "service {} connects as the database owner", s.name);
+        let file = s.environment.get("ATASIRA_DATABASE_URL_FILE").unwrap_or_else(|| panic!("service {} has no ATASIRA_DATABASE_URL_FILE", s.name));
+        let volume = s.volumes.iter().find(|(_, m)| file.starts_with(m.as_str())).map(|(v, _)| v.clone()).expect("a volume for the URL file");
+        assert_eq!(volume, format!("creds-{}", s.name), "service {} reads another process's database URL", s.name);
     }
-    let database = Database::create();
+    let mut database = Database::create();
     let user = &pg.environment["POSTGRES_USER"];
     let password = pg.environment["POSTGRES_PASSWORD"].replace('\'', "''");
     database
-        .run_on_cluster(&[&format!("DO $$ BEGIN CREATE ROLE {user} LOGIN PASSWORD '{password}'; EXCEPTION WHEN duplicate_object THEN NULL; END $$")])
+        .run_on_cluster(&[&format!(
+            "DO $$ BEGIN CREATE ROLE {user} LOGIN CREATEROLE PASSWORD '{password}'; EXCEPTION WHEN duplicate_object THEN ALTER ROLE {user} CREATEROLE; END $$"
+        )])
         .expect("the compose database user");
+    // The roles db-roles makes (default names), dropped with the database.
+    database.roles = ["gateway", "drafts", "approval", "provisioner", "runtime_registry", "audit"].map(|s| format!("atasira_{s}")).to_vec();
     let local_db = database.url_as(user);
     let (db_host, db_name) = {
         let rest = local_db.split_once('@').map(|(_, r)| r).expect("host");
@@ -455,6 +461,29 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
         assert!(path.exists(), "service {}: {creds} is not in its credentials volume", s.name);
         let volume = s.volumes.iter().find(|(_, m)| creds.starts_with(m.as_str())).map(|(v, _)| v.clone()).expect("a credentials volume");
         assert_eq!(volume, format!("creds-{}", s.name), "service {} mounts another process's credentials", s.name);
+    }
+
+    // db-roles: its script (after postgres is up), as root would run it in its container.
+    let db_roles = service(&all, "db-roles");
+    let script = db_roles.command.last().expect("the db-roles script").clone();
+    let root = local.root("db-roles");
+    let script = script
+        .replace("/out/", &format!("{}/out/", root.display()))
+        .replace("/tmp/db", &format!("{}/tmp/db", root.display()))
+        .replace(&local.database.0, &local.database.1);
+    let mut args = db_roles.entrypoint[1..].to_vec();
+    args.push(format!("{prelude}{script}"));
+    let ran = Command::new("sh")
+        .args(&args)
+        .envs(db_roles.environment.iter())
+        .env("PATH", format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()))
+        .output()
+        .expect("the db-roles script runs");
+    assert!(ran.status.success(), "the db-roles script failed: {}{}", String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+    for s in &atasira {
+        let file = PathBuf::from(local.map(s, &s.environment["ATASIRA_DATABASE_URL_FILE"]));
+        let url = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("service {}: {}: {e}", s.name, file.display()));
+        assert!(url.starts_with(&format!("postgres://atasira_{}:", s.name.replace('-', "_"))), "service {}: {url}", s.name);
     }
 
     // nats: its command on the written configuration, on loopback.

@@ -383,7 +383,7 @@ fn the_gateway_issues_an_assertion_for_a_pat_bound_to_one_request() {
     if let Some(p) = forged.principal.as_mut() {
         p.role = v1::Role::Admin as i32;
     }
-    assert_eq!(send(Some(forged), "tool-1", &body("p")), refused("mac_mismatch"), "the MAC covers the role");
+    assert_eq!(send(Some(forged), "tool-1", &body("p")), refused("bad_signature"), "the signature covers the role");
     let id = send(Some(wire.clone()), "tool-1", &body("p")).expect("accepted with the issued assertion");
     assert_eq!(send(Some(wire), "tool-1", &body("p")), refused("replayed"), "accepted once");
     // Text the store cannot keep is the caller's mistake, named, not our failure.

@@ -334,6 +334,8 @@ pub struct Database {
     pub url: String,
     admin_url: String,
     name: String,
+    /// Roles made for this database (`atasira db roles`), dropped with it.
+    pub roles: Vec<String>,
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -350,7 +352,21 @@ impl Database {
             sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("create database");
         });
         let base = admin_url.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap_or(admin_url.clone());
-        Database { url: format!("{base}/{name}"), admin_url, name }
+        Database { url: format!("{base}/{name}"), admin_url, name, roles: Vec::new() }
+    }
+
+    /// One role per process, as `atasira db roles` makes them (names unique to this
+    /// database); each process's URL is in `dir/<process>.database-url`.
+    pub fn make_roles(&mut self, dir: &Path) {
+        let prefix = format!("atasira_{}_", &self.name[10..22]);
+        let made = Command::new(atasira_bin())
+            .args(["db", "roles", "--database-url", &self.url, "--role-prefix", &prefix, "--out"])
+            .arg(dir)
+            .env_remove("ATASIRA_DATABASE_URL")
+            .output()
+            .expect("atasira db roles runs");
+        assert!(made.status.success(), "atasira db roles failed: {}", String::from_utf8_lossy(&made.stderr));
+        self.roles = atasira_contracts::subjects::IDENTITIES.iter().map(|i| format!("{prefix}{}", i.replace('-', "_"))).collect();
     }
 
     /// This database's URL for another role (`role@host`, no password: the test cluster
@@ -382,12 +398,15 @@ impl Database {
 
 impl Drop for Database {
     fn drop(&mut self) {
-        let (url, name) = (self.admin_url.clone(), self.name.clone());
+        let (url, name, roles) = (self.admin_url.clone(), self.name.clone(), self.roles.clone());
         let _ = std::thread::spawn(move || {
             block_on(async {
                 use sqlx::Connection;
                 if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
                     let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await;
+                    for role in roles {
+                        let _ = sqlx::query(&format!("DROP ROLE IF EXISTS {role}")).execute(&mut conn).await;
+                    }
                 }
             })
         })
@@ -467,22 +486,27 @@ impl System {
     /// Starts with extra environment for every process (settings such as a short TTL).
     pub fn start_with(mode: Mode, extra_env: &[(&str, String)]) -> System {
         let database = (mode == Mode::Cluster).then(Database::create);
-        System::start_on(mode, database, 1, 1, extra_env)
+        System::start_on(mode, database, 1, 1, true, extra_env)
     }
 
     /// Cluster: starts on a database the test prepared (roles, grants); `System` drops it.
     pub fn start_cluster_on(database: Database, extra_env: &[(&str, String)]) -> System {
-        System::start_on(Mode::Cluster, Some(database), 1, 1, extra_env)
+        System::start_on(Mode::Cluster, Some(database), 1, 1, false, extra_env)
     }
 
     /// Cluster, scaled out: a cluster of `nats_nodes` nats-servers, and `replicas` processes
     /// of every service and of the gateway (`gateway_urls` lists the gateways).
     pub fn start_scaled(nats_nodes: usize, replicas: usize, extra_env: &[(&str, String)]) -> System {
-        System::start_on(Mode::Cluster, Some(Database::create()), nats_nodes, replicas, extra_env)
+        System::start_on(Mode::Cluster, Some(Database::create()), nats_nodes, replicas, true, extra_env)
     }
 
-    fn start_on(mode: Mode, database: Option<Database>, nats_nodes: usize, replicas: usize, extra_env: &[(&str, String)]) -> System {
+    /// With `roles`, every cluster process connects as its own database role (`atasira db
+    /// roles`); otherwise as the test's database URL (or what `extra_env` says).
+    fn start_on(mode: Mode, mut database: Option<Database>, nats_nodes: usize, replicas: usize, roles: bool, extra_env: &[(&str, String)]) -> System {
         let dir = TempDir::new("atasira-sys");
+        if roles && let Some(db) = database.as_mut() {
+            db.make_roles(&dir.0.join("db"));
+        }
         let nats_dir = (mode == Mode::Cluster).then(|| dir.0.join("nats"));
         let nats = nats_dir.as_deref().map(|d| Nats::start_nodes(d, nats_nodes));
         let mut sys =
@@ -521,6 +545,13 @@ impl System {
             None => vec!["--data-dir".into(), self.data_dir().display().to_string()],
             Some(db) => vec!["--database-url".into(), db.url.clone()],
         }
+    }
+
+    /// Cluster: the database URL the process `identity` connects with: its own role's,
+    /// when the system made roles.
+    pub fn database_url_of(&self, identity: &str) -> String {
+        let file = self.dir.0.join("db").join(format!("{identity}.database-url"));
+        std::fs::read_to_string(file).map(|u| u.trim().to_owned()).unwrap_or_else(|_| self.database_url())
     }
 
     pub fn database_url(&self) -> String {
@@ -593,7 +624,7 @@ impl System {
         let mut env = vec![
             ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::urls).unwrap_or_default()),
             ("ATASIRA_NATS_CREDS", self.nats_dir.as_ref().map(|_| self.nats_creds(identity).display().to_string()).unwrap_or_default()),
-            ("ATASIRA_DATABASE_URL", self.database_url()),
+            ("ATASIRA_DATABASE_URL", self.database_url_of(identity)),
             ("ATASIRA_APPROVAL_KEY", "a1".repeat(32)),
             ("ATASIRA_AUDIT_KEY", "b2".repeat(32)),
             ("ATASIRA_DATA_DIR", self.data_dir().display().to_string()),

@@ -398,6 +398,9 @@ pub struct VerifyArgs {
     /// Check the store in this PostgreSQL database (operator, cluster).
     #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true, value_name = "URL")]
     pub database_url: Option<String>,
+    /// File holding that PostgreSQL URL (as `atasira db roles` writes them).
+    #[arg(long, env = "ATASIRA_DATABASE_URL_FILE", value_name = "FILE")]
+    pub database_url_file: Option<PathBuf>,
     /// MAC key setting of the audit ledger, as the audit service has it
     /// (ID:HEX[,ID:HEX...]; keep the retired keys, or the rows they MACed do not
     /// verify). With --data-dir it defaults to that data dir's key. Not used with --url.
@@ -438,7 +441,11 @@ impl VerifyArgs {
     /// The way to check the ledger: a flag given on the command line wins over the
     /// environment. `matches` are the `audit verify` matches (without them, every value
     /// counts as given on the command line).
-    pub fn choose(self, matches: Option<&ArgMatches>) -> VerifyWhere {
+    pub fn choose(mut self, matches: Option<&ArgMatches>) -> VerifyWhere {
+        match crate::services::database_url(self.database_url.take(), self.database_url_file.as_deref()) {
+            Ok(url) => self.database_url = url,
+            Err(e) => return VerifyWhere::Usage(format!("{e:#}")),
+        }
         let on_command_line = |id: &str| matches.is_none_or(|m| m.value_source(id) == Some(ValueSource::CommandLine));
         let store_flag = (self.data_dir.is_some() && on_command_line("data_dir")) || (self.database_url.is_some() && on_command_line("database_url"));
         let gateway_flag = self.url.is_some() && on_command_line("url");
@@ -1220,7 +1227,7 @@ mod tests {
     }
 
     fn verify_args() -> VerifyArgs {
-        VerifyArgs { data_dir: None, database_url: None, audit_key: None, url: None, token: Some("pat".into()), json: false }
+        VerifyArgs { data_dir: None, database_url: None, database_url_file: None, audit_key: None, url: None, token: Some("pat".into()), json: false }
     }
 
     #[test]

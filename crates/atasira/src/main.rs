@@ -11,6 +11,7 @@
 
 mod bench;
 mod client;
+mod db_roles;
 mod keys;
 mod mcp;
 mod nats_config;
@@ -78,8 +79,12 @@ enum Command {
         #[command(flatten)]
         nats_auth: NatsAuthArgs,
         /// PostgreSQL database holding the shared event store.
-        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
-        database_url: String,
+        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true, required_unless_present = "database_url_file")]
+        database_url: Option<String>,
+        /// File holding this process's PostgreSQL URL (`atasira db roles` writes one per
+        /// process; readable by its owner only).
+        #[arg(long, env = "ATASIRA_DATABASE_URL_FILE", value_name = "FILE")]
+        database_url_file: Option<PathBuf>,
         /// Ed25519 signing key of the approval service (approval only): ID:HEX[,ID:HEX...]
         /// (64 hex digits each). The first key signs; the public keys of all of them are
         /// published in the event store at start (once; a published key stays published),
@@ -460,13 +465,27 @@ fn main() -> ExitCode {
             common.configure_failpoints();
             run_traced(Some("atasira-dev"), services::dev(common.settings(data_dir), listen))
         }
-        Command::Serve { service, nats_url, nats_auth, database_url, approval_key, approval_key_file, audit_key, data_dir, listen, metrics_listen, common } => {
+        Command::Serve {
+            service,
+            nats_url,
+            nats_auth,
+            database_url,
+            database_url_file,
+            approval_key,
+            approval_key_file,
+            audit_key,
+            data_dir,
+            listen,
+            metrics_listen,
+            common,
+        } => {
             common.configure_failpoints();
             let keys = services::ClusterKeys { approval: approval_key, approval_file: approval_key_file, audit: audit_key };
             let trace_as = format!("atasira-{}", service.identity());
             run_traced(Some(&trace_as), async move {
                 let auth = services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.insecure_nats)?;
                 let listen = services::Listen { api: listen, probes: metrics_listen };
+                let database_url = services::database_url(database_url, database_url_file.as_deref())?.unwrap_or_default();
                 services::serve(service, &nats_url, auth, &database_url, keys, listen, common.settings(data_dir)).await
             })
         }

@@ -287,7 +287,7 @@ pub fn node_conf_file(n: usize) -> String {
 
 /// Writes `text` to `path` with `mode`, replacing an existing file only through a rename
 /// (so nobody ever reads half a file) and never through a file another user may read.
-fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+pub(crate) fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
     use std::io::Write;
     #[cfg(unix)]
     use std::os::unix::fs::OpenOptionsExt;

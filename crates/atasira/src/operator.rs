@@ -23,6 +23,16 @@ pub struct Target {
     /// PostgreSQL URL (cluster); the store, also when a data dir is set.
     #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// File holding the PostgreSQL URL (as `atasira db roles` writes them).
+    #[arg(long, env = "ATASIRA_DATABASE_URL_FILE", value_name = "FILE")]
+    database_url_file: Option<PathBuf>,
+}
+
+impl Target {
+    /// `--database-url`, else the URL in `--database-url-file`.
+    pub fn database_url(&self) -> anyhow::Result<Option<String>> {
+        crate::services::database_url(self.database_url.clone(), self.database_url_file.as_deref())
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -107,6 +117,23 @@ pub enum DbCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Create one PostgreSQL role per process (gateway, drafts, approval, provisioner,
+    /// runtime-registry, audit), each with a new generated password and only the rights its
+    /// code uses: it appends only its own events (the database refuses others), writes only
+    /// its own tables, and cannot alter or disable a trigger. Writes each role's URL to
+    /// DIR/<process>.database-url (mode 0600); run again to give every role a new password.
+    /// Prepares the tables first, as `db prepare` does.
+    Roles {
+        /// PostgreSQL URL of a role that owns the schema and may create roles.
+        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        /// Directory for the <process>.database-url files (created, readable by you only).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Prefix of the role names (atasira_gateway, atasira_drafts, ...).
+        #[arg(long, value_name = "PREFIX", default_value = "atasira_")]
+        role_prefix: String,
+    },
 }
 
 /// `30m`, `12h`, `7d`, `90s`.
@@ -130,7 +157,7 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
                 anyhow::bail!("--user must not be empty");
             }
             let ttl = ttl.as_deref().map(parse_ttl).transpose()?;
-            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
             let role = match role {
                 RoleArg::Admin => Role::Admin,
                 RoleArg::Member => Role::Member,
@@ -143,7 +170,7 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
             Ok(())
         }
         TokensCommand::List { user, active, target } => {
-            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
             auth::prepare(&db).await?;
             let tokens: Vec<serde_json::Value> = auth::list_tokens(&db, user.as_deref())
                 .await?
@@ -161,7 +188,7 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
                 (_, _, Some(user)) => auth::Which::User(user),
                 _ => anyhow::bail!("name the token, --id or --user"),
             };
-            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
             auth::prepare(&db).await?;
             let revoked = auth::revoke(&db, which, auth::OPERATOR).await?;
             if revoked.token_ids.is_empty() && user.is_none() {
@@ -204,24 +231,30 @@ pub async fn audit_verify(data_dir: Option<PathBuf>, database_url: Option<String
 pub async fn db(cmd: DbCommand) -> anyhow::Result<()> {
     match cmd {
         DbCommand::Prepare { target } => {
-            // Connecting creates the event store's tables and triggers.
-            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
-            atasira_gateway::prepare(&db).await?;
-            atasira_audit::prepare(&db).await?;
-            let registry = atasira_runtime_registry::RegistryConfig { manifests_dir: PathBuf::new(), max_boxes: 0 };
-            for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
-                projection::prepare(&db, p.as_ref()).await?;
-            }
+            let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
+            prepare_all(&db).await?;
             eprintln!("the database has every table and trigger");
             Ok(())
         }
+        DbCommand::Roles { database_url, out, role_prefix } => crate::db_roles::run(&crate::db_roles::Options { database_url, role_prefix, out }).await,
     }
+}
+
+/// Every table and trigger the services use (connecting creates the event store's).
+pub async fn prepare_all(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
+    atasira_gateway::prepare(db).await?;
+    atasira_audit::prepare(db).await?;
+    let registry = atasira_runtime_registry::RegistryConfig { manifests_dir: PathBuf::new(), max_boxes: 0 };
+    for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
+        projection::prepare(db, p.as_ref()).await?;
+    }
+    Ok(())
 }
 
 pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
     match cmd {
         ProjectionsCommand::Rebuild { target, manifests_dir } => {
-            let db = open_db(target.data_dir.as_deref(), target.database_url.as_deref()).await?;
+            let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
             let manifests_dir =
                 manifests_dir.or_else(|| target.data_dir.as_ref().map(|d| d.join("manifests"))).unwrap_or_else(|| PathBuf::from("./atasira-data/manifests"));
             let registry = atasira_runtime_registry::RegistryConfig { manifests_dir, max_boxes: 0 };

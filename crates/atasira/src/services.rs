@@ -468,6 +468,31 @@ pub fn server_addrs(url: &str) -> anyhow::Result<Vec<async_nats::ServerAddr>> {
     Ok(addrs)
 }
 
+/// `--database-url`, else the URL in `--database-url-file` (trimmed; a file another user
+/// may read is refused: it holds a password).
+pub fn database_url(url: Option<String>, file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let Some(path) = file.filter(|_| url.is_none()) else { return Ok(url) };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).with_context(|| format!("cannot read the database URL file {}", path.display()))?.permissions().mode();
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "the database URL file {} may be read by other users (mode {:o}); it holds a password: run `chmod 600 {}`",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            );
+        }
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the database URL file {}", path.display()))?;
+    let url = text.trim();
+    if url.is_empty() {
+        anyhow::bail!("the database URL file {} is empty", path.display());
+    }
+    Ok(Some(url.to_owned()))
+}
+
 /// The database named by `--database-url`, else by `--data-dir` (a cluster process has both
 /// set: its store is the database, its data dir holds managed files).
 pub async fn open_db(data_dir: Option<&Path>, database_url: Option<&str>) -> anyhow::Result<Db> {

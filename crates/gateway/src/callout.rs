@@ -111,7 +111,7 @@ async fn answer(db: &Db, issuer: &KeyPair, request: &[u8]) -> Option<String> {
     let request = claims.nats;
     let token = request.connect_opts.auth_token.as_deref();
     let record = match token {
-        Some(t) if !t.is_empty() => match auth::find_token(db, &auth::hash_token(t)).await {
+        Some(t) if !t.is_empty() => match auth::find_token(db, &auth::hash_token(t), true).await {
             Ok(record) => record,
             Err(e) => {
                 tracing::error!(error = %e, "auth callout: token lookup failed");

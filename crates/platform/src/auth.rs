@@ -290,13 +290,16 @@ fn principal_of(user_id: String, role: &str, kind: &str) -> Principal {
 }
 
 /// The principal of a valid (known, unrevoked, unexpired) token.
+/// The gateway's lookup: it notes the use (the token table is the gateway's to write).
 pub async fn lookup_token(db: &Db, token: &str) -> anyhow::Result<Option<Principal>> {
-    lookup_token_hash(db, &hash_token(token)).await
+    Ok(find_token(db, &hash_token(token), true).await?.map(|t| t.principal))
 }
 
-/// The principal of a valid token known by its hash (a NATS publisher's subject names it).
+/// The principal of a valid token known by its hash (a NATS publisher's subject names it):
+/// a service's lookup, which only reads the token table (R-ARCH-13); the gateway notes
+/// a NATS publisher's use when its auth callout admits the connection.
 pub async fn lookup_token_hash(db: &Db, token_hash: &str) -> anyhow::Result<Option<Principal>> {
-    Ok(find_token(db, token_hash).await?.map(|t| t.principal))
+    Ok(find_token(db, token_hash, false).await?.map(|t| t.principal))
 }
 
 /// A valid token's owner and end of life.
@@ -306,9 +309,10 @@ pub struct TokenRecord {
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-/// A valid (known, unrevoked, unexpired) token, by its hash. Notes the use, at most once
-/// a minute per token ([`LAST_USED_RESOLUTION`]), so a busy token costs no write per request.
-pub async fn find_token(db: &Db, token_hash: &str) -> anyhow::Result<Option<TokenRecord>> {
+/// A valid (known, unrevoked, unexpired) token, by its hash. With `note_use` (the gateway),
+/// notes the use, at most once a minute per token ([`LAST_USED_RESOLUTION`]), so a busy
+/// token costs no write per request.
+pub async fn find_token(db: &Db, token_hash: &str, note_use: bool) -> anyhow::Result<Option<TokenRecord>> {
     let row = sqlx::query("SELECT user_id, role, kind, expires_at_ms, revoked, last_used_at_ms FROM gateway_tokens WHERE token_hash = $1")
         .bind(token_hash)
         .fetch_optional(db.any())
@@ -321,7 +325,7 @@ pub async fn find_token(db: &Db, token_hash: &str) -> anyhow::Result<Option<Toke
         return Ok(None);
     }
     let last_used: Option<i64> = row.try_get(5)?;
-    if last_used.is_none_or(|t| now - t >= LAST_USED_RESOLUTION.num_milliseconds()) {
+    if note_use && last_used.is_none_or(|t| now - t >= LAST_USED_RESOLUTION.num_milliseconds()) {
         // Best effort: a failed note must not refuse a valid token. The condition keeps
         // concurrent requests from writing it more than once.
         let noted = sqlx::query("UPDATE gateway_tokens SET last_used_at_ms = $1 WHERE token_hash = $2 AND (last_used_at_ms IS NULL OR last_used_at_ms <= $3)")

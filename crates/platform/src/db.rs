@@ -713,6 +713,32 @@ const POSTGRES_SCHEMA: &[&str] = &[
                 FOR EACH STATEMENT EXECUTE FUNCTION atasira_events_append_only();
         END IF;
     END $$",
+    // Who may append what (R-ARCH-13): `atasira db roles` lists each service role's
+    // aggregate types (and, where two services share a type, event types; NULL: any). A
+    // role listed here may append only what its rows name; a role not listed (the owner,
+    // a single service role set up by hand) is not held by this table.
+    "CREATE TABLE IF NOT EXISTS event_writers (
+        role text NOT NULL,
+        aggregate_type text NOT NULL,
+        event_type text,
+        UNIQUE (role, aggregate_type, event_type)
+    )",
+    "CREATE OR REPLACE FUNCTION atasira_events_writer_check() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN
+            IF EXISTS (SELECT 1 FROM event_writers WHERE role = current_user::text) AND NOT EXISTS (
+                SELECT 1 FROM event_writers WHERE role = current_user::text AND aggregate_type = NEW.aggregate_type
+                    AND (event_type IS NULL OR event_type = NEW.event_type)) THEN
+                RAISE EXCEPTION 'role % may not append % events of aggregate type %', current_user, NEW.event_type, NEW.aggregate_type
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
+            RETURN NEW;
+        END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_writer_check' AND tgrelid = 'events'::regclass) THEN
+            CREATE TRIGGER events_writer_check BEFORE INSERT ON events
+                FOR EACH ROW EXECUTE FUNCTION atasira_events_writer_check();
+        END IF;
+    END $$",
     // Readers follow commit order (see `Cursor`).
     "CREATE INDEX IF NOT EXISTS events_commit_order ON events (tx_id, global_position)",
     // A reader of some aggregate types finds its events in commit order per type, whatever
@@ -767,6 +793,10 @@ const COMMON_SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS relay_dead_letters (name TEXT NOT NULL, event_id TEXT NOT NULL, position BIGINT NOT NULL, reason TEXT NOT NULL,
         recorded_at_ms BIGINT NOT NULL, PRIMARY KEY (name, event_id))",
 ];
+
+/// PostgreSQL: the principal assertions some process of the cluster admitted, until they
+/// expire, so that replicas of a service admit each assertion once between them.
+const POSTGRES_REPLAY: &[&str] = &["CREATE TABLE IF NOT EXISTS assertion_replay (tag TEXT PRIMARY KEY, expires_at_ms BIGINT NOT NULL)"];
 
 /// Checkpoint tables of stores created before checkpoints were cursors.
 const CURSOR_COLUMNS: &[&str] = &["projection_checkpoints", "relay_checkpoints"];
@@ -854,8 +884,8 @@ impl Db {
             DbKind::Sqlite => SQLITE_SCHEMA,
             DbKind::Postgres => POSTGRES_SCHEMA,
         };
-        let progress: &[&str] = if self.kind() == DbKind::Postgres { POSTGRES_PROGRESS } else { &[] };
-        let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).chain(progress).copied().collect();
+        let (progress, replay): (&[&str], &[&str]) = if self.kind() == DbKind::Postgres { (POSTGRES_PROGRESS, POSTGRES_REPLAY) } else { (&[], &[]) };
+        let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).chain(progress).chain(replay).copied().collect();
         self.ensure_tables(&all).await?;
         for table in CURSOR_COLUMNS {
             let add = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tx_id BIGINT NOT NULL DEFAULT 0");
@@ -870,6 +900,28 @@ impl Db {
             }
         }
         Ok(())
+    }
+
+    /// Admits an assertion (by its tag, the SHA-256 of its signature) for the whole cluster:
+    /// `false` when some process admitted it before. PostgreSQL only (one insert, committed
+    /// without waiting for the disk: a database crash forgets at most the last moment's
+    /// admissions, of assertions that live a minute); SQLite serves one process, whose own
+    /// replay cache suffices.
+    pub async fn admit_assertion(&self, tag: &[u8; 32], expires_at_ms: i64) -> anyhow::Result<bool> {
+        if self.kind() != DbKind::Postgres {
+            return Ok(true);
+        }
+        let sql = format!("INSERT INTO assertion_replay (tag, expires_at_ms) SELECT $1, $2 FROM {ASYNC_COMMIT} ON CONFLICT (tag) DO NOTHING");
+        let done = sqlx::query(&sql).bind(hex::encode(tag)).bind(expires_at_ms).execute(&self.any).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Forgets admitted assertions expired before `before_ms` (they verify no more).
+    pub async fn forget_assertions(&self, before_ms: i64) -> anyhow::Result<u64> {
+        if self.kind() != DbKind::Postgres {
+            return Ok(0);
+        }
+        Ok(sqlx::query("DELETE FROM assertion_replay WHERE expires_at_ms < $1").bind(before_ms).execute(&self.any).await?.rows_affected())
     }
 
     /// Runs idempotent DDL. In PostgreSQL, concurrent `CREATE ... IF NOT EXISTS` of the same

@@ -160,7 +160,23 @@ where
     let subjects = subjects::listen_subjects(service);
     let endpoint = rt.bus.serve(service, &subjects, handler).await?;
     tracing::info!("{service}: serving on {}", subjects.join(" and "));
+    if rt.db.kind() == crate::db::DbKind::Postgres {
+        tokio::spawn(forget_expired_assertions(rt.db.clone()));
+    }
     Ok(endpoint)
+}
+
+/// Every minute, forgets the cluster's admitted assertions that expired (plus the replay
+/// grace): they verify no more, so nobody can replay them.
+async fn forget_expired_assertions(db: crate::db::Db) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+    loop {
+        every.tick().await;
+        let before = chrono::Utc::now() - atasira_domain::assertion::REPLAY_GRACE;
+        if let Err(e) = db.forget_assertions(before.timestamp_millis()).await {
+            tracing::warn!(error = %e, "could not forget expired assertions");
+        }
+    }
 }
 
 async fn handle<F, Fut>(rt: &Runtime, service: &'static str, dispatch: &F, msg: Message) -> Reply
@@ -232,8 +248,14 @@ async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusa
         Ok(v) => v,
         Err(e) => return Err(refused_assertion(rt, call, e.reason(), claimed, Some(&wire.key_id)).await),
     };
+    let (tag, expires_at_ms) = (*verified.tag(), verified.expires_at().timestamp_millis());
     match rt.guards.admit(verified, now) {
-        Ok(principal) => Ok(principal),
+        // Admitted here; and by no other replica of the cluster (R-ARCH-13)?
+        Ok(principal) => match rt.db.admit_assertion(&tag, expires_at_ms).await {
+            Ok(true) => Ok(principal),
+            Ok(false) => Err(refused_assertion(rt, call, "replayed", claimed, Some(&wire.key_id)).await),
+            Err(e) => Err(Refusal::internal(format!("cannot record an admitted assertion: {e}"))),
+        },
         Err(ReplayError::Replayed) => Err(refused_assertion(rt, call, "replayed", claimed, Some(&wire.key_id)).await),
         Err(e @ ReplayError::Full { .. }) => {
             tracing::warn!(service = call.service, error = %e, "principal assertion refused: the replay cache is full");
