@@ -64,6 +64,13 @@ enum Command {
         /// Address of the REST API.
         #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        /// Serve the health probes and metrics on this address (off unless given): `GET
+        /// /healthz` answers 200 while the process runs; `GET /readyz` answers 200 when
+        /// every service can work, else 503 naming what failed; `GET /metrics` in the
+        /// Prometheus text format. Port 0 picks a free port (printed on stderr). Keep it
+        /// off the public network: its answers name internal errors.
+        #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
+        metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
         common: CommonArgs,
     },
@@ -106,11 +113,13 @@ enum Command {
         /// Address of the REST API (gateway only).
         #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
-        /// Serve this process's health probes on this address (off unless given):
-        /// `GET /healthz` answers 200 while the process runs; `GET /readyz` answers 200 when
-        /// it is connected to NATS, its database answers and none of its consumers is stuck,
-        /// else 503 naming what failed. Port 0 picks a free port (printed on stderr). The
-        /// gateway answers both on its REST address as well.
+        /// Serve this process's health probes and metrics on this address (off unless
+        /// given): `GET /healthz` answers 200 while the process runs; `GET /readyz` answers
+        /// 200 when it is connected to NATS, its database answers and none of its consumers
+        /// is stuck, else 503 naming what failed; `GET /metrics` in the Prometheus text
+        /// format. Port 0 picks a free port (printed on stderr). Keep it off the public
+        /// network: its answers name internal errors. The gateway's REST address only says
+        /// whether the system works (`GET /healthz`).
         #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
         /// How many nats-servers keep a copy of the public events stream: 1 on a single
@@ -478,9 +487,9 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let outcome = match cli.command {
-        Command::Dev { data_dir, listen, common } => {
+        Command::Dev { data_dir, listen, metrics_listen, common } => {
             common.hooks.configure();
-            run_traced(Some("atasira-dev"), services::dev(common.settings(data_dir), listen))
+            run_traced(Some("atasira-dev"), services::dev(common.settings(data_dir), services::Listen { api: listen, probes: metrics_listen }))
         }
         Command::Serve {
             service,
