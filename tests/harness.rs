@@ -649,7 +649,8 @@ impl System {
                 let data = self.data_dir().display().to_string();
                 let mut env = vec![("RUST_LOG", "info,sqlx=warn".to_owned()), ("ATASIRA_PROVISION_BACKOFF_MS", "10".to_owned())];
                 env.extend(extra_env.iter().map(|(k, v)| (*k, v.clone())));
-                let mut p = Proc::spawn("atasira dev", &bin, &["dev", "--data-dir", &data, "--listen", "127.0.0.1:0"], &env);
+                let args = ["dev", "--data-dir", &data, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+                let mut p = Proc::spawn("atasira dev", &bin, &args, &env);
                 let line = p.wait_stderr("listening on http://", Duration::from_secs(30));
                 self.base_url = listening_url(&line);
                 self.procs.push(p);
@@ -704,8 +705,8 @@ impl System {
         self.procs.push(p);
     }
 
-    /// Cluster: the probe port (`--metrics-listen`) of the (first) process whose name
-    /// contains `name`, as `http://ADDR`.
+    /// The probe port (`--metrics-listen`) of the (first) process whose name contains
+    /// `name` (`atasira dev` in embedded mode), as `http://ADDR`.
     pub fn probe_url(&mut self, name: &str) -> String {
         self.probe_url_of(name, 0)
     }

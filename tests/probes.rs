@@ -1,6 +1,7 @@
 //! Liveness and readiness of every process (R-OPS-2): `GET /healthz` and `GET /readyz` on
-//! each service's probe port (`atasira serve <service> --metrics-listen`) and on the
-//! gateway's REST address; readiness follows the NATS connection.
+//! each process's probe port (`atasira serve <service> --metrics-listen`, `atasira dev
+//! --metrics-listen`); readiness follows the NATS connection. The gateway's REST address
+//! only says whether the system works, naming nothing inside it (R-ARCH-13).
 
 use std::time::{Duration, Instant};
 
@@ -20,12 +21,10 @@ fn eventually(url: &str, timeout: Duration, done: impl Fn(u16, &serde_json::Valu
     }
 }
 
-/// The readiness URLs of a cluster: every service's probe port, the gateway's probe port
-/// and its REST address.
+/// The readiness URLs of a cluster: every service's probe port and the gateway's.
 fn readiness_urls(sys: &mut System) -> Vec<String> {
     let mut urls: Vec<String> = CLUSTER_SERVICES.iter().map(|s| format!("{}/readyz", sys.probe_url(&format!("serve {s}")))).collect();
     urls.push(format!("{}/readyz", sys.probe_url("serve gateway")));
-    urls.push(sys.url("/readyz"));
     urls
 }
 
@@ -40,11 +39,10 @@ fn every_cluster_process_is_alive_and_ready_and_not_ready_while_nats_is_down() {
         let ready = http("GET", &format!("{probes}/readyz"), None, &[], None);
         assert_eq!((ready.status, &ready.body), (200, &json!({"status": "ready"})), "{service}: {}", ready.raw);
     }
-    // The gateway keeps its /healthz (every service answers) beside /readyz.
+    // The gateway's REST address says that every service answers, and no more.
     let health = http("GET", &sys.url("/healthz"), None, &[], None);
     assert_eq!((health.status, &health.body), (200, &json!({"status": "ok"})));
-    let ready = http("GET", &sys.url("/readyz"), None, &[], None);
-    assert_eq!((ready.status, &ready.body), (200, &json!({"status": "ready"})));
+    assert_eq!(http("GET", &sys.url("/readyz"), None, &[], None).status, 404, "readiness is on the probe port only");
 
     let urls = readiness_urls(&mut sys);
     sys.nats().down();
@@ -55,15 +53,16 @@ fn every_cluster_process_is_alive_and_ready_and_not_ready_while_nats_is_down() {
         assert!(body["checks"]["nats"]["error"].as_str().is_some_and(|e| e.contains("NATS")), "{url}: {body}");
         assert_eq!(body["checks"]["database"]["ok"], true, "{url}: {body}");
         // Alive all the same on a probe port: the process runs.
-        if !url.starts_with(&sys.base_url) {
-            let alive = http("GET", &url.replace("/readyz", "/healthz"), None, &[], None);
-            assert_eq!(alive.status, 200, "{url}: {}", alive.raw);
-        }
+        let alive = http("GET", &url.replace("/readyz", "/healthz"), None, &[], None);
+        assert_eq!(alive.status, 200, "{url}: {}", alive.raw);
     }
+    // R-ARCH-13: the public answer names nothing of what failed.
+    let (_, body) = eventually(&sys.url("/healthz"), Duration::from_secs(30), |status, _| status == 503);
+    assert_eq!(body, json!({"status": "unavailable"}));
     sys.nats().up();
-    for url in &urls {
+    for url in urls.iter().chain([&sys.url("/healthz")]) {
         let (_, body) = eventually(url, Duration::from_secs(60), |status, _| status == 200);
-        assert_eq!(body, json!({"status": "ready"}), "{url}");
+        assert!(body == json!({"status": "ready"}) || body == json!({"status": "ok"}), "{url}: {body}");
     }
     // Ready means working: a draft goes through again.
     let agent = sys.agent.clone();
@@ -72,10 +71,14 @@ fn every_cluster_process_is_alive_and_ready_and_not_ready_while_nats_is_down() {
 }
 
 #[test]
-fn the_embedded_gateway_is_ready() {
-    let sys = System::start(Mode::Embedded);
-    let ready = http("GET", &sys.url("/readyz"), None, &[], None);
+fn the_embedded_system_is_alive_and_ready_on_its_probe_port() {
+    let mut sys = System::start(Mode::Embedded);
+    let probes = sys.probe_url("atasira dev");
+    let alive = http("GET", &format!("{probes}/healthz"), None, &[], None);
+    assert_eq!((alive.status, &alive.body), (200, &json!({"status": "alive"})), "{}", alive.raw);
+    let ready = http("GET", &format!("{probes}/readyz"), None, &[], None);
     assert_eq!((ready.status, &ready.body), (200, &json!({"status": "ready"})), "{}", ready.raw);
+    assert_eq!(http("GET", &sys.url("/readyz"), None, &[], None).status, 404, "readiness is on the probe port only");
 }
 
 #[test]

@@ -65,6 +65,13 @@ enum Command {
         /// Address of the REST API.
         #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        /// Serve the health probes and metrics on this address (off unless given): `GET
+        /// /healthz` answers 200 while the process runs; `GET /readyz` answers 200 when
+        /// every service can work, else 503 naming what failed; `GET /metrics` in the
+        /// Prometheus text format. Port 0 picks a free port (printed on stderr). Keep it
+        /// off the public network: its answers name internal errors.
+        #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
+        metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
         common: CommonArgs,
     },
@@ -105,11 +112,13 @@ enum Command {
         /// Address of the REST API (gateway only).
         #[arg(long, env = "ATASIRA_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
-        /// Serve this process's health probes on this address (off unless given):
-        /// `GET /healthz` answers 200 while the process runs; `GET /readyz` answers 200 when
-        /// it is connected to NATS, its database answers and none of its consumers is stuck,
-        /// else 503 naming what failed. Port 0 picks a free port (printed on stderr). The
-        /// gateway answers both on its REST address as well.
+        /// Serve this process's health probes and metrics on this address (off unless
+        /// given): `GET /healthz` answers 200 while the process runs; `GET /readyz` answers
+        /// 200 when it is connected to NATS, its database answers and none of its consumers
+        /// is stuck, else 503 naming what failed; `GET /metrics` in the Prometheus text
+        /// format. Port 0 picks a free port (printed on stderr). Keep it off the public
+        /// network: its answers name internal errors. The gateway's REST address only says
+        /// whether the system works (`GET /healthz`).
         #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
@@ -266,20 +275,67 @@ struct CommonArgs {
     /// workspace and tool scope) stays usable before it expires unused: 600, 90s, 10m, 1h.
     #[arg(long, env = "ATASIRA_BINDING_TTL", value_name = "DURATION", default_value = "10m", value_parser = atasira_domain::worker::parse_ttl)]
     binding_ttl: Duration,
-    /// Testing only: kill the process (SIGKILL) when it reaches one of these points
-    /// (comma separated), to prove that nothing committed before is lost.
-    #[arg(long, env = "ATASIRA_FAILPOINT", value_name = "POINT", value_delimiter = ',', help_heading = "Testing")]
-    failpoint: Vec<String>,
     /// Testing only: seconds an unfinished Idempotency-Key claim holds before a retry may
     /// take it over and redo the work (default: three request timeouts, the consistency
     /// wait and 6 s, longer than any request can take). Shorter lets a retry redo work that
     /// is still running.
     #[arg(long, env = "ATASIRA_IDEMPOTENCY_LEASE", value_name = "SECONDS", help_heading = "Testing")]
     idempotency_lease: Option<f64>,
-    /// Testing only: pause at a point for some milliseconds (NAME:MILLIS, comma
+    #[command(flatten)]
+    hooks: TestHooks,
+}
+
+/// The fault-injection hooks of the crash and race tests, in a build made for tests
+/// (`--features failpoints`).
+#[cfg(feature = "failpoints")]
+#[derive(Debug, Clone, Args)]
+struct TestHooks {
+    /// Test builds only: kill the process (SIGKILL) when it reaches one of these points
+    /// (comma separated), to prove that nothing committed before is lost.
+    #[arg(long, env = "ATASIRA_FAILPOINT", value_name = "POINT", value_delimiter = ',', help_heading = "Testing")]
+    failpoint: Vec<String>,
+    /// Test builds only: pause at a point for some milliseconds (NAME:MILLIS, comma
     /// separated), to force an interleaving.
     #[arg(long, env = "ATASIRA_FAILPOINT_DELAY", value_name = "NAME:MILLIS", value_delimiter = ',', help_heading = "Testing")]
     failpoint_delay: Vec<atasira_platform::failpoints::FailpointDelay>,
+}
+
+/// A build for use has no fault-injection hooks: the settings are still accepted, so that
+/// a leftover one does not stop a process from starting, but they arm nothing and are not
+/// in --help.
+#[cfg(not(feature = "failpoints"))]
+#[derive(Debug, Clone, Args)]
+struct TestHooks {
+    #[arg(long, env = "ATASIRA_FAILPOINT", hide = true, action = clap::ArgAction::Append)]
+    failpoint: Vec<String>,
+    #[arg(long, env = "ATASIRA_FAILPOINT_DELAY", hide = true, action = clap::ArgAction::Append)]
+    failpoint_delay: Vec<String>,
+}
+
+impl TestHooks {
+    /// Arms the fault-injection hooks of this process (none unless a test asks).
+    #[cfg(feature = "failpoints")]
+    fn configure(&self) {
+        if !self.failpoint.is_empty() || !self.failpoint_delay.is_empty() {
+            let pauses: Vec<String> = self.failpoint_delay.iter().map(|d| format!("{}:{}", d.point, d.delay.as_millis())).collect();
+            eprintln!("atasira: testing hooks armed: kill at {:?}, pause at {:?}", self.failpoint, pauses);
+        }
+        let failpoints = atasira_platform::failpoints::Failpoints { kill: self.failpoint.clone(), delay: self.failpoint_delay.clone() };
+        // Only `main` calls this, once; a second call could only repeat the same values.
+        let _ = atasira_platform::failpoints::configure(failpoints);
+    }
+
+    /// This build arms nothing; a hook asked for anyway is named on stderr, then ignored.
+    #[cfg(not(feature = "failpoints"))]
+    fn configure(&self) {
+        for (set, setting) in
+            [(!self.failpoint.is_empty(), "ATASIRA_FAILPOINT (--failpoint)"), (!self.failpoint_delay.is_empty(), "ATASIRA_FAILPOINT_DELAY (--failpoint-delay)")]
+        {
+            if set {
+                eprintln!("atasira: warning: {setting} is set, but this build has no test hooks; ignored");
+            }
+        }
+    }
 }
 
 impl CommonArgs {
@@ -298,17 +354,6 @@ impl CommonArgs {
             provision_backoff: Duration::from_millis(self.provision_backoff_ms),
             binding_ttl: self.binding_ttl,
         }
-    }
-
-    /// Arms the fault-injection hooks of this process (none unless a test asks).
-    fn configure_failpoints(&self) {
-        if !self.failpoint.is_empty() || !self.failpoint_delay.is_empty() {
-            let pauses: Vec<String> = self.failpoint_delay.iter().map(|d| format!("{}:{}", d.point, d.delay.as_millis())).collect();
-            eprintln!("atasira: testing hooks armed: kill at {:?}, pause at {:?}", self.failpoint, pauses);
-        }
-        let failpoints = atasira_platform::failpoints::Failpoints { kill: self.failpoint.clone(), delay: self.failpoint_delay.clone() };
-        // Only `main` calls this, once; a second call could only repeat the same values.
-        let _ = atasira_platform::failpoints::configure(failpoints);
     }
 }
 
@@ -461,9 +506,9 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let outcome = match cli.command {
-        Command::Dev { data_dir, listen, common } => {
-            common.configure_failpoints();
-            run_traced(Some("atasira-dev"), services::dev(common.settings(data_dir), listen))
+        Command::Dev { data_dir, listen, metrics_listen, common } => {
+            common.hooks.configure();
+            run_traced(Some("atasira-dev"), services::dev(common.settings(data_dir), services::Listen { api: listen, probes: metrics_listen }))
         }
         Command::Serve {
             service,
@@ -479,7 +524,7 @@ fn main() -> ExitCode {
             metrics_listen,
             common,
         } => {
-            common.configure_failpoints();
+            common.hooks.configure();
             let keys = services::ClusterKeys { approval: approval_key, approval_file: approval_key_file, audit: audit_key };
             let trace_as = format!("atasira-{}", service.identity());
             run_traced(Some(&trace_as), async move {

@@ -121,6 +121,8 @@ pub struct Embedded {
     pub db: Db,
     /// Whether the store held no PAT before this start (`dev` then issues the first ones).
     pub first_start: bool,
+    /// What every service runs on (the probe port of `dev` reads it).
+    rt: Runtime,
     shutdown: watch::Sender<bool>,
     gateway: tokio::task::JoinHandle<anyhow::Result<()>>,
     services: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -160,7 +162,7 @@ impl Embedded {
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
         let addr = listener.local_addr()?;
         let gateway = tokio::spawn(atasira_gateway::serve(listener, gateway_rt, settings.gateway.clone(), wait(rx)));
-        Ok(Embedded { addr, db, first_start, shutdown, gateway, services })
+        Ok(Embedded { addr, db, first_start, rt, shutdown, gateway, services })
     }
 
     /// Stops the system: the gateway and every service finish.
@@ -189,8 +191,11 @@ async fn signing(rt: &Runtime, issuer: &'static str, shutdown: &watch::Receiver<
 }
 
 /// `atasira dev`.
-pub async fn dev(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
-    let system = Embedded::start(&settings, listen).await?;
+pub async fn dev(settings: Settings, listen: Listen) -> anyhow::Result<()> {
+    let system = Embedded::start(&settings, listen.api).await?;
+    if let Some(addr) = listen.probes {
+        serve_probes("dev", addr, system.rt.clone(), system.shutdown.subscribe()).await?;
+    }
     if system.first_start {
         let admin = auth::create_token(&system.db, &Principal::new("admin", Role::Admin, Kind::Human), None, auth::OPERATOR).await?.token;
         let agent = auth::create_token(&system.db, &Principal::new("agent", Role::Member, Kind::Agent), None, auth::OPERATOR).await?.token;
@@ -293,10 +298,22 @@ async fn warn_insecure_nats(identity: &'static str) {
     }
 }
 
-/// Where `atasira serve` listens.
+/// Serves the probe port (`--metrics-listen`) of the process `identity` until `rx` says stop.
+async fn serve_probes(identity: &'static str, addr: SocketAddr, rt: Runtime, rx: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr} for the probes"))?;
+    eprintln!("atasira {identity}: probes on http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        if let Err(e) = atasira_platform::probe::serve(listener, rt, wait(rx)).await {
+            tracing::error!("{identity}: the probe port stopped: {e:#}");
+        }
+    });
+    Ok(())
+}
+
+/// Where `atasira dev` and `atasira serve` listen.
 #[derive(Debug, Clone, Copy)]
 pub struct Listen {
-    /// The REST API (gateway only).
+    /// The REST API (`dev`, and `serve gateway`).
     pub api: SocketAddr,
     /// The probe port (`--metrics-listen`), if any.
     pub probes: Option<SocketAddr>,
@@ -339,14 +356,7 @@ pub async fn serve(
         _ => rt,
     };
     if let Some(addr) = listen.probes {
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr} for the probes"))?;
-        eprintln!("atasira {identity}: probes on http://{}", listener.local_addr()?);
-        let (rt, stop) = (rt.clone(), wait(rx.clone()));
-        tokio::spawn(async move {
-            if let Err(e) = atasira_platform::probe::serve(listener, rt, stop).await {
-                tracing::error!("{identity}: the probe port stopped: {e:#}");
-            }
-        });
+        serve_probes(identity, addr, rt.clone(), rx.clone()).await?;
     }
     let relay_for = |name: &'static str, types: &'static [&'static str]| tokio::spawn(relay::run(db.clone(), events.clone(), name, types, rx.clone()));
     match service {

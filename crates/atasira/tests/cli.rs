@@ -284,14 +284,12 @@ fn every_setting_of_dev_and_serve_shows_its_environment_variable() {
         }
     }
     let serve = help(&["serve"]);
-    for variable in [
-        "ATASIRA_PROVISION_BACKOFF_MS",
-        "ATASIRA_BINDING_TTL",
-        "ATASIRA_FAILPOINT",
-        "ATASIRA_FAILPOINT_DELAY",
-        "ATASIRA_REQUEST_TIMEOUT",
-        "ATASIRA_APPROVAL_KEY",
-    ] {
+    // The test hooks are settings of test builds only.
+    let hooks: &[&str] = if cfg!(feature = "failpoints") { &["ATASIRA_FAILPOINT", "ATASIRA_FAILPOINT_DELAY"] } else { &[] };
+    for variable in ["ATASIRA_PROVISION_BACKOFF_MS", "ATASIRA_BINDING_TTL", "ATASIRA_REQUEST_TIMEOUT", "ATASIRA_APPROVAL_KEY", "ATASIRA_DATABASE_URL_FILE"]
+        .iter()
+        .chain(hooks)
+    {
         assert!(serve.contains(&format!("[env: {variable}")), "`atasira serve --help` does not show {variable}");
     }
 }
@@ -318,9 +316,11 @@ fn help_never_prints_a_secret_from_the_environment() {
     }
 }
 
+#[cfg(feature = "failpoints")]
 #[test]
 fn failpoint_settings_are_checked_before_anything_starts() {
-    // A malformed test hook is a usage error (exit 2), not a silently ignored setting.
+    // In a test build, a malformed test hook is a usage error (exit 2), not a silently
+    // ignored setting.
     let out = Command::new(env!("CARGO_BIN_EXE_atasira"))
         .args(["dev", "--data-dir", "/nonexistent/atasira"])
         .env("ATASIRA_FAILPOINT_DELAY", "activation:soon")
@@ -328,6 +328,29 @@ fn failpoint_settings_are_checked_before_anything_starts() {
         .expect("the binary runs");
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("ATASIRA_FAILPOINT_DELAY") || String::from_utf8_lossy(&out.stderr).contains("--failpoint-delay"));
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[test]
+fn a_build_for_use_ignores_failpoint_settings_and_says_so() {
+    // The settings are neither in --help nor a reason to refuse to start...
+    for command in [&["dev"][..], &["serve"]] {
+        let text = help_with_env(command, &[]);
+        assert!(!text.contains("failpoint") && !text.contains("FAILPOINT"), "`atasira {} --help` offers a test hook:\n{text}", command.join(" "));
+    }
+    // ...and each one set is named on stderr, then ignored: here the process goes on to
+    // fail on its data dir (a path under a file), not on the malformed pause.
+    let out = Command::new(env!("CARGO_BIN_EXE_atasira"))
+        .args(["dev", "--data-dir", "/dev/null/atasira", "--listen", "127.0.0.1:0", "--failpoint", "drafts-after-commit"])
+        .env("ATASIRA_FAILPOINT_DELAY", "activation:soon")
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("NAME:MILLISECONDS"), "the pause was not even read: {stderr}");
+    for setting in ["ATASIRA_FAILPOINT (--failpoint)", "ATASIRA_FAILPOINT_DELAY (--failpoint-delay)"] {
+        assert!(stderr.contains(&format!("{setting} is set, but this build has no test hooks; ignored")), "{setting}: {stderr}");
+    }
+    assert!(stderr.contains("/dev/null/atasira"), "{stderr}");
 }
 
 #[test]

@@ -30,16 +30,32 @@ impl ApiError {
         self
     }
 
-    /// A service's typed refusal, as it came over the bus.
-    pub fn from_reply(e: atasira_contracts::Refused) -> Self {
-        let details = if e.field_errors.is_empty() { None } else { Some(json!(e.field_errors)) };
+    /// A service's typed refusal, as it came over the bus for the request `correlation_id`.
+    /// A failure on the service's side (`internal`, `service_unavailable`) may carry a
+    /// database or NATS error: it is logged, and the caller gets [`ApiError::failure`].
+    pub fn from_reply(e: atasira_contracts::Refused, service: &str, correlation_id: &str) -> Self {
         let recorded = (!e.event_ids.is_empty()).then(|| Box::new((e.position, e.event_ids)));
+        if matches!(e.code, ErrorCode::Internal | ErrorCode::ServiceUnavailable) {
+            tracing::error!(service, correlation_id, code = %e.code, error = %e.message, "a service failed");
+            return Self { recorded, ..Self::failure(e.code, correlation_id) };
+        }
+        let details = if e.field_errors.is_empty() { None } else { Some(json!(e.field_errors)) };
         Self { code: e.code, message: e.message, details, recorded }
     }
 
+    /// A failure of the gateway itself: logged under a new reference, which is all the
+    /// caller learns of it.
     pub fn internal(e: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %e, "gateway failure");
-        Self::new(ErrorCode::Internal, "internal failure; retry later")
+        let reference = uuid::Uuid::new_v4().to_string();
+        tracing::error!(reference, error = %e, "gateway failure");
+        Self::failure(ErrorCode::Internal, &reference)
+    }
+
+    /// What a caller is told of a failure on the server's side: a fixed text and the
+    /// reference the log names it by, never the error itself.
+    pub fn failure(code: ErrorCode, reference: &str) -> Self {
+        let what = if code == ErrorCode::ServiceUnavailable { "a service did not answer; retry later" } else { "internal failure; retry later" };
+        Self::new(code, format!("{what} (reference {reference})"))
     }
 }
 
@@ -78,7 +94,20 @@ mod tests {
             position: 0,
             event_ids: vec![],
         };
-        let e = ApiError::from_reply(refused);
+        let e = ApiError::from_reply(refused, "drafts", "c-1");
         assert_eq!(e.details, Some(json!([{"key": "purpose", "message": "blank"}])));
+    }
+
+    #[test]
+    fn a_failure_on_the_servers_side_names_its_reference_and_nothing_of_the_error() {
+        let leaky = "error returned from database: relation \"events\" does not exist (nats://10.0.0.7:4222)";
+        for code in [ErrorCode::Internal, ErrorCode::ServiceUnavailable] {
+            let refused = atasira_contracts::Refused { code, message: leaky.into(), field_errors: vec![], position: 0, event_ids: vec![] };
+            let e = ApiError::from_reply(refused, "drafts", "c-42");
+            assert_eq!(e.code, code);
+            assert!(e.message.ends_with("retry later (reference c-42)") && !e.message.contains("database"), "{}", e.message);
+        }
+        let e = ApiError::internal(leaky);
+        assert!(e.message.starts_with("internal failure; retry later (reference ") && !e.message.contains("database"), "{}", e.message);
     }
 }

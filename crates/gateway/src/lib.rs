@@ -145,10 +145,10 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
         .with_state(state.clone());
     // The MCP tools call the same API router in-process.
     let (mcp, stop_mcp) = mcp::router(api.clone(), state.clone());
+    // The REST address tells the public only whether the system works; the details
+    // (`/readyz`) and the metrics are on each process's probe port (`--metrics-listen`).
     let app = Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .merge(dashboard::routes())
         .with_state(state)
         .nest("/api/v1", api)
@@ -183,8 +183,9 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
 }
 
 /// 200 `{"status": "ok"}` when every service answers and none of their consumers is
-/// stuck; otherwise 503 `{"status": "degraded", "stalled": [...], "unreachable": [...]}`
-/// (a stuck consumer stops alone; the rest of the process keeps serving).
+/// stuck; otherwise 503 `{"status": "unavailable"}` (a stuck consumer stops alone; the rest
+/// of the process keeps serving). What is wrong is logged, never told to the caller: the
+/// probe port of each process names it (`/readyz`).
 async fn healthz(State(state): State<AppState>) -> Response {
     let probe = v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] };
     let asks = subjects::SERVICES.iter().map(|service| {
@@ -208,14 +209,8 @@ async fn healthz(State(state): State<AppState>) -> Response {
     if stalled.is_empty() && unreachable.is_empty() {
         return Json(json!({"status": "ok"})).into_response();
     }
-    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "degraded", "stalled": stalled, "unreachable": unreachable}))).into_response()
-}
-
-/// The process's metrics, Prometheus text (`atasira_http_requests_total`, ...; see
-/// `atasira_platform::metrics`). Counts and timings only: no ids, no payloads.
-async fn metrics(State(state): State<AppState>) -> Response {
-    let text = atasira_platform::metrics::render(&state.rt.db).await;
-    ([(axum::http::header::CONTENT_TYPE, atasira_platform::metrics::CONTENT_TYPE)], text).into_response()
+    tracing::warn!(stalled = %json!(stalled), unreachable = ?unreachable, "health: the system is degraded");
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "unavailable"}))).into_response()
 }
 
 /// Counts and times each request of a known route, by its template (ids stay out of the
@@ -238,12 +233,6 @@ async fn measure(request: axum::extract::Request, next: axum::middleware::Next) 
     span.record("http.response.status_code", response.status().as_u16());
     atasira_platform::metrics::global().http(&method, &route, response.status().as_u16(), started.elapsed());
     response
-}
-
-/// `GET /readyz`: this process's own readiness (its NATS connection, its database, its
-/// consumers), the same answer as every service's probe port (`platform::probe`).
-async fn readyz(State(state): State<AppState>) -> Response {
-    atasira_platform::probe::answer(&state.rt).await
 }
 
 async fn not_found() -> ApiError {
@@ -294,15 +283,13 @@ impl AppState {
                 format!("the request is too large to forward; keep bodies well under {MAX_BODY_BYTES} bytes"),
             ));
         }
-        let bytes = self
-            .rt
-            .bus
-            .request(&subject, headers, env.encode_to_vec().into(), self.config.request_timeout)
-            .await
-            .map_err(|e| ApiError::new(ErrorCode::ServiceUnavailable, format!("the {service} service did not answer: {e}")))?;
+        let bytes = self.rt.bus.request(&subject, headers, env.encode_to_vec().into(), self.config.request_timeout).await.map_err(|e| {
+            tracing::warn!(service, correlation_id, error = %e, "a service did not answer");
+            ApiError::failure(ErrorCode::ServiceUnavailable, &correlation_id)
+        })?;
         match atasira_contracts::decode_written::<Resp>(&bytes) {
             Ok(Ok(ok)) => Ok(ok),
-            Ok(Err(refusal)) => Err(ApiError::from_reply(refusal)),
+            Ok(Err(refusal)) => Err(ApiError::from_reply(refusal, service, &correlation_id)),
             Err(e) => Err(ApiError::internal(e)),
         }
     }

@@ -262,7 +262,7 @@ impl Modify for SharedResponses {
                 }
                 add(op, "400", &format!("A malformed query parameter: {}", codes.join(", ")));
             }
-            add(op, "500", "`internal`: a failure of ours; retry later");
+            add(op, "500", "`internal`: a failure of ours; retry later. The message names a reference to quote when reporting it, never the error itself");
             if idempotent {
                 add(
                     op,
@@ -280,7 +280,7 @@ impl Modify for SharedResponses {
                     );
                 }
             }
-            add(op, "503", "`service_unavailable`: a service did not answer in time; retry");
+            add(op, "503", "`service_unavailable`: a service did not answer in time; retry (the message names a reference to quote when reporting it)");
             if idempotent {
                 for (status, response) in op.responses.responses.iter_mut() {
                     if let (true, RefOr::T(r)) = (status.starts_with('2'), response) {

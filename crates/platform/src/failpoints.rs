@@ -1,6 +1,7 @@
-//! Fault-injection hooks for the crash and race tests. The binary configures them once
-//! at start from its own settings (`--failpoint`, `--failpoint-delay`); until then, and
-//! in every normal run, each hook is a no-op.
+//! Fault-injection hooks for the crash and race tests. Only a test build of the binary
+//! (the `atasira` crate's `failpoints` feature, which scripts/test turns on) configures
+//! them, once at start, from its settings (`--failpoint`, `--failpoint-delay`); a build
+//! for use never calls [`configure`], so there each hook is a no-op.
 
 use std::str::FromStr;
 use std::sync::OnceLock;

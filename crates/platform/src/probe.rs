@@ -4,9 +4,10 @@
 //! consumers stalled (`Db::stalled_consumers`), and none of its relays and consumers more
 //! than [`MAX_LAG`] events behind.
 //!
-//! [`router`] is the small HTTP server `atasira serve <service> --metrics-listen` runs; the
-//! gateway answers [`readyz`] on its own listener too. The port also serves `/metrics`
-//! (`metrics.rs`).
+//! [`router`] is the small HTTP server `atasira serve <service> --metrics-listen` (and
+//! `atasira dev --metrics-listen`) runs; the port also serves `/metrics` (`metrics.rs`).
+//! It is for operators and their monitoring only: its answers name what failed (database
+//! and NATS errors included), so the gateway's public address serves none of them.
 
 use std::time::Duration;
 

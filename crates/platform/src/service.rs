@@ -259,7 +259,7 @@ async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusa
         Err(ReplayError::Replayed) => Err(refused_assertion(rt, call, "replayed", claimed, Some(&wire.key_id)).await),
         Err(e @ ReplayError::Full { .. }) => {
             tracing::warn!(service = call.service, error = %e, "principal assertion refused: the replay cache is full");
-            Err(Refusal::new(ErrorCode::Busy, e.to_string()))
+            Err(Refusal::new(ErrorCode::Busy, "too many requests right now; retry in a moment"))
         }
     }
 }

@@ -72,6 +72,10 @@ impl Bindings {
         }
         let workspace = self.workspaces.join(the_box.manifest.box_type.as_str());
         tokio::fs::create_dir_all(&workspace).await.map_err(|e| Refusal::internal(format!("cannot create {}: {e}", workspace.display())))?;
+        // A symbolic link in its place would send the Worker somewhere else.
+        if !tokio::fs::symlink_metadata(&workspace).await.is_ok_and(|m| m.is_dir()) {
+            return Err(Refusal::internal(format!("{} is not a directory of its own (a symbolic link?)", workspace.display())));
+        }
         let handle = format!("bnd_{}", uuid::Uuid::new_v4().simple());
         let at = Utc::now();
         let expires_at = lease_end(at, self.ttl);

@@ -7,6 +7,13 @@
 //! that reaches a command line or a config file is checked first, commands get their
 //! arguments as separate argv entries (never a shell), and files are replaced atomically
 //! (temp file + rename) so a crash never leaves half a config behind.
+//!
+//! A workspace is handed to Workers, who write in it; nothing they leave there may act
+//! as the provisioner. So git never runs inside a workspace: each remote is cloned and
+//! fetched in the provisioner's own bare repository (`git/<box_type>.git`, which no
+//! Worker is given), and a workspace is a fresh copy of it, made once; git runs without
+//! hooks, system or user configuration. Managed files are never opened through a
+//! symbolic link, and their temp files have unguessable names and must be new.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Write as _;
@@ -29,6 +36,11 @@ const GIT_PROTOCOLS: &str = "file:git:http:https:ssh";
 /// URL prefixes worth trying; anything else (`ext::`, `fd::`, a bare relative path, an
 /// option like `--upload-pack=...`) fails without running git.
 const GIT_URL_PREFIXES: &[&str] = &["https://", "http://", "ssh://", "git@", "file://"];
+/// Settings every git command runs with, whatever a repository's own configuration says:
+/// no hooks (`hooksPath`), no file-system monitor command, ssh as itself, no `ext::`
+/// transport (a shell). The file protocol stays: local paths and `file://` are remote
+/// forms users may give, and a workspace is copied from a local repository.
+const GIT_SAFETY: &[&str] = &["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.sshCommand=ssh", "-c", "protocol.ext.allow=never"];
 /// A reason quotes at most this much of git's stderr: enough to tell why, short enough
 /// for an event shown on the Box.
 const MAX_REASON_CHARS: usize = 300;
@@ -86,48 +98,79 @@ impl Setups {
         }
     }
 
-    /// `ls-remote` proves the remote answers; then the workspace is cloned (atomically, via
-    /// a partial directory renamed into place) or, when a clone of the same URL is there
-    /// already, fetched.
+    /// `ls-remote` proves the remote answers; then the provisioner's own bare repository
+    /// of the Box type is cloned (atomically, via a partial directory renamed into place)
+    /// or, when it already holds a clone of the same URL, fetched; an absent or empty
+    /// workspace gets a copy of it (a clone whose origin is the remote). A workspace with
+    /// anything in it is the Workers' and left as it is: git never runs there.
     async fn git_remote(&self, box_type: &BoxType, url: &str) -> Result<String, SetupError> {
         check_git_url(url)?;
-        self.git(["ls-remote", "--", url].map(OsStr::new), LS_REMOTE_TIMEOUT).await.map_err(SetupError::Transient)?;
+        let repos = self.data_dir.join("git");
+        create_private_dir_async(&repos).await?;
+        self.git(&repos, ["ls-remote", "--", url].map(OsStr::new), LS_REMOTE_TIMEOUT).await.map_err(SetupError::Transient)?;
         let root = self.data_dir.join("workspaces");
         tokio::fs::create_dir_all(&root).await.map_err(|e| SetupError::Transient(format!("cannot create {}: {e}", root.display())))?;
         let dest = root.join(box_type.as_str());
         let shown = format!("workspaces/{box_type}");
-        if tokio::fs::try_exists(dest.join(".git")).await.unwrap_or(false) {
-            let origin = self
-                .git([OsStr::new("-C"), dest.as_os_str(), OsStr::new("remote"), OsStr::new("get-url"), OsStr::new("origin")], LS_REMOTE_TIMEOUT)
-                .await
-                .map_err(SetupError::Transient)?;
+        let mirror = repos.join(format!("{box_type}.git"));
+        let fetched = if tokio::fs::try_exists(&mirror).await.unwrap_or(false) {
+            let git_dir = [OsStr::new("--git-dir"), mirror.as_os_str()];
+            let origin = self.git(&repos, git_dir.into_iter().chain(["config", "--get", "remote.origin.url"].map(OsStr::new)), LS_REMOTE_TIMEOUT).await;
+            let origin = origin.map_err(SetupError::Transient)?;
             let origin = origin.trim();
             if origin != url {
                 return Err(SetupError::Permanent(format!("{shown} already holds a clone of {origin}, not of {url}")));
             }
-            self.git([OsStr::new("-C"), dest.as_os_str(), OsStr::new("fetch"), OsStr::new("--all")], TRANSFER_TIMEOUT).await.map_err(SetupError::Transient)?;
-            return Ok(format!("fetched {url} in {shown}"));
+            let fetch = ["fetch", "--quiet", "--prune", "origin", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"].map(OsStr::new);
+            self.git(&repos, git_dir.into_iter().chain(fetch), TRANSFER_TIMEOUT).await.map_err(SetupError::Transient)?;
+            true
+        } else {
+            if !is_absent_or_empty_dir(&dest).await? {
+                return Err(SetupError::Permanent(format!("{shown} exists and is not a git clone the provisioner made; refusing to overwrite it")));
+            }
+            // A crash mid-clone leaves only this partial directory, never a half-cloned repository.
+            let partial = repos.join(format!(".{box_type}.git.partial"));
+            remove_dir_if_present(&partial).await.map_err(|e| SetupError::Transient(format!("cannot clear {}: {e}", partial.display())))?;
+            let clone = ["clone", "--bare", "--quiet", "--", url].map(OsStr::new);
+            self.git(&repos, clone.into_iter().chain([partial.as_os_str()]), TRANSFER_TIMEOUT).await.map_err(SetupError::Transient)?;
+            tokio::fs::rename(&partial, &mirror).await.map_err(|e| SetupError::Transient(format!("cannot move the clone of {url} into place: {e}")))?;
+            false
+        };
+        if !is_absent_or_empty_dir(&dest).await? {
+            return Ok(format!("fetched {url}; {shown} is in use and left as it is"));
         }
-        if !is_absent_or_empty_dir(&dest).await {
-            return Err(SetupError::Permanent(format!("{shown} exists and is not a git clone; refusing to overwrite it")));
-        }
-        // A crash mid-clone leaves only this partial directory, never a half-cloned workspace.
-        let partial = root.join(format!(".{box_type}.partial"));
-        remove_dir_if_present(&partial).await.map_err(|e| SetupError::Transient(format!("cannot clear {}: {e}", partial.display())))?;
-        self.git([OsStr::new("clone"), OsStr::new("--quiet"), OsStr::new("--"), OsStr::new(url), partial.as_os_str()], TRANSFER_TIMEOUT)
-            .await
-            .map_err(SetupError::Transient)?;
-        // rename(2) replaces an empty directory, so an empty leftover `dest` is fine.
-        tokio::fs::rename(&partial, &dest).await.map_err(|e| SetupError::Transient(format!("cannot move the clone into {shown}: {e}")))?;
-        Ok(format!("cloned {url} into {shown}"))
+        self.check_out(&repos, &mirror, url, box_type, &dest).await?;
+        Ok(if fetched { format!("fetched {url} and checked it out into {shown}") } else { format!("cloned {url} into {shown}") })
     }
 
-    /// Runs git without a shell, a terminal or stdin, killed when `timeout` passes; the
-    /// error is the first lines of its stderr.
-    async fn git<'a>(&self, args: impl IntoIterator<Item = &'a OsStr>, timeout: Duration) -> Result<String, String> {
+    /// Makes the workspace `dest` a copy of the bare repository `mirror` (files copied, no
+    /// links into it) whose origin is `url`, assembled beside `mirror` and renamed into place.
+    async fn check_out(&self, repos: &Path, mirror: &Path, url: &str, box_type: &BoxType, dest: &Path) -> Result<(), SetupError> {
+        let partial = repos.join(format!(".{box_type}.workspace.partial"));
+        remove_dir_if_present(&partial).await.map_err(|e| SetupError::Transient(format!("cannot clear {}: {e}", partial.display())))?;
+        let clone = ["clone", "--quiet", "--no-hardlinks", "--"].map(OsStr::new);
+        self.git(repos, clone.into_iter().chain([mirror.as_os_str(), partial.as_os_str()]), TRANSFER_TIMEOUT).await.map_err(SetupError::Transient)?;
+        let git_dir = partial.join(".git");
+        let set_url = ["remote", "set-url", "origin", url].map(OsStr::new);
+        self.git(repos, [OsStr::new("--git-dir"), git_dir.as_os_str()].into_iter().chain(set_url), LS_REMOTE_TIMEOUT).await.map_err(SetupError::Transient)?;
+        // rename(2) replaces an empty directory, so an empty leftover `dest` is fine.
+        tokio::fs::rename(&partial, dest).await.map_err(|e| SetupError::Transient(format!("cannot move the checkout into workspaces/{box_type}: {e}")))
+    }
+
+    /// Runs git in `cwd` (a directory of the provisioner's) without a shell, a terminal or
+    /// stdin, killed when `timeout` passes; the error is the first lines of its stderr.
+    /// Only the repository it is pointed at configures it: no system or user
+    /// configuration, no hooks, no file-system monitor, no `ext::` transport; git does not
+    /// look for a repository above `cwd`.
+    async fn git<'a>(&self, cwd: &Path, args: impl IntoIterator<Item = &'a OsStr>, timeout: Duration) -> Result<String, String> {
         let mut command = tokio::process::Command::new(&self.git);
         command
+            .args(GIT_SAFETY)
             .args(args)
+            .current_dir(cwd)
+            .env("GIT_CEILING_DIRECTORIES", cwd)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("GIT_ALLOW_PROTOCOL", GIT_PROTOCOLS)
             .stdin(Stdio::null())
@@ -194,10 +237,21 @@ fn first_lines(stderr: &[u8]) -> String {
     lines.join(" / ").chars().take(MAX_REASON_CHARS).collect()
 }
 
-async fn is_absent_or_empty_dir(path: &Path) -> bool {
+/// Whether `path` is absent or an empty directory; a symbolic link there (to anywhere)
+/// is refused, never followed.
+async fn is_absent_or_empty_dir(path: &Path) -> Result<bool, SetupError> {
+    match tokio::fs::symlink_metadata(path).await {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(SetupError::Transient(format!("cannot look at {}: {e}", path.display()))),
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(SetupError::Permanent(format!("{} is a symbolic link; refusing to follow it", path.display())));
+        }
+        Ok(meta) if !meta.is_dir() => return Ok(false),
+        Ok(_) => {}
+    }
     match tokio::fs::read_dir(path).await {
-        Ok(mut entries) => matches!(entries.next_entry().await, Ok(None)),
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(mut entries) => Ok(matches!(entries.next_entry().await, Ok(None))),
+        Err(e) => Err(SetupError::Transient(format!("cannot read {}: {e}", path.display()))),
     }
 }
 
@@ -314,37 +368,93 @@ pub(crate) fn replace_block(existing: &str, block: &Block) -> String {
 
 /// File IO off the async workers; the setup is small but may hit a slow disk.
 async fn upsert_in_background(path: PathBuf, block: Block) -> Result<(), SetupError> {
-    tokio::task::spawn_blocking(move || upsert_block(&path, &block).map_err(|e| SetupError::Transient(format!("cannot write {}: {e}", path.display()))))
-        .await
-        .map_err(|e| SetupError::Transient(format!("file writer failed: {e}")))?
+    tokio::task::spawn_blocking(move || {
+        upsert_block(&path, &block).map_err(|e| {
+            let reason = format!("cannot write {}: {e}", path.display());
+            if e.kind() == std::io::ErrorKind::InvalidInput { SetupError::Permanent(reason) } else { SetupError::Transient(reason) }
+        })
+    })
+    .await
+    .map_err(|e| SetupError::Transient(format!("file writer failed: {e}")))?
 }
 
-/// Replaces (or adds) `block` in the file at `path`: write a private temp file beside it,
-/// flush it to disk, rename it over the old one.
+/// Replaces (or adds) `block` in the file at `path`: write a private temp file with an
+/// unguessable name beside it, flush it to disk, rename it over the old one. A symbolic
+/// link at `path` is refused, never read through.
 fn upsert_block(path: &Path, block: &Block) -> std::io::Result<()> {
     let dir = path.parent().ok_or_else(|| std::io::Error::other("a managed file needs a parent directory"))?;
     create_private_dir(dir)?;
-    let existing = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+    let text = replace_block(&read_managed(path)?, block);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = dir.join(format!(".{name}.{}.atasira-tmp", uuid::Uuid::new_v4().simple()));
+    if let Err(e) = write_new(&temp, text.as_bytes(), block.mode) {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            let _ = std::fs::remove_file(&temp);
+        }
+        return Err(e);
+    }
+    std::fs::rename(&temp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&temp);
+    })
+}
+
+/// Opening flags that refuse a symbolic link as the last component (`ELOOP`) and do not
+/// wait on a FIFO someone put in a file's place.
+#[cfg(unix)]
+const NO_FOLLOW: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
+
+/// The text of the managed file at `path` ("" when there is none yet); a symbolic link or
+/// anything but a regular file there is an error.
+fn read_managed(path: &Path) -> std::io::Result<String> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, NO_FOLLOW);
+    let mut file = match options.open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        #[cfg(unix)]
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(refused("it is a symbolic link; refusing to follow it")),
         Err(e) => return Err(e),
     };
-    let text = replace_block(&existing, block);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = dir.join(format!(".{name}.atasira-tmp"));
-    {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, block.mode);
-        let mut file = options.open(&temp)?;
-        // `mode` applies only to a newly created file; a leftover temp file keeps its own.
-        #[cfg(unix)]
-        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(block.mode))?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
+    if !file.metadata()?.is_file() {
+        return Err(refused("it is not a regular file"));
     }
-    std::fs::rename(&temp, path)
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut file, &mut text)?;
+    Ok(text)
+}
+
+/// What trying again cannot change ([`upsert_in_background`] makes it permanent).
+fn refused(why: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, why)
+}
+
+/// Creates the file `path`, which must not exist (a symbolic link there is not followed),
+/// with `mode`, and writes `bytes` to disk.
+pub(crate) fn write_new(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, NO_FOLLOW);
+    }
+    let mut file = options.open(path)?;
+    // The umask may have narrowed `mode`; the file is ours, set it exactly.
+    #[cfg(unix)]
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+/// [`create_private_dir`] off the async workers, for a setup.
+async fn create_private_dir_async(dir: &Path) -> Result<(), SetupError> {
+    let owned = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || create_private_dir(&owned))
+        .await
+        .map_err(|e| SetupError::Transient(format!("file writer failed: {e}")))?
+        .map_err(|e| SetupError::Transient(format!("cannot create {}: {e}", dir.display())))
 }
 
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {

@@ -1,5 +1,6 @@
 //! Given/when/then tests of the setups against real git and real files (R-PROV-1).
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::*;
@@ -30,6 +31,13 @@ fn run_git(args: &[&str], cwd: &Path) {
         .output()
         .expect("git runs");
     assert!(out.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// What git prints for `args` in `cwd`, trimmed.
+fn git_output(args: &[&str], cwd: &Path) -> String {
+    let out = std::process::Command::new("git").args(args).current_dir(cwd).output().expect("git runs");
+    assert!(out.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// A bare repository with one commit on `main`, made with `git init --bare` and a push
@@ -69,11 +77,23 @@ async fn given_a_reachable_bare_repo_when_provisioned_twice_then_cloned_once_and
     assert_eq!(first, format!("cloned {url} into workspaces/sales"));
     let readme = data.join("workspaces/sales/README.md");
     assert_eq!(std::fs::read_to_string(&readme).expect("checked out"), "hello from the remote\n");
-    assert!(!data.join("workspaces/.sales.partial").exists(), "the partial clone was moved into place");
+    for partial in ["git/.sales.git.partial", "git/.sales.workspace.partial"] {
+        assert!(!data.join(partial).exists(), "{partial} was moved into place");
+    }
+    // The workspace is a clone of the remote, sharing nothing with the provisioner's own.
+    assert_eq!(git_output(&["remote", "get-url", "origin"], &data.join("workspaces/sales")), url);
+    assert!(!data.join("workspaces/sales/.git/objects/info/alternates").exists());
+    assert_eq!(git_output(&["--git-dir", "git/sales.git", "config", "--get", "remote.origin.url"], &data), url);
 
     let second = setups.perform(&sales(), &git_remote(url)).await.expect("fetched");
-    assert_eq!(second, format!("fetched {url} in workspaces/sales"));
+    assert_eq!(second, format!("fetched {url}; workspaces/sales is in use and left as it is"));
     assert_eq!(std::fs::read_to_string(&readme).expect("still there"), "hello from the remote\n");
+
+    // An emptied workspace is checked out again from what was fetched.
+    std::fs::remove_dir_all(data.join("workspaces/sales")).expect("emptied");
+    let third = setups.perform(&sales(), &git_remote(url)).await.expect("checked out");
+    assert_eq!(third, format!("fetched {url} and checked it out into workspaces/sales"));
+    assert_eq!(std::fs::read_to_string(&readme).expect("checked out"), "hello from the remote\n");
 
     let file_url = format!("file://{url}");
     let other = setups.perform(&sales(), &git_remote(&file_url)).await.expect_err("a different remote");
@@ -153,7 +173,8 @@ async fn given_an_ssh_target_when_provisioned_twice_then_one_block_replaced_in_p
     for key_material in ["IdentityFile", "PRIVATE KEY", "ssh-ed25519", "ssh-rsa"] {
         assert!(!config.contains(key_material), "{key_material}");
     }
-    assert!(!tmp.0.join("ssh/.config.atasira-tmp").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.0.join("ssh")).expect("dir").filter(|e| e.as_ref().is_ok_and(|e| e.file_name() != "config")).collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }
 
 #[tokio::test]
@@ -252,4 +273,123 @@ async fn given_a_url_with_a_password_when_provisioned_then_refused_and_the_passw
         assert_eq!(password_span(fine), None, "{fine}");
         assert_eq!(describe(&git_remote(fine)), format!("git_remote {fine}"));
     }
+}
+
+/// An executable shell script at `path` that creates `marker` (then runs `then`).
+fn script(path: &Path, marker: &Path, then: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("#!/bin/sh\ntouch '{}'\n{then}\n", marker.display())).expect("script");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+#[tokio::test]
+async fn given_hooks_and_config_a_worker_planted_in_the_workspace_when_provisioned_again_then_none_of_it_runs() {
+    // R-ARCH-13: a workspace is the Workers'; what they leave in its .git never runs as
+    // the provisioner (before, a re-provision ran `git fetch` inside it).
+    let tmp = TempDir::new("atasira-prov-plant");
+    let bare = bare_repo_with_a_commit(&tmp.0);
+    let url = bare.to_str().expect("utf-8 path");
+    let data = tmp.0.join("data");
+    let setups = Setups::new(data.clone());
+    setups.perform(&sales(), &git_remote(url)).await.expect("cloned");
+    // The remote moves on, so a fetch has refs to update.
+    run_git(&["commit", "--quiet", "--allow-empty", "-m", "second"], &tmp.0.join("seed"));
+    run_git(&["push", "--quiet", "origin", "HEAD:refs/heads/main"], &tmp.0.join("seed"));
+
+    let (planted, markers) = (tmp.0.join("planted"), tmp.0.join("markers"));
+    std::fs::create_dir_all(&planted).expect("dir");
+    std::fs::create_dir_all(&markers).expect("dir");
+    let dot_git = data.join("workspaces/sales/.git");
+    for hook in ["reference-transaction", "post-checkout", "post-merge", "pre-auto-gc", "post-index-change", "fsmonitor-watchman"] {
+        script(&dot_git.join("hooks").join(hook), &markers.join(hook), "exit 0");
+    }
+    script(&planted.join("fsmonitor"), &markers.join("fsmonitor"), "exit 0");
+    script(&planted.join("ssh"), &markers.join("ssh"), "exit 1");
+    script(&planted.join("upload-pack"), &markers.join("upload-pack"), "exec git-upload-pack \"$@\"");
+    script(&planted.join("credential"), &markers.join("credential"), "exit 0");
+    let mut config = std::fs::OpenOptions::new().append(true).open(dot_git.join("config")).expect("config");
+    let p = |name: &str| planted.join(name).display().to_string();
+    write!(
+        config,
+        "[core]\n\tfsmonitor = {}\n\tsshCommand = {}\n[remote \"origin\"]\n\tuploadpack = {}\n[credential]\n\thelper = {}\n",
+        p("fsmonitor"),
+        p("ssh"),
+        p("upload-pack"),
+        p("credential")
+    )
+    .expect("planted");
+    drop(config);
+
+    let again = setups.perform(&sales(), &git_remote(url)).await.expect("fetched");
+    let ran: Vec<String> = std::fs::read_dir(&markers).expect("markers").map(|e| e.expect("entry").file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(ran, Vec::<String>::new(), "planted code ran as the provisioner");
+    assert_eq!(again, format!("fetched {url}; workspaces/sales is in use and left as it is"));
+    // The provisioner's own repository has the remote's new commit.
+    assert_eq!(git_output(&["--git-dir", "git/sales.git", "log", "-1", "--format=%s", "main"], &data), "second");
+
+    // Not a vacuous plant: git run inside the workspace does run it.
+    let _ = std::process::Command::new("git").args(["fetch", "--quiet", "origin"]).current_dir(data.join("workspaces/sales")).output().expect("git runs");
+    assert!(markers.join("upload-pack").exists(), "the planted upload-pack would have run");
+}
+
+#[tokio::test]
+async fn given_a_symlink_at_a_managed_file_or_workspace_when_provisioned_then_it_is_never_followed() {
+    // R-ARCH-13: a link planted where the provisioner writes is refused, and what it
+    // points at is neither read nor written.
+    use std::os::unix::fs::symlink;
+    let tmp = TempDir::new("atasira-prov-link");
+    let outside = tmp.0.join("outside");
+    std::fs::create_dir_all(&outside).expect("dir");
+    let secret = outside.join("secret");
+    std::fs::write(&secret, "outside secret\n").expect("write");
+    let data = tmp.0.join("data");
+    std::fs::create_dir_all(data.join("ssh")).expect("dir");
+    symlink(&secret, data.join("ssh/config")).expect("link");
+    symlink(&secret, data.join("netrc")).expect("link");
+    let setups = Setups::new(data.clone());
+
+    for access in [ssh("git.example.com", "deploy", 22), netrc("api.example.com", "bot", "ops", "token")] {
+        let err = setups.perform(&sales(), &access).await.expect_err("a link is refused");
+        assert!(matches!(err, SetupError::Permanent(ref r) if r.contains("symbolic link")), "{access:?}: {err:?}");
+    }
+    assert_eq!(std::fs::read_to_string(&secret).expect("kept"), "outside secret\n");
+    for link in ["ssh/config", "netrc"] {
+        assert!(std::fs::symlink_metadata(data.join(link)).expect("there").file_type().is_symlink(), "{link} left as it was");
+    }
+
+    // A workspace that is a link to elsewhere is not cloned into.
+    let bare = bare_repo_with_a_commit(&tmp.0);
+    let elsewhere = tmp.0.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("dir");
+    std::fs::create_dir_all(data.join("workspaces")).expect("dir");
+    symlink(&elsewhere, data.join("workspaces/sales")).expect("link");
+    let err = setups.perform(&sales(), &git_remote(bare.to_str().expect("utf-8"))).await.expect_err("a link is refused");
+    assert!(matches!(err, SetupError::Permanent(ref r) if r.contains("symbolic link")), "{err:?}");
+    assert_eq!(std::fs::read_dir(&elsewhere).expect("dir").count(), 0);
+}
+
+#[tokio::test]
+async fn given_a_symlink_at_the_old_temp_name_when_a_file_is_written_then_the_link_target_is_untouched() {
+    // R-ARCH-13: temp names are unguessable, and a temp file must be new
+    use std::os::unix::fs::symlink;
+    let tmp = TempDir::new("atasira-prov-temp");
+    let secret = tmp.0.join("secret");
+    std::fs::write(&secret, "outside secret\n").expect("write");
+    let data = tmp.0.join("data");
+    std::fs::create_dir_all(data.join("ssh")).expect("dir");
+    symlink(&secret, data.join("ssh/.config.atasira-tmp")).expect("link");
+    Setups::new(data.clone()).perform(&sales(), &ssh("git.example.com", "deploy", 22)).await.expect("written");
+    assert_eq!(std::fs::read_to_string(&secret).expect("kept"), "outside secret\n");
+    assert!(std::fs::symlink_metadata(data.join("ssh/config")).expect("written").is_file());
+    assert!(std::fs::read_to_string(data.join("ssh/config")).expect("config").starts_with("# BEGIN atasira sales git.example.com\n"));
+
+    // Whatever the name: a link there, dangling or not, is never written through.
+    let dangling = tmp.0.join("not-yet");
+    for (link, target) in [(tmp.0.join("a"), &secret), (tmp.0.join("b"), &dangling)] {
+        symlink(target, &link).expect("link");
+        let err = write_new(&link, b"x", 0o600).expect_err("refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&secret).expect("kept"), "outside secret\n");
+    assert!(!dangling.exists());
 }
