@@ -264,3 +264,34 @@ fn r_ops_1_one_approve_is_one_trace_in_embedded_mode() {
     }
     assert!(spans.iter().all(|s| s.service == "atasira-dev"), "{spans:#?}");
 }
+
+#[test]
+fn r_arch_15_a_huge_tracestate_is_ignored_and_stalls_nothing() {
+    // given a cluster that exports spans (so the trace context is taken from callers)
+    let collector = Collector::start();
+    let sys = System::start_with(Mode::Cluster, &otlp_env(&collector));
+    // when a draft is submitted with a valid traceparent and a 300 KB tracestate
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let traceparent = format!("00-{trace_id}-{}-01", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    let tracestate = format!("vendor={}", "a".repeat(300 * 1024));
+    let body = provisioned("huge-tracestate").to_string();
+    let a = http(
+        "POST",
+        &sys.url("/api/v1/boxes/box-drafts"),
+        Some(&sys.agent),
+        &[("traceparent", &traceparent), ("tracestate", &tracestate)],
+        Some(body.as_bytes()),
+    );
+    // then it is accepted, and the stored event carries the caller's trace id without the
+    // tracestate: no event grows with what a caller sends
+    assert_eq!(a.status, 201, "{}", a.raw);
+    let draft = a.body["draft_id"].as_str().expect("draft_id").to_owned();
+    let metadata = sys.sql_text(&format!("SELECT CAST(metadata AS TEXT) FROM events WHERE aggregate_id = '{draft}' ORDER BY sequence LIMIT 1"));
+    assert!(metadata.len() < 2048, "{} bytes of metadata", metadata.len());
+    assert!(metadata.contains(&trace_id), "the traceparent is still taken: {metadata}");
+    // and the relay goes on: the event and the next one reach the public feed
+    assert!(!feed_traceparents(&sys, &draft).is_empty(), "the draft's event reached the feed");
+    let next = sys.draft(&provisioned("after-tracestate"));
+    assert!(!feed_traceparents(&sys, &next).is_empty(), "the next event reached the feed");
+    assert_eq!(sys.sql_i64("SELECT count(*) FROM relay_dead_letters"), 0, "nothing was too large to relay");
+}

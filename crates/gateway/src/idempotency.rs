@@ -38,6 +38,29 @@ pub const SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS gateway_idempotency (
 )"];
 
 const KEEP: chrono::TimeDelta = chrono::TimeDelta::hours(24);
+
+/// How often the gateway purges the answers it keeps no longer.
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Deletes every stored answer older than 24 h (R-ARCH-15): a key is honoured that long,
+/// and no caller can fill the table for good. How many went.
+pub async fn purge_expired(db: &Db, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<u64> {
+    let gone = sqlx::query("DELETE FROM gateway_idempotency WHERE created_at_ms < $1").bind((now - KEEP).timestamp_millis()).execute(db.any()).await?;
+    Ok(gone.rows_affected())
+}
+
+/// Purges expired answers every ten minutes, as long as the gateway runs.
+pub async fn sweep(db: Db) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        every.tick().await;
+        match purge_expired(&db, chrono::Utc::now()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(purged = n, "purged idempotency answers older than 24 h"),
+            Err(e) => tracing::warn!(error = %e, "could not purge old idempotency answers"),
+        }
+    }
+}
 /// Headers replayed with a stored answer.
 const REPLAYED: &[&str] = &["content-type", "x-atasira-position", "x-atasira-lagging"];
 /// How long a retry waits for a claim in progress before answering 503.
@@ -301,5 +324,28 @@ mod tests {
         // and never 0
         let r = retry_later("x", Duration::ZERO);
         assert_eq!(r.headers().get(axum::http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("1"));
+    }
+
+    #[tokio::test]
+    async fn r_arch_15_answers_older_than_a_day_are_purged_and_younger_ones_kept() {
+        // given two stored answers, one 25 h old and one 1 h old
+        let dir = std::env::temp_dir().join(format!("atasira-idem-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
+        db.ensure_tables(SCHEMA).await.expect("table");
+        let now = chrono::Utc::now();
+        for (key, age) in [("old", 25), ("young", 1)] {
+            sqlx::query("INSERT INTO gateway_idempotency (principal, idem_key, request_hash, status, body, headers, created_at_ms) VALUES ('u', $1, 'h', 201, '', '', $2)")
+                .bind(key)
+                .bind((now - chrono::TimeDelta::hours(age)).timestamp_millis())
+                .execute(db.any())
+                .await
+                .expect("row");
+        }
+        // when the sweeper runs; then only the old one goes
+        assert_eq!(purge_expired(&db, now).await.expect("purged"), 1);
+        let left: Vec<String> = sqlx::query_scalar("SELECT idem_key FROM gateway_idempotency").fetch_all(db.any()).await.expect("rows");
+        assert_eq!(left, ["young"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

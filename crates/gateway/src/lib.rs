@@ -169,6 +169,7 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
         }
     })
     .await?;
+    let sweeper = tokio::spawn(idempotency::sweep(rt.db.clone()));
     let (app, live, stop_mcp) = app(rt, config).await?;
     // Open event streams and MCP sessions would hold a graceful shutdown open: end them first.
     let shutdown = async move {
@@ -177,6 +178,7 @@ pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Confi
         stop_mcp();
     };
     let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    sweeper.abort();
     endpoint.stop();
     served?;
     Ok(())

@@ -175,3 +175,68 @@ mod tests {
         assert!(limit.sources.len() <= 2, "{}", limit.sources.len());
     }
 }
+
+/// How many requests NATS publishers (people and agents with a PAT) may have in one
+/// service at once, all together and each token alone (R-ARCH-15): apart from the budget
+/// of atasira's own processes, so no token, and no crowd of tokens, can take the slots the
+/// gateway needs.
+#[derive(Debug)]
+pub struct ClientBudget {
+    total: usize,
+    per_token: usize,
+    held: Mutex<std::collections::HashMap<String, usize>>,
+}
+
+impl ClientBudget {
+    pub fn new(total: usize, per_token: usize) -> Self {
+        Self { total: total.max(1), per_token: per_token.max(1), held: Mutex::new(std::collections::HashMap::new()) }
+    }
+
+    /// A slot for the holder of `token_hash`, or `None` when it or everyone holds enough.
+    pub fn enter(self: &std::sync::Arc<Self>, token_hash: &str) -> Option<ClientSlot> {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let all: usize = held.values().sum();
+        let mine = held.get(token_hash).copied().unwrap_or(0);
+        if all >= self.total || mine >= self.per_token {
+            return None;
+        }
+        held.insert(token_hash.to_owned(), mine + 1);
+        Some(ClientSlot { budget: self.clone(), token_hash: token_hash.to_owned() })
+    }
+}
+
+/// A NATS publisher's slot in a service; given back when dropped.
+#[derive(Debug)]
+pub struct ClientSlot {
+    budget: std::sync::Arc<ClientBudget>,
+    token_hash: String,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut held = self.budget.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.token_hash) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.token_hash);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod client_budget_tests {
+    use super::*;
+
+    #[test]
+    fn r_arch_15_a_token_gets_its_share_and_the_crowd_the_total() {
+        let budget = std::sync::Arc::new(ClientBudget::new(3, 2));
+        let a1 = budget.enter("a").expect("first");
+        let _a2 = budget.enter("a").expect("second");
+        assert!(budget.enter("a").is_none(), "a third for one token");
+        let _b1 = budget.enter("b").expect("another token");
+        assert!(budget.enter("c").is_none(), "the total is spent");
+        drop(a1);
+        assert!(budget.enter("c").is_some(), "a slot given back is taken again");
+    }
+}

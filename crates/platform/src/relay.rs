@@ -176,6 +176,9 @@ pub struct Relayed {
     pub cursor: Cursor,
 }
 
+/// Bytes of a NATS header block beyond its names and values (`NATS/1.0`, separators).
+const HEADER_FRAMING: usize = 64;
+
 /// Events the relay publishes at most per pass.
 const BATCH: i64 = 256;
 
@@ -188,20 +191,25 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
     let mut dead = Vec::new();
     for event in &batch.events {
         let bytes = crate::feed::encode_notification(event);
-        if bytes.len() > max_payload {
-            let reason = format!("{} bytes, more than the {max_payload} bytes NATS carries", bytes.len());
+        let mut headers = async_nats::HeaderMap::new();
+        let id = message_id(event);
+        headers.insert("Nats-Msg-Id", id.as_str());
+        let mut header_bytes = "Nats-Msg-Id".len() + id.len();
+        // The appending command's trace context, for subscribers that trace (R-OPS-1);
+        // none longer than a caller may give (an event stored before that bound).
+        for key in [crate::trace::TRACEPARENT, "tracestate"] {
+            if let Some(value) = event.metadata.get(key).and_then(serde_json::Value::as_str).filter(|v| v.len() <= crate::trace::MAX_TRACE_HEADER) {
+                headers.insert(key, value);
+                header_bytes += key.len() + value.len();
+            }
+        }
+        // What NATS counts against its limit: the body and the headers.
+        if bytes.len() + header_bytes + HEADER_FRAMING > max_payload {
+            let reason = format!("{} bytes with its headers, more than the {max_payload} bytes NATS carries", bytes.len() + header_bytes);
             tracing::error!(service, event_id = %event.event_id, reason, "event cannot be published on the bus; recorded as a dead letter");
             DEAD_LETTERS.fetch_add(1, Ordering::Relaxed);
             dead.push((event, reason));
             continue;
-        }
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", message_id(event).as_str());
-        // The appending command's trace context, for subscribers that trace (R-OPS-1).
-        for key in [crate::trace::TRACEPARENT, "tracestate"] {
-            if let Some(value) = event.metadata.get(key).and_then(serde_json::Value::as_str) {
-                headers.insert(key, value);
-            }
         }
         let ack = js.publish_with_headers(subject.clone(), headers, bytes.into()).await.map_err(|e| anyhow::anyhow!("publish failed: {e}"))?;
         ack.await.map_err(|e| anyhow::anyhow!("JetStream did not acknowledge: {e}"))?;

@@ -134,11 +134,17 @@ where
     let dispatch = Arc::new(dispatch);
     let max_in_flight = rt.guards.max_in_flight;
     let in_flight = Arc::new(Semaphore::new(max_in_flight));
+    // NATS publishers have a budget of their own, a quarter of the processes', at most
+    // four requests per token (R-ARCH-15).
+    let clients = Arc::new(crate::guard::ClientBudget::new(max_in_flight.div_ceil(4), CLIENT_IN_FLIGHT_PER_TOKEN));
     let runtime = rt.clone();
     let handler: Handler = Arc::new(move |msg: Message| {
         let (dispatch, rt) = (dispatch.clone(), runtime.clone());
         // Taken before the task does any work, so excess requests cost nothing but the answer.
-        let permit = in_flight.clone().try_acquire_owned();
+        let permit = match subjects::origin(&msg.subject, service) {
+            Some(Origin::Client { token_hash }) => clients.enter(&token_hash).map(Slot::Client).ok_or("NATS publishers' "),
+            _ => in_flight.clone().try_acquire_owned().map(Slot::Process).map_err(|_| ""),
+        };
         // W3C trace context from the caller (R-OPS-1): one API call is one trace.
         let span = tracing::info_span!("request", service, subject = msg.subject.as_str());
         crate::trace::follow_headers(&span, &msg.headers);
@@ -146,9 +152,9 @@ where
             async move {
                 let reply = match permit {
                     Ok(_permit) => handle(&rt, service, dispatch.as_ref(), msg).await,
-                    Err(_) => {
-                        tracing::warn!(service, max_in_flight, "request refused: too many in flight");
-                        Refusal::new(ErrorCode::Busy, format!("the {service} service is handling {max_in_flight} requests already; retry in a moment"))
+                    Err(whose) => {
+                        tracing::warn!(service, max_in_flight, "request refused: too many {whose}requests in flight");
+                        Refusal::new(ErrorCode::Busy, format!("the {service} service is handling as many {whose}requests as it takes; retry in a moment"))
                             .into_reply()
                     }
                 };
@@ -160,10 +166,20 @@ where
     let subjects = subjects::listen_subjects(service);
     let endpoint = rt.bus.serve(service, &subjects, handler).await?;
     tracing::info!("{service}: serving on {}", subjects.join(" and "));
-    if rt.db.kind() == crate::db::DbKind::Postgres {
+    if rt.db.kind() == crate::db::DbKind::Postgres && subjects::SERVICES.contains(&service) {
         tokio::spawn(forget_expired_assertions(rt.db.clone()));
     }
     Ok(endpoint)
+}
+
+/// Requests one NATS publisher's token may have in one service at once.
+pub const CLIENT_IN_FLIGHT_PER_TOKEN: usize = 4;
+
+/// What a request holds while it runs: a process's slot or a NATS publisher's.
+#[allow(dead_code)] // held for what dropping it gives back
+enum Slot {
+    Process(tokio::sync::OwnedSemaphorePermit),
+    Client(crate::guard::ClientSlot),
 }
 
 /// Every minute, forgets the cluster's admitted assertions that expired (plus the replay
@@ -520,6 +536,53 @@ mod tests {
         // then every one is refused, 3 of the gateway's and the approval's are recorded
         let actors: Vec<String> = violations(&rt).await.iter().map(|v| v["actor"].as_str().expect("actor").to_owned()).collect();
         assert_eq!(actors, ["gateway", "gateway", "gateway", "approval"]);
+    }
+
+    #[tokio::test]
+    async fn r_arch_15_waits_of_nats_publishers_fill_only_their_own_budget_never_the_gateways() {
+        // given a service taking 8 requests at once (NATS publishers: 2 of their own), a
+        // handler that blocks, and an agent's PAT
+        let (rt, bus) = runtime(Guards::new(8, 16)).await;
+        let gate = Arc::new(Semaphore::new(0));
+        let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
+        let handler_gate = gate.clone();
+        let _endpoint = serve(&rt, subjects::DRAFTS, move |_call| {
+            let (gate, entered_tx) = (handler_gate.clone(), entered_tx.clone());
+            async move {
+                let _ = entered_tx.send(());
+                let _open = gate.acquire().await.map_err(Refusal::internal)?;
+                Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply::default()))
+            }
+        })
+        .await
+        .expect("serves");
+        let token =
+            crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None, crate::auth::OPERATOR).await.expect("token").token;
+        let client = format!("atasira.box.{}.{}.{}", subjects::CLIENT, crate::auth::hash_token(&token), subjects::DRAFTS);
+        let wait = envelope(&v1::WaitForPosition::default(), "c", "");
+        // when the agent holds two waits inside
+        let mut running = Vec::new();
+        for _ in 0..2 {
+            let (bus, subject, wait) = (bus.clone(), client.clone(), wait.clone());
+            running.push(tokio::spawn(async move { send(&bus, &subject, &wait).await }));
+        }
+        for _ in 0..2 {
+            entered.recv().await.expect("a wait entered");
+        }
+        // then its next one is busy at once
+        let more = send(&bus, &client, &wait).await.expect_err("busy");
+        assert_eq!(more.code, ErrorCode::Busy, "{more}");
+        // and the gateway's requests still get in
+        let gateway = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+        for _ in 0..3 {
+            let (bus, subject, wait) = (bus.clone(), gateway.clone(), wait.clone());
+            running.push(tokio::spawn(async move { send(&bus, &subject, &wait).await }));
+            entered.recv().await.expect("the gateway's request entered");
+        }
+        gate.add_permits(10);
+        for r in running {
+            assert!(r.await.expect("joined").is_ok());
+        }
     }
 
     #[tokio::test]

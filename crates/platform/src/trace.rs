@@ -16,6 +16,16 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 /// The header (and event metadata key) that carries the W3C trace context.
 pub const TRACEPARENT: &str = "traceparent";
 
+/// The longest trace header value taken from a caller (`traceparent`, `tracestate`,
+/// `baggage`): a longer one is ignored, so no caller can make the context that every
+/// event, bus request and relayed notification then carries large (R-ARCH-15).
+pub const MAX_TRACE_HEADER: usize = 512;
+
+/// A trace header value short enough to take.
+fn bounded(value: &str) -> Option<&str> {
+    (value.len() <= MAX_TRACE_HEADER).then_some(value)
+}
+
 struct Sink<F: FnMut(&str, String)>(F);
 
 impl<F: FnMut(&str, String)> Injector for Sink<F> {
@@ -28,7 +38,7 @@ struct Carrier<'a, M>(&'a M);
 
 impl Extractor for Carrier<'_, BTreeMap<String, String>> {
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(String::as_str)
+        self.0.get(key).map(String::as_str).and_then(bounded)
     }
 
     fn keys(&self) -> Vec<&str> {
@@ -38,7 +48,7 @@ impl Extractor for Carrier<'_, BTreeMap<String, String>> {
 
 impl Extractor for Carrier<'_, serde_json::Value> {
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(serde_json::Value::as_str)
+        self.0.get(key).and_then(serde_json::Value::as_str).and_then(bounded)
     }
 
     fn keys(&self) -> Vec<&str> {
