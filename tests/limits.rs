@@ -115,3 +115,24 @@ fn r_arch_6_oversized_drafts_from_a_nats_publisher_are_refused_and_later_drafts_
     assert_eq!((approved.status, approved.body["status"].as_str()), (200, Some("active")), "{}", approved.raw);
     a_normal_draft_activates(&sys, "after-nats");
 }
+
+#[test]
+fn r_arch_15_each_user_has_a_rate_and_beyond_it_gets_429_with_retry_after() {
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        // given a gateway that lets each user send one request a second, three at once
+        let sys = System::start_with(mode, &[("ATASIRA_RATE_LIMIT", "1".to_owned()), ("ATASIRA_RATE_BURST", "3".to_owned())]);
+        // when the agent sends four requests at once
+        let answers: Vec<Answer> = (0..4).map(|_| sys.get("/api/v1/boxes", &sys.agent)).collect();
+        // then three are served and the fourth is 429, saying when to come back
+        assert!(answers[..3].iter().all(|a| a.status == 200), "{mode:?}: {:?}", answers.iter().map(|a| a.status).collect::<Vec<_>>());
+        let limited = &answers[3];
+        assert_eq!((limited.status, limited.body["error"].as_str()), (429, Some("rate_limited")), "{mode:?}: {}", limited.raw);
+        let retry: u64 = limited.header("retry-after").and_then(|v| v.parse().ok()).expect("Retry-After");
+        assert!((1..=2).contains(&retry), "{mode:?}: Retry-After {retry}");
+        // and another user is not held by the agent's rate
+        assert_eq!(sys.get("/api/v1/boxes", &sys.admin).status, 200, "{mode:?}");
+        // and once the wait has passed, the agent is served again
+        std::thread::sleep(Duration::from_secs(retry));
+        assert_eq!(sys.get("/api/v1/boxes", &sys.agent).status, 200, "{mode:?}");
+    }
+}

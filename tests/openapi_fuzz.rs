@@ -256,7 +256,7 @@ fn schemathesis_finds_nothing_as_admin_or_as_agent_in_both_modes() {
     // Both modes: PostgreSQL refuses some text that SQLite stores (NUL characters).
     for mode in [Mode::Embedded, Mode::Cluster] {
         // Each run seeds four Boxes.
-        let sys = System::start_with(mode, &[("ATASIRA_MAX_BOXES", "20".to_owned())]);
+        let sys = System::start_with(mode, &[("ATASIRA_MAX_BOXES", "20".to_owned()), ("ATASIRA_RATE_LIMIT", "0".to_owned())]);
         run(&sys, "admin", &sys.admin);
         run(&sys, "agent", &sys.agent);
     }

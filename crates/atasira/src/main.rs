@@ -267,6 +267,13 @@ struct CommonArgs {
     /// Seconds the gateway waits for a service to answer before 503.
     #[arg(long, env = "ATASIRA_REQUEST_TIMEOUT", default_value_t = 30.0)]
     request_timeout: f64,
+    /// Requests a second each user may send to the REST API and the MCP server, on
+    /// average (0: no limit); beyond, 429 with Retry-After.
+    #[arg(long, env = "ATASIRA_RATE_LIMIT", value_name = "PER_SECOND", default_value_t = 50)]
+    rate_limit: u32,
+    /// Requests a user may send at once before its rate applies.
+    #[arg(long, env = "ATASIRA_RATE_BURST", value_name = "N", default_value_t = 200)]
+    rate_burst: u32,
     /// Milliseconds before the first retry of a failed access setup (git clone, ssh,
     /// netrc); each later retry waits twice as long, at most 30 s.
     #[arg(long, env = "ATASIRA_PROVISION_BACKOFF_MS", default_value_t = 1000)]
@@ -349,6 +356,8 @@ impl CommonArgs {
                 consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)),
                 request_timeout: Duration::from_secs_f64(self.request_timeout.clamp(0.1, 300.0)),
                 idempotency_lease: self.idempotency_lease.map(|s| Duration::from_secs_f64(s.clamp(0.1, 86_400.0))),
+                rate: std::num::NonZeroU32::new(self.rate_limit)
+                    .map(|per_second| atasira_gateway::ratelimit::Rate { per_second, burst: std::num::NonZeroU32::new(self.rate_burst).unwrap_or(per_second) }),
                 ..Default::default()
             },
             provision_backoff: Duration::from_millis(self.provision_backoff_ms),

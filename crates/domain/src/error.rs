@@ -136,6 +136,8 @@ pub enum ErrorCode {
     Conflict,
     /// 503: too much contention right now; retry after a moment (`Retry-After`).
     Busy,
+    /// 429: this caller sent more requests than its rate allows; retry after `Retry-After`.
+    RateLimited,
     /// 400: a `cursor` query parameter that no page ever returned.
     InvalidCursor,
     /// 400: a `limit` query parameter that is not a whole number in range.
@@ -173,7 +175,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 41] = [
+    pub const ALL: [ErrorCode; 42] = [
         ErrorCode::InvalidJson,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -200,6 +202,7 @@ impl ErrorCode {
         ErrorCode::ServiceUnavailable,
         ErrorCode::Conflict,
         ErrorCode::Busy,
+        ErrorCode::RateLimited,
         ErrorCode::InvalidCursor,
         ErrorCode::InvalidLimit,
         ErrorCode::InvalidQuery,
@@ -246,6 +249,7 @@ impl ErrorCode {
             ErrorCode::ServiceUnavailable => "service_unavailable",
             ErrorCode::Conflict => "conflict",
             ErrorCode::Busy => "busy",
+            ErrorCode::RateLimited => "rate_limited",
             ErrorCode::InvalidCursor => "invalid_cursor",
             ErrorCode::InvalidLimit => "invalid_limit",
             ErrorCode::InvalidQuery => "invalid_query",
@@ -298,6 +302,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::BoxManifestValidation | ErrorCode::InvalidRequest | ErrorCode::IdempotencyKeyReuse => 422,
             ErrorCode::BundleProfileIncompatible | ErrorCode::InvalidSegment => 422,
+            ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
             ErrorCode::ServiceUnavailable | ErrorCode::Busy => 503,
         }

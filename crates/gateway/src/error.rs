@@ -61,11 +61,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let retry_after = self.details.as_ref().and_then(|d| d.get("retry_after_seconds")).and_then(Value::as_u64);
         let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (status, Json(ErrorBody { error: self.code.as_str().to_owned(), message: self.message, details: self.details })).into_response();
         if self.code == ErrorCode::Busy {
             // Contention passes in moments; say when to come back.
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        if let (ErrorCode::RateLimited, Some(seconds)) = (self.code, retry_after) {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
         }
         response
     }

@@ -27,11 +27,17 @@ impl FromRequestParts<AppState> for Caller {
         if token.is_empty() {
             return Err(ApiError::new(ErrorCode::Unauthenticated, "send Authorization: Bearer <PAT>"));
         }
-        auth::lookup_token(&state.rt.db, token)
+        let principal = auth::lookup_token(&state.rt.db, token)
             .await
             .map_err(ApiError::internal)?
-            .map(Caller)
-            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "unknown, revoked or expired token"))
+            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "unknown, revoked or expired token"))?;
+        // Each principal's rate (R-ARCH-15), for REST and MCP tool calls alike.
+        if let Err(wait) = state.limits.check(&principal.user_id) {
+            let seconds = crate::ratelimit::retry_after_seconds(wait);
+            return Err(ApiError::new(ErrorCode::RateLimited, format!("too many requests from {}; retry in {seconds} s", principal.user_id))
+                .with_details(Some(serde_json::json!({"retry_after_seconds": seconds}))));
+        }
+        Ok(Caller(principal))
     }
 }
 

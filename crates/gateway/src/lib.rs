@@ -13,6 +13,7 @@ mod idempotency;
 mod mcp;
 mod openapi;
 pub mod query;
+pub mod ratelimit;
 mod routes;
 mod stream;
 
@@ -55,6 +56,9 @@ pub struct Config {
     /// How long an unfinished Idempotency-Key claim holds before a retry may take it over;
     /// `None`: [`Config::write_limit`] and a margin (tests set it short).
     pub idempotency_lease: Option<Duration>,
+    /// Requests each principal may send (`ATASIRA_RATE_LIMIT`, `ATASIRA_RATE_BURST`);
+    /// `None`: no limit.
+    pub rate: Option<ratelimit::Rate>,
 }
 
 impl Default for Config {
@@ -64,6 +68,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(30),
             read_models: vec![subjects::DRAFTS, subjects::RUNTIME_REGISTRY, subjects::AUDIT],
             idempotency_lease: None,
+            rate: Some(ratelimit::Rate { per_second: std::num::NonZeroU32::new(50).expect("50"), burst: std::num::NonZeroU32::new(200).expect("200") }),
         }
     }
 }
@@ -90,6 +95,8 @@ struct AppState {
     config: Arc<Config>,
     /// Live updates (`stream.rs`).
     live: Arc<stream::Live>,
+    /// Requests per principal (R-ARCH-15).
+    limits: Arc<ratelimit::Limits>,
 }
 
 /// Creates the gateway's own tables (tokens, idempotency); idempotent.
@@ -107,7 +114,18 @@ pub async fn router(rt: Runtime, config: Config) -> anyhow::Result<Router> {
 async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream::Live>, mcp::Stop)> {
     prepare(&rt.db).await?;
     let live = stream::Live::new();
-    let state = AppState { rt, config: Arc::new(config), live: live.clone() };
+    let limits = Arc::new(ratelimit::Limits::new(config.rate));
+    // The buckets of callers gone quiet are dropped now and then.
+    let idle = Arc::downgrade(&limits);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            every.tick().await;
+            let Some(limits) = idle.upgrade() else { return };
+            limits.forget_idle();
+        }
+    });
+    let state = AppState { rt, config: Arc::new(config), live: live.clone(), limits };
     tokio::spawn(stream::announce(state.clone(), live.clone()));
     let api = Router::new()
         .route("/auth/nats-assertion", post(routes::nats_assertion))

@@ -230,6 +230,14 @@ impl Modify for SharedResponses {
             let idempotent = params.iter().any(|p| p.parameter_in == ParameterIn::Header && p.name == "Idempotency-Key");
             if op.security.as_ref().is_some_and(|s| !s.is_empty()) {
                 add(op, "401", "`unauthenticated`: no, an unknown, a revoked or an expired token");
+                add(op, "429", "`rate_limited`: this user sent more requests than its rate allows; retry after Retry-After seconds");
+                if let Some(RefOr::T(r)) = op.responses.responses.get_mut("429") {
+                    let integer = ObjectBuilder::new().schema_type(SchemaType::Type(Type::Integer)).build();
+                    r.headers.insert(
+                        "Retry-After".to_owned(),
+                        HeaderBuilder::new().schema(integer).description(Some("Seconds until a request is taken again")).build(),
+                    );
+                }
             }
             if let Some(body) = op.request_body.as_mut() {
                 optional_not_null(body);

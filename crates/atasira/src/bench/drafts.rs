@@ -376,7 +376,8 @@ pub(super) fn settings_in(dir: &std::path::Path) -> Settings {
         manifests_dir: None,
         max_boxes: atasira_domain::aggregates::namespace::DEFAULT_MAX_BOXES,
         draft_ttl: chrono::TimeDelta::days(7),
-        gateway: Default::default(),
+        // The benchmark measures throughput: no per-user rate.
+        gateway: atasira_gateway::Config { rate: None, ..Default::default() },
         provision_backoff: Duration::from_secs(1),
         binding_ttl: atasira_domain::worker::DEFAULT_BINDING_TTL,
     }
