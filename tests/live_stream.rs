@@ -122,3 +122,19 @@ fn r_ui_1_the_stream_announces_drafts_and_boxes_once_readable_embedded() {
 fn r_ui_1_the_stream_announces_drafts_and_boxes_once_readable_cluster() {
     scenario(Mode::Cluster);
 }
+
+#[test]
+fn r_arch_15_a_user_holds_a_bounded_number_of_streams_open() {
+    // given a user holding as many streams open as it may
+    let sys = System::start(Mode::Embedded);
+    let open: Vec<Events> = (0..8).map(|_| Events::open(&sys, &sys.agent)).collect();
+    for events in &open {
+        events.next("ready");
+    }
+    // when it opens one more; then 429, without holding anything
+    let refused = http("GET", &sys.url("/api/v1/events/stream"), Some(&sys.agent), &[], None);
+    assert_eq!((refused.status, refused.body["error"].as_str()), (429, Some("rate_limited")), "{}", refused.raw);
+    assert!(refused.header("retry-after").is_some());
+    // and another user still gets one
+    Events::open(&sys, &sys.admin).next("ready");
+}

@@ -15,6 +15,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use atasira_domain::ErrorCode;
 use atasira_domain::aggregates::types;
 use atasira_platform::db::Cursor;
 use axum::extract::State;
@@ -40,7 +41,15 @@ pub(crate) struct Live {
     changes: broadcast::Sender<api::StreamChange>,
     cursor: tokio::sync::Mutex<Option<Cursor>>,
     closing: watch::Sender<bool>,
+    /// Open streams, per user and in all (R-ARCH-15).
+    open: Arc<atasira_platform::guard::ClientBudget>,
 }
+
+/// Streams one user may hold open at once (a dashboard holds one per tab).
+pub const STREAMS_PER_USER: usize = 8;
+
+/// Streams one gateway holds open at once.
+pub const STREAMS_IN_ALL: usize = 1024;
 
 /// How often the announcer looks at the store without a bell.
 const SAFETY_NET: Duration = Duration::from_secs(2);
@@ -50,7 +59,12 @@ const BATCH: i64 = 256;
 
 impl Live {
     pub(crate) fn new() -> Arc<Live> {
-        Arc::new(Live { changes: broadcast::channel(64).0, cursor: tokio::sync::Mutex::new(None), closing: watch::channel(false).0 })
+        Arc::new(Live {
+            changes: broadcast::channel(64).0,
+            cursor: tokio::sync::Mutex::new(None),
+            closing: watch::channel(false).0,
+            open: Arc::new(atasira_platform::guard::ClientBudget::new(STREAMS_IN_ALL, STREAMS_PER_USER)),
+        })
     }
 
     /// Ends every open stream (the gateway is shutting down; open streams would hold its
@@ -137,13 +151,18 @@ pub(crate) async fn announce(state: AppState, live: Arc<Live>) {
             content_type = "text/event-stream", body = api::StreamChange),
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
-pub async fn stream(State(state): State<AppState>, Caller(_principal): Caller) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+pub async fn stream(State(state): State<AppState>, Caller(principal): Caller) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let live = state.live.clone();
+    // Held as long as the stream is open.
+    let slot = live.open.enter(&principal.user_id).ok_or_else(|| {
+        ApiError::new(ErrorCode::RateLimited, format!("{} holds as many event streams open as it may ({STREAMS_PER_USER}); close one", principal.user_id))
+            .with_details(Some(json!({"retry_after_seconds": 1})))
+    })?;
     let (receiver, head) = live.subscribe(&state.rt.db).await.map_err(ApiError::internal)?;
     let closing = live.closing.subscribe();
     let ready = Event::default().event("ready").data(json!({ "position": head }).to_string());
     let deadline = tokio::time::Instant::now() + MAX_STREAM_LIFE;
-    let changes = futures::stream::unfold((receiver, closing), move |(mut receiver, mut closing)| async move {
+    let changes = futures::stream::unfold((receiver, closing, slot), move |(mut receiver, mut closing, slot)| async move {
         let next = tokio::select! {
             next = receiver.recv() => next,
             _ = closing.wait_for(|c| *c) => return None,
@@ -158,7 +177,7 @@ pub async fn stream(State(state): State<AppState>, Caller(_principal): Caller) -
             Err(broadcast::error::RecvError::Closed) => return None,
         };
         let event = Event::default().event("changed").data(serde_json::to_string(&change).unwrap_or_default());
-        Some((Ok(event), (receiver, closing)))
+        Some((Ok(event), (receiver, closing, slot)))
     });
     let events = futures::StreamExt::chain(futures::stream::once(async move { Ok(ready) }), changes);
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")))
