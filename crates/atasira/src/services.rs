@@ -140,7 +140,7 @@ impl Embedded {
             bus: Arc::new(InprocBus::default()),
             feeds: FeedSource::default(),
             assertion_keys: AssertionKeys::default(),
-            guards: Default::default(),
+            guards: Arc::new(guards(settings)),
         };
         let (shutdown, rx) = watch::channel(false);
         // The gateway, approval and the registry each sign with a key of their own.
@@ -188,6 +188,15 @@ async fn signing(rt: &Runtime, issuer: &'static str, shutdown: &watch::Receiver<
     keys.publish_new_key(&rt.db, issuer).await?;
     tokio::spawn(atasira_platform::keys::rotate(keys.clone(), rt.db.clone(), issuer, shutdown.clone()));
     Ok(Runtime { assertion_keys: keys, ..rt.clone() })
+}
+
+/// The process's limits: NATS publishers' tokens get the gateway's rate per user.
+fn guards(settings: &Settings) -> atasira_platform::guard::Guards {
+    let guards = atasira_platform::guard::Guards::default();
+    match settings.gateway.rate {
+        Some(rate) => guards.with_client_rate(rate.per_second, rate.burst),
+        None => guards,
+    }
 }
 
 /// `atasira dev`.
@@ -346,7 +355,7 @@ pub async fn serve(
         bus: Arc::new(NatsBus::new(client.clone())),
         feeds: FeedSource::default(),
         assertion_keys: AssertionKeys::default(),
-        guards: Default::default(),
+        guards: Arc::new(guards(&settings)),
     };
     let (tx, rx) = watch::channel(false);
     tokio::spawn(ctrl_c(tx));

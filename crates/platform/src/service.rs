@@ -142,6 +142,7 @@ where
         let (dispatch, rt) = (dispatch.clone(), runtime.clone());
         // Taken before the task does any work, so excess requests cost nothing but the answer.
         let permit = match subjects::origin(&msg.subject, service) {
+            Some(Origin::Client { token_hash }) if rt.guards.client_rate(&token_hash).is_err() => Err("rate"),
             Some(Origin::Client { token_hash }) => clients.enter(&token_hash).map(Slot::Client).ok_or("NATS publishers' "),
             _ => in_flight.clone().try_acquire_owned().map(Slot::Process).map_err(|_| ""),
         };
@@ -152,6 +153,7 @@ where
             async move {
                 let reply = match permit {
                     Ok(_permit) => handle(&rt, service, dispatch.as_ref(), msg).await,
+                    Err("rate") => Refusal::new(ErrorCode::RateLimited, "too many requests from this token; retry in a second").into_reply(),
                     Err(whose) => {
                         tracing::warn!(service, max_in_flight, "request refused: too many {whose}requests in flight");
                         Refusal::new(ErrorCode::Busy, format!("the {service} service is handling as many {whose}requests as it takes; retry in a moment"))
@@ -536,6 +538,28 @@ mod tests {
         // then every one is refused, 3 of the gateway's and the approval's are recorded
         let actors: Vec<String> = violations(&rt).await.iter().map(|v| v["actor"].as_str().expect("actor").to_owned()).collect();
         assert_eq!(actors, ["gateway", "gateway", "gateway", "approval"]);
+    }
+
+    #[tokio::test]
+    async fn r_arch_15_a_nats_publisher_beyond_its_rate_is_refused_and_the_gateway_is_not() {
+        // given a service allowing each token one request a second, two at once
+        let one = std::num::NonZeroU32::new(1).expect("1");
+        let (rt, bus) = runtime(Guards::default().with_client_rate(one, std::num::NonZeroU32::new(2).expect("2"))).await;
+        let _endpoint =
+            serve(&rt, subjects::DRAFTS, |_call| async { Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply::default())) }).await.expect("serves");
+        let token =
+            crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None, crate::auth::OPERATOR).await.expect("token").token;
+        let client = format!("atasira.box.{}.{}.{}", subjects::CLIENT, crate::auth::hash_token(&token), subjects::DRAFTS);
+        let wait = envelope(&v1::WaitForPosition::default(), "c", "");
+        // when it sends three at once; then the third is refused as over its rate
+        assert!(send(&bus, &client, &wait).await.is_ok());
+        assert!(send(&bus, &client, &wait).await.is_ok());
+        let third = send(&bus, &client, &wait).await.expect_err("over the rate");
+        assert_eq!(third.code, ErrorCode::RateLimited, "{third}");
+        // and the gateway's requests are not counted
+        for _ in 0..5 {
+            assert!(send(&bus, &subjects::request(subjects::GATEWAY, subjects::DRAFTS), &wait).await.is_ok());
+        }
     }
 
     #[tokio::test]
