@@ -52,6 +52,8 @@ pub async fn purge_expired(db: &Db, now: chrono::DateTime<chrono::Utc>) -> anyho
 /// Purges expired answers every ten minutes, as long as the gateway runs.
 pub async fn sweep(db: Db) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
+    // The first tick is at once: start one period in.
+    every.tick().await;
     loop {
         every.tick().await;
         match purge_expired(&db, chrono::Utc::now()).await {

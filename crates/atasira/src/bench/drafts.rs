@@ -347,7 +347,7 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let gateway_db = gateway_rt.db.clone();
-    let gateway = tokio::spawn(atasira_gateway::serve(listener, gateway_rt, atasira_gateway::Config::default(), {
+    let gateway = tokio::spawn(atasira_gateway::serve(listener, gateway_rt, cluster.settings.gateway.clone(), {
         let mut rx = rx.clone();
         async move {
             let _ = rx.changed().await;
