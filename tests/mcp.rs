@@ -240,3 +240,27 @@ fn r_mcp_1_an_open_stream_does_not_hold_the_gateway() {
     assert!(dev.wait_exit(std::time::Duration::ZERO).is_some(), "the gateway did not stop with an MCP stream open:\n{}", dev.stderr_text());
     assert_eq!(stream.join().expect("the stream ends").status, 200);
 }
+
+#[test]
+fn r_arch_15_a_user_holds_a_bounded_number_of_mcp_sessions() {
+    // given a user that opened as many MCP sessions as it may
+    let sys = System::start(Mode::Embedded);
+    let accept = [("Accept", "application/json, text/event-stream")];
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let open = |token: &str| http("POST", &sys.url("/mcp"), Some(token), &accept, Some(initialize.to_string().as_bytes()));
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        let a = open(&sys.agent);
+        assert_eq!(a.status, 200, "{}", a.raw);
+        sessions.push(a.header("mcp-session-id").expect("a session").to_owned());
+    }
+    // when it opens one more; then 429, and another user still gets one
+    let refused = open(&sys.agent);
+    assert_eq!((refused.status, refused.body["error"].as_str()), (429, Some("rate_limited")), "{}", refused.raw);
+    assert_eq!(open(&sys.admin).status, 200);
+    // and once it ends one, it may open another
+    let end = http("DELETE", &sys.url("/mcp"), Some(&sys.agent), &[("Mcp-Session-Id", sessions[0].as_str())], None);
+    assert!(end.status < 300, "{}", end.raw);
+    assert_eq!(open(&sys.agent).status, 200);
+}

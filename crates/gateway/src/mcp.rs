@@ -41,13 +41,81 @@ pub(crate) fn router(api: Router, state: AppState) -> (Router, Stop) {
     let config = StreamableHttpServerConfig::default().disable_allowed_hosts().with_max_request_body_bytes(MAX_BODY_BYTES);
     let cancel = config.cancellation_token.clone();
     let service = StreamableHttpService::new(move || Ok(AtasiraMcp::new(backend.clone())), Arc::new(LocalSessionManager::default()), config);
-    let router = Router::new().route_service("/mcp", service).layer(middleware::from_fn_with_state(state, authenticated));
+    let sessions = Arc::new(Sessions::default());
+    let gate = middleware::from_fn_with_state(state, move |caller: Caller, request: Request, next: Next| {
+        let sessions = sessions.clone();
+        async move { authenticated(&sessions, caller, request, next).await }
+    });
+    let router = Router::new().route_service("/mcp", service).layer(gate);
     (router, Box::new(move || cancel.cancel()))
 }
 
-/// Lets only requests with a known, live PAT through (the API's 401 otherwise).
-async fn authenticated(_: Caller, request: Request, next: Next) -> Response {
-    next.run(request).await
+/// MCP sessions one user may hold open at once (R-ARCH-15).
+pub const SESSIONS_PER_USER: usize = 8;
+
+/// How long a session counts without a request: the MCP server ends an idle session then
+/// (rmcp's default keep-alive).
+const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The sessions each user opened, with when each was last used.
+#[derive(Debug, Default)]
+struct Sessions {
+    by_user: std::sync::Mutex<std::collections::HashMap<String, std::collections::HashMap<String, std::time::Instant>>>,
+}
+
+impl Sessions {
+    /// The user's sessions still alive at `now` (and forgets the others).
+    fn alive(&self, user: &str, now: std::time::Instant) -> usize {
+        let mut by_user = self.by_user.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(sessions) = by_user.get_mut(user) else { return 0 };
+        sessions.retain(|_, used| now.duration_since(*used) < SESSION_IDLE);
+        let alive = sessions.len();
+        if alive == 0 {
+            by_user.remove(user);
+        }
+        alive
+    }
+
+    fn used(&self, user: &str, session: &str, now: std::time::Instant) {
+        let mut by_user = self.by_user.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        by_user.entry(user.to_owned()).or_default().insert(session.to_owned(), now);
+    }
+
+    fn closed(&self, user: &str, session: &str) {
+        let mut by_user = self.by_user.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(sessions) = by_user.get_mut(user) {
+            sessions.remove(session);
+        }
+    }
+}
+
+/// Lets only requests with a known, live PAT through (the API's 401 otherwise), and at
+/// most [`SESSIONS_PER_USER`] sessions of one user at once (429 for one more).
+async fn authenticated(sessions: &Sessions, Caller(principal): Caller, request: Request, next: Next) -> Response {
+    use axum::response::IntoResponse as _;
+    let user = principal.user_id;
+    let now = std::time::Instant::now();
+    let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    match &session {
+        Some(id) if request.method() == axum::http::Method::DELETE => sessions.closed(&user, id),
+        Some(id) => sessions.used(&user, id, now),
+        None if sessions.alive(&user, now) >= SESSIONS_PER_USER => {
+            return crate::ApiError::new(
+                atasira_domain::ErrorCode::RateLimited,
+                format!("{user} holds as many MCP sessions open as it may ({SESSIONS_PER_USER}); end one (DELETE /mcp) or let one go idle"),
+            )
+            .with_details(Some(serde_json::json!({"retry_after_seconds": 1})))
+            .into_response();
+        }
+        None => {}
+    }
+    let response = next.run(request).await;
+    if session.is_none()
+        && let Some(id) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok())
+    {
+        sessions.used(&user, id, now);
+    }
+    response
 }
 
 /// The tools' backend: the API router, called in-process as the MCP request's caller.
