@@ -252,21 +252,29 @@ pub fn parse_creds(text: &str) -> Result<Creds, String> {
 /// Reads a credentials file; refuses one that group or others may read (a seed is a
 /// password) and never shows a seed in an error.
 pub fn read_creds(path: &Path) -> anyhow::Result<Creds> {
+    let text = read_private(path, "NATS credentials file", "a secret key")?;
+    parse_creds(&text).map_err(|why| anyhow::anyhow!("{} is not a credentials file written by `atasira nats-config`: {why}", path.display()))
+}
+
+/// The text of `path`, a `what` holding `holds`; refused when group or others may read it
+/// (the error names the file and what to run, never its content).
+pub(crate) fn read_private(path: &Path, what: &str, holds: &str) -> anyhow::Result<String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).with_context(|| format!("cannot read the NATS credentials file {}", path.display()))?.permissions().mode();
+        let mode = std::fs::metadata(path).with_context(|| format!("cannot read the {what} {}", path.display()))?.permissions().mode();
         if mode & 0o077 != 0 {
             anyhow::bail!(
-                "the NATS credentials file {} may be read by other users (mode {:o}); it holds a secret key: run `chmod 600 {}`",
+                "the {what} {} may be read by other users (mode {:o}); it holds {holds}: run `chmod 600 {}`",
                 path.display(),
                 mode & 0o777,
                 path.display()
             );
         }
     }
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the NATS credentials file {}", path.display()))?;
-    parse_creds(&text).map_err(|why| anyhow::anyhow!("{} is not a credentials file written by `atasira nats-config`: {why}", path.display()))
+    #[cfg(not(unix))]
+    let _ = holds;
+    std::fs::read_to_string(path).with_context(|| format!("cannot read the {what} {}", path.display()))
 }
 
 /// `atasira nats-config` settings.
@@ -388,8 +396,7 @@ pub async fn set_up(nats_url: &str, auth: &crate::services::NatsAuth, replicas: 
     use atasira_platform::relay::{self, StreamSetUp};
     let client = crate::services::connect_nats(nats_url, subjects::OPERATOR, auth, true).await?;
     let js = async_nats::jetstream::new(client.clone());
-    let did = relay::set_up_events_stream(&js, replicas).await?;
-    let stream = js.get_stream(subjects::EVENTS_STREAM).await.map_err(|e| anyhow::anyhow!("cannot look up the events stream: {e}"))?;
+    let (stream, did) = relay::set_up_events_stream(&js, replicas).await?;
     let what = match did {
         StreamSetUp::Created => format!("created the events stream {} ({replicas} replica(s))", subjects::EVENTS_STREAM),
         StreamSetUp::ReplicasRaised { from } => format!("raised the events stream's replicas from {from} to {replicas}"),

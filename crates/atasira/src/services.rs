@@ -194,7 +194,7 @@ async fn signing(rt: &Runtime, issuer: &'static str, shutdown: &watch::Receiver<
 fn guards(settings: &Settings) -> atasira_platform::guard::Guards {
     let guards = atasira_platform::guard::Guards::default();
     match settings.gateway.rate {
-        Some(rate) => guards.with_client_rate(rate.per_second, rate.burst),
+        Some(rate) => guards.with_client_rate(rate),
         None => guards,
     }
 }
@@ -491,20 +491,7 @@ pub fn server_addrs(url: &str) -> anyhow::Result<Vec<async_nats::ServerAddr>> {
 /// may read is refused: it holds a password).
 pub fn database_url(url: Option<String>, file: Option<&Path>) -> anyhow::Result<Option<String>> {
     let Some(path) = file.filter(|_| url.is_none()) else { return Ok(url) };
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).with_context(|| format!("cannot read the database URL file {}", path.display()))?.permissions().mode();
-        if mode & 0o077 != 0 {
-            anyhow::bail!(
-                "the database URL file {} may be read by other users (mode {:o}); it holds a password: run `chmod 600 {}`",
-                path.display(),
-                mode & 0o777,
-                path.display()
-            );
-        }
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the database URL file {}", path.display()))?;
+    let text = crate::nats_config::read_private(path, "database URL file", "a password")?;
     let url = text.trim();
     if url.is_empty() {
         anyhow::bail!("the database URL file {} is empty", path.display());

@@ -13,7 +13,7 @@ mod idempotency;
 mod mcp;
 mod openapi;
 pub mod query;
-pub mod ratelimit;
+pub use atasira_platform::ratelimit;
 mod routes;
 mod stream;
 

@@ -33,19 +33,14 @@ pub const VIOLATION_WINDOW: Duration = Duration::from_secs(60);
 const MAX_SOURCES: usize = 1024;
 
 /// The process's limits, shared by every service it runs (`Runtime::guards`).
+#[derive(Debug)]
 pub struct Guards {
     /// Requests one service runs at once.
     pub max_in_flight: usize,
     replay: Mutex<ReplayCache>,
     violations: Mutex<ViolationLimit>,
-    /// Requests a second each NATS publisher's token may send (R-ARCH-15); `None`: no limit.
-    client_rate: Option<governor::RateLimiter<String, governor::state::keyed::HashMapStateStore<String>, governor::clock::DefaultClock>>,
-}
-
-impl std::fmt::Debug for Guards {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Guards").field("max_in_flight", &self.max_in_flight).field("client_rate", &self.client_rate.is_some()).finish_non_exhaustive()
-    }
+    /// Requests each NATS publisher's token may send (R-ARCH-15).
+    client_rate: crate::ratelimit::Limits,
 }
 
 impl Default for Guards {
@@ -60,23 +55,21 @@ impl Guards {
             max_in_flight: max_in_flight.max(1),
             replay: Mutex::new(ReplayCache::new(replay_capacity)),
             violations: Mutex::new(ViolationLimit::new(VIOLATIONS_PER_WINDOW, VIOLATION_WINDOW)),
-            client_rate: None,
+            client_rate: crate::ratelimit::Limits::new(None),
         }
     }
 
-    /// The same limits with a request rate for each NATS publisher's token: `per_second` on
-    /// average, `burst` at once (the gateway's rate per user, `ATASIRA_RATE_LIMIT`).
-    pub fn with_client_rate(mut self, per_second: std::num::NonZeroU32, burst: std::num::NonZeroU32) -> Self {
-        self.client_rate = Some(governor::RateLimiter::hashmap(governor::Quota::per_second(per_second).allow_burst(burst)));
+    /// The same limits with a request rate for each NATS publisher's token (the gateway's
+    /// rate per user, `ATASIRA_RATE_LIMIT`).
+    pub fn with_client_rate(mut self, rate: crate::ratelimit::Rate) -> Self {
+        self.client_rate = crate::ratelimit::Limits::new(Some(rate));
         self
     }
 
     /// `Ok` when the holder of `token_hash` may send one more request now; else how long
     /// until it may.
     pub fn client_rate(&self, token_hash: &str) -> Result<(), Duration> {
-        use governor::clock::Clock as _;
-        let Some(limiter) = &self.client_rate else { return Ok(()) };
-        limiter.check_key(&token_hash.to_owned()).map_err(|not_until| not_until.wait_time_from(governor::clock::DefaultClock::default().now()))
+        self.client_rate.check(token_hash)
     }
 
     /// The same limits with another violation budget (`per_window` recorded per sender and

@@ -18,6 +18,7 @@ pub mod keys;
 pub mod metrics;
 pub mod probe;
 pub mod projection;
+pub mod ratelimit;
 pub mod relay;
 pub mod sentinel;
 pub mod service;

@@ -86,24 +86,25 @@ pub enum StreamSetUp {
 
 /// Creates the events stream, or raises its replicas to `replicas` (a stream created on
 /// one node keeps its data when the cluster grows; replicas are never lowered): the
-/// operator's half of `atasira nats-setup`.
-pub async fn set_up_events_stream(js: &jetstream::Context, replicas: usize) -> anyhow::Result<StreamSetUp> {
+/// operator's half of `atasira nats-setup`. The stream, and what was done.
+pub async fn set_up_events_stream(js: &jetstream::Context, replicas: usize) -> anyhow::Result<(jetstream::stream::Stream, StreamSetUp)> {
     let config = events_stream_config(replicas);
-    let current = match js.get_stream(&config.name).await {
-        Ok(stream) => stream.cached_info().config.clone(),
+    let stream = match js.get_stream(&config.name).await {
+        Ok(stream) => stream,
         Err(e) if stream_not_found(&e) => {
-            js.create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))?;
-            return Ok(StreamSetUp::Created);
+            let stream = js.create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create the events stream: {e}"))?;
+            return Ok((stream, StreamSetUp::Created));
         }
         Err(e) => return Err(anyhow::anyhow!("cannot look up the events stream: {e}")),
     };
+    let current = stream.cached_info().config.clone();
     if current.num_replicas >= config.num_replicas {
-        return Ok(StreamSetUp::AlreadyThere);
+        return Ok((stream, StreamSetUp::AlreadyThere));
     }
     let from = current.num_replicas;
     let raised = jetstream::stream::Config { num_replicas: config.num_replicas, ..current };
     js.update_stream(raised).await.map_err(|e| anyhow::anyhow!("cannot raise the events stream's replicas: {e}"))?;
-    Ok(StreamSetUp::ReplicasRaised { from })
+    Ok((stream, StreamSetUp::ReplicasRaised { from }))
 }
 
 async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<Cursor> {

@@ -142,9 +142,9 @@ where
         let (dispatch, rt) = (dispatch.clone(), runtime.clone());
         // Taken before the task does any work, so excess requests cost nothing but the answer.
         let permit = match subjects::origin(&msg.subject, service) {
-            Some(Origin::Client { token_hash }) if rt.guards.client_rate(&token_hash).is_err() => Err("rate"),
-            Some(Origin::Client { token_hash }) => clients.enter(&token_hash).map(Slot::Client).ok_or("NATS publishers' "),
-            _ => in_flight.clone().try_acquire_owned().map(Slot::Process).map_err(|_| ""),
+            Some(Origin::Client { token_hash }) if rt.guards.client_rate(&token_hash).is_err() => Err(Turned::OverRate),
+            Some(Origin::Client { token_hash }) => clients.enter(&token_hash).map(Slot::Client).ok_or(Turned::Full("NATS publishers' ")),
+            _ => in_flight.clone().try_acquire_owned().map(Slot::Process).map_err(|_| Turned::Full("")),
         };
         // W3C trace context from the caller (R-OPS-1): one API call is one trace.
         let span = tracing::info_span!("request", service, subject = msg.subject.as_str());
@@ -153,8 +153,8 @@ where
             async move {
                 let reply = match permit {
                     Ok(_permit) => handle(&rt, service, dispatch.as_ref(), msg).await,
-                    Err("rate") => Refusal::new(ErrorCode::RateLimited, "too many requests from this token; retry in a second").into_reply(),
-                    Err(whose) => {
+                    Err(Turned::OverRate) => Refusal::new(ErrorCode::RateLimited, "too many requests from this token; retry in a second").into_reply(),
+                    Err(Turned::Full(whose)) => {
                         tracing::warn!(service, max_in_flight, "request refused: too many {whose}requests in flight");
                         Refusal::new(ErrorCode::Busy, format!("the {service} service is handling as many {whose}requests as it takes; retry in a moment"))
                             .into_reply()
@@ -176,6 +176,13 @@ where
 
 /// Requests one NATS publisher's token may have in one service at once.
 pub const CLIENT_IN_FLIGHT_PER_TOKEN: usize = 4;
+
+/// Why a request was turned away before it ran: its token's rate, or no slot free (whose
+/// budget, for the message: the processes' is unnamed).
+enum Turned {
+    OverRate,
+    Full(&'static str),
+}
 
 /// What a request holds while it runs: a process's slot or a NATS publisher's.
 #[allow(dead_code)] // held for what dropping it gives back
@@ -426,19 +433,13 @@ mod tests {
         .expect("serves")
     }
 
-    async fn violations(rt: &Runtime) -> Vec<serde_json::Value> {
-        let events = rt.db.events_after(0, &[atasira_domain::aggregates::types::DRAFTS_SECURITY], 100).await.expect("events");
-        events.into_iter().map(|e| e.payload["SecurityViolation"].clone()).collect()
-    }
-
-    #[tokio::test]
-    async fn r_arch_4_requests_beyond_the_limit_in_flight_are_answered_busy_at_once() {
-        // given a service that runs at most 2 requests at once, and a handler that blocks
-        let (rt, bus) = runtime(Guards::new(2, 16)).await;
+    /// Serves the drafts subject with a handler that says when a request entered and then
+    /// blocks until the gate gives it a permit.
+    async fn blocking(rt: &Runtime) -> (Endpoint, Arc<Semaphore>, tokio::sync::mpsc::UnboundedReceiver<()>) {
         let gate = Arc::new(Semaphore::new(0));
-        let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
+        let (entered_tx, entered) = tokio::sync::mpsc::unbounded_channel();
         let handler_gate = gate.clone();
-        let _endpoint = serve(&rt, subjects::DRAFTS, move |_call| {
+        let endpoint = serve(rt, subjects::DRAFTS, move |_call| {
             let (gate, entered_tx) = (handler_gate.clone(), entered_tx.clone());
             async move {
                 let _ = entered_tx.send(());
@@ -448,6 +449,26 @@ mod tests {
         })
         .await
         .expect("serves");
+        (endpoint, gate, entered)
+    }
+
+    /// The drafts subject of a NATS publisher holding a new agent's PAT.
+    async fn agent_subject(rt: &Runtime) -> String {
+        let token =
+            crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None, crate::auth::OPERATOR).await.expect("token").token;
+        format!("atasira.box.{}.{}.{}", subjects::CLIENT, crate::auth::hash_token(&token), subjects::DRAFTS)
+    }
+
+    async fn violations(rt: &Runtime) -> Vec<serde_json::Value> {
+        let events = rt.db.events_after(0, &[atasira_domain::aggregates::types::DRAFTS_SECURITY], 100).await.expect("events");
+        events.into_iter().map(|e| e.payload["SecurityViolation"].clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn r_arch_4_requests_beyond_the_limit_in_flight_are_answered_busy_at_once() {
+        // given a service that runs at most 2 requests at once, and a handler that blocks
+        let (rt, bus) = runtime(Guards::new(2, 16)).await;
+        let (_endpoint, gate, mut entered) = blocking(&rt).await;
         let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
         let wait = envelope(&v1::WaitForPosition::default(), "c", "");
         // when two requests are inside the handler
@@ -494,8 +515,7 @@ mod tests {
         // sender's (R-ARCH-13), and on another addressee's it is bound to the drafts subject
         let elsewhere = subjects::request(subjects::APPROVAL, subjects::DRAFTS);
         assert_eq!(send(&bus, &elsewhere, &fresh).await.expect_err("other sender").message, "invalid principal assertion: wrong_issuer");
-        let other_addressee = Envelope { assertion: fresh.assertion.clone(), ..fresh.clone() };
-        let mut to_audit = other_addressee.assertion.clone().expect("assertion");
+        let mut to_audit = fresh.assertion.clone().expect("assertion");
         to_audit.subject = subjects::request(subjects::GATEWAY, subjects::AUDIT);
         let forged = Envelope { assertion: Some(to_audit), ..fresh.clone() };
         assert_eq!(send(&bus, &subject, &forged).await.expect_err("rebound").message, "invalid principal assertion: bad_signature");
@@ -543,13 +563,11 @@ mod tests {
     #[tokio::test]
     async fn r_arch_15_a_nats_publisher_beyond_its_rate_is_refused_and_the_gateway_is_not() {
         // given a service allowing each token one request a second, two at once
-        let one = std::num::NonZeroU32::new(1).expect("1");
-        let (rt, bus) = runtime(Guards::default().with_client_rate(one, std::num::NonZeroU32::new(2).expect("2"))).await;
+        let rate = crate::ratelimit::Rate { per_second: std::num::NonZeroU32::new(1).expect("1"), burst: std::num::NonZeroU32::new(2).expect("2") };
+        let (rt, bus) = runtime(Guards::default().with_client_rate(rate)).await;
         let _endpoint =
             serve(&rt, subjects::DRAFTS, |_call| async { Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply::default())) }).await.expect("serves");
-        let token =
-            crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None, crate::auth::OPERATOR).await.expect("token").token;
-        let client = format!("atasira.box.{}.{}.{}", subjects::CLIENT, crate::auth::hash_token(&token), subjects::DRAFTS);
+        let client = agent_subject(&rt).await;
         let wait = envelope(&v1::WaitForPosition::default(), "c", "");
         // when it sends three at once; then the third is refused as over its rate
         assert!(send(&bus, &client, &wait).await.is_ok());
@@ -567,22 +585,8 @@ mod tests {
         // given a service taking 8 requests at once (NATS publishers: 2 of their own), a
         // handler that blocks, and an agent's PAT
         let (rt, bus) = runtime(Guards::new(8, 16)).await;
-        let gate = Arc::new(Semaphore::new(0));
-        let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
-        let handler_gate = gate.clone();
-        let _endpoint = serve(&rt, subjects::DRAFTS, move |_call| {
-            let (gate, entered_tx) = (handler_gate.clone(), entered_tx.clone());
-            async move {
-                let _ = entered_tx.send(());
-                let _open = gate.acquire().await.map_err(Refusal::internal)?;
-                Ok(atasira_contracts::reply_ok(&v1::WaitForPositionReply::default()))
-            }
-        })
-        .await
-        .expect("serves");
-        let token =
-            crate::auth::create_token(&rt.db, &Principal::new("agent", Role::Member, Kind::Agent), None, crate::auth::OPERATOR).await.expect("token").token;
-        let client = format!("atasira.box.{}.{}.{}", subjects::CLIENT, crate::auth::hash_token(&token), subjects::DRAFTS);
+        let (_endpoint, gate, mut entered) = blocking(&rt).await;
+        let client = agent_subject(&rt).await;
         let wait = envelope(&v1::WaitForPosition::default(), "c", "");
         // when the agent holds two waits inside
         let mut running = Vec::new();

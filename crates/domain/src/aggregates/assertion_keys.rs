@@ -104,31 +104,8 @@ impl cqrs_es::DomainEvent for AssertionKeyEvent {
     }
 }
 
-/// One record under each issuer's own aggregate type.
-macro_rules! issuer_keys {
-    ($($agg:ident => $type_name:expr),+ $(,)?) => {$(
-        impl cqrs_es::Aggregate for $agg {
-            const TYPE: &'static str = $type_name;
-            type Command = AssertionKeyCommand;
-            type Event = AssertionKeyEvent;
-            type Error = AssertionKeyPublishError;
-            type Services = ();
-
-            async fn handle(&mut self, command: Self::Command, _services: &Self::Services, sink: &cqrs_es::event_sink::EventSink<Self>) -> Result<(), Self::Error> {
-                for event in self.0.decide(command)? {
-                    sink.write(event, self).await;
-                }
-                Ok(())
-            }
-
-            fn apply(&mut self, event: Self::Event) {
-                self.0.evolve(event);
-            }
-        }
-    )+};
-}
-
-issuer_keys!(
+// One record under each issuer's own aggregate type.
+crate::aggregates::record_aggregates!(AssertionKeyCommand, AssertionKeyEvent, AssertionKeyPublishError;
     GatewayAssertionKey => super::types::GATEWAY_ASSERTION_KEYS,
     ApprovalAssertionKey => super::types::APPROVAL_ASSERTION_KEYS,
     RegistryAssertionKey => super::types::REGISTRY_ASSERTION_KEYS,

@@ -116,6 +116,42 @@ macro_rules! aggregate_via_decide {
 }
 pub(crate) use aggregate_via_decide;
 
+/// Aggregates that are one record under several aggregate types (one per owning service):
+/// each newtype delegates `decide` and `evolve` to the record it wraps and implements
+/// `cqrs_es::Aggregate` with its own type name.
+macro_rules! record_aggregates {
+    ($cmd:ty, $event:ty, $err:ty; $($agg:ident => $type_name:expr),+ $(,)?) => {$(
+        impl $agg {
+            pub fn decide(&self, c: $cmd) -> Result<Vec<$event>, $err> {
+                self.0.decide(c)
+            }
+            pub fn evolve(&mut self, e: $event) {
+                self.0.evolve(e)
+            }
+        }
+
+        impl cqrs_es::Aggregate for $agg {
+            const TYPE: &'static str = $type_name;
+            type Command = $cmd;
+            type Event = $event;
+            type Error = $err;
+            type Services = ();
+
+            async fn handle(&mut self, command: Self::Command, _services: &Self::Services, sink: &cqrs_es::event_sink::EventSink<Self>) -> Result<(), Self::Error> {
+                for event in self.decide(command)? {
+                    sink.write(event, self).await;
+                }
+                Ok(())
+            }
+
+            fn apply(&mut self, event: Self::Event) {
+                self.evolve(event);
+            }
+        }
+    )+};
+}
+pub(crate) use record_aggregates;
+
 /// Test support: runs commands through the real `cqrs_es::Aggregate::handle` (not just
 /// `decide`), so the wiring is covered too.
 #[cfg(test)]

@@ -103,40 +103,8 @@ impl ApprovalSecurity {
 
 aggregate_via_decide!(ApprovalSecurity, super::types::APPROVAL_SECURITY, SecurityCommand, SecurityEvent, SecurityError);
 
-/// The security aggregate of one more service: the same record under its own type.
-macro_rules! service_security {
-    ($($agg:ident => $type_name:expr),+ $(,)?) => {$(
-        impl $agg {
-            pub fn decide(&self, c: SecurityCommand) -> Result<Vec<SecurityEvent>, SecurityError> {
-                self.0.decide(c)
-            }
-            pub fn evolve(&mut self, e: SecurityEvent) {
-                self.0.evolve(e)
-            }
-        }
-
-        impl cqrs_es::Aggregate for $agg {
-            const TYPE: &'static str = $type_name;
-            type Command = SecurityCommand;
-            type Event = SecurityEvent;
-            type Error = SecurityError;
-            type Services = ();
-
-            async fn handle(&mut self, command: Self::Command, _services: &Self::Services, sink: &cqrs_es::event_sink::EventSink<Self>) -> Result<(), Self::Error> {
-                for event in self.decide(command)? {
-                    sink.write(event, self).await;
-                }
-                Ok(())
-            }
-
-            fn apply(&mut self, event: Self::Event) {
-                self.evolve(event);
-            }
-        }
-    )+};
-}
-
-service_security!(
+// The security aggregates of the other services: the same record under their own types.
+crate::aggregates::record_aggregates!(SecurityCommand, SecurityEvent, SecurityError;
     RegistrySecurity => super::types::REGISTRY_SECURITY,
     DraftsSecurity => super::types::DRAFTS_SECURITY,
     AuditSecurity => super::types::AUDIT_SECURITY,

@@ -1,6 +1,6 @@
-//! Per-principal request rates (R-ARCH-15): a token bucket per user (`governor`), checked
-//! as soon as the caller is known, for REST and for MCP tool calls (which go through the
-//! same routes). Over the rate: 429 `rate_limited` with `Retry-After`.
+//! Request rates per caller (R-ARCH-15): a token bucket per key (`governor`). The gateway
+//! keys it by user, for REST and MCP tool calls alike (429 `rate_limited` with
+//! `Retry-After`); a service keys it by the token of a NATS publisher.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -16,7 +16,7 @@ pub struct Rate {
     pub burst: NonZeroU32,
 }
 
-/// The limiter of one gateway; `None` inside: no limit.
+/// One limiter, a bucket per key; `None` inside: no limit.
 pub struct Limits {
     limiter: Option<RateLimiter<String, HashMapStateStore<String>, DefaultClock>>,
     clock: DefaultClock,
@@ -34,10 +34,10 @@ impl Limits {
         Self { limiter, clock: DefaultClock::default() }
     }
 
-    /// `Ok` when `user` may send one more request now; else how long until it may.
-    pub fn check(&self, user: &str) -> Result<(), Duration> {
+    /// `Ok` when `key` may send one more request now; else how long until it may.
+    pub fn check(&self, key: &str) -> Result<(), Duration> {
         let Some(limiter) = &self.limiter else { return Ok(()) };
-        limiter.check_key(&user.to_owned()).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+        limiter.check_key(&key.to_owned()).map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 
     /// Forgets users whose buckets are full again (called now and then, so the map holds
@@ -49,9 +49,9 @@ impl Limits {
     }
 }
 
-/// Whole seconds to put in `Retry-After` (at least 1).
+/// Whole seconds to put in `Retry-After` (rounded up, at least 1).
 pub fn retry_after_seconds(wait: Duration) -> u64 {
-    wait.as_secs() + u64::from(wait.subsec_nanos() > 0).max(u64::from(wait.is_zero()))
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 #[cfg(test)]
