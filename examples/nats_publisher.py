@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import json
 import os
+import ssl
 import sys
 import tempfile
 import uuid
@@ -127,7 +128,13 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog="A refusal prints 'refused: <code>: <message>' on stderr and exits 1."
     )
-    parser.add_argument("--nats-url", default=env("ATASIRA_NATS_URL", "nats://127.0.0.1:4222"), help="the cluster's NATS server (env ATASIRA_NATS_URL; now %(default)s)")
+    parser.add_argument("--nats-url", default=env("ATASIRA_NATS_URL", "tls://127.0.0.1:4222"), help="the cluster's NATS server (env ATASIRA_NATS_URL; now %(default)s)")
+    parser.add_argument(
+        "--nats-ca",
+        type=Path,
+        default=env("ATASIRA_NATS_CA"),
+        help="the CA certificate NATS's TLS certificate is checked against: ca.pem, as `atasira nats-config` wrote it (env ATASIRA_NATS_CA; default: the system's CAs)",
+    )
     parser.add_argument("--token", default=env("ATASIRA_TOKEN"), help="your personal access token, atasira_pat_... (env ATASIRA_TOKEN)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer (default: %(default)s)")
     parser.add_argument("--proto-dir", type=Path, default=PROTO_DIR, help="the directory holding atasira/v1/*.proto (default: the repository's proto/)")
@@ -162,9 +169,11 @@ async def run(args):
     async def quiet(error):  # nats-py logs each failed attempt; we say what failed once
         pass
 
+    tls = ssl.create_default_context(cafile=str(args.nats_ca) if args.nats_ca else None)
     try:
         nc = await nats.connect(
             args.nats_url,
+            tls=tls,
             token=args.token,
             inbox_prefix=f"_INBOX.client.{identity(args.token)}".encode(),
             connect_timeout=args.timeout,
@@ -173,8 +182,11 @@ async def run(args):
             error_cb=quiet,
         )
     except Exception as e:  # nats-py raises several kinds here
-        if "authorization" in f"{e} {e.__cause__ or ''} {e.__context__ or ''}".lower():
+        why = f"{e} {e.__cause__ or ''} {e.__context__ or ''}".lower()
+        if "authorization" in why:
             raise SystemExit(f"NATS refused the token at {args.nats_url}: is it unknown, expired or revoked?")
+        if "certificate" in why:
+            raise SystemExit(f"NATS at {args.nats_url} has a certificate this client does not trust: pass --nats-ca ca.pem ({e})")
         raise SystemExit(f"cannot connect to NATS at {args.nats_url}: {e or type(e).__name__}")
     try:
         await {"submit": submit, "pending": pending}[args.command](client, nc, args)

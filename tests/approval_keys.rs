@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use atasira_contracts::{subjects, v1};
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::token::{ApprovalSigner, ApprovalToken};
-use atasira_tests::harness::{Mode, System, creds_seed};
+use atasira_tests::harness::{Mode, System, creds_seed, nats_tls};
 use futures::StreamExt as _;
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -90,7 +90,7 @@ impl Impostor {
         let reply = atasira_contracts::reply_ok(&offer).encode_to_vec();
         let counter = asked.clone();
         runtime.block_on(async move {
-            let options = async_nats::ConnectOptions::with_nkey(seed).custom_inbox_prefix(subjects::inbox_prefix(subjects::APPROVAL));
+            let options = nats_tls(async_nats::ConnectOptions::with_nkey(seed).custom_inbox_prefix(subjects::inbox_prefix(subjects::APPROVAL)));
             let client = options.connect(url).await.expect("the impostor connects with the approval credentials");
             let mut requests = client.subscribe(subjects::request("*", subjects::APPROVAL)).await.expect("subscribes");
             client.flush().await.expect("flush");
@@ -171,7 +171,7 @@ fn r_arch_11_an_approval_the_drafts_stream_does_not_hold_activates_nothing() {
     let seed = creds_seed(&sys.nats_creds(subjects::DRAFTS));
     let url = sys.nats_url();
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async move {
-        let options = async_nats::ConnectOptions::with_nkey(seed).custom_inbox_prefix(subjects::inbox_prefix(subjects::DRAFTS));
+        let options = nats_tls(async_nats::ConnectOptions::with_nkey(seed).custom_inbox_prefix(subjects::inbox_prefix(subjects::DRAFTS)));
         let client = options.connect(url).await.expect("connects with the drafts credentials");
         let js = async_nats::jetstream::new(client);
         let mut headers = async_nats::HeaderMap::new();

@@ -34,7 +34,7 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 async fn connect(sys: &mut System, who: As<'_>) -> Result<async_nats::Client, String> {
     let url = sys.nats().url();
     let options = match who {
-        As::Gateway => async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::GATEWAY)).custom_inbox_prefix(subjects::inbox_prefix(subjects::GATEWAY)),
+        As::Gateway => sys.nats_options(subjects::GATEWAY),
         As::Pat(token) => pat_options(token),
     };
     options.connect(url).await.map_err(|e| e.to_string())

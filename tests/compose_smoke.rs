@@ -188,7 +188,9 @@ fn services(doc: &Yaml, env: &BTreeMap<String, String>) -> Vec<Service> {
             let ports = strings(&s["ports"])
                 .into_iter()
                 .map(|p| {
-                    let (host, container) = p.rsplit_once(':').unwrap_or((&p, &p));
+                    // Published on loopback only: the public port is plain HTTP.
+                    let rest = p.strip_prefix("127.0.0.1:").unwrap_or_else(|| panic!("service {name}: port {p:?} is not published on 127.0.0.1 only"));
+                    let (host, container) = rest.rsplit_once(':').unwrap_or((rest, rest));
                     assert_eq!(host, container, "service {name}: the test publishes ports on the same number");
                     container.parse().unwrap_or_else(|_| panic!("service {name}: port {p:?}"))
                 })
@@ -438,13 +440,17 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     std::os::unix::fs::symlink(atasira_bin(), bin_dir.join("atasira")).expect("atasira on PATH");
     let root = local.root("nats-config");
     let nats_store = local.root("nats").join("data");
+    // nats-server reads its certificate and key where its container mounts the configuration.
+    let nats_conf = local.root("nats").join("etc/nats");
     let nats_port = local.port("nats", 4222);
     let script = script
         .replace("/out/", &format!("{}/out/", root.display()))
         .replace("/tmp/nats", &format!("{}/tmp/nats", root.display()))
         .replace("--store-dir /data", &format!("--store-dir {}", nats_store.display()))
+        .replace("--cert-dir /etc/nats", &format!("--cert-dir {}", nats_conf.display()))
         .replace("--port 4222", &format!("--port {nats_port}"));
     assert!(script.contains(&format!("--port {nats_port}")), "nats-config names the NATS port (--port 4222)");
+    assert!(script.contains(&format!("--cert-dir {}", nats_conf.display())), "nats-server reads its certificate where nats mounts nats-conf");
     let prelude = "chown() { :; }\ninstall() { command install $(printf '%s ' \"$@\" | sed 's/-o [0-9]* -g [0-9]* //'); }\n";
     let mut args = nats_config.entrypoint[1..].to_vec();
     args.push(format!("{prelude}{script}"));

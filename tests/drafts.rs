@@ -268,12 +268,13 @@ fn every_service_answers_srv_ping_from_a_foreign_nats_client() {
     let mut sys = System::start(Mode::Cluster);
     let python = std::env::var("ATASIRA_TEST_PYTHON").expect("ATASIRA_TEST_PYTHON (a python with nats-py) is set by scripts/test");
     let script = r#"
-import asyncio, hashlib, json, sys
+import asyncio, hashlib, json, ssl, sys
 import nats
 async def main():
     token = sys.argv[2]
     inbox = "_INBOX.client." + hashlib.sha256(token.encode()).hexdigest()
-    nc = await nats.connect(sys.argv[1], token=token, inbox_prefix=inbox, allow_reconnect=False)
+    tls = ssl.create_default_context(cafile=sys.argv[3])
+    nc = await nats.connect(sys.argv[1], tls=tls, token=token, inbox_prefix=inbox, allow_reconnect=False)
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     await nc.publish("$SRV.PING", b"", reply=inbox)
@@ -291,7 +292,8 @@ async def main():
 asyncio.run(main())
 "#;
     let url = sys.nats().url();
-    let out = std::process::Command::new(python).args(["-c", script, &url, &sys.admin]).output().expect("python runs");
+    let ca = sys.nats_ca().display().to_string();
+    let out = std::process::Command::new(python).args(["-c", script, &url, &sys.admin, &ca]).output().expect("python runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["names"], json!(["approval", "audit", "drafts", "gateway", "provisioner", "runtime-registry"]), "{v}");
@@ -363,8 +365,7 @@ fn the_gateway_issues_an_assertion_for_a_pat_bound_to_one_request() {
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         runtime.block_on(async {
-            let client = async_nats::ConnectOptions::with_nkey(gateway_seed.clone())
-                .custom_inbox_prefix("_INBOX.gateway")
+            let client = atasira_tests::harness::nats_tls(async_nats::ConnectOptions::with_nkey(gateway_seed.clone()).custom_inbox_prefix("_INBOX.gateway"))
                 .connect(url.clone())
                 .await
                 .expect("nats as the gateway");

@@ -177,10 +177,34 @@ pub fn creds_seed(path: &Path) -> String {
     lines.next().map(|l| l.trim().to_owned()).unwrap_or_else(|| panic!("no user seed in {}", path.display()))
 }
 
-/// How a NATS publisher connects: its PAT as the token, replies on its own inbox.
+/// Every NATS CA certificate `atasira nats-config` made in this test process: clients of
+/// the tests trust them all (each test's server has its own).
+static NATS_CAS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// `options` that speak TLS only, trusting the CAs of the tests' NATS servers.
+pub fn nats_tls(options: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    let cas = NATS_CAS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    let mut roots = rustls::RootCertStore::empty();
+    // A finished test's directory is gone: its CA with it.
+    for pem in cas.iter().filter_map(|path| std::fs::read(path).ok()) {
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).flatten() {
+            roots.add(cert).expect("a CA certificate nats-config wrote");
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    options.tls_client_config(config).require_tls(true)
+}
+
+/// How a NATS publisher connects: its PAT as the token, replies on its own inbox, over TLS.
 pub fn pat_options(token: &str) -> async_nats::ConnectOptions {
     let hash = atasira_platform::auth::hash_token(token);
-    async_nats::ConnectOptions::with_token(token.to_owned()).custom_inbox_prefix(atasira_contracts::subjects::client_inbox(&hash))
+    nats_tls(async_nats::ConnectOptions::with_token(token.to_owned()).custom_inbox_prefix(atasira_contracts::subjects::client_inbox(&hash)))
 }
 
 /// `options` that also hand the server's errors (permission violations) to the receiver.
@@ -240,6 +264,7 @@ impl Nats {
         }
         let generated = Command::new(atasira_bin()).args(&args).output().expect("atasira nats-config runs");
         assert!(generated.status.success(), "atasira nats-config failed: {}", String::from_utf8_lossy(&generated.stderr));
+        NATS_CAS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(creds_dir.join("ca.pem"));
         let conf = |n: usize| if nodes == 1 { creds_dir.join("nats-server.conf") } else { creds_dir.join(format!("nats-server-{n}.conf")) };
         let nodes =
             ports.iter().enumerate().map(|(i, port)| NatsNode { port: *port, monitor: (nodes > 1).then(free_port), conf: conf(i + 1), proc: None }).collect();
@@ -259,14 +284,19 @@ impl Nats {
         nats
     }
 
-    /// The (first) server's client URL.
+    /// The (first) server's client URL (TLS).
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.nodes[0].port)
+        format!("tls://127.0.0.1:{}", self.nodes[0].port)
+    }
+
+    /// The (first) server's port.
+    pub fn port(&self) -> u16 {
+        self.nodes[0].port
     }
 
     /// Every node's client URL, separated by commas (as `--nats-url` takes them).
     pub fn urls(&self) -> String {
-        self.nodes.iter().map(|n| format!("nats://127.0.0.1:{}", n.port)).collect::<Vec<_>>().join(",")
+        self.nodes.iter().map(|n| format!("tls://127.0.0.1:{}", n.port)).collect::<Vec<_>>().join(",")
     }
 
     /// Starts (again) every node that is down.
@@ -605,12 +635,19 @@ impl System {
     /// `identity` (its nkey and inbox prefix), for a test that reads or forges the feed.
     pub async fn jetstream_as(&self, identity: &str) -> async_nats::jetstream::Context {
         let urls: Vec<async_nats::ServerAddr> = self.nats_urls().split(',').map(|u| u.parse().expect("a NATS address")).collect();
-        let client = async_nats::ConnectOptions::with_nkey(self.nats_seed(identity))
-            .custom_inbox_prefix(atasira_contracts::subjects::inbox_prefix(identity))
-            .connect(urls.as_slice())
-            .await
-            .unwrap_or_else(|e| panic!("connects as {identity}: {e}"));
+        let client = self.nats_options(identity).connect(urls.as_slice()).await.unwrap_or_else(|e| panic!("connects as {identity}: {e}"));
         async_nats::jetstream::new(client)
+    }
+
+    /// Cluster: how the process `identity` connects to NATS (its nkey, its inbox prefix, TLS
+    /// trusting the cluster's CA), for a test that connects as it.
+    pub fn nats_options(&self, identity: &str) -> async_nats::ConnectOptions {
+        nats_tls(async_nats::ConnectOptions::with_nkey(self.nats_seed(identity)).custom_inbox_prefix(atasira_contracts::subjects::inbox_prefix(identity)))
+    }
+
+    /// Cluster: the NATS CA certificate (`ca.pem`), for a client that is not ours.
+    pub fn nats_ca(&self) -> PathBuf {
+        self.nats_dir.as_ref().expect("cluster mode has NATS credentials").join("ca.pem")
     }
 
     /// Cluster: the user nkey seed of `identity`, for a test that connects as it.

@@ -217,8 +217,7 @@ fn each_signing_process_publishes_a_key_of_its_own_and_a_new_gateway_key_needs_n
     let env = sys.gateway_signed(&subject, &reserve, "not-approvals");
     let refused = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
         use prost::Message as _;
-        let options =
-            async_nats::ConnectOptions::with_nkey(sys.nats_seed("approval")).custom_inbox_prefix(atasira_contracts::subjects::inbox_prefix("approval"));
+        let options = sys.nats_options("approval");
         let client = options.connect(sys.nats_url()).await.expect("connects as approval");
         let reply = client.request(subject.clone(), env.encode_to_vec().into()).await.expect("a reply");
         atasira_contracts::decode_reply::<atasira_contracts::v1::Ack>(&reply.payload).expect("decodes").expect_err("refused")

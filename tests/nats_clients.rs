@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::ConnectOptions;
 use atasira_contracts::v1;
-use atasira_tests::harness::{Mode, System, pat_options, reporting_server_errors};
+use atasira_tests::harness::{Mode, System, nats_tls, pat_options, reporting_server_errors};
 use prost::Message as _;
 use tokio::sync::mpsc;
 
@@ -81,7 +81,7 @@ fn nats_publishers_connect_with_their_pat_and_reach_only_their_own_subjects() {
     let url = sys.nats().url();
     block_on(async {
         // Anonymous and unknown tokens are refused by the auth callout.
-        let anonymous = ConnectOptions::new().connect(&url).await;
+        let anonymous = nats_tls(ConnectOptions::new()).connect(&url).await;
         assert!(anonymous.is_err(), "an anonymous connection is refused");
         assert!(connect(&url, "atasira_pat_unknown").await.is_err(), "a wrong PAT is refused");
 

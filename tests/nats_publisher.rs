@@ -45,6 +45,7 @@ fn run(command: &str, sys: &mut System) -> Output {
         .current_dir(workspace_root())
         .env("PATH", path)
         .env("ATASIRA_NATS_URL", sys.nats().url())
+        .env("ATASIRA_NATS_CA", sys.nats_ca())
         .env("AGENT", &sys.agent)
         .env("ADMIN", &sys.admin)
         .env_remove("ATASIRA_TOKEN")

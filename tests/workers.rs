@@ -309,7 +309,7 @@ fn as_gateway<Req: Named, Resp: prost::Message + Default>(sys: &System, to: &str
     let subject = subjects::request(subjects::GATEWAY, to);
     let env: Envelope = sys.gateway_signed(&subject, request, &uuid::Uuid::new_v4().to_string());
     block_on(async {
-        let options = async_nats::ConnectOptions::with_nkey(sys.nats_seed(subjects::GATEWAY)).custom_inbox_prefix(subjects::inbox_prefix(subjects::GATEWAY));
+        let options = sys.nats_options(subjects::GATEWAY);
         let client = options.connect(sys.nats_url()).await.expect("connects as the gateway");
         let reply = client.request(subject, env.encode_to_vec().into()).await.expect("a reply");
         decode_reply::<Resp>(&reply.payload).expect("decodes").map(|(r, _)| r)

@@ -19,6 +19,7 @@ mod offline;
 mod operator;
 mod otel;
 mod services;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -73,6 +74,8 @@ enum Command {
         #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
+        https: HttpsArgs,
+        #[command(flatten)]
         common: CommonArgs,
     },
     /// Run one service as its own process on NATS and PostgreSQL (cluster mode).
@@ -81,7 +84,7 @@ enum Command {
         service: services::ServiceName,
         /// NATS server (JetStream enabled), or the nodes of a NATS cluster separated by
         /// commas.
-        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "tls://127.0.0.1:4222")]
         nats_url: String,
         #[command(flatten)]
         nats_auth: NatsAuthArgs,
@@ -122,16 +125,21 @@ enum Command {
         #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
+        https: HttpsArgs,
+        #[command(flatten)]
         common: CommonArgs,
     },
-    /// Write a nats-server configuration and one NATS credentials file per process.
+    /// Write a nats-server configuration, its TLS certificates and one NATS credentials file
+    /// per process.
     ///
     /// Every process of cluster mode (gateway, drafts, approval, provisioner,
     /// runtime-registry, audit) gets its own key and may publish and subscribe only on the
     /// subjects it needs; anyone else is admitted by the gateway's auth callout (a PAT as
-    /// the NATS token). Start NATS with `nats-server -c DIR/nats-server.conf` and each
-    /// process with `atasira serve <service> --nats-creds DIR/<service>.creds`. Prints the
-    /// files it wrote (never a key) on stderr.
+    /// the NATS token). Every connection is TLS, checked against a private CA (DIR/ca.pem,
+    /// also inside every credentials file). Start NATS with `nats-server -c
+    /// DIR/nats-server.conf` and each process with `atasira serve <service> --nats-creds
+    /// DIR/<service>.creds --nats-url tls://HOST:4222`. Prints the files it wrote (never a
+    /// key) on stderr.
     NatsConfig {
         /// Directory to write nats-server.conf and the <process>.creds files to (created
         /// if missing, made readable by its owner only).
@@ -151,6 +159,16 @@ enum Command {
         /// in those files, which are therefore readable by their owner only.
         #[arg(long = "route", value_name = "HOST:PORT", value_delimiter = ',', num_args = 1)]
         routes: Vec<String>,
+        /// A host name or IP address clients reach NATS by, for the servers' TLS
+        /// certificates (repeated or separated by commas; localhost, 127.0.0.1, ::1 and
+        /// each node's --route host are always in).
+        #[arg(long = "tls-host", value_name = "HOST", value_delimiter = ',', num_args = 1)]
+        tls_hosts: Vec<String>,
+        /// Where nats-server will read its certificate and key, if not from DIR (for
+        /// example the directory a container mounts the configuration at). The files are
+        /// written to DIR either way.
+        #[arg(long, value_name = "PATH")]
+        cert_dir: Option<PathBuf>,
         /// Replace a configuration already in DIR, with new keys for every process (each
         /// process then needs its new file, and nats-server the new configuration).
         #[arg(long)]
@@ -164,12 +182,16 @@ enum Command {
     /// start; they wait for the stream. Prints what it did on stderr.
     NatsSetup {
         /// NATS server, or the nodes of a NATS cluster separated by commas.
-        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "tls://127.0.0.1:4222")]
         nats_url: String,
         /// The operator's NATS credentials file, written by `atasira nats-config`
         /// (DIR/operator.creds). Required unless --insecure-nats.
         #[arg(long, env = "ATASIRA_NATS_CREDS", value_name = "FILE")]
         nats_creds: Option<PathBuf>,
+        /// The CA certificate NATS's TLS certificate is checked against (PEM), instead of
+        /// the one in the credentials file.
+        #[arg(long, env = "ATASIRA_NATS_CA", value_name = "FILE")]
+        nats_ca: Option<PathBuf>,
         /// Connect without credentials (a NATS server that authenticates nobody).
         #[arg(long, env = "ATASIRA_INSECURE_NATS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
         insecure_nats: bool,
@@ -242,11 +264,37 @@ struct NatsAuthArgs {
     /// --insecure-nats.
     #[arg(long, env = "ATASIRA_NATS_CREDS", value_name = "FILE")]
     nats_creds: Option<PathBuf>,
+    /// The CA certificate NATS's TLS certificate is checked against (PEM), instead of the
+    /// one in the credentials file (or, with --insecure-nats, to use TLS at all).
+    #[arg(long, env = "ATASIRA_NATS_CA", value_name = "FILE")]
+    nats_ca: Option<PathBuf>,
     /// Connect to NATS without credentials when no --nats-creds is given. Unsafe: anyone who
     /// reaches NATS can then read, answer and forge requests; a warning is logged every
     /// minute.
     #[arg(long, env = "ATASIRA_INSECURE_NATS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
     insecure_nats: bool,
+}
+
+/// HTTPS for the REST API.
+#[derive(Debug, Clone, Args)]
+struct HttpsArgs {
+    /// Serve the REST API over HTTPS with this certificate chain (PEM, the server's
+    /// certificate first); needs --tls-key. Without, plain HTTP: keep it on loopback or
+    /// behind a proxy that terminates TLS.
+    #[arg(long, env = "ATASIRA_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM; readable by its owner only).
+    #[arg(long, env = "ATASIRA_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl HttpsArgs {
+    fn server_config(&self) -> anyhow::Result<Option<std::sync::Arc<services::ServerTls>>> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => tls::server_config(cert, key).map(Some),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// Settings shared by `dev` and `serve`.
@@ -370,7 +418,7 @@ impl CommonArgs {
 #[derive(Debug, Args)]
 struct BenchClusterArgs {
     /// NATS server (JetStream enabled).
-    #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+    #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "tls://127.0.0.1:4222")]
     nats_url: String,
     /// A PostgreSQL database the benchmark may write to (use a throwaway one: events stay).
     #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
@@ -394,7 +442,7 @@ enum BenchCommand {
     /// data dir.
     Drafts {
         /// NATS server (JetStream enabled).
-        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "tls://127.0.0.1:4222")]
         nats_url: String,
         /// A PostgreSQL database the benchmark may write to (use a throwaway one: events
         /// stay). Not needed with --embedded-only.
@@ -426,7 +474,7 @@ enum BenchCommand {
     /// process, each with its own database pool and NATS connection.
     Workers {
         /// NATS server (JetStream enabled), for the cluster part.
-        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "nats://127.0.0.1:4222")]
+        #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "tls://127.0.0.1:4222")]
         nats_url: String,
         /// A PostgreSQL database the cluster part may write to (use a throwaway one: events
         /// stay). Without it only the embedded part runs. Only this flag selects it (not
@@ -515,9 +563,12 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let outcome = match cli.command {
-        Command::Dev { data_dir, listen, metrics_listen, common } => {
+        Command::Dev { data_dir, listen, metrics_listen, https, common } => {
             common.hooks.configure();
-            run_traced(Some("atasira-dev"), services::dev(common.settings(data_dir), services::Listen { api: listen, probes: metrics_listen }))
+            run_traced(Some("atasira-dev"), async move {
+                let listen = services::Listen { api: listen, tls: https.server_config()?, probes: metrics_listen };
+                services::dev(common.settings(data_dir), listen).await
+            })
         }
         Command::Serve {
             service,
@@ -531,23 +582,27 @@ fn main() -> ExitCode {
             data_dir,
             listen,
             metrics_listen,
+            https,
             common,
         } => {
             common.hooks.configure();
             let keys = services::ClusterKeys { approval: approval_key, approval_file: approval_key_file, audit: audit_key };
             let trace_as = format!("atasira-{}", service.identity());
             run_traced(Some(&trace_as), async move {
-                let auth = services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.insecure_nats)?;
-                let listen = services::Listen { api: listen, probes: metrics_listen };
+                let auth =
+                    services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.nats_ca.as_deref(), nats_auth.insecure_nats)?;
+                let listen = services::Listen { api: listen, tls: https.server_config()?, probes: metrics_listen };
                 let database_url = services::database_url(database_url, database_url_file.as_deref())?.unwrap_or_default();
                 services::serve(service, &nats_url, auth, &database_url, keys, listen, common.settings(data_dir)).await
             })
         }
-        Command::NatsConfig { out, port, store_dir, routes, force } => {
-            nats_config::run(&nats_config::Options { out, port, store_dir, routes, force }).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}"))
+        Command::NatsConfig { out, port, store_dir, routes, tls_hosts, cert_dir, force } => {
+            nats_config::run(&nats_config::Options { out, port, store_dir, routes, tls_hosts, cert_dir, force })
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(|e| format!("{e:#}"))
         }
-        Command::NatsSetup { nats_url, nats_creds, insecure_nats, stream_replicas, timeout } => run_async(async move {
-            let auth = services::NatsAuth::from_args(atasira_contracts::subjects::OPERATOR, nats_creds.as_deref(), insecure_nats)?;
+        Command::NatsSetup { nats_url, nats_creds, nats_ca, insecure_nats, stream_replicas, timeout } => run_async(async move {
+            let auth = services::NatsAuth::from_args(atasira_contracts::subjects::OPERATOR, nats_creds.as_deref(), nats_ca.as_deref(), insecure_nats)?;
             let setup = nats_config::set_up(&nats_url, &auth, usize::from(stream_replicas));
             tokio::time::timeout(std::time::Duration::from_secs(timeout), setup)
                 .await

@@ -5,6 +5,8 @@
 //! The configuration uses nats-server's config mode: one account (`ATASIRA`) holding one
 //! nkey user per process, the system account, and the auth callout (run by the gateway,
 //! with the issuer key in `gateway.creds`) for everyone else: NATS publishers with a PAT.
+//! Every connection is TLS (a private CA, `ca.pem`, also inside every credentials file),
+//! routes included, and the callout's requests are encrypted to the gateway's xkey.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -17,8 +19,12 @@ pub const SYSTEM_ACCOUNT: &str = "SYS";
 /// The configuration file in the output directory.
 pub const CONF_FILE: &str = "nats-server.conf";
 
+/// The private CA's certificate, for NATS clients (it is inside every credentials file too).
+pub const CA_FILE: &str = "ca.pem";
+
 const USER_SEED: &str = "USER NKEY SEED";
 const ACCOUNT_SEED: &str = "ACCOUNT NKEY SEED";
+const CURVE_SEED: &str = "CURVE NKEY SEED";
 
 /// The credentials file of a process identity in `dir`.
 pub fn creds_path(dir: &Path, identity: &str) -> PathBuf {
@@ -38,6 +44,29 @@ pub struct PublicKeys {
     pub users: Vec<(&'static str, String)>,
     /// The auth callout's issuer (account public key `A...`).
     pub callout_issuer: String,
+    /// The key the server encrypts the callout's requests to (curve public key `X...`).
+    pub callout_xkey: String,
+}
+
+/// Where nats-server reads its TLS material.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// The files of one server (`node`: of a cluster, from 1) in `dir`.
+    pub fn in_dir(dir: &Path, node: Option<usize>) -> TlsFiles {
+        let stem = node.map_or_else(|| "server".to_owned(), |n| format!("server-{n}"));
+        TlsFiles { cert: dir.join(format!("{stem}-cert.pem")), key: dir.join(format!("{stem}-key.pem")), ca: dir.join(CA_FILE) }
+    }
+}
+
+/// `path` as a quoted string of the configuration, or why not.
+fn quoted_path(path: &Path, what: &str) -> anyhow::Result<String> {
+    path.to_str().and_then(quoted).ok_or_else(|| anyhow::anyhow!("the {what} {} cannot be written to the configuration", path.display()))
 }
 
 /// A quoted string in nats-server's configuration syntax; `None` when `s` holds
@@ -75,6 +104,8 @@ pub struct Node {
     pub name: String,
     /// Where it listens for routes.
     pub listen: String,
+    /// The host of its route address (the other nodes reach it by this name).
+    pub host: String,
     /// The route addresses (HOST:PORT) of the other nodes.
     pub peers: Vec<String>,
     /// The routes' password (shared by every node).
@@ -120,6 +151,7 @@ pub fn cluster_nodes(routes: &[String], route_secret: &str) -> anyhow::Result<Ve
             Node {
                 name: format!("atasira-{}", i + 1),
                 listen: format!("{listen_host}:{port}"),
+                host: host.trim_matches(['[', ']']).to_owned(),
                 peers: parsed.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (h, p))| format!("{h}:{p}")).collect(),
                 route_secret: route_secret.to_owned(),
             }
@@ -127,8 +159,9 @@ pub fn cluster_nodes(routes: &[String], route_secret: &str) -> anyhow::Result<Ve
         .collect())
 }
 
-/// The nats-server configuration for these keys (pure); with `node`, that node's of a cluster.
-pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path, node: Option<&Node>) -> anyhow::Result<String> {
+/// The nats-server configuration for these keys and TLS files (pure); with `node`, that
+/// node's of a cluster.
+pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path, node: Option<&Node>, tls: &TlsFiles) -> anyhow::Result<String> {
     let store_dir = match node {
         Some(n) => store_dir.join(&n.name),
         None => store_dir.to_path_buf(),
@@ -146,6 +179,14 @@ pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path, node: Option<
     let _ = writeln!(conf);
     let _ = writeln!(conf, "port: {port}");
     let _ = writeln!(conf);
+    let (cert, key, ca) = (quoted_path(&tls.cert, "certificate")?, quoted_path(&tls.key, "private key")?, quoted_path(&tls.ca, "CA certificate")?);
+    let _ = writeln!(conf, "# Clients speak TLS only; they trust the private CA in {CA_FILE} (and in their credentials).");
+    let _ = writeln!(conf, "tls {{");
+    let _ = writeln!(conf, "  cert_file: {cert}");
+    let _ = writeln!(conf, "  key_file: {key}");
+    let _ = writeln!(conf, "  timeout: 5");
+    let _ = writeln!(conf, "}}");
+    let _ = writeln!(conf);
     if let Some(node) = node {
         let bad = |what: &str| anyhow::anyhow!("the {what} of node {} cannot be written to the configuration", node.name);
         let _ = writeln!(conf, "# Node {} of the cluster {CLUSTER_NAME}: routes to the other nodes, authenticated.", node.name);
@@ -156,6 +197,8 @@ pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path, node: Option<
         let _ = writeln!(conf, "  authorization {{ user: \"{ROUTE_USER}\", password: {} }}", quoted(&node.route_secret).ok_or_else(|| bad("route password"))?);
         let routes: Vec<String> = node.peers.iter().map(|p| format!("nats-route://{ROUTE_USER}:{}@{p}", node.route_secret)).collect();
         let _ = writeln!(conf, "  routes: {}", quoted_list(&routes).map_err(|_| bad("routes"))?);
+        let _ = writeln!(conf, "  # Routes speak TLS both ways, each node proving itself with a certificate of the CA.");
+        let _ = writeln!(conf, "  tls {{ cert_file: {cert}, key_file: {key}, ca_file: {ca}, verify: true, timeout: 5 }}");
         let _ = writeln!(conf, "}}");
         let _ = writeln!(conf);
     }
@@ -185,6 +228,8 @@ pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path, node: Option<
     let _ = writeln!(conf, "authorization {{");
     let _ = writeln!(conf, "  auth_callout {{");
     let _ = writeln!(conf, "    issuer: {issuer}");
+    let _ = writeln!(conf, "    # Requests (which carry the connecting publisher's token) are encrypted to this key.");
+    let _ = writeln!(conf, "    xkey: {}", quoted(&keys.callout_xkey).ok_or_else(|| anyhow::anyhow!("malformed callout xkey"))?);
     let _ = writeln!(conf, "    account: {ACCOUNT}");
     let _ = writeln!(conf, "    auth_users: {}", quoted_list(&auth_users)?);
     let _ = writeln!(conf, "  }}");
@@ -197,17 +242,30 @@ fn seed_block(kind: &str, seed: &str) -> String {
     format!("-----BEGIN {kind}-----\n{seed}\n------END {kind}------\n")
 }
 
-/// The text of a credentials file.
-fn render_creds(identity: &str, user_seed: &str, account_seed: Option<&str>) -> String {
+/// The gateway's secrets for the auth callout.
+struct CalloutSeeds<'a> {
+    /// The issuer's account seed (`SA...`).
+    issuer: &'a str,
+    /// The curve seed (`SX...`) the callout's requests are decrypted with.
+    xkey: &'a str,
+}
+
+/// The text of a credentials file: the user seed, the gateway's callout seeds, and the CA
+/// certificate NATS's TLS is checked against.
+fn render_creds(identity: &str, user_seed: &str, callout: Option<&CalloutSeeds>, ca_pem: &str) -> String {
     let mut text = format!(
         "# NATS credentials of atasira's {identity} process, written by `atasira nats-config`.\n\
          # Secret: keep this file readable by the {identity} process's user only (mode 0600).\n\n"
     );
     text.push_str(&seed_block(USER_SEED, user_seed));
-    if let Some(seed) = account_seed {
+    if let Some(seeds) = callout {
         text.push_str("\n# The auth callout's issuer key: the gateway signs NATS publishers' permissions with it.\n");
-        text.push_str(&seed_block(ACCOUNT_SEED, seed));
+        text.push_str(&seed_block(ACCOUNT_SEED, seeds.issuer));
+        text.push_str("\n# The auth callout's encryption key: nats-server encrypts its requests to it.\n");
+        text.push_str(&seed_block(CURVE_SEED, seeds.xkey));
     }
+    text.push_str("\n# The private CA that NATS's certificate is checked against (public).\n");
+    text.push_str(ca_pem);
     text
 }
 
@@ -218,23 +276,34 @@ pub struct Creds {
     pub user_seed: String,
     /// The auth callout issuer's account seed (`SA...`); only in the gateway's file.
     pub account_seed: Option<String>,
+    /// The auth callout's curve seed (`SX...`); only in the gateway's file.
+    pub xkey_seed: Option<String>,
+    /// The CA certificate(s) NATS's TLS is checked against (PEM), if the file has any.
+    pub ca_pem: Option<String>,
 }
 
 impl std::fmt::Debug for Creds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Creds").field("user_seed", &"<secret>").field("account_seed", &self.account_seed.as_ref().map(|_| "<secret>")).finish()
+        f.debug_struct("Creds")
+            .field("user_seed", &"<secret>")
+            .field("account_seed", &self.account_seed.as_ref().map(|_| "<secret>"))
+            .field("xkey_seed", &self.xkey_seed.as_ref().map(|_| "<secret>"))
+            .field("ca", &self.ca_pem.is_some())
+            .finish()
     }
+}
+
+/// The line after the `kind` block's BEGIN line in `text`, if there is such a block.
+fn block_line<'a>(text: &'a str, kind: &str) -> Option<&'a str> {
+    let begin = format!("-----BEGIN {kind}-----");
+    let mut lines = text.lines().map(str::trim);
+    lines.any(|l| l == begin).then(|| lines.find(|l| !l.is_empty()).unwrap_or_default())
 }
 
 /// The seed inside the `kind` block of `text`, if any; `Err` names what is wrong without
 /// ever showing the seed.
 fn find_seed(text: &str, kind: &str, expected: nkeys::KeyPairType) -> Result<Option<String>, String> {
-    let begin = format!("-----BEGIN {kind}-----");
-    let mut lines = text.lines().map(str::trim);
-    if !lines.any(|l| l == begin) {
-        return Ok(None);
-    }
-    let seed = lines.find(|l| !l.is_empty()).unwrap_or_default();
+    let Some(seed) = block_line(text, kind) else { return Ok(None) };
     match nkeys::KeyPair::from_seed(seed) {
         Ok(pair) if pair.key_pair_type() == expected => Ok(Some(seed.to_owned())),
         Ok(_) => Err(format!("its {} block holds another kind of key", kind.to_lowercase())),
@@ -242,11 +311,21 @@ fn find_seed(text: &str, kind: &str, expected: nkeys::KeyPairType) -> Result<Opt
     }
 }
 
+/// The curve seed (the auth callout's xkey) in `text`, if any (never shown in an error).
+fn find_xkey_seed(text: &str) -> Result<Option<String>, String> {
+    let Some(seed) = block_line(text, CURVE_SEED) else { return Ok(None) };
+    match nkeys::XKey::from_seed(seed) {
+        Ok(_) => Ok(Some(seed.to_owned())),
+        Err(_) => Err(format!("its {} block holds no valid seed", CURVE_SEED.to_lowercase())),
+    }
+}
+
 /// Parses a credentials file's text.
 pub fn parse_creds(text: &str) -> Result<Creds, String> {
     let user_seed = find_seed(text, USER_SEED, nkeys::KeyPairType::User)?.ok_or_else(|| format!("it holds no {} block", USER_SEED.to_lowercase()))?;
     let account_seed = find_seed(text, ACCOUNT_SEED, nkeys::KeyPairType::Account)?;
-    Ok(Creds { user_seed, account_seed })
+    let xkey_seed = find_xkey_seed(text)?;
+    Ok(Creds { user_seed, account_seed, xkey_seed, ca_pem: crate::tls::certificate_blocks(text) })
 }
 
 /// Reads a credentials file; refuses one that group or others may read (a seed is a
@@ -285,6 +364,10 @@ pub struct Options {
     pub store_dir: Option<PathBuf>,
     /// `--route`: the route address of every node of a cluster (none: one server).
     pub routes: Vec<String>,
+    /// `--tls-host`: names and addresses clients reach NATS by, beyond loopback.
+    pub tls_hosts: Vec<String>,
+    /// `--cert-dir`: where nats-server will read its certificate and key (default `out`).
+    pub cert_dir: Option<PathBuf>,
     pub force: bool,
 }
 
@@ -317,7 +400,16 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let out = &options.out;
     let nodes = if options.routes.is_empty() { Vec::new() } else { cluster_nodes(&options.routes, &hex::encode(atasira_platform::auth::random_secret()))? };
     let conf_files: Vec<PathBuf> = if nodes.is_empty() { vec![out.join(CONF_FILE)] } else { (1..=nodes.len()).map(|n| out.join(node_conf_file(n))).collect() };
-    let existing: Vec<PathBuf> = conf_files.iter().cloned().chain(users().map(|i| creds_path(out, i))).filter(|p| p.exists()).collect();
+    let node_numbers: Vec<Option<usize>> = if nodes.is_empty() { vec![None] } else { (1..=nodes.len()).map(Some).collect() };
+    let tls_in_out: Vec<TlsFiles> = node_numbers.iter().map(|n| TlsFiles::in_dir(out, *n)).collect();
+    let existing: Vec<PathBuf> = conf_files
+        .iter()
+        .cloned()
+        .chain(users().map(|i| creds_path(out, i)))
+        .chain(tls_in_out.iter().flat_map(|t| [t.cert.clone(), t.key.clone()]))
+        .chain([out.join(CA_FILE)])
+        .filter(|p| p.exists())
+        .collect();
     if !existing.is_empty() && !options.force {
         anyhow::bail!(
             "{} already holds a NATS configuration ({}); pass --force to replace it with new keys \
@@ -339,27 +431,61 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         None => out.join("jetstream"),
     };
 
+    let cert_dir = match &options.cert_dir {
+        Some(dir) if dir.is_absolute() => dir.clone(),
+        Some(dir) => std::env::current_dir().context("cannot resolve the current directory")?.join(dir),
+        None => out.clone(),
+    };
+
+    // TLS: a private CA and one certificate per server, naming loopback, --tls-host and
+    // (a cluster's node) its route host.
+    let hosts: Vec<Vec<String>> = node_numbers
+        .iter()
+        .map(|n| {
+            let route_host = n.and_then(|n| nodes.get(n - 1)).map(|node| node.host.clone());
+            let mut names: Vec<String> = crate::tls::LOCAL_HOSTS.iter().map(|h| (*h).to_owned()).collect();
+            for host in options.tls_hosts.iter().cloned().chain(route_host) {
+                if !names.contains(&host) {
+                    names.push(host);
+                }
+            }
+            names
+        })
+        .collect();
+    let issued = crate::tls::issue("NATS", &hosts)?;
+
     let issuer = nkeys::KeyPair::new_account();
+    let xkey = nkeys::XKey::new();
     let users: Vec<(&'static str, nkeys::KeyPair)> = users().map(|i| (i, nkeys::KeyPair::new_user())).collect();
-    let public = PublicKeys { users: users.iter().map(|(i, k)| (*i, k.public_key())).collect(), callout_issuer: issuer.public_key() };
+    let public =
+        PublicKeys { users: users.iter().map(|(i, k)| (*i, k.public_key())).collect(), callout_issuer: issuer.public_key(), callout_xkey: xkey.public_key() };
     let seed = |k: &nkeys::KeyPair| k.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"));
+    let (issuer_seed, xkey_seed) = (seed(&issuer)?, xkey.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"))?);
 
     let mut written = Vec::new();
     for (identity, key) in &users {
-        let account_seed = if *identity == subjects::GATEWAY { Some(seed(&issuer)?) } else { None };
+        let callout = (*identity == subjects::GATEWAY).then_some(CalloutSeeds { issuer: &issuer_seed, xkey: &xkey_seed });
         let path = creds_path(&out, identity);
-        write_file(&path, &render_creds(identity, &seed(key)?, account_seed.as_deref()), 0o600)?;
+        write_file(&path, &render_creds(identity, &seed(key)?, callout.as_ref(), &issued.ca_pem), 0o600)?;
         written.push((path, *identity));
     }
+    // The CA and the certificates are public; the servers' keys for nats-server alone.
+    let ca_path = out.join(CA_FILE);
+    write_file(&ca_path, &issued.ca_pem, 0o644)?;
+    for (files, server) in tls_in_out.iter().zip(&issued.servers) {
+        write_file(&files.cert, &server.cert_pem, 0o644)?;
+        write_file(&files.key, &server.key_pem, 0o600)?;
+    }
+    let tls_files: Vec<TlsFiles> = node_numbers.iter().map(|n| TlsFiles::in_dir(&cert_dir, *n)).collect();
     if nodes.is_empty() {
         // The configuration holds public keys only; nats-server may run as another user.
         let conf_path = out.join(CONF_FILE);
-        write_file(&conf_path, &render_conf(&public, options.port, &store_dir, None)?, 0o644)?;
+        write_file(&conf_path, &render_conf(&public, options.port, &store_dir, None, &tls_files[0])?, 0o644)?;
         eprintln!("atasira nats-config: wrote {} (port {}, JetStream store {})", conf_path.display(), options.port, store_dir.display());
     } else {
         // Each node's file holds the routes' password: its owner only.
-        for (node, path) in nodes.iter().zip(&conf_files) {
-            write_file(path, &render_conf(&public, options.port, &store_dir, Some(node))?, 0o600)?;
+        for ((node, path), tls) in nodes.iter().zip(&conf_files).zip(&tls_files) {
+            write_file(path, &render_conf(&public, options.port, &store_dir, Some(node), tls)?, 0o600)?;
             eprintln!(
                 "atasira nats-config: wrote {} (node {}, port {}, routes on {}, JetStream store {}; mode 0600: it holds the routes' password)",
                 path.display(),
@@ -370,9 +496,13 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             );
         }
     }
+    for (files, names) in tls_in_out.iter().zip(&hosts) {
+        eprintln!("  {} and {} (TLS for {}; the key mode 0600, for nats-server alone)", files.cert.display(), files.key.display(), names.join(", "));
+    }
+    eprintln!("  {} (the private CA: NATS clients trust it; every credentials file holds it too)", ca_path.display());
     for (path, identity) in &written {
         let what = match *identity {
-            subjects::GATEWAY => "gateway, with the auth callout's issuer key",
+            subjects::GATEWAY => "gateway, with the auth callout's issuer and encryption keys",
             subjects::OPERATOR => "operator: sets up JetStream; give it to no process",
             _ => identity,
         };
@@ -383,6 +513,9 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     }
     eprintln!("      atasira nats-setup --nats-creds {}", creds_path(&out, subjects::OPERATOR).display());
     eprintln!("      atasira serve <service> --nats-creds {}", creds_path(&out, "<service>").display());
+    if cert_dir != out {
+        eprintln!("      (the configuration reads the certificate and key from {}: put them there)", cert_dir.display());
+    }
     if !nodes.is_empty() {
         eprintln!("      with --nats-url listing the nodes' client addresses, separated by commas, and (nats-setup)");
         eprintln!("      --stream-replicas {} so the events stream survives losing a node", nodes.len().min(3));
@@ -417,13 +550,20 @@ mod tests {
         PublicKeys {
             users: users().map(|i| (i, nkeys::KeyPair::new_user().public_key())).collect(),
             callout_issuer: nkeys::KeyPair::new_account().public_key(),
+            callout_xkey: nkeys::XKey::new().public_key(),
         }
+    }
+
+    fn tls() -> TlsFiles {
+        TlsFiles::in_dir(Path::new("/etc/nats"), None)
     }
 
     #[test]
     fn the_configuration_quotes_every_subject_and_lists_every_identity() {
         let keys = keys();
-        let conf = render_conf(&keys, 4333, Path::new("/var/lib/nats"), None).expect("renders");
+        let conf = render_conf(&keys, 4333, Path::new("/var/lib/nats"), None, &tls()).expect("renders");
+        assert!(conf.contains("tls {\n  cert_file: \"/etc/nats/server-cert.pem\"\n  key_file: \"/etc/nats/server-key.pem\""), "clients speak TLS: {conf}");
+        assert!(conf.contains(&format!("xkey: \"{}\"", keys.callout_xkey)), "the callout's requests are encrypted: {conf}");
         assert!(conf.contains("port: 4333"));
         assert!(conf.contains("store_dir: \"/var/lib/nats\""));
         assert!(conf.contains("sync_interval: always"));
@@ -444,7 +584,8 @@ mod tests {
         assert_eq!(none, "{ publish: { deny: [\">\"] }, subscribe: { deny: [\">\"] }, allow_responses: false }");
         let odd = Permissions { publish: vec!["a\" b".into()], subscribe: vec!["x".into()], allow_responses: false };
         assert!(render_permissions(&odd).is_err());
-        assert!(render_conf(&keys(), 4222, Path::new("/with space"), None).is_err());
+        assert!(render_conf(&keys(), 4222, Path::new("/with space"), None, &tls()).is_err());
+        assert!(render_conf(&keys(), 4222, Path::new("/var"), None, &TlsFiles::in_dir(Path::new("/a b"), None)).is_err());
     }
 
     #[test]
@@ -457,7 +598,15 @@ mod tests {
         assert_eq!(nodes[1].peers, ["127.0.0.1:6001", "nats-3:6222"]);
         assert!(!format!("{:?}", nodes[0]).contains("s3cret"), "Debug hides the password");
 
-        let conf = render_conf(&keys(), 4222, Path::new("/var/lib/nats"), Some(&nodes[0])).expect("renders");
+        assert_eq!(nodes[2].host, "nats-3", "the name the others reach it by (its certificate names it)");
+        let conf =
+            render_conf(&keys(), 4222, Path::new("/var/lib/nats"), Some(&nodes[0]), &TlsFiles::in_dir(Path::new("/etc/nats"), Some(1))).expect("renders");
+        assert!(
+            conf.contains(
+                "tls { cert_file: \"/etc/nats/server-1-cert.pem\", key_file: \"/etc/nats/server-1-key.pem\", ca_file: \"/etc/nats/ca.pem\", verify: true"
+            ),
+            "routes speak TLS and verify each other: {conf}"
+        );
         assert!(conf.contains("server_name: \"atasira-1\""), "{conf}");
         assert!(conf.contains("store_dir: \"/var/lib/nats/atasira-1\""), "a store per node: {conf}");
         assert!(conf.contains("authorization { user: \"route\", password: \"s3cret\" }"), "{conf}");
@@ -477,16 +626,22 @@ mod tests {
     fn credentials_round_trip_and_errors_never_show_the_seed() {
         let user = nkeys::KeyPair::new_user().seed().expect("seed");
         let account = nkeys::KeyPair::new_account().seed().expect("seed");
-        let gateway = parse_creds(&render_creds("gateway", &user, Some(&account))).expect("parses");
+        let xkey = nkeys::XKey::new().seed().expect("seed");
+        let ca = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let callout = CalloutSeeds { issuer: &account, xkey: &xkey };
+        let gateway = parse_creds(&render_creds("gateway", &user, Some(&callout), ca)).expect("parses");
         assert_eq!((gateway.user_seed.as_str(), gateway.account_seed.as_deref()), (user.as_str(), Some(account.as_str())));
-        let drafts = parse_creds(&render_creds("drafts", &user, None)).expect("parses");
-        assert_eq!(drafts.account_seed, None);
-        assert!(!format!("{gateway:?}").contains(&user[2..]), "Debug hides the seeds");
+        assert_eq!((gateway.xkey_seed.as_deref(), gateway.ca_pem.as_deref()), (Some(xkey.as_str()), Some(ca)));
+        let drafts = parse_creds(&render_creds("drafts", &user, None, ca)).expect("parses");
+        assert_eq!((drafts.account_seed, drafts.xkey_seed), (None, None));
+        assert_eq!(drafts.ca_pem.as_deref(), Some(ca), "every process trusts the CA");
+        let debug = format!("{gateway:?}");
+        assert!(!debug.contains(&user[2..]) && !debug.contains(&xkey[2..]), "Debug hides the seeds");
 
-        let swapped = render_creds("drafts", &account, None);
+        let swapped = render_creds("drafts", &account, None, ca);
         let e = parse_creds(&swapped).expect_err("an account seed in the user block");
         assert!(!e.contains(&account[2..]) && e.contains("another kind of key"), "{e}");
-        let mangled = render_creds("drafts", &format!("{}X", &user[..user.len() - 1]), None);
+        let mangled = render_creds("drafts", &format!("{}X", &user[..user.len() - 1]), None, ca);
         let e = parse_creds(&mangled).expect_err("bad checksum");
         assert!(!e.contains(&user[2..user.len() - 1]), "{e}");
         assert!(parse_creds("").is_err());

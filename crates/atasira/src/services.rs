@@ -118,6 +118,8 @@ pub fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfi
 pub struct Embedded {
     /// Where the gateway listens.
     pub addr: SocketAddr,
+    /// `https` when the gateway serves TLS, else `http`.
+    pub scheme: &'static str,
     pub db: Db,
     /// Whether the store held no PAT before this start (`dev` then issues the first ones).
     pub first_start: bool,
@@ -130,8 +132,8 @@ pub struct Embedded {
 
 impl Embedded {
     /// Starts every service on `settings.data_dir`, waits until each answers, then serves
-    /// the REST API on `listen`.
-    pub async fn start(settings: &Settings, listen: SocketAddr) -> anyhow::Result<Embedded> {
+    /// the REST API on `listen` (HTTPS with `tls`).
+    pub async fn start(settings: &Settings, listen: SocketAddr, tls: Option<Arc<ServerTls>>) -> anyhow::Result<Embedded> {
         let data_dir = settings.data_dir.clone();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("failed to create {}", data_dir.display()))?;
         let db = Db::connect(&Db::sqlite_url(&data_dir)).await?;
@@ -159,10 +161,9 @@ impl Embedded {
             tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(settings), rx.clone())),
         ];
         wait_ready(rt.bus.as_ref(), atasira_contracts::subjects::SERVICES).await?;
-        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("failed to listen on {listen}"))?;
-        let addr = listener.local_addr()?;
-        let gateway = tokio::spawn(atasira_gateway::serve(listener, gateway_rt, settings.gateway.clone(), wait(rx)));
-        Ok(Embedded { addr, db, first_start, rt, shutdown, gateway, services })
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let (addr, gateway) = spawn_gateway(listen, tls, gateway_rt, settings.gateway.clone(), wait(rx)).await?;
+        Ok(Embedded { addr, scheme, db, first_start, rt, shutdown, gateway, services })
     }
 
     /// Stops the system: the gateway and every service finish.
@@ -201,7 +202,7 @@ fn guards(settings: &Settings) -> atasira_platform::guard::Guards {
 
 /// `atasira dev`.
 pub async fn dev(settings: Settings, listen: Listen) -> anyhow::Result<()> {
-    let system = Embedded::start(&settings, listen.api).await?;
+    let system = Embedded::start(&settings, listen.api, listen.tls.clone()).await?;
     if let Some(addr) = listen.probes {
         serve_probes("dev", addr, system.rt.clone(), system.shutdown.subscribe()).await?;
     }
@@ -211,7 +212,7 @@ pub async fn dev(settings: Settings, listen: Listen) -> anyhow::Result<()> {
         println!("admin PAT: {admin}");
         println!("agent PAT: {agent}");
     }
-    eprintln!("atasira dev: listening on http://{} (data in {})", system.addr, settings.data_dir.display());
+    eprintln!("atasira dev: listening on {}://{} (data in {})", system.scheme, system.addr, settings.data_dir.display());
     tokio::spawn(ctrl_c(system.shutdown.clone()));
     system.finished().await
 }
@@ -258,22 +259,36 @@ impl ServiceName {
     }
 }
 
-/// How a process authenticates to NATS (R-ARCH-10).
+/// How a process authenticates to NATS (R-ARCH-10), and which CA its TLS trusts.
 #[derive(Debug, Clone)]
 pub enum NatsAuth {
-    /// Its own nkey, from the credentials file `atasira nats-config` wrote.
+    /// Its own nkey, from the credentials file `atasira nats-config` wrote (with the CA).
     Creds(crate::nats_config::Creds),
-    /// None (`--insecure-nats`): anyone who reaches NATS can read and forge requests.
-    Insecure,
+    /// None (`--insecure-nats`): anyone who reaches NATS can read and forge requests. TLS
+    /// only with a CA (`--nats-ca`) or a `tls://` URL.
+    Insecure { ca_pem: Option<String> },
 }
 
 impl NatsAuth {
-    /// From `--nats-creds` and `--insecure-nats`: credentials are required unless the
-    /// operator explicitly runs without.
-    pub fn from_args(identity: &str, creds: Option<&Path>, insecure: bool) -> anyhow::Result<NatsAuth> {
+    /// From `--nats-creds`, `--nats-ca` and `--insecure-nats`: credentials are required
+    /// unless the operator explicitly runs without; `--nats-ca` replaces the CA of the
+    /// credentials file.
+    pub fn from_args(identity: &str, creds: Option<&Path>, ca: Option<&Path>, insecure: bool) -> anyhow::Result<NatsAuth> {
+        let ca_pem = match ca {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the NATS CA certificate {}", path.display()))?;
+                let pem = crate::tls::certificate_blocks(&text)
+                    .ok_or_else(|| anyhow::anyhow!("{} holds no certificate (-----BEGIN CERTIFICATE-----)", path.display()))?;
+                Some(pem)
+            }
+            None => None,
+        };
         match (creds, insecure) {
             (Some(path), _) => {
-                let creds = crate::nats_config::read_creds(path)?;
+                let mut creds = crate::nats_config::read_creds(path)?;
+                if ca_pem.is_some() {
+                    creds.ca_pem = ca_pem;
+                }
                 let is_gateway = identity == atasira_contracts::subjects::GATEWAY;
                 if creds.account_seed.is_some() && !is_gateway {
                     anyhow::bail!("{} is the gateway's NATS credentials file; the {identity} service needs its own ({identity}.creds)", path.display());
@@ -286,7 +301,7 @@ impl NatsAuth {
                 }
                 Ok(NatsAuth::Creds(creds))
             }
-            (None, true) => Ok(NatsAuth::Insecure),
+            (None, true) => Ok(NatsAuth::Insecure { ca_pem }),
             (None, false) => anyhow::bail!(
                 "cluster mode needs NATS credentials: pass --nats-creds FILE (or set ATASIRA_NATS_CREDS) with the {identity}.creds file that \
                  `atasira nats-config --out DIR` wrote; --insecure-nats runs without them (then anyone who reaches NATS can read and forge requests)"
@@ -319,11 +334,34 @@ async fn serve_probes(identity: &'static str, addr: SocketAddr, rt: Runtime, rx:
     Ok(())
 }
 
+/// The gateway's HTTPS configuration (`--tls-cert`, `--tls-key`).
+pub type ServerTls = tokio_rustls::rustls::ServerConfig;
+
+/// Serves the REST API on `addr` (HTTPS with `tls`) until `shutdown`; returns the address it
+/// listens on (port 0 picks one).
+async fn spawn_gateway(
+    addr: SocketAddr,
+    tls: Option<Arc<ServerTls>>,
+    rt: Runtime,
+    config: atasira_gateway::Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<anyhow::Result<()>>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    let served = match tls {
+        Some(tls) => tokio::spawn(atasira_gateway::serve(crate::tls::TlsListener::new(listener, tls)?, rt, config, shutdown)),
+        None => tokio::spawn(atasira_gateway::serve(listener, rt, config, shutdown)),
+    };
+    Ok((local, served))
+}
+
 /// Where `atasira dev` and `atasira serve` listen.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Listen {
     /// The REST API (`dev`, and `serve gateway`).
     pub api: SocketAddr,
+    /// HTTPS for the REST API (`--tls-cert`, `--tls-key`); plain HTTP without.
+    pub tls: Option<Arc<ServerTls>>,
     /// The probe port (`--metrics-listen`), if any.
     pub probes: Option<SocketAddr>,
 }
@@ -340,13 +378,16 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let identity = service.identity();
     let db = Db::connect(database_url).await?;
-    if let NatsAuth::Insecure = nats_auth {
+    if let NatsAuth::Insecure { .. } = nats_auth {
         tokio::spawn(warn_insecure_nats(identity));
     }
     // The gateway answers nats-server's auth callout with this key (NATS publishers).
     let callout_issuer = match &nats_auth {
-        NatsAuth::Creds(creds) => creds.account_seed.as_deref().map(atasira_gateway::callout::issuer_from_seed).transpose()?,
-        NatsAuth::Insecure => None,
+        NatsAuth::Creds(creds) => match (&creds.account_seed, &creds.xkey_seed) {
+            (Some(issuer), xkey) => Some(atasira_gateway::callout::Keys::from_seeds(issuer, xkey.as_deref())?),
+            (None, _) => None,
+        },
+        NatsAuth::Insecure { .. } => None,
     };
     let client = connect_nats(nats_url, identity, &nats_auth, true).await?;
     let events = relay::EventsStream::new(async_nats::jetstream::new(client.clone()));
@@ -370,10 +411,11 @@ pub async fn serve(
     let relay_for = |name: &'static str, types: &'static [&'static str]| tokio::spawn(relay::run(db.clone(), events.clone(), name, types, rx.clone()));
     match service {
         ServiceName::Gateway => {
-            let listener = tokio::net::TcpListener::bind(listen.api).await.with_context(|| format!("failed to listen on {}", listen.api))?;
-            eprintln!("atasira gateway: listening on http://{}", listener.local_addr()?);
-            let callout = callout_issuer.map(|issuer| tokio::spawn(atasira_gateway::callout::run(client, db.clone(), issuer, wait(rx.clone()))));
-            let served = atasira_gateway::serve(listener, rt, settings.gateway.clone(), wait(rx)).await;
+            let scheme = if listen.tls.is_some() { "https" } else { "http" };
+            let (addr, served) = spawn_gateway(listen.api, listen.tls, rt, settings.gateway.clone(), wait(rx.clone())).await?;
+            eprintln!("atasira gateway: listening on {scheme}://{addr}");
+            let callout = callout_issuer.map(|issuer| tokio::spawn(atasira_gateway::callout::run(client, db.clone(), issuer, wait(rx))));
+            let served = served.await?;
             if let Some(callout) = callout {
                 callout.await??;
             }
@@ -450,9 +492,15 @@ pub async fn wait_ready(bus: &dyn atasira_platform::bus::Bus, services: &[&str])
 /// retries until the server is there, so services can start before it. Connection trouble
 /// (a refused key, say) is logged.
 pub async fn connect_nats(url: &str, identity: &str, auth: &NatsAuth, wait_for_server: bool) -> anyhow::Result<async_nats::Client> {
-    let options = match auth {
-        NatsAuth::Creds(creds) => async_nats::ConnectOptions::with_nkey(creds.user_seed.clone()),
-        NatsAuth::Insecure => async_nats::ConnectOptions::new(),
+    let (options, ca_pem) = match auth {
+        NatsAuth::Creds(creds) => (async_nats::ConnectOptions::with_nkey(creds.user_seed.clone()), creds.ca_pem.as_deref()),
+        NatsAuth::Insecure { ca_pem } => (async_nats::ConnectOptions::new(), ca_pem.as_deref()),
+    };
+    // With a CA, TLS or nothing: a server (or someone in between) offering plain text is
+    // refused, whatever the URL's scheme.
+    let options = match ca_pem {
+        Some(ca) => options.tls_client_config(crate::tls::client_config(ca)?).require_tls(true),
+        None => options,
     };
     let who = identity.to_owned();
     let options = if wait_for_server { options.retry_on_initial_connect() } else { options };

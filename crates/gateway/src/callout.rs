@@ -9,6 +9,9 @@
 //! [`MAX_CONNECTION_LIFETIME`] at the latest, so a revoked token's connection does not
 //! outlive the next reconnect. Each request is checked against the store again by the
 //! service that answers it, so a revocation takes effect at once.
+//!
+//! The requests carry the publisher's token, so nats-server encrypts them to the
+//! callout's xkey (curve key) and this service encrypts its answers back to the server's.
 
 use std::time::Duration;
 
@@ -141,25 +144,85 @@ pub fn issuer_from_seed(seed: &str) -> anyhow::Result<KeyPair> {
     Ok(pair)
 }
 
+/// The header in which nats-server names its own xkey (public) when it encrypts.
+pub const SERVER_XKEY_HEADER: &str = "Nats-Server-Xkey";
+
+/// The callout's keys: the issuer that signs answers, and the xkey requests are encrypted to.
+pub struct Keys {
+    issuer: KeyPair,
+    xkey: Option<nkeys::XKey>,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys").field("issuer", &self.issuer.public_key()).field("xkey", &self.xkey.as_ref().map(nkeys::XKey::public_key)).finish()
+    }
+}
+
+impl Keys {
+    /// From the seeds in the gateway's credentials file (`xkey`: `SX...`, if the
+    /// configuration encrypts requests).
+    pub fn from_seeds(issuer: &str, xkey: Option<&str>) -> anyhow::Result<Keys> {
+        let xkey = xkey
+            .map(|seed| nkeys::XKey::from_seed(seed.trim()).map_err(|e| anyhow::anyhow!("the auth callout encryption key is not a curve nkey seed: {e}")))
+            .transpose()?;
+        Ok(Keys { issuer: issuer_from_seed(issuer)?, xkey })
+    }
+
+    /// The request in clear, and the server key to encrypt the answer to; `None` when it
+    /// cannot be read (encrypted to another key, or in clear although this callout has an
+    /// xkey: then the server's configuration and this process's disagree).
+    fn open(&self, payload: &[u8], server_xkey: Option<&str>) -> Option<(Vec<u8>, Option<nkeys::XKey>)> {
+        match (&self.xkey, server_xkey) {
+            (Some(own), Some(server)) => {
+                let server = nkeys::XKey::from_public_key(server).ok()?;
+                let clear = own.open(payload, &server).ok()?;
+                Some((clear, Some(server)))
+            }
+            (None, None) => Some((payload.to_vec(), None)),
+            (Some(_), None) => {
+                tracing::warn!("auth callout: a request in clear, but this gateway expects them encrypted (regenerate the NATS configuration)");
+                None
+            }
+            (None, Some(_)) => {
+                tracing::warn!("auth callout: an encrypted request, but this gateway's credentials hold no encryption key");
+                None
+            }
+        }
+    }
+
+    /// `answer` as sent back: encrypted to `server` when the request was.
+    fn seal(&self, answer: String, server: Option<&nkeys::XKey>) -> Option<Vec<u8>> {
+        match (&self.xkey, server) {
+            (Some(own), Some(server)) => {
+                own.seal(answer.as_bytes(), server).map_err(|e| tracing::error!(error = %e, "auth callout: cannot encrypt the answer")).ok()
+            }
+            _ => Some(answer.into_bytes()),
+        }
+    }
+}
+
 /// Serves the auth callout until `shutdown` resolves. Several gateways share the work (one
 /// queue group).
-pub async fn run(client: async_nats::Client, db: Db, issuer: KeyPair, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(client: async_nats::Client, db: Db, keys: Keys, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let mut requests =
         client.queue_subscribe(subjects::AUTH_CALLOUT, "atasira-auth-callout".to_owned()).await.context("cannot subscribe to the auth callout subject")?;
-    let issuer = std::sync::Arc::new(issuer);
-    tracing::info!(issuer = %issuer.public_key(), "auth callout: answering NATS connections");
+    let keys = std::sync::Arc::new(keys);
+    tracing::info!(issuer = %keys.issuer.public_key(), encrypted = keys.xkey.is_some(), "auth callout: answering NATS connections");
     tokio::pin!(shutdown);
     loop {
         let msg = tokio::select! {
             msg = requests.next() => match msg { Some(m) => m, None => return Ok(()) },
             () = &mut shutdown => return Ok(()),
         };
-        let (client, db, issuer) = (client.clone(), db.clone(), issuer.clone());
+        let (client, db, keys) = (client.clone(), db.clone(), keys.clone());
         tokio::spawn(async move {
             let Some(reply) = msg.reply else { return };
-            if let Some(jwt) = answer(&db, &issuer, &msg.payload).await
-                && let Err(e) = client.publish(reply, jwt.into()).await
-            {
+            let server_xkey = msg.headers.as_ref().and_then(|h| h.get(SERVER_XKEY_HEADER)).map(|v| v.as_str().to_owned());
+            let Some((request, server)) = keys.open(&msg.payload, server_xkey.as_deref()) else { return };
+            let Some(jwt) = answer(&db, &keys.issuer, &request).await else { return };
+            let Some(sealed) = keys.seal(jwt, server.as_ref()) else { return };
+            if let Err(e) = client.publish(reply, sealed.into()).await {
                 tracing::warn!(error = %e, "auth callout: cannot answer");
             }
         });
@@ -225,5 +288,25 @@ mod tests {
         assert_eq!(back.nats.error, "no");
         assert!(issuer_from_seed(&KeyPair::new_user().seed().expect("seed")).is_err());
         assert!(issuer_from_seed(&issuer.seed().expect("seed")).is_ok());
+    }
+
+    #[test]
+    fn given_an_encrypted_request_when_opened_then_the_answer_is_encrypted_back_to_the_server_only() {
+        let server = nkeys::XKey::new();
+        let own = nkeys::XKey::new();
+        let keys = Keys::from_seeds(&KeyPair::new_account().seed().expect("seed"), Some(&own.seed().expect("seed"))).expect("keys");
+        let sealed = server.seal(b"request jwt", &nkeys::XKey::from_public_key(&own.public_key()).expect("public")).expect("sealed");
+        let (clear, back_to) = keys.open(&sealed, Some(&server.public_key())).expect("opened");
+        assert_eq!(clear, b"request jwt");
+        let answer = keys.seal("answer jwt".to_owned(), back_to.as_ref()).expect("sealed");
+        assert_ne!(answer, b"answer jwt", "not in clear");
+        let own_public = nkeys::XKey::from_public_key(&own.public_key()).expect("public");
+        assert_eq!(server.open(&answer, &own_public).expect("the server opens it"), b"answer jwt");
+        // In clear although encryption is configured, or encrypted to another key: unanswered.
+        assert!(keys.open(b"request jwt", None).is_none());
+        let other = nkeys::XKey::new();
+        let to_other = server.seal(b"x", &nkeys::XKey::from_public_key(&other.public_key()).expect("public")).expect("sealed");
+        assert!(keys.open(&to_other, Some(&server.public_key())).is_none());
+        assert!(!format!("{keys:?}").contains(&own.seed().expect("seed")[2..]), "Debug shows public keys only");
     }
 }

@@ -177,7 +177,11 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
 }
 
 /// Serves until `shutdown` resolves (the same code drives tests and production).
-pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve<L>(listener: L, rt: Runtime, config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     // Registered with the NATS services API like every other process (R-ARCH-8), so that
     // `$SRV.PING` finds the gateway too. It has no read models of its own.
     let endpoint = atasira_platform::service::serve(&rt, subjects::GATEWAY, |call| async move {

@@ -105,7 +105,7 @@ fn floor_payload(i: usize) -> Bytes {
 pub(super) async fn connect(nats_url: &str, creds_dir: Option<&Path>, identity: &str) -> anyhow::Result<async_nats::Client> {
     let auth = match creds_dir {
         Some(dir) => NatsAuth::Creds(nats_config::read_creds(&nats_config::creds_path(dir, identity))?),
-        None => NatsAuth::Insecure,
+        None => NatsAuth::Insecure { ca_pem: None },
     };
     services::connect_nats(nats_url, identity, &auth, false).await
 }
@@ -387,7 +387,7 @@ pub(super) fn settings_in(dir: &std::path::Path) -> Settings {
 async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, Figures)> {
     let data = TempDir::new("embedded")?;
     let settings = settings_in(data.path());
-    let system = Embedded::start(&settings, "127.0.0.1:0".parse()?).await?;
+    let system = Embedded::start(&settings, "127.0.0.1:0".parse()?, None).await?;
     let agent = Principal::new("bench-agent", Role::Member, Kind::Agent);
     let pat = auth::create_token(&system.db, &agent, Some(chrono::TimeDelta::hours(1)), auth::OPERATOR).await?.token;
     let rest = rest_submit(system.addr, pat, "embedded");

@@ -98,7 +98,7 @@ async fn launches(addr: SocketAddr, db: &Db, concurrency: usize, count: usize) -
 /// The embedded part: `atasira dev` in a fresh data dir.
 async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, Figures)> {
     let data = TempDir::new("workers-embedded")?;
-    let system = Embedded::start(&settings_in(data.path()), "127.0.0.1:0".parse()?).await?;
+    let system = Embedded::start(&settings_in(data.path()), "127.0.0.1:0".parse()?, None).await?;
     println!("-- embedded: one-request launch (every service in this process, SQLite in {})", data.path().display());
     let figures = launches(system.addr, &system.db, concurrency, count).await;
     system.stop().await?;
