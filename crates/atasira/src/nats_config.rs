@@ -511,8 +511,10 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     for path in &conf_files {
         eprintln!("next: nats-server -c {}", path.display());
     }
-    eprintln!("      atasira nats-setup --nats-creds {}", creds_path(&out, subjects::OPERATOR).display());
-    eprintln!("      atasira serve <service> --nats-creds {}", creds_path(&out, "<service>").display());
+    let url = format!("tls://{}:{}", options.tls_hosts.first().map_or("127.0.0.1", String::as_str), options.port);
+    eprintln!("      atasira nats-setup --nats-url {url} --nats-creds {}", creds_path(&out, subjects::OPERATOR).display());
+    eprintln!("      atasira serve <service> --nats-url {url} --nats-creds {}", creds_path(&out, "<service>").display());
+    eprintln!("      other NATS clients connect to {url} trusting {}", ca_path.display());
     if cert_dir != out {
         eprintln!("      (the configuration reads the certificate and key from {}: put them there)", cert_dir.display());
     }
