@@ -158,6 +158,9 @@ impl Bus for NatsBus {
             let name = if i == 0 { "requests".to_owned() } else { format!("requests-{i}") };
             endpoints.push(svc.endpoint_builder().name(name).add(subject.clone()).await.map_err(|e| BusError::Other(e.to_string()))?);
         }
+        // The server has the subscriptions before this returns: a process that says it
+        // serves (and a readiness probe that believes it) gets the next request.
+        self.client.flush().await.map_err(|e| BusError::Other(format!("cannot register service {service}: {e}")))?;
         let mut requests = futures::stream::select_all(endpoints);
         let task = tokio::spawn(async move {
             // Keeps the service (and its $SRV handlers) alive as long as the endpoint runs.
