@@ -166,3 +166,35 @@ fn a_captured_assertion_is_admitted_once_by_all_the_replicas_of_a_service_togeth
         }
     });
 }
+
+#[test]
+fn a_captured_command_runs_once_on_all_the_replicas_together_and_its_replays_append_nothing() {
+    // R-ARCH-13: the drafts service admits an assertion for the cluster in the statement of
+    // the command's append. Given two drafts processes and a captured agent's submit
+    let mut sys = System::start(Mode::Cluster);
+    sys.start_drafts(&[]);
+    let to_drafts = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
+    let submit = v1::SubmitDraft {
+        request: Some(v1::BoxDraftCreateRequest { box_type: "captured-submit".into(), purpose: "p".into(), tools: vec!["Read".into()], ..Default::default() }),
+    };
+    let captured = sys.gateway_signed(&to_drafts, &submit, "replicated-submit");
+    block_on(async {
+        let gateway = connect(&mut sys, As::Gateway).await.expect("connects as the gateway");
+        // when it is used once, then sent again and again (each time to either replica)
+        let first = request::<v1::SubmitDraftReply>(&gateway, &to_drafts, &captured).await.expect("the first use");
+        assert_eq!(first.box_type, "captured-submit");
+        for attempt in 0..12 {
+            // then neither replica carries it out a second time
+            let again = request::<v1::SubmitDraftReply>(&gateway, &to_drafts, &captured).await.expect_err("a replay");
+            assert_eq!((again.code, again.message.as_str()), (ErrorCode::Unauthenticated, "invalid principal assertion: replayed"), "attempt {attempt}");
+        }
+    });
+    // and the store holds one draft of it, and the replays as security violations
+    let drafts = sys.sql_i64("SELECT count(*) FROM events WHERE event_type = 'DraftSubmitted' AND payload::text LIKE '%captured-submit%'");
+    assert_eq!(drafts, 1, "one submission, whatever the replays");
+    let replays = sys.sql_i64(&format!(
+        "SELECT count(*) FROM events WHERE aggregate_type = '{}' AND payload::text LIKE '%replayed: atasira.v1.SubmitDraft%'",
+        atasira_domain::aggregates::types::DRAFTS_SECURITY
+    ));
+    assert!(replays >= 1, "the replays are recorded as security violations");
+}

@@ -43,6 +43,7 @@ where
         Ok(committed) => Ok(committed),
         Err(AggregateError::UserError(e)) => Err(e.into()),
         Err(AggregateError::AggregateConflict) => Err(Refusal::new(ErrorCode::Conflict, "a concurrent change to the same thing was recorded first; retry")),
+        Err(_) if crate::admission::replayed() => Err(Refusal::replayed()),
         Err(other) => Err(Refusal::internal(format!("{} {aggregate_id}: {other}", A::TYPE))),
     }
 }
@@ -68,6 +69,7 @@ where
                 }
             }
             Err(AggregateError::AggregateConflict) => break,
+            Err(_) if crate::admission::replayed() => return Err(Refusal::replayed()),
             Err(other) => return Err(Refusal::internal(format!("{} {aggregate_id}: {other}", A::TYPE))),
         }
     }

@@ -372,7 +372,21 @@ impl<A: Aggregate<Services = ()>> Framework<A> {
                 answer.await.unwrap_or_else(|_| Err(sqlx::Error::PoolClosed))
             }
             (Appender::Direct { .. }, Framework::Sqlite(_, pool)) => insert_rows!(pool, false, &[&rows]).map(positions),
-            (Appender::Direct { .. }, Framework::Postgres(_, pool)) => insert_rows!(pool, true, &[&rows]).map(positions),
+            // The request's principal assertion is admitted for the cluster in the same
+            // statement: a replayed command stores nothing (`admission`).
+            (Appender::Direct { .. }, Framework::Postgres(_, pool)) => match crate::admission::pending() {
+                Some((tag, expires_at_ms)) => {
+                    let stored = insert_rows!(pool, &rows, admitting & tag, expires_at_ms);
+                    if let Ok(stored) = &stored {
+                        crate::admission::settle(!stored.is_empty());
+                        if stored.is_empty() {
+                            return Err(cqrs_es::AggregateError::UnexpectedError("a replayed principal assertion: nothing appended".into()));
+                        }
+                    }
+                    stored.map(positions)
+                }
+                None => insert_rows!(pool, true, &[&rows]).map(positions),
+            },
         };
         let mut committed = stored.map_err(|e| match &e {
             sqlx::Error::Database(d) if d.is_unique_violation() => cqrs_es::AggregateError::AggregateConflict,
@@ -422,15 +436,37 @@ impl AppendRows {
 /// first fails the statement: the optimistic-concurrency conflict, as in postgres-es and
 /// sqlite-es.
 fn insert_statement(rows: usize, json: bool) -> String {
-    let (open, close, position) = if json { ("CAST(", " AS json)", "global_position") } else { ("", "", "rowid") };
+    let position = if json { "global_position" } else { "rowid" };
+    format!(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {}
+         RETURNING aggregate_type, aggregate_id, sequence, {position}",
+        insert_values(rows, json)
+    )
+}
+
+/// The VALUES of [`insert_statement`]: seven parameters per row, from `$1`.
+fn insert_values(rows: usize, json: bool) -> String {
+    let (open, close) = if json { ("CAST(", " AS json)") } else { ("", "") };
     let values: Vec<String> = (0..rows)
         .map(|i| 1 + 7 * i)
         .map(|k| format!("(${k}, ${}, ${}, ${}, ${}, {open}${}{close}, {open}${}{close})", k + 1, k + 2, k + 3, k + 4, k + 5, k + 6))
         .collect();
+    values.join(", ")
+}
+
+/// [`insert_statement`] for PostgreSQL that also admits a principal assertion for the
+/// cluster (its tag and expiry are the last two parameters): the rows are stored only if
+/// the tag is new, so a replayed command stores nothing and returns no rows.
+fn admitted_insert_statement(rows: usize) -> String {
+    let tag = 7 * rows + 1;
     format!(
-        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {}
-         RETURNING aggregate_type, aggregate_id, sequence, {position}",
-        values.join(", ")
+        "WITH admitted AS (INSERT INTO assertion_replay (tag, expires_at_ms) VALUES (${tag}, ${}) ON CONFLICT (tag) DO NOTHING RETURNING tag)
+         INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
+         SELECT v.* FROM (VALUES {}) AS v (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
+         WHERE EXISTS (SELECT 1 FROM admitted)
+         RETURNING aggregate_type, aggregate_id, sequence, global_position",
+        tag + 1,
+        insert_values(rows, true)
     )
 }
 
@@ -440,7 +476,17 @@ macro_rules! insert_rows {
     ($pool:expr, $json:expr, $appends:expr) => {{
         let appends: &[&AppendRows] = $appends;
         let sql = insert_statement(appends.iter().map(|a| a.rows.len()).sum(), $json);
-        let mut query = sqlx::query(&sql);
+        insert_rows!(@run $pool, &sql, appends)
+    }};
+    // PostgreSQL: one append that also admits an assertion ([`admitted_insert_statement`]).
+    ($pool:expr, $append:expr, admitting $tag:expr, $expires_at_ms:expr) => {{
+        let appends: &[&AppendRows] = &[$append];
+        let sql = admitted_insert_statement(appends[0].rows.len());
+        insert_rows!(@run $pool, &sql, appends, hex::encode($tag), $expires_at_ms)
+    }};
+    (@run $pool:expr, $sql:expr, $appends:expr $(, $extra:expr)*) => {{
+        let appends: &[&AppendRows] = $appends;
+        let mut query = sqlx::query($sql);
         for a in appends {
             for (sequence, event_type, version, payload) in &a.rows {
                 query = query
@@ -453,6 +499,7 @@ macro_rules! insert_rows {
                     .bind(a.metadata.as_str());
             }
         }
+        $(query = query.bind($extra);)*
         query.fetch_all($pool).await.and_then(|stored| {
             stored
                 .iter()

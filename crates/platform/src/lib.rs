@@ -6,6 +6,7 @@
 //! they run embedded or clustered is decided once, in the binary, when it builds a
 //! [`Runtime`].
 
+pub mod admission;
 pub mod auth;
 pub mod bus;
 pub mod command;

@@ -16,6 +16,7 @@ use prost::Message as _;
 use tokio::sync::Semaphore;
 
 use crate::Runtime;
+use crate::admission::State;
 use crate::bus::{Endpoint, Handler, Message};
 use crate::guard::Verdict;
 
@@ -41,6 +42,11 @@ impl Refusal {
         self.event_ids.push(event_id);
         self.position = self.position.max(position);
         self
+    }
+
+    /// A principal assertion some process admitted before.
+    pub fn replayed() -> Self {
+        Self::new(ErrorCode::Unauthenticated, format!("invalid principal assertion: {REPLAYED}"))
     }
 
     /// A failure of ours: logged with its cause, answered without it.
@@ -249,8 +255,65 @@ where
     {
         return refusal.into_reply();
     }
-    dispatch(call).await.unwrap_or_else(Refusal::into_reply)
+    if !defers_admission(rt, &call) {
+        return dispatch(call).await.unwrap_or_else(Refusal::into_reply);
+    }
+    // The assertion's admission for the cluster rides with the first append; a request that
+    // appended nothing is admitted now, before its answer goes out (`admission`).
+    let replay = ReplayNote::of(&call);
+    let (reply, admission) = crate::admission::scope(dispatch(call)).await;
+    let replayed = match admission {
+        State::Pending { tag, expires_at_ms } => match rt.db.admit_assertion(&tag, expires_at_ms).await {
+            Ok(admitted) => !admitted,
+            Err(e) => return Refusal::internal(format!("cannot record an admitted assertion: {e}")).into_reply(),
+        },
+        State::Replayed => true,
+        State::None | State::Admitted => false,
+    };
+    if replayed {
+        return replay.refuse(rt).await.into_reply();
+    }
+    reply.unwrap_or_else(Refusal::into_reply)
 }
+
+/// Services whose requests change nothing but the store (they append events and read),
+/// so a replayed request is stopped in full by its append: their admissions are deferred.
+const DEFERRING_SERVICES: &[&str] = &[subjects::DRAFTS];
+
+/// Whether `call`'s admission may wait for its first append: a process's call with an
+/// assertion, to a service that only appends, on a store shared by replicas.
+fn defers_admission(rt: &Runtime, call: &Call) -> bool {
+    matches!(call.origin, Origin::Service(_))
+        && call.env.assertion.is_some()
+        && DEFERRING_SERVICES.contains(&call.service)
+        && rt.db.kind() == crate::db::DbKind::Postgres
+}
+
+/// What the security violation of a replay names, kept before the call is dispatched.
+struct ReplayNote {
+    call: Call,
+    claimed: Option<String>,
+    key_id: Option<String>,
+}
+
+impl ReplayNote {
+    fn of(call: &Call) -> Self {
+        let wire = call.env.assertion.as_ref();
+        let env = Envelope { message_type: call.env.message_type.clone(), ..Envelope::default() };
+        ReplayNote {
+            call: Call::new(call.subject.clone(), call.origin.clone(), env, call.service),
+            claimed: wire.and_then(|w| w.principal.as_ref()).map(|p| p.user_id.clone()),
+            key_id: wire.map(|w| w.key_id.clone()),
+        }
+    }
+
+    async fn refuse(&self, rt: &Runtime) -> Refusal {
+        refused_assertion(rt, &self.call, REPLAYED, self.claimed.as_deref(), self.key_id.as_deref()).await
+    }
+}
+
+/// The reason a replayed assertion is refused with.
+const REPLAYED: &str = "replayed";
 
 /// R-ARCH-3: a call from one of atasira's processes acts for a principal only with a valid
 /// assertion bound to this request (subject, message type, payload digest, correlation
@@ -275,13 +338,15 @@ async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusa
     };
     let (tag, expires_at_ms) = (*verified.tag(), verified.expires_at().timestamp_millis());
     match rt.guards.admit(verified, now) {
-        // Admitted here; and by no other replica of the cluster (R-ARCH-13)?
+        // Admitted here; by no other replica of the cluster either (R-ARCH-13)? Asked with
+        // the request's first append where the service defers it, else now.
+        Ok(principal) if defers_admission(rt, call) && crate::admission::defer(tag, expires_at_ms) => Ok(principal),
         Ok(principal) => match rt.db.admit_assertion(&tag, expires_at_ms).await {
             Ok(true) => Ok(principal),
-            Ok(false) => Err(refused_assertion(rt, call, "replayed", claimed, Some(&wire.key_id)).await),
+            Ok(false) => Err(refused_assertion(rt, call, REPLAYED, claimed, Some(&wire.key_id)).await),
             Err(e) => Err(Refusal::internal(format!("cannot record an admitted assertion: {e}"))),
         },
-        Err(ReplayError::Replayed) => Err(refused_assertion(rt, call, "replayed", claimed, Some(&wire.key_id)).await),
+        Err(ReplayError::Replayed) => Err(refused_assertion(rt, call, REPLAYED, claimed, Some(&wire.key_id)).await),
         Err(e @ ReplayError::Full { .. }) => {
             tracing::warn!(service = call.service, error = %e, "principal assertion refused: the replay cache is full");
             Err(Refusal::new(ErrorCode::Busy, "too many requests right now; retry in a moment"))
