@@ -139,6 +139,23 @@ fn the_gateway_serves_https_with_a_certificate_and_nothing_in_clear() {
         let boxes = https_get(port, &cert_pem, "/api/v1/boxes", Some(&admin)).await;
         assert!(boxes.starts_with("HTTP/1.1 200") && boxes.contains("\"boxes\""), "{boxes}");
     });
+    // The command line speaks HTTPS too: with the CA it trusts, and only with it.
+    let url = format!("https://127.0.0.1:{port}");
+    let cli = |extra: &[&str]| {
+        let out = std::process::Command::new(atasira_bin())
+            .args(["drafts", "pending", "--url", &url, "--token", &admin, "--json"])
+            .args(extra)
+            .env_remove("ATASIRA_CA_FILE")
+            .output()
+            .expect("the CLI runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stdout, stderr) = cli(&["--ca-file", cert.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("\"drafts\""), "{stdout}");
+    let (code, _, stderr) = cli(&[]);
+    assert_eq!(code, Some(3), "an unknown CA is unreachable: {stderr}");
+    assert!(stderr.contains("cannot reach the API"), "{stderr}");
     // Plain HTTP on the same port gets no answer.
     let mut plain = TcpStream::connect(("127.0.0.1", port)).expect("connects");
     plain.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");

@@ -39,6 +39,24 @@ pub struct Connection {
     /// Print the API's JSON answer (refusals too) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// For an https:// URL: the CA certificate(s) (PEM) to check the gateway's certificate
+    /// against, instead of the well-known public CAs.
+    #[arg(long, env = "ATASIRA_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl Connection {
+    /// An HTTP client for this connection (trusting `--ca-file` alone when given); the exit
+    /// code of a CA file that cannot be used.
+    fn agent(&self) -> Result<ureq::Agent, u8> {
+        let builder = ureq::AgentBuilder::new().timeout(TIMEOUT);
+        let Some(path) = &self.ca_file else { return Ok(builder.build()) };
+        let trusted = std::fs::read_to_string(path)
+            .map_err(anyhow::Error::from)
+            .and_then(|pem| crate::tls::client_config(&pem))
+            .map_err(|e| usage(&format!("--ca-file {}: {e:#}", path.display())))?;
+        Ok(builder.tls_config(std::sync::Arc::new(trusted)).build())
+    }
 }
 
 /// `atasira workers ...`.
@@ -487,7 +505,7 @@ impl VerifyArgs {
             };
             VerifyWhere::Store(StoreCheck { data_dir, database_url, audit_key: self.audit_key })
         } else {
-            VerifyWhere::Gateway(Connection { url: self.url.unwrap_or_default(), token: self.token, json: self.json })
+            VerifyWhere::Gateway(Connection { url: self.url.unwrap_or_default(), token: self.token, json: self.json, ca_file: None })
         }
     }
 }
@@ -776,7 +794,7 @@ fn send(connection: &Connection, method: &str, path: &str, body: Option<&Value>)
         return Err(usage("no token: pass --token or set ATASIRA_PAT"));
     };
     let url = format!("{}{path}", connection.url.trim_end_matches('/'));
-    let agent = ureq::AgentBuilder::new().timeout(TIMEOUT).build();
+    let agent = connection.agent()?;
     let request = agent.request(method, &url).set("Authorization", &format!("Bearer {token}"));
     let progress = Progress::start(std::io::stderr().is_terminal());
     let answer = match body {
