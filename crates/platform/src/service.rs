@@ -339,8 +339,9 @@ async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusa
     let (tag, expires_at_ms) = (*verified.tag(), verified.expires_at().timestamp_millis());
     match rt.guards.admit(verified, now) {
         // Admitted here; by no other replica of the cluster either (R-ARCH-13)? Asked with
-        // the request's first append where the service defers it, else now.
-        Ok(principal) if defers_admission(rt, call) && crate::admission::defer(tag, expires_at_ms) => Ok(principal),
+        // the request's first append where the service defers it (`dispatch_checked` opened
+        // a scope for it), else now.
+        Ok(principal) if crate::admission::defer(tag, expires_at_ms) => Ok(principal),
         Ok(principal) => match rt.db.admit_assertion(&tag, expires_at_ms).await {
             Ok(true) => Ok(principal),
             Ok(false) => Err(refused_assertion(rt, call, REPLAYED, claimed, Some(&wire.key_id)).await),
@@ -517,6 +518,27 @@ mod tests {
         (endpoint, gate, entered)
     }
 
+    /// Sends `n` copies of `env` on `subject` and returns once each is inside the blocking
+    /// handler; their answers come when the gate opens.
+    async fn enter(
+        bus: &Arc<InprocBus>,
+        subject: &str,
+        env: &Envelope,
+        n: usize,
+        entered: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+    ) -> Vec<tokio::task::JoinHandle<Result<v1::WaitForPositionReply, atasira_contracts::Refused>>> {
+        let running: Vec<_> = (0..n)
+            .map(|_| {
+                let (bus, subject, env) = (bus.clone(), subject.to_owned(), env.clone());
+                tokio::spawn(async move { send(&bus, &subject, &env).await })
+            })
+            .collect();
+        for _ in 0..n {
+            entered.recv().await.expect("a request entered");
+        }
+        running
+    }
+
     /// The drafts subject of a NATS publisher holding a new agent's PAT.
     async fn agent_subject(rt: &Runtime) -> String {
         let token =
@@ -537,14 +559,7 @@ mod tests {
         let subject = subjects::request(subjects::GATEWAY, subjects::DRAFTS);
         let wait = envelope(&v1::WaitForPosition::default(), "c", "");
         // when two requests are inside the handler
-        let mut running = Vec::new();
-        for _ in 0..2 {
-            let (bus, subject, wait) = (bus.clone(), subject.clone(), wait.clone());
-            running.push(tokio::spawn(async move { send(&bus, &subject, &wait).await }));
-        }
-        for _ in 0..2 {
-            entered.recv().await.expect("a request entered");
-        }
+        let running = enter(&bus, &subject, &wait, 2, &mut entered).await;
         // then a third is answered busy without waiting for them
         let third = send(&bus, &subject, &wait).await.expect_err("busy");
         assert_eq!(third.code, ErrorCode::Busy, "{third}");
@@ -654,14 +669,7 @@ mod tests {
         let client = agent_subject(&rt).await;
         let wait = envelope(&v1::WaitForPosition::default(), "c", "");
         // when the agent holds two waits inside
-        let mut running = Vec::new();
-        for _ in 0..2 {
-            let (bus, subject, wait) = (bus.clone(), client.clone(), wait.clone());
-            running.push(tokio::spawn(async move { send(&bus, &subject, &wait).await }));
-        }
-        for _ in 0..2 {
-            entered.recv().await.expect("a wait entered");
-        }
+        let mut running = enter(&bus, &client, &wait, 2, &mut entered).await;
         // then its next one is busy at once
         let more = send(&bus, &client, &wait).await.expect_err("busy");
         assert_eq!(more.code, ErrorCode::Busy, "{more}");

@@ -80,6 +80,19 @@ pub const EVENT_VERSION: &str = "1";
 /// Implements `cqrs_es::Aggregate` by delegating to the aggregate's pure `decide`.
 macro_rules! aggregate_via_decide {
     ($agg:ty, $type_name:expr, $cmd:ty, $event:ty, $err:ty) => {
+        $crate::aggregates::aggregate_via_decide!(@aggregate $agg, $type_name, $cmd, $event, $err);
+
+        impl cqrs_es::DomainEvent for $event {
+            fn event_type(&self) -> String {
+                self.name().to_owned()
+            }
+            fn event_version(&self) -> String {
+                $crate::aggregates::EVENT_VERSION.to_owned()
+            }
+        }
+    };
+    // The `cqrs_es::Aggregate` impl alone (events shared by several aggregate types).
+    (@aggregate $agg:ty, $type_name:expr, $cmd:ty, $event:ty, $err:ty) => {
         impl cqrs_es::Aggregate for $agg {
             const TYPE: &'static str = $type_name;
             type Command = $cmd;
@@ -103,15 +116,6 @@ macro_rules! aggregate_via_decide {
                 self.evolve(event);
             }
         }
-
-        impl cqrs_es::DomainEvent for $event {
-            fn event_type(&self) -> String {
-                self.name().to_owned()
-            }
-            fn event_version(&self) -> String {
-                $crate::aggregates::EVENT_VERSION.to_owned()
-            }
-        }
     };
 }
 pub(crate) use aggregate_via_decide;
@@ -130,24 +134,7 @@ macro_rules! record_aggregates {
             }
         }
 
-        impl cqrs_es::Aggregate for $agg {
-            const TYPE: &'static str = $type_name;
-            type Command = $cmd;
-            type Event = $event;
-            type Error = $err;
-            type Services = ();
-
-            async fn handle(&mut self, command: Self::Command, _services: &Self::Services, sink: &cqrs_es::event_sink::EventSink<Self>) -> Result<(), Self::Error> {
-                for event in self.decide(command)? {
-                    sink.write(event, self).await;
-                }
-                Ok(())
-            }
-
-            fn apply(&mut self, event: Self::Event) {
-                self.evolve(event);
-            }
-        }
+        $crate::aggregates::aggregate_via_decide!(@aggregate $agg, $type_name, $cmd, $event, $err);
     )+};
 }
 pub(crate) use record_aggregates;
