@@ -221,7 +221,17 @@ fn a_read_costs_what_it_returns_even_when_the_planner_knows_nothing_of_the_store
         .execute(db.any())
         .await
         .expect("seed");
-        let last = db.read(Cursor::START, &["draft"], 5000).await.expect("read").events.last().map(Cursor::of).expect("events");
+        // A read shows only transactions below the cluster's oldest open one: another test
+        // of this server may hold one open for a moment, so wait until all 5,000 show.
+        let mut seeded = Vec::new();
+        for _ in 0..600 {
+            seeded = db.read(Cursor::START, &["draft"], 5000).await.expect("read").events;
+            if seeded.len() == 5000 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let last = seeded.last().filter(|_| seeded.len() == 5000).map(Cursor::of).expect("all 5,000 seeded events readable within 30 s");
         let near_the_end = Cursor { tx_id: last.tx_id, position: last.position - 3 };
         // when a consumer of drafts and Boxes, of Boxes alone, or of many types (as the audit
         // writer) reads from near the end,
