@@ -358,6 +358,88 @@ fn wait_for_healthz(monitor: u16) {
     }
 }
 
+/// A PostgreSQL server of one test's own, for tests that stop and start it (the shared
+/// server of `scripts/test` serves every other test). Stopped and removed on drop.
+#[derive(Debug)]
+pub struct PrivatePostgres {
+    dir: TempDir,
+    bin: PathBuf,
+    port: u16,
+    /// The superuser's URL of the `postgres` database.
+    pub admin_url: String,
+}
+
+impl PrivatePostgres {
+    /// initdb in a temporary directory and start on a free loopback port.
+    pub fn start() -> PrivatePostgres {
+        let bin = PathBuf::from(required_env("ATASIRA_TEST_PG_BIN"));
+        let dir = TempDir::new("atasira-pg");
+        if Self::as_root() {
+            // PostgreSQL refuses to run as root: the directory is its user's.
+            let owned = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir.0).status().expect("chown runs");
+            assert!(owned.success(), "chown of {} failed", dir.0.display());
+        }
+        let port = free_port();
+        let pg = PrivatePostgres { port, admin_url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), dir, bin };
+        let data = pg.dir.0.join("data");
+        pg.run("initdb", &["-D", &data.to_string_lossy(), "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-locale"]);
+        let conf = "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n";
+        let mut file = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).expect("postgresql.conf");
+        std::io::Write::write_all(&mut file, conf.as_bytes()).expect("configure");
+        pg.up();
+        pg
+    }
+
+    fn as_root() -> bool {
+        Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+    }
+
+    /// Runs one of PostgreSQL's programs (as `postgres` when we are root); it must succeed.
+    fn run(&self, program: &str, args: &[&str]) {
+        let path = self.bin.join(program);
+        let mut command = if Self::as_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&path);
+            c
+        } else {
+            Command::new(&path)
+        };
+        let out = command.args(args).current_dir("/").stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{program} runs: {e}"));
+        assert!(out.status.success(), "{program} {args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Starts the server (again), on the same port; returns once it accepts connections.
+    pub fn up(&self) {
+        let (data, log) = (self.dir.0.join("data"), self.dir.0.join("postgres.log"));
+        let port = format!("-p {}", self.port);
+        self.run("pg_ctl", &["-D", &data.to_string_lossy(), "-l", &log.to_string_lossy(), "-o", &port, "-w", "-t", "60", "start"]);
+    }
+
+    /// Stops the server (fast shutdown: connections are told and closed).
+    pub fn down(&self) {
+        self.run("pg_ctl", &["-D", &self.dir.0.join("data").to_string_lossy(), "-m", "fast", "-w", "-t", "60", "stop"]);
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let data = self.dir.0.join("data");
+        let mut command = if Self::as_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(self.bin.join("pg_ctl"));
+            c
+        } else {
+            Command::new(self.bin.join("pg_ctl"))
+        };
+        let _ = command
+            .args(["-D", &data.to_string_lossy(), "-m", "immediate", "-w", "stop"])
+            .current_dir("/")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// A fresh PostgreSQL database, dropped on drop.
 #[derive(Debug)]
 pub struct Database {
@@ -374,7 +456,12 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 impl Database {
     pub fn create() -> Database {
-        let admin_url = required_env("ATASIRA_TEST_DATABASE_URL");
+        Database::create_at(&required_env("ATASIRA_TEST_DATABASE_URL"))
+    }
+
+    /// A fresh database on the server `admin_url` names (a [`PrivatePostgres`]).
+    pub fn create_at(admin_url: &str) -> Database {
+        let admin_url = admin_url.to_owned();
         let name = format!("atasira_t_{}", uuid::Uuid::new_v4().simple());
         block_on(async {
             use sqlx::Connection;
@@ -706,8 +793,8 @@ impl System {
                 self.base_url = listening_url(&self.procs[first].wait_stderr("listening on http://", Duration::from_secs(1)));
             }
         }
-        let health = http("GET", &format!("{}/healthz", self.base_url), None, &[], None);
-        assert_eq!(health.status, 200, "healthz: {}", health.raw);
+        let ready = http("GET", &format!("{}/readyz", self.base_url), None, &[], None);
+        assert_eq!(ready.status, 200, "readyz: {}", ready.raw);
     }
 
     /// Cluster: starts the gateway process; `base_url` follows its new port.

@@ -168,11 +168,11 @@ fn an_event_the_bus_cannot_carry_is_a_dead_letter_and_the_relay_goes_on() {
 fn an_event_a_projection_cannot_apply_stops_only_that_projection_visibly() {
     // R-ARCH-5: a draft event the drafts view cannot read (written behind the product's
     // back) stops the drafts view alone; the probe port of its process names it, the public
-    // /healthz says only that something is wrong (R-ARCH-13); everything else goes on.
+    // /readyz says only that something is wrong (R-ARCH-13); everything else goes on.
     for mode in [Mode::Embedded, Mode::Cluster] {
         let mut sys = System::start(mode);
-        let health = sys.get("/healthz", &sys.admin);
-        assert_eq!((health.status, &health.body["status"]), (200, &json!("ok")), "{}", health.raw);
+        let health = sys.get("/readyz", &sys.admin);
+        assert_eq!((health.status, &health.body["status"]), (200, &json!("ready")), "{}", health.raw);
         sys.sql(
             "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
              VALUES ('draft', 'broken', 1, 'DraftSubmitted', '1', '{\"DraftSubmitted\": {\"nonsense\": true}}', '{}')",
@@ -182,11 +182,13 @@ fn an_event_a_projection_cannot_apply_stops_only_that_projection_visibly() {
             let ready = http("GET", &ready, None, &[], None);
             ready.status == 503 && ready.raw.contains("drafts_view") && ready.raw.contains("broken")
         });
-        eventually("the public health said unavailable", || sys.get("/healthz", &sys.admin).status == 503);
+        eventually("the public readiness said unavailable", || sys.get("/readyz", &sys.admin).status == 503);
         for token in [None, Some(sys.admin.as_str())] {
-            let health = http("GET", &sys.url("/healthz"), token, &[], None);
+            let health = http("GET", &sys.url("/readyz"), token, &[], None);
             assert_eq!((health.status, &health.body), (503, &json!({"status": "unavailable"})), "{mode:?}: {}", health.raw);
         }
+        // Alive all the same: the gateway runs.
+        assert_eq!(http("GET", &sys.url("/healthz"), None, &[], None).status, 200);
         // The process serves on: Boxes are listed, the ledger grows.
         assert_eq!(sys.get("/api/v1/boxes", &sys.agent).status, 200, "{mode:?}");
         eventually("the ledger went past the broken event", || sys.sql_i64("SELECT COUNT(*) FROM audit_ledger_rows WHERE event_id = 'draft/broken/1'") == 1);

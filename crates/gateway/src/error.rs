@@ -51,6 +51,17 @@ impl ApiError {
         Self::failure(ErrorCode::Internal, &reference)
     }
 
+    /// A failure of the store: 503 `service_unavailable` while the database is away (it
+    /// passes by itself, so the caller retries), else 500 `internal`.
+    pub fn store(e: anyhow::Error) -> Self {
+        if !atasira_platform::failure::is_transient(&e) {
+            return Self::internal(format!("{e:#}"));
+        }
+        let reference = uuid::Uuid::new_v4().to_string();
+        tracing::warn!(reference, error = format!("{e:#}"), "the database did not answer");
+        Self::failure(ErrorCode::ServiceUnavailable, &reference)
+    }
+
     /// What a caller is told of a failure on the server's side: a fixed text and the
     /// reference the log names it by, never the error itself.
     pub fn failure(code: ErrorCode, reference: &str) -> Self {

@@ -29,7 +29,7 @@ impl FromRequestParts<AppState> for Caller {
         }
         let principal = auth::lookup_token(&state.rt.db, token)
             .await
-            .map_err(ApiError::internal)?
+            .map_err(ApiError::store)?
             .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "unknown, revoked or expired token"))?;
         // Each principal's rate (R-ARCH-15), for REST and MCP tool calls alike.
         if let Err(wait) = state.limits.check(&principal.user_id) {

@@ -163,10 +163,12 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
         .with_state(state.clone());
     // The MCP tools call the same API router in-process.
     let (mcp, stop_mcp) = mcp::router(api.clone(), state.clone());
-    // The REST address tells the public only whether the system works; the details
-    // (`/readyz`) and the metrics are on each process's probe port (`--metrics-listen`).
+    // The REST address tells the public only that the gateway runs (`/healthz`) and whether
+    // the system works (`/readyz`); the details and the metrics are on each process's probe
+    // port (`--metrics-listen`).
     let app = Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .merge(dashboard::routes())
         .with_state(state)
         .nest("/api/v1", api)
@@ -206,11 +208,18 @@ where
     Ok(())
 }
 
-/// 200 `{"status": "ok"}` when every service answers and none of their consumers is
-/// stuck; otherwise 503 `{"status": "unavailable"}` (a stuck consumer stops alone; the rest
-/// of the process keeps serving). What is wrong is logged, never told to the caller: the
-/// probe port of each process names it (`/readyz`).
-async fn healthz(State(state): State<AppState>) -> Response {
+/// Liveness: 200 `{"status": "ok"}` while the gateway runs, whatever its dependencies do
+/// (an orchestrator must not restart a gateway that only waits for the database or NATS).
+async fn healthz() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+/// Whether the system works: 200 `{"status": "ready"}` when every service answers and none
+/// of their consumers is stuck or waiting for the database; otherwise 503 `{"status":
+/// "unavailable"}` (a stuck consumer stops alone; the rest of the process keeps serving).
+/// What is wrong is logged, never told to the caller: the probe port of each process names
+/// it (`/readyz` there).
+async fn readyz(State(state): State<AppState>) -> Response {
     let probe = v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] };
     let asks = subjects::SERVICES.iter().map(|service| {
         let (state, probe) = (state.clone(), probe.clone());
@@ -231,7 +240,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
         }
     }
     if stalled.is_empty() && unreachable.is_empty() {
-        return Json(json!({"status": "ok"})).into_response();
+        return Json(json!({"status": "ready"})).into_response();
     }
     tracing::warn!(stalled = %json!(stalled), unreachable = ?unreachable, "health: the system is degraded");
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "unavailable"}))).into_response()

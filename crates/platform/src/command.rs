@@ -44,7 +44,7 @@ where
         Err(AggregateError::UserError(e)) => Err(e.into()),
         Err(AggregateError::AggregateConflict) => Err(Refusal::new(ErrorCode::Conflict, "a concurrent change to the same thing was recorded first; retry")),
         Err(_) if crate::admission::replayed() => Err(Refusal::replayed()),
-        Err(other) => Err(Refusal::internal(format!("{} {aggregate_id}: {other}", A::TYPE))),
+        Err(other) => Err(store_failure::<A>(aggregate_id, other)),
     }
 }
 
@@ -70,11 +70,23 @@ where
             }
             Err(AggregateError::AggregateConflict) => break,
             Err(_) if crate::admission::replayed() => return Err(Refusal::replayed()),
-            Err(other) => return Err(Refusal::internal(format!("{} {aggregate_id}: {other}", A::TYPE))),
+            Err(other) => return Err(store_failure::<A>(aggregate_id, other)),
         }
     }
     Err(match retry.exhausted {
         ErrorCode::Busy => Refusal::new(ErrorCode::Busy, "too many concurrent changes right now; retry in a moment"),
         code => Refusal::new(code, "a concurrent change to the same thing was recorded first; retry"),
     })
+}
+
+/// A store failure as the answer: `service_unavailable` while the database is away (the
+/// caller retries), `internal` otherwise.
+fn store_failure<A: Aggregate>(aggregate_id: &str, error: AggregateError<A::Error>) -> Refusal {
+    if let AggregateError::DatabaseConnectionError(e) = &error
+        && e.downcast_ref::<sqlx::Error>().is_some_and(crate::failure::sqlx_transient)
+    {
+        tracing::warn!(aggregate_type = A::TYPE, aggregate_id, error = %e, "the database did not answer");
+        return Refusal::new(ErrorCode::ServiceUnavailable, "the store is not answering right now; retry in a moment");
+    }
+    Refusal::internal(format!("{} {aggregate_id}: {error}", A::TYPE))
 }

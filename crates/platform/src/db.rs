@@ -64,8 +64,9 @@ struct Signals {
     grouped: Arc<Grouped>,
     /// The connection [`Db::read`] keeps between reads (see there).
     reader: tokio::sync::Mutex<Option<sqlx::pool::PoolConnection<sqlx::Any>>>,
-    /// Consumers of this process that cannot get past an event: name -> the error.
-    stalled: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+    /// Consumers of this process that cannot go on: name -> the error, and whether it is
+    /// transient (waiting for the database) rather than an event it cannot apply.
+    stalled: std::sync::Mutex<std::collections::BTreeMap<String, (String, bool)>>,
     /// What the consumers of this process committed, so that a read-your-writes wait looks
     /// here when the progress bell rings instead of asking the database.
     progress: std::sync::Mutex<HashMap<String, Consumed>>,
@@ -848,21 +849,33 @@ const POSTGRES_REPLAY: &[&str] = &["CREATE TABLE IF NOT EXISTS assertion_replay 
 /// Checkpoint tables of stores created before checkpoints were cursors.
 const CURSOR_COLUMNS: &[&str] = &["projection_checkpoints", "relay_checkpoints"];
 
+/// How long a PostgreSQL statement waits for a connection of its pool (one in use by
+/// others, or a new one while the database is away) before it fails.
+const PG_ACQUIRE: Duration = Duration::from_secs(5);
+
 impl Db {
     /// Connects to `postgres://...` or `sqlite://...`, creating what the event store needs.
     pub async fn connect(url: &str) -> anyhow::Result<Db> {
         sqlx::any::install_default_drivers();
         let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             // No ping before each use (a round trip per statement): a connection that died
-            // fails its statement, and every writer retries from its checkpoint.
+            // fails its statement, and every writer retries from its checkpoint. While the
+            // database is away, a request waits at most PG_ACQUIRE for a connection, then
+            // fails (503 to its caller) instead of hanging.
             let pool = PgPoolOptions::new()
                 .max_connections(8)
                 .test_before_acquire(false)
-                .acquire_timeout(Duration::from_secs(10))
+                .acquire_timeout(PG_ACQUIRE)
                 .connect(url)
                 .await
                 .with_context(|| format!("failed to connect to {}", redact(url)))?;
-            let any = AnyPoolOptions::new().max_connections(8).test_before_acquire(false).connect(url).await.context("failed to open the Any pool")?;
+            let any = AnyPoolOptions::new()
+                .max_connections(8)
+                .test_before_acquire(false)
+                .acquire_timeout(PG_ACQUIRE)
+                .connect(url)
+                .await
+                .context("failed to open the Any pool")?;
             let signals = Signals::new(None);
             tokio::spawn(listen_for_appends(pool.clone(), Arc::downgrade(&signals)));
             Db { typed: Typed::Postgres(pool), any, signals }
@@ -1100,10 +1113,18 @@ impl Db {
         Ok(())
     }
 
-    /// Reports consumer `name` stuck at an event it cannot handle (health, `/healthz`).
+    /// Reports consumer `name` stuck at an event it cannot handle (readiness, `/readyz`).
     pub fn stalled(&self, name: &str, error: &str) {
         if let Ok(mut stalled) = self.signals.stalled.lock() {
-            stalled.insert(name.to_owned(), error.to_owned());
+            stalled.insert(name.to_owned(), (error.to_owned(), false));
+        }
+    }
+
+    /// Reports consumer `name` waiting for the database to come back (readiness): cleared
+    /// as soon as it reads again ([`Db::reconnected`]).
+    pub fn waiting(&self, name: &str, error: &str) {
+        if let Ok(mut stalled) = self.signals.stalled.lock() {
+            stalled.insert(name.to_owned(), (error.to_owned(), true));
         }
     }
 
@@ -1112,9 +1133,20 @@ impl Db {
         self.signals.stalled.lock().map(|mut s| s.remove(name).is_some()).unwrap_or(false)
     }
 
-    /// The consumers of this process that are stuck, with their errors.
+    /// Clears a report of [`Db::waiting`] (not one of an event the consumer cannot apply,
+    /// which stays until it gets past the event); whether there was one.
+    pub fn reconnected(&self, name: &str) -> bool {
+        let Ok(mut stalled) = self.signals.stalled.lock() else { return false };
+        if stalled.get(name).is_some_and(|(_, transient)| *transient) {
+            stalled.remove(name);
+            return true;
+        }
+        false
+    }
+
+    /// The consumers of this process that are stuck or waiting, with their errors.
     pub fn stalled_consumers(&self) -> Vec<(String, String)> {
-        self.signals.stalled.lock().map(|s| s.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default()
+        self.signals.stalled.lock().map(|s| s.iter().map(|(k, (e, _))| (k.clone(), e.clone())).collect()).unwrap_or_default()
     }
 
     /// A transaction for a projection's rows and checkpoint. In PostgreSQL its commit does not wait for the disk: a crash can lose only

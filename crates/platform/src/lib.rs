@@ -13,6 +13,7 @@ pub mod command;
 pub mod db;
 pub mod exclusive;
 pub mod failpoints;
+pub mod failure;
 pub mod feed;
 pub mod guard;
 pub mod keys;

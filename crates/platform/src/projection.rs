@@ -366,6 +366,15 @@ pub async fn consume_selected<F, Fut>(
     .await
 }
 
+/// The first pause of a consumer stopped at an event it cannot apply (it doubles up to
+/// 30 s while the event keeps failing).
+const FIRST_PAUSE: Duration = Duration::from_millis(500);
+
+/// The first pause of a consumer waiting for the database, and the longest: the consumer
+/// is ready again within about a second of the database's return.
+const FIRST_TRANSIENT_PAUSE: Duration = Duration::from_millis(100);
+const MAX_TRANSIENT_PAUSE: Duration = Duration::from_secs(1);
+
 /// How long a consumer that is told to stop lets the batch in flight finish.
 const FINISH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
 
@@ -389,7 +398,8 @@ pub async fn consume_batches<F, Fut>(
     F: Fn(Vec<StoredEvent>) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let mut pause = Duration::from_millis(500);
+    let mut pause = FIRST_PAUSE;
+    let mut transient_pause = FIRST_TRANSIENT_PAUSE;
     loop {
         // One process runs this consumer; other replicas stand by (`exclusive.rs`).
         let Some(mut lease) = crate::exclusive::acquire(&db, name, &mut shutdown).await else { return };
@@ -400,6 +410,11 @@ pub async fn consume_batches<F, Fut>(
             db.consumer_opened(name, from);
             crate::metrics::global().reader_at(name, "consumer", aggregate_types, from);
             let mut feed = feeds.open(&db, name, aggregate_types, from).await?;
+            // Reading again: a wait for the database is over.
+            if db.reconnected(name) {
+                tracing::info!(consumer = name, "the database answers again; consumer moving again");
+                pause = FIRST_PAUSE;
+            }
             loop {
                 if *shutdown.borrow() {
                     return Ok(true);
@@ -434,8 +449,9 @@ pub async fn consume_batches<F, Fut>(
                 }
                 if db.recovered(name) {
                     tracing::info!(consumer = name, "consumer moving again");
-                    pause = Duration::from_millis(500);
+                    pause = FIRST_PAUSE;
                 }
+                transient_pause = FIRST_TRANSIENT_PAUSE;
             }
         }
         .await;
@@ -443,14 +459,29 @@ pub async fn consume_batches<F, Fut>(
             Ok(true) => return,
             Ok(false) => tracing::warn!(consumer = name, "lost the lock that makes this process the consumer's only runner; competing for it again"),
             Err(e) => {
-                tracing::error!(consumer = name, error = format!("{e:#}"), "consumer stopped at an event it cannot handle; retrying from its checkpoint");
                 crate::metrics::global().consumer_retries.get_or_create(&crate::metrics::Named { name: name.to_owned() }).inc();
-                db.stalled(name, &format!("{e:#}"));
+                // The database away (restarting, a connection lost) passes by itself: the
+                // consumer says it waits and asks again soon, so it is ready again within
+                // about a second of the database's return. Only an event it cannot apply
+                // stalls it, with a growing pause.
+                let wait = if crate::failure::is_transient(&e) {
+                    tracing::warn!(consumer = name, error = format!("{e:#}"), "consumer waiting for the database; retrying from its checkpoint");
+                    db.waiting(name, &format!("waiting for the database: {e:#}"));
+                    let wait = transient_pause;
+                    transient_pause = (transient_pause * 2).min(MAX_TRANSIENT_PAUSE);
+                    wait
+                } else {
+                    tracing::error!(consumer = name, error = format!("{e:#}"), "consumer stopped at an event it cannot handle; retrying from its checkpoint");
+                    db.stalled(name, &format!("{e:#}"));
+                    let wait = pause;
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                    wait
+                };
                 tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
+                    _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => return,
                 }
-                pause = (pause * 2).min(Duration::from_secs(30));
+                continue;
             }
         }
     }
