@@ -28,10 +28,10 @@ pub fn sqlx_transient(error: &sqlx::Error) -> bool {
 pub fn transient_code(code: &str) -> bool {
     // PostgreSQL: class 08 connection exception; 57P01-57P03 shutting down or starting;
     // 53300 too many connections; 40001 serialization failure; 40P01 deadlock.
-    // SQLite: 5 busy, 6 locked (and their extended codes, 261, 262, 517, ...).
-    code.starts_with("08")
-        || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01")
-        || code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+    // SQLite: 5 busy, 6 locked (and their extended codes, 261, 262, 517, ...), numbers of
+    // at most four digits, where every SQLSTATE has five characters.
+    let sqlite = code.len() < 5 && code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6));
+    sqlite || code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01")
 }
 
 #[cfg(test)]
@@ -63,7 +63,8 @@ mod tests {
         for code in ["08006", "08001", "57P01", "57P03", "53300", "40001", "40P01", "5", "6", "517"] {
             assert!(transient_code(code), "{code}");
         }
-        for code in ["23505", "22P02", "42P01", "42501", "1", "19", "2067"] {
+        // (42501 is a PostgreSQL code, not SQLite's 5 with flags)
+        for code in ["23505", "22P02", "42P01", "42501", "42P05", "1", "19", "2067"] {
             assert!(!transient_code(code), "{code}");
         }
     }

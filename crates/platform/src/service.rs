@@ -265,7 +265,7 @@ where
     let replayed = match admission {
         State::Pending { tag, expires_at_ms } => match rt.db.admit_assertion(&tag, expires_at_ms).await {
             Ok(admitted) => !admitted,
-            Err(e) => return Refusal::internal(format!("cannot record an admitted assertion: {e}")).into_reply(),
+            Err(e) => return admission_failed(e).into_reply(),
         },
         State::Replayed => true,
         State::None | State::Admitted => false,
@@ -345,7 +345,7 @@ async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusa
         Ok(principal) => match rt.db.admit_assertion(&tag, expires_at_ms).await {
             Ok(true) => Ok(principal),
             Ok(false) => Err(refused_assertion(rt, call, REPLAYED, claimed, Some(&wire.key_id)).await),
-            Err(e) => Err(Refusal::internal(format!("cannot record an admitted assertion: {e}"))),
+            Err(e) => Err(admission_failed(e)),
         },
         Err(ReplayError::Replayed) => Err(refused_assertion(rt, call, REPLAYED, claimed, Some(&wire.key_id)).await),
         Err(e @ ReplayError::Full { .. }) => {
@@ -353,6 +353,16 @@ async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusa
             Err(Refusal::new(ErrorCode::Busy, "too many requests right now; retry in a moment"))
         }
     }
+}
+
+/// An admission the store could not record: `service_unavailable` while the database is
+/// away (the caller retries), `internal` otherwise.
+fn admission_failed(e: anyhow::Error) -> Refusal {
+    if crate::failure::is_transient(&e) {
+        tracing::warn!(error = format!("{e:#}"), "the database did not answer");
+        return Refusal::new(ErrorCode::ServiceUnavailable, "the store is not answering right now; retry in a moment");
+    }
+    Refusal::internal(format!("cannot record an admitted assertion: {e:#}"))
 }
 
 /// Records a refused assertion (unless the sender's budget of recorded violations is spent)
