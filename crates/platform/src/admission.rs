@@ -7,11 +7,11 @@
 //!
 //! The state lives in a task-local for the request's task: the append runs in it.
 
+use std::cell::Cell;
 use std::future::Future;
-use std::sync::Mutex;
 
 tokio::task_local! {
-    static ADMISSION: Mutex<State>;
+    static ADMISSION: Cell<State>;
 }
 
 /// Where a request's admission stands.
@@ -32,7 +32,7 @@ pub enum State {
 /// stands after it.
 pub async fn scope<F: Future>(request: F) -> (F::Output, State) {
     ADMISSION
-        .scope(Mutex::new(State::None), async {
+        .scope(Cell::new(State::None), async {
             let output = request.await;
             (output, current().unwrap_or_default())
         })
@@ -40,11 +40,11 @@ pub async fn scope<F: Future>(request: F) -> (F::Output, State) {
 }
 
 fn current() -> Option<State> {
-    ADMISSION.try_with(|state| *state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)).ok()
+    ADMISSION.try_with(Cell::get).ok()
 }
 
 fn set(new: State) -> bool {
-    ADMISSION.try_with(|state| *state.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = new).is_ok()
+    ADMISSION.try_with(|state| state.set(new)).is_ok()
 }
 
 /// Leaves the admission of `tag` to the request's first append (or its end); `false`

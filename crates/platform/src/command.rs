@@ -79,14 +79,8 @@ where
     })
 }
 
-/// A store failure as the answer: `service_unavailable` while the database is away (the
-/// caller retries), `internal` otherwise.
+/// A store failure as the answer (see [`Refusal::store`]).
 fn store_failure<A: Aggregate>(aggregate_id: &str, error: AggregateError<A::Error>) -> Refusal {
-    if let AggregateError::DatabaseConnectionError(e) = &error
-        && e.downcast_ref::<sqlx::Error>().is_some_and(crate::failure::sqlx_transient)
-    {
-        tracing::warn!(aggregate_type = A::TYPE, aggregate_id, error = %e, "the database did not answer");
-        return Refusal::new(ErrorCode::ServiceUnavailable, "the store is not answering right now; retry in a moment");
-    }
-    Refusal::internal(format!("{} {aggregate_id}: {error}", A::TYPE))
+    let transient = matches!(&error, AggregateError::DatabaseConnectionError(e) if e.downcast_ref::<sqlx::Error>().is_some_and(crate::failure::sqlx_transient));
+    Refusal::store(transient, format!("{} {aggregate_id}: {error}", A::TYPE))
 }

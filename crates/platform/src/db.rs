@@ -1115,16 +1115,18 @@ impl Db {
 
     /// Reports consumer `name` stuck at an event it cannot handle (readiness, `/readyz`).
     pub fn stalled(&self, name: &str, error: &str) {
-        if let Ok(mut stalled) = self.signals.stalled.lock() {
-            stalled.insert(name.to_owned(), (error.to_owned(), false));
-        }
+        self.report(name, error, false);
     }
 
     /// Reports consumer `name` waiting for the database to come back (readiness): cleared
     /// as soon as it reads again ([`Db::reconnected`]).
     pub fn waiting(&self, name: &str, error: &str) {
+        self.report(name, error, true);
+    }
+
+    fn report(&self, name: &str, error: &str, transient: bool) {
         if let Ok(mut stalled) = self.signals.stalled.lock() {
-            stalled.insert(name.to_owned(), (error.to_owned(), true));
+            stalled.insert(name.to_owned(), (error.to_owned(), transient));
         }
     }
 

@@ -46,7 +46,7 @@ pub struct Feed {
     cursor: Cursor,
     fallback: Duration,
     /// The pause before reading again while an older transaction holds events back.
-    held_back_pause: Duration,
+    held_back: Pause,
     /// Set when the last read left nothing behind: the bell as it was before that read,
     /// to wait for before the next.
     drained: Option<u64>,
@@ -61,8 +61,34 @@ impl std::fmt::Debug for Feed {
 /// Events a feed reads at most at once.
 const BATCH: i64 = 256;
 
-/// The first pause while events are held back, doubled up to the last.
-const HELD_BACK_PAUSES: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(50));
+/// The pause while events are held back: 1 ms, doubled up to 50 ms.
+const HELD_BACK: Pause = Pause::new(Duration::from_millis(1), Duration::from_millis(50));
+
+/// A pause that doubles each time it is taken, up to a longest one, until it is reset.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pause {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Pause {
+    pub(crate) const fn new(first: Duration, max: Duration) -> Self {
+        Self { first, max, next: first }
+    }
+
+    /// The pause to make now; the next one is twice as long (at most `max`).
+    pub(crate) fn take(&mut self) -> Duration {
+        let now = self.next;
+        self.next = (now * 2).min(self.max);
+        now
+    }
+
+    /// Back to the first pause.
+    pub(crate) fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
 
 impl FeedSource {
     /// Opens the feed `name` for events of `aggregate_types`, starting after `cursor` (the
@@ -71,15 +97,7 @@ impl FeedSource {
         if let Some(unknown) = aggregate_types.iter().find(|t| atasira_contracts::subjects::owner_of(t).is_none()) {
             anyhow::bail!("feed {name}: {unknown:?} is not an aggregate type");
         }
-        Ok(Feed {
-            db: db.clone(),
-            bell: db.on_append(),
-            types: aggregate_types.to_vec(),
-            cursor,
-            fallback: self.fallback,
-            held_back_pause: HELD_BACK_PAUSES.0,
-            drained: None,
-        })
+        Ok(Feed { db: db.clone(), bell: db.on_append(), types: aggregate_types.to_vec(), cursor, fallback: self.fallback, held_back: HELD_BACK, drained: None })
     }
 }
 
@@ -98,11 +116,10 @@ impl Feed {
         let batch = self.db.read(self.cursor, &self.types, BATCH).await?;
         if batch.held_back {
             if batch.events.is_empty() {
-                tokio::time::sleep(self.held_back_pause).await;
-                self.held_back_pause = (self.held_back_pause * 2).min(HELD_BACK_PAUSES.1);
+                tokio::time::sleep(self.held_back.take()).await;
             }
         } else {
-            self.held_back_pause = HELD_BACK_PAUSES.0;
+            self.held_back.reset();
             if (batch.events.len() as i64) < BATCH {
                 self.drained = Some(seen);
             }

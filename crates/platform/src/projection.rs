@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use sqlx::{Any, Row, Transaction};
 
 use crate::db::{Cursor, Db, DbKind, StoredEvent, TextEvent};
-use crate::feed::FeedSource;
+use crate::feed::{FeedSource, Pause};
 
 #[async_trait::async_trait]
 pub trait Projection: Send + Sync + 'static {
@@ -366,14 +366,13 @@ pub async fn consume_selected<F, Fut>(
     .await
 }
 
-/// The first pause of a consumer stopped at an event it cannot apply (it doubles up to
-/// 30 s while the event keeps failing).
-const FIRST_PAUSE: Duration = Duration::from_millis(500);
+/// The pause of a consumer stopped at an event it cannot apply: 500 ms, doubled up to 30 s
+/// while the event keeps failing.
+const STALLED: Pause = Pause::new(Duration::from_millis(500), Duration::from_secs(30));
 
-/// The first pause of a consumer waiting for the database, and the longest: the consumer
-/// is ready again within about a second of the database's return.
-const FIRST_TRANSIENT_PAUSE: Duration = Duration::from_millis(100);
-const MAX_TRANSIENT_PAUSE: Duration = Duration::from_secs(1);
+/// The pause of a consumer waiting for the database: 100 ms, doubled up to 1 s, so the
+/// consumer is ready again within about a second of the database's return.
+const WAITING: Pause = Pause::new(Duration::from_millis(100), Duration::from_secs(1));
 
 /// How long a consumer that is told to stop lets the batch in flight finish.
 const FINISH_ON_SHUTDOWN: Duration = Duration::from_secs(5);
@@ -398,8 +397,7 @@ pub async fn consume_batches<F, Fut>(
     F: Fn(Vec<StoredEvent>) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let mut pause = FIRST_PAUSE;
-    let mut transient_pause = FIRST_TRANSIENT_PAUSE;
+    let (mut stalled, mut waiting) = (STALLED, WAITING);
     loop {
         // One process runs this consumer; other replicas stand by (`exclusive.rs`).
         let Some(mut lease) = crate::exclusive::acquire(&db, name, &mut shutdown).await else { return };
@@ -413,7 +411,7 @@ pub async fn consume_batches<F, Fut>(
             // Reading again: a wait for the database is over.
             if db.reconnected(name) {
                 tracing::info!(consumer = name, "the database answers again; consumer moving again");
-                pause = FIRST_PAUSE;
+                stalled.reset();
             }
             loop {
                 if *shutdown.borrow() {
@@ -449,9 +447,9 @@ pub async fn consume_batches<F, Fut>(
                 }
                 if db.recovered(name) {
                     tracing::info!(consumer = name, "consumer moving again");
-                    pause = FIRST_PAUSE;
+                    stalled.reset();
                 }
-                transient_pause = FIRST_TRANSIENT_PAUSE;
+                waiting.reset();
             }
         }
         .await;
@@ -467,21 +465,16 @@ pub async fn consume_batches<F, Fut>(
                 let wait = if crate::failure::is_transient(&e) {
                     tracing::warn!(consumer = name, error = format!("{e:#}"), "consumer waiting for the database; retrying from its checkpoint");
                     db.waiting(name, &format!("waiting for the database: {e:#}"));
-                    let wait = transient_pause;
-                    transient_pause = (transient_pause * 2).min(MAX_TRANSIENT_PAUSE);
-                    wait
+                    waiting.take()
                 } else {
                     tracing::error!(consumer = name, error = format!("{e:#}"), "consumer stopped at an event it cannot handle; retrying from its checkpoint");
                     db.stalled(name, &format!("{e:#}"));
-                    let wait = pause;
-                    pause = (pause * 2).min(Duration::from_secs(30));
-                    wait
+                    stalled.take()
                 };
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => return,
                 }
-                continue;
             }
         }
     }

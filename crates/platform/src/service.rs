@@ -49,6 +49,16 @@ impl Refusal {
         Self::new(ErrorCode::Unauthenticated, format!("invalid principal assertion: {REPLAYED}"))
     }
 
+    /// A store failure: `service_unavailable` when it is `transient` (the database away; the
+    /// caller retries), else [`Refusal::internal`]. Logged with its cause either way.
+    pub fn store(transient: bool, e: impl std::fmt::Display) -> Self {
+        if !transient {
+            return Self::internal(e);
+        }
+        tracing::warn!(error = %e, "the database did not answer");
+        Self::new(ErrorCode::ServiceUnavailable, "the store is not answering right now; retry in a moment")
+    }
+
     /// A failure of ours: logged with its cause, answered without it.
     pub fn internal(e: impl std::fmt::Display) -> Self {
         tracing::error!(error = %e, "service failure");
@@ -355,14 +365,9 @@ async fn verify_principal(rt: &Runtime, call: &Call) -> Result<Principal, Refusa
     }
 }
 
-/// An admission the store could not record: `service_unavailable` while the database is
-/// away (the caller retries), `internal` otherwise.
+/// An admission the store could not record.
 fn admission_failed(e: anyhow::Error) -> Refusal {
-    if crate::failure::is_transient(&e) {
-        tracing::warn!(error = format!("{e:#}"), "the database did not answer");
-        return Refusal::new(ErrorCode::ServiceUnavailable, "the store is not answering right now; retry in a moment");
-    }
-    Refusal::internal(format!("cannot record an admitted assertion: {e:#}"))
+    Refusal::store(crate::failure::is_transient(&e), format!("cannot record an admitted assertion: {e:#}"))
 }
 
 /// Records a refused assertion (unless the sender's budget of recorded violations is spent)
