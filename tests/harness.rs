@@ -57,7 +57,14 @@ fn leak(name: &str) -> &'static str {
 
 /// A free TCP port on loopback (bound and released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    free_ports(1)[0]
+}
+
+/// `n` different free TCP ports on loopback: all bound at once, then released (one at a
+/// time, the system may hand out the same port twice).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("free port")).collect();
+    held.iter().map(|l| l.local_addr().expect("bound").port()).collect()
 }
 
 fn wait_for_port(port: u16, timeout: Duration) {
@@ -253,21 +260,26 @@ impl Nats {
     /// once every node's JetStream is healthy.
     pub fn start_nodes(creds_dir: &Path, nodes: usize) -> Nats {
         let store_dir = TempDir::new("atasira-nats");
-        let ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
+        // Client, route and monitoring ports of every node, all different.
+        let mut free = free_ports(3 * nodes).into_iter();
+        let ports: Vec<u16> = free.by_ref().take(nodes).collect();
         let out = creds_dir.display().to_string();
         let store = store_dir.0.display().to_string();
         let mut args = vec!["nats-config".to_owned(), "--out".into(), out, "--port".into(), ports[0].to_string(), "--store-dir".into(), store];
         if nodes > 1 {
             for _ in 0..nodes {
-                args.extend(["--route".to_owned(), format!("127.0.0.1:{}", free_port())]);
+                args.extend(["--route".to_owned(), format!("127.0.0.1:{}", free.next().expect("a route port"))]);
             }
         }
         let generated = Command::new(atasira_bin()).args(&args).output().expect("atasira nats-config runs");
         assert!(generated.status.success(), "atasira nats-config failed: {}", String::from_utf8_lossy(&generated.stderr));
         NATS_CAS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(creds_dir.join("ca.pem"));
         let conf = |n: usize| if nodes == 1 { creds_dir.join("nats-server.conf") } else { creds_dir.join(format!("nats-server-{n}.conf")) };
-        let nodes =
-            ports.iter().enumerate().map(|(i, port)| NatsNode { port: *port, monitor: (nodes > 1).then(free_port), conf: conf(i + 1), proc: None }).collect();
+        let nodes = ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| NatsNode { port: *port, monitor: free.next().filter(|_| nodes > 1), conf: conf(i + 1), proc: None })
+            .collect();
         let mut nats = Nats { nodes, _store: store_dir };
         nats.up();
         // The operator creates the events stream and the sentinel's consumer (no process
