@@ -109,21 +109,19 @@ fn a_captured_assertion_is_refused_for_another_request_and_a_second_time_and_eac
 }
 
 #[test]
-fn a_nats_publisher_with_a_revoked_token_gets_not_even_a_wait_and_nobody_else_awaits_activation() {
+fn a_nats_publisher_with_a_revoked_token_gets_not_even_a_wait_and_nobody_else_reserves_a_box_type() {
     // R-AUTH-1, R-AUTH-4, R-ARCH-4: given a cluster and a publisher connected with a PAT
     let mut sys = System::start(Mode::Cluster);
     let token = sys.token("leaving", "member", "agent");
     let hash = atasira_platform::auth::hash_token(&token);
     let wait = envelope(&v1::WaitForPosition { position: 1, timeout_ms: 10, event_ids: vec![] }, "w1", "");
-    let await_activation = envelope(&v1::AwaitActivation { draft_id: "d1".into(), timeout_ms: 10 }, "a1", "");
+    let reserve = envelope(&v1::ReserveBoxType { box_type: "research".into(), draft_id: "d1".into(), deadline_unix: 0 }, "a1", "");
     block_on(async {
         let publisher = connect(&mut sys, As::Pat(&token)).await.expect("a known PAT connects");
         // when it waits; then it is answered
         assert!(request::<v1::WaitForPositionReply>(&publisher, &subjects::client_request(&hash, subjects::DRAFTS), &wait).await.is_ok());
-        // when it asks the registry to await an activation; then that is not theirs to ask
-        let refused = request::<v1::BoxReply>(&publisher, &subjects::client_request(&hash, subjects::RUNTIME_REGISTRY), &await_activation)
-            .await
-            .expect_err("not a service");
+        // when it asks the registry to reserve a box_type; then that is not theirs to ask
+        let refused = request::<v1::Ack>(&publisher, &subjects::client_request(&hash, subjects::RUNTIME_REGISTRY), &reserve).await.expect_err("not a service");
         assert_eq!(refused.code, ErrorCode::Forbidden, "{refused}");
         // when its token is revoked; then even its waits are refused, on every service it may address
         let mut args = vec!["tokens", "revoke", token.as_str()];
@@ -140,9 +138,8 @@ fn a_nats_publisher_with_a_revoked_token_gets_not_even_a_wait_and_nobody_else_aw
         assert!(connect(&mut sys, As::Pat("atasira_pat_unknown")).await.is_err(), "an unknown PAT is refused by the auth callout");
         // nor, without an assertion, from the gateway's subject
         let gateway = connect(&mut sys, As::Gateway).await.expect("the gateway's credentials connect");
-        let refused = request::<v1::BoxReply>(&gateway, &subjects::request(subjects::GATEWAY, subjects::RUNTIME_REGISTRY), &await_activation)
-            .await
-            .expect_err("no principal");
+        let refused =
+            request::<v1::Ack>(&gateway, &subjects::request(subjects::GATEWAY, subjects::RUNTIME_REGISTRY), &reserve).await.expect_err("no principal");
         assert_eq!(refused.code, ErrorCode::Unauthenticated, "{refused}");
     });
 }

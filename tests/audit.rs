@@ -10,7 +10,7 @@ use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::audit::{AuditKey, AuditKeys, Verification};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
-use atasira_platform::db::Db;
+use atasira_platform::store::Db;
 use atasira_tests::harness::{Database, Mode, System, in_both_modes};
 use serde_json::{Value, json};
 
@@ -25,7 +25,7 @@ fn keys() -> AuditKeys {
 async fn submit(db: &Db, id: &str) {
     let plan = BoxDraftCreateRequest::from_value(json!({"box_type": id, "purpose": "p"})).and_then(|r| r.plan()).expect("plan");
     let command = DraftCommand::Submit { draft_id: id.into(), plan, requested_by: Principal::new("agent", Role::Member, Kind::Agent), at: chrono::Utc::now() };
-    db.cqrs::<Draft>().execute(id, command, HashMap::new()).await.expect("submit");
+    db.cqrs::<Draft>().execute(id, command, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("submit");
 }
 
 /// Waits until `n` draft events are visible: transactions in flight anywhere in the

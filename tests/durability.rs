@@ -7,7 +7,7 @@ use std::time::Duration;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
-use atasira_platform::db::Db;
+use atasira_platform::store::Db;
 use atasira_tests::harness::{Mode, System, http, in_both_modes};
 use serde_json::json;
 
@@ -63,7 +63,7 @@ fn an_event_committed_while_nats_is_down_is_delivered_when_it_is_back() {
             requested_by: Principal::new("agent", Role::Member, Kind::Agent),
             at: chrono::Utc::now(),
         };
-        db.cqrs::<Draft>().execute("d-while-down", command, HashMap::new()).await.expect("committed while NATS is down");
+        db.cqrs::<Draft>().execute("d-while-down", command, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("committed while NATS is down");
     });
     std::thread::sleep(Duration::from_millis(700));
     sys.nats().up();

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
-use atasira_platform::db::{Cursor, Db};
 use atasira_platform::feed::FeedSource;
+use atasira_platform::store::{Cursor, Db};
 use atasira_tests::harness::Database;
 use serde_json::json;
 
@@ -53,17 +53,20 @@ fn events_are_append_only_and_concurrent_writers_of_one_aggregate_conflict() {
     let database = Database::create();
     runtime().block_on(async {
         let db = Db::connect(&database.url).await.expect("connect");
-        db.cqrs::<Draft>().execute("d1", submit("d1"), HashMap::new()).await.expect("first submit");
+        db.cqrs::<Draft>().execute("d1", submit("d1"), HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("first submit");
         assert!(sqlx::query("UPDATE events SET payload = '{}'").execute(db.any()).await.is_err(), "UPDATE refused");
         assert!(sqlx::query("DELETE FROM events").execute(db.any()).await.is_err(), "DELETE refused");
         // Two withdrawals race for sequence 2: exactly one commits.
         let cqrs = std::sync::Arc::new(db.cqrs::<Draft>());
         let withdraw = || DraftCommand::Withdraw { by: Principal::new("agent", Role::Member, Kind::Agent), at: chrono::Utc::now() };
-        let (a, b) = tokio::join!(cqrs.execute("d1", withdraw(), HashMap::new()), cqrs.execute("d1", withdraw(), HashMap::new()));
+        let (a, b) = tokio::join!(
+            cqrs.execute("d1", withdraw(), HashMap::new(), atasira_platform::store::Retry::ONCE),
+            cqrs.execute("d1", withdraw(), HashMap::new(), atasira_platform::store::Retry::ONCE)
+        );
         // Overlapping: one conflicts; one after the other: the second is an idempotent no-op.
         assert!(a.is_ok() || b.is_ok(), "{a:?} {b:?}");
         for r in [&a, &b] {
-            assert!(matches!(r, Ok(_) | Err(cqrs_es::AggregateError::AggregateConflict)), "{r:?}");
+            assert!(r.is_ok() || matches!(r, Err(e) if e.code == atasira_domain::ErrorCode::Conflict), "{r:?}");
         }
         // Transactions in flight anywhere in the PostgreSQL cluster (other tests) may hold
         // back visibility for a moment: wait for both events to be readable.
@@ -89,13 +92,13 @@ fn the_embedded_store_gives_the_same_order_and_refusals() {
     runtime().block_on(async {
         let db = Db::connect(&Db::sqlite_url(&dir.0)).await.expect("connect");
         for id in ["a", "b", "c"] {
-            db.cqrs::<Draft>().execute(id, submit(id), HashMap::new()).await.expect("submit");
+            db.cqrs::<Draft>().execute(id, submit(id), HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("submit");
         }
         let events = db.events_after(0, &[], 10).await.expect("read");
         assert_eq!(events.iter().map(|e| e.aggregate_id.as_str()).collect::<Vec<_>>(), vec!["a", "b", "c"]);
         assert_eq!(db.events_after(events[0].position, &[], 10).await.expect("read").len(), 2);
         assert!(sqlx::query("DELETE FROM events").execute(db.any()).await.is_err());
-        assert_eq!(db.last_event("draft", "c").await.expect("position").map(|(_, p)| p), Some(events[2].position));
+        assert_eq!(db.last_event("draft", "c").await.expect("position").map(|e| e.position), Some(events[2].position));
     });
 }
 
@@ -254,7 +257,7 @@ fn a_read_costs_what_it_returns_even_when_the_planner_knows_nothing_of_the_store
         for types in [&["draft", "box"][..], &["box"][..], &many[..]] {
             let mut conn = db.any().acquire().await.expect("connection");
             sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut *conn).await.expect("generic plans");
-            let statement = atasira_platform::db::pg_read_statement(types);
+            let statement = atasira_platform::store::pg_read_statement(types);
             sqlx::query(&format!("PREPARE probe(bigint, bigint, bigint) AS {statement}")).execute(&mut *conn).await.expect("prepare");
             let explain = format!("EXPLAIN (ANALYZE, BUFFERS) EXECUTE probe({}, {}, 100)", near_the_end.tx_id, near_the_end.position);
             let plan: Vec<String> = sqlx::query(&explain)
@@ -296,7 +299,7 @@ fn reads_cut_short_on_postgresql_leave_the_next_read_whole() {
         }
         // A read may be held back while any transaction on the server is older than the
         // events (other tests share it): it is read again, as a feed does.
-        async fn whole(db: &Db) -> Vec<atasira_platform::db::StoredEvent> {
+        async fn whole(db: &Db) -> Vec<atasira_platform::store::StoredEvent> {
             for _ in 0..400 {
                 let batch = db.read(Cursor::START, &["draft"], 100).await.expect("read");
                 if !batch.held_back && batch.events.len() == 50 {

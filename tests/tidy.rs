@@ -430,13 +430,15 @@ fn check_requests_follow_routes(files: &[(PathBuf, String)], routes: &[(&str, &s
         let identity = dir.trim_start_matches("crates/");
         let own = PROCESS_CONSTANTS.iter().find(|(_, name)| *name == identity).map(|(c, _)| *c).unwrap_or_default();
         let code: Vec<(&PathBuf, String)> = files.iter().filter(|(p, _)| p.starts_with(dir)).map(|(p, t)| (p, non_test_code(p, t))).collect();
-        if !code.iter().any(|(_, c)| c.contains("subjects::request(")) {
+        // A process sends through its `Client` (or names a request subject itself).
+        let sends = ["subjects::request(", "Client::new("];
+        if !code.iter().any(|(_, c)| sends.iter().any(|s| c.contains(s))) {
             continue;
         }
         for (path, text) in &code {
             for (line_no, line) in text.lines().enumerate() {
                 let line = line.split("//").next().unwrap_or_default();
-                for call in line.split("subjects::request(").skip(1) {
+                for call in sends.iter().flat_map(|s| line.split(s).skip(1)) {
                     let from = call.split(',').next().unwrap_or_default().trim();
                     if from != "SERVICE" && from != format!("subjects::{own}") {
                         violations.push(format!("{}:{}: {identity} sends a request as `{from}`; it may only speak as itself", path.display(), line_no + 1));
@@ -689,7 +691,7 @@ fn a_json_field_in_a_proto_message_is_reported() {
 #[test]
 fn workspace_requests_follow_the_routes_nats_permits() {
     let files = workspace_sources();
-    assert!(files.iter().any(|(p, t)| p.starts_with("crates/gateway") && t.contains("subjects::request(")), "the gateway's requests were not found");
+    assert!(files.iter().any(|(p, t)| p.starts_with("crates/gateway") && t.contains("Client::new(subjects::GATEWAY")), "the gateway's requests were not found");
     assert_clean("requests follow subjects::ROUTES", &check_requests_follow_routes(&files, atasira_contracts::subjects::ROUTES));
 }
 
@@ -711,6 +713,10 @@ fn a_request_outside_the_routes_is_reported() {
     // RUNTIME_REGISTRY is a route; a longer constant sharing a prefix is not a process.
     let fine = "subjects::request(SERVICE, subjects::RUNTIME_REGISTRY); subjects::AUDIT_LOG;\ncall.only_from(&[subjects::GATEWAY], \"deciding\")?;";
     assert_clean("routes", &check_requests_follow_routes(&[(PathBuf::from("crates/approval/src/lib.rs"), fine.to_owned())], &routes));
+    // A process's client speaks as the process, and what it calls is held to the routes too.
+    let client = "let c = Client::new(subjects::GATEWAY, bus, keys, t);\nc.call(subjects::AUDIT, p, &r, \"\").await;";
+    let files = [(PathBuf::from("crates/approval/src/lib.rs"), client.to_owned())];
+    assert_reported(&check_requests_follow_routes(&files, &routes), &["as `subjects::GATEWAY`", "names the audit service", "names the gateway service"]);
 }
 
 #[test]

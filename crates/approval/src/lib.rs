@@ -9,24 +9,25 @@
 //!
 //! Architecture Invariant: this service never creates a Box; it only signs and records.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::requests::{ApprovalRequest, Incoming};
-use atasira_contracts::{Named, Refused, Reply, Written, convert, reply_ok, reply_written, signed_envelope, subjects, v1};
+use atasira_contracts::{Refused, Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::approval_keys::{ApprovalKeys, ApprovalKeysCommand, KEYS_ID};
 use atasira_domain::aggregates::boxes::box_id_for;
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
 use atasira_domain::aggregates::types;
 use atasira_domain::token::{ACTIVATION_WINDOW, ApprovalSigner, PublicKeyEntry};
+use atasira_domain::worker::bundle_digest;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
-use atasira_platform::command::{self, Retry};
-use atasira_platform::db::Cqrs;
-use atasira_platform::service::{self as platform_service, Call, Refusal};
-use prost::Message as _;
+use atasira_platform::client::Client;
+use atasira_platform::refusal::Refusal;
+use atasira_platform::service::{self as platform_service, Call};
+use atasira_platform::store::{Cqrs, EventAt, Receipt, Retry, StoredEvent};
 
 pub const SERVICE: &str = subjects::APPROVAL;
 /// Aggregate types this service appends on its own (its decisions go on the draft stream,
@@ -54,12 +55,14 @@ struct Service {
     rt: Runtime,
     config: ApprovalConfig,
     drafts: Cqrs<Draft>,
+    client: Client,
 }
 
 /// Runs the service until `shutdown` flips.
 pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
     publish_keys(&rt, &config).await?;
-    let service = Arc::new(Service { drafts: rt.db.cqrs(), rt: rt.clone(), config });
+    let client = Client::new(SERVICE, rt.bus.clone(), rt.assertion_keys.clone(), Duration::from_secs(30));
+    let service = Arc::new(Service { drafts: rt.db.cqrs(), rt: rt.clone(), config, client });
     let endpoint = platform_service::serve(&rt, SERVICE, move |call| {
         let service = service.clone();
         async move { service.dispatch(&call).await }
@@ -76,17 +79,13 @@ pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::wat
 async fn publish_keys(rt: &Runtime, config: &ApprovalConfig) -> anyhow::Result<()> {
     let keys: Vec<PublicKeyEntry> = std::iter::once(config.signer.public_key()).chain(config.retired.iter().cloned()).collect();
     let command = ApprovalKeysCommand::Publish { keys, at: chrono::Utc::now() };
-    let cqrs = rt.db.cqrs::<ApprovalKeys>();
     // Two approval services starting at once: the loser decides again on fresh state and
     // finds its keys published.
-    for attempt in 1.. {
-        match cqrs.execute(KEYS_ID, command.clone(), HashMap::new()).await {
-            Ok(_) => break,
-            Err(cqrs_es::AggregateError::AggregateConflict) if attempt < 3 => continue,
-            Err(e) => anyhow::bail!("cannot publish the approval public keys: {e}"),
-        }
-    }
-    rt.notify_committed();
+    rt.db
+        .cqrs::<ApprovalKeys>()
+        .execute(KEYS_ID, command, HashMap::new(), Retry::FEW)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot publish the approval public keys: {e}"))?;
     Ok(())
 }
 
@@ -115,7 +114,7 @@ impl Service {
 
     /// Records the attempt; the id and position of the `SecurityViolation`, which the
     /// refusal carries so that the caller's next audit read sees it.
-    async fn record_self_approval(&self, principal: &Principal, draft_id: &str) -> Result<(String, i64), Refusal> {
+    async fn record_self_approval(&self, principal: &Principal, draft_id: &str) -> Result<EventAt, Refusal> {
         let command = SecurityCommand::Record {
             service: SERVICE.into(),
             actor: principal.user_id.clone(),
@@ -125,60 +124,49 @@ impl Service {
             at: chrono::Utc::now(),
         };
         let id = uuid::Uuid::new_v4().to_string();
-        command::execute(&self.rt.db.cqrs::<ApprovalSecurity>(), &id, command, HashMap::new(), Retry::ONCE).await?;
-        self.rt.notify_committed();
-        self.rt.db.last_event(types::APPROVAL_SECURITY, &id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("the violation is not readable"))
+        self.rt.db.cqrs::<ApprovalSecurity>().execute_new(&id, command, HashMap::new()).await?.head()
     }
 
     /// Runs a decision on the draft; a self-approval attempt is recorded as a security
     /// violation before it is refused (R-AUTH-3).
-    async fn decide(&self, principal: &Principal, draft_id: &str, command: DraftCommand) -> Result<(), Refusal> {
+    async fn decide(&self, principal: &Principal, draft_id: &str, command: DraftCommand) -> Result<Receipt, Refusal> {
         let metadata = HashMap::from([("principal".to_owned(), principal.user_id.clone())]);
-        let outcome = command::execute(&self.drafts, draft_id, command, metadata, Retry::ONCE).await;
+        let outcome = self.drafts.execute(draft_id, command, metadata, Retry::ONCE).await;
         match outcome {
             Err(refusal) if refusal.code == ErrorCode::SelfApprovalForbidden => {
                 let recorded = self.record_self_approval(principal, draft_id).await?;
                 Err(refusal.recorded(recorded))
             }
-            other => other.map(|_| ()),
+            other => other,
         }
     }
 
-    /// A request to another service on behalf of `principal`.
-    async fn call<Req: Named, Resp: prost::Message + Default>(
-        &self,
-        to: &str,
-        principal: &Principal,
-        request: &Req,
-    ) -> Result<Result<Written<Resp>, Refused>, Refusal> {
-        let correlation = uuid::Uuid::new_v4().to_string();
-        let subject = subjects::request(SERVICE, to);
-        let signer = self.rt.assertion_keys.signer().map_err(Refusal::internal)?;
-        let env = signed_envelope(&signer, principal, &subject, request, &correlation, "", chrono::Utc::now());
-        let bytes = self
-            .rt
-            .bus
-            .request(&subject, BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(30))
-            .await
-            .map_err(|e| Refusal::new(ErrorCode::ServiceUnavailable, format!("the {to} service did not answer: {e}")))?;
-        atasira_contracts::decode_written::<Resp>(&bytes).map_err(Refusal::internal)
+    /// Waits (at most the activation wait) until the registry's read models hold the
+    /// events `event_ids` after `position`: the generic read-your-writes wait, rung by the
+    /// registry's consumers, not polled.
+    async fn wait_for_registry(&self, position: i64, event_ids: &[String]) -> Result<(), String> {
+        match self.client.wait(subjects::RUNTIME_REGISTRY, position, event_ids, self.config.activation_wait).await {
+            Ok(lagging) if lagging.is_empty() => Ok(()),
+            Ok(lagging) => Err(format!("still behind: {}", lagging.join(", "))),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     async fn release(&self, principal: &Principal, box_type: &str, draft_id: &str, reason: &str) {
         let request = v1::ReleaseReservation { box_type: box_type.into(), draft_id: draft_id.into(), reason: reason.into() };
-        match self.call::<_, v1::Ack>(subjects::RUNTIME_REGISTRY, principal, &request).await {
+        match self.client.call(subjects::RUNTIME_REGISTRY, principal, &request, "").await {
             Ok(Ok(_)) => {}
-            Ok(Err(Refused { message, .. })) | Err(Refusal { message, .. }) => {
-                tracing::warn!(draft_id, error = message, "could not release the reservation; it lapses at its deadline")
-            }
+            Ok(Err(Refused { message, .. })) => tracing::warn!(draft_id, error = message, "could not release the reservation; it lapses at its deadline"),
+            Err(e) => tracing::warn!(draft_id, error = %e, "could not release the reservation; it lapses at its deadline"),
         }
     }
 
     /// R-APPROVE-2..4, R-APPROVE-6, R-APPROVE-7.
     async fn approve(&self, principal: Principal, draft_id: &str, confirm_over_limit: bool) -> Result<Reply, Refusal> {
-        let draft: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
+        let (draft, head) = self.rt.db.load_with_head::<Draft>(draft_id).await.map_err(Refusal::internal)?;
         let now = chrono::Utc::now();
         let (box_type, digest) = draft.data.as_ref().map(|d| (d.manifest.box_type.to_string(), d.manifest.digest())).unwrap_or_default();
+        let bundle = draft.data.as_ref().map(|d| bundle_digest(&box_id_for(draft_id), &d.manifest)).unwrap_or_default();
         let token = self.config.signer.issue(draft_id, &box_type, &digest, &principal.user_id, now);
         let command = DraftCommand::Approve { by: principal.clone(), confirm_over_limit, token, at: now };
         // The aggregate's own rules decide, before any effect, whether this approval is new
@@ -192,54 +180,58 @@ impl Service {
             }
             Err(e) => return Err(e.into()),
         };
-        if first {
+        let (decided, head) = if first {
             // (1) Reserve: limit, uniqueness and foreign manifest files are checked here.
             let reserve =
                 v1::ReserveBoxType { box_type: box_type.clone(), draft_id: draft_id.to_owned(), deadline_unix: (now + ACTIVATION_WINDOW).timestamp() };
-            if let Err(refused) = self.call::<_, v1::Ack>(subjects::RUNTIME_REGISTRY, &principal, &reserve).await? {
+            if let Err(refused) = self.client.call(subjects::RUNTIME_REGISTRY, &principal, &reserve, "").await? {
                 return Err(refused.into());
             }
             atasira_platform::failpoint("approval-after-reservation");
             // (2) Record the decision once, with the token.
-            if let Err(refusal) = self.decide(&principal, draft_id, command).await {
-                // A losing decision gives its reservation back, unless the winner was an
-                // approval: the reservation (same draft) is then the winner's.
-                let now_decided: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
-                if now_decided.data.as_ref().is_none_or(|d| d.status != DraftStatus::Approved) {
-                    self.release(&principal, &box_type, draft_id, "decision lost").await;
+            let receipt = match self.decide(&principal, draft_id, command).await {
+                Ok(receipt) => receipt,
+                Err(refusal) => {
+                    // A losing decision gives its reservation back, unless the winner was an
+                    // approval: the reservation (same draft) is then the winner's.
+                    let now_decided: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
+                    if now_decided.data.as_ref().is_none_or(|d| d.status != DraftStatus::Approved) {
+                        self.release(&principal, &box_type, draft_id, "decision lost").await;
+                    }
+                    return Err(refusal);
                 }
-                return Err(refusal);
-            }
-            self.rt.notify_committed();
+            };
             atasira_platform::failpoint("approval-after-decision");
-        }
-        let (mut event_ids, mut position) = match self.rt.db.last_event(types::DRAFT, draft_id).await.map_err(Refusal::internal)? {
-            Some((id, p)) => (vec![id], p),
-            None => (vec![], 0),
+            let decided = match receipt.appended() {
+                true => (principal.user_id.clone(), now),
+                // The same admin's approval, recorded a moment before (a retry on fresh state).
+                false => decision_of(&self.rt.db.load::<Draft>(draft_id).await.map_err(Refusal::internal)?)?,
+            };
+            (decided, receipt.head()?)
+        } else {
+            (decision_of(&draft)?, head.ok_or_else(|| Refusal::internal("the decided draft holds no event"))?)
         };
-        let reloaded: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
-        let decided = reloaded.data.and_then(|d| d.decision).ok_or_else(|| Refusal::internal("decision not readable"))?;
+        let (mut event_ids, position) = (vec![head.id.clone()], head.position);
         let mut reply = v1::DecisionReply {
             draft_id: draft_id.to_owned(),
             status: v1::DraftStatus::Approved as i32,
             box_id: box_id_for(draft_id),
             box_type,
-            approved_by: decided.by,
-            approved_at: Some(convert::timestamp(decided.at)),
+            approved_by: decided.0,
+            approved_at: Some(convert::timestamp(decided.1)),
         };
-        // (3) Activation is the registry's, driven by the recorded event; wait for it.
-        let wait =
-            v1::AwaitActivation { draft_id: draft_id.to_owned(), timeout_ms: u32::try_from(self.config.activation_wait.as_millis()).unwrap_or(u32::MAX) };
-        match self.call::<_, v1::BoxReply>(subjects::RUNTIME_REGISTRY, &principal, &wait).await? {
-            Ok((b, p, ids)) => {
+        // (3) Activation is the registry's, driven by the recorded event (its consumer has
+        // processed the decision once the Box is active and its bundle synced). The Box's
+        // id is derived and `BoxActivated` is the first event of its stream, the bundle's
+        // sync the first of the bundle's: the answer names them, and the registry's
+        // read-your-writes wait says when its read models hold them.
+        let activated = [head.id.clone(), StoredEvent::event_id_of(types::BOX, &reply.box_id, 1), StoredEvent::event_id_of(types::CONFIG_BUNDLE, &bundle, 1)];
+        match self.wait_for_registry(position, &activated).await {
+            Ok(()) => {
                 reply.status = v1::DraftStatus::Active as i32;
-                if let Some(summary) = b.r#box.and_then(|b| b.summary) {
-                    reply.box_id = summary.box_id;
-                }
-                event_ids.extend(ids);
-                position = position.max(p);
+                event_ids = activated.to_vec();
             }
-            Err(e) => tracing::warn!(draft_id, error = e.message, "the Box is not active yet"),
+            Err(why) => tracing::warn!(draft_id, why, "the Box is not active yet"),
         }
         Ok(reply_written(&reply, position, event_ids))
     }
@@ -247,11 +239,14 @@ impl Service {
     /// R-APPROVE-5.
     async fn reject(&self, principal: Principal, draft_id: &str, reason: String) -> Result<Reply, Refusal> {
         let command = DraftCommand::Reject { by: principal.clone(), reason, at: chrono::Utc::now() };
-        self.decide(&principal, draft_id, command).await?;
-        self.rt.notify_committed();
-        let (event_id, position) =
-            self.rt.db.last_event(types::DRAFT, draft_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
+        let head = self.decide(&principal, draft_id, command).await?.head()?;
         let reply = v1::DecisionReply { draft_id: draft_id.to_owned(), status: v1::DraftStatus::Rejected as i32, ..Default::default() };
-        Ok(reply_written(&reply, position, vec![event_id]))
+        Ok(reply_written(&reply, head.position, vec![head.id]))
     }
+}
+
+/// Who decided on a decided draft, and when.
+fn decision_of(draft: &Draft) -> Result<(String, chrono::DateTime<chrono::Utc>), Refusal> {
+    let decided = draft.data.as_ref().and_then(|d| d.decision.as_ref()).ok_or_else(|| Refusal::internal("decision not readable"))?;
+    Ok((decided.by.clone(), decided.at))
 }

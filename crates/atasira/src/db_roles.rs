@@ -129,7 +129,7 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
     crate::operator::prepare_all(&db).await?;
     let mut conn = sqlx::PgConnection::connect(&options.database_url)
         .await
-        .with_context(|| format!("failed to connect to {}", atasira_platform::db::redact(&options.database_url)))?;
+        .with_context(|| format!("failed to connect to {}", atasira_platform::store::redact(&options.database_url)))?;
     std::fs::create_dir_all(&options.out).with_context(|| format!("cannot create {}", options.out.display()))?;
     #[cfg(unix)]
     {

@@ -241,7 +241,7 @@ pub async fn db(cmd: DbCommand) -> anyhow::Result<()> {
 }
 
 /// Every table and trigger the services use (connecting creates the event store's).
-pub async fn prepare_all(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
+pub async fn prepare_all(db: &atasira_platform::store::Db) -> anyhow::Result<()> {
     atasira_gateway::prepare(db).await?;
     atasira_audit::prepare(db).await?;
     let registry = atasira_runtime_registry::RegistryConfig { manifests_dir: PathBuf::new(), max_boxes: 0 };

@@ -12,9 +12,9 @@ use atasira_domain::audit::AuditKeys;
 use atasira_domain::token::{ApprovalSigner, PublicKeyEntry};
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{InprocBus, NatsBus};
-use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
 use atasira_platform::keys::AssertionKeys;
+use atasira_platform::store::Db;
 use atasira_platform::{Runtime, auth, relay};
 use tokio::sync::watch;
 

@@ -17,7 +17,7 @@ use atasira_domain::audit::{
     AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, payload_digest,
     verify_chain,
 };
-use atasira_platform::db::{Db, DbKind, StoredEvent};
+use atasira_platform::store::{Db, DbKind, StoredEvent};
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
@@ -139,7 +139,7 @@ pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> 
     let appended = append_rows(&mut tx, keys, &auditable).await?;
     tx.commit().await?;
     drop(turn);
-    db.progressed_to(NAME, atasira_platform::db::Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+    db.progressed_to(NAME, atasira_platform::store::Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
     Ok(appended)
 }
 
@@ -225,7 +225,7 @@ pub async fn apply_pending(db: &Db, keys: &AuditKeys) -> anyhow::Result<usize> {
             }
             return Ok(appended);
         };
-        at = atasira_platform::db::Cursor::of(last);
+        at = atasira_platform::store::Cursor::of(last);
         appended += append_batch(db, keys, &batch.events).await?;
     }
 }
@@ -268,7 +268,10 @@ pub async fn checkpoint(db: &Db, keys: &AuditKeys) -> anyhow::Result<Option<i64>
         mac,
         at: Utc::now(),
     };
-    db.cqrs::<AuditLedger>().execute(LEDGER_ID, command, HashMap::new()).await.map_err(|e| anyhow::anyhow!("failed to record an audit checkpoint: {e}"))?;
+    db.cqrs::<AuditLedger>()
+        .execute(LEDGER_ID, command, HashMap::new(), atasira_platform::store::Retry::ONCE)
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to record an audit checkpoint: {e}"))?;
     Ok(Some(seq))
 }
 

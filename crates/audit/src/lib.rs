@@ -18,7 +18,8 @@ use atasira_domain::audit::AuditKeys;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::projection as proj;
-use atasira_platform::service::{self as platform_service, Call, Refusal};
+use atasira_platform::refusal::Refusal;
+use atasira_platform::service::{self as platform_service, Call};
 use tokio::sync::watch;
 
 pub use ledger::{
@@ -120,7 +121,6 @@ async fn record_checkpoint(rt: &Runtime, keys: &AuditKeys) {
     match ledger::checkpoint(&rt.db, keys).await {
         Ok(Some(seq)) => {
             tracing::debug!(seq, "audit checkpoint recorded");
-            rt.notify_committed();
         }
         Ok(None) => {}
         Err(e) => tracing::warn!(error = %e, "audit checkpoint failed; the next one retries"),

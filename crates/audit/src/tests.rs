@@ -19,9 +19,9 @@ use atasira_domain::token::ApprovalSigner;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::Runtime;
 use atasira_platform::bus::{Bus, InprocBus};
-use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
 use atasira_platform::keys::AssertionKeys;
+use atasira_platform::store::Db;
 use chrono::Utc;
 use serde_json::json;
 use sqlx::Row;
@@ -65,7 +65,7 @@ fn alice() -> Principal {
 async fn submit(db: &Db, draft_id: &str) {
     let plan = BoxDraftCreateRequest::from_value(json!({"box_type": draft_id, "purpose": "p"})).and_then(|r| r.plan()).expect("plan");
     let command = DraftCommand::Submit { draft_id: draft_id.into(), plan, requested_by: agent(), at: Utc::now() };
-    db.cqrs::<Draft>().execute(draft_id, command, HashMap::new()).await.expect("submit");
+    db.cqrs::<Draft>().execute(draft_id, command, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("submit");
 }
 
 /// Appends `DraftApproved` by alice for a submitted draft.
@@ -75,7 +75,7 @@ async fn approve(db: &Db, draft_id: &str) {
     let now = Utc::now();
     let token = ApprovalSigner::from_secret("k1".into(), [7; 32]).issue(draft_id, data.manifest.box_type.as_str(), &data.manifest.digest(), "alice", now);
     let command = DraftCommand::Approve { by: alice(), confirm_over_limit: false, token, at: now };
-    db.cqrs::<Draft>().execute(draft_id, command, HashMap::new()).await.expect("approve");
+    db.cqrs::<Draft>().execute(draft_id, command, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("approve");
 }
 
 async fn rows(db: &Db) -> Vec<LedgerRow> {
@@ -154,7 +154,7 @@ async fn r_audit_5_security_violations_get_rows_and_other_events_only_move_the_c
         reason: "own draft".into(),
         at: Utc::now(),
     };
-    db.cqrs::<ApprovalSecurity>().execute("v1", record, HashMap::new()).await.expect("record");
+    db.cqrs::<ApprovalSecurity>().execute("v1", record, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("record");
     submit(&db, "d1").await;
     // when the ledger catches up; then the violation is a row naming actor and target
     assert_eq!(apply_pending(&db, &ks).await.expect("apply"), 2);
@@ -436,7 +436,6 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
     // when a draft is submitted and approved
     submit(&db, "d1").await;
     approve(&db, "d1").await;
-    rt.notify_committed();
     let position = db.head_position().await.expect("position");
     // then a read-your-writes wait returns once the ledger has both rows
     served(&bus).await;
@@ -515,7 +514,6 @@ async fn r_audit_2_the_service_checkpoints_periodically_when_the_ledger_grew() {
     let (tx, rx) = watch::channel(false);
     let service = tokio::spawn(run(rt.clone(), AuditConfig { keys: Arc::new(keys()), checkpoint_every: Duration::from_millis(50) }, rx));
     submit(&db, "d1").await;
-    rt.notify_committed();
     // when time passes; then a checkpoint over seq 1 appears while it runs
     let mut seen = None;
     for _ in 0..200 {

@@ -36,12 +36,29 @@ macro_rules! named {
 named!(WaitForPosition, WaitForPositionReply, EventNotification);
 named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, ListMyDrafts, DraftPage, GetDraft, DraftReply, WithdrawDraft, WithdrawReply);
 named!(ApproveDraft, RejectDraft, DecisionReply);
-named!(ReserveBoxType, ReleaseReservation, Ack, AwaitActivation, ListBoxes, BoxList, GetBox, BoxReply, AssignUser, BoxAction);
+named!(ReserveBoxType, ReleaseReservation, Ack, ListBoxes, BoxList, GetBox, BoxReply, AssignUser, BoxAction);
 named!(EditBoxManifest, EditBoxConfig);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
 named!(SyncBundle, BundleSynced, PrepareBinding, BindingLease, ConsumeBinding, CreateWorker, WorkerReply, GetWorker, ListBoxWorkers, WorkerPage);
 named!(GetWorkerProvenance, WorkerProvenance);
+
+/// A request paired with its reply's type: what a service answers it with (R-ARCH-4).
+pub trait Request: Named {
+    type Reply: Named;
+}
+
+macro_rules! replies {
+    ($($req:ident => $reply:ident),+ $(,)?) => { $(impl Request for v1::$req { type Reply = v1::$reply; })+ };
+}
+replies!(WaitForPosition => WaitForPositionReply);
+replies!(SubmitDraft => SubmitDraftReply, ListPendingDrafts => DraftPage, ListMyDrafts => DraftPage, ListDrafts => DraftPage, GetDraft => DraftReply, WithdrawDraft => WithdrawReply);
+replies!(ApproveDraft => DecisionReply, RejectDraft => DecisionReply);
+replies!(ReserveBoxType => Ack, ReleaseReservation => Ack, ListBoxes => BoxList, GetBox => BoxReply, AssignUser => BoxReply, UnassignUser => BoxReply, BoxAction => BoxReply);
+replies!(EditBoxManifest => BoxReply, EditBoxConfig => BoxReply, ListBoxesPage => BoxPage, GetBoxHistory => BoxHistoryPage, AssessFeasibility => FeasibilityReply);
+replies!(QueryAudit => AuditPage, VerifyAudit => VerifyReply);
+replies!(SyncBundle => BundleSynced, PrepareBinding => BindingLease, ConsumeBinding => Ack, CreateWorker => WorkerReply, GetWorker => WorkerReply, ListBoxWorkers => WorkerPage);
+replies!(GetWorkerProvenance => WorkerProvenance);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]
@@ -201,12 +218,18 @@ impl atasira_domain::Refusing for Refused {
     }
 }
 
-/// A write's reply: the message, its position and the ids of the events it produced.
-pub type Written<M> = (M, i64, Vec<String>);
+/// A reply as written: the message, the position of the last event the request produced
+/// (0 for a read) and the ids of those events, which a read-your-writes wait names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written<M> {
+    pub reply: M,
+    pub position: i64,
+    pub event_ids: Vec<String>,
+}
 
 /// A decoded reply: the message and position, or the refusal.
 pub fn decode_reply<M: Message + Default>(bytes: &[u8]) -> Result<Result<(M, i64), Refused>, WireError> {
-    Ok(decode_written::<M>(bytes)?.map(|(m, p, _)| (m, p)))
+    Ok(decode_written::<M>(bytes)?.map(|w| (w.reply, w.position)))
 }
 
 /// A decoded reply with the event ids the request produced.
@@ -214,7 +237,8 @@ pub fn decode_written<M: Message + Default>(bytes: &[u8]) -> Result<Result<Writt
     let reply = Reply::decode(bytes).map_err(|source| WireError::Decode { what: "reply", source })?;
     match reply.result {
         Some(v1::reply::Result::Ok(b)) => {
-            Ok(Ok((M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?, reply.position, reply.event_ids)))
+            let message = M::decode(b.as_slice()).map_err(|source| WireError::Decode { what: "reply payload", source })?;
+            Ok(Ok(Written { reply: message, position: reply.position, event_ids: reply.event_ids }))
         }
         Some(v1::reply::Result::Error(e)) => Ok(Err(Refused { position: reply.position, event_ids: reply.event_ids, ..e.into() })),
         None => Ok(Err(Refused { code: ErrorCode::Internal, message: "empty reply".into(), field_errors: vec![], position: 0, event_ids: vec![] })),

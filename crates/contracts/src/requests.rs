@@ -61,7 +61,6 @@ requests!(
     RegistryRequest for crate::subjects::RUNTIME_REGISTRY => {
         Reserve(ReserveBoxType),
         Release(ReleaseReservation),
-        AwaitActivation(AwaitActivation),
         List(ListBoxes),
         Get(GetBox),
         Assign(AssignUser),

@@ -42,8 +42,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     (GATEWAY, RUNTIME_REGISTRY),
     (GATEWAY, AUDIT),
     (GATEWAY, PROVISIONER),
-    // ReserveBoxType, ReleaseReservation, AwaitActivation. Nobody asks approval for its
-    // keys: it publishes them as events in the store.
+    // ReserveBoxType, ReleaseReservation, and the read-your-writes wait for activation.
+    // Nobody asks approval for its keys: it publishes them as events in the store.
     (APPROVAL, RUNTIME_REGISTRY),
     // ConsumeBinding: CreateWorker claims the execution binding it was handed.
     (RUNTIME_REGISTRY, PROVISIONER),

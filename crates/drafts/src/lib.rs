@@ -18,10 +18,11 @@ use atasira_domain::aggregates::types;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
-use atasira_platform::command::{self, Retry};
-use atasira_platform::db::Committed;
 use atasira_platform::projection::{self as proj, Projection};
-use atasira_platform::service::{self as platform_service, Call, Refusal};
+use atasira_platform::refusal::Refusal;
+use atasira_platform::service::{self as platform_service, Call};
+use atasira_platform::store::Receipt;
+use atasira_platform::store::Retry;
 use prost::Message as _;
 
 pub use projection::{DraftRow, DraftsView, RowStatus};
@@ -33,7 +34,7 @@ pub const AGGREGATE_TYPES: &[&str] = &[types::DRAFT, types::DRAFTS_SECURITY];
 
 struct Service {
     rt: Runtime,
-    cqrs: atasira_platform::db::Cqrs<Draft>,
+    cqrs: atasira_platform::store::Cqrs<Draft>,
 }
 
 /// Settings of the drafts service.
@@ -94,11 +95,10 @@ async fn sweep_expired(service: Arc<Service>, config: DraftsConfig, mut shutdown
             Ok(ids) => {
                 for id in ids {
                     let command = DraftCommand::Expire { now: chrono::Utc::now(), ttl: config.ttl };
-                    if let Err(e) = service.cqrs.execute(&id, command, HashMap::new()).await {
+                    if let Err(e) = service.cqrs.execute(&id, command, HashMap::new(), Retry::ONCE).await {
                         tracing::warn!(draft_id = %id, error = %e, "expiry failed; next sweep retries");
                     }
                 }
-                service.rt.notify_committed();
             }
             Err(e) => tracing::warn!(error = %e, "expiry sweep failed"),
         }
@@ -171,10 +171,10 @@ impl Service {
         };
         let metadata = HashMap::from([("correlation_id".to_owned(), env.correlation_id.clone()), ("principal".to_owned(), principal.user_id.clone())]);
         let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal.clone(), at: chrono::Utc::now() };
-        match command::execute_new(&self.cqrs, &draft_id, command, metadata).await {
+        match self.cqrs.execute_new(&draft_id, command, metadata).await {
             Ok(committed) => {
                 atasira_platform::failpoint("drafts-after-commit");
-                self.written(&draft_id, committed, &reply).await
+                Self::written(committed, &reply)
             }
             // The stream exists: an earlier run of this request made it.
             Err(refusal) if keyed && refusal.code == ErrorCode::Conflict => self.submitted_before(&principal, &draft_id, &digest).await,
@@ -203,37 +203,27 @@ impl Service {
             over_limit: d.over_limit.over_limit,
             warnings: d.warnings,
         };
-        let (event_id, position) = self
+        let first = self
             .rt
             .db
             .first_event(types::DRAFT, draft_id)
             .await
             .map_err(Refusal::internal)?
             .ok_or_else(|| Refusal::internal("the submitted draft is not readable"))?;
-        Ok(reply_written(&reply, position, vec![event_id]))
+        Ok(reply_written(&reply, first.position, vec![first.id]))
     }
 
     /// R-DRAFT-13: the requester withdraws a pending draft (the aggregate decides who may).
     async fn withdraw(&self, principal: Principal, draft_id: &str) -> Result<Reply, Refusal> {
         let command = DraftCommand::Withdraw { by: principal, at: chrono::Utc::now() };
-        let committed = command::execute(&self.cqrs, draft_id, command, HashMap::new(), Retry::ONCE).await?;
-        self.written(draft_id, committed, &v1::WithdrawReply { draft_id: draft_id.to_owned(), status: v1::DraftStatus::Withdrawn as i32 }).await
+        let receipt = self.cqrs.execute(draft_id, command, HashMap::new(), Retry::ONCE).await?;
+        Self::written(receipt, &v1::WithdrawReply { draft_id: draft_id.to_owned(), status: v1::DraftStatus::Withdrawn as i32 })
     }
 
-    /// The reply to a command on `draft_id`, with its last event for read-your-writes
-    /// (from the commit when the store said, else asked of the store).
-    async fn written<M: prost::Message>(&self, draft_id: &str, committed: Committed, reply: &M) -> Result<Reply, Refusal> {
-        let (event_id, position) = match committed.last() {
-            Some(last) => last,
-            None => self
-                .rt
-                .db
-                .last_event(types::DRAFT, draft_id)
-                .await
-                .map_err(Refusal::internal)?
-                .ok_or_else(|| Refusal::internal("the committed draft is not readable"))?,
-        };
-        Ok(reply_written(reply, position, vec![event_id]))
+    /// The reply to a command, with the head of its stream for read-your-writes.
+    fn written<M: prost::Message>(receipt: Receipt, reply: &M) -> Result<Reply, Refusal> {
+        let head = receipt.head()?;
+        Ok(reply_written(reply, head.position, vec![head.id]))
     }
 }
 

@@ -14,8 +14,8 @@ use atasira_domain::bounds;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::token::{ApprovalSigner, Keyring};
 use atasira_domain::{Kind, Principal, Role};
-use atasira_platform::db::Db;
 use atasira_platform::feed::encode_notification;
+use atasira_platform::store::Db;
 use chrono::Utc;
 use prost::Message as _;
 
@@ -47,18 +47,18 @@ async fn sizes_of_the_events_of(request: BoxDraftCreateRequest) -> Vec<(String, 
     let plan = request.plan().expect("a draft at every bound is accepted");
     let manifest = plan.manifest.clone();
     let submit = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: agent.clone(), at: now };
-    db.cqrs::<Draft>().execute(&draft_id, submit, metadata(&agent)).await.expect("submitted");
+    db.cqrs::<Draft>().execute(&draft_id, submit, metadata(&agent), atasira_platform::store::Retry::ONCE).await.expect("submitted");
 
     let admin = Principal::new("admin", Role::Admin, Kind::Human);
     let signer = ApprovalSigner::from_secret("approval-1".into(), [7; 32]);
     let token = signer.issue(&draft_id, manifest.box_type.as_str(), &manifest.digest(), &admin.user_id, now);
     let approval = Keyring::new(vec![signer.public_key()]).verify(&token, now).expect("verifies");
     let approve = DraftCommand::Approve { by: admin.clone(), confirm_over_limit: true, token, at: now };
-    db.cqrs::<Draft>().execute(&draft_id, approve, metadata(&admin)).await.expect("approved");
+    db.cqrs::<Draft>().execute(&draft_id, approve, metadata(&admin), atasira_platform::store::Retry::ONCE).await.expect("approved");
 
     let box_id = uuid::Uuid::new_v4().to_string();
     let activate = BoxCommand::Activate { box_id: box_id.clone(), draft_id, manifest, approval, at: now };
-    db.cqrs::<BoxAggregate>().execute(&box_id, activate, HashMap::new()).await.expect("activated");
+    db.cqrs::<BoxAggregate>().execute(&box_id, activate, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("activated");
 
     let events = db.events_after(0, &[types::DRAFT, types::BOX], 100).await.expect("events");
     events.iter().map(|e| (e.event_type.clone(), encode_notification(e).len())).collect()

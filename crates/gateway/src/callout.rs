@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use atasira_contracts::subjects;
 use atasira_platform::auth::{self, TokenRecord};
-use atasira_platform::db::Db;
+use atasira_platform::store::Db;
 use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
 use nats_jwt_rs::authorization::AuthResponse;

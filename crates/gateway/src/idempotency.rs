@@ -16,7 +16,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use atasira_domain::{ErrorCode, Principal};
-use atasira_platform::db::Db;
+use atasira_platform::store::Db;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

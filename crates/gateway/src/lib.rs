@@ -17,32 +17,28 @@ pub use atasira_platform::ratelimit;
 mod routes;
 mod stream;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::subjects;
 use atasira_contracts::v1;
-use atasira_contracts::{Named, decode_reply, envelope, signed_envelope};
+use atasira_contracts::{Request, Written};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::auth;
+use atasira_platform::client::{CallError, Client};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse as _, Response};
 use axum::routing::{delete, get, patch, post, put};
 use axum::{Json, Router};
-use prost::Message as _;
 use serde_json::json;
 
 pub use error::ApiError;
 
 /// Request bodies over this are refused with 413 (R-DRAFT-14).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
-
-/// What a request's NATS headers (traceparent) may take of a bus message, at most.
-const HEADER_ROOM: usize = 1024;
 
 /// Gateway settings.
 #[derive(Debug, Clone)]
@@ -92,6 +88,8 @@ impl Config {
 #[derive(Clone)]
 struct AppState {
     rt: Runtime,
+    /// Requests to the services, on behalf of the caller.
+    client: Client,
     config: Arc<Config>,
     /// Live updates (`stream.rs`).
     live: Arc<stream::Live>,
@@ -100,7 +98,7 @@ struct AppState {
 }
 
 /// Creates the gateway's own tables (tokens, idempotency); idempotent.
-pub async fn prepare(db: &atasira_platform::db::Db) -> anyhow::Result<()> {
+pub async fn prepare(db: &atasira_platform::store::Db) -> anyhow::Result<()> {
     auth::prepare(db).await?;
     db.ensure_tables(idempotency::SCHEMA).await
 }
@@ -125,7 +123,8 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
             limits.forget_idle();
         }
     });
-    let state = AppState { rt, config: Arc::new(config), live: live.clone(), limits };
+    let client = Client::new(subjects::GATEWAY, rt.bus.clone(), rt.assertion_keys.clone(), config.request_timeout);
+    let state = AppState { rt, client, config: Arc::new(config), live: live.clone(), limits };
     tokio::spawn(stream::announce(state.clone(), live.clone()));
     let api = Router::new()
         .route("/auth/nats-assertion", post(routes::nats_assertion))
@@ -220,15 +219,9 @@ async fn healthz() -> Response {
 /// What is wrong is logged, never told to the caller: the probe port of each process names
 /// it (`/readyz` there).
 async fn readyz(State(state): State<AppState>) -> Response {
-    let probe = v1::WaitForPosition { position: 0, timeout_ms: 0, event_ids: vec![] };
     let asks = subjects::SERVICES.iter().map(|service| {
-        let (state, probe) = (state.clone(), probe.clone());
-        async move {
-            let env = envelope(&probe, &uuid::Uuid::new_v4().to_string(), "");
-            let subject = subjects::request(subjects::GATEWAY, service);
-            let answer = state.rt.bus.request(&subject, BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(5)).await;
-            (*service, answer.ok().and_then(|bytes| decode_reply::<v1::WaitForPositionReply>(&bytes).ok()?.ok().map(|(r, _)| r)))
-        }
+        let state = state.clone();
+        async move { (*service, state.client.probe(service, Duration::from_secs(5)).await.ok()) }
     });
     let (mut stalled, mut unreachable) = (Vec::new(), Vec::new());
     for (service, reply) in futures::future::join_all(asks).await {
@@ -278,52 +271,26 @@ async fn method_not_allowed() -> ApiError {
 
 impl AppState {
     /// Sends `request` to `service` on behalf of `principal`; the reply and its position.
-    async fn call<Req: Named, Resp: prost::Message + Default>(&self, service: &str, principal: &Principal, request: &Req) -> Result<(Resp, i64), ApiError> {
-        self.call_written(service, principal, request).await.map(|(r, p, _)| (r, p))
+    async fn call<R: Request>(&self, service: &str, principal: &Principal, request: &R) -> Result<(R::Reply, i64), ApiError> {
+        self.call_keyed(service, principal, request, "").await.map(|w| (w.reply, w.position))
     }
 
-    /// Like `call`, with the ids of the events the request produced.
-    async fn call_written<Req: Named, Resp: prost::Message + Default>(
-        &self,
-        service: &str,
-        principal: &Principal,
-        request: &Req,
-    ) -> Result<(Resp, i64, Vec<String>), ApiError> {
-        self.call_keyed(service, principal, request, "").await
-    }
-
-    /// Like `call_written`, with the caller's Idempotency-Key in the envelope (bound by the
+    /// Like `call`, with the caller's Idempotency-Key in the envelope (bound by the
     /// assertion like the payload), so a service can make a re-run of the same request
-    /// answer what the first run did (`idempotency.rs`).
-    async fn call_keyed<Req: Named, Resp: prost::Message + Default>(
-        &self,
-        service: &str,
-        principal: &Principal,
-        request: &Req,
-        idempotency_key: &str,
-    ) -> Result<(Resp, i64, Vec<String>), ApiError> {
+    /// answer what the first run did (`idempotency.rs`); the reply as written.
+    async fn call_keyed<R: Request>(&self, service: &str, principal: &Principal, request: &R, idempotency_key: &str) -> Result<Written<R::Reply>, ApiError> {
         let correlation_id = uuid::Uuid::new_v4().to_string();
-        let subject = subjects::request(subjects::GATEWAY, service);
-        let signer = self.rt.assertion_keys.signer().map_err(ApiError::internal)?;
-        let env = signed_envelope(&signer, principal, &subject, request, &correlation_id, idempotency_key, chrono::Utc::now());
-        // The bus adds the trace context of the HTTP request's span (R-OPS-1).
-        let headers = BTreeMap::new();
-        // A body under the HTTP limit can still make a request the bus cannot carry; the
-        // same answer in both modes (the in-process bus has no limit).
-        if env.encoded_len() + HEADER_ROOM > atasira_contracts::MAX_MESSAGE_BYTES {
-            return Err(ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("the request is too large to forward; keep bodies well under {MAX_BODY_BYTES} bytes"),
-            ));
-        }
-        let bytes = self.rt.bus.request(&subject, headers, env.encode_to_vec().into(), self.config.request_timeout).await.map_err(|e| {
-            tracing::warn!(service, correlation_id, error = %e, "a service did not answer");
-            ApiError::failure(ErrorCode::ServiceUnavailable, &correlation_id)
-        })?;
-        match atasira_contracts::decode_written::<Resp>(&bytes) {
-            Ok(Ok(ok)) => Ok(ok),
+        match self.client.call_as(service, principal, request, idempotency_key, correlation_id.clone()).await {
+            Ok(Ok(written)) => Ok(written),
             Ok(Err(refusal)) => Err(ApiError::from_reply(refusal, service, &correlation_id)),
-            Err(e) => Err(ApiError::internal(e)),
+            Err(CallError::TooLarge) => {
+                Err(ApiError::new(ErrorCode::PayloadTooLarge, format!("the request is too large to forward; keep bodies well under {MAX_BODY_BYTES} bytes")))
+            }
+            Err(CallError::NoAnswer { correlation_id, error, .. }) => {
+                tracing::warn!(service, correlation_id, error, "a service did not answer");
+                Err(ApiError::failure(ErrorCode::ServiceUnavailable, &correlation_id))
+            }
+            Err(other) => Err(ApiError::internal(other)),
         }
     }
 
@@ -350,21 +317,7 @@ impl AppState {
     }
 
     async fn wait_one(&self, service: &str, position: i64, event_ids: &[String]) -> Vec<String> {
-        let request = v1::WaitForPosition {
-            position,
-            timeout_ms: u32::try_from(self.config.consistency_wait.as_millis()).unwrap_or(u32::MAX),
-            event_ids: event_ids.to_vec(),
-        };
-        let env = envelope(&request, &uuid::Uuid::new_v4().to_string(), "");
-        let timeout = self.config.consistency_wait + Duration::from_secs(1);
-        let subject = subjects::request(subjects::GATEWAY, service);
-        match self.rt.bus.request(&subject, BTreeMap::new(), env.encode_to_vec().into(), timeout).await {
-            Ok(bytes) => match decode_reply::<v1::WaitForPositionReply>(&bytes) {
-                Ok(Ok((reply, _))) => reply.lagging,
-                _ => vec![service.to_owned()],
-            },
-            Err(_) => vec![service.to_owned()],
-        }
+        self.client.wait(service, position, event_ids, self.config.consistency_wait).await.unwrap_or_else(|_| vec![service.to_owned()])
     }
 }
 

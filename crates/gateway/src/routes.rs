@@ -7,7 +7,7 @@
 
 use std::future::Future;
 
-use atasira_contracts::{Named, subjects, v1};
+use atasira_contracts::{Request, Written, subjects, v1};
 use atasira_domain::{ErrorCode, Principal};
 use axum::Json;
 use axum::extract::State;
@@ -24,19 +24,19 @@ use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, Params, Pe
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
 /// A read: ask the service, answer its reply as `Out`.
-async fn read<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Error = ApiError>>(
+async fn read<Req: Request, Out: TryFrom<Req::Reply, Error = ApiError>>(
     state: &AppState,
     principal: &Principal,
     service: &str,
     request: Req,
 ) -> Result<Json<Out>, ApiError> {
-    let (reply, _): (Resp, i64) = state.call(service, principal, &request).await?;
+    let (reply, _) = state.call(service, principal, &request).await?;
     Out::try_from(reply).map(Json)
 }
 
 /// A write: at most once per Idempotency-Key; forward, wait for the read models, answer
 /// `status` with the reply as `Out` and the consistency headers.
-async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Error = ApiError> + Serialize>(
+async fn write<Req: Request, Out: TryFrom<Req::Reply, Error = ApiError> + Serialize>(
     state: &AppState,
     principal: &Principal,
     key: &IdempotencyKey,
@@ -47,7 +47,7 @@ async fn write<Req: Named, Resp: prost::Message + Default, Out: TryFrom<Resp, Er
 ) -> Result<Response, ApiError> {
     idempotency::run(state, principal, key, route, body, async {
         let idempotency_key = key.key.as_deref().unwrap_or_default();
-        let (reply, position, event_ids): (Resp, i64, Vec<String>) = match state.call_keyed(service, principal, &request, idempotency_key).await {
+        let Written { reply, position, event_ids } = match state.call_keyed(service, principal, &request, idempotency_key).await {
             Ok(written) => written,
             Err(refused) => return state.refusal(refused).await,
         };
@@ -77,12 +77,12 @@ async fn validated<T>(checked: Result<T, ApiError>, target: impl Future<Output =
 /// The draft, as `principal` may see it (404 `draft_not_found` otherwise).
 async fn draft_exists(state: &AppState, principal: &Principal, draft_id: &str) -> Result<(), ApiError> {
     let request = v1::GetDraft { draft_id: draft_id.to_owned() };
-    state.call::<_, v1::DraftReply>(subjects::DRAFTS, principal, &request).await.map(|_| ())
+    state.call(subjects::DRAFTS, principal, &request).await.map(|_| ())
 }
 
 /// The Box (404 `box_not_found` otherwise).
 async fn box_exists(state: &AppState, principal: &Principal, box_id: &str) -> Result<(), ApiError> {
-    state.call::<_, v1::BoxReply>(subjects::RUNTIME_REGISTRY, principal, &v1::GetBox { box_id: box_id.to_owned() }).await.map(|_| ())
+    state.call(subjects::RUNTIME_REGISTRY, principal, &v1::GetBox { box_id: box_id.to_owned() }).await.map(|_| ())
 }
 
 // --- drafts -----------------------------------------------------------------------------
@@ -99,16 +99,7 @@ async fn box_exists(state: &AppState, principal: &Principal, box_id: &str) -> Re
 pub async fn submit_draft(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, body: RawBody) -> Result<Response, ApiError> {
     key.check()?;
     let request = v1::SubmitDraft { request: Some(from_wire::draft_request(body.json()?)?) };
-    write::<_, v1::SubmitDraftReply, api::DraftCreated>(
-        &state,
-        &principal,
-        &key,
-        ("POST /boxes/box-drafts", body.raw()),
-        subjects::DRAFTS,
-        request,
-        StatusCode::CREATED,
-    )
-    .await
+    write::<_, api::DraftCreated>(&state, &principal, &key, ("POST /boxes/box-drafts", body.raw()), subjects::DRAFTS, request, StatusCode::CREATED).await
 }
 
 /// Pending drafts, oldest first (admins).
@@ -124,7 +115,7 @@ pub async fn pending_drafts(
     Params(q): Params<PendingQuery>,
 ) -> Result<Json<api::DraftPage>, ApiError> {
     let page = q.page();
-    read::<_, v1::DraftPage, _>(&state, &principal, subjects::DRAFTS, v1::ListPendingDrafts { limit: page.limit(), after: page.after() }).await
+    read::<_, _>(&state, &principal, subjects::DRAFTS, v1::ListPendingDrafts { limit: page.limit(), after: page.after() }).await
 }
 
 /// Drafts in submission order, decided ones included: with `mine=true` the caller's own
@@ -147,7 +138,7 @@ pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Calle
         Some(api::DraftStatus::Expired) => v1::DraftStatus::Expired,
     } as i32;
     let request = v1::ListDrafts { status, mine: q.mine, limit: page.limit(), after: page.after() };
-    read::<_, v1::DraftPage, _>(&state, &principal, subjects::DRAFTS, request).await
+    read::<_, _>(&state, &principal, subjects::DRAFTS, request).await
 }
 
 /// One draft with its status, decision and manifest (the requester or an admin).
@@ -158,7 +149,7 @@ pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Calle
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("requester_or_admin"))))]
 pub async fn get_draft(State(state): State<AppState>, Caller(principal): Caller, Id(draft_id): Id) -> Result<Json<api::DraftDetail>, ApiError> {
-    read::<_, v1::DraftReply, _>(&state, &principal, subjects::DRAFTS, v1::GetDraft { draft_id }).await
+    read::<_, _>(&state, &principal, subjects::DRAFTS, v1::GetDraft { draft_id }).await
 }
 
 /// Withdraw a pending draft (the requester).
@@ -181,7 +172,7 @@ pub async fn withdraw(
     let api::EmptyRequest {} = validated(key.check().and_then(|()| body.parse()), draft_exists(&state, &principal, &draft_id)).await?;
     let route = format!("withdraw {draft_id}");
     let request = v1::WithdrawDraft { draft_id };
-    write::<_, v1::WithdrawReply, api::DraftStatusChanged>(&state, &principal, &key, (&route, body.raw()), subjects::DRAFTS, request, StatusCode::OK).await
+    write::<_, api::DraftStatusChanged>(&state, &principal, &key, (&route, body.raw()), subjects::DRAFTS, request, StatusCode::OK).await
 }
 
 // --- approval ---------------------------------------------------------------------------
@@ -206,7 +197,7 @@ pub async fn approve(
     let b: api::ApproveRequest = validated(key.check().and_then(|()| body.parse()), draft_exists(&state, &principal, &draft_id)).await?;
     let route = format!("approve {draft_id}");
     let request = v1::ApproveDraft { draft_id, confirm_over_limit: b.confirm_over_limit };
-    write::<_, v1::DecisionReply, api::Approved>(&state, &principal, &key, (&route, body.raw()), subjects::APPROVAL, request, StatusCode::OK).await
+    write::<_, api::Approved>(&state, &principal, &key, (&route, body.raw()), subjects::APPROVAL, request, StatusCode::OK).await
 }
 
 /// Reject a draft (a human admin, not the requester).
@@ -229,7 +220,7 @@ pub async fn reject(
     let b: api::RejectRequest = validated(key.check().and_then(|()| body.parse()), draft_exists(&state, &principal, &draft_id)).await?;
     let route = format!("reject {draft_id}");
     let request = v1::RejectDraft { draft_id, reason: b.reason };
-    write::<_, v1::DecisionReply, api::DraftStatusChanged>(&state, &principal, &key, (&route, body.raw()), subjects::APPROVAL, request, StatusCode::OK).await
+    write::<_, api::DraftStatusChanged>(&state, &principal, &key, (&route, body.raw()), subjects::APPROVAL, request, StatusCode::OK).await
 }
 
 // --- Boxes ------------------------------------------------------------------------------
@@ -251,7 +242,7 @@ pub async fn list_boxes(State(state): State<AppState>, Caller(principal): Caller
         Some(api::BoxStateFilter::All) => v1::BoxStateFilter::All,
     } as i32;
     let request = v1::ListBoxesPage { state: filter, limit: page.limit(), after: page.after() };
-    read::<_, v1::BoxPage, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
 }
 
 /// One Box with manifest, assignments, provisioning and drift (any caller).
@@ -259,7 +250,7 @@ pub async fn list_boxes(State(state): State<AppState>, Caller(principal): Caller
     responses((status = 200, description = "The Box", body = api::BoxDetail), (status = 404, description = "`box_not_found`", body = ErrorBody)),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
 pub async fn get_box(State(state): State<AppState>, Caller(principal): Caller, Id(box_id): Id) -> Result<Json<api::BoxDetail>, ApiError> {
-    read::<_, v1::BoxReply, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetBox { box_id }).await
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetBox { box_id }).await
 }
 
 /// Assign a user to a Box (a human admin or the Box's primary).
@@ -286,7 +277,7 @@ pub async fn assign_user(
         api::RoleInBox::Member => v1::BoxRole::Member,
     } as i32;
     let request = v1::AssignUser { box_id, user_id: b.user_id, role_in_box };
-    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+    write::<_, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
 async fn box_action(state: AppState, principal: Principal, key: IdempotencyKey, box_id: String, body: RawBody, action: Action) -> Result<Response, ApiError> {
@@ -295,7 +286,7 @@ async fn box_action(state: AppState, principal: Principal, key: IdempotencyKey, 
     let verb = action.as_str_name().trim_start_matches("ACTION_").to_ascii_lowercase();
     let route = format!("{verb} {box_id}");
     let request = v1::BoxAction { box_id, action: action as i32 };
-    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+    write::<_, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
 /// Stop a Box (a human admin): frees its slot, keeps the manifest.
@@ -373,7 +364,7 @@ pub async fn box_history(
 ) -> Result<Json<api::BoxHistory>, ApiError> {
     let (after_tx, after) = q.cursor.map_or((0, 0), |c| (c.tx_id, c.position));
     let request = v1::GetBoxHistory { box_id: box_id.clone(), limit: q.limit.map(crate::query::Limit::get).unwrap_or(0), after, after_tx };
-    let Json(mut history) = read::<_, v1::BoxHistoryPage, api::BoxHistory>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await?;
+    let Json(mut history) = read::<_, api::BoxHistory>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await?;
     history.box_id = box_id;
     Ok(Json(history))
 }
@@ -395,7 +386,7 @@ pub async fn unassign_user(State(state): State<AppState>, Caller(principal): Cal
     // The idempotency scope names the Box and the user: the request has no body.
     let route = format!("unassign {box_id} {user_id}");
     let request = v1::UnassignUser { box_id, user_id };
-    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, b""), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+    write::<_, api::BoxDetail>(&state, &principal, &key, (&route, b""), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
 /// Can the Box of `box_type` take this task within what was approved (any caller)? A
@@ -411,7 +402,7 @@ pub async fn unassign_user(State(state): State<AppState>, Caller(principal): Cal
 pub async fn feasibility(State(state): State<AppState>, Caller(principal): Caller, body: RawBody) -> Result<Json<api::FeasibilityAnswer>, ApiError> {
     let b: api::FeasibilityRequest = body.parse()?;
     let request = v1::AssessFeasibility { task_description: b.task_description, box_type: b.box_type };
-    read::<_, v1::FeasibilityReply, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
 }
 
 // --- edits after activation -------------------------------------------------------------
@@ -443,7 +434,7 @@ fn inexact_integer(map: &serde_json::Map<String, serde_json::Value>) -> Option<S
 /// not is answered in the spec's order (401, 403, 404, then 400/422): the registry is
 /// first asked the same edit, empty, which changes nothing, so who may not edit, or a Box
 /// that does not exist, is answered as such.
-async fn edit_request<Req: Named>(
+async fn edit_request<Req: Request>(
     state: &AppState,
     principal: &Principal,
     key: &IdempotencyKey,
@@ -461,7 +452,7 @@ async fn edit_request<Req: Named>(
         Ok(_) => ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object"),
         Err(e) => e,
     };
-    let _: (v1::BoxReply, i64) = state.call(subjects::RUNTIME_REGISTRY, principal, &request(prost_types::Struct::default())).await?;
+    state.call(subjects::RUNTIME_REGISTRY, principal, &request(prost_types::Struct::default())).await?;
     Err(object)
 }
 
@@ -487,7 +478,7 @@ pub async fn edit_manifest(
 ) -> Result<Response, ApiError> {
     let route = format!("edit manifest {box_id}");
     let request = edit_request(&state, &principal, &key, &body, |edit| v1::EditBoxManifest { box_id: box_id.clone(), edit: Some(edit) }).await?;
-    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+    write::<_, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
 /// A config edit of the Box's operating parameters (a human admin or the Box's primary):
@@ -513,7 +504,7 @@ pub async fn edit_config(
 ) -> Result<Response, ApiError> {
     let route = format!("edit config {box_id}");
     let request = edit_request(&state, &principal, &key, &body, |patch| v1::EditBoxConfig { box_id: box_id.clone(), patch: Some(patch) }).await?;
-    write::<_, v1::BoxReply, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+    write::<_, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
 // --- Workers ----------------------------------------------------------------------------
@@ -563,17 +554,16 @@ pub async fn launch_worker(
 /// step is the answer.
 async fn launch_steps(state: &AppState, principal: &Principal, launch: atasira_domain::worker::LaunchRequest) -> Result<Response, ApiError> {
     let sync = v1::SyncBundle { box_id: launch.box_id.clone(), launch_id: launch.launch_id.clone() };
-    let (synced, mut position, mut event_ids): (v1::BundleSynced, i64, Vec<String>) =
-        match state.call_written(subjects::RUNTIME_REGISTRY, principal, &sync).await {
-            Ok(written) => written,
-            Err(refused) => return state.refusal(refused).await,
-        };
+    let Written { reply: synced, mut position, mut event_ids } = match state.call_keyed(subjects::RUNTIME_REGISTRY, principal, &sync, "").await {
+        Ok(written) => written,
+        Err(refused) => return state.refusal(refused).await,
+    };
     let prepare = v1::PrepareBinding { box_id: launch.box_id.clone(), launch_id: launch.launch_id.clone() };
-    let lease: v1::BindingLease = match state.call_written(subjects::PROVISIONER, principal, &prepare).await {
-        Ok((lease, at, ids)) => {
-            position = position.max(at);
-            event_ids.extend(ids);
-            lease
+    let lease = match state.call_keyed(subjects::PROVISIONER, principal, &prepare, "").await {
+        Ok(written) => {
+            position = position.max(written.position);
+            event_ids.extend(written.event_ids);
+            written.reply
         }
         Err(refused) => return state.refusal(refused).await,
     };
@@ -581,11 +571,11 @@ async fn launch_steps(state: &AppState, principal: &Principal, launch: atasira_d
     // the Box between the sync and the create.
     atasira_platform::failpoints::failpoint_delay("gateway.launch.before_create").await;
     let create = from_wire::create_worker(&launch, synced.digest, lease.handle);
-    let reply: v1::WorkerReply = match state.call_written(subjects::RUNTIME_REGISTRY, principal, &create).await {
-        Ok((reply, at, ids)) => {
-            position = position.max(at);
-            event_ids.extend(ids);
-            reply
+    let reply = match state.call_keyed(subjects::RUNTIME_REGISTRY, principal, &create, "").await {
+        Ok(written) => {
+            position = position.max(written.position);
+            event_ids.extend(written.event_ids);
+            written.reply
         }
         Err(refused) => return state.refusal(refused).await,
     };
@@ -606,7 +596,7 @@ async fn launch_steps(state: &AppState, principal: &Principal, launch: atasira_d
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("admin or a user assigned to the Worker's Box"))))]
 pub async fn get_worker(State(state): State<AppState>, Caller(principal): Caller, Id(worker_id): Id) -> Result<Json<api::Worker>, ApiError> {
-    read::<_, v1::WorkerReply, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetWorker { worker_id }).await
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetWorker { worker_id }).await
 }
 
 /// The Box's Workers, oldest first, without transcripts (an admin, or a user assigned to
@@ -626,7 +616,7 @@ pub async fn list_workers(
 ) -> Result<Json<api::WorkerList>, ApiError> {
     let page = q.page();
     let request = v1::ListBoxWorkers { box_id, limit: page.limit(), after: page.after() };
-    read::<_, v1::WorkerPage, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
 }
 
 /// Where the Worker's configuration comes from (an admin, or a user assigned to its Box):
@@ -641,14 +631,13 @@ pub async fn list_workers(
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("admin or a user assigned to the Worker's Box"))))]
 pub async fn worker_provenance(State(state): State<AppState>, Caller(principal): Caller, Id(worker_id): Id) -> Result<Json<api::WorkerProvenance>, ApiError> {
-    let Json(mut provenance) =
-        read::<_, v1::WorkerProvenance, api::WorkerProvenance>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetWorkerProvenance { worker_id }).await?;
+    let Json(mut provenance) = read::<_, api::WorkerProvenance>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetWorkerProvenance { worker_id }).await?;
     // Each step's row on the ledger, asked for at once; none yet is `null`.
     let event_ids: Vec<String> = provenance.steps.iter().map(|step| step.event_id.clone()).collect();
     let rows = event_ids.into_iter().map(|event_id| {
         let request = v1::QueryAudit { event_id, limit: 1, ..Default::default() };
         let (state, principal) = (&state, &principal);
-        async move { state.call::<_, v1::AuditPage>(subjects::AUDIT, principal, &request).await }
+        async move { state.call(subjects::AUDIT, principal, &request).await }
     });
     let answers = futures::future::join_all(rows).await;
     for (step, answer) in provenance.steps.iter_mut().zip(answers) {
@@ -674,7 +663,7 @@ pub async fn audit(State(state): State<AppState>, Caller(principal): Caller, Par
         after: page.after(),
         event_id: String::new(),
     };
-    read::<_, v1::AuditPage, _>(&state, &principal, subjects::AUDIT, request).await
+    read::<_, _>(&state, &principal, subjects::AUDIT, request).await
 }
 
 /// Verifies the whole ledger against its latest signed checkpoint (admins).
@@ -682,7 +671,7 @@ pub async fn audit(State(state): State<AppState>, Caller(principal): Caller, Par
     responses((status = 200, description = "The verification result", body = api::VerifyResult), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
 pub async fn audit_verify(State(state): State<AppState>, Caller(principal): Caller) -> Result<Json<api::VerifyResult>, ApiError> {
-    read::<_, v1::VerifyReply, _>(&state, &principal, subjects::AUDIT, v1::VerifyAudit {}).await
+    read::<_, _>(&state, &principal, subjects::AUDIT, v1::VerifyAudit {}).await
 }
 
 // --- auth -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use atasira_domain::ErrorCode;
 use atasira_domain::aggregates::types;
-use atasira_platform::db::Cursor;
+use atasira_platform::store::Cursor;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
@@ -75,7 +75,7 @@ impl Live {
 
     /// A new listener: its receiver and the position it starts after. Under the cursor's
     /// lock, so the announcer reads on from exactly there (nothing after it is missed).
-    async fn subscribe(&self, db: &atasira_platform::db::Db) -> anyhow::Result<(broadcast::Receiver<api::StreamChange>, i64)> {
+    async fn subscribe(&self, db: &atasira_platform::store::Db) -> anyhow::Result<(broadcast::Receiver<api::StreamChange>, i64)> {
         let mut cursor = self.cursor.lock().await;
         let at = match *cursor {
             Some(c) => c,

@@ -3,13 +3,12 @@
 
 pub use atasira_domain::aggregates::pat::OPERATOR;
 use atasira_domain::aggregates::pat::{PatCommand, PersonalAccessToken, TOKEN_ID_PREFIX};
-use atasira_domain::aggregates::types;
 use atasira_domain::{Kind, Principal, Role};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 
-use crate::db::{Db, DbKind};
+use crate::store::{Db, DbKind};
 
 /// The gateway's token table: the credentials (hashes) and their state. Every issue and
 /// revocation is also an event of the `pat` aggregate (the audit ledger records it); the
@@ -117,15 +116,12 @@ pub struct Issued {
 }
 
 async fn execute(db: &Db, token_id: &str, command: PatCommand) -> anyhow::Result<Recorded> {
-    let before = db.last_event(types::PAT, token_id).await?;
-    crate::command::execute(&db.cqrs::<PersonalAccessToken>(), token_id, command, Default::default(), crate::command::Retry::ONCE)
+    let receipt = db
+        .cqrs::<PersonalAccessToken>()
+        .execute(token_id, command, Default::default(), crate::store::Retry::ONCE)
         .await
         .map_err(|e| anyhow::anyhow!("token {token_id}: {}", e.message))?;
-    let after = db.last_event(types::PAT, token_id).await?;
-    Ok(match after {
-        Some((id, position)) if after != before => Recorded { event_ids: vec![id], position },
-        _ => Recorded::default(),
-    })
+    Ok(Recorded { position: receipt.events.last().map_or(0, |e| e.position), event_ids: receipt.events.into_iter().map(|e| e.id).collect() })
 }
 
 /// Creates a token for `principal`, valid for `ttl` (forever when `None`), issued `by` an

@@ -14,7 +14,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use sqlx::Connection;
 
-use crate::db::{Db, DbKind};
+use crate::store::{Db, DbKind};
 
 /// How often a standby asks for the lock.
 pub const RETRY: Duration = Duration::from_secs(1);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use prost::Message as _;
 use tokio::sync::watch;
 
-use crate::db::{Appended, Cursor, Db, StoredEvent};
+use crate::store::{Appended, Cursor, Db, StoredEvent};
 
 /// How feeds wait for events.
 #[derive(Debug, Clone)]
@@ -164,7 +164,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_feed_of_a_type_that_is_no_aggregate_is_refused_not_routed_anywhere() {
-        let store = crate::db::testing::TempDb::new().await;
+        let store = crate::store::testing::TempDb::new().await;
         let db = &store.db;
         let feeds = FeedSource::default();
         let Err(refused) = feeds.open(db, "typo", &["draft", "drafts"], Cursor::START).await else { panic!("a feed of \"drafts\" was opened") };

@@ -14,7 +14,7 @@ use atasira_domain::aggregates::assertion_keys::{
 use atasira_domain::assertion::{AssertionError, AssertionKeyring, AssertionPublicKey, AssertionSigner, Binding, PrincipalAssertion, Verified};
 use chrono::{DateTime, Utc};
 
-use crate::db::Db;
+use crate::store::Db;
 
 /// A process's signer (if it signs) and the public keys it has learnt.
 #[derive(Clone, Default)]
@@ -58,17 +58,14 @@ impl AssertionKeys {
         let key_id = format!("{issuer}-{}", hex::encode(rand::random::<[u8; 8]>()));
         let signer = AssertionSigner::new(key_id.clone(), issuer, &seed, now);
         let command = AssertionKeyCommand::Publish { key: signer.public_key(), at: now };
-        let (metadata, retry) = (HashMap::new(), crate::command::Retry::ONCE);
+        let metadata = HashMap::new();
         let published = match issuer {
-            atasira_contracts::subjects::GATEWAY => crate::command::execute(&db.cqrs::<GatewayAssertionKey>(), &key_id, command, metadata, retry).await,
-            atasira_contracts::subjects::APPROVAL => crate::command::execute(&db.cqrs::<ApprovalAssertionKey>(), &key_id, command, metadata, retry).await,
-            atasira_contracts::subjects::RUNTIME_REGISTRY => {
-                crate::command::execute(&db.cqrs::<RegistryAssertionKey>(), &key_id, command, metadata, retry).await
-            }
+            atasira_contracts::subjects::GATEWAY => db.cqrs::<GatewayAssertionKey>().execute_new(&key_id, command, metadata).await,
+            atasira_contracts::subjects::APPROVAL => db.cqrs::<ApprovalAssertionKey>().execute_new(&key_id, command, metadata).await,
+            atasira_contracts::subjects::RUNTIME_REGISTRY => db.cqrs::<RegistryAssertionKey>().execute_new(&key_id, command, metadata).await,
             other => anyhow::bail!("the {other} process signs no assertions"),
         };
         published.map_err(|r| anyhow::anyhow!("cannot publish the assertion key {key_id}: {}", r.message))?;
-        db.appended();
         self.keyring.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(signer.public_key());
         *self.signer.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(signer));
         tracing::info!(issuer, key_id, "published a new principal assertion key");

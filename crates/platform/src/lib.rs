@@ -9,8 +9,7 @@
 pub mod admission;
 pub mod auth;
 pub mod bus;
-pub mod command;
-pub mod db;
+pub mod client;
 pub mod exclusive;
 pub mod failpoints;
 pub mod failure;
@@ -21,9 +20,11 @@ pub mod metrics;
 pub mod probe;
 pub mod projection;
 pub mod ratelimit;
+pub mod refusal;
 pub mod relay;
 pub mod sentinel;
 pub mod service;
+pub mod store;
 pub mod trace;
 
 use std::sync::Arc;
@@ -33,7 +34,7 @@ pub use failpoints::{failpoint, failpoint_delay};
 /// Everything a service needs from the outside world.
 #[derive(Clone)]
 pub struct Runtime {
-    pub db: db::Db,
+    pub db: store::Db,
     pub bus: Arc<dyn bus::Bus>,
     pub feeds: feed::FeedSource,
     /// Verifies principal assertions with published public keys, and signs them in the
@@ -41,14 +42,6 @@ pub struct Runtime {
     pub assertion_keys: keys::AssertionKeys,
     /// The process's request limits, replay cache and violation rate limit.
     pub guards: Arc<guard::Guards>,
-}
-
-impl Runtime {
-    /// Rings this process's appended bell: events were committed. Commands through
-    /// `Db::cqrs` ring it themselves; in PostgreSQL every commit also rings it by `LISTEN`.
-    pub fn notify_committed(&self) {
-        self.db.appended();
-    }
 }
 
 impl std::fmt::Debug for Runtime {

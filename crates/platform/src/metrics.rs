@@ -23,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::db::{Cursor, Db};
+use crate::store::{Cursor, Db};
 
 /// Distinct request type names counted; more are `other`.
 pub const MAX_REQUEST_NAMES: usize = 128;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sqlx::{Any, Row, Transaction};
 
-use crate::db::{Cursor, Db, DbKind, StoredEvent, TextEvent};
 use crate::feed::{FeedSource, Pause};
+use crate::store::{Cursor, Db, DbKind, StoredEvent, TextEvent};
 
 #[async_trait::async_trait]
 pub trait Projection: Send + Sync + 'static {
@@ -155,7 +155,7 @@ async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &d
                 "WITH advanced AS ({}),
                  marked AS (INSERT INTO projection_processed (name, event_id) VALUES {marks} ON CONFLICT DO NOTHING)
                  {}",
-                upsert_cursor(&format!("SELECT $1, $2, $3 FROM {}", crate::db::ASYNC_COMMIT)),
+                upsert_cursor(&format!("SELECT $1, $2, $3 FROM {}", crate::store::ASYNC_COMMIT)),
                 write.statement
             );
             let args: Vec<Arg> = cursor.into_iter().chain(events.iter().map(|e| Arg::Text(e.event_id.clone()))).chain(write.args).collect();
@@ -280,11 +280,11 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
     {
         return Ok(events.len());
     }
-    if projection.is_none() && db.kind() == crate::db::DbKind::Postgres {
+    if projection.is_none() && db.kind() == crate::store::DbKind::Postgres {
         // Nothing but the processed set and the checkpoint: one statement (for a batch of
         // up to a hundred events), its own transaction, committed asynchronously like
         // every consumer's (`Db::begin_consumer`).
-        let checkpoint_row = format!("SELECT $1, $2, $3 FROM {}", crate::db::ASYNC_COMMIT);
+        let checkpoint_row = format!("SELECT $1, $2, $3 FROM {}", crate::store::ASYNC_COMMIT);
         let fresh = if events.len() <= rows_per_statement(1) {
             postgres_mark_and_advance(&mut *db.any().acquire().await?, name, events, &checkpoint_row).await?
         } else {
@@ -745,14 +745,14 @@ mod tests {
 
     use atasira_domain::aggregates::draft::Draft;
 
-    use crate::db::testing;
+    use crate::store::testing;
 
     #[tokio::test]
     async fn r_arch_6_a_consumer_told_to_stop_lets_its_batch_in_flight_finish() {
         // given a consumer whose handler is busy with a batch (one submitted draft)
         let store = testing::TempDb::new().await;
         let db = store.db.clone();
-        db.cqrs::<Draft>().execute("d1", testing::submit("d1"), std::collections::HashMap::new()).await.expect("submit");
+        db.cqrs::<Draft>().execute_new("d1", testing::submit("d1"), std::collections::HashMap::new()).await.expect("submit");
         let (started, finished) = (Arc::new(tokio::sync::Notify::new()), Arc::new(AtomicBool::new(false)));
         let (tx, rx) = tokio::sync::watch::channel(false);
         let consumer = tokio::spawn({

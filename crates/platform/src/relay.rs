@@ -19,7 +19,7 @@ use async_nats::jetstream;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 
-use crate::db::{Cursor, Db, DbKind, StoredEvent};
+use crate::store::{Cursor, Db, DbKind, StoredEvent};
 
 /// Events the relays of this process could not publish (a metric; each is also a row of
 /// `relay_dead_letters` and an error in the log).
@@ -123,7 +123,7 @@ async fn save(db: &Db, name: &str, at: Cursor, dead: &[(&StoredEvent, String)]) 
     const UPSERT: &str = "ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position";
     if db.kind() == DbKind::Postgres && dead.is_empty() {
         // One statement, its own transaction, which asks for the asynchronous commit itself.
-        let sql = format!("INSERT INTO relay_checkpoints (name, tx_id, position) SELECT $1, $2, $3 FROM {} {UPSERT}", crate::db::ASYNC_COMMIT);
+        let sql = format!("INSERT INTO relay_checkpoints (name, tx_id, position) SELECT $1, $2, $3 FROM {} {UPSERT}", crate::store::ASYNC_COMMIT);
         sqlx::query(&sql).bind(name).bind(at.tx_id).bind(at.position).execute(db.any()).await?;
         return Ok(());
     }

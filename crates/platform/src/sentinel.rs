@@ -15,8 +15,8 @@ use futures::StreamExt as _;
 use prost::Message as _;
 
 use crate::Runtime;
-use crate::db::StoredEvent;
 use crate::guard::Verdict;
+use crate::store::StoredEvent;
 
 /// The durable consumer's configuration: every notification published from now on, each
 /// acknowledged. The operator creates it (`atasira nats-setup`); the audit service only

@@ -8,10 +8,10 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 
 use atasira_contracts::subjects::{self, Origin};
-use atasira_contracts::{Envelope, Reply, reply_error};
+use atasira_contracts::{Envelope, Reply};
 use atasira_domain::aggregates::security::SecurityCommand;
 use atasira_domain::assertion::{AssertionError, ReplayError};
-use atasira_domain::{ErrorCode, FieldError, Principal, Refusing};
+use atasira_domain::{ErrorCode, Principal};
 use prost::Message as _;
 use tokio::sync::Semaphore;
 
@@ -19,69 +19,8 @@ use crate::Runtime;
 use crate::admission::State;
 use crate::bus::{Endpoint, Handler, Message};
 use crate::guard::Verdict;
-
-/// A typed refusal on its way to the wire (the spec's code, a message, the keys at fault).
-#[derive(Debug)]
-pub struct Refusal {
-    pub code: ErrorCode,
-    pub message: String,
-    pub field_errors: Vec<FieldError>,
-    /// The events the refusal recorded (a security violation): their position and ids
-    /// travel in the reply, so the caller's next read sees them.
-    pub position: i64,
-    pub event_ids: Vec<String>,
-}
-
-impl Refusal {
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), field_errors: Vec::new(), position: 0, event_ids: Vec::new() }
-    }
-
-    /// This refusal recorded the event `event_id` at `position` (R-AUDIT-5).
-    pub fn recorded(mut self, (event_id, position): (String, i64)) -> Self {
-        self.event_ids.push(event_id);
-        self.position = self.position.max(position);
-        self
-    }
-
-    /// A principal assertion some process admitted before.
-    pub fn replayed() -> Self {
-        Self::new(ErrorCode::Unauthenticated, format!("invalid principal assertion: {REPLAYED}"))
-    }
-
-    /// A store failure: `service_unavailable` when it is `transient` (the database away; the
-    /// caller retries), else [`Refusal::internal`]. Logged with its cause either way.
-    pub fn store(transient: bool, e: impl std::fmt::Display) -> Self {
-        if !transient {
-            return Self::internal(e);
-        }
-        tracing::warn!(error = %e, "the database did not answer");
-        Self::new(ErrorCode::ServiceUnavailable, "the store is not answering right now; retry in a moment")
-    }
-
-    /// A failure of ours: logged with its cause, answered without it.
-    pub fn internal(e: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %e, "service failure");
-        Self::new(ErrorCode::Internal, "internal failure; retry")
-    }
-
-    pub fn into_reply(self) -> Reply {
-        Reply { position: self.position, event_ids: self.event_ids, ..reply_error(self.code, self.message, &self.field_errors) }
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.code, self.message)
-    }
-}
-
-/// Every coded domain or wire error converts with `?`.
-impl<E: Refusing> From<E> for Refusal {
-    fn from(e: E) -> Self {
-        Self { code: e.error_code(), message: e.to_string(), field_errors: e.field_errors(), position: 0, event_ids: Vec::new() }
-    }
-}
+use crate::refusal::{REPLAYED, Refusal};
+use crate::store::EventAt;
 
 /// One request as a service sees it: the envelope, who sent it, and to which service.
 #[derive(Debug, Clone)]
@@ -184,7 +123,7 @@ where
     let subjects = subjects::listen_subjects(service);
     let endpoint = rt.bus.serve(service, &subjects, handler).await?;
     tracing::info!("{service}: serving on {}", subjects.join(" and "));
-    if rt.db.kind() == crate::db::DbKind::Postgres && subjects::SERVICES.contains(&service) {
+    if rt.db.kind() == crate::store::DbKind::Postgres && subjects::SERVICES.contains(&service) {
         tokio::spawn(forget_expired_assertions(rt.db.clone()));
     }
     Ok(endpoint)
@@ -209,7 +148,7 @@ enum Slot {
 
 /// Every minute, forgets the cluster's admitted assertions that expired (plus the replay
 /// grace): they verify no more, so nobody can replay them.
-async fn forget_expired_assertions(db: crate::db::Db) {
+async fn forget_expired_assertions(db: crate::store::Db) {
     let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
     loop {
         every.tick().await;
@@ -296,7 +235,7 @@ fn defers_admission(rt: &Runtime, call: &Call) -> bool {
     matches!(call.origin, Origin::Service(_))
         && call.env.assertion.is_some()
         && DEFERRING_SERVICES.contains(&call.service)
-        && rt.db.kind() == crate::db::DbKind::Postgres
+        && rt.db.kind() == crate::store::DbKind::Postgres
 }
 
 /// What the security violation of a replay names, kept before the call is dispatched.
@@ -321,9 +260,6 @@ impl ReplayNote {
         refused_assertion(rt, &self.call, REPLAYED, self.claimed.as_deref(), self.key_id.as_deref()).await
     }
 }
-
-/// The reason a replayed assertion is refused with.
-const REPLAYED: &str = "replayed";
 
 /// R-ARCH-3: a call from one of atasira's processes acts for a principal only with a valid
 /// assertion bound to this request (subject, message type, payload digest, correlation
@@ -398,9 +334,8 @@ async fn refused_assertion(rt: &Runtime, call: &Call, reason: &'static str, clai
                 reason: format!("{reason}: {} claiming user {} with key {}", clip(&call.env.message_type), text(claimed), text(key_id)),
                 at: chrono::Utc::now(),
             };
-            match record_security_violation(rt, call.service, command).await {
-                Ok(_) => rt.notify_committed(),
-                Err(e) => tracing::error!(service = call.service, error = %e, "could not record a security violation"),
+            if let Err(e) = record_security_violation(rt, call.service, command).await {
+                tracing::error!(service = call.service, error = %e, "could not record a security violation");
             }
         }
     }
@@ -419,30 +354,19 @@ fn clip(text: &str) -> String {
 
 /// Appends a `SecurityViolation` (R-AUDIT-5) to `service`'s own security aggregate type,
 /// a new stream each; its position and event id.
-pub async fn record_security_violation(rt: &Runtime, service: &str, command: SecurityCommand) -> Result<(i64, String), Refusal> {
+pub async fn record_security_violation(rt: &Runtime, service: &str, command: SecurityCommand) -> Result<EventAt, Refusal> {
     use atasira_domain::aggregates::security::{ApprovalSecurity, AuditSecurity, DraftsSecurity, ProvisionerSecurity, RegistrySecurity};
-    use atasira_domain::aggregates::types;
     let id = uuid::Uuid::new_v4().to_string();
-    let (metadata, retry) = (std::collections::HashMap::new(), crate::command::Retry::ONCE);
-    let (committed, aggregate_type) = match service {
-        subjects::DRAFTS => crate::command::execute(&rt.db.cqrs::<DraftsSecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::DRAFTS_SECURITY)),
-        subjects::APPROVAL => {
-            crate::command::execute(&rt.db.cqrs::<ApprovalSecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::APPROVAL_SECURITY))
-        }
-        subjects::RUNTIME_REGISTRY => {
-            crate::command::execute(&rt.db.cqrs::<RegistrySecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::REGISTRY_SECURITY))
-        }
-        subjects::AUDIT => crate::command::execute(&rt.db.cqrs::<AuditSecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::AUDIT_SECURITY)),
-        subjects::PROVISIONER => {
-            crate::command::execute(&rt.db.cqrs::<ProvisionerSecurity>(), &id, command, metadata, retry).await.map(|c| (c, types::PROVISIONER_SECURITY))
-        }
+    let metadata = std::collections::HashMap::new();
+    let receipt = match service {
+        subjects::DRAFTS => rt.db.cqrs::<DraftsSecurity>().execute_new(&id, command, metadata).await,
+        subjects::APPROVAL => rt.db.cqrs::<ApprovalSecurity>().execute_new(&id, command, metadata).await,
+        subjects::RUNTIME_REGISTRY => rt.db.cqrs::<RegistrySecurity>().execute_new(&id, command, metadata).await,
+        subjects::AUDIT => rt.db.cqrs::<AuditSecurity>().execute_new(&id, command, metadata).await,
+        subjects::PROVISIONER => rt.db.cqrs::<ProvisionerSecurity>().execute_new(&id, command, metadata).await,
         other => Err(Refusal::internal(format!("the {other} process has no security aggregate to record in"))),
     }?;
-    let (event_id, position) = match committed.last() {
-        Some(last) => last,
-        None => rt.db.last_event(aggregate_type, &id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?,
-    };
-    Ok((position, event_id))
+    receipt.head()
 }
 
 /// The answer to a read-your-writes wait: which of `read_models` (name, aggregate types
@@ -477,9 +401,9 @@ mod tests {
 
     use super::*;
     use crate::bus::{Bus, InprocBus};
-    use crate::db::Db;
     use crate::feed::FeedSource;
     use crate::guard::Guards;
+    use crate::store::Db;
 
     async fn runtime(guards: Guards) -> (Runtime, Arc<InprocBus>) {
         let dir = std::env::temp_dir().join(format!("atasira-service-{}", uuid::Uuid::new_v4().simple()));

@@ -22,9 +22,10 @@ use atasira_domain::aggregates::types;
 use atasira_domain::worker::{LaunchRequest, may_launch, validate_launch};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
-use atasira_platform::command::{self, Retry};
-use atasira_platform::db::{Committed, Cqrs, Cursor, Db};
-use atasira_platform::service::{self as platform_service, Call, Refusal};
+use atasira_platform::refusal::Refusal;
+use atasira_platform::service::{self as platform_service, Call};
+use atasira_platform::store::Retry;
+use atasira_platform::store::{Cqrs, Cursor, Db};
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
@@ -91,9 +92,8 @@ impl Bindings {
             expires_at,
             at,
         };
-        let committed = command::execute_new(&self.cqrs, &handle, command, metadata(call)).await?;
-        let (event_id, position) = self.written(&handle, committed).await?;
-        Ok(reply_written(&v1::BindingLease { handle, expires_at: Some(convert::timestamp(expires_at)) }, position, vec![event_id]))
+        let head = self.cqrs.execute_new(&handle, command, metadata(call)).await?.head()?;
+        Ok(reply_written(&v1::BindingLease { handle, expires_at: Some(convert::timestamp(expires_at)) }, head.position, vec![head.id]))
     }
 
     /// `ConsumeBinding`, from the runtime registry only, on behalf of the launch's caller.
@@ -105,20 +105,9 @@ impl Bindings {
             return Err(BindingError::NotFound.into());
         }
         let command = BindingCommand::Consume { box_id: r.box_id, worker_id: r.worker_id, by: principal.user_id, now: Utc::now() };
-        let committed = command::execute(&self.cqrs, &r.handle, command, metadata(call), Retry::ONCE).await?;
-        let (event_id, position) = self.written(&r.handle, committed).await?;
-        Ok(reply_written(&v1::Ack {}, position, vec![event_id]))
-    }
-
-    /// The last event of the binding `handle` after a command: what the command committed
-    /// when the store said so, else the stream's latest (a repeat commits nothing).
-    async fn written(&self, handle: &str, committed: Committed) -> Result<(String, i64), Refusal> {
-        match committed.last() {
-            Some(last) => Ok(last),
-            None => {
-                self.rt.db.last_event(types::EXECUTION_BINDING, handle).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no binding event"))
-            }
-        }
+        // A repeat commits nothing: the receipt names the binding's last event.
+        let head = self.cqrs.execute(&r.handle, command, metadata(call), Retry::ONCE).await?.head()?;
+        Ok(reply_written(&v1::Ack {}, head.position, vec![head.id]))
     }
 
     /// R-AUDIT-5: a caller who may not launch Workers of the Box is refused, and the
@@ -134,10 +123,7 @@ impl Bindings {
             at: Utc::now(),
         };
         match platform_service::record_security_violation(&self.rt, SERVICE, record).await {
-            Ok((position, event_id)) => {
-                self.rt.notify_committed();
-                refusal.recorded((event_id, position))
-            }
+            Ok(recorded) => refusal.recorded(recorded),
             Err(e) => {
                 tracing::error!(error = %e, "could not record a security violation");
                 refusal
@@ -225,7 +211,7 @@ pub(crate) async fn sweep_once(db: &Db, cqrs: &Cqrs<ExecutionBinding>, open: &mu
     let now = Utc::now();
     let mut expired = 0;
     for handle in open.due(now) {
-        match command::execute(cqrs, &handle, BindingCommand::Expire { now }, HashMap::new(), Retry::ONCE).await {
+        match cqrs.execute(&handle, BindingCommand::Expire { now }, HashMap::new(), Retry::ONCE).await {
             Ok(_) => {
                 open.forget(&handle);
                 expired += 1;

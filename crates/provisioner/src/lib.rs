@@ -30,9 +30,10 @@ use atasira_domain::aggregates::access::{Access, AccessCommand};
 use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::manifest::RequiredAccess;
 use atasira_platform::Runtime;
-use atasira_platform::db::{Cqrs, StoredEvent};
 use atasira_platform::projection as proj;
-use atasira_platform::service::{self as platform_service, Call, Refusal};
+use atasira_platform::refusal::Refusal;
+use atasira_platform::service::{self as platform_service, Call};
+use atasira_platform::store::{Cqrs, Retry, StoredEvent};
 use tokio::sync::watch;
 
 use crate::bindings::Bindings;
@@ -212,14 +213,8 @@ impl Service {
             metadata.insert("correlation_id".to_owned(), correlation.to_owned());
         }
         let id = format!("{box_id}/{index}");
-        let mut conflicts = 0;
-        loop {
-            match self.access.execute(&id, command.clone(), metadata.clone()).await {
-                Ok(_) => return Ok(()),
-                Err(cqrs_es::AggregateError::AggregateConflict) if conflicts < 3 => conflicts += 1,
-                Err(e) => anyhow::bail!("cannot record the outcome of access {id}: {e}"),
-            }
-        }
+        self.access.execute(&id, command, metadata, Retry::FEW).await.map_err(|e| anyhow::anyhow!("cannot record the outcome of access {id}: {e}"))?;
+        Ok(())
     }
 }
 

@@ -15,9 +15,9 @@ use atasira_domain::assertion::AssertionSigner;
 use atasira_domain::token::{ApprovalSigner, Keyring};
 use atasira_domain::{BoxManifest, Kind, Principal, Role};
 use atasira_platform::bus::InprocBus;
-use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
 use atasira_platform::keys::AssertionKeys;
+use atasira_platform::store::Db;
 
 use super::*;
 use crate::setup::tests::{TempDir, bare_repo_with_a_commit};
@@ -98,7 +98,7 @@ async fn activate(db: &Db, box_id: &str, draft_id: &str, yaml: &str) -> StoredEv
     let approval = Keyring::new(vec![signer.public_key()]).verify(&token, now).expect("verifies");
     let command = BoxCommand::Activate { box_id: box_id.into(), draft_id: draft_id.into(), manifest, approval, at: now };
     let metadata = HashMap::from([("correlation_id".to_owned(), format!("corr-{box_id}"))]);
-    db.cqrs::<BoxAggregate>().execute(box_id, command, metadata).await.expect("activated");
+    db.cqrs::<BoxAggregate>().execute(box_id, command, metadata, atasira_platform::store::Retry::ONCE).await.expect("activated");
     last_box_event(db, box_id).await
 }
 
@@ -162,7 +162,7 @@ async fn given_an_activation_with_a_good_and_a_bad_remote_when_the_service_runs_
     let alice = Principal::new("alice", Role::Admin, Kind::Human);
     let assign =
         BoxCommand::AssignUser { by: alice, user_id: "dave".into(), role_in_box: atasira_domain::aggregates::boxes::BoxRole::Member, at: chrono::Utc::now() };
-    db.cqrs::<BoxAggregate>().execute("b1", assign, HashMap::new()).await.expect("assigned");
+    db.cqrs::<BoxAggregate>().execute("b1", assign, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("assigned");
     let last = activate(&db, "b2", "d2", "box_type: support\npurpose: Answer tickets.\n").await;
 
     // when
@@ -264,7 +264,7 @@ async fn ask<M: atasira_contracts::Named, R: atasira_contracts::Named>(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    atasira_contracts::decode_written::<R>(&answer.expect("answered")).expect("decodes").map(|(r, _, ids)| (r, ids))
+    atasira_contracts::decode_written::<R>(&answer.expect("answered")).expect("decodes").map(|w| (w.reply, w.event_ids))
 }
 
 async fn prepare(rt: &Runtime, principal: &Principal, box_id: &str, launch_id: &str) -> Result<v1::BindingLease, atasira_contracts::Refused> {
@@ -299,7 +299,7 @@ async fn r_worker_3_a_binding_is_prepared_for_who_may_launch_on_an_active_box_an
     let erin = Principal::new("erin", Role::Member, Kind::Human);
     let mallory = Principal::new("mallory", Role::Member, Kind::Human);
     let assign = BoxCommand::AssignUser { by: alice.clone(), user_id: "erin".into(), role_in_box: BoxRole::Member, at: chrono::Utc::now() };
-    db.cqrs::<BoxAggregate>().execute("b1", assign, HashMap::new()).await.expect("assigned");
+    db.cqrs::<BoxAggregate>().execute("b1", assign, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("assigned");
     let rt = runtime(&db);
     let (tx, handle) = start(&rt, data_dir.clone());
 
@@ -358,7 +358,10 @@ async fn r_worker_3_a_binding_is_prepared_for_who_may_launch_on_an_active_box_an
 
     // an unknown or stopped Box is not active
     assert_eq!(code(prepare(&rt, &alice, "no-such-box", "launch-6").await), ErrorCode::BoxNotActive);
-    db.cqrs::<BoxAggregate>().execute("b2", BoxCommand::Stop { by: alice.clone(), at: chrono::Utc::now() }, HashMap::new()).await.expect("stopped");
+    db.cqrs::<BoxAggregate>()
+        .execute("b2", BoxCommand::Stop { by: alice.clone(), at: chrono::Utc::now() }, HashMap::new(), atasira_platform::store::Retry::ONCE)
+        .await
+        .expect("stopped");
     assert_eq!(code(prepare(&rt, &alice, "b2", "launch-7").await), ErrorCode::BoxNotActive);
     stop(tx, handle).await;
 }
@@ -414,10 +417,10 @@ async fn r_worker_3_the_sweeper_finds_open_bindings_in_the_store_and_expires_eac
             expires_at,
             at: now - chrono::TimeDelta::minutes(10),
         };
-        cqrs.execute(handle, command, HashMap::new()).await.expect("prepared");
+        cqrs.execute(handle, command, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("prepared");
     }
     let consume = BindingCommand::Consume { box_id: "b1".into(), worker_id: worker_id_for("l3"), by: "alice".into(), now };
-    cqrs.execute("bnd_claimed", consume, HashMap::new()).await.expect("claimed");
+    cqrs.execute("bnd_claimed", consume, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("claimed");
     tokio::time::sleep(Duration::from_millis(5)).await;
 
     // when it sweeps, twice; then only the open binding past its lease expired, once

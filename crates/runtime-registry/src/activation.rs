@@ -11,14 +11,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use atasira_domain::ErrorCode;
 use atasira_domain::aggregates::boxes::{BoxCommand, box_id_for};
 use atasira_domain::aggregates::bundle::SYSTEM;
 use atasira_domain::aggregates::draft::{Draft, DraftEvent};
 use atasira_domain::aggregates::namespace::NamespaceCommand;
 use atasira_domain::aggregates::security::{RegistrySecurity, SecurityCommand};
 use atasira_domain::aggregates::types;
-use atasira_platform::db::StoredEvent;
 use atasira_platform::projection as proj;
+use atasira_platform::store::{Retry, StoredEvent};
 
 use crate::Registry;
 
@@ -98,22 +99,22 @@ async fn activate(registry: &Registry, approved: DraftEvent) -> anyhow::Result<(
         return Ok(());
     }
     let activate = BoxCommand::Activate { box_id: box_id.clone(), draft_id: draft_id.clone(), manifest: data.manifest, approval, at: *approved_at };
-    match registry.boxes.execute(&box_id, activate, HashMap::new()).await {
+    // A conflict is retried on fresh state, where the aggregate finds the Box active.
+    match registry.boxes.execute(&box_id, activate, HashMap::new(), Retry::ONCE).await {
         Ok(_) => {
             // R-WORKER-2: the activated manifest's bundle (a replay finds it synced).
             let _ = registry.sync_after_change(&box_id, SYSTEM).await;
             Ok(())
         }
-        Err(cqrs_es::AggregateError::UserError(e)) if e.code().is_security_violation() => {
-            record_violation(registry, Violation::InvalidToken, &token.claims.approver, draft_id, &e.to_string()).await?;
+        Err(e) if e.code.is_security_violation() => {
+            record_violation(registry, Violation::InvalidToken, &token.claims.approver, draft_id, &e.message).await?;
             release(registry, box_type, draft_id, "invalid approval token").await
         }
-        Err(cqrs_es::AggregateError::UserError(e)) => {
+        Err(e) if e.code == ErrorCode::Internal || e.code == ErrorCode::ServiceUnavailable => Err(anyhow::anyhow!("activation failed: {e}")),
+        Err(e) => {
             tracing::error!(draft_id, error = %e, "activation refused");
             Ok(())
         }
-        Err(cqrs_es::AggregateError::AggregateConflict) => Ok(()),
-        Err(e) => Err(anyhow::anyhow!("activation failed: {e}")),
     }
 }
 
@@ -149,7 +150,7 @@ async fn record_violation(registry: &Registry, violation: Violation, actor: &str
         .rt
         .db
         .cqrs::<RegistrySecurity>()
-        .execute(&id, command, HashMap::new())
+        .execute(&id, command, HashMap::new(), Retry::ONCE)
         .await
         .map(|_| ())
         .map_err(|e| anyhow::anyhow!("cannot record the violation: {e}"))

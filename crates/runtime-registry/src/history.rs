@@ -6,7 +6,7 @@ use atasira_contracts::{convert, v1};
 use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxEvent, BoxState};
 use atasira_domain::aggregates::types;
-use atasira_platform::db::{Cursor, Db, StoredEvent};
+use atasira_platform::store::{Cursor, Db, StoredEvent};
 use serde::Deserialize;
 
 use v1::box_history_entry::{AccessOutcome, Activated, Edited, Kind, StateChanged, UserAssigned, UserUnassigned};

@@ -11,7 +11,7 @@
 
 use atasira_domain::aggregates::approval_keys::{ApprovalKeys, KEYS_ID};
 use atasira_domain::token::Keyring;
-use atasira_platform::db::Db;
+use atasira_platform::store::Db;
 use tokio::sync::{Mutex, RwLock};
 
 /// Published public keys, reloaded from the store on an unknown key id.
@@ -82,7 +82,7 @@ mod tests {
     /// What the approval service does at start with this key setting.
     async fn publish(db: &Db, keys: Vec<PublicKeyEntry>) {
         let command = ApprovalKeysCommand::Publish { keys, at: chrono::Utc::now() };
-        db.cqrs::<ApprovalKeys>().execute(KEYS_ID, command, HashMap::new()).await.expect("published");
+        db.cqrs::<ApprovalKeys>().execute(KEYS_ID, command, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("published");
     }
 
     #[tokio::test]

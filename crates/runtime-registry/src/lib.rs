@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use atasira_contracts::requests::{Incoming, RegistryRequest};
 use atasira_contracts::{Reply, convert, manifest, reply_ok, reply_written, subjects, v1};
-use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, BoxEvent, BoxState, box_id_for};
+use atasira_domain::aggregates::boxes::{BoxAggregate, BoxCommand, BoxEvent, BoxState};
 use atasira_domain::aggregates::bundle::ConfigBundle;
 use atasira_domain::aggregates::namespace::{BoxTypeNamespace, NAMESPACE_ID, NamespaceCommand};
 use atasira_domain::aggregates::security::SecurityCommand;
@@ -29,10 +29,11 @@ use atasira_domain::aggregates::worker::Worker;
 use atasira_domain::token::ACTIVATION_WINDOW;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
-use atasira_platform::command::{self, Retry};
-use atasira_platform::db::{Cqrs, Cursor};
+use atasira_platform::client::Client;
 use atasira_platform::projection::{self as proj, Projection};
-use atasira_platform::service::{self as platform_service, Call, Refusal};
+use atasira_platform::refusal::Refusal;
+use atasira_platform::service::{self as platform_service, Call};
+use atasira_platform::store::{Cqrs, Cursor, EventAt, Retry};
 
 use keys::KeyProvider;
 pub use views::{BoxesView, ManifestFiles};
@@ -60,6 +61,8 @@ pub(crate) struct Registry {
     namespace: Cqrs<BoxTypeNamespace>,
     bundles: Cqrs<ConfigBundle>,
     workers: Cqrs<Worker>,
+    /// Calls to the provisioner (claiming an execution binding).
+    client: Client,
 }
 
 /// The projections read-your-writes waits for, with what they read.
@@ -99,6 +102,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         namespace: rt.db.cqrs(),
         bundles: rt.db.cqrs(),
         workers: rt.db.cqrs(),
+        client: Client::new(SERVICE, rt.bus.clone(), rt.assertion_keys.clone(), Duration::from_secs(30)),
         rt: rt.clone(),
         config,
     });
@@ -127,7 +131,7 @@ impl Registry {
     /// Runs a namespace command: every slot change goes through this one stream, so
     /// concurrent approvals serialise here, patiently; past that, 503 busy.
     async fn namespace(&self, command: NamespaceCommand) -> Result<(), Refusal> {
-        command::execute(&self.namespace, NAMESPACE_ID, command, HashMap::new(), Retry::CONTENDED).await?;
+        self.namespace.execute(NAMESPACE_ID, command, HashMap::new(), Retry::CONTENDED).await?;
         Ok(())
     }
 
@@ -180,27 +184,6 @@ impl Registry {
                 }
                 self.namespace(NamespaceCommand::Release { box_type: r.box_type, draft_id: r.draft_id, reason: r.reason }).await?;
                 Ok(reply_ok(&v1::Ack {}))
-            }
-            RegistryRequest::AwaitActivation(r) => {
-                let box_id = box_id_for(&r.draft_id);
-                let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(r.timeout_ms.min(30_000)));
-                loop {
-                    if let Some(view) = views::get(&self.rt.db, &self.config.manifests_dir, &box_id).await.map_err(Refusal::internal)? {
-                        // The activation syncs the Box's bundle right after; the answer
-                        // includes it, so reads after the approval see it (and its audit
-                        // row). Past the deadline the Box alone is the answer.
-                        let bundle = self.current_bundle_event(&box_id).await.map_err(Refusal::internal)?;
-                        if bundle.is_some() || tokio::time::Instant::now() >= deadline {
-                            let event = self.rt.db.last_event(types::BOX, &box_id).await.map_err(Refusal::internal)?;
-                            let (ids, position) = event.map(|(id, p)| (vec![id], p)).unwrap_or_default();
-                            let reply = reply_written(&v1::BoxReply { r#box: Some(view) }, position, ids);
-                            return Ok(with_event(reply, bundle));
-                        }
-                    } else if tokio::time::Instant::now() >= deadline {
-                        return Err(Refusal::new(ErrorCode::ServiceUnavailable, "the Box is not active yet; its activation is still running"));
-                    }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
             }
             RegistryRequest::List(_) => {
                 let boxes = views::list(&self.rt.db).await.map_err(Refusal::internal)?;
@@ -276,10 +259,8 @@ impl Registry {
                     reason: format!("a mentor edit tried to change {}", named_keys(&keys)),
                     at,
                 };
-                let written = platform_service::record_security_violation(&self.rt, SERVICE, record).await?;
-                self.rt.notify_committed();
-                let (position, event_id) = written;
-                Err(refusal.recorded((event_id, position)))
+                let recorded = platform_service::record_security_violation(&self.rt, SERVICE, record).await?;
+                Err(refusal.recorded(recorded))
             }
             other => other,
         }
@@ -354,8 +335,7 @@ impl Registry {
     }
 
     async fn box_command_with(&self, box_id: &str, command: BoxCommand, metadata: HashMap<String, String>) -> Result<Reply, Refusal> {
-        command::execute(&self.boxes, box_id, command, metadata, Retry::ONCE).await?;
-        let (event_id, position) = self.rt.db.last_event(types::BOX, box_id).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no event"))?;
+        let EventAt { id: event_id, position } = self.boxes.execute(box_id, command, metadata, Retry::ONCE).await?.head()?;
         proj::wait_for_events(&self.rt.db, &[(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), 0, Duration::from_secs(5))
             .await
             .map_err(Refusal::internal)?;
@@ -396,11 +376,11 @@ impl Registry {
 }
 
 /// A written reply that also names `event` (its answer waits for that event to be read).
-fn with_event(mut reply: Reply, event: Option<(String, i64)>) -> Reply {
-    if let Some((event_id, position)) = event {
-        reply.position = reply.position.max(position);
-        if !reply.event_ids.contains(&event_id) {
-            reply.event_ids.push(event_id);
+fn with_event(mut reply: Reply, event: Option<EventAt>) -> Reply {
+    if let Some(event) = event {
+        reply.position = reply.position.max(event.position);
+        if !reply.event_ids.contains(&event.id) {
+            reply.event_ids.push(event.id);
         }
     }
     reply

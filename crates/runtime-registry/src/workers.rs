@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use atasira_contracts::{Refused, Reply, convert, decode_written, reply_ok, reply_written, signed_envelope, subjects, v1};
+use atasira_contracts::{Refused, Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxData, BoxEvent, BoxState};
 use atasira_domain::aggregates::bundle::{BundleCommand, BundleEvent, ConfigBundle};
 use atasira_domain::aggregates::draft::DraftEvent;
@@ -21,14 +21,12 @@ use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::{NewWorker, WorkerCommand, WorkerEvent};
 use atasira_domain::worker::{LaunchRequest, Segment, bundle_digest, launch_fingerprint, may_launch, validate_launch, worker_id_for};
 use atasira_domain::{ErrorCode, FieldError, Principal};
-use atasira_platform::command::{self, Retry};
-use atasira_platform::db::{Db, StoredEvent};
 use atasira_platform::projection as proj;
-use atasira_platform::service::Refusal;
-use prost::Message as _;
+use atasira_platform::refusal::Refusal;
+use atasira_platform::store::{Db, EventAt, Retry, StoredEvent};
 
 use crate::workers_view::{self, WORKERS, WORKERS_READS, WorkerRow};
-use crate::{Registry, SERVICE, views};
+use crate::{Registry, views};
 
 /// The refusals of a launch that are recorded on the launch's Worker stream
 /// (`WorkerLaunchRefused`, audited as `worker.create_refused`).
@@ -142,10 +140,8 @@ impl Registry {
     /// The Box's bundle of its current manifest, synced if new: its digest, the event that
     /// synced it and that event's position.
     async fn ensure_bundle(&self, box_id: &str, data: &BoxData, derived_from: Vec<String>, by: &str) -> Result<(String, String, i64), Refusal> {
+        // Synced before: the aggregate decides nothing and the receipt names its event.
         let digest = bundle_digest(box_id, &data.manifest);
-        if let Some((event_id, position)) = self.rt.db.last_event(types::CONFIG_BUNDLE, &digest).await.map_err(Refusal::internal)? {
-            return Ok((digest, event_id, position));
-        }
         let command = BundleCommand::Sync {
             digest: digest.clone(),
             box_id: box_id.to_owned(),
@@ -154,20 +150,14 @@ impl Registry {
             by: by.to_owned(),
             at: chrono::Utc::now(),
         };
-        let committed = command::execute(&self.bundles, &digest, command, HashMap::new(), Retry::ONCE).await?;
-        let (event_id, position) = match committed.last() {
-            Some(last) => last,
-            None => {
-                self.rt.db.last_event(types::CONFIG_BUNDLE, &digest).await.map_err(Refusal::internal)?.ok_or_else(|| Refusal::internal("no bundle event"))?
-            }
-        };
-        Ok((digest, event_id, position))
+        let synced = self.bundles.execute(&digest, command, HashMap::new(), Retry::ONCE).await?.head()?;
+        Ok((digest, synced.id, synced.position))
     }
 
     /// R-WORKER-2: after an activation or an edit, the bundle of the Box's manifest now
     /// (idempotent; a failure is mended by the next launch's `SyncBundle`). The bundle's
     /// event (id, position), so the change's answer can wait for it to be read (and audited).
-    pub(crate) async fn sync_after_change(&self, box_id: &str, by: &str) -> Option<(String, i64)> {
+    pub(crate) async fn sync_after_change(&self, box_id: &str, by: &str) -> Option<EventAt> {
         let result = async {
             let chain = box_chain(&self.rt.db, box_id).await.map_err(Refusal::internal)?;
             match chain.data {
@@ -177,24 +167,15 @@ impl Registry {
         }
         .await;
         match result {
-            Ok(Some((digest, event_id, position))) => {
+            Ok(Some((digest, id, position))) => {
                 tracing::debug!(box_id, digest, "bundle synced");
-                Some((event_id, position))
+                Some(EventAt { id, position })
             }
             Ok(None) => None,
             Err(e) => {
                 tracing::warn!(box_id, error = %e, "could not sync the Box's bundle; the next launch syncs it");
                 None
             }
-        }
-    }
-
-    /// The event of the bundle of the Box's current manifest, once synced.
-    pub(crate) async fn current_bundle_event(&self, box_id: &str) -> anyhow::Result<Option<(String, i64)>> {
-        let current: BoxAggregate = self.rt.db.load(box_id).await?;
-        match current.data {
-            Some(data) => self.rt.db.last_event(types::CONFIG_BUNDLE, &bundle_digest(box_id, &data.manifest)).await,
-            None => Ok(None),
         }
     }
 
@@ -228,19 +209,7 @@ impl Registry {
             reason: clip(&refusal.message),
             at: chrono::Utc::now(),
         };
-        let recorded = match command::execute(&self.workers, &worker_id, command, HashMap::new(), Retry::CONTENDED).await {
-            Ok(committed) => match committed.last() {
-                Some(last) => Ok(last),
-                None => self
-                    .rt
-                    .db
-                    .last_event(types::WORKER, &worker_id)
-                    .await
-                    .map_err(Refusal::internal)
-                    .and_then(|e| e.ok_or_else(|| Refusal::internal("no event"))),
-            },
-            Err(e) => Err(e),
-        };
+        let recorded = self.workers.execute(&worker_id, command, HashMap::new(), Retry::CONTENDED).await.and_then(|receipt| receipt.head());
         match recorded {
             Ok(at) => refusal.recorded(at),
             Err(e) => {
@@ -302,17 +271,7 @@ impl Registry {
     /// Claims the binding for the Worker, on behalf of the caller: the provisioner's Ack,
     /// or its typed refusal.
     async fn consume_binding(&self, principal: &Principal, request: &v1::ConsumeBinding) -> Result<Result<(), Refused>, Refusal> {
-        let correlation = uuid::Uuid::new_v4().to_string();
-        let subject = subjects::request(SERVICE, subjects::PROVISIONER);
-        let signer = self.rt.assertion_keys.signer().map_err(Refusal::internal)?;
-        let env = signed_envelope(&signer, principal, &subject, request, &correlation, "", chrono::Utc::now());
-        let bytes = self
-            .rt
-            .bus
-            .request(&subject, BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(30))
-            .await
-            .map_err(|e| Refusal::new(ErrorCode::ServiceUnavailable, format!("the provisioner did not answer: {e}")))?;
-        Ok(decode_written::<v1::Ack>(&bytes).map_err(Refusal::internal)?.map(|_| ()))
+        Ok(self.client.call(subjects::PROVISIONER, principal, request, "").await?.map(|_| ()))
     }
 
     /// `CreateWorker` (from the gateway, R-WORKER-4): checks in this order, then claims the
@@ -435,10 +394,10 @@ impl Registry {
     async fn append_worker(&self, new: NewWorker) -> Result<(Created, bool), Refusal> {
         let worker_id = new.worker_id.clone();
         for _ in 0..3 {
-            match self.workers.execute(&worker_id, WorkerCommand::Create(Box::new(new.clone())), HashMap::new()).await {
-                Ok(_) | Err(cqrs_es::AggregateError::AggregateConflict) => {}
-                Err(cqrs_es::AggregateError::UserError(e)) => return Err(e.into()),
-                Err(other) => return Err(Refusal::internal(format!("worker {worker_id}: {other}"))),
+            match self.workers.execute(&worker_id, WorkerCommand::Create(Box::new(new.clone())), HashMap::new(), Retry::ONCE).await {
+                Err(refusal) if refusal.code != ErrorCode::Conflict => return Err(refusal),
+                // Appended, or another creation of the launch came first: read what is there.
+                _ => {}
             }
             if let Some(created) = self.created(&worker_id).await? {
                 let ours =

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use atasira_contracts::{decode_reply, envelope, signed_envelope, subjects, v1};
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::bus::{Bus, Endpoint, Handler, Message, NatsBus};
-use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
 use atasira_platform::keys::AssertionKeys;
+use atasira_platform::store::Db;
 use atasira_platform::{Runtime, auth, relay};
 use bytes::Bytes;
 use prost::Message as _;
@@ -214,7 +214,7 @@ async fn catch_up(bus: &dyn Bus, db: &Db, services: &[&str]) -> anyhow::Result<(
         .fetch_optional(db.any())
         .await?;
     let Some(last) = last else { return Ok(()) };
-    let id = atasira_platform::db::StoredEvent::event_id_of(atasira_domain::aggregates::types::DRAFT, &last.try_get::<String, _>(0)?, last.try_get(1)?);
+    let id = atasira_platform::store::StoredEvent::event_id_of(atasira_domain::aggregates::types::DRAFT, &last.try_get::<String, _>(0)?, last.try_get(1)?);
     let deadline = Instant::now() + Duration::from_secs(600);
     for service in services {
         loop {
@@ -412,7 +412,7 @@ pub async fn drafts(o: DraftsOptions) -> anyhow::Result<()> {
     let where_ = match &o.cluster {
         Some(c) => format!(
             "PostgreSQL {}, NATS {} ({})",
-            atasira_platform::db::redact(&c.database_url),
+            atasira_platform::store::redact(&c.database_url),
             c.nats_url,
             if c.creds_dir.is_some() { "each process with its own credentials" } else { "anonymous" }
         ),

@@ -89,7 +89,7 @@ pub async fn idle(o: IdleOptions) -> anyhow::Result<()> {
         "atasira bench idle: the five services as processes on NATS {} ({}) and PostgreSQL {}, {} s without traffic, {} CPUs",
         o.nats_url,
         if o.creds_dir.is_some() { "each with its own credentials" } else { "without credentials" },
-        atasira_platform::db::redact(&o.database_url),
+        atasira_platform::store::redact(&o.database_url),
         o.seconds,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );

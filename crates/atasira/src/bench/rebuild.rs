@@ -12,8 +12,8 @@ use atasira_domain::aggregates::{EVENT_VERSION, types};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::token::ApprovalSigner;
 use atasira_domain::{Kind, Principal, Role};
-use atasira_platform::db::{Cursor, Db, DbKind};
 use atasira_platform::projection::{self, Projection};
+use atasira_platform::store::{Cursor, Db, DbKind};
 
 use super::{TempDir, process_cpu, thousands};
 
@@ -241,7 +241,7 @@ fn rate(events: usize, time: Duration) -> f64 {
 pub async fn rebuild(events: usize, database_url: Option<&str>) -> anyhow::Result<()> {
     let dir;
     let (db, place) = match database_url {
-        Some(url) => (Db::connect(url).await?, format!("PostgreSQL {}", atasira_platform::db::redact(url))),
+        Some(url) => (Db::connect(url).await?, format!("PostgreSQL {}", atasira_platform::store::redact(url))),
         None => {
             dir = TempDir::new("rebuild")?;
             (Db::connect(&Db::sqlite_url(dir.path())).await?, format!("SQLite in {}", dir.path().display()))

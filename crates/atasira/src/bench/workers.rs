@@ -12,7 +12,7 @@ use std::time::Duration;
 use atasira_contracts::subjects;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::auth;
-use atasira_platform::db::Db;
+use atasira_platform::store::Db;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -147,7 +147,7 @@ pub async fn workers(o: WorkersOptions) -> anyhow::Result<()> {
     let n = o.concurrency.max(1);
     let count = o.count.max(n);
     let where_ = match &o.cluster {
-        Some(c) => format!("embedded, and cluster on PostgreSQL {}, NATS {}", atasira_platform::db::redact(&c.database_url), c.nats_url),
+        Some(c) => format!("embedded, and cluster on PostgreSQL {}, NATS {}", atasira_platform::store::redact(&c.database_url), c.nats_url),
         None => "embedded only".to_owned(),
     };
     println!(

@@ -40,6 +40,12 @@ pub enum AccessError {
     AlreadyProvisioned,
 }
 
+impl crate::Refusing for AccessError {
+    fn error_code(&self) -> crate::ErrorCode {
+        crate::ErrorCode::Conflict
+    }
+}
+
 impl Access {
     /// Idempotent: a success is final; a repeated failure after a failure adds nothing; a
     /// success after a failure (a later retry worked) is recorded.

@@ -59,6 +59,13 @@ pub enum ApprovalKeysError {
     KeyIdReused { key_id: String },
 }
 
+/// Never a request's refusal (the approval service does not start): ours, if ever answered.
+impl crate::Refusing for ApprovalKeysError {
+    fn error_code(&self) -> crate::ErrorCode {
+        crate::ErrorCode::Internal
+    }
+}
+
 impl ApprovalKeys {
     /// Publishes what is not published yet; a key published before (same id, same key) is
     /// nothing new, so every start after the first appends nothing.

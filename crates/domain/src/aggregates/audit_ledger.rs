@@ -50,6 +50,13 @@ pub enum AuditError {
     Unlinked { seq: i64, prev_seq: i64, last: i64 },
 }
 
+/// Another checkpointer went first: never a request's refusal.
+impl crate::Refusing for AuditError {
+    fn error_code(&self) -> crate::ErrorCode {
+        crate::ErrorCode::Conflict
+    }
+}
+
 impl AuditLedger {
     pub fn decide(&self, command: AuditCommand) -> Result<Vec<AuditEvent>, AuditError> {
         let AuditCommand::Checkpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, at } = command;

@@ -19,14 +19,16 @@ use atasira_domain::token::ApprovalSigner;
 use atasira_domain::worker::worker_id_for;
 use atasira_domain::{ErrorCode, Kind, Principal, Role};
 use atasira_platform::bus::InprocBus;
-use atasira_platform::db::Db;
 use atasira_platform::feed::FeedSource;
 use atasira_platform::keys::AssertionKeys;
-use atasira_platform::service::{Refusal, serve};
+use atasira_platform::refusal::Refusal;
+use atasira_platform::service::serve;
+use atasira_platform::store::Db;
 use prost::Message as _;
 use sqlx::Row as _;
 
 use super::*;
+use crate::SERVICE;
 use crate::{RegistryConfig, Runtime, WorkersView, run};
 
 /// A data directory removed on drop.
@@ -61,16 +63,16 @@ fn mallory() -> Principal {
 async fn approved_draft(db: &Db, draft_id: &str) {
     let signer = ApprovalSigner::from_secret("k1".into(), [9; 32]);
     let publish = ApprovalKeysCommand::Publish { keys: vec![signer.public_key()], at: chrono::Utc::now() };
-    db.cqrs::<ApprovalKeys>().execute(KEYS_ID, publish, HashMap::new()).await.expect("keys published");
+    db.cqrs::<ApprovalKeys>().execute(KEYS_ID, publish, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("keys published");
     let request = BoxDraftCreateRequest { box_type: Some("sales".into()), purpose: Some("Report sales.".into()), ..Default::default() };
     let plan = request.plan().expect("plan");
     let manifest = plan.manifest.clone();
     let submit = DraftCommand::Submit { draft_id: draft_id.into(), plan, requested_by: dave(), at: chrono::Utc::now() };
-    db.cqrs::<Draft>().execute(draft_id, submit, HashMap::new()).await.expect("submitted");
+    db.cqrs::<Draft>().execute(draft_id, submit, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("submitted");
     let now = chrono::Utc::now();
     let token = signer.issue(draft_id, manifest.box_type.as_str(), &manifest.digest(), "alice", now);
     let approve = DraftCommand::Approve { by: alice(), confirm_over_limit: true, token, at: now };
-    db.cqrs::<Draft>().execute(draft_id, approve, HashMap::new()).await.expect("approved");
+    db.cqrs::<Draft>().execute(draft_id, approve, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("approved");
 }
 
 /// A stand-in provisioner: a handle starting `bnd_ok` is claimed, `bnd_expired` has
@@ -95,7 +97,7 @@ async fn ask<Req: Named, Resp: prost::Message + Default>(rt: &Runtime, principal
     let correlation = uuid::Uuid::new_v4().to_string();
     let env = signed_envelope(&signer(subjects::GATEWAY), principal, &subject, request, &correlation, "", chrono::Utc::now());
     let bytes = rt.bus.request(&subject, BTreeMap::new(), env.encode_to_vec().into(), Duration::from_secs(30)).await.expect("answered");
-    atasira_contracts::decode_written::<Resp>(&bytes).expect("decodes")
+    atasira_contracts::decode_written::<Resp>(&bytes).expect("decodes").map(|w| (w.reply, w.position, w.event_ids))
 }
 
 fn text(s: &str) -> v1::Segment {

@@ -1,0 +1,185 @@
+//! What a process learns without asking the database: events were appended (rung after a
+//! local commit, and in PostgreSQL on every commit anywhere, by `LISTEN`), a consumer made
+//! progress (here, or in PostgreSQL anywhere).
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+use super::Db;
+
+/// The bells of one process.
+pub(super) struct Bells {
+    pub(super) appended: watch::Sender<Appended>,
+    /// PostgreSQL: `LISTEN` is in place, so every commit (this process's too) rings the
+    /// appended bell by notification; a local ring after a commit would only wake readers
+    /// a second time for the same events.
+    listening: std::sync::atomic::AtomicBool,
+    progressed: watch::Sender<u64>,
+    /// PostgreSQL: a consumer of any process committed (`LISTEN` on the progress channel),
+    /// for the waits of a process whose consumers run in another replica.
+    remote_progressed: watch::Sender<u64>,
+}
+
+impl Default for Bells {
+    fn default() -> Bells {
+        Bells {
+            appended: watch::channel(Appended::default()).0,
+            listening: std::sync::atomic::AtomicBool::new(false),
+            progressed: watch::channel(0).0,
+            remote_progressed: watch::channel(0).0,
+        }
+    }
+}
+
+impl Bells {
+    /// Rings the appended bell after a commit of this process, unless the database's
+    /// notification will.
+    pub(super) fn committed(&self, ring: impl FnOnce(&mut Appended)) {
+        if !self.listening.load(std::sync::atomic::Ordering::Acquire) {
+            self.appended.send_modify(ring);
+        }
+    }
+}
+
+/// The appends a process was told of, counted per aggregate type (slots in the order of
+/// `types::ALL`, plus one for types it does not know), so that a reader wakes only when a
+/// type it reads was appended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Appended([u64; APPENDED_SLOTS]);
+
+const APPENDED_SLOTS: usize = atasira_domain::aggregates::types::ALL.len() + 1;
+
+impl Appended {
+    fn slot(aggregate_type: &str) -> usize {
+        atasira_domain::aggregates::types::ALL.iter().position(|t| *t == aggregate_type).unwrap_or(APPENDED_SLOTS - 1)
+    }
+
+    /// Counts an append of `aggregate_type`.
+    pub(super) fn ring(&mut self, aggregate_type: &str) {
+        let slot = Self::slot(aggregate_type);
+        self.0[slot] = self.0[slot].wrapping_add(1);
+    }
+
+    /// Counts an append of every type (what was appended is not known).
+    pub(super) fn ring_all(&mut self) {
+        for n in &mut self.0 {
+            *n = n.wrapping_add(1);
+        }
+    }
+
+    /// A number that changes whenever one of `aggregate_types` (all types when empty) or
+    /// an unknown type was appended.
+    pub fn of(&self, aggregate_types: &[&str]) -> u64 {
+        if aggregate_types.is_empty() {
+            return self.0.iter().fold(0, |a, n| a.wrapping_add(*n));
+        }
+        let own = aggregate_types.iter().map(|t| Self::slot(t)).filter(|s| *s != APPENDED_SLOTS - 1);
+        own.chain([APPENDED_SLOTS - 1]).fold(0, |a, s| a.wrapping_add(self.0[s]))
+    }
+}
+
+impl Db {
+    /// The appended bell: changes after events were committed; [`Appended::of`] says
+    /// whether of the types a reader reads.
+    pub fn on_append(&self) -> watch::Receiver<Appended> {
+        self.bells.appended.subscribe()
+    }
+
+    /// Rings the progress bell: a consumer of this process committed its checkpoint.
+    pub fn progressed(&self) {
+        self.bells.progressed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The progress bell (read-your-writes waits on it).
+    pub fn on_progress(&self) -> watch::Receiver<u64> {
+        self.bells.progressed.subscribe()
+    }
+
+    /// The remote progress bell: in PostgreSQL, a consumer of any process committed.
+    pub fn on_remote_progress(&self) -> watch::Receiver<u64> {
+        self.bells.remote_progressed.subscribe()
+    }
+}
+
+/// PostgreSQL's doorbell: `LISTEN` on the channel the events table's trigger notifies at
+/// every commit that appended events, ringing the appended bell; reconnects after a
+/// failure (ringing once, since a notification may have been missed). While it listens,
+/// this process's own commits ring by notification only (see `Bells::listening`); while
+/// it does not, they ring locally. Ends with the `Db`.
+pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bells>) {
+    loop {
+        let listener = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen_all([APPENDED_CHANNEL, PROGRESS_CHANNEL]).await?;
+            Ok::<_, sqlx::Error>(listener)
+        }
+        .await;
+        match listener {
+            Ok(mut listener) => {
+                let Some(s) = bells.upgrade() else { return };
+                s.listening.store(true, std::sync::atomic::Ordering::Release);
+                s.appended.send_modify(Appended::ring_all);
+                drop(s);
+                loop {
+                    let received = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
+                    let Some(s) = bells.upgrade() else { return };
+                    match received {
+                        Ok(Ok(Some(n))) if n.channel() == PROGRESS_CHANNEL => s.remote_progressed.send_modify(|n| *n = n.wrapping_add(1)),
+                        // The payload names the types the transaction appended.
+                        Ok(Ok(Some(n))) => s.appended.send_modify(|a| match n.payload() {
+                            "" => a.ring_all(),
+                            types => types.split(',').for_each(|t| a.ring(t)),
+                        }),
+                        // The connection was lost and is back, listening again: what was
+                        // notified meanwhile is lost, so every reader looks.
+                        Ok(Ok(None)) => s.appended.send_modify(Appended::ring_all),
+                        Ok(Err(e)) => {
+                            s.listening.store(false, std::sync::atomic::Ordering::Release);
+                            s.appended.send_modify(Appended::ring_all);
+                            tracing::warn!(error = %e, "lost the database's event notifications; reconnecting");
+                            break;
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for the database's event notifications; retrying"),
+        }
+        if bells.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The channel the events table notifies on commit (see `POSTGRES_SCHEMA`).
+const APPENDED_CHANNEL: &str = "atasira_events";
+/// The channel consumers' commits notify (see `POSTGRES_PROGRESS`).
+const PROGRESS_CHANNEL: &str = "atasira_progress";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use atasira_domain::aggregates::types;
+
+    #[test]
+    fn r_arch_6_a_reader_wakes_for_the_types_it_reads_and_sleeps_through_the_others() {
+        // given readers of drafts and of Boxes
+        let mut appended = Appended::default();
+        let (drafts, boxes) = (appended.of(&[types::DRAFT]), appended.of(&[types::BOX, types::ACCESS]));
+        // when a draft is appended, then only the drafts reader sees a change
+        appended.ring(types::DRAFT);
+        assert_ne!(appended.of(&[types::DRAFT]), drafts);
+        assert_eq!(appended.of(&[types::BOX, types::ACCESS]), boxes);
+        // when something unknown (or everything) was appended, then every reader looks
+        let boxes = appended.of(&[types::BOX, types::ACCESS]);
+        appended.ring("a type from a newer version");
+        assert_ne!(appended.of(&[types::BOX, types::ACCESS]), boxes);
+        let (drafts, all) = (appended.of(&[types::DRAFT]), appended.of(&[]));
+        appended.ring_all();
+        assert_ne!(appended.of(&[types::DRAFT]), drafts);
+        assert_ne!(appended.of(&[]), all);
+    }
+}

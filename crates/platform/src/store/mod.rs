@@ -1,0 +1,236 @@
+//! The one database: the shared event store (R-ARCH-1) plus each component's own tables.
+//! This module owns the events schema and every statement on it:
+//!
+//! - [`schema`]: the tables and triggers of both databases;
+//! - [`append`]: commands (load a stream, decide, append, retry) and what they did;
+//! - [`read`]: events in commit order, streams, histories, heads;
+//! - [`bells`]: what a process learns without asking (appended, progressed);
+//! - [`consumers`]: what this process's consumers did (progress, stalls).
+//!
+//! Two pools point at the same database: a typed one for commands (SQLite's single
+//! writer connection, whose page cache survives only while no other connection writes;
+//! the group appender; PostgreSQL's `LISTEN`), and an `Any` pool for everything else, so
+//! that projection, checkpoint and token SQL is written once for both backends (`$n`
+//! placeholders work on both).
+
+pub mod append;
+pub mod bells;
+pub mod consumers;
+pub mod read;
+pub mod schema;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::any::AnyPoolOptions;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AnyPool, PgPool, Row as _, SqlitePool};
+
+pub use append::{Cqrs, EventAt, Receipt, Retry};
+pub use bells::Appended;
+pub use consumers::ASYNC_COMMIT;
+pub use read::{Batch, Cursor, EventRef, StoredEvent, TextBatch, TextEvent, pg_read_statement};
+
+/// Which backend a [`Db`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone)]
+enum Typed {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Handle to the database; cheap to clone.
+#[derive(Clone)]
+pub struct Db {
+    typed: Typed,
+    any: AnyPool,
+    bells: Arc<bells::Bells>,
+    writer: Arc<append::Writer>,
+    consumers: Arc<consumers::Consumers>,
+    /// The connection [`Db::read`] keeps between reads (see there).
+    reader: Arc<tokio::sync::Mutex<Option<sqlx::pool::PoolConnection<sqlx::Any>>>>,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Db({:?})", self.kind())
+    }
+}
+
+/// How long a PostgreSQL statement waits for a connection of its pool (one in use by
+/// others, or a new one while the database is away) before it fails.
+const PG_ACQUIRE: Duration = Duration::from_secs(5);
+
+impl Db {
+    fn new(typed: Typed, any: AnyPool, bells: Arc<bells::Bells>) -> Db {
+        let writer = append::Writer::new(match &typed {
+            Typed::Sqlite(pool) => Some(pool.clone()),
+            Typed::Postgres(_) => None,
+        });
+        Db { typed, any, bells, writer, consumers: Arc::default(), reader: Arc::default() }
+    }
+
+    /// Connects to `postgres://...` or `sqlite://...`, creating what the event store needs.
+    pub async fn connect(url: &str) -> anyhow::Result<Db> {
+        sqlx::any::install_default_drivers();
+        let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            // No ping before each use (a round trip per statement): a connection that died
+            // fails its statement, and every writer retries from its checkpoint. While the
+            // database is away, a request waits at most PG_ACQUIRE for a connection, then
+            // fails (503 to its caller) instead of hanging.
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                .test_before_acquire(false)
+                .acquire_timeout(PG_ACQUIRE)
+                .connect(url)
+                .await
+                .with_context(|| format!("failed to connect to {}", redact(url)))?;
+            let any = AnyPoolOptions::new()
+                .max_connections(8)
+                .test_before_acquire(false)
+                .acquire_timeout(PG_ACQUIRE)
+                .connect(url)
+                .await
+                .context("failed to open the Any pool")?;
+            let bells = Arc::new(bells::Bells::default());
+            tokio::spawn(bells::listen_for_appends(pool.clone(), Arc::downgrade(&bells)));
+            Db::new(Typed::Postgres(pool), any, bells)
+        } else if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(10))
+                .foreign_keys(true);
+            // One connection for commands: they write one at a time anyway (the writer's
+            // turn), and a connection keeps its page cache only while no other connection
+            // writes, so rotating through several would read the store afresh on each.
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await
+                .with_context(|| format!("failed to open {url}"))?;
+            // The same settings as the typed pool's: `synchronous` holds per connection
+            // (FULL, the default, would sync the disk on every projection commit). No memory
+            // map: a connection drops its map whenever another one committed, so under
+            // writes each read would map the file again (an unmap costs every core a TLB
+            // flush), more than the read calls it saves.
+            let any = AnyPoolOptions::new()
+                .max_connections(4)
+                .test_before_acquire(false)
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                        Ok(())
+                    })
+                })
+                .connect(url)
+                .await
+                .context("failed to open the Any pool")?;
+            Db::new(Typed::Sqlite(pool), any, Arc::default())
+        } else {
+            anyhow::bail!("unsupported database URL {:?}: use postgres://... or sqlite://...", redact(url));
+        };
+        db.migrate().await?;
+        Ok(db)
+    }
+
+    /// `sqlite://<dir>/atasira.db?mode=rwc` for a data directory.
+    pub fn sqlite_url(data_dir: &Path) -> String {
+        format!("sqlite://{}?mode=rwc", data_dir.join("atasira.db").display())
+    }
+
+    pub fn kind(&self) -> DbKind {
+        match self.typed {
+            Typed::Sqlite(_) => DbKind::Sqlite,
+            Typed::Postgres(_) => DbKind::Postgres,
+        }
+    }
+
+    /// The pool for this project's own SQL.
+    pub fn any(&self) -> &AnyPool {
+        &self.any
+    }
+
+    /// Asks the database a trivial question (readiness, `/readyz`).
+    pub async fn ping(&self) -> anyhow::Result<()> {
+        sqlx::query("SELECT 1").execute(&self.any).await.context("the database did not answer")?;
+        Ok(())
+    }
+
+    /// PostgreSQL: a connection of its own, out of the pool (it ends when dropped), for a
+    /// session that must outlive one query (an advisory lock, `exclusive.rs`).
+    pub async fn pg_connection(&self) -> anyhow::Result<sqlx::PgConnection> {
+        match &self.typed {
+            Typed::Postgres(pool) => Ok(pool.acquire().await?.detach()),
+            Typed::Sqlite(_) => anyhow::bail!("SQLite has no session locks"),
+        }
+    }
+
+    /// The one number a `SELECT COUNT(*) ...` answers (a read model's count for the metrics).
+    pub async fn count(&self, sql: &str) -> anyhow::Result<i64> {
+        Ok(sqlx::query(sql).fetch_one(&self.any).await?.try_get::<i64, _>(0)?)
+    }
+}
+
+/// Hides a password in a database URL for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &creds[..colon], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// What the platform's unit tests share: a store in a directory of its own, and a draft
+/// submission to put an event in it.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Db;
+
+    /// An embedded store in a fresh temporary directory, removed on drop.
+    pub(crate) struct TempDb {
+        pub(crate) db: Db,
+        dir: std::path::PathBuf,
+    }
+
+    impl TempDb {
+        pub(crate) async fn new() -> TempDb {
+            let dir = std::env::temp_dir().join(format!("atasira-platform-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let db = Db::connect(&Db::sqlite_url(&dir)).await.expect("db");
+            TempDb { db, dir }
+        }
+    }
+
+    impl Drop for TempDb {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// An agent's submission of draft `id` (its box_type is the id too).
+    pub(crate) fn submit(id: &str) -> atasira_domain::aggregates::draft::DraftCommand {
+        let plan = atasira_domain::draft_request::BoxDraftCreateRequest::from_value(serde_json::json!({"box_type": id, "purpose": "p"}))
+            .and_then(|r| r.plan())
+            .expect("plan");
+        let agent = atasira_domain::Principal::new("agent-1", atasira_domain::Role::Member, atasira_domain::Kind::Agent);
+        atasira_domain::aggregates::draft::DraftCommand::Submit { draft_id: id.into(), plan, requested_by: agent, at: chrono::Utc::now() }
+    }
+}

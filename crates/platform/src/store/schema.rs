@@ -1,0 +1,242 @@
+//! The store's schema, owned here alone: the events table of both databases, its
+//! append-only and writer-check triggers, the doorbell triggers, and the tables every
+//! consumer shares (checkpoints, processed sets, dead letters, the replay table).
+
+use sqlx::Row;
+
+use super::{Db, DbKind};
+
+const SQLITE_SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS events (
+        aggregate_type TEXT NOT NULL,
+        aggregate_id TEXT NOT NULL,
+        sequence INTEGER NOT NULL CHECK (sequence >= 0),
+        event_type TEXT NOT NULL,
+        event_version TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        recorded_at_ms INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+        PRIMARY KEY (aggregate_type, aggregate_id, sequence)
+    )",
+    "CREATE TABLE IF NOT EXISTS snapshots (
+        aggregate_type TEXT NOT NULL,
+        aggregate_id TEXT NOT NULL,
+        last_sequence INTEGER NOT NULL,
+        current_snapshot INTEGER NOT NULL,
+        payload TEXT NOT NULL,
+        PRIMARY KEY (aggregate_type, aggregate_id, last_sequence)
+    )",
+    // Readers of some aggregate types in position order (see `sqlite_after`); SQLite
+    // appends the rowid to every index entry.
+    "CREATE INDEX IF NOT EXISTS events_type_order ON events (aggregate_type)",
+    "CREATE TRIGGER IF NOT EXISTS events_append_only_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
+    "CREATE TRIGGER IF NOT EXISTS events_append_only_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
+];
+
+const POSTGRES_SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS events (
+        aggregate_type text NOT NULL,
+        aggregate_id text NOT NULL,
+        sequence bigint NOT NULL CHECK (sequence >= 0),
+        event_type text NOT NULL,
+        event_version text NOT NULL,
+        payload json NOT NULL,
+        metadata json NOT NULL,
+        global_position bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+        recorded_at_ms bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+        tx_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
+        PRIMARY KEY (aggregate_type, aggregate_id, sequence)
+    )",
+    "CREATE TABLE IF NOT EXISTS snapshots (
+        aggregate_type text NOT NULL,
+        aggregate_id text NOT NULL,
+        last_sequence bigint NOT NULL,
+        current_snapshot bigint NOT NULL,
+        payload json NOT NULL,
+        PRIMARY KEY (aggregate_type, aggregate_id, last_sequence)
+    )",
+    "CREATE OR REPLACE FUNCTION atasira_events_append_only() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'events are append-only'; END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_append_only') THEN
+            CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
+                FOR EACH ROW EXECUTE FUNCTION atasira_events_append_only();
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_no_truncate' AND tgrelid = 'events'::regclass) THEN
+            CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_events_append_only();
+        END IF;
+    END $$",
+    // Who may append what (R-ARCH-13): `atasira db roles` lists each service role's
+    // aggregate types (and, where two services share a type, event types; NULL: any). A
+    // role listed here may append only what its rows name; a role not listed (the owner,
+    // a single service role set up by hand) is not held by this table.
+    "CREATE TABLE IF NOT EXISTS event_writers (
+        role text NOT NULL,
+        aggregate_type text NOT NULL,
+        event_type text,
+        UNIQUE (role, aggregate_type, event_type)
+    )",
+    "CREATE OR REPLACE FUNCTION atasira_events_writer_check() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN
+            IF EXISTS (SELECT 1 FROM event_writers WHERE role = current_user::text) AND NOT EXISTS (
+                SELECT 1 FROM event_writers WHERE role = current_user::text AND aggregate_type = NEW.aggregate_type
+                    AND (event_type IS NULL OR event_type = NEW.event_type)) THEN
+                RAISE EXCEPTION 'role % may not append % events of aggregate type %', current_user, NEW.event_type, NEW.aggregate_type
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
+            RETURN NEW;
+        END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_writer_check' AND tgrelid = 'events'::regclass) THEN
+            CREATE TRIGGER events_writer_check BEFORE INSERT ON events
+                FOR EACH ROW EXECUTE FUNCTION atasira_events_writer_check();
+        END IF;
+    END $$",
+    // Readers follow commit order (see `Cursor`).
+    "CREATE INDEX IF NOT EXISTS events_commit_order ON events (tx_id, global_position)",
+    // A reader of some aggregate types finds its events in commit order per type, whatever
+    // the planner believes about how the types are spread (see `pg_after`).
+    "CREATE INDEX IF NOT EXISTS events_type_commit_order ON events (aggregate_type, tx_id, global_position)",
+    // The doorbell: a notification naming the aggregate types a statement appended
+    // (PostgreSQL folds repeats within a transaction), delivered at commit.
+    // (A store prepared by an older version has a trigger without the transition table:
+    // dropped before the function that reads the table replaces its function.)
+    "DO $$ BEGIN
+        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify' AND tgrelid = 'events'::regclass) THEN
+            DROP TRIGGER events_notify ON events;
+        END IF;
+    END $$",
+    "CREATE OR REPLACE FUNCTION atasira_events_notify() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN
+            PERFORM pg_notify('atasira_events', COALESCE((SELECT string_agg(DISTINCT aggregate_type, ',') FROM appended), ''));
+            RETURN NULL;
+        END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'events_notify_types' AND tgrelid = 'events'::regclass) THEN
+            CREATE TRIGGER events_notify_types AFTER INSERT ON events REFERENCING NEW TABLE AS appended
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_events_notify();
+        END IF;
+    END $$",
+];
+
+/// PostgreSQL: every commit of a consumer (its processed set or its checkpoint) notifies
+/// the progress channel, so a replica that stands by for a consumer, and answers
+/// read-your-writes waits for it, learns of the progress without polling.
+const POSTGRES_PROGRESS: &[&str] = &[
+    "CREATE OR REPLACE FUNCTION atasira_progress_notify() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN PERFORM pg_notify('atasira_progress', ''); RETURN NULL; END $$",
+    "DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'processed_notify' AND tgrelid = 'projection_processed'::regclass) THEN
+            CREATE TRIGGER processed_notify AFTER INSERT ON projection_processed
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_progress_notify();
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'checkpoint_notify' AND tgrelid = 'projection_checkpoints'::regclass) THEN
+            CREATE TRIGGER checkpoint_notify AFTER INSERT OR UPDATE ON projection_checkpoints
+                FOR EACH STATEMENT EXECUTE FUNCTION atasira_progress_notify();
+        END IF;
+    END $$",
+];
+
+/// Tables every component shares the shape of: projection checkpoints and processed sets.
+/// A checkpoint is a [`Cursor`]: `(tx_id, position)`.
+const COMMON_SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS projection_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL, tx_id BIGINT NOT NULL DEFAULT 0)",
+    "CREATE TABLE IF NOT EXISTS projection_processed (name TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (name, event_id))",
+    "CREATE TABLE IF NOT EXISTS relay_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL, tx_id BIGINT NOT NULL DEFAULT 0)",
+    "CREATE TABLE IF NOT EXISTS relay_dead_letters (name TEXT NOT NULL, event_id TEXT NOT NULL, position BIGINT NOT NULL, reason TEXT NOT NULL,
+        recorded_at_ms BIGINT NOT NULL, PRIMARY KEY (name, event_id))",
+];
+
+/// PostgreSQL: the principal assertions some process of the cluster admitted, until they
+/// expire, so that replicas of a service admit each assertion once between them.
+const POSTGRES_REPLAY: &[&str] = &["CREATE TABLE IF NOT EXISTS assertion_replay (tag TEXT PRIMARY KEY, expires_at_ms BIGINT NOT NULL)"];
+
+/// Checkpoint tables of stores created before checkpoints were cursors.
+const CURSOR_COLUMNS: &[&str] = &["projection_checkpoints", "relay_checkpoints"];
+
+impl Db {
+    /// Creates the shared event store tables (idempotent; every component may call it).
+    pub(super) async fn migrate(&self) -> anyhow::Result<()> {
+        let schema = match self.kind() {
+            DbKind::Sqlite => SQLITE_SCHEMA,
+            DbKind::Postgres => POSTGRES_SCHEMA,
+        };
+        let (progress, replay): (&[&str], &[&str]) = if self.kind() == DbKind::Postgres { (POSTGRES_PROGRESS, POSTGRES_REPLAY) } else { (&[], &[]) };
+        let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).chain(progress).chain(replay).copied().collect();
+        self.ensure_tables(&all).await?;
+        for table in CURSOR_COLUMNS {
+            let add = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tx_id BIGINT NOT NULL DEFAULT 0");
+            match self.kind() {
+                DbKind::Postgres => self.ensure_tables(&[&add]).await?,
+                DbKind::Sqlite => {
+                    let has = format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = 'tx_id'");
+                    if sqlx::query(&has).fetch_one(&self.any).await?.try_get::<i64, _>(0)? == 0 {
+                        self.ensure_tables(&[&add.replace(" IF NOT EXISTS", "")]).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs idempotent DDL. In PostgreSQL, concurrent `CREATE ... IF NOT EXISTS` of the same
+    /// table can still collide (processes starting together), so DDL holds an advisory lock.
+    ///
+    /// A PostgreSQL role that may not create objects in its schema (a service role that
+    /// cannot alter the append-only triggers, see README) runs no DDL: the tables must exist
+    /// already (`atasira db prepare` as the owning role creates them), and a missing one is
+    /// named.
+    pub async fn ensure_tables(&self, statements: &[&str]) -> anyhow::Result<()> {
+        let mut conn = self.any.acquire().await?;
+        let postgres = self.kind() == DbKind::Postgres;
+        if postgres {
+            let may_create: bool =
+                sqlx::query("SELECT COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false)").fetch_one(&mut *conn).await?.try_get(0)?;
+            if !may_create {
+                return expect_tables(&mut conn, statements).await;
+            }
+            sqlx::query("SELECT pg_advisory_lock(424242)").execute(&mut *conn).await?;
+        }
+        let mut result = Ok(());
+        for stmt in statements {
+            if let Err(e) = sqlx::query(stmt).execute(&mut *conn).await {
+                result = Err(anyhow::Error::new(e).context(format!("failed to create tables: {}", stmt.lines().next().unwrap_or_default())));
+                break;
+            }
+        }
+        if postgres {
+            sqlx::query("SELECT pg_advisory_unlock(424242)").execute(&mut *conn).await?;
+        }
+        result
+    }
+}
+
+/// The table a `CREATE TABLE IF NOT EXISTS <name> (...)` statement creates.
+fn created_table(statement: &str) -> Option<&str> {
+    let rest = statement.trim_start().strip_prefix("CREATE TABLE IF NOT EXISTS ")?;
+    rest.split(|c: char| c.is_whitespace() || c == '(').find(|s| !s.is_empty())
+}
+
+/// For a role that may not create objects: every table `statements` would create must
+/// exist; their triggers and functions are the owner's business.
+async fn expect_tables(conn: &mut sqlx::AnyConnection, statements: &[&str]) -> anyhow::Result<()> {
+    let mut missing = Vec::new();
+    for table in statements.iter().filter_map(|s| created_table(s)) {
+        let exists: bool = sqlx::query("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(&mut *conn).await?.try_get(0)?;
+        if !exists {
+            missing.push(table);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let user: String = sqlx::query("SELECT CAST(current_user AS TEXT)").fetch_one(&mut *conn).await?.try_get(0)?;
+    anyhow::bail!(
+        "table(s) {} do not exist, and database role {user:?} may not create them: run `atasira db prepare --database-url <URL>` with the role \
+         that owns the schema first",
+        missing.join(", ")
+    )
+}
