@@ -11,7 +11,7 @@ use atasira_domain::audit::{AuditKey, AuditKeys, Verification};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::store::Db;
-use atasira_tests::harness::{Database, Mode, System, in_both_modes};
+use atasira_tests::harness::{Database, Mode, OutputWithin, SUBPROCESS_LIMIT, System, in_both_modes};
 use serde_json::{Value, json};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -268,7 +268,7 @@ fn cluster_services_run_under_a_role_that_cannot_rewrite_history() {
     let prepared = std::process::Command::new(atasira_tests::harness::atasira_bin())
         .args(["db", "prepare", "--database-url", &owner_url])
         .env_remove("ATASIRA_DATABASE_URL")
-        .output()
+        .output_within(SUBPROCESS_LIMIT)
         .expect("atasira runs");
     assert!(prepared.status.success(), "db prepare: {}", String::from_utf8_lossy(&prepared.stderr));
     // and rows granted to the service role, but no rewriting of events or ledger rows

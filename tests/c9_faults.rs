@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::token::{ApprovalSigner, ApprovalToken};
-use atasira_tests::harness::{Mode, System, in_both_modes};
+use atasira_tests::harness::{Hold, Mode, System, in_both_modes};
 use serde_json::{Value, json};
 
 fn body(box_type: &str) -> Value {
@@ -112,9 +112,10 @@ fn a_forged_approval_token_never_activates_a_box_and_leaves_a_security_violation
 fn a_losing_approve_does_not_release_the_winners_reservation() {
     // R-APPROVE-7 (2), R-BOX-3: two admins approve one draft; the loser must not give back
     // the reservation the winner's activation needs, or a third approval could take the
-    // last slot and leave an approved draft without a Box. Activation is slowed down so
-    // the third approval lands before it.
-    let sys = System::start_with(Mode::Embedded, &[("ATASIRA_FAILPOINT_DELAY", "activation:2500".to_owned())]);
+    // last slot and leave an approved draft without a Box. The test holds the winner's
+    // activation until the loser has answered and the third approval has been tried.
+    let hold = Hold::new("activation");
+    let sys = System::start_with(Mode::Embedded, &[hold.setting()]);
     for bt in ["one", "two"] {
         let id = sys.draft(&body(bt));
         assert_eq!(sys.approve(&id, &sys.admin, false).status, 200);
@@ -123,17 +124,20 @@ fn a_losing_approve_does_not_release_the_winners_reservation() {
     let competitor = sys.draft(&body("competitor"));
     let alice = sys.token("alice", "admin", "human");
     let bob = sys.token("bob", "admin", "human");
+    hold.arm();
     let (winner, third) = std::thread::scope(|s| {
         let a = s.spawn(|| sys.approve(&contested, &alice, false));
         let b = s.spawn(|| sys.approve(&contested, &bob, false));
-        // The loser answers at once; wait for one 409, then try to take the last slot.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while sys.get(&format!("/api/v1/boxes/box-drafts/{contested}"), &sys.admin).body["status"] == "pending_approval" {
-            assert!(std::time::Instant::now() < deadline, "no decision recorded");
-            std::thread::sleep(Duration::from_millis(20));
+        // The decision is recorded and its activation held: the winner waits for it, the
+        // loser answers (after giving back, or not, the reservation).
+        hold.wait_reached(Duration::from_secs(30));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !a.is_finished() && !b.is_finished() {
+            assert!(std::time::Instant::now() < deadline, "the losing approve did not answer");
+            std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(200));
         let third = sys.approve(&competitor, &sys.admin, false);
+        hold.release();
         let answers = [a.join().expect("thread"), b.join().expect("thread")];
         (answers.into_iter().find(|x| x.status == 200).expect("one approve wins"), third)
     });

@@ -4,7 +4,7 @@
 //! drafts, approves (an over-limit draft only once confirmed, R-APPR-*), lists Boxes and
 //! audit rows with --json, and sees an agent's approval refused.
 
-use atasira_tests::harness::{Mode, System, TempDir, atasira_bin, free_port};
+use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, TempDir, atasira_bin, free_port};
 use serde_json::{Value, json};
 
 /// The variables that choose where a verb goes, none of them inherited.
@@ -16,7 +16,7 @@ fn run(args: &[&str]) -> (i32, String, String) {
     for name in WHERE {
         cmd.env_remove(name);
     }
-    let out = cmd.output().expect("atasira runs");
+    let out = cmd.output_within(SUBPROCESS_LIMIT).expect("atasira runs");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -329,7 +329,7 @@ fn end_to_end(sys: &System) {
             cmd.env_remove(name);
         }
         cmd.envs(env.iter().copied());
-        let out = cmd.output().expect("atasira runs");
+        let out = cmd.output_within(SUBPROCESS_LIMIT).expect("atasira runs");
         (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (code, out, err) =
@@ -379,7 +379,7 @@ fn r_cli_1_long_waits_show_progress_on_a_terminal_only() {
     assert!(!err.contains("waiting") && !out.contains("waiting") && !err.contains('\r'), "no progress on a pipe: {out}{err}");
 
     // A terminal: `script` (util-linux) runs the verb on a pseudo-terminal.
-    if std::process::Command::new("script").arg("--version").output().is_err() {
+    if std::process::Command::new("script").arg("--version").output_within(SUBPROCESS_LIMIT).is_err() {
         eprintln!("no `script` command: the terminal half of this test is skipped");
         return;
     }

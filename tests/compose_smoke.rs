@@ -16,14 +16,14 @@
 //! Then the first admin token is made with the command deploy/README.md documents, and the
 //! README's walkthrough (draft, approve, list Boxes, verify the ledger) runs against the
 //! gateway. A change to the compose file that breaks a command or a variable fails here.
-//! When `docker-compose` is installed, it validates the file too.
+//! `docker-compose config` (installed by scripts/test) validates the file too.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use atasira_tests::harness::{Database, Proc, TempDir, atasira_bin, free_port, http};
+use atasira_tests::harness::{Database, OutputWithin, Proc, SUBPROCESS_LIMIT, TempDir, atasira_bin, free_port, http};
 use atasira_tests::workspace_root;
 use serde_json::json;
 use yaml_serde::Value as Yaml;
@@ -317,7 +317,10 @@ impl Local {
         let args: Vec<String> = args.iter().map(|a| self.map(s, a)).collect();
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let out = Command::new(&program).args(&args).output().unwrap_or_else(|e| panic!("service {}: health check {program}: {e}", s.name));
+            let out = Command::new(&program)
+                .args(&args)
+                .output_within(SUBPROCESS_LIMIT)
+                .unwrap_or_else(|e| panic!("service {}: health check {program}: {e}", s.name));
             if out.status.success() {
                 return;
             }
@@ -334,15 +337,14 @@ fn service<'a>(all: &'a [Service], name: &str) -> &'a Service {
     all.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("docker-compose.yml has no {name} service"))
 }
 
-/// `docker-compose config -q` when Debian's docker-compose is installed.
+/// `docker-compose config -q` (Debian's docker-compose, which scripts/test installs: it
+/// parses and checks the file without a Docker engine).
 fn validate_with_docker_compose(env: &BTreeMap<String, String>) {
-    let Ok(out) = Command::new("docker-compose").arg("version").output() else {
-        eprintln!("docker-compose is not installed: the file is checked by this test alone");
-        return;
-    };
-    if !out.status.success() {
-        return;
-    }
+    let out = Command::new("docker-compose")
+        .arg("version")
+        .output_within(SUBPROCESS_LIMIT)
+        .unwrap_or_else(|e| panic!("docker-compose does not run ({e}): scripts/test installs it (apt-get install docker-compose)"));
+    assert!(out.status.success(), "docker-compose version: {}", String::from_utf8_lossy(&out.stderr));
     // An empty env file: an operator's .env beside the compose file does not count here.
     let file = workspace_root().join("docker-compose.yml");
     let dir = TempDir::new("atasira-compose-config");
@@ -353,10 +355,10 @@ fn validate_with_docker_compose(env: &BTreeMap<String, String>) {
         cmd.arg("-f").arg(&file).arg("--env-file").arg(&env_file).args(["config", "-q"]);
         cmd
     };
-    let checked = compose().envs(env).output().expect("docker-compose runs");
+    let checked = compose().envs(env).output_within(SUBPROCESS_LIMIT).expect("docker-compose runs");
     assert!(checked.status.success(), "docker-compose config: {}", String::from_utf8_lossy(&checked.stderr));
     // Without the keys compose must refuse to start (they have no default).
-    let refused = compose().env_remove("ATASIRA_AUDIT_KEY").output().expect("runs");
+    let refused = compose().env_remove("ATASIRA_AUDIT_KEY").output_within(SUBPROCESS_LIMIT).expect("runs");
     assert!(!refused.status.success(), "compose starts without ATASIRA_AUDIT_KEY");
 }
 
@@ -391,7 +393,7 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     // The image's version label is the binary's version.
     let dockerfile = std::fs::read_to_string(workspace_root().join("deploy/Dockerfile")).expect("Dockerfile");
     let arg = dockerfile.lines().find_map(|l| l.strip_prefix("ARG ATASIRA_VERSION=")).expect("the Dockerfile's ARG ATASIRA_VERSION=<version>");
-    let version = Command::new(atasira_bin()).arg("--version").output().expect("atasira --version");
+    let version = Command::new(atasira_bin()).arg("--version").output_within(SUBPROCESS_LIMIT).expect("atasira --version");
     assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), format!("atasira {}", arg.trim()), "update ARG ATASIRA_VERSION in deploy/Dockerfile");
 
     // PostgreSQL: no service connects as the owner; each reads its own role's URL file.
@@ -457,7 +459,7 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     let ran = Command::new("sh")
         .args(&args)
         .env("PATH", format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()))
-        .output()
+        .output_within(SUBPROCESS_LIMIT)
         .expect("the nats-config script runs");
     assert!(ran.status.success(), "the nats-config script failed: {}{}", String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
     // Every atasira service mounts its own credentials, which the script wrote.
@@ -483,7 +485,7 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
         .args(&args)
         .envs(db_roles.environment.iter())
         .env("PATH", format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()))
-        .output()
+        .output_within(SUBPROCESS_LIMIT)
         .expect("the db-roles script runs");
     assert!(ran.status.success(), "the db-roles script failed: {}{}", String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
     for s in &atasira {
@@ -518,7 +520,7 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     for s in &atasira {
         assert!(s.volumes.iter().all(|(v, _)| v != "creds-operator"), "service {} mounts the operator's credentials", s.name);
     }
-    let out = local.command(setup, &atasira_bin(), &setup.command).output().expect("nats-setup runs");
+    let out = local.command(setup, &atasira_bin(), &setup.command).output_within(SUBPROCESS_LIMIT).expect("nats-setup runs");
     assert!(out.status.success(), "nats-setup failed: {}", String::from_utf8_lossy(&out.stderr));
 
     // The atasira services, then their health checks (GET /readyz).
@@ -536,7 +538,7 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     let token = |local: &mut Local, role: &str| {
         let argv = documented_token_command(role);
         assert_eq!(argv[0], "atasira");
-        let out = local.command(&gateway, &atasira_bin(), &argv[1..]).output().expect("tokens create");
+        let out = local.command(&gateway, &atasira_bin(), &argv[1..]).output_within(SUBPROCESS_LIMIT).expect("tokens create");
         assert!(out.status.success(), "{argv:?} failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
@@ -565,7 +567,7 @@ fn the_compose_deployment_starts_and_serves_the_walkthrough() {
     assert_eq!(verified.body["ok"], true, "{}", verified.raw);
     // The runbook's check of the ledger on the store, in the audit container.
     let audit = service(&all, "audit").clone();
-    let out = local.command(&audit, &atasira_bin(), &["audit".to_owned(), "verify".to_owned()]).output().expect("audit verify");
+    let out = local.command(&audit, &atasira_bin(), &["audit".to_owned(), "verify".to_owned()]).output_within(SUBPROCESS_LIMIT).expect("audit verify");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     assert_eq!(report["ok"], true, "audit verify in the audit container: {report} {}", String::from_utf8_lossy(&out.stderr));
     // The registry wrote the manifest into its volume.

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use atasira_tests::harness::{Mode, System, http};
+use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, http};
 use atasira_tests::workspace_root;
 use serde_json::{Value, json};
 
@@ -88,7 +88,7 @@ fn r_ui_1_an_admin_approves_over_the_limit_after_a_second_confirmation_and_an_ag
         .env("ATASIRA_DASHBOARD_DRAFTS", drafts.to_string())
         .env("ATASIRA_DASHBOARD_OUT", &out)
         .env("ATASIRA_TEST_CHROMIUM", &chromium)
-        .output()
+        .output_within(SUBPROCESS_LIMIT)
         .expect("python runs (is playwright installed in the venv of ATASIRA_TEST_PYTHON?)");
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use atasira_tests::harness::{Mode, System, http, in_both_modes};
+use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, http, in_both_modes};
 use serde_json::{Value, json};
 
 fn draft(box_type: &str) -> Value {
@@ -293,7 +293,7 @@ asyncio.run(main())
 "#;
     let url = sys.nats().url();
     let ca = sys.nats_ca().display().to_string();
-    let out = std::process::Command::new(python).args(["-c", script, &url, &sys.admin, &ca]).output().expect("python runs");
+    let out = std::process::Command::new(python).args(["-c", script, &url, &sys.admin, &ca]).output_within(SUBPROCESS_LIMIT).expect("python runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["names"], json!(["approval", "audit", "drafts", "gateway", "provisioner", "runtime-registry"]), "{v}");

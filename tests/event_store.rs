@@ -6,7 +6,7 @@ use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::feed::FeedSource;
-use atasira_platform::store::{Cursor, Db};
+use atasira_platform::store::{Cursor, Db, StoredEvent};
 use atasira_tests::harness::Database;
 use serde_json::json;
 
@@ -113,7 +113,7 @@ async fn read_all(db: &Db, mut at: Cursor, types: &[&str], expected: usize) -> (
     for _ in 0..2000 {
         let batch = db.read(at, types, 64).await.expect("read");
         if let Some(last) = batch.events.last() {
-            at = Cursor::of(last);
+            at = last.cursor();
         }
         seen.extend(batch.events.into_iter().map(|e| e.event_id));
         if seen.len() >= expected {
@@ -234,7 +234,7 @@ fn a_read_costs_what_it_returns_even_when_the_planner_knows_nothing_of_the_store
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        let last = seeded.last().filter(|_| seeded.len() == 5000).map(Cursor::of).expect("all 5,000 seeded events readable within 30 s");
+        let last = seeded.last().filter(|_| seeded.len() == 5000).map(StoredEvent::cursor).expect("all 5,000 seeded events readable within 30 s");
         let near_the_end = Cursor { tx_id: last.tx_id, position: last.position - 3 };
         // when a consumer of drafts and Boxes, of Boxes alone, or of many types (as the audit
         // writer) reads from near the end,

@@ -1,7 +1,7 @@
 //! The system under test, started as a user would: the real binary, real servers.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -16,13 +16,123 @@ pub enum Mode {
     Cluster,
 }
 
-/// The `atasira` binary that cargo built next to this test.
+/// The `atasira` binary that cargo built next to this test. A binary older than a source
+/// it is built from is refused: the tests would run yesterday's code and pass or fail for
+/// it (run the suite with scripts/test, which builds it first).
 pub fn atasira_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("atasira");
-    assert!(bin.exists(), "{} is missing: run the suite with scripts/test (or cargo build -p atasira first)", bin.display());
-    bin
+    static CHECKED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test binary path");
+            let dir = exe.parent().and_then(Path::parent).expect("target dir");
+            let bin = dir.join("atasira");
+            assert!(bin.exists(), "{} is missing: run the suite with scripts/test (or cargo build -p atasira first)", bin.display());
+            let built = std::fs::metadata(&bin).and_then(|m| m.modified()).expect("the binary's time");
+            let root = crate::workspace_root();
+            if let Some(newer) = newer_source(&[root.join("crates"), root.join("proto")], built) {
+                panic!(
+                    "{} is older than {}: the tests would run a stale binary; run the suite with scripts/test (or cargo build -p atasira --features atasira/failpoints first)",
+                    bin.display(),
+                    newer.display()
+                );
+            }
+            bin
+        })
+        .clone()
+}
+
+/// A source of the binary (Rust, protobuf, a dashboard asset; not test code, which the
+/// binary does not hold) under `dirs` changed after `than`.
+fn newer_source(dirs: &[PathBuf], than: std::time::SystemTime) -> Option<PathBuf> {
+    let mut stack: Vec<PathBuf> = dirs.to_vec();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                // Crate-local test files do not go into the binary.
+                if path.file_name().is_some_and(|n| n != "tests") {
+                    stack.push(path);
+                }
+            } else if meta.modified().is_ok_and(|m| m > than) && is_binary_source(&path) {
+                return Some(path);
+            }
+        }
+    }
+    None
+}
+
+fn is_binary_source(path: &Path) -> bool {
+    let source = path.extension().and_then(|e| e.to_str()).is_some_and(|e| ["rs", "proto", "html", "js", "css"].contains(&e));
+    source && path.file_name().is_some_and(|n| n != "tests.rs")
+}
+
+/// A failpoint the test holds (`ATASIRA_FAILPOINT_HOLD`): while armed, a process that
+/// reaches the point says so and waits there until the test releases it. A race is then
+/// forced by what the test does, not by how long it sleeps.
+#[derive(Debug)]
+pub struct Hold {
+    point: &'static str,
+    dir: TempDir,
+}
+
+impl Hold {
+    pub fn new(point: &'static str) -> Hold {
+        Hold { point, dir: TempDir::new("atasira-hold") }
+    }
+
+    /// The setting that makes a process honour this hold.
+    pub fn setting(&self) -> (&'static str, String) {
+        ("ATASIRA_FAILPOINT_HOLD", format!("{}:{}", self.point, self.dir.0.display()))
+    }
+
+    /// From now on a process reaching the point waits there.
+    pub fn arm(&self) {
+        let _ = std::fs::remove_file(self.dir.0.join("reached"));
+        std::fs::write(self.dir.0.join("armed"), "").expect("arm the hold");
+    }
+
+    /// Waits until a process is held at the point (at most `limit`; the test fails then).
+    pub fn wait_reached(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.dir.0.join("reached").exists() {
+            assert!(Instant::now() < deadline, "nothing reached the failpoint {} within {limit:?}", self.point);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Lets every process held at the point go on (and later ones pass).
+    pub fn release(&self) {
+        let _ = std::fs::remove_file(self.dir.0.join("armed"));
+    }
+}
+
+/// How long a command a test starts may run before the test fails instead of hanging.
+pub const SUBPROCESS_LIMIT: Duration = Duration::from_secs(900);
+
+/// `Command::output` with a bound: a command still running after `limit` is killed and the
+/// test fails, naming it (a hung tool would otherwise hang the whole suite).
+pub trait OutputWithin {
+    fn output_within(&mut self, limit: Duration) -> std::io::Result<std::process::Output>;
+}
+
+impl OutputWithin for Command {
+    fn output_within(&mut self, limit: Duration) -> std::io::Result<std::process::Output> {
+        let child = self.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        let pid = child.id();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(child.wait_with_output());
+        });
+        match finished.recv_timeout(limit) {
+            Ok(output) => output,
+            Err(_) => {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                panic!("{self:?} ran longer than {limit:?}: killed");
+            }
+        }
+    }
 }
 
 fn required_env(name: &str) -> String {
@@ -65,14 +175,6 @@ pub fn free_port() -> u16 {
 pub fn free_ports(n: usize) -> Vec<u16> {
     let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("free port")).collect();
     held.iter().map(|l| l.local_addr().expect("bound").port()).collect()
-}
-
-fn wait_for_port(port: u16, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on port {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A child process whose output lines are kept; killed on drop.
@@ -271,7 +373,7 @@ impl Nats {
                 args.extend(["--route".to_owned(), format!("127.0.0.1:{}", free.next().expect("a route port"))]);
             }
         }
-        let generated = Command::new(atasira_bin()).args(&args).output().expect("atasira nats-config runs");
+        let generated = Command::new(atasira_bin()).args(&args).output_within(SUBPROCESS_LIMIT).expect("atasira nats-config runs");
         assert!(generated.status.success(), "atasira nats-config failed: {}", String::from_utf8_lossy(&generated.stderr));
         NATS_CAS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(creds_dir.join("ca.pem"));
         let conf = |n: usize| if nodes == 1 { creds_dir.join("nats-server.conf") } else { creds_dir.join(format!("nats-server-{n}.conf")) };
@@ -290,7 +392,7 @@ impl Nats {
             .args(["nats-setup", "--nats-url", &nats.urls(), "--stream-replicas", &replicas, "--timeout", "30"])
             .arg("--nats-creds")
             .arg(&creds)
-            .output()
+            .output_within(SUBPROCESS_LIMIT)
             .expect("atasira nats-setup runs");
         assert!(set_up.status.success(), "atasira nats-setup failed: {}", String::from_utf8_lossy(&set_up.stderr));
         nats
@@ -338,8 +440,12 @@ impl Nats {
         if let Some(m) = &monitor {
             args.extend(["-m", m]);
         }
-        node.proc = Some(Proc::spawn(&format!("nats-server {}", i + 1), &bin, &args, &[]));
-        wait_for_port(node.port, Duration::from_secs(10));
+        let mut proc = Proc::spawn(&format!("nats-server {}", i + 1), &bin, &args, &[]);
+        // Ready when it says so: a port that answers may be another process's (ports are
+        // picked free, then released, and a parallel test can take one in between; that
+        // server then dies with "address already in use", which the panic shows).
+        proc.wait_stderr("Server is ready", Duration::from_secs(10));
+        node.proc = Some(proc);
     }
 
     /// SIGKILLs every node.
@@ -403,7 +509,7 @@ impl PrivatePostgres {
     }
 
     fn as_root() -> bool {
-        Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+        Command::new("id").arg("-u").output_within(SUBPROCESS_LIMIT).map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
     }
 
     /// Runs one of PostgreSQL's programs (as `postgres` when we are root); it must succeed.
@@ -416,7 +522,7 @@ impl PrivatePostgres {
         } else {
             Command::new(&path)
         };
-        let out = command.args(args).current_dir("/").stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{program} runs: {e}"));
+        let out = command.args(args).current_dir("/").stdin(Stdio::null()).output_within(SUBPROCESS_LIMIT).unwrap_or_else(|e| panic!("{program} runs: {e}"));
         assert!(out.status.success(), "{program} {args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
 
@@ -492,7 +598,7 @@ impl Database {
             .args(["db", "roles", "--database-url", &self.url, "--role-prefix", &prefix, "--out"])
             .arg(dir)
             .env_remove("ATASIRA_DATABASE_URL")
-            .output()
+            .output_within(SUBPROCESS_LIMIT)
             .expect("atasira db roles runs");
         assert!(made.status.success(), "atasira db roles failed: {}", String::from_utf8_lossy(&made.stderr));
         self.roles = atasira_contracts::subjects::IDENTITIES.iter().map(|i| format!("{prefix}{}", i.replace('-', "_"))).collect();
@@ -918,7 +1024,7 @@ impl System {
         if self.mode == Mode::Cluster {
             cmd.env("ATASIRA_AUDIT_KEY", "b2".repeat(32));
         }
-        let out = cmd.output().expect("atasira runs");
+        let out = cmd.output_within(SUBPROCESS_LIMIT).expect("atasira runs");
         (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     }
 

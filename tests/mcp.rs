@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use atasira_tests::harness::{Mode, System, atasira_bin, http};
+use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, atasira_bin, http};
 use atasira_tests::workspace_root;
 use serde_json::{Value, json};
 
@@ -41,7 +41,7 @@ fn session(sys: &System, transport: Transport, token: &str, calls: &Value) -> Va
         Transport::Stdio => cmd.args(["stdio", "--bin"]).arg(atasira_bin()).args(["--url", &sys.base_url]),
         Transport::Http => cmd.args(["http", "--url", &sys.url("/mcp")]),
     };
-    let out = cmd.args(["--token", token, "--calls", &calls.to_string()]).output().expect("python runs");
+    let out = cmd.args(["--token", token, "--calls", &calls.to_string()]).output_within(SUBPROCESS_LIMIT).expect("python runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "client.py failed ({:?}):\n{stdout}\n{stderr}", out.status);
@@ -200,7 +200,7 @@ fn r_mcp_1_stdio_says_what_is_missing() {
             .env_remove("ATASIRA_PAT")
             .env_remove("ATASIRA_BFF_URL")
             .envs(env.iter().copied())
-            .output()
+            .output_within(SUBPROCESS_LIMIT)
             .expect("atasira runs");
         (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use atasira_contracts::subjects;
-use atasira_tests::harness::{Mode, Nats, System, TempDir, atasira_bin, creds_seed, nats_tls, reporting_server_errors};
+use atasira_tests::harness::{Mode, Nats, OutputWithin, SUBPROCESS_LIMIT, System, TempDir, atasira_bin, creds_seed, nats_tls, reporting_server_errors};
 use futures::StreamExt as _;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -90,7 +90,7 @@ fn the_generated_configuration_is_valid_and_the_credentials_are_private() {
     use std::os::unix::fs::PermissionsExt;
     let tmp = TempDir::new("atasira-nats-config");
     let out = tmp.0.join("conf");
-    let run = |args: &[&str]| std::process::Command::new(atasira_bin()).args(args).output().expect("runs");
+    let run = |args: &[&str]| std::process::Command::new(atasira_bin()).args(args).output_within(SUBPROCESS_LIMIT).expect("runs");
     let written = run(&["nats-config", "--out", out.to_str().expect("utf-8"), "--port", "4333"]);
     assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
     let stderr = String::from_utf8_lossy(&written.stderr);
@@ -106,7 +106,8 @@ fn the_generated_configuration_is_valid_and_the_credentials_are_private() {
     assert!(gateway.contains("-----BEGIN ACCOUNT NKEY SEED-----"), "the gateway holds the callout issuer key");
     let conf = out.join("nats-server.conf");
     let nats_server = std::env::var("ATASIRA_TEST_NATS_SERVER").expect("ATASIRA_TEST_NATS_SERVER is set by scripts/test");
-    let tested = std::process::Command::new(nats_server).args(["-c", conf.to_str().expect("utf-8"), "-t"]).output().expect("nats-server runs");
+    let tested =
+        std::process::Command::new(nats_server).args(["-c", conf.to_str().expect("utf-8"), "-t"]).output_within(SUBPROCESS_LIMIT).expect("nats-server runs");
     assert!(tested.status.success(), "nats-server -t: {}{}", String::from_utf8_lossy(&tested.stdout), String::from_utf8_lossy(&tested.stderr));
     let text = std::fs::read_to_string(&conf).expect("conf");
     assert!(text.contains("port: 4333") && text.contains(&format!("store_dir: \"{}\"", out.join("jetstream").display())), "{text}");
@@ -406,7 +407,7 @@ fn cluster_mode_without_credentials_refuses_to_start_unless_told_it_is_insecure(
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let out = cmd.output().expect("runs");
+        let out = cmd.output_within(SUBPROCESS_LIMIT).expect("runs");
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (ok, err) = run(&[], &[]);
@@ -414,7 +415,14 @@ fn cluster_mode_without_credentials_refuses_to_start_unless_told_it_is_insecure(
 
     let tmp = TempDir::new("atasira-creds");
     let out = tmp.0.join("c");
-    assert!(std::process::Command::new(&bin).args(["nats-config", "--out", out.to_str().expect("utf-8")]).output().expect("runs").status.success());
+    assert!(
+        std::process::Command::new(&bin)
+            .args(["nats-config", "--out", out.to_str().expect("utf-8")])
+            .output_within(SUBPROCESS_LIMIT)
+            .expect("runs")
+            .status
+            .success()
+    );
     let drafts = out.join("drafts.creds");
     use std::os::unix::fs::PermissionsExt;
     let chmod = |p: &Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use atasira_tests::harness::{Mode, System};
+use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System};
 use atasira_tests::workspace_root;
 use serde_json::Value;
 
@@ -49,7 +49,7 @@ fn run(command: &str, sys: &mut System) -> Output {
         .env("AGENT", &sys.agent)
         .env("ADMIN", &sys.admin)
         .env_remove("ATASIRA_TOKEN")
-        .output()
+        .output_within(SUBPROCESS_LIMIT)
         .expect("sh runs")
 }
 

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use atasira_tests::harness::{Mode, System, TempDir};
+use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, TempDir};
 use atasira_tests::workspace_root;
 use serde_json::{Value, json};
 
@@ -208,12 +208,14 @@ fn run(sys: &System, who: &str, token: &str) {
             // Hypothesis's "data generation is too slow" says how busy this machine is,
             // not what the API does (seen on a loaded 2-core machine).
             .args(["--suppress-health-check", "too_slow"])
+            // The same cases every run unless the suite is given another seed (scripts/test).
+            .args(["--seed", &std::env::var("ATASIRA_FUZZ_SEED").unwrap_or_else(|_| "20261203".to_owned())])
             .args(["--header", &format!("Authorization: Bearer {token}"), "--report", "har", "--report-har-path"])
             .arg(&har)
             .env("ATASIRA_FUZZ_BOX_TYPE", &plan.box_type)
             .env("ATASIRA_FUZZ_RUN", who)
             .current_dir(&dir.0)
-            .output()
+            .output_within(SUBPROCESS_LIMIT)
             .expect("schemathesis runs (is it installed in the venv of ATASIRA_TEST_PYTHON?)")
     };
     // One worker: Python 3.11's parser is not thread-safe ("AST constructor recursion depth

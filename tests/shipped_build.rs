@@ -38,10 +38,13 @@ fn the_shipped_binary_ignores_failpoints_on_the_approval_path_and_says_so() {
         ("RUST_LOG", "info,sqlx=warn".to_owned()),
         ("ATASIRA_FAILPOINT", "approval-after-reservation,approval-after-decision".to_owned()),
         ("ATASIRA_FAILPOINT_DELAY", "activation:60000".to_owned()),
+        ("ATASIRA_FAILPOINT_HOLD", format!("activation:{}", dir.0.display())),
     ];
+    // Armed: a test build would hold every activation until the file is gone.
+    std::fs::write(dir.0.join("armed"), "").expect("armed");
     let mut p = Proc::spawn("atasira dev (shipped)", &shipped_bin(), &["dev", "--data-dir", &data, "--listen", "127.0.0.1:0"], &env);
     let base = listening_url(&p.wait_stderr("listening on http://", Duration::from_secs(30)));
-    for setting in ["ATASIRA_FAILPOINT (--failpoint)", "ATASIRA_FAILPOINT_DELAY (--failpoint-delay)"] {
+    for setting in ["ATASIRA_FAILPOINT (--failpoint)", "ATASIRA_FAILPOINT_DELAY (--failpoint-delay)", "ATASIRA_FAILPOINT_HOLD (--failpoint-hold)"] {
         p.wait_stderr(&format!("{setting} is set, but this build has no test hooks; ignored"), Duration::from_secs(1));
     }
     let (admin, agent) = (stdout_line(&p, "admin PAT: "), stdout_line(&p, "agent PAT: "));

@@ -255,6 +255,92 @@ fn check_forbidden_patterns(files: &[(PathBuf, String)]) -> Vec<String> {
     violations
 }
 
+/// No two modules of a crate import each other, directly or around a circle. A node is a
+/// crate's top-level module (`src/<m>.rs` or `src/<m>/`); its non-test code naming
+/// `crate::<other>` (or `crate::{<other>, ...}`) is an edge. Returns each circle found, as
+/// `crate: a -> b -> ... -> a`.
+fn check_no_import_circles(files: &[(PathBuf, String)]) -> Vec<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut crates: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for (path, text) in files {
+        let parts: Vec<String> = path.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let ["crates", krate, "src", rest @ ..] = parts.as_slice() else { continue };
+        let Some(first) = rest.first() else { continue };
+        let module = first.trim_end_matches(".rs");
+        let krate = *krate;
+        if rest.len() == 1 && ["lib", "main"].contains(&module) {
+            continue;
+        }
+        crates.entry(krate.to_owned()).or_default().entry(module.to_owned()).or_default().push_str(&non_test_code(path, text));
+    }
+    let mut violations = Vec::new();
+    for (krate, modules) in &crates {
+        let names: BTreeSet<&str> = modules.keys().map(String::as_str).collect();
+        let mut edges: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for (module, code) in modules {
+            let targets = edges.entry(module.as_str()).or_default();
+            for after in code.split("crate::").skip(1) {
+                let named: Vec<&str> = match after.strip_prefix('{') {
+                    Some(group) => {
+                        group.split('}').next().unwrap_or_default().split(',').map(|item| item.trim().split("::").next().unwrap_or_default()).collect()
+                    }
+                    None => vec![after.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).next().unwrap_or_default()],
+                };
+                for name in named {
+                    if let Some(&other) = names.get(name)
+                        && other != module
+                    {
+                        targets.insert(other);
+                    }
+                }
+            }
+        }
+        // A circle through `start`: a path from one of its targets back to it.
+        let mut reported = BTreeSet::new();
+        for &start in &names {
+            let mut stack: Vec<Vec<&str>> = vec![vec![start]];
+            let mut seen = BTreeSet::new();
+            while let Some(path) = stack.pop() {
+                let last = *path.last().unwrap_or(&start);
+                for &next in edges.get(last).into_iter().flatten() {
+                    if next == start {
+                        let mut circle: Vec<&str> = path.clone();
+                        let members: BTreeSet<&str> = circle.iter().copied().collect();
+                        if reported.insert(members) {
+                            circle.push(start);
+                            violations.push(format!("{krate}: {}", circle.join(" -> ")));
+                        }
+                    } else if seen.insert(next) {
+                        let mut longer = path.clone();
+                        longer.push(next);
+                        stack.push(longer);
+                    }
+                }
+            }
+        }
+    }
+    violations
+}
+
+/// The integration tests start commands only with a bound (`harness::OutputWithin`): a
+/// hung tool fails its test instead of hanging the suite.
+fn check_subprocesses_are_bounded(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (path, text) in files.iter().filter(|(p, _)| p.starts_with("tests") && !p.ends_with("tidy.rs")) {
+        for (line_no, line) in text.lines().enumerate() {
+            if line.contains(".output()") {
+                violations.push(format!(
+                    "{}:{}: `.output()` waits for ever; use `.output_within(SUBPROCESS_LIMIT)` (harness::OutputWithin)",
+                    path.display(),
+                    line_no + 1
+                ));
+            }
+        }
+    }
+    violations
+}
+
 /// Every member inherits `[workspace.lints]` (`[lints] workspace = true`), so that the
 /// lint policy lives in one place and a new crate cannot silently opt out of it.
 fn check_lints_inherited(members: &[Member]) -> Vec<String> {
@@ -650,6 +736,36 @@ fn workspace_has_no_ignored_or_unfinished_code() {
     let files = workspace_sources();
     assert!(files.iter().any(|(path, _)| path.ends_with("tidy.rs")), "the source walk missed tests/tidy.rs; it scanned {} file(s)", files.len());
     assert_clean("no ignored tests, expected panics or unfinished code", &check_forbidden_patterns(&files));
+}
+
+#[test]
+fn workspace_modules_import_each_other_in_no_circle() {
+    let files = workspace_sources();
+    assert!(files.iter().any(|(p, t)| p.starts_with("crates/gateway/src") && t.contains("use crate::api")), "the gateway's modules were not found");
+    assert_clean("no two modules of a crate import each other, directly or around a circle", &check_no_import_circles(&files));
+    let circle = [
+        (PathBuf::from("crates/x/src/a.rs"), "use crate::b::B;\n".to_owned()),
+        (PathBuf::from("crates/x/src/b/mod.rs"), "use crate::{c, d};\n".to_owned()),
+        (PathBuf::from("crates/x/src/c.rs"), "fn f() { crate::a::g(); }\n#[cfg(test)]\nmod tests { use crate::b; }\n".to_owned()),
+        (PathBuf::from("crates/x/src/d.rs"), "// nothing\n".to_owned()),
+        (PathBuf::from("crates/x/src/lib.rs"), "pub mod a; use crate::b;\n".to_owned()),
+    ];
+    assert_reported(&check_no_import_circles(&circle), &["x: "]);
+    let v = check_no_import_circles(&circle);
+    assert_eq!(v.len(), 1, "one circle, reported once: {v:?}");
+    assert!(["a", "b", "c"].iter().all(|m| v[0].contains(m)) && !v[0].contains('d'), "{v:?}");
+    // The same modules without the edge back: no circle.
+    let line = [(PathBuf::from("crates/x/src/a.rs"), "use crate::b::B;\n".to_owned()), (PathBuf::from("crates/x/src/b.rs"), "use crate::{c};\n".to_owned())];
+    assert!(check_no_import_circles(&line).is_empty());
+}
+
+#[test]
+fn workspace_test_subprocesses_are_bounded() {
+    let files = workspace_sources();
+    assert!(files.iter().any(|(p, t)| p.starts_with("tests") && t.contains(".output_within(")), "the tests' commands were not found");
+    assert_clean("every command a test starts has a time limit", &check_subprocesses_are_bounded(&files));
+    let unbounded = [(PathBuf::from("tests/x.rs"), "let out = Command::new(\"python\").output().expect(\"runs\");".to_owned())];
+    assert_reported(&check_subprocesses_are_bounded(&unbounded), &["tests/x.rs:1"]);
 }
 
 #[test]

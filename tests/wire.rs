@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::subjects;
-use atasira_tests::harness::{Mode, Nats, Proc, System, TempDir, atasira_bin, pat_options};
+use atasira_tests::harness::{Mode, Nats, OutputWithin, Proc, SUBPROCESS_LIMIT, System, TempDir, atasira_bin, pat_options};
 use futures::StreamExt as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_rustls::rustls;
@@ -146,7 +146,7 @@ fn the_gateway_serves_https_with_a_certificate_and_nothing_in_clear() {
             .args(["drafts", "pending", "--url", &url, "--token", &admin, "--json"])
             .args(extra)
             .env_remove("ATASIRA_CA_FILE")
-            .output()
+            .output_within(SUBPROCESS_LIMIT)
             .expect("the CLI runs");
         (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
@@ -174,7 +174,7 @@ fn the_gateway_serves_https_with_a_certificate_and_nothing_in_clear() {
         .arg(&cert)
         .arg("--tls-key")
         .arg(&key)
-        .output()
+        .output_within(SUBPROCESS_LIMIT)
         .expect("runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("chmod 600"), "{err}");

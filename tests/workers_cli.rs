@@ -3,11 +3,16 @@
 //! refused by the API (its JSON error on stdout with `--json`), 2 a usage error, 3 no
 //! gateway to talk to; end to end against `atasira dev` and a cluster, --json parsed.
 
-use atasira_tests::harness::{Mode, System, atasira_bin, free_port};
+use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, atasira_bin, free_port};
 use serde_json::{Value, json};
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(atasira_bin()).args(args).env_remove("ATASIRA_PAT").env_remove("ATASIRA_BFF_URL").output().expect("atasira runs");
+    let out = std::process::Command::new(atasira_bin())
+        .args(args)
+        .env_remove("ATASIRA_PAT")
+        .env_remove("ATASIRA_BFF_URL")
+        .output_within(SUBPROCESS_LIMIT)
+        .expect("atasira runs");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

@@ -135,7 +135,7 @@ impl Service {
         match outcome {
             Err(refusal) if refusal.code == ErrorCode::SelfApprovalForbidden => {
                 let recorded = self.record_self_approval(principal, draft_id).await?;
-                Err(refusal.recorded(recorded))
+                Err(refusal.recorded(recorded.into()))
             }
             other => other,
         }
@@ -176,7 +176,7 @@ impl Service {
             Ok(events) => !events.is_empty(),
             Err(DraftError::SelfApproval) => {
                 let recorded = self.record_self_approval(&principal, draft_id).await?;
-                return Err(Refusal::from(DraftError::SelfApproval).recorded(recorded));
+                return Err(Refusal::from(DraftError::SelfApproval).recorded(recorded.into()));
             }
             Err(e) => return Err(e.into()),
         };

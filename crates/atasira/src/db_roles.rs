@@ -126,7 +126,7 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
     check_prefix(&options.role_prefix)?;
     // The tables and triggers first (as `db prepare`), so there is something to grant.
     let db = crate::services::open_db(None, Some(&options.database_url)).await?;
-    crate::operator::prepare_all(&db).await?;
+    prepare_all(&db).await?;
     let mut conn = sqlx::PgConnection::connect(&options.database_url)
         .await
         .with_context(|| format!("failed to connect to {}", atasira_platform::store::redact(&options.database_url)))?;
@@ -173,11 +173,22 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
     tx.commit().await?;
     for (identity, role, url) in &written {
         let path = url_file(&options.out, identity);
-        crate::nats_config::write_file(&path, &format!("{url}\n"), 0o600)?;
+        crate::files::write_file(&path, &format!("{url}\n"), 0o600)?;
         eprintln!("atasira db roles: role {role}: {} (mode 0600)", path.display());
     }
     eprintln!("next: start each process with ATASIRA_DATABASE_URL_FILE=<that file> (or --database-url-file)");
     eprintln!("      running this again gives every role a new password and rewrites the files");
+    Ok(())
+}
+
+/// Every table and trigger the services use (connecting creates the event store's).
+pub async fn prepare_all(db: &atasira_platform::store::Db) -> anyhow::Result<()> {
+    atasira_gateway::prepare(db).await?;
+    atasira_audit::prepare(db).await?;
+    let registry = atasira_runtime_registry::RegistryConfig { manifests_dir: PathBuf::new(), max_boxes: 0 };
+    for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
+        atasira_platform::projection::prepare(db, p.as_ref()).await?;
+    }
     Ok(())
 }
 

@@ -12,12 +12,14 @@
 mod bench;
 mod client;
 mod db_roles;
+mod files;
 mod keys;
 mod mcp;
 mod nats_config;
 mod offline;
 mod operator;
 mod otel;
+mod probe;
 mod services;
 mod tls;
 
@@ -353,6 +355,10 @@ struct TestHooks {
     /// separated), to force an interleaving.
     #[arg(long, env = "ATASIRA_FAILPOINT_DELAY", value_name = "NAME:MILLIS", value_delimiter = ',', help_heading = "Testing")]
     failpoint_delay: Vec<atasira_platform::failpoints::FailpointDelay>,
+    /// Test builds only: hold at a point while the test has armed it (NAME:DIRECTORY,
+    /// comma separated; see tests/harness.rs `Hold`), to force an interleaving.
+    #[arg(long, env = "ATASIRA_FAILPOINT_HOLD", value_name = "NAME:DIR", value_delimiter = ',', help_heading = "Testing")]
+    failpoint_hold: Vec<atasira_platform::failpoints::FailpointHold>,
 }
 
 /// A build for use has no fault-injection hooks: the settings are still accepted, so that
@@ -365,17 +371,21 @@ struct TestHooks {
     failpoint: Vec<String>,
     #[arg(long, env = "ATASIRA_FAILPOINT_DELAY", hide = true, action = clap::ArgAction::Append)]
     failpoint_delay: Vec<String>,
+    #[arg(long, env = "ATASIRA_FAILPOINT_HOLD", hide = true, action = clap::ArgAction::Append)]
+    failpoint_hold: Vec<String>,
 }
 
 impl TestHooks {
     /// Arms the fault-injection hooks of this process (none unless a test asks).
     #[cfg(feature = "failpoints")]
     fn configure(&self) {
-        if !self.failpoint.is_empty() || !self.failpoint_delay.is_empty() {
+        if !self.failpoint.is_empty() || !self.failpoint_delay.is_empty() || !self.failpoint_hold.is_empty() {
             let pauses: Vec<String> = self.failpoint_delay.iter().map(|d| format!("{}:{}", d.point, d.delay.as_millis())).collect();
-            eprintln!("atasira: testing hooks armed: kill at {:?}, pause at {:?}", self.failpoint, pauses);
+            let holds: Vec<&str> = self.failpoint_hold.iter().map(|h| h.point.as_str()).collect();
+            eprintln!("atasira: testing hooks armed: kill at {:?}, pause at {:?}, hold at {:?}", self.failpoint, pauses, holds);
         }
-        let failpoints = atasira_platform::failpoints::Failpoints { kill: self.failpoint.clone(), delay: self.failpoint_delay.clone() };
+        let failpoints =
+            atasira_platform::failpoints::Failpoints { kill: self.failpoint.clone(), delay: self.failpoint_delay.clone(), hold: self.failpoint_hold.clone() };
         // Only `main` calls this, once; a second call could only repeat the same values.
         let _ = atasira_platform::failpoints::configure(failpoints);
     }
@@ -383,9 +393,11 @@ impl TestHooks {
     /// This build arms nothing; a hook asked for anyway is named on stderr, then ignored.
     #[cfg(not(feature = "failpoints"))]
     fn configure(&self) {
-        for (set, setting) in
-            [(!self.failpoint.is_empty(), "ATASIRA_FAILPOINT (--failpoint)"), (!self.failpoint_delay.is_empty(), "ATASIRA_FAILPOINT_DELAY (--failpoint-delay)")]
-        {
+        for (set, setting) in [
+            (!self.failpoint.is_empty(), "ATASIRA_FAILPOINT (--failpoint)"),
+            (!self.failpoint_delay.is_empty(), "ATASIRA_FAILPOINT_DELAY (--failpoint-delay)"),
+            (!self.failpoint_hold.is_empty(), "ATASIRA_FAILPOINT_HOLD (--failpoint-hold)"),
+        ] {
             if set {
                 eprintln!("atasira: warning: {setting} is set, but this build has no test hooks; ignored");
             }
@@ -603,7 +615,7 @@ fn main() -> ExitCode {
         }
         Command::NatsSetup { nats_url, nats_creds, nats_ca, insecure_nats, stream_replicas, timeout } => run_async(async move {
             let auth = services::NatsAuth::from_args(atasira_contracts::subjects::OPERATOR, nats_creds.as_deref(), nats_ca.as_deref(), insecure_nats)?;
-            let setup = nats_config::set_up(&nats_url, &auth, usize::from(stream_replicas));
+            let setup = operator::nats_set_up(&nats_url, &auth, usize::from(stream_replicas));
             tokio::time::timeout(std::time::Duration::from_secs(timeout), setup)
                 .await
                 .map_err(|_| anyhow::anyhow!("NATS at {nats_url} did not answer within {timeout} s"))?

@@ -331,29 +331,8 @@ pub fn parse_creds(text: &str) -> Result<Creds, String> {
 /// Reads a credentials file; refuses one that group or others may read (a seed is a
 /// password) and never shows a seed in an error.
 pub fn read_creds(path: &Path) -> anyhow::Result<Creds> {
-    let text = read_private(path, "NATS credentials file", "a secret key")?;
+    let text = crate::files::read_private(path, "NATS credentials file", "a secret key")?;
     parse_creds(&text).map_err(|why| anyhow::anyhow!("{} is not a credentials file written by `atasira nats-config`: {why}", path.display()))
-}
-
-/// The text of `path`, a `what` holding `holds`; refused when group or others may read it
-/// (the error names the file and what to run, never its content).
-pub(crate) fn read_private(path: &Path, what: &str, holds: &str) -> anyhow::Result<String> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).with_context(|| format!("cannot read the {what} {}", path.display()))?.permissions().mode();
-        if mode & 0o077 != 0 {
-            anyhow::bail!(
-                "the {what} {} may be read by other users (mode {:o}); it holds {holds}: run `chmod 600 {}`",
-                path.display(),
-                mode & 0o777,
-                path.display()
-            );
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = holds;
-    std::fs::read_to_string(path).with_context(|| format!("cannot read the {what} {}", path.display()))
 }
 
 /// `atasira nats-config` settings.
@@ -374,25 +353,6 @@ pub struct Options {
 /// The configuration file of cluster node `n` (from 1).
 pub fn node_conf_file(n: usize) -> String {
     format!("nats-server-{n}.conf")
-}
-
-/// Writes `text` to `path` with `mode`, replacing an existing file only through a rename
-/// (so nobody ever reads half a file) and never through a file another user may read.
-pub(crate) fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
-    use std::io::Write;
-    #[cfg(unix)]
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    options.mode(mode);
-    #[cfg(not(unix))]
-    let _ = mode;
-    let mut file = options.open(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
 }
 
 /// `atasira nats-config`.
@@ -466,26 +426,26 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     for (identity, key) in &users {
         let callout = (*identity == subjects::GATEWAY).then_some(CalloutSeeds { issuer: &issuer_seed, xkey: &xkey_seed });
         let path = creds_path(&out, identity);
-        write_file(&path, &render_creds(identity, &seed(key)?, callout.as_ref(), &issued.ca_pem), 0o600)?;
+        crate::files::write_file(&path, &render_creds(identity, &seed(key)?, callout.as_ref(), &issued.ca_pem), 0o600)?;
         written.push((path, *identity));
     }
     // The CA and the certificates are public; the servers' keys for nats-server alone.
     let ca_path = out.join(CA_FILE);
-    write_file(&ca_path, &issued.ca_pem, 0o644)?;
+    crate::files::write_file(&ca_path, &issued.ca_pem, 0o644)?;
     for (files, server) in tls_in_out.iter().zip(&issued.servers) {
-        write_file(&files.cert, &server.cert_pem, 0o644)?;
-        write_file(&files.key, &server.key_pem, 0o600)?;
+        crate::files::write_file(&files.cert, &server.cert_pem, 0o644)?;
+        crate::files::write_file(&files.key, &server.key_pem, 0o600)?;
     }
     let tls_files: Vec<TlsFiles> = node_numbers.iter().map(|n| TlsFiles::in_dir(&cert_dir, *n)).collect();
     if nodes.is_empty() {
         // The configuration holds public keys only; nats-server may run as another user.
         let conf_path = out.join(CONF_FILE);
-        write_file(&conf_path, &render_conf(&public, options.port, &store_dir, None, &tls_files[0])?, 0o644)?;
+        crate::files::write_file(&conf_path, &render_conf(&public, options.port, &store_dir, None, &tls_files[0])?, 0o644)?;
         eprintln!("atasira nats-config: wrote {} (port {}, JetStream store {})", conf_path.display(), options.port, store_dir.display());
     } else {
         // Each node's file holds the routes' password: its owner only.
         for ((node, path), tls) in nodes.iter().zip(&conf_files).zip(&tls_files) {
-            write_file(path, &render_conf(&public, options.port, &store_dir, Some(node), tls)?, 0o600)?;
+            crate::files::write_file(path, &render_conf(&public, options.port, &store_dir, Some(node), tls)?, 0o600)?;
             eprintln!(
                 "atasira nats-config: wrote {} (node {}, port {}, routes on {}, JetStream store {}; mode 0600: it holds the routes' password)",
                 path.display(),
@@ -522,25 +482,6 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         eprintln!("      with --nats-url listing the nodes' client addresses, separated by commas, and (nats-setup)");
         eprintln!("      --stream-replicas {} so the events stream survives losing a node", nodes.len().min(3));
     }
-    Ok(())
-}
-
-/// `atasira nats-setup`: as the operator, creates the events stream (or raises its
-/// replicas) and the sentinel's consumer; says what it did on stderr.
-pub async fn set_up(nats_url: &str, auth: &crate::services::NatsAuth, replicas: usize) -> anyhow::Result<()> {
-    use atasira_platform::relay::{self, StreamSetUp};
-    let client = crate::services::connect_nats(nats_url, subjects::OPERATOR, auth, true).await?;
-    let js = async_nats::jetstream::new(client.clone());
-    let (stream, did) = relay::set_up_events_stream(&js, replicas).await?;
-    let what = match did {
-        StreamSetUp::Created => format!("created the events stream {} ({replicas} replica(s))", subjects::EVENTS_STREAM),
-        StreamSetUp::ReplicasRaised { from } => format!("raised the events stream's replicas from {from} to {replicas}"),
-        StreamSetUp::AlreadyThere => format!("the events stream {} is already there", subjects::EVENTS_STREAM),
-    };
-    eprintln!("atasira nats-setup: {what}");
-    let consumer = if atasira_platform::sentinel::set_up_consumer(&stream).await? { "created" } else { "is already there" };
-    eprintln!("atasira nats-setup: the audit sentinel's consumer {consumer}");
-    client.flush().await.map_err(|e| anyhow::anyhow!("NATS: {e}"))?;
     Ok(())
 }
 

@@ -232,23 +232,12 @@ pub async fn db(cmd: DbCommand) -> anyhow::Result<()> {
     match cmd {
         DbCommand::Prepare { target } => {
             let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
-            prepare_all(&db).await?;
+            crate::db_roles::prepare_all(&db).await?;
             eprintln!("the database has every table and trigger");
             Ok(())
         }
         DbCommand::Roles { database_url, out, role_prefix } => crate::db_roles::run(&crate::db_roles::Options { database_url, role_prefix, out }).await,
     }
-}
-
-/// Every table and trigger the services use (connecting creates the event store's).
-pub async fn prepare_all(db: &atasira_platform::store::Db) -> anyhow::Result<()> {
-    atasira_gateway::prepare(db).await?;
-    atasira_audit::prepare(db).await?;
-    let registry = atasira_runtime_registry::RegistryConfig { manifests_dir: PathBuf::new(), max_boxes: 0 };
-    for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
-        projection::prepare(db, p.as_ref()).await?;
-    }
-    Ok(())
 }
 
 pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
@@ -269,6 +258,25 @@ pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `atasira nats-setup`: as the operator, creates the events stream (or raises its
+/// replicas) and the sentinel's consumer; says what it did on stderr.
+pub async fn nats_set_up(nats_url: &str, auth: &crate::services::NatsAuth, replicas: usize) -> anyhow::Result<()> {
+    use atasira_platform::relay::{self, StreamSetUp};
+    let client = crate::services::connect_nats(nats_url, atasira_contracts::subjects::OPERATOR, auth, true).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    let (stream, did) = relay::set_up_events_stream(&js, replicas).await?;
+    let what = match did {
+        StreamSetUp::Created => format!("created the events stream {} ({replicas} replica(s))", atasira_contracts::subjects::EVENTS_STREAM),
+        StreamSetUp::ReplicasRaised { from } => format!("raised the events stream's replicas from {from} to {replicas}"),
+        StreamSetUp::AlreadyThere => format!("the events stream {} is already there", atasira_contracts::subjects::EVENTS_STREAM),
+    };
+    eprintln!("atasira nats-setup: {what}");
+    let consumer = if atasira_platform::sentinel::set_up_consumer(&stream).await? { "created" } else { "is already there" };
+    eprintln!("atasira nats-setup: the audit sentinel's consumer {consumer}");
+    client.flush().await.map_err(|e| anyhow::anyhow!("NATS: {e}"))?;
+    Ok(())
 }
 
 #[cfg(test)]

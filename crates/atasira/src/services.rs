@@ -327,7 +327,7 @@ async fn serve_probes(identity: &'static str, addr: SocketAddr, rt: Runtime, rx:
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr} for the probes"))?;
     eprintln!("atasira {identity}: probes on http://{}", listener.local_addr()?);
     tokio::spawn(async move {
-        if let Err(e) = atasira_platform::probe::serve(listener, rt, wait(rx)).await {
+        if let Err(e) = crate::probe::serve(listener, rt, wait(rx)).await {
             tracing::error!("{identity}: the probe port stopped: {e:#}");
         }
     });
@@ -539,7 +539,7 @@ pub fn server_addrs(url: &str) -> anyhow::Result<Vec<async_nats::ServerAddr>> {
 /// may read is refused: it holds a password).
 pub fn database_url(url: Option<String>, file: Option<&Path>) -> anyhow::Result<Option<String>> {
     let Some(path) = file.filter(|_| url.is_none()) else { return Ok(url) };
-    let text = crate::nats_config::read_private(path, "database URL file", "a password")?;
+    let text = crate::files::read_private(path, "database URL file", "a password")?;
     let url = text.trim();
     if url.is_empty() {
         anyhow::bail!("the database URL file {} is empty", path.display());

@@ -131,7 +131,7 @@ pub fn certificate_blocks(text: &str) -> Option<String> {
 pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {
     let chain_pem = std::fs::read(cert).with_context(|| format!("cannot read the TLS certificate {}", cert.display()))?;
     let chain = certificates(&chain_pem, &format!("the TLS certificate {}", cert.display()))?;
-    let key_pem = crate::nats_config::read_private(key, "TLS private key", "a private key")?;
+    let key_pem = crate::files::read_private(key, "TLS private key", "a private key")?;
     let key_der =
         PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|_| anyhow::anyhow!("the TLS private key {} holds no PEM private key", key.display()))?;
     let mut config = ServerConfig::builder_with_provider(provider())

@@ -139,7 +139,7 @@ pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> 
     let appended = append_rows(&mut tx, keys, &auditable).await?;
     tx.commit().await?;
     drop(turn);
-    db.progressed_to(NAME, atasira_platform::store::Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+    db.progressed_to(NAME, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
     Ok(appended)
 }
 
@@ -225,7 +225,7 @@ pub async fn apply_pending(db: &Db, keys: &AuditKeys) -> anyhow::Result<usize> {
             }
             return Ok(appended);
         };
-        at = atasira_platform::store::Cursor::of(last);
+        at = last.cursor();
         appended += append_batch(db, keys, &batch.events).await?;
     }
 }

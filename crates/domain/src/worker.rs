@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::aggregates::boxes::BoxRole;
 use crate::error::FieldError;
 use crate::manifest::BoxManifest;
 use crate::principal::Principal;
@@ -146,7 +145,7 @@ pub fn launch_fingerprint(request: &LaunchRequest, caller: &str) -> String {
 
 /// R-WORKER (who may launch): human admins, and the Box's assigned users (primary or
 /// member), agents included only when assigned.
-pub fn may_launch(principal: &Principal, assignments: &[(String, BoxRole)]) -> bool {
+pub fn may_launch<R>(principal: &Principal, assignments: &[(String, R)]) -> bool {
     principal.is_human_admin() || assignments.iter().any(|(user, _)| *user == principal.user_id)
 }
 
@@ -186,6 +185,7 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::aggregates::boxes::BoxRole;
     use crate::principal::{Kind, Role};
 
     fn launch() -> LaunchRequest {
@@ -235,7 +235,7 @@ mod tests {
     fn who_may_launch_human_admins_and_assigned_users_only() {
         let p = |role, kind, user: &str| Principal { user_id: user.into(), role, kind };
         let assigned = vec![("agent-1".to_owned(), BoxRole::Member), ("erin".to_owned(), BoxRole::Primary)];
-        assert!(may_launch(&p(Role::Admin, Kind::Human, "alice"), &[]));
+        assert!(may_launch::<BoxRole>(&p(Role::Admin, Kind::Human, "alice"), &[]));
         assert!(may_launch(&p(Role::Member, Kind::Human, "erin"), &assigned));
         assert!(may_launch(&p(Role::Member, Kind::Agent, "agent-1"), &assigned));
         assert!(!may_launch(&p(Role::Admin, Kind::Agent, "agent-2"), &assigned), "an agent admin must be assigned");

@@ -16,6 +16,10 @@ use utoipa::ToSchema;
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{AdditionalProperties, ArrayBuilder, Object, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type};
 
+/// Text that requests may carry: anything but NUL (which PostgreSQL cannot store, so the
+/// gateway refuses it in every request; see `extract.rs`).
+pub const NUL_FREE: &str = r"^[^\u0000]*$";
+
 // --- request bodies ---------------------------------------------------------------------
 
 /// `POST /api/v1/boxes/box-drafts`: what an agent or a person asks for. The drafts service
@@ -1235,10 +1239,10 @@ impl ToSchema for RequiredAccess {}
 /// key's bound (nested values too); the document states a part of it so that every
 /// example it describes is one the API takes.
 fn small_json_object_builder() -> ObjectBuilder {
-    let nul_free = || string().pattern(Some(crate::openapi::NUL_FREE));
+    let nul_free = || string().pattern(Some(NUL_FREE));
     let scalar = ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::String, Type::Number, Type::Boolean]))
-        .pattern(Some(crate::openapi::NUL_FREE))
+        .pattern(Some(NUL_FREE))
         .max_length(Some(16))
         .minimum(Some(-9007199254740991_i64))
         .maximum(Some(9007199254740991_i64));
@@ -1268,7 +1272,7 @@ fn cron_schema() -> Object {
 fn notify_patch_schema() -> Object {
     ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
-        .property_names(Some(string().pattern(Some(crate::openapi::NUL_FREE)).max_length(Some(64))))
+        .property_names(Some(string().pattern(Some(NUL_FREE)).max_length(Some(64))))
         .additional_properties(Some(utoipa::openapi::Ref::from_schema_name("NotifyChannelPatch")))
         .max_properties(Some(8))
         .build()
@@ -1294,7 +1298,7 @@ fn labels_schema() -> Object {
     ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
         .property_names(Some(string().pattern(Some(NOT_BLANK)).max_length(Some(LABEL_KEY_CHARS))))
-        .additional_properties(Some(string().pattern(Some(crate::openapi::NUL_FREE)).max_length(Some(LABEL_VALUE_CHARS))))
+        .additional_properties(Some(string().pattern(Some(NUL_FREE)).max_length(Some(LABEL_VALUE_CHARS))))
         .max_properties(Some(LABELS))
         .build()
 }

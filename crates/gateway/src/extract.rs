@@ -123,7 +123,7 @@ pub struct IdempotencyKey {
 }
 
 impl IdempotencyKey {
-    /// The OpenAPI document says the same (`openapi::IdempotencyHeader`).
+    /// The OpenAPI document says the same (`query::IdempotencyHeader`).
     pub const MAX_LEN: usize = 255;
 
     /// 422 `invalid_request` when the header is malformed.

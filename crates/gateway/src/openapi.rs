@@ -18,23 +18,9 @@ use utoipa::openapi::request_body::RequestBody;
 use utoipa::openapi::schema::{ArrayItems, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBuilder};
-use utoipa::{IntoParams, Modify, OpenApi};
+use utoipa::{Modify, OpenApi};
 
 use crate::api;
-
-/// The `Idempotency-Key` header of the writes.
-#[derive(Debug, IntoParams)]
-#[into_params(parameter_in = Header)]
-#[allow(dead_code)] // Only documents the header; `extract::IdempotencyKey` reads it.
-pub struct IdempotencyHeader {
-    /// Retries with the same key (per caller, kept 24 h) get the first answer, with
-    /// `Idempotent-Replayed: true`, waiting for it while it is in progress (then 503 with
-    /// `Retry-After`); the same key with a different request is 422
-    /// `idempotency_key_reuse`. 1 to 255 visible ASCII characters, no spaces; anything else
-    /// is 422 `invalid_request`.
-    #[param(rename = "Idempotency-Key", value_type = String, required = false, pattern = "^[!-~]{1,255}$")]
-    pub idempotency_key: Option<String>,
-}
 
 struct PatAuth;
 
@@ -87,12 +73,8 @@ fn optional_not_null(body: &mut RequestBody) {
     }
 }
 
-/// Text that requests may carry: anything but NUL (which PostgreSQL cannot store, so the
-/// gateway refuses it in every request; see `extract.rs`).
-pub const NUL_FREE: &str = r"^[^\u0000]*$";
-
 /// Says on every text of a request body that it holds no NUL: each string schema reachable
-/// from a request body that has no pattern or enum of its own gets [`NUL_FREE`].
+/// from a request body that has no pattern or enum of its own gets [`api::NUL_FREE`].
 struct NulFreeText;
 
 impl Modify for NulFreeText {
@@ -127,7 +109,7 @@ fn nul_free(schema: &mut RefOr<Schema>, refs: &mut Vec<String>) {
                 SchemaType::AnyValue => false,
             };
             if text && o.pattern.is_none() && o.enum_values.is_none() {
-                o.pattern = Some(NUL_FREE.to_owned());
+                o.pattern = Some(api::NUL_FREE.to_owned());
             }
             for property in o.properties.values_mut() {
                 nul_free(property, refs);
@@ -356,6 +338,38 @@ mod tests {
             }
         }
         out
+    }
+
+    /// `METHOD /api/v1/path` of every route the API router in `lib.rs` registers, read from
+    /// its source (axum cannot list a router's routes).
+    fn served_operations() -> std::collections::BTreeSet<String> {
+        let source = include_str!("lib.rs");
+        let start = source.find("let api = Router::new()").expect("the API router in lib.rs");
+        let end = start + source[start..].find(".route_layer(").expect("the end of the API routes");
+        let mut served = std::collections::BTreeSet::new();
+        for line in source[start..end].lines() {
+            let Some((path, handlers)) = line.trim().strip_prefix(".route(\"").and_then(|r| r.split_once('"')) else { continue };
+            // Each `<method>(` in the handlers: the identifier before an opening parenthesis.
+            for (i, _) in handlers.match_indices('(') {
+                let method = handlers[..i].rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).next().unwrap_or_default();
+                if ["get", "post", "put", "patch", "delete"].contains(&method) {
+                    served.insert(format!("{} /api/v1{path}", method.to_uppercase()));
+                }
+            }
+        }
+        served
+    }
+
+    #[test]
+    fn the_router_serves_exactly_the_documented_operations() {
+        let served = served_operations();
+        assert!(served.contains("POST /api/v1/boxes/box-drafts") && served.contains("DELETE /api/v1/auth/tokens/{token_id}"), "{served:?}");
+        let documented: std::collections::BTreeSet<String> = operations(&doc()).into_iter().map(|(name, _)| name).collect();
+        // The document itself is the one route it does not describe.
+        let undocumented: Vec<&String> = served.iter().filter(|op| !documented.contains(*op) && *op != "GET /api/v1/openapi.json").collect();
+        let unserved: Vec<&String> = documented.iter().filter(|op| !served.contains(*op)).collect();
+        assert!(undocumented.is_empty(), "served but not in the OpenAPI document: {undocumented:?}");
+        assert!(unserved.is_empty(), "in the OpenAPI document but not served: {unserved:?}");
     }
 
     #[test]

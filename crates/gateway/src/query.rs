@@ -18,6 +18,20 @@ use utoipa::IntoParams;
 
 use crate::{ApiError, api};
 
+/// The `Idempotency-Key` header of the writes.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // Only documents the header; `extract::IdempotencyKey` reads it.
+pub struct IdempotencyHeader {
+    /// Retries with the same key (per caller, kept 24 h) get the first answer, with
+    /// `Idempotent-Replayed: true`, waiting for it while it is in progress (then 503 with
+    /// `Retry-After`); the same key with a different request is 422
+    /// `idempotency_key_reuse`. 1 to 255 visible ASCII characters, no spaces; anything else
+    /// is 422 `invalid_request`.
+    #[param(rename = "Idempotency-Key", value_type = String, required = false, pattern = "^[!-~]{1,255}$")]
+    pub idempotency_key: Option<String>,
+}
+
 /// Query parameters of one route, parsed from the query string's name/value pairs.
 pub trait FromQuery: Sized {
     /// The names this route accepts.

@@ -19,8 +19,7 @@ use v1::box_action::Action;
 
 use crate::api::{self, ErrorBody};
 use crate::extract::{Admin, BoxUser, Caller, HumanAdmin, Id, IdempotencyKey, RawBody};
-use crate::openapi::IdempotencyHeader;
-use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, Params, PendingQuery, RevokeUserQuery, TokensQuery, WorkersQuery};
+use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, IdempotencyHeader, Params, PendingQuery, RevokeUserQuery, TokensQuery, WorkersQuery};
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
 /// A read: ask the service, answer its reply as `Out`.

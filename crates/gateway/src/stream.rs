@@ -126,7 +126,7 @@ pub(crate) async fn announce(state: AppState, live: Arc<Live>) {
                 }
             };
             let Some(last) = batch.events.last() else { break };
-            *cursor = Some(Cursor::of(last));
+            *cursor = Some(last.cursor());
             drop(cursor);
             let mut topics: Vec<StreamTopic> = batch.events.iter().flat_map(|e| topics_of(&e.aggregate_type)).copied().collect();
             topics.sort();

@@ -14,6 +14,28 @@ pub struct Failpoints {
     pub kill: Vec<String>,
     /// Points that pause first ([`failpoint_delay`]).
     pub delay: Vec<FailpointDelay>,
+    /// Points a test holds and releases ([`failpoint_delay`]).
+    pub hold: Vec<FailpointHold>,
+}
+
+/// A point a test holds: `name:DIR` on the command line. While `DIR/armed` exists, a
+/// process reaching the point writes `DIR/reached` and waits there until `armed` is gone;
+/// so a test forces an interleaving by what it does, not by how long it sleeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailpointHold {
+    pub point: String,
+    pub dir: std::path::PathBuf,
+}
+
+impl FromStr for FailpointHold {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            Some((point, dir)) if !point.trim().is_empty() && !dir.trim().is_empty() => Ok(Self { point: point.trim().to_owned(), dir: dir.trim().into() }),
+            _ => Err(format!("expected NAME:DIRECTORY, got {s:?}")),
+        }
+    }
 }
 
 /// One pausing point: `name:millis` on the command line.
@@ -56,12 +78,24 @@ pub fn failpoint(name: &str) {
     }
 }
 
-/// Race hook: when `name` is configured as a pausing point, waits that long here, so a
-/// test can force an interleaving.
+/// Race hook: when `name` is configured as a pausing point, waits that long here; when it
+/// is a held point and the test has armed it, waits until the test releases it (see
+/// [`FailpointHold`]). So a test can force an interleaving.
 pub async fn failpoint_delay(name: &str) {
     let Some(failpoints) = CONFIGURED.get() else { return };
     for d in failpoints.delay.iter().filter(|d| d.point == name) {
         tokio::time::sleep(d.delay).await;
+    }
+    for h in failpoints.hold.iter().filter(|h| h.point == name) {
+        let armed = h.dir.join("armed");
+        if !armed.exists() {
+            continue;
+        }
+        eprintln!("failpoint {name}: held until the test releases it");
+        let _ = std::fs::write(h.dir.join("reached"), name);
+        while armed.exists() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
@@ -75,6 +109,14 @@ mod tests {
         assert!("activation".parse::<FailpointDelay>().is_err());
         assert!("activation:soon".parse::<FailpointDelay>().is_err());
         assert!(":10".parse::<FailpointDelay>().is_err());
+    }
+
+    #[test]
+    fn a_hold_parses_from_name_and_directory() {
+        assert_eq!("activation:/tmp/h".parse(), Ok(FailpointHold { point: "activation".into(), dir: "/tmp/h".into() }));
+        assert!("activation".parse::<FailpointHold>().is_err());
+        assert!(":/tmp/h".parse::<FailpointHold>().is_err());
+        assert!("activation:".parse::<FailpointHold>().is_err());
     }
 
     #[tokio::test]

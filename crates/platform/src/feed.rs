@@ -125,7 +125,7 @@ impl Feed {
             }
         }
         if let Some(last) = batch.events.last() {
-            self.cursor = Cursor::of(last);
+            self.cursor = last.cursor();
         }
         Ok(batch.events.into_iter().map(|event| Delivery { event }).collect())
     }

@@ -23,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::store::{Cursor, Db};
+use crate::cursor::Cursor;
 
 /// Distinct request type names counted; more are `other`.
 pub const MAX_REQUEST_NAMES: usize = 128;
@@ -230,25 +230,18 @@ pub fn gauge_source(name: &'static str, source: GaugeSource) {
     }
 }
 
-/// How many events each relay and consumer of this process is behind, by name (those whose
-/// lag the store could not tell are left out).
-pub async fn lags(db: &Db) -> Vec<(String, &'static str, i64)> {
-    let m = global();
-    let readers: Vec<(String, Reader)> = m.readers.lock().map(|r| r.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
-    let mut out = Vec::with_capacity(readers.len());
-    for (name, reader) in readers {
-        match db.count_after(reader.at, reader.types).await {
-            Ok(behind) => out.push((name, reader.kind, behind)),
-            Err(e) => tracing::debug!(reader = name, error = %e, "metrics: lag unknown"),
-        }
-    }
-    out
+/// The relays and consumers of this process: name, kind, the types each reads, and where
+/// it stands (their lag is the store's to count: `Db::lags`).
+pub fn readers() -> Vec<(String, &'static str, &'static [&'static str], Cursor)> {
+    let readers = global().readers.lock().map(|r| r.iter().map(|(k, v)| (k.clone(), v.kind, v.types, v.at)).collect());
+    readers.unwrap_or_default()
 }
 
-/// Measures what is measured when scraped (lags, gauges), then the whole registry as text.
-pub async fn render(db: &Db) -> String {
+/// Measures what is measured when scraped (the readers' `lags`, as the store counted them,
+/// and the gauges), then the whole registry as text.
+pub async fn render(lags: Vec<(String, &'static str, i64)>) -> String {
     let m = global();
-    for (name, kind, behind) in lags(db).await {
+    for (name, kind, behind) in lags {
         let family = if kind == "relay" { &m.relay_lag } else { &m.consumer_lag };
         family.get_or_create(&Named { name }).set(behind);
     }

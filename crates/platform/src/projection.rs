@@ -171,7 +171,7 @@ async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &d
             drop(turn);
         }
     }
-    db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+    db.progressed_to(name, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
     Ok(true)
 }
 
@@ -199,7 +199,7 @@ async fn advance_to(tx: &mut Transaction<'static, Any>, name: &str, cursor: Curs
 /// Applies one event unless it was applied before (see [`processed`]); returns whether it
 /// was new.
 pub async fn apply_one(db: &Db, projection: &dyn Projection, event: &StoredEvent) -> anyhow::Result<bool> {
-    if Cursor::of(event) <= cursor(db, projection.name()).await? {
+    if event.cursor() <= cursor(db, projection.name()).await? {
         return Ok(false);
     }
     Ok(record(db, projection.name(), std::slice::from_ref(event), Some(projection)).await? == 1)
@@ -293,7 +293,7 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
             tx.commit().await?;
             fresh
         };
-        db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+        db.progressed_to(name, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
         return Ok(fresh.len());
     }
     let turn = db.write_turn().await;
@@ -302,7 +302,7 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
         // writer's turn like every write).
         let fresh = sqlite_advance(&mut *db.any().acquire().await?, name, events).await?;
         drop(turn);
-        db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+        db.progressed_to(name, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
         return Ok(fresh.len());
     }
     let mut tx = db.begin_consumer().await?;
@@ -325,7 +325,7 @@ async fn record(db: &Db, name: &str, events: &[StoredEvent], projection: Option<
     }
     tx.commit().await?;
     drop(turn);
-    db.progressed_to(name, Cursor::of(last), events.iter().map(|e| e.event_id.as_str()));
+    db.progressed_to(name, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
     Ok(fresh.len())
 }
 
@@ -788,7 +788,7 @@ mod tests {
         assert!(mark_processed(db, "c", &events[1]).await.expect("mark"), "the second event is new");
         assert!(!mark_processed(db, "c", &events[0]).await.expect("mark"), "an event behind the cursor is not new again");
         // then its cursor is at the second, which tells what it processed
-        assert_eq!(cursor(db, "c").await.expect("cursor"), Cursor::of(&events[1]), "a second mark of the first did not move the cursor back");
+        assert_eq!(cursor(db, "c").await.expect("cursor"), events[1].cursor(), "a second mark of the first did not move the cursor back");
         for (event, done) in events.iter().zip([true, true, false]) {
             assert_eq!(processed(db, "c", &event.event_id).await.expect("processed"), done, "{}", event.event_id);
         }

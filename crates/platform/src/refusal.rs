@@ -3,8 +3,6 @@
 use atasira_contracts::{Reply, reply_error};
 use atasira_domain::{ErrorCode, FieldError, Refusing};
 
-use crate::store::EventAt;
-
 /// The reason word of a principal assertion admitted before.
 pub(crate) const REPLAYED: &str = "replayed";
 
@@ -26,9 +24,9 @@ impl Refusal {
     }
 
     /// This refusal recorded the event `event_id` at `position` (R-AUDIT-5).
-    pub fn recorded(mut self, event: EventAt) -> Self {
-        self.event_ids.push(event.id);
-        self.position = self.position.max(event.position);
+    pub fn recorded(mut self, (event_id, position): (String, i64)) -> Self {
+        self.event_ids.push(event_id);
+        self.position = self.position.max(position);
         self
     }
 

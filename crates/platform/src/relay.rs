@@ -217,7 +217,7 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
     }
     let mut cursor = from;
     if let Some(last) = batch.events.last() {
-        cursor = Cursor::of(last);
+        cursor = last.cursor();
     }
     // A dead letter is recorded at once, with the checkpoint past it; otherwise the
     // caller saves the checkpoint when it is due (`SAVE_EVERY`).

@@ -123,7 +123,7 @@ impl Bindings {
             at: Utc::now(),
         };
         match platform_service::record_security_violation(&self.rt, SERVICE, record).await {
-            Ok(recorded) => refusal.recorded(recorded),
+            Ok(recorded) => refusal.recorded(recorded.into()),
             Err(e) => {
                 tracing::error!(error = %e, "could not record a security violation");
                 refusal
@@ -177,7 +177,7 @@ impl OpenBindings {
             let batch = db.read(self.cursor, &[types::EXECUTION_BINDING], SWEEP_BATCH).await?;
             let full = i64::try_from(batch.events.len()).unwrap_or(i64::MAX) >= SWEEP_BATCH;
             for event in &batch.events {
-                self.cursor = Cursor::of(event);
+                self.cursor = event.cursor();
                 match serde_json::from_value::<BindingEvent>(event.payload.clone()) {
                     Ok(BindingEvent::BindingPrepared { handle, expires_at, .. }) => {
                         self.open.insert(handle, expires_at);

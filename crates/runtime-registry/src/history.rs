@@ -23,7 +23,7 @@ pub async fn page(db: &Db, box_id: &str, limit: u32, after: Cursor) -> anyhow::R
     let more = events.len() > limit;
     let kept = &events[..events.len().min(limit)];
     let entries = kept.iter().map(entry).collect::<anyhow::Result<Vec<_>>>()?;
-    Ok((entries, if more { kept.last().map(Cursor::of) } else { None }))
+    Ok((entries, if more { kept.last().map(StoredEvent::cursor) } else { None }))
 }
 
 /// One stored event of a Box (or of one of its access streams) as a history entry.

@@ -260,7 +260,7 @@ impl Registry {
                     at,
                 };
                 let recorded = platform_service::record_security_violation(&self.rt, SERVICE, record).await?;
-                Err(refusal.recorded(recorded))
+                Err(refusal.recorded(recorded.into()))
             }
             other => other,
         }

@@ -211,7 +211,7 @@ impl Registry {
         };
         let recorded = self.workers.execute(&worker_id, command, HashMap::new(), Retry::CONTENDED).await.and_then(|receipt| receipt.head());
         match recorded {
-            Ok(at) => refusal.recorded(at),
+            Ok(at) => refusal.recorded(at.into()),
             Err(e) => {
                 tracing::warn!(worker_id, error = %e, "could not record a refused launch");
                 refusal

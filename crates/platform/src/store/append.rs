@@ -50,6 +50,13 @@ pub struct EventAt {
     pub position: i64,
 }
 
+/// An event's id and position, as a refusal that recorded it names them.
+impl From<EventAt> for (String, i64) {
+    fn from(event: EventAt) -> (String, i64) {
+        (event.id, event.position)
+    }
+}
+
 /// What a command did: the events it appended, in order, and the stream's head after it
 /// (its last appended event; when it appended nothing, the stream's last event as loaded;
 /// `None` only for a stream that holds nothing).

@@ -134,6 +134,20 @@ impl Db {
         self.consumers.stalled.lock().map(|s| s.iter().map(|(k, (e, _))| (k.clone(), e.clone())).collect()).unwrap_or_default()
     }
 
+    /// How many events each relay and consumer of this process is behind, by name, with
+    /// its kind (those whose lag the store could not tell are left out).
+    pub async fn lags(&self) -> Vec<(String, &'static str, i64)> {
+        let readers = crate::metrics::readers();
+        let mut out = Vec::with_capacity(readers.len());
+        for (name, kind, types, at) in readers {
+            match self.count_after(at, types).await {
+                Ok(behind) => out.push((name, kind, behind)),
+                Err(e) => tracing::debug!(reader = name, error = %e, "metrics: lag unknown"),
+            }
+        }
+        out
+    }
+
     /// A transaction for a projection's rows and checkpoint. In PostgreSQL its commit does not wait for the disk: a crash can lose only
     /// the consumer's last steps, and it takes them again from the store, since its
     /// checkpoint is in the same transaction. Events are always committed durably.

@@ -30,10 +30,11 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AnyPool, PgPool, Row as _, SqlitePool};
 
+pub use crate::cursor::Cursor;
 pub use append::{Cqrs, EventAt, Receipt, Retry};
 pub use bells::Appended;
 pub use consumers::ASYNC_COMMIT;
-pub use read::{Batch, Cursor, EventRef, StoredEvent, TextBatch, TextEvent, pg_read_statement};
+pub use read::{Batch, EventRef, StoredEvent, TextBatch, TextEvent, pg_read_statement};
 
 /// Which backend a [`Db`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,27 +5,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::{Db, DbKind, EventAt, Typed};
-
-/// Where a reader of the store stands. Events are read in commit order: PostgreSQL orders
-/// them by `(tx_id, position)`, and only events of finished transactions are read, so an
-/// event can never appear behind a cursor that has passed it (a position alone can: a
-/// transaction that started first may take a higher position and commit first). SQLite
-/// has one writer, so its positions are commit order and `tx_id` is always 0.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Cursor {
-    pub tx_id: i64,
-    pub position: i64,
-}
-
-impl Cursor {
-    /// Before the first event.
-    pub const START: Cursor = Cursor { tx_id: 0, position: 0 };
-
-    /// Right after `event`.
-    pub fn of(event: &StoredEvent) -> Cursor {
-        Cursor { tx_id: event.tx_id, position: event.position }
-    }
-}
+use crate::cursor::Cursor;
 
 /// One read of the store: the events after a cursor, and whether committed events were
 /// held back because an older transaction is still running (read again shortly).
@@ -63,6 +43,11 @@ impl StoredEvent {
     /// The event as a projection applies it.
     pub fn as_event(&self) -> EventRef<'_> {
         EventRef { aggregate_type: &self.aggregate_type, aggregate_id: &self.aggregate_id, position: self.position, payload: Payload::Parsed(&self.payload) }
+    }
+
+    /// Right after this event.
+    pub fn cursor(&self) -> Cursor {
+        Cursor { tx_id: self.tx_id, position: self.position }
     }
 }
 
@@ -556,6 +541,6 @@ mod tests {
         }
         // then the next read answers as a whole one did, on the connection the reads keep
         assert_eq!(db.read(Cursor::START, &[types::DRAFT], 10).await.expect("read").events, whole);
-        assert_eq!(db.read(Cursor::of(&whole[2]), &[types::DRAFT], 10).await.expect("read").events, whole[3..].to_vec());
+        assert_eq!(db.read(whole[2].cursor(), &[types::DRAFT], 10).await.expect("read").events, whole[3..].to_vec());
     }
 }

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse as _, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use crate::Runtime;
+use atasira_platform::Runtime;
 
 /// How many events a relay or consumer of the process may be behind and still be ready.
 pub const MAX_LAG: i64 = 1000;
@@ -47,7 +47,7 @@ pub async fn readiness(rt: &Runtime) -> Readiness {
         Ok(Err(e)) => json!({"ok": false, "error": format!("{e:#}")}),
         Err(_) => json!({"ok": false, "error": format!("the database did not answer within {} s", DATABASE_WAIT.as_secs())}),
     };
-    let consumers = consumers_check(rt.db.stalled_consumers(), crate::metrics::lags(&rt.db).await, MAX_LAG);
+    let consumers = consumers_check(rt.db.stalled_consumers(), rt.db.lags().await, MAX_LAG);
     let ready = [&nats, &database, &consumers].iter().all(|c| c["ok"] == true);
     Readiness { ready, checks: json!({"nats": nats, "database": database, "consumers": consumers}) }
 }
@@ -83,8 +83,8 @@ async fn readyz(State(rt): State<Runtime>) -> Response {
 
 /// `GET /metrics`: the process's metrics (`metrics.rs`), Prometheus text.
 async fn metrics(State(rt): State<Runtime>) -> Response {
-    let text = crate::metrics::render(&rt.db).await;
-    ([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+    let text = atasira_platform::metrics::render(rt.db.lags().await).await;
+    ([(axum::http::header::CONTENT_TYPE, atasira_platform::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 /// The probe port's routes: `/healthz`, `/readyz` and `/metrics`.
