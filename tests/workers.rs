@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use atasira_contracts::{Envelope, Named, Refused, decode_reply, subjects, v1};
-use atasira_tests::harness::{Answer, Mode, System, http, in_both_modes};
+use atasira_tests::harness::{Answer, Hold, Mode, System, http, in_both_modes};
 use prost::Message as _;
 use serde_json::{Value, json};
 
@@ -262,12 +262,21 @@ fn r_worker_2_a_mentor_edit_gives_new_workers_a_new_bundle_and_provenance_shows_
 #[test]
 fn r_worker_3_6_a_binding_past_its_lease_and_a_bundle_changed_meanwhile_are_refused_by_name() {
     for mode in [Mode::Embedded, Mode::Cluster] {
-        // A one-second lease, and a launch that pauses 1.5 s between preparing the binding and
+        // A one-second lease, and launches the test holds between preparing the binding and
         // creating the Worker.
-        let env = [("ATASIRA_BINDING_TTL", "1s".to_owned()), ("ATASIRA_FAILPOINT_DELAY", "gateway.launch.before_create:1500".to_owned())];
+        let hold = Hold::new("gateway.launch.before_create");
+        let env = [("ATASIRA_BINDING_TTL", "1s".to_owned()), hold.setting()];
         let sys = System::start_with(mode, &env);
         let box_id = activate(&sys, "wk-lease");
-        let late = launch(&sys, &sys.admin, &box_id, &launch_body("lease-1", "too slow"));
+        hold.arm();
+        let late = std::thread::scope(|s| {
+            let held = s.spawn(|| launch(&sys, &sys.admin, &box_id, &launch_body("lease-1", "too slow")));
+            hold.wait_reached(Duration::from_secs(30));
+            // The binding was prepared before the hold: its lease is over a second later.
+            std::thread::sleep(Duration::from_millis(1100));
+            hold.release();
+            held.join().expect("thread")
+        });
         assert_eq!(refused(&late), (410, "binding_expired"), "{mode:?}: {}", late.raw);
         // the unused binding is swept
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -277,11 +286,12 @@ fn r_worker_3_6_a_binding_past_its_lease_and_a_bundle_changed_meanwhile_are_refu
         }
         assert_eq!(count_events(&sys, "WorkerCreated"), 0, "{mode:?}");
 
-        // a mentor edit while a launch is between its sync and its create: the bundle the
-        // launch synced no longer derives from the Box's manifest
+        // a mentor edit while a launch is held between its sync and its create: the bundle
+        // the launch synced no longer derives from the Box's manifest
+        hold.arm();
         let edited = std::thread::scope(|s| {
             let racing = s.spawn(|| launch(&sys, &sys.admin, &box_id, &launch_body("lease-2", "racing an edit")));
-            std::thread::sleep(Duration::from_millis(500));
+            hold.wait_reached(Duration::from_secs(30));
             let edit = http(
                 "PUT",
                 &sys.url(&format!("/api/v1/boxes/{box_id}/manifest")),
@@ -290,6 +300,7 @@ fn r_worker_3_6_a_binding_past_its_lease_and_a_bundle_changed_meanwhile_are_refu
                 Some(json!({"purpose": "Review pull requests, edited."}).to_string().as_bytes()),
             );
             assert_eq!(edit.status, 200, "{}", edit.raw);
+            hold.release();
             racing.join().expect("thread")
         });
         assert_eq!(refused(&edited), (409, "bundle_digest_mismatch"), "{mode:?}: {}", edited.raw);

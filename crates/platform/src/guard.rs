@@ -3,13 +3,11 @@
 //! refused assertions per sender it records as security violations (R-AUDIT-5), so that a
 //! flood of bad requests can neither exhaust the process nor fill the ledger.
 //!
-//! Why in memory is enough: each service runs as one process, and an assertion is bound
-//! to the subject of the one service it is for, so the process that accepted it is the
-//! only one that would see it again. What memory does not cover: a restart forgets the
-//! cache (an assertion captured in the minute before could be used once more, for the same
-//! request only, until it expires), and a second instance of a service behind the same
-//! subject (a NATS queue group) would let a replay land on the other instance. Scaling a
-//! service out needs the cache in the shared store (ARCHITECTURE.md, "Known limits").
+//! The replay cache here is each process's first check. An assertion is bound to the
+//! subject of the one service it is for, but a service may run as several replicas (a NATS
+//! queue group) and a process may restart, so every assertion is also admitted once for the
+//! whole cluster in the store (`admission`, the `assertion_replay` table), until it
+//! expires.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
