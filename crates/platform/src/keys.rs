@@ -93,7 +93,7 @@ async fn published_key(db: &Db, issuer: &str, key_id: &str) -> Option<AssertionP
             return None;
         }
     };
-    let event: AssertionKeyEvent = serde_json::from_value(stored.payload).ok()?;
+    let event: AssertionKeyEvent = stored.decode().ok()?;
     let key = event.key().ok()?;
     // The stream's own id and the issuer its type belongs to are what count.
     (key.key_id() == key_id && key.issuer() == issuer).then_some(key)

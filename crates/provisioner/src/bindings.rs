@@ -178,7 +178,7 @@ impl OpenBindings {
             let full = i64::try_from(batch.events.len()).unwrap_or(i64::MAX) >= SWEEP_BATCH;
             for event in &batch.events {
                 self.cursor = event.cursor();
-                match serde_json::from_value::<BindingEvent>(event.payload.clone()) {
+                match event.decode::<BindingEvent>() {
                     Ok(BindingEvent::BindingPrepared { handle, expires_at, .. }) => {
                         self.open.insert(handle, expires_at);
                     }

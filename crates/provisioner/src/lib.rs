@@ -157,7 +157,7 @@ async fn answer(rt: &Runtime, bindings: &Bindings, call: &Call) -> Result<Reply,
 /// nothing is checkpointed then, so it is delivered again and the finished entries dedupe.
 async fn consume(service: Arc<Service>, shutdown: watch::Receiver<bool>) {
     let (db, feeds) = (service.rt.db.clone(), service.rt.feeds.clone());
-    let acts_on = |event: &StoredEvent| event.event_type == "BoxActivated";
+    let acts_on = |event: &StoredEvent| matches!(event.decode::<BoxEvent>(), Ok(BoxEvent::BoxActivated { .. }));
     proj::consume_selected(db, feeds, CHECKPOINT, READS, shutdown, acts_on, move |event| {
         let service = service.clone();
         async move {
@@ -173,16 +173,13 @@ impl Service {
     /// Provisions an activation's entries in order and records each outcome; every other
     /// Box event is none of this service's business.
     async fn handle(&self, event: &StoredEvent) -> anyhow::Result<()> {
-        if event.event_type != "BoxActivated" {
-            return Ok(());
-        }
-        let (box_id, manifest) = match serde_json::from_value::<BoxEvent>(event.payload.clone()) {
+        let (box_id, manifest) = match event.decode::<BoxEvent>() {
             Ok(BoxEvent::BoxActivated { box_id, manifest, .. }) => (box_id, manifest),
             Ok(_) => return Ok(()),
             Err(e) => {
                 // Retrying cannot make it readable; holding the feed would stall every
                 // later activation.
-                tracing::error!(event_id = %event.event_id, error = %e, "unreadable BoxActivated; skipped");
+                tracing::error!(event_id = %event.event_id, error = %e, "unreadable Box event; skipped");
                 return Ok(());
             }
         };

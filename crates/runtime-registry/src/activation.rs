@@ -30,7 +30,7 @@ pub const NAME: &str = "registry_activation";
 pub async fn run(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let (db, feeds) = (registry.rt.db.clone(), registry.rt.feeds.clone());
     // A submitted draft needs nothing from activation: only decisions are acted on.
-    let acts_on = |event: &StoredEvent| event.event_type != "DraftSubmitted";
+    let acts_on = |event: &StoredEvent| event.event_type != DraftEvent::SUBMITTED;
     proj::consume_selected(db, feeds, NAME, &[types::DRAFT], shutdown, acts_on, move |event| {
         let registry = registry.clone();
         async move {
@@ -43,7 +43,7 @@ pub async fn run(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver
 }
 
 async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> {
-    let parsed: DraftEvent = serde_json::from_value(event.payload.clone())?;
+    let parsed: DraftEvent = event.decode()?;
     match parsed {
         DraftEvent::DraftApproved { .. } => activate(registry, parsed).await,
         DraftEvent::DraftRejected { draft_id, box_type, .. } => release(registry, &box_type, &draft_id, "rejected").await,

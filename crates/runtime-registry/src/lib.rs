@@ -323,7 +323,7 @@ impl Registry {
                 let stream = self.rt.db.stream(types::BOX, &r.box_id).await.map_err(Refusal::internal)?;
                 let done = stream.iter().rev().find(|e| {
                     e.metadata.get("idempotency_key").and_then(|k| k.as_str()) == Some(idempotency_key)
-                        && matches!(serde_json::from_value(e.payload.clone()),
+                        && matches!(e.decode(),
                             Ok(BoxEvent::BoxUserUnassigned { user_id, unassigned_by, .. }) if user_id == r.user_id && unassigned_by == caller)
                 });
                 let Some(done) = done else { return Err(refusal) };

@@ -481,7 +481,7 @@ impl Projection for ManifestFiles {
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {
-        let parsed: BoxEvent = serde_json::from_value(event.payload.clone())?;
+        let parsed: BoxEvent = event.decode()?;
         let (box_id, manifest): (String, BoxManifest) = match parsed {
             BoxEvent::BoxActivated { box_id, manifest, .. }
             | BoxEvent::BoxManifestEdited { box_id, manifest, .. }

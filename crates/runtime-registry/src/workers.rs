@@ -14,12 +14,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use atasira_contracts::{Refused, Reply, convert, reply_ok, reply_written, subjects, v1};
-use atasira_domain::aggregates::boxes::{BoxAggregate, BoxData, BoxEvent, BoxState};
+use atasira_domain::aggregates::boxes::{BoxAggregate, BoxData, BoxEvent, BoxState, launchable};
 use atasira_domain::aggregates::bundle::{BundleCommand, BundleEvent, ConfigBundle};
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::{NewWorker, WorkerCommand, WorkerEvent};
-use atasira_domain::worker::{LaunchRequest, Segment, bundle_digest, launch_fingerprint, may_launch, validate_launch, worker_id_for};
+use atasira_domain::worker::{LaunchRequest, Segment, bundle_digest, launch_fingerprint, validate_launch, worker_id_for};
 use atasira_domain::{ErrorCode, FieldError, Principal};
 use atasira_platform::projection as proj;
 use atasira_platform::refusal::Refusal;
@@ -68,7 +68,7 @@ async fn box_chain(db: &Db, box_id: &str) -> anyhow::Result<BoxChain> {
     let mut aggregate = BoxAggregate::default();
     let mut derived_from = Vec::new();
     for link in db.stream(types::BOX, box_id).await? {
-        let event: BoxEvent = serde_json::from_value(link.payload)?;
+        let event: BoxEvent = link.decode()?;
         if matches!(event, BoxEvent::BoxActivated { .. } | BoxEvent::BoxManifestEdited { .. } | BoxEvent::BoxConfigEdited { .. }) {
             derived_from.push(link.event_id);
         }
@@ -179,20 +179,6 @@ impl Registry {
         }
     }
 
-    /// Who may launch on this Box, and whether it is active: box_not_active (unknown,
-    /// stopped, archived) or forbidden.
-    fn launchable<'a>(principal: &Principal, box_id: &str, data: Option<&'a BoxData>) -> Result<&'a BoxData, Refusal> {
-        let data = data.ok_or_else(|| Refusal::new(ErrorCode::BoxNotActive, format!("no active Box {box_id:?}")))?;
-        if !may_launch(principal, &data.assignments) {
-            return Err(Refusal::new(ErrorCode::Forbidden, "only human admins and the Box's assigned users launch its Workers"));
-        }
-        match data.state {
-            BoxState::Idle => Ok(data),
-            BoxState::Stopped => Err(Refusal::new(ErrorCode::BoxNotActive, "the Box is stopped: an admin must resume it first")),
-            BoxState::Archived => Err(Refusal::new(ErrorCode::BoxNotActive, "the Box is archived")),
-        }
-    }
-
     /// Records a refusal of the launch on its Worker stream, when it is one of
     /// [`RECORDED`] and names a well-formed launch and Box; the refusal then says where.
     async fn refused(&self, principal: &Principal, launch_id: &str, box_id: &str, refusal: Refusal) -> Refusal {
@@ -228,7 +214,7 @@ impl Registry {
         }
         let result = async {
             let chain = box_chain(&self.rt.db, &r.box_id).await.map_err(Refusal::internal)?;
-            let data = Self::launchable(principal, &r.box_id, chain.data.as_ref())?;
+            let data = launchable(chain.data.as_ref(), principal, &r.box_id)?;
             self.ensure_bundle(&r.box_id, data, chain.derived_from.clone(), &principal.user_id).await
         }
         .await;
@@ -241,8 +227,8 @@ impl Registry {
     /// The creation on the Worker's stream, if any.
     async fn created(&self, worker_id: &str) -> Result<Option<Created>, Refusal> {
         for link in self.rt.db.stream(types::WORKER, worker_id).await.map_err(Refusal::internal)? {
-            if link.event_type == "WorkerCreated" {
-                let event: WorkerEvent = serde_json::from_value(link.payload).map_err(Refusal::internal)?;
+            let event: WorkerEvent = link.decode().map_err(Refusal::internal)?;
+            if matches!(event, WorkerEvent::WorkerCreated { .. }) {
                 return Ok(Some(Created { event, event_id: link.event_id, position: link.position }));
             }
         }
@@ -254,11 +240,12 @@ impl Registry {
     /// to the draft, the box_type and the approved manifest's digest.
     async fn check_approval(&self, draft_id: &str, box_type: &str, approved_digest: &str) -> Result<ApprovalCheck, Refusal> {
         let links = self.rt.db.stream(types::DRAFT, draft_id).await.map_err(Refusal::internal)?;
-        let Some(link) = links.into_iter().find(|l| l.event_type == "DraftApproved") else {
+        let approved = links.into_iter().find_map(|l| match l.decode::<DraftEvent>() {
+            Ok(DraftEvent::DraftApproved { token, approved_at, .. }) => Some((l, token, approved_at)),
+            _ => None,
+        });
+        let Some((link, token, approved_at)) = approved else {
             return Ok(ApprovalCheck { event_id: None, key_id: String::new(), refused: Some("the Box's draft holds no approval".into()) });
-        };
-        let DraftEvent::DraftApproved { token, approved_at, .. } = serde_json::from_value(link.payload).map_err(Refusal::internal)? else {
-            return Err(Refusal::internal("a DraftApproved that is not one"));
         };
         let keyring = self.keys.keyring_for(&token.claims.key_id).await.map_err(Refusal::internal)?;
         let refused = match keyring.verify(&token, approved_at).and_then(|v| v.check_binding(draft_id, box_type, approved_digest)) {
@@ -357,7 +344,7 @@ impl Registry {
     /// approved manifest). The Worker's box_type, approval key and chain of custody.
     async fn check_launch(&self, principal: &Principal, r: &v1::CreateWorker) -> Result<(String, String, Vec<String>), Refusal> {
         let chain = box_chain(&self.rt.db, &r.box_id).await.map_err(Refusal::internal)?;
-        let data = Self::launchable(principal, &r.box_id, chain.data.as_ref())?;
+        let data = launchable(chain.data.as_ref(), principal, &r.box_id)?;
         let requested =
             if digest_shaped(&r.bundle_digest) { self.rt.db.load::<ConfigBundle>(&r.bundle_digest).await.map_err(Refusal::internal)?.data } else { None };
         if requested.as_ref().is_some_and(|b| b.box_id != r.box_id) {
@@ -524,13 +511,13 @@ fn step_of(event: &StoredEvent, activated: &mut Option<(String, String, String)>
         manifest_version: version.to_owned(),
     };
     Ok(match event.aggregate_type.as_str() {
-        t if t == types::DRAFT => match serde_json::from_value::<DraftEvent>(event.payload.clone())? {
+        t if t == types::DRAFT => match event.decode::<DraftEvent>()? {
             DraftEvent::DraftApproved { approved_by, approved_at, token, .. } => {
                 Some(step(Kind::Approval, approved_at, &approved_by, &token.claims.manifest_digest, ""))
             }
             _ => None,
         },
-        t if t == types::BOX => match serde_json::from_value::<BoxEvent>(event.payload.clone())? {
+        t if t == types::BOX => match event.decode::<BoxEvent>()? {
             BoxEvent::BoxActivated { draft_id, box_type, manifest, manifest_digest, approved_by, activated_at, .. } => {
                 *activated = Some((draft_id, box_type, manifest_digest.clone()));
                 Some(step(Kind::Activation, activated_at, &approved_by, &manifest_digest, &manifest.version))
@@ -542,7 +529,7 @@ fn step_of(event: &StoredEvent, activated: &mut Option<(String, String, String)>
             _ => None,
         },
         t if t == types::CONFIG_BUNDLE => {
-            let BundleEvent::ConfigBundleSynced { digest, manifest_version, by, at, .. } = serde_json::from_value::<BundleEvent>(event.payload.clone())?;
+            let BundleEvent::ConfigBundleSynced { digest, manifest_version, by, at, .. } = event.decode::<BundleEvent>()?;
             Some(step(Kind::Bundle, at, &by, &digest, &manifest_version))
         }
         _ => None,

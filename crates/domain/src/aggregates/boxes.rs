@@ -208,7 +208,53 @@ impl BoxError {
 
 const HUMAN_ADMIN: &str = "role admin and kind human";
 
+/// Why a Worker may not be launched on a Box (R-WORKER-1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchRefused {
+    /// 409 `box_not_active`: no such Box (or not yet active).
+    #[error("no active Box {0:?}")]
+    NoActiveBox(String),
+    /// 403 `forbidden`.
+    #[error("only human admins and the Box's assigned users launch its Workers")]
+    Forbidden,
+    /// 409 `box_not_active`.
+    #[error("the Box is stopped: an admin must resume it first")]
+    Stopped,
+    /// 409 `box_not_active`.
+    #[error("the Box is archived")]
+    Archived,
+}
+
+/// [`BoxAggregate::launchable`] on a Box's data (`None`: no such Box).
+pub fn launchable<'a>(data: Option<&'a BoxData>, principal: &Principal, box_id: &str) -> Result<&'a BoxData, LaunchRefused> {
+    let data = data.ok_or_else(|| LaunchRefused::NoActiveBox(box_id.to_owned()))?;
+    if !crate::worker::may_launch(principal, &data.assignments) {
+        return Err(LaunchRefused::Forbidden);
+    }
+    match data.state {
+        BoxState::Idle => Ok(data),
+        BoxState::Stopped => Err(LaunchRefused::Stopped),
+        BoxState::Archived => Err(LaunchRefused::Archived),
+    }
+}
+
+impl crate::Refusing for LaunchRefused {
+    fn error_code(&self) -> ErrorCode {
+        match self {
+            LaunchRefused::Forbidden => ErrorCode::Forbidden,
+            LaunchRefused::NoActiveBox(_) | LaunchRefused::Stopped | LaunchRefused::Archived => ErrorCode::BoxNotActive,
+        }
+    }
+}
+
 impl BoxAggregate {
+    /// Whether `principal` may launch a Worker of this Box now (R-WORKER-1): the Box is
+    /// active (idle), and the principal a human admin or assigned to it; the Box's data
+    /// when so. Pure: the registry and the provisioner ask it before any effect.
+    pub fn launchable(&self, principal: &Principal, box_id: &str) -> Result<&BoxData, LaunchRefused> {
+        launchable(self.data.as_ref(), principal, box_id)
+    }
+
     pub fn decide(&self, command: BoxCommand) -> Result<Vec<BoxEvent>, BoxError> {
         match command {
             BoxCommand::Activate { box_id, draft_id, manifest, approval, at } => {

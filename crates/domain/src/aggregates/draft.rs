@@ -119,10 +119,14 @@ pub enum DraftEvent {
 }
 
 impl DraftEvent {
+    /// The name of a submission: a reader that acts only on decisions skips these, the
+    /// largest draft events, by name, without decoding them.
+    pub const SUBMITTED: &'static str = "DraftSubmitted";
+
     /// The R-ARCH-9 name.
     pub fn name(&self) -> &'static str {
         match self {
-            DraftEvent::DraftSubmitted { .. } => "DraftSubmitted",
+            DraftEvent::DraftSubmitted { .. } => Self::SUBMITTED,
             DraftEvent::DraftWithdrawn { .. } => "DraftWithdrawn",
             DraftEvent::DraftExpired { .. } => "DraftExpired",
             DraftEvent::DraftApproved { .. } => "DraftApproved",

@@ -49,6 +49,11 @@ impl StoredEvent {
     pub fn cursor(&self) -> Cursor {
         Cursor { tx_id: self.tx_id, position: self.position }
     }
+
+    /// The payload as the aggregate's own event type (read in place, not copied).
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
+        T::deserialize(&self.payload)
+    }
 }
 
 /// One stored event as a rebuild reads it ([`Db::read_text`]): a [`StoredEvent`] whose

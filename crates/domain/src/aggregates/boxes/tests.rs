@@ -251,3 +251,36 @@ fn given_a_box_when_an_agent_admin_stops_then_403_and_unknown_box_404() {
     assert_eq!(then(&h, BoxCommand::Stop { by: ops_bot(), at: t(2) }), Err(BoxError::Forbidden(HUMAN_ADMIN)));
     assert_eq!(then(&[], BoxCommand::Stop { by: alice(), at: t(2) }).map_err(|e| e.code().http_status()), Err(404));
 }
+
+/// The state after `history`.
+fn state_after(history: &[BoxEvent]) -> BoxAggregate {
+    let mut state = BoxAggregate::default();
+    for e in history {
+        cqrs_es::Aggregate::apply(&mut state, e.clone());
+    }
+    state
+}
+
+#[test]
+fn r_worker_1_given_a_box_when_someone_launches_then_only_admins_and_assigned_users_of_an_idle_box_may() {
+    // given no Box: nobody launches
+    assert_eq!(state_after(&[]).launchable(&alice(), "b1").map(|_| ()), Err(LaunchRefused::NoActiveBox("b1".into())));
+    // given an active Box with dave assigned
+    let h = activated();
+    let assign = BoxCommand::AssignUser { by: alice(), user_id: dave().user_id, role_in_box: BoxRole::Member, at: t(2) };
+    let h = with(&h, then(&h, assign).expect("assigned"));
+    let idle = state_after(&h);
+    // then a human admin and the assigned user may; an unassigned agent admin may not
+    assert!(idle.launchable(&alice(), "b1").is_ok());
+    assert!(idle.launchable(&dave(), "b1").is_ok());
+    assert_eq!(idle.launchable(&ops_bot(), "b1").map(|_| ()), Err(LaunchRefused::Forbidden));
+    // when it is stopped, then nobody may, and it is box_not_active (409)
+    let stopped = with(&h, then(&h, BoxCommand::Stop { by: alice(), at: t(3) }).expect("stopped"));
+    assert_eq!(state_after(&stopped).launchable(&alice(), "b1").map(|_| ()), Err(LaunchRefused::Stopped));
+    // when it is archived, the same
+    let archived = with(&stopped, then(&stopped, BoxCommand::Archive { by: alice(), at: t(4) }).expect("archived"));
+    assert_eq!(state_after(&archived).launchable(&dave(), "b1").map(|_| ()), Err(LaunchRefused::Archived));
+    use crate::Refusing as _;
+    assert_eq!(LaunchRefused::Forbidden.error_code().http_status(), 403);
+    assert_eq!(LaunchRefused::Stopped.error_code(), ErrorCode::BoxNotActive);
+}
