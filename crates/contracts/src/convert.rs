@@ -104,10 +104,24 @@ pub fn draft_status_to_wire(status: DraftStatus) -> v1::DraftStatus {
     match status {
         DraftStatus::PendingApproval => v1::DraftStatus::PendingApproval,
         DraftStatus::Approved => v1::DraftStatus::Approved,
+        DraftStatus::Active => v1::DraftStatus::Active,
         DraftStatus::Rejected => v1::DraftStatus::Rejected,
         DraftStatus::Withdrawn => v1::DraftStatus::Withdrawn,
         DraftStatus::Expired => v1::DraftStatus::Expired,
     }
+}
+
+/// The status a wire value names (`None` for an unspecified or unknown one).
+pub fn draft_status_from_wire(status: i32) -> Option<DraftStatus> {
+    Some(match v1::DraftStatus::try_from(status).ok()? {
+        v1::DraftStatus::Unspecified => return None,
+        v1::DraftStatus::PendingApproval => DraftStatus::PendingApproval,
+        v1::DraftStatus::Approved => DraftStatus::Approved,
+        v1::DraftStatus::Active => DraftStatus::Active,
+        v1::DraftStatus::Rejected => DraftStatus::Rejected,
+        v1::DraftStatus::Withdrawn => DraftStatus::Withdrawn,
+        v1::DraftStatus::Expired => DraftStatus::Expired,
+    })
 }
 
 pub fn box_state_to_wire(state: BoxState) -> v1::BoxState {
@@ -175,6 +189,18 @@ pub fn verification_from_wire(v: &v1::VerifyReply) -> Verification {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_draft_status_has_its_own_wire_value_and_comes_back() {
+        let mut seen = std::collections::BTreeSet::new();
+        for status in DraftStatus::ALL {
+            let wire = draft_status_to_wire(status) as i32;
+            assert!(seen.insert(wire), "{status:?} shares its wire value");
+            assert_eq!(draft_status_from_wire(wire), Some(status));
+        }
+        assert_eq!(draft_status_from_wire(v1::DraftStatus::Unspecified as i32), None);
+        assert_eq!(draft_status_from_wire(99), None);
+    }
 
     #[test]
     fn every_error_code_has_its_own_wire_code_and_comes_back() {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use atasira_contracts::requests::{DraftsRequest, Incoming};
 use atasira_contracts::{Envelope, Reply, reply_ok, reply_written, subjects, v1};
-use atasira_domain::aggregates::draft::{Draft, DraftCommand, draft_id_for};
+use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftStatus, draft_id_for};
 use atasira_domain::aggregates::types;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{ErrorCode, Principal};
@@ -25,7 +25,7 @@ use atasira_platform::store::Receipt;
 use atasira_platform::store::Retry;
 use prost::Message as _;
 
-pub use projection::{DraftRow, DraftsView, RowStatus};
+pub use projection::{DraftRow, DraftsView};
 
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::DRAFTS;
@@ -124,7 +124,7 @@ impl Service {
                     return Err(Refusal::new(ErrorCode::Forbidden, "listing pending drafts needs role admin"));
                 }
                 let (rows, next_cursor) =
-                    projection::list(&self.rt.db, Some(RowStatus::PendingApproval), None, req.limit, req.after).await.map_err(Refusal::internal)?;
+                    projection::list(&self.rt.db, Some(DraftStatus::PendingApproval), None, req.limit, req.after).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&page(&rows, next_cursor)))
             }
             DraftsRequest::ListMine(req) => {

@@ -16,7 +16,6 @@ use atasira_domain::os_operation::OverLimit;
 use atasira_platform::projection::{Arg, BlindWrite, Projection, bind_all, placeholders, rows_per_statement, values_list_from};
 use atasira_platform::store::{Db, EventRef, StoredEvent, TextEvent};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
@@ -45,62 +44,13 @@ const COLUMNS: &str = "draft_id, box_type, requested_by, status, position, submi
 const PAGE_MAX: u32 = 200;
 const PAGE_DEFAULT: u32 = 50;
 
-/// Where a draft is, as its readers see it: the aggregate's status, plus `active` once its
-/// Box is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RowStatus {
-    PendingApproval,
-    Approved,
-    Active,
-    Rejected,
-    Withdrawn,
-    Expired,
-}
-
-impl RowStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RowStatus::PendingApproval => "pending_approval",
-            RowStatus::Approved => "approved",
-            RowStatus::Active => "active",
-            RowStatus::Rejected => "rejected",
-            RowStatus::Withdrawn => "withdrawn",
-            RowStatus::Expired => "expired",
-        }
-    }
-
-    fn parse(s: &str) -> anyhow::Result<Self> {
-        Ok(match s {
-            "pending_approval" => RowStatus::PendingApproval,
-            "approved" => RowStatus::Approved,
-            "active" => RowStatus::Active,
-            "rejected" => RowStatus::Rejected,
-            "withdrawn" => RowStatus::Withdrawn,
-            "expired" => RowStatus::Expired,
-            other => anyhow::bail!("unknown draft status {other:?} in draft_rows"),
-        })
-    }
-
-    fn to_wire(self) -> v1::DraftStatus {
-        match self {
-            RowStatus::Active => v1::DraftStatus::Active,
-            RowStatus::PendingApproval => draft_status_to_wire(DraftStatus::PendingApproval),
-            RowStatus::Approved => draft_status_to_wire(DraftStatus::Approved),
-            RowStatus::Rejected => draft_status_to_wire(DraftStatus::Rejected),
-            RowStatus::Withdrawn => draft_status_to_wire(DraftStatus::Withdrawn),
-            RowStatus::Expired => draft_status_to_wire(DraftStatus::Expired),
-        }
-    }
-}
-
 /// One draft in the view.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraftRow {
     pub draft_id: String,
     pub box_type: String,
     pub requested_by: String,
-    pub status: RowStatus,
+    pub status: DraftStatus,
     /// The store position of its submission: the list order and the cursor.
     pub position: i64,
     pub submitted_at: DateTime<Utc>,
@@ -122,7 +72,7 @@ impl DraftRow {
             draft_id: draft_id.clone(),
             box_type: box_type.clone(),
             requested_by: requested_by.user_id.clone(),
-            status: RowStatus::PendingApproval,
+            status: DraftStatus::PendingApproval,
             position,
             submitted_at: *submitted_at,
             decided_by: None,
@@ -139,14 +89,14 @@ impl DraftRow {
     pub fn apply(&mut self, event: &DraftEvent) {
         let (status, by, at, reason) = match event {
             DraftEvent::DraftSubmitted { .. } => return,
-            DraftEvent::DraftWithdrawn { withdrawn_by, at, .. } => (RowStatus::Withdrawn, Some(withdrawn_by), at, None),
-            DraftEvent::DraftExpired { at, .. } => (RowStatus::Expired, None, at, None),
+            DraftEvent::DraftWithdrawn { withdrawn_by, at, .. } => (DraftStatus::Withdrawn, Some(withdrawn_by), at, None),
+            DraftEvent::DraftExpired { at, .. } => (DraftStatus::Expired, None, at, None),
             // Relays of different services deliver in different orders: a Box that is
             // already active keeps its draft `active`.
             DraftEvent::DraftApproved { approved_by, approved_at, .. } => {
-                (if self.status == RowStatus::Active { RowStatus::Active } else { RowStatus::Approved }, Some(approved_by), approved_at, None)
+                (if self.status == DraftStatus::Active { DraftStatus::Active } else { DraftStatus::Approved }, Some(approved_by), approved_at, None)
             }
-            DraftEvent::DraftRejected { rejected_by, reason, at, .. } => (RowStatus::Rejected, Some(rejected_by), at, Some(reason)),
+            DraftEvent::DraftRejected { rejected_by, reason, at, .. } => (DraftStatus::Rejected, Some(rejected_by), at, Some(reason)),
         };
         self.status = status;
         self.decided_by = by.cloned();
@@ -156,7 +106,7 @@ impl DraftRow {
 
     /// R-APPROVE-4: the draft is `active` once its Box is.
     pub fn activated(&mut self, box_id: &str) {
-        self.status = RowStatus::Active;
+        self.status = DraftStatus::Active;
         self.box_id = Some(box_id.to_owned());
     }
 
@@ -165,11 +115,11 @@ impl DraftRow {
         let m = &self.manifest;
         let decision = self.decided_at.map(|at| v1::DraftDecision {
             outcome: match self.status {
-                RowStatus::Approved | RowStatus::Active => v1::draft_decision::Outcome::Approved,
-                RowStatus::Rejected => v1::draft_decision::Outcome::Rejected,
-                RowStatus::Withdrawn => v1::draft_decision::Outcome::Withdrawn,
-                RowStatus::Expired => v1::draft_decision::Outcome::Expired,
-                RowStatus::PendingApproval => v1::draft_decision::Outcome::Unspecified,
+                DraftStatus::Approved | DraftStatus::Active => v1::draft_decision::Outcome::Approved,
+                DraftStatus::Rejected => v1::draft_decision::Outcome::Rejected,
+                DraftStatus::Withdrawn => v1::draft_decision::Outcome::Withdrawn,
+                DraftStatus::Expired => v1::draft_decision::Outcome::Expired,
+                DraftStatus::PendingApproval => v1::draft_decision::Outcome::Unspecified,
             } as i32,
             by: self.decided_by.clone().unwrap_or_default(),
             at: Some(timestamp(at)),
@@ -189,7 +139,7 @@ impl DraftRow {
             over_limit_tools: self.over_limit.over_limit_tools.clone(),
             warnings: self.warnings.clone(),
             requested_by: self.requested_by.clone(),
-            status: self.status.to_wire() as i32,
+            status: draft_status_to_wire(self.status) as i32,
             created_at: Some(timestamp(self.submitted_at)),
             network: atasira_contracts::manifest::network_to_proto(m.network) as i32,
             file_access: m.file_access.clone(),
@@ -207,7 +157,7 @@ impl DraftRow {
             draft_id: row.try_get(0)?,
             box_type: row.try_get(1)?,
             requested_by: row.try_get(2)?,
-            status: RowStatus::parse(&row.try_get::<String, _>(3)?)?,
+            status: row.try_get::<String, _>(3)?.parse::<DraftStatus>().map_err(|e| anyhow::anyhow!("draft_rows: {e}"))?,
             position: row.try_get(4)?,
             submitted_at: time(row.try_get(5)?)?,
             decided_by: row.try_get(6)?,
@@ -432,26 +382,26 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
 
 /// Rows in submission order after position `after`, filtered by status and/or requester,
 /// and the cursor of the next page (0 when this is the last).
-pub async fn list(db: &Db, status: Option<RowStatus>, requested_by: Option<&str>, limit: u32, after: u64) -> anyhow::Result<(Vec<DraftRow>, u64)> {
+pub async fn list(db: &Db, status: Option<DraftStatus>, requested_by: Option<&str>, limit: u32, after: u64) -> anyhow::Result<(Vec<DraftRow>, u64)> {
     list_in(db, status.as_slice(), requested_by, limit, after).await
 }
 
 /// The row statuses a status filter of `GET /box-drafts?status=` matches (empty: any).
 /// `approved` also matches drafts whose Box is active: they were approved.
-pub fn statuses_of(status: v1::DraftStatus) -> &'static [RowStatus] {
+pub fn statuses_of(status: v1::DraftStatus) -> &'static [DraftStatus] {
     match status {
         v1::DraftStatus::Unspecified => &[],
-        v1::DraftStatus::PendingApproval => &[RowStatus::PendingApproval],
-        v1::DraftStatus::Approved => &[RowStatus::Approved, RowStatus::Active],
-        v1::DraftStatus::Active => &[RowStatus::Active],
-        v1::DraftStatus::Rejected => &[RowStatus::Rejected],
-        v1::DraftStatus::Withdrawn => &[RowStatus::Withdrawn],
-        v1::DraftStatus::Expired => &[RowStatus::Expired],
+        v1::DraftStatus::PendingApproval => &[DraftStatus::PendingApproval],
+        v1::DraftStatus::Approved => &[DraftStatus::Approved, DraftStatus::Active],
+        v1::DraftStatus::Active => &[DraftStatus::Active],
+        v1::DraftStatus::Rejected => &[DraftStatus::Rejected],
+        v1::DraftStatus::Withdrawn => &[DraftStatus::Withdrawn],
+        v1::DraftStatus::Expired => &[DraftStatus::Expired],
     }
 }
 
 /// Like [`list`], with any of `statuses` (empty: any status).
-pub async fn list_in(db: &Db, statuses: &[RowStatus], requested_by: Option<&str>, limit: u32, after: u64) -> anyhow::Result<(Vec<DraftRow>, u64)> {
+pub async fn list_in(db: &Db, statuses: &[DraftStatus], requested_by: Option<&str>, limit: u32, after: u64) -> anyhow::Result<(Vec<DraftRow>, u64)> {
     let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
     let after = i64::try_from(after).unwrap_or(i64::MAX);
     // Statuses are our own words, quoted as literals.
@@ -524,7 +474,7 @@ mod tests {
     fn given_a_submission_then_a_pending_row_with_what_the_approver_must_see() {
         // R-APPROVE-1
         let row = DraftRow::submitted(&submitted(), 7).expect("row");
-        assert_eq!((row.status, row.position, row.requested_by.as_str()), (RowStatus::PendingApproval, 7, "agent"));
+        assert_eq!((row.status, row.position, row.requested_by.as_str()), (DraftStatus::PendingApproval, 7, "agent"));
         let wire = row.to_wire(false);
         assert!(wire.over_limit);
         assert_eq!(wire.over_limit_ops, vec!["shell:exec".to_owned()]);
@@ -546,7 +496,7 @@ mod tests {
             token: placeholder_token(),
         };
         row.apply(&approved);
-        assert_eq!(row.status, RowStatus::Active);
+        assert_eq!(row.status, DraftStatus::Active);
         assert_eq!((row.decided_by.as_deref(), row.box_id.as_deref()), (Some("alice"), Some("b1")));
         assert_eq!(row.to_wire(false).decision.map(|d| d.outcome), Some(v1::draft_decision::Outcome::Approved as i32));
     }
@@ -562,7 +512,7 @@ mod tests {
             reason: "too wide".into(),
             at: t(3),
         });
-        assert_eq!(row.status, RowStatus::Rejected);
+        assert_eq!(row.status, DraftStatus::Rejected);
         let d = row.to_wire(false).decision.expect("decision");
         assert_eq!((d.by.as_str(), d.reason.as_str()), ("alice", "too wide"));
     }

@@ -327,7 +327,9 @@ pub struct ErrorBody {
 
 // --- drafts -----------------------------------------------------------------------------
 
-/// Where a draft is in its life.
+/// Where a draft is in its life: the HTTP form of the domain's one draft status
+/// (`atasira_domain::aggregates::draft::DraftStatus`), converted both ways below, so the
+/// document lists exactly the domain's statuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DraftStatus {
@@ -337,6 +339,34 @@ pub enum DraftStatus {
     Rejected,
     Withdrawn,
     Expired,
+}
+
+impl From<atasira_domain::aggregates::draft::DraftStatus> for DraftStatus {
+    fn from(status: atasira_domain::aggregates::draft::DraftStatus) -> DraftStatus {
+        use atasira_domain::aggregates::draft::DraftStatus as D;
+        match status {
+            D::PendingApproval => DraftStatus::PendingApproval,
+            D::Approved => DraftStatus::Approved,
+            D::Active => DraftStatus::Active,
+            D::Rejected => DraftStatus::Rejected,
+            D::Withdrawn => DraftStatus::Withdrawn,
+            D::Expired => DraftStatus::Expired,
+        }
+    }
+}
+
+impl From<DraftStatus> for atasira_domain::aggregates::draft::DraftStatus {
+    fn from(status: DraftStatus) -> atasira_domain::aggregates::draft::DraftStatus {
+        use atasira_domain::aggregates::draft::DraftStatus as D;
+        match status {
+            DraftStatus::PendingApproval => D::PendingApproval,
+            DraftStatus::Approved => D::Approved,
+            DraftStatus::Active => D::Active,
+            DraftStatus::Rejected => D::Rejected,
+            DraftStatus::Withdrawn => D::Withdrawn,
+            DraftStatus::Expired => D::Expired,
+        }
+    }
 }
 
 /// 201 of `POST /api/v1/boxes/box-drafts`.

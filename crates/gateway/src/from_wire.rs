@@ -33,15 +33,7 @@ fn cursor(next: u64) -> Option<String> {
 }
 
 fn draft_status(s: i32) -> Result<DraftStatus, ApiError> {
-    Ok(match v1::DraftStatus::try_from(s).map_err(|e| unreadable("draft status", e))? {
-        v1::DraftStatus::PendingApproval => DraftStatus::PendingApproval,
-        v1::DraftStatus::Approved => DraftStatus::Approved,
-        v1::DraftStatus::Active => DraftStatus::Active,
-        v1::DraftStatus::Rejected => DraftStatus::Rejected,
-        v1::DraftStatus::Withdrawn => DraftStatus::Withdrawn,
-        v1::DraftStatus::Expired => DraftStatus::Expired,
-        v1::DraftStatus::Unspecified => return Err(unreadable("draft status", "unspecified")),
-    })
+    convert::draft_status_from_wire(s).map(DraftStatus::from).ok_or_else(|| unreadable("draft status", s))
 }
 
 fn network(n: i32) -> Network {

@@ -127,15 +127,7 @@ pub async fn pending_drafts(
     security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated; every requester's drafts: admin"))))]
 pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Caller, Params(q): Params<DraftsQuery>) -> Result<Json<api::DraftPage>, ApiError> {
     let page = q.page();
-    let status = match q.status {
-        None => v1::DraftStatus::Unspecified,
-        Some(api::DraftStatus::PendingApproval) => v1::DraftStatus::PendingApproval,
-        Some(api::DraftStatus::Approved) => v1::DraftStatus::Approved,
-        Some(api::DraftStatus::Active) => v1::DraftStatus::Active,
-        Some(api::DraftStatus::Rejected) => v1::DraftStatus::Rejected,
-        Some(api::DraftStatus::Withdrawn) => v1::DraftStatus::Withdrawn,
-        Some(api::DraftStatus::Expired) => v1::DraftStatus::Expired,
-    } as i32;
+    let status = q.status.map_or(v1::DraftStatus::Unspecified, |s| atasira_contracts::convert::draft_status_to_wire(s.into())) as i32;
     let request = v1::ListDrafts { status, mine: q.mine, limit: page.limit(), after: page.after() };
     read::<_, _>(&state, &principal, subjects::DRAFTS, request).await
 }

@@ -25,15 +25,47 @@ pub fn draft_id_for(user_id: &str, idempotency_key: &str) -> String {
     uuid::Uuid::new_v5(&NAMESPACE, name.as_bytes()).to_string()
 }
 
-/// Where a draft is in its life.
+/// Where a draft is in its life: the one status type of the domain, the read models, the
+/// wire (`contracts::convert`), the HTTP API and the CLI. `Active` is the readers' word for
+/// an approved draft whose Box is active (the drafts view sets it once the Box is); the
+/// draft's own stream never holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DraftStatus {
     PendingApproval,
     Approved,
+    Active,
     Rejected,
     Withdrawn,
     Expired,
+}
+
+impl DraftStatus {
+    pub const ALL: [DraftStatus; 6] =
+        [DraftStatus::PendingApproval, DraftStatus::Approved, DraftStatus::Active, DraftStatus::Rejected, DraftStatus::Withdrawn, DraftStatus::Expired];
+
+    /// Its name everywhere (JSON, query parameters, the CLI, stored rows).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftStatus::PendingApproval => "pending_approval",
+            DraftStatus::Approved => "approved",
+            DraftStatus::Active => "active",
+            DraftStatus::Rejected => "rejected",
+            DraftStatus::Withdrawn => "withdrawn",
+            DraftStatus::Expired => "expired",
+        }
+    }
+}
+
+impl std::str::FromStr for DraftStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DraftStatus::ALL.into_iter().find(|d| d.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = DraftStatus::ALL.iter().map(|d| d.as_str()).collect();
+            format!("unknown draft status {s:?} (one of: {})", names.join(", "))
+        })
+    }
 }
 
 /// A human decision on a draft.

@@ -304,3 +304,12 @@ fn r_draft_11_given_a_key_when_the_same_user_submits_again_then_the_same_draft_i
     // and the boundary between user and key cannot be moved
     assert_ne!(draft_id_for("ab", "c"), draft_id_for("a", "bc"));
 }
+
+#[test]
+fn every_draft_status_has_one_name_that_reads_back() {
+    for status in DraftStatus::ALL {
+        assert_eq!(status.as_str().parse::<DraftStatus>(), Ok(status));
+        assert_eq!(serde_json::to_value(status).expect("serializes"), serde_json::json!(status.as_str()));
+    }
+    assert!("pending".parse::<DraftStatus>().is_err_and(|e| e.contains("pending_approval")));
+}
