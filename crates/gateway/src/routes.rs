@@ -1,6 +1,6 @@
 //! The routes. Each takes its caller, ids, query and body through the extractors of
 //! `extract.rs` and `query.rs`, forwards to its service, waits for the projections a write
-//! affects (R-BOX-9) and answers one of the HTTP types of `api.rs`.
+//! affects (R-BOX-9) and answers one of the HTTP types of `api/`.
 //!
 //! The OpenAPI annotations name each route's own refusals; `openapi.rs` adds the ones
 //! every route shares (401, 500, 503, and 400/413/422 for bodies, 400 for queries).

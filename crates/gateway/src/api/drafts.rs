@@ -1,0 +1,148 @@
+//! Drafts.
+
+use super::*;
+
+/// Where a draft is in its life: the HTTP form of the domain's one draft status
+/// (`atasira_domain::aggregates::draft::DraftStatus`), converted both ways below, so the
+/// document lists exactly the domain's statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftStatus {
+    PendingApproval,
+    Approved,
+    Active,
+    Rejected,
+    Withdrawn,
+    Expired,
+}
+
+impl From<atasira_domain::aggregates::draft::DraftStatus> for DraftStatus {
+    fn from(status: atasira_domain::aggregates::draft::DraftStatus) -> DraftStatus {
+        use atasira_domain::aggregates::draft::DraftStatus as D;
+        match status {
+            D::PendingApproval => DraftStatus::PendingApproval,
+            D::Approved => DraftStatus::Approved,
+            D::Active => DraftStatus::Active,
+            D::Rejected => DraftStatus::Rejected,
+            D::Withdrawn => DraftStatus::Withdrawn,
+            D::Expired => DraftStatus::Expired,
+        }
+    }
+}
+
+impl From<DraftStatus> for atasira_domain::aggregates::draft::DraftStatus {
+    fn from(status: DraftStatus) -> atasira_domain::aggregates::draft::DraftStatus {
+        use atasira_domain::aggregates::draft::DraftStatus as D;
+        match status {
+            DraftStatus::PendingApproval => D::PendingApproval,
+            DraftStatus::Approved => D::Approved,
+            DraftStatus::Active => D::Active,
+            DraftStatus::Rejected => D::Rejected,
+            DraftStatus::Withdrawn => D::Withdrawn,
+            DraftStatus::Expired => D::Expired,
+        }
+    }
+}
+
+/// 201 of `POST /api/v1/boxes/box-drafts`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftCreated {
+    pub draft_id: String,
+    pub box_type: String,
+    /// Always `pending_approval`.
+    pub status: DraftStatus,
+    /// The approval needs `confirm_over_limit: true`.
+    pub over_limit: bool,
+    /// What is legal but likely wrong, and every external access asked for.
+    pub warnings: Vec<String>,
+}
+
+/// The decision on a draft, once there is one. Which keys are present depends on the
+/// outcome: approved `{by, at, approved: true}`, rejected `{by, at, approved: false,
+/// reason}`, withdrawn `{withdrawn_by, at}`, expired `{at}`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Decision {
+    /// The admin who approved or rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<bool>,
+    /// Why it was rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The requester (or an admin) who withdrew it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdrawn_by: Option<String>,
+}
+
+/// One draft as an approver sees it: every capability it asks for.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftSummary {
+    pub draft_id: String,
+    pub box_type: String,
+    pub name: String,
+    pub purpose: String,
+    #[schema(schema_with = os_operations_schema)]
+    pub os_operations: Vec<String>,
+    pub tools: Vec<String>,
+    pub url_allowlist: Vec<String>,
+    /// The manifest's `prohibited_actions`.
+    pub prohibited: Vec<String>,
+    pub over_limit: bool,
+    /// The os_operations that make it over_limit.
+    pub over_limit_ops: Vec<String>,
+    /// The tools that make it over_limit: over-limit tools (`Bash`, `shell`, ...) and OS
+    /// operations named in `tools` that are over the limit (`shell:exec`, `file:write`, ...).
+    pub over_limit_tools: Vec<String>,
+    pub warnings: Vec<String>,
+    /// The user id of the requester.
+    pub requested_by: String,
+    pub status: DraftStatus,
+    pub created_at: DateTime<Utc>,
+    pub network: Network,
+    pub file_access: Vec<String>,
+    pub allowed_apps: Vec<String>,
+    pub required_access: Vec<RequiredAccess>,
+    /// `null` while pending.
+    pub decision: Option<Decision>,
+    /// The Box, once active.
+    pub box_id: Option<String>,
+}
+
+/// 200 of `GET /api/v1/boxes/box-drafts/{draft_id}`: the summary and the full manifest.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftDetail {
+    #[serde(flatten)]
+    pub summary: DraftSummary,
+    /// The manifest the approval would activate.
+    pub manifest: Manifest,
+}
+
+/// A page of drafts, in submission order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftPage {
+    pub drafts: Vec<DraftSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    #[schema(pattern = "^[0-9]{1,18}$")]
+    pub next_cursor: Option<String>,
+}
+
+/// 200 of approve: the draft's Box. `status` is `active` once the Box is (normally
+/// before the answer); `approved` when activation is still running.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Approved {
+    pub draft_id: String,
+    pub status: DraftStatus,
+    pub box_id: String,
+    pub box_type: String,
+    pub approved_by: String,
+    pub approved_at: DateTime<Utc>,
+}
+
+/// 200 of reject (`rejected`) and withdraw (`withdrawn`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftStatusChanged {
+    pub draft_id: String,
+    pub status: DraftStatus,
+}

@@ -1,0 +1,152 @@
+//! Workers.
+
+use super::*;
+
+/// `POST /api/v1/boxes/{box_id}/workers`: launch one Worker of an active Box. Unknown
+/// fields are refused (422 `invalid_request`); a segment of another kind than `text`,
+/// `ticket_ref` or `objective_ref` (there is no `system` segment: role prompts come from
+/// the Box's configuration) is 422 `invalid_segment` naming `input[i]`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchRequest {
+    /// Names the launch: retrying it with the same request gets the same Worker (200), also
+    /// after a failure half-way; the same launch_id with another request is 409
+    /// `launch_id_conflict`. 1 to 128 letters, digits, `-`, `_`, `.`, `:`.
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    pub launch_id: String,
+    /// The Worker's role, a name of the caller's choosing; empty, null or absent: none. At
+    /// most 64 characters, not blank.
+    #[serde(default)]
+    #[schema(schema_with = role_schema)]
+    pub role: Option<String>,
+    /// Labels of the Worker, at most 32: keys 1 to 63 characters, not blank; values at most
+    /// 256 characters.
+    #[serde(default)]
+    #[schema(schema_with = labels_schema)]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// The Worker's initial input, 1 to 64 segments `{"kind", "value"}`: `text` (1 to 16384
+    /// characters, not blank), `ticket_ref` or `objective_ref` (1 to 256 characters, not
+    /// blank; the Worker may read the ticket or objective again through its tools).
+    #[schema(schema_with = input_schema)]
+    pub input: Vec<Value>,
+}
+
+/// What a segment of a Worker's input is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentKind {
+    Text,
+    TicketRef,
+    ObjectiveRef,
+}
+
+/// One piece of a Worker's input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Segment {
+    pub kind: SegmentKind,
+    pub value: String,
+}
+
+/// One entry of a Worker's transcript; seq 0 is the initial input.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TranscriptEntry {
+    pub seq: u32,
+    /// The user whose input it is.
+    pub author: String,
+    pub at: DateTime<Utc>,
+    pub segments: Vec<Segment>,
+}
+
+/// A Worker with its transcript. Nothing about how it runs (configuration bundles,
+/// execution bindings, directories or tool scope) is part of it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Worker {
+    /// `wkr_` and 32 hex digits, derived from the launch_id.
+    pub worker_id: String,
+    pub launch_id: String,
+    pub box_id: String,
+    pub box_type: String,
+    /// Empty: none was given.
+    pub role: String,
+    pub labels: BTreeMap<String, String>,
+    /// The user who launched it.
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub transcript: Vec<TranscriptEntry>,
+}
+
+/// One Worker of `GET /api/v1/boxes/{box_id}/workers` (without its transcript).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WorkerSummary {
+    pub worker_id: String,
+    pub launch_id: String,
+    pub box_id: String,
+    pub box_type: String,
+    pub role: String,
+    pub labels: BTreeMap<String, String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// 200 of `GET /api/v1/boxes/{box_id}/workers`: a page of the Box's Workers, oldest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WorkerList {
+    pub workers: Vec<WorkerSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    #[schema(pattern = "^[0-9]{1,18}$")]
+    pub next_cursor: Option<String>,
+}
+
+/// What one step of a Worker's provenance recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProvenanceKind {
+    /// A human admin approved the draft; `digest` is the approved manifest's.
+    Approval,
+    /// The Box was activated.
+    Activation,
+    /// A mentor edit; `digest` is the manifest's after it.
+    ManifestEdit,
+    /// A config edit; `digest` is the manifest's after it.
+    ConfigEdit,
+    /// The configuration bundle was synced; `digest` is the bundle's.
+    Bundle,
+    /// The Worker was created; `digest` is the bundle it runs.
+    Worker,
+}
+
+/// One step from the human approval to the Worker, with the event that recorded it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProvenanceStep {
+    pub kind: ProvenanceKind,
+    /// `<aggregate_type>/<id>/<sequence>` of the stored event.
+    pub event_id: String,
+    /// The event's position in the store.
+    pub position: u64,
+    pub at: DateTime<Utc>,
+    /// Who did it; `system` when nobody did.
+    pub actor: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_version: Option<String>,
+    /// The seq of the event's row on the audit ledger; `null` while the ledger has not
+    /// written it yet.
+    pub audit_seq: Option<i64>,
+}
+
+/// 200 of `GET /api/v1/workers/{worker_id}/provenance`: the chain from the human approval,
+/// through the recorded edits, to the configuration bundle the Worker runs.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WorkerProvenance {
+    pub worker_id: String,
+    pub box_id: String,
+    /// `sha256:<hex>` of the bundle's canonical bytes.
+    pub bundle_digest: String,
+    /// The key that signed the approval.
+    pub approval_key_id: String,
+    /// The approval verified again, now, with public keys only.
+    pub approval_verified: bool,
+    /// Approval first, the Worker last.
+    pub steps: Vec<ProvenanceStep>,
+}
