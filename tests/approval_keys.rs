@@ -11,14 +11,11 @@ use std::time::{Duration, Instant};
 use atasira_contracts::{subjects, v1};
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::token::{ApprovalSigner, ApprovalToken};
+use atasira_tests::fixtures::minimal_draft_body;
 use atasira_tests::harness::{Mode, System, creds_seed, nats_tls};
 use futures::StreamExt as _;
 use prost::Message as _;
 use serde_json::{Value, json};
-
-fn body(box_type: &str) -> Value {
-    json!({"box_type": box_type, "purpose": "p", "tools": ["Read"]})
-}
 
 /// The digest of a draft's manifest, as the approval service signs it.
 fn manifest_digest(sys: &System, draft_id: &str) -> String {
@@ -117,7 +114,7 @@ fn r_arch_11_an_impostor_offering_its_key_over_nats_cannot_get_a_forged_approval
     // pending draft, the approval service gone, and an impostor with the approval identity's
     // NATS credentials answering key requests with its own key under the next id
     let mut sys = System::start(Mode::Cluster);
-    let id = sys.draft(&body("impostor-target"));
+    let id = sys.draft(&minimal_draft_body("impostor-target"));
     sys.kill("serve approval");
     let forger = ApprovalSigner::from_secret("approval-2".into(), [9; 32]);
     let impostor = Impostor::start(&sys, &forger);
@@ -139,7 +136,7 @@ fn r_arch_11_an_impostor_offering_its_key_over_nats_cannot_get_a_forged_approval
     // approval service, back, still approves into an active Box
     drop(impostor);
     sys.start_service("approval", &[]);
-    let genuine = sys.draft(&body("genuine"));
+    let genuine = sys.draft(&minimal_draft_body("genuine"));
     let answer = sys.approve(&genuine, &sys.admin, false);
     assert_eq!((answer.status, answer.body["status"].as_str()), (200, Some("active")), "{}", answer.raw);
     assert_eq!(box_types(&sys), ["genuine"]);
@@ -149,7 +146,7 @@ fn r_arch_11_an_impostor_offering_its_key_over_nats_cannot_get_a_forged_approval
 fn r_arch_11_an_approval_the_drafts_stream_does_not_hold_activates_nothing() {
     // given a cluster and a pending draft
     let sys = System::start(Mode::Cluster);
-    let id = sys.draft(&body("unrecorded"));
+    let id = sys.draft(&minimal_draft_body("unrecorded"));
     // when a process with the drafts identity's NATS credentials publishes a DraftApproved
     // the store does not hold, with a token the real approval key signed (so only the
     // store tells it apart; the notification names an unused sequence)
@@ -194,7 +191,7 @@ fn r_box_7_a_replayed_approval_of_an_archived_box_takes_no_box_type_and_no_slot(
     // given an archived Box (embedded: its activation feed reads the store, so a replay is
     // a reset checkpoint away)
     let mut sys = System::start(Mode::Embedded);
-    let id = sys.draft(&body("archived-once"));
+    let id = sys.draft(&minimal_draft_body("archived-once"));
     let a = sys.approve(&id, &sys.admin, false);
     assert_eq!(a.body["status"], "active", "{}", a.raw);
     let box_id = a.body["box_id"].as_str().expect("box_id").to_owned();
@@ -215,7 +212,7 @@ fn r_box_7_a_replayed_approval_of_an_archived_box_takes_no_box_type_and_no_slot(
     // then the namespace is unchanged, the Box stays archived, and the box_type is free
     assert_eq!(namespace_events(&sys), before, "the replay changed the namespace");
     assert_eq!(sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.admin).body["state"], "archived");
-    let again = sys.draft(&body("archived-once"));
+    let again = sys.draft(&minimal_draft_body("archived-once"));
     let b = sys.approve(&again, &sys.admin, false);
     assert_eq!((b.status, b.body["status"].as_str()), (200, Some("active")), "{}", b.raw);
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use atasira_contracts::{Envelope, Refused, decode_reply, envelope, subjects, v1};
 use atasira_domain::ErrorCode;
+use atasira_tests::fixtures::block_on;
 use atasira_tests::harness::{Mode, System, pat_options};
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -25,10 +26,6 @@ enum As<'a> {
     Gateway,
     /// A NATS publisher with this PAT.
     Pat(&'a str),
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
 }
 
 async fn connect(sys: &mut System, who: As<'_>) -> Result<async_nats::Client, String> {

@@ -11,8 +11,9 @@ use atasira_domain::audit::{AuditKey, AuditKeys, Verification};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::store::Db;
+use atasira_tests::fixtures::draft_body;
 use atasira_tests::harness::{Database, Mode, OutputWithin, SUBPROCESS_LIMIT, System, in_both_modes};
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime")
@@ -98,10 +99,6 @@ fn concurrent_ledger_writers_on_postgres_append_one_chain_and_tampering_is_named
     });
 }
 
-fn box_body(box_type: &str) -> Value {
-    json!({"box_type": box_type, "name": box_type, "purpose": "週次売上レポートの自動作成", "tools": ["Read"], "os_operations": ["file:read"]})
-}
-
 /// The ledger's first rows: the harness issues the admin's and the agent's tokens
 /// (`token.issue`, R-AUDIT-1), so the rows of a test start at seq 3.
 const TOKEN_ROWS: usize = 2;
@@ -109,7 +106,7 @@ const TOKEN_ROWS: usize = 2;
 /// Submits and approves a draft: four ledger rows (create, approve, activate, and the sync of
 /// the Box's configuration bundle).
 fn approved_box(sys: &System, box_type: &str) {
-    let id = sys.draft(&box_body(box_type));
+    let id = sys.draft(&draft_body(box_type));
     let a = sys.approve(&id, &sys.admin, false);
     assert_eq!(a.status, 200, "{}", a.raw);
 }
@@ -117,7 +114,7 @@ fn approved_box(sys: &System, box_type: &str) {
 /// Submits `n` drafts: one ledger row each.
 fn submitted(sys: &System, prefix: &str, n: usize) {
     for i in 0..n {
-        sys.draft(&box_body(&format!("{prefix}-{i}")));
+        sys.draft(&draft_body(&format!("{prefix}-{i}")));
     }
 }
 

@@ -6,12 +6,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use atasira_tests::fixtures::draft_body;
 use atasira_tests::harness::{Mode, System, http};
 use serde_json::{Value, json};
-
-fn draft_body(box_type: &str) -> Value {
-    json!({"box_type": box_type, "name": box_type, "purpose": "週次売上レポートの自動作成", "tools": ["Read"], "os_operations": ["file:read"]})
-}
 
 /// Drafts (as the agent) and approves (as the admin); the Box id.
 fn active_box(sys: &System, body: &Value) -> String {

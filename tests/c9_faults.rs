@@ -5,12 +5,9 @@ use std::time::Duration;
 
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::token::{ApprovalSigner, ApprovalToken};
+use atasira_tests::fixtures::minimal_draft_body;
 use atasira_tests::harness::{Hold, Mode, System, in_both_modes};
-use serde_json::{Value, json};
-
-fn body(box_type: &str) -> Value {
-    json!({"box_type": box_type, "purpose": "p", "tools": ["Read"]})
-}
+use serde_json::json;
 
 #[test]
 fn an_approval_killed_between_its_steps_is_completed_by_a_retry() {
@@ -23,7 +20,7 @@ fn an_approval_killed_between_its_steps_is_completed_by_a_retry() {
     sys.start_gateway(&env);
     let mut drafts = Vec::new();
     for (i, failpoint) in ["approval-after-reservation", "approval-after-decision"].into_iter().enumerate() {
-        let id = sys.draft(&body(&format!("crash-{i}")));
+        let id = sys.draft(&minimal_draft_body(&format!("crash-{i}")));
         sys.kill("serve approval");
         sys.start_service("approval", &[("ATASIRA_FAILPOINT", failpoint.to_owned())]);
         let interrupted = sys.approve(&id, &sys.admin.clone(), false);
@@ -80,11 +77,11 @@ fn a_forged_approval_token_never_activates_a_box_and_leaves_a_security_violation
         let real = ApprovalSigner::from_secret("approval-1".into(), approval_key(sys));
         let wrong = ApprovalSigner::from_secret("approval-1".into(), [7; 32]);
 
-        let a = sys.draft(&body("forged-key"));
+        let a = sys.draft(&minimal_draft_body("forged-key"));
         forge(sys, &a, wrong.issue(&a, "forged-key", &manifest_digest(&a), "mallory", now));
-        let b = sys.draft(&body("forged-digest"));
+        let b = sys.draft(&minimal_draft_body("forged-digest"));
         forge(sys, &b, real.issue(&b, "forged-digest", "sha256:0000", "mallory", now));
-        let c = sys.draft(&body("forged-late"));
+        let c = sys.draft(&minimal_draft_body("forged-late"));
         forge(sys, &c, real.issue(&c, "forged-late", &manifest_digest(&c), "mallory", now - chrono::TimeDelta::hours(1)));
         sys.notify_store_changed();
 
@@ -103,7 +100,7 @@ fn a_forged_approval_token_never_activates_a_box_and_leaves_a_security_violation
             assert!(!sys.data_dir().join(format!("manifests/{bt}.yaml")).exists());
         }
         // A genuine approval still works afterwards.
-        let ok = sys.draft(&body("genuine"));
+        let ok = sys.draft(&minimal_draft_body("genuine"));
         assert_eq!(sys.approve(&ok, &sys.admin, false).status, 200);
     });
 }
@@ -117,11 +114,11 @@ fn a_losing_approve_does_not_release_the_winners_reservation() {
     let hold = Hold::new("activation");
     let sys = System::start_with(Mode::Embedded, &[hold.setting()]);
     for bt in ["one", "two"] {
-        let id = sys.draft(&body(bt));
+        let id = sys.draft(&minimal_draft_body(bt));
         assert_eq!(sys.approve(&id, &sys.admin, false).status, 200);
     }
-    let contested = sys.draft(&body("contested"));
-    let competitor = sys.draft(&body("competitor"));
+    let contested = sys.draft(&minimal_draft_body("contested"));
+    let competitor = sys.draft(&minimal_draft_body("competitor"));
     let alice = sys.token("alice", "admin", "human");
     let bob = sys.token("bob", "admin", "human");
     hold.arm();

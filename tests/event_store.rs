@@ -7,12 +7,9 @@ use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::{Kind, Principal, Role};
 use atasira_platform::feed::FeedSource;
 use atasira_platform::store::{Cursor, Db, StoredEvent};
+use atasira_tests::fixtures::runtime;
 use atasira_tests::harness::Database;
 use serde_json::json;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
-}
 
 fn submit(id: &str) -> DraftCommand {
     let plan = BoxDraftCreateRequest::from_value(json!({"box_type": id, "purpose": "p"})).and_then(|r| r.plan()).expect("plan");

@@ -10,12 +10,9 @@ use std::time::{Duration, Instant};
 
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::token::ApprovalSigner;
+use atasira_tests::fixtures::draft_body;
 use atasira_tests::harness::{Mode, System};
 use serde_json::{Value, json};
-
-fn sales(box_type: &str) -> Value {
-    json!({"box_type": box_type, "name": box_type, "purpose": "週次売上レポートの自動作成", "tools": ["Read"], "os_operations": ["file:read"]})
-}
 
 /// `(id, hex)` of each key of a setting, current first.
 fn keys_of(setting: &str) -> Vec<(String, String)> {
@@ -84,7 +81,7 @@ fn rotating_the_audit_key_keeps_rows_and_checkpoints_of_the_old_key_verifiable()
     let mut sys = System::start(Mode::Cluster);
     let old = "b2".repeat(32);
     // (rows 1 and 2: the issue of the admin's and the agent's tokens)
-    sys.draft(&sales("before-rotation"));
+    sys.draft(&draft_body("before-rotation"));
     assert_eq!(audit_key_ids(&sys, 3), ["audit-1"; 3]);
     stop(&mut sys, "audit");
     assert_eq!(events_with_key(&sys, "AuditCheckpoint", "audit-1"), 1);
@@ -94,7 +91,7 @@ fn rotating_the_audit_key_keeps_rows_and_checkpoints_of_the_old_key_verifiable()
     assert_eq!(keys.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["audit-2", "audit-1"]);
     assert_eq!(keys[1].1, old, "the present key is kept, retired");
     sys.start_service("audit", &[("ATASIRA_AUDIT_KEY", next.clone())]);
-    sys.draft(&sales("after-rotation"));
+    sys.draft(&draft_body("after-rotation"));
     // then new rows carry the new key id, and the whole ledger verifies: through the API
     // and with `atasira audit verify`, before and after the new key's checkpoint
     assert_eq!(audit_key_ids(&sys, 4), ["audit-1", "audit-1", "audit-1", "audit-2"]);
@@ -115,7 +112,7 @@ fn rotating_the_approval_key_needs_no_registry_restart() {
     // given a cluster whose approval key is a bare hex key (id approval-1), with a Box
     // approved under it
     let mut sys = System::start(Mode::Cluster);
-    let before = sys.draft(&sales("approved-before"));
+    let before = sys.draft(&draft_body("approved-before"));
     approve_active(&sys, &before);
     // when only the approval service restarts, with the rotated setting
     let next = rotate(&sys, "approval", "--approval-key", &"a1".repeat(32));
@@ -127,7 +124,7 @@ fn rotating_the_approval_key_needs_no_registry_restart() {
     assert_eq!(published(&sys), (1, 1));
     // and an approval signed with the new key activates its Box: the registry, never
     // restarted, read the new public key from the store when the token named it
-    let after = sys.draft(&sales("approved-after"));
+    let after = sys.draft(&draft_body("approved-after"));
     let approved = approve_active(&sys, &after);
     assert_eq!((events_with_key(&sys, "DraftApproved", "approval-1"), events_with_key(&sys, "DraftApproved", "approval-2")), (1, 1));
     let boxes = sys.get("/api/v1/boxes", &sys.admin);
@@ -159,7 +156,7 @@ fn an_approval_key_dropped_from_the_setting_keeps_verifying_what_it_signed() {
     assert_eq!(published(&sys), (1, 1));
     // when a decision approval-1 signed reaches a draft's stream (recorded before the drop,
     // activated only now; written into the store as approval would have)
-    let id = sys.draft(&sales("signed-before-the-drop"));
+    let id = sys.draft(&draft_body("signed-before-the-drop"));
     let d = sys.get(&format!("/api/v1/boxes/box-drafts/{id}"), &sys.admin);
     let manifest: atasira_domain::BoxManifest = serde_json::from_value(d.body["manifest"].clone()).expect("manifest");
     let key: [u8; 32] = hex::decode(&old).expect("hex").try_into().expect("32 bytes");
@@ -200,13 +197,13 @@ fn each_signing_process_publishes_a_key_of_its_own_and_a_new_gateway_key_needs_n
     for signer in ["gateway_assertion_keys", "approval_assertion_keys", "registry_assertion_keys"] {
         assert_eq!(published_keys(&sys, signer), 1, "{signer}");
     }
-    let first = sys.draft(&sales("first"));
+    let first = sys.draft(&draft_body("first"));
     // when the gateway restarts (a new process draws and publishes a new key)
     sys.kill("serve gateway");
     sys.start_gateway(&[]);
     assert_eq!(published_keys(&sys, "gateway_assertion_keys"), 2);
     // then the services, not restarted, learn it from the store: drafts and approvals work
-    let second = sys.draft(&sales("second"));
+    let second = sys.draft(&draft_body("second"));
     approve_active(&sys, &first);
     approve_active(&sys, &second);
     assert_eq!(sys.sql_i64("SELECT count(*) FROM events WHERE event_type = 'SecurityViolation'"), 0);

@@ -1,13 +1,14 @@
-//! Shared helpers for workspace-wide tests: tidy, and a harness that runs the real
+//! Shared helpers for workspace-wide tests: tidy, a harness that runs the real
 //! `atasira` binary in embedded mode (`atasira dev`) or as a cluster (`atasira serve
 //! drafts` + `atasira serve gateway` as separate OS processes on a real nats-server with
-//! JetStream and a real PostgreSQL database).
+//! JetStream and a real PostgreSQL database), and fixtures many test files share.
 //!
 //! The cluster needs what `scripts/test` provides: `ATASIRA_TEST_NATS_SERVER` (path of a
 //! nats-server 2.10+) and `ATASIRA_TEST_DATABASE_URL` (a PostgreSQL URL whose user may
 //! create databases). Each environment gets its own nats-server on a free port, its own
 //! database and its own temp dir, all removed on drop.
 
+pub mod fixtures;
 pub mod harness;
 
 use std::path::{Path, PathBuf};

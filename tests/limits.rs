@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use atasira_contracts::v1;
 use atasira_domain::bounds;
+use atasira_tests::fixtures::block_on;
 use atasira_tests::harness::{Answer, Mode, System, in_both_modes, pat_options};
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -70,10 +71,6 @@ fn r_arch_6_oversized_drafts_are_refused_over_rest_and_later_drafts_still_activa
         assert_eq!((approved.status, approved.body["status"].as_str()), (200, Some("active")), "{mode:?}: {}", approved.raw);
         a_normal_draft_activates(sys, "after-the-refusals");
     });
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
 }
 
 /// Submits `request` over NATS as the publisher of `token`: the draft id, or the refusal.

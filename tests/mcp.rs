@@ -231,14 +231,32 @@ fn r_mcp_1_an_open_stream_does_not_hold_the_gateway() {
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let a = http("POST", &sys.url("/mcp"), Some(&sys.agent), &session_header, Some(initialized.to_string().as_bytes()));
     assert_eq!(a.status, 202, "{}", a.raw);
-    // The server's stream: it stays open until the server ends it.
-    let (url, agent) = (sys.url("/mcp"), sys.agent.clone());
-    let stream = std::thread::spawn(move || http("GET", &url, Some(&agent), &[("Accept", "text/event-stream"), ("Mcp-Session-Id", session.as_str())], None));
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    // The server's stream: it stays open until the server ends it. Once its head has
+    // arrived, the server holds it open.
+    use std::io::{Read, Write};
+    let host = sys.base_url.trim_start_matches("http://").trim_end_matches('/').to_owned();
+    let mut stream = std::net::TcpStream::connect(&host).expect("connect");
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).expect("a read timeout");
+    write!(
+        stream,
+        "GET /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\n\r\n",
+        sys.agent
+    )
+    .expect("sent");
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8];
+        stream.read_exact(&mut byte).expect("the stream's head");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
     let dev = sys.proc("atasira dev");
     dev.interrupt();
     assert!(dev.wait_exit(std::time::Duration::ZERO).is_some(), "the gateway did not stop with an MCP stream open:\n{}", dev.stderr_text());
-    assert_eq!(stream.join().expect("the stream ends").status, 200);
+    // and the stream ended with it
+    let mut rest = Vec::new();
+    let ended = stream.read_to_end(&mut rest);
+    assert!(ended.is_ok(), "the stream did not end: {ended:?}");
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_nats::ConnectOptions;
 use atasira_contracts::v1;
+use atasira_tests::fixtures::block_on;
 use atasira_tests::harness::{Mode, System, nats_tls, pat_options, reporting_server_errors};
 use prost::Message as _;
 use tokio::sync::mpsc;
@@ -68,10 +69,6 @@ fn submit(box_type: &str, purpose: &str) -> v1::SubmitDraft {
     v1::SubmitDraft {
         request: Some(v1::BoxDraftCreateRequest { box_type: box_type.into(), purpose: purpose.into(), tools: vec!["Read".into()], ..Default::default() }),
     }
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
 }
 
 #[test]

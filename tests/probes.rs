@@ -8,20 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use atasira_tests::fixtures::eventually;
 use atasira_tests::harness::{CLUSTER_SERVICES, Database, Mode, PrivatePostgres, System, http};
-use serde_json::json;
+use serde_json::{Value, json};
 
-/// Asks `url` until `done` holds for the answer; the last answer.
-fn eventually(url: &str, timeout: Duration, done: impl Fn(u16, &serde_json::Value) -> bool) -> (u16, serde_json::Value) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let a = http("GET", url, None, &[], None);
-        if done(a.status, &a.body) {
-            return (a.status, a.body);
-        }
-        assert!(Instant::now() < deadline, "{url} never answered as expected; last {}: {}", a.status, a.raw);
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// Asks `url` once (for `eventually`): the body if it answered `status`, else what it answered.
+fn answering(url: &str, status: u16) -> Result<Value, String> {
+    let a = http("GET", url, None, &[], None);
+    if a.status == status { Ok(a.body) } else { Err(format!("{}: {}", a.status, a.raw)) }
 }
 
 /// The readiness URLs of a cluster: every service's probe port and the gateway's.
@@ -52,7 +46,7 @@ fn every_cluster_process_is_alive_and_ready_and_not_ready_while_nats_is_down() {
     let urls = readiness_urls(&mut sys);
     sys.nats().down();
     for url in &urls {
-        let (_, body) = eventually(url, Duration::from_secs(30), |status, _| status == 503);
+        let body = eventually(&format!("{url} answering 503"), Duration::from_secs(30), || answering(url, 503));
         assert_eq!(body["status"], "not_ready", "{url}: {body}");
         assert_eq!(body["checks"]["nats"]["ok"], false, "{url}: {body}");
         assert!(body["checks"]["nats"]["error"].as_str().is_some_and(|e| e.contains("NATS")), "{url}: {body}");
@@ -63,12 +57,12 @@ fn every_cluster_process_is_alive_and_ready_and_not_ready_while_nats_is_down() {
     }
     // R-ARCH-13: the public answer names nothing of what failed; the gateway is alive all
     // the same, so nothing restarts it.
-    let (_, body) = eventually(&sys.url("/readyz"), Duration::from_secs(30), |status, _| status == 503);
+    let body = eventually("the public readiness answering 503", Duration::from_secs(30), || answering(&sys.url("/readyz"), 503));
     assert_eq!(body, json!({"status": "unavailable"}));
     assert_eq!(http("GET", &sys.url("/healthz"), None, &[], None).status, 200);
     sys.nats().up();
     for url in urls.iter().chain([&sys.url("/readyz")]) {
-        let (_, body) = eventually(url, Duration::from_secs(60), |status, _| status == 200);
+        let body = eventually(&format!("{url} answering 200"), Duration::from_secs(60), || answering(url, 200));
         assert_eq!(body, json!({"status": "ready"}), "{url}");
     }
     // Ready means working: a draft goes through again.
@@ -97,7 +91,7 @@ fn a_stalled_consumer_makes_its_process_not_ready() {
     let drafts = format!("{}/readyz", sys.probe_url("serve drafts"));
     assert_eq!(http("GET", &drafts, None, &[], None).status, 200);
     sys.append_raw_event("draft", "broken", 1, "DraftSubmitted", r#"{"DraftSubmitted": {"nonsense": true}}"#);
-    let (_, body) = eventually(&drafts, Duration::from_secs(30), |status, _| status == 503);
+    let body = eventually("the drafts process answering 503", Duration::from_secs(30), || answering(&drafts, 503));
     assert_eq!(body["status"], "not_ready", "{body}");
     assert_eq!(body["checks"]["consumers"]["ok"], false, "{body}");
     assert!(body["checks"]["consumers"]["stalled"].to_string().contains("drafts_view"), "{body}");

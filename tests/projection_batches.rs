@@ -13,15 +13,12 @@ use atasira_domain::token::ApprovalSigner;
 use atasira_domain::{BoxManifest, Kind, Principal, Role};
 use atasira_platform::projection::{self, Projection};
 use atasira_platform::store::{Cursor, Db, DbKind};
+use atasira_tests::fixtures::runtime;
 use atasira_tests::harness::{Database, TempDir};
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::Row;
 use std::time::Duration;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
-}
 
 fn t(s: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(1_700_000_000 + s, 0).expect("time")
@@ -282,4 +279,62 @@ fn a_batch_gives_the_rows_one_event_at_a_time_gives_on_sqlite() {
     // R-ARCH-5, R-ARCH-7 (embedded store)
     let dir = TempDir::new("atasira-batches");
     runtime().block_on(async { check(&Db::connect(&Db::sqlite_url(&dir.0)).await.expect("connect")).await });
+}
+
+#[test]
+fn a_page_of_drafts_reads_the_page_not_the_whole_view() {
+    // R-DRAFT-12: given a drafts view on PostgreSQL holding 20,000 drafts (one in ten
+    // pending, a hundred requesters),
+    use atasira_domain::aggregates::draft::DraftStatus;
+    let database = Database::create();
+    runtime().block_on(async {
+        let db = Db::connect(&database.url).await.expect("connect");
+        projection::prepare(&db, &atasira_drafts::DraftsView).await.expect("the view's tables");
+        sqlx::query(
+            "INSERT INTO draft_rows (draft_id, box_type, requested_by, status, position, submitted_at_ns, over_limit_json, warnings_json, manifest_json)
+             SELECT 'd' || i, 'bt' || i, 'agent-' || (i % 100), CASE WHEN i % 10 = 0 THEN 'pending_approval' ELSE 'rejected' END, i, i, '{}', '[]', repeat('x', 300)
+               FROM generate_series(1, 20000) AS i",
+        )
+        .execute(db.any())
+        .await
+        .expect("seed");
+        sqlx::query("ANALYZE draft_rows").execute(db.any()).await.expect("analyze");
+        // when the first page is read (with the plan PostgreSQL keeps for a prepared
+        // statement) for the pending list, every draft, one requester's, one requester's
+        // pending ones, or a status no draft has,
+        let pages_of = [
+            (vec![DraftStatus::PendingApproval], None),
+            (vec![], None),
+            (vec![], Some("agent-10")),
+            (vec![DraftStatus::PendingApproval], Some("agent-10")),
+            (vec![DraftStatus::Approved, DraftStatus::Active], None),
+        ];
+        for (statuses, requester) in pages_of {
+            let mut conn = db.any().acquire().await.expect("connection");
+            sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut *conn).await.expect("generic plans");
+            let statement = atasira_drafts::list_statement(&statuses, requester.is_some());
+            let (types, args) = match requester {
+                Some(r) => ("bigint, bigint, text", format!("0, 51, '{r}'")),
+                None => ("bigint, bigint", "0, 51".to_owned()),
+            };
+            sqlx::query(&format!("PREPARE probe({types}) AS {statement}")).execute(&mut *conn).await.expect("prepare");
+            let plan: Vec<String> = sqlx::query(&format!("EXPLAIN (ANALYZE, BUFFERS) EXECUTE probe({args})"))
+                .fetch_all(&mut *conn)
+                .await
+                .expect("explain")
+                .iter()
+                .map(|row| row.try_get::<String, _>(0).expect("a plan line"))
+                .collect();
+            // then the read touches about the pages of the page's rows, not the view's
+            // (20,000 rows take about 1,000 pages)
+            let total = plan.iter().find(|l| l.trim_start().starts_with("Buffers: shared")).map_or("", |l| l.as_str());
+            let pages: i64 = total
+                .split_whitespace()
+                .filter_map(|w| w.strip_prefix("hit=").or_else(|| w.strip_prefix("read=")))
+                .map(|n| n.trim_end_matches(',').parse::<i64>().expect("a number"))
+                .sum();
+            assert!(pages < 150, "the first page of {statuses:?} by {requester:?} touched {pages} pages:\n{}", plan.join("\n"));
+            sqlx::query("DEALLOCATE probe").execute(&mut *conn).await.expect("deallocate");
+        }
+    });
 }

@@ -4,8 +4,9 @@
 //! acknowledged is lost, the drafts view converges, and the audit ledger (one writer, one
 //! hash chain) verifies.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use atasira_tests::fixtures::eventually;
 use atasira_tests::harness::{Mode, System};
 use serde_json::json;
 
@@ -15,14 +16,8 @@ fn pending(sys: &System) -> Vec<String> {
     page.body["drafts"].as_array().expect("drafts").iter().map(|d| d["draft_id"].as_str().expect("id").to_owned()).collect()
 }
 
-/// Waits until `done` holds (the takeover needs the dead holder's session to end).
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} did not happen");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+/// How long a wait here may take (the takeover needs the dead holder's session to end).
+const TAKEOVER: Duration = Duration::from_secs(60);
 
 #[test]
 fn a_second_replica_stands_by_and_takes_over_the_consumers_when_the_first_dies() {
@@ -31,8 +26,9 @@ fn a_second_replica_stands_by_and_takes_over_the_consumers_when_the_first_dies()
         sys.start_service(service, &[]);
     }
     // The replica that came second stands by for every consumer and relay of its service.
-    eventually("the second replicas standing by", || {
-        sys.stderr_of("serve audit")[1].contains("standing by") && sys.stderr_of("serve drafts")[1].contains("standing by")
+    eventually("the second replicas standing by", TAKEOVER, || {
+        let standing_by = sys.stderr_of("serve audit")[1].contains("standing by") && sys.stderr_of("serve drafts")[1].contains("standing by");
+        if standing_by { Ok(()) } else { Err("a second replica has not said it stands by".to_owned()) }
     });
     for replicas in [sys.stderr_of("serve drafts"), sys.stderr_of("serve audit")] {
         assert!(!replicas[0].contains("standing by"), "the first replica runs everything:\n{}", replicas[0]);
@@ -53,18 +49,22 @@ fn a_second_replica_stands_by_and_takes_over_the_consumers_when_the_first_dies()
     for i in 0..4 {
         acknowledged.push(sys.draft(&json!({"box_type": format!("replica-after-{i}"), "purpose": "after the kill"})));
     }
-    eventually("the survivor taking over", || sys.stderr_of("serve drafts")[0].contains("took over") && sys.stderr_of("serve audit")[0].contains("took over"));
+    eventually("the survivor taking over", TAKEOVER, || {
+        let took_over = sys.stderr_of("serve drafts")[0].contains("took over") && sys.stderr_of("serve audit")[0].contains("took over");
+        if took_over { Ok(()) } else { Err("a survivor has not said it took over".to_owned()) }
+    });
     // Every acknowledged draft is in the view the survivor now keeps.
-    eventually("the drafts view converging", || {
+    eventually("the drafts view converging", TAKEOVER, || {
         let listed = pending(&sys);
-        acknowledged.iter().all(|id| listed.contains(id))
+        let missing: Vec<&String> = acknowledged.iter().filter(|id| !listed.contains(id)).collect();
+        if missing.is_empty() { Ok(()) } else { Err(format!("acknowledged but not pending: {missing:?}")) }
     });
     assert_eq!(pending(&sys).len(), acknowledged.len());
     // One writer at a time: the ledger's chain holds, with a row for every draft.
-    eventually("the ledger catching up", || {
+    eventually("the ledger catching up", TAKEOVER, || {
         let rows = sys.get("/api/v1/audit?action=box_draft.create&limit=200", &sys.admin);
         // Eight drafts in all (one of them approved since).
-        rows.body["rows"].as_array().is_some_and(|r| r.len() == 8)
+        if rows.body["rows"].as_array().is_some_and(|r| r.len() == 8) { Ok(()) } else { Err(format!("not eight rows: {}", rows.raw)) }
     });
     let (code, verified) = sys.audit_verify();
     assert_eq!(code, 0, "{verified}");
@@ -84,7 +84,9 @@ fn a_write_whose_wait_the_standby_answers_sees_the_other_replicas_consumers_with
     sys.kill("serve drafts");
     sys.start_service("drafts", &slow);
     sys.start_service("drafts", &wait);
-    eventually("the second drafts process standing by", || sys.stderr_of("serve drafts")[1].contains("standing by"));
+    eventually("the second drafts process standing by", TAKEOVER, || {
+        if sys.stderr_of("serve drafts")[1].contains("standing by") { Ok(()) } else { Err("it has not said so".to_owned()) }
+    });
     // Enough writes that the standby answers some of the waits (it does half, at random).
     let lagging: Vec<String> = (0..12)
         .filter_map(|i| {

@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use atasira_tests::fixtures::eventually;
 use atasira_tests::harness::{Answer, System, http};
 use serde_json::{Value, json};
 
@@ -172,17 +173,6 @@ fn recovery(acks: &[Instant], kill: Instant, before: Duration, until: Instant) -
         at += Duration::from_millis(100);
     }
     None
-}
-
-fn eventually(what: &str, timeout: Duration, mut done: impl FnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match done() {
-            Ok(()) => return,
-            Err(why) if Instant::now() > deadline => panic!("{what} did not happen: {why}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(250)),
-        }
-    }
 }
 
 /// Every row of a read model's list, following `next_cursor`.
@@ -389,14 +379,13 @@ fn three_nats_nodes_and_two_of_every_process_lose_nothing_when_one_of_each_dies_
 
     // Every event reached the replicated stream, once (JetStream drops the relays' repeats).
     // (The audit service keeps appending signed checkpoints, so both are read each time.)
-    let mut events = 0;
-    eventually("every event on the stream", Duration::from_secs(60), || {
-        events = u64::try_from(sys.sql_i64("SELECT count(*) FROM events")).expect("count");
+    let events = eventually("every event on the stream", Duration::from_secs(60), || {
+        let events = u64::try_from(sys.sql_i64("SELECT count(*) FROM events")).expect("count");
         let StreamState { messages, replicas, .. } = stream_state(&sys);
         if replicas != 3 {
             return Err(format!("the stream has {replicas} replicas"));
         }
-        if messages == events { Ok(()) } else { Err(format!("{messages} messages on the stream, {events} events in the store")) }
+        if messages == events { Ok(events) } else { Err(format!("{messages} messages on the stream, {events} events in the store")) }
     });
     eprintln!("scale-out: {events} events in the store, each on the stream (3 replicas) once");
 

@@ -6,18 +6,11 @@
 use std::time::{Duration, Instant};
 
 use atasira_contracts::{subjects, v1};
+use atasira_tests::fixtures::{draft_body, eventually, runtime};
 use atasira_tests::harness::{Mode, System, http};
 use futures::StreamExt as _;
 use prost::Message as _;
 use serde_json::{Value, json};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
-}
-
-fn sales(box_type: &str) -> Value {
-    json!({"box_type": box_type, "name": box_type, "purpose": "週次売上レポートの自動作成", "tools": ["Read"], "os_operations": ["file:read"]})
-}
 
 /// One text value from this system's database.
 fn sql_text(sys: &System, query: &str) -> String {
@@ -30,13 +23,13 @@ fn sql_text(sys: &System, query: &str) -> String {
     })
 }
 
-/// Waits until `probe` holds (a bounded wait for what must come).
-fn eventually(what: &str, probe: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !probe() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// How long a wait for what must come may take.
+const SOON: Duration = Duration::from_secs(30);
+
+/// `Ok` once `query` counts exactly one row (for `eventually`).
+fn one_row(sys: &System, query: &str) -> Result<(), String> {
+    let n = sys.sql_i64(query);
+    if n == 1 { Ok(()) } else { Err(format!("{n} rows")) }
 }
 
 /// A notification as a process holding `identity`'s NATS credentials can publish it on
@@ -104,9 +97,9 @@ fn a_forged_event_notification_changes_nothing_and_is_recorded() {
     // publishes events that are not in the store: a new draft, a Box, and the approval
     // of a pending draft under the id its real approval will take.
     let sys = System::start(Mode::Cluster);
-    let active = sys.draft(&sales("sales-report"));
+    let active = sys.draft(&draft_body("sales-report"));
     assert_eq!(sys.approve(&active, &sys.admin, false).status, 200);
-    let pending = sys.draft(&sales("pending-report"));
+    let pending = sys.draft(&draft_body("pending-report"));
     let submitted = sql_text(&sys, &format!("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_id = '{pending}' AND sequence = 1"));
     let activated = sql_text(&sys, "SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = 'box' AND event_type = 'BoxActivated'");
     let forged_draft: Value = serde_json::from_str(&submitted.replace("pending-report", "forged-report")).expect("json");
@@ -119,7 +112,10 @@ fn a_forged_event_notification_changes_nothing_and_is_recorded() {
     });
 
     // The sentinel records each one; nothing else happens.
-    eventually("three forged notifications recorded", || forged_violations(&sys) >= 3);
+    eventually("three forged notifications recorded", SOON, || {
+        let n = forged_violations(&sys);
+        if n >= 3 { Ok(()) } else { Err(format!("{n} recorded")) }
+    });
     let listed: Vec<String> = sys.pending().iter().map(|d| d["box_type"].as_str().unwrap_or_default().to_owned()).collect();
     assert_eq!(listed, vec!["pending-report"], "no forged draft is pending");
     let boxes = sys.get("/api/v1/boxes", &sys.admin);
@@ -155,13 +151,13 @@ fn an_event_the_bus_cannot_carry_is_a_dead_letter_and_the_relay_goes_on() {
         "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES ('drafts_security', 'huge', 1, 'SecurityViolation', '1', '{}', '{{}}')",
         payload
     ));
-    let after = sys.draft(&sales("after-the-big-one"));
+    let after = sys.draft(&draft_body("after-the-big-one"));
     let after_id = format!("draft/{after}/1");
-    eventually("the big event is a dead letter", || sys.sql_i64("SELECT COUNT(*) FROM relay_dead_letters WHERE event_id = 'drafts_security/huge/1'") == 1);
+    eventually("the big event is a dead letter", SOON, || one_row(&sys, "SELECT COUNT(*) FROM relay_dead_letters WHERE event_id = 'drafts_security/huge/1'"));
     let feed = runtime().block_on(once_on_the_feed(&sys, &after_id));
     assert_eq!(feed.len(), 1, "the next event was relayed");
     // Internal consumers read the store: the ledger has the big event's row too.
-    eventually("the ledger has the big event", || sys.sql_i64("SELECT COUNT(*) FROM audit_ledger_rows WHERE event_id = 'drafts_security/huge/1'") == 1);
+    eventually("the ledger has the big event", SOON, || one_row(&sys, "SELECT COUNT(*) FROM audit_ledger_rows WHERE event_id = 'drafts_security/huge/1'"));
 }
 
 #[test]
@@ -178,11 +174,15 @@ fn an_event_a_projection_cannot_apply_stops_only_that_projection_visibly() {
              VALUES ('draft', 'broken', 1, 'DraftSubmitted', '1', '{\"DraftSubmitted\": {\"nonsense\": true}}', '{}')",
         );
         let ready = format!("{}/readyz", sys.probe_url(if mode == Mode::Embedded { "atasira dev" } else { "serve drafts" }));
-        eventually("the drafts view reported stalled", || {
+        eventually("the drafts view reported stalled", SOON, || {
             let ready = http("GET", &ready, None, &[], None);
-            ready.status == 503 && ready.raw.contains("drafts_view") && ready.raw.contains("broken")
+            let stalled = ready.status == 503 && ready.raw.contains("drafts_view") && ready.raw.contains("broken");
+            if stalled { Ok(()) } else { Err(format!("{}: {}", ready.status, ready.raw)) }
         });
-        eventually("the public readiness said unavailable", || sys.get("/readyz", &sys.admin).status == 503);
+        eventually("the public readiness said unavailable", SOON, || {
+            let ready = sys.get("/readyz", &sys.admin);
+            if ready.status == 503 { Ok(()) } else { Err(format!("{}: {}", ready.status, ready.raw)) }
+        });
         for token in [None, Some(sys.admin.as_str())] {
             let health = http("GET", &sys.url("/readyz"), token, &[], None);
             assert_eq!((health.status, &health.body), (503, &json!({"status": "unavailable"})), "{mode:?}: {}", health.raw);
@@ -191,7 +191,7 @@ fn an_event_a_projection_cannot_apply_stops_only_that_projection_visibly() {
         assert_eq!(http("GET", &sys.url("/healthz"), None, &[], None).status, 200);
         // The process serves on: Boxes are listed, the ledger grows.
         assert_eq!(sys.get("/api/v1/boxes", &sys.agent).status, 200, "{mode:?}");
-        eventually("the ledger went past the broken event", || sys.sql_i64("SELECT COUNT(*) FROM audit_ledger_rows WHERE event_id = 'draft/broken/1'") == 1);
+        eventually("the ledger went past the broken event", SOON, || one_row(&sys, "SELECT COUNT(*) FROM audit_ledger_rows WHERE event_id = 'draft/broken/1'"));
     }
 }
 
@@ -200,14 +200,15 @@ fn the_relay_stores_its_checkpoint_once_it_is_idle_and_a_restart_publishes_nothi
     // R-ARCH-6: the relay stores its cursor at most every 250 ms while busy, and once it
     // goes idle, so the stored checkpoint reaches the last relayed event.
     let mut sys = System::start(Mode::Cluster);
-    let drafts: Vec<String> = (0..5).map(|i| sys.draft(&sales(&format!("relayed-{i}")))).collect();
+    let drafts: Vec<String> = (0..5).map(|i| sys.draft(&draft_body(&format!("relayed-{i}")))).collect();
     let last = sys.sql_i64(&format!("SELECT global_position FROM events WHERE aggregate_type = 'draft' AND aggregate_id = '{}'", drafts[4]));
-    eventually("the drafts relay stored the last draft's position", || {
-        sys.sql_i64("SELECT COALESCE(MAX(position), 0) FROM relay_checkpoints WHERE name = 'relay-drafts'") >= last
+    eventually("the drafts relay stored the last draft's position", SOON, || {
+        let stored = sys.sql_i64("SELECT COALESCE(MAX(position), 0) FROM relay_checkpoints WHERE name = 'relay-drafts'");
+        if stored >= last { Ok(()) } else { Err(format!("it stored {stored}, the last draft is at {last}")) }
     });
     // and after a restart of every process each draft is on the public feed once
     sys.restart();
-    let after = sys.draft(&sales("after-the-restart"));
+    let after = sys.draft(&draft_body("after-the-restart"));
     for id in drafts.iter().chain([&after]) {
         let event_id = format!("draft/{id}/1");
         let feed = runtime().block_on(once_on_the_feed(&sys, &event_id));

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use atasira_contracts::v1;
+use atasira_tests::fixtures::runtime;
 use atasira_tests::harness::{Answer, Mode, System, http, pat_options};
 use prost::Message as _;
 use serde_json::Value;
@@ -60,10 +61,6 @@ impl Publisher {
             Err(e) => Err(e.code.as_str().to_owned()),
         }
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
 }
 
 fn tokens_are_managed(mode: Mode) {

@@ -10,14 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::subjects;
+use atasira_tests::fixtures::block_on;
 use atasira_tests::harness::{Mode, Nats, OutputWithin, Proc, SUBPROCESS_LIMIT, System, TempDir, atasira_bin, pat_options};
 use futures::StreamExt as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_rustls::rustls;
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
-}
 
 /// What a plain-text client reads after it speaks NATS's protocol in clear: the server's
 /// INFO line, then whatever comes back (until the server closes, or 5 s).

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use atasira_contracts::{Envelope, Named, Refused, decode_reply, subjects, v1};
+use atasira_tests::fixtures::block_on;
 use atasira_tests::harness::{Answer, Hold, Mode, System, http, in_both_modes};
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -310,10 +311,6 @@ fn r_worker_3_6_a_binding_past_its_lease_and_a_bundle_changed_meanwhile_are_refu
 }
 
 // --- cluster: as the gateway, over NATS ---------------------------------------------------
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
-}
 
 /// Sends `request` to `to` as the gateway on behalf of the admin; the reply.
 fn as_gateway<Req: Named, Resp: prost::Message + Default>(sys: &System, to: &str, request: &Req) -> Result<Resp, Refused> {

@@ -25,7 +25,7 @@ use atasira_platform::store::Receipt;
 use atasira_platform::store::Retry;
 use prost::Message as _;
 
-pub use projection::{DraftRow, DraftsView};
+pub use projection::{DraftRow, DraftsView, list_statement};
 
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::DRAFTS;
