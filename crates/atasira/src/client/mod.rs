@@ -7,57 +7,31 @@
 //! `ATASIRA_PAT`), print a table (or the API's JSON with `--json`) and exit 0 when the API
 //! answered with success, 1 when it refused, 2 on a usage error, 3 when the gateway could
 //! not be reached. A request that takes longer than a second shows progress on stderr when
-//! stderr is a terminal ([`Progress`]).
+//! stderr is a terminal.
+//!
+//! This module holds the verbs: their clap types, what each sends, and the entry points
+//! `main` calls. [`transport`] sends a request and reads its answer into the gateway's API
+//! type; [`print`] shows each answer; [`exit`] has the exit codes. The dependencies go one
+//! way: this module uses the three; `transport` uses `exit` and `print`; `print` and `exit`
+//! use none of them.
+
+mod exit;
+mod print;
+mod transport;
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
+use atasira_domain::aggregates::draft::DraftStatus;
+use atasira_gateway::api::{DraftDetail, VerifyResult};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
-/// Exit codes of the client verbs.
-pub const OK: u8 = 0;
-pub const REFUSED: u8 = 1;
-pub const USAGE: u8 = 2;
-pub const UNREACHABLE: u8 = 3;
-
-/// How long one request may take.
-const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Where the API is and who calls it, shared by every client verb.
-#[derive(Debug, Clone, Args)]
-pub struct Connection {
-    /// Base URL of the REST API (the gateway `atasira dev` or `atasira serve gateway` runs).
-    #[arg(long, env = "ATASIRA_BFF_URL", default_value = "http://127.0.0.1:8080", value_name = "URL")]
-    pub url: String,
-    /// Personal access token to call the API with (`atasira tokens create` issues one).
-    #[arg(long, env = "ATASIRA_PAT", hide_env_values = true, value_name = "PAT")]
-    pub token: Option<String>,
-    /// Print the API's JSON answer (refusals too) instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// For an https:// URL: the CA certificate(s) (PEM) to check the gateway's certificate
-    /// against, instead of the well-known public CAs.
-    #[arg(long, env = "ATASIRA_CA_FILE", value_name = "FILE")]
-    pub ca_file: Option<std::path::PathBuf>,
-}
-
-impl Connection {
-    /// An HTTP client for this connection (trusting `--ca-file` alone when given); the exit
-    /// code of a CA file that cannot be used.
-    fn agent(&self) -> Result<ureq::Agent, u8> {
-        let builder = ureq::AgentBuilder::new().timeout(TIMEOUT);
-        let Some(path) = &self.ca_file else { return Ok(builder.build()) };
-        let trusted = std::fs::read_to_string(path)
-            .map_err(anyhow::Error::from)
-            .and_then(|pem| crate::tls::client_config(&pem))
-            .map_err(|e| usage(&format!("--ca-file {}: {e:#}", path.display())))?;
-        Ok(builder.tls_config(std::sync::Arc::new(trusted)).build())
-    }
-}
+use exit::{OK, REFUSED, USAGE, usage};
+pub use transport::Connection;
+use transport::{call, query, refused, segment, send, typed};
 
 /// `atasira workers ...`.
 #[derive(Debug, Subcommand)]
@@ -140,21 +114,18 @@ fn run(command: WorkersCommand, matches: Option<&ArgMatches>) -> u8 {
                 body["labels"] = json!(labels);
             }
             let path = format!("/api/v1/boxes/{}/workers", segment(&box_id));
-            call(&connection, "POST", &path, Some(&body), |status, worker| {
-                println!("{}", if status == 201 { "launched" } else { "launched before (same launch_id and request)" });
-                print_worker(worker);
-            })
+            call(&connection, "POST", &path, Some(&body), print::launched)
         }
         WorkersCommand::Show { worker_id, provenance, connection } => {
             if provenance {
-                call(&connection, "GET", &format!("/api/v1/workers/{}/provenance", segment(&worker_id)), None, |_, p| print_provenance(p))
+                call(&connection, "GET", &format!("/api/v1/workers/{}/provenance", segment(&worker_id)), None, |_, p| print::provenance(p))
             } else {
-                call(&connection, "GET", &format!("/api/v1/workers/{}", segment(&worker_id)), None, |_, w| print_worker(w))
+                call(&connection, "GET", &format!("/api/v1/workers/{}", segment(&worker_id)), None, |_, w| print::worker(w))
             }
         }
         WorkersCommand::List { box_id, paging, connection } => {
             let path = format!("/api/v1/boxes/{}/workers{}", segment(&box_id), query(&page_pairs(&paging)));
-            call(&connection, "GET", &path, None, |_, page| print_list(page))
+            call(&connection, "GET", &path, None, |_, page| print::workers(page))
         }
     }
 }
@@ -184,8 +155,8 @@ pub enum DraftsCommand {
     /// List your own drafts in submission order, decided ones included.
     Mine {
         /// Only drafts in this status.
-        #[arg(long, value_enum, value_name = "STATUS")]
-        status: Option<DraftStatusArg>,
+        #[arg(long, value_name = "STATUS", value_parser = DraftStatusParser)]
+        status: Option<DraftStatus>,
         #[command(flatten)]
         paging: Paging,
         #[command(flatten)]
@@ -240,15 +211,23 @@ pub enum DraftsCommand {
     },
 }
 
-/// A draft's status, to filter on.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum DraftStatusArg {
-    PendingApproval,
-    Approved,
-    Active,
-    Rejected,
-    Withdrawn,
-    Expired,
+/// Reads `--status`: a draft status by its name (`pending_approval`; `pending-approval`
+/// too), the domain's one status type, so the CLI offers exactly the statuses there are.
+#[derive(Debug, Clone, Copy)]
+struct DraftStatusParser;
+
+impl clap::builder::TypedValueParser for DraftStatusParser {
+    type Value = DraftStatus;
+
+    fn parse_ref(&self, cmd: &clap::Command, arg: Option<&clap::Arg>, value: &std::ffi::OsStr) -> Result<DraftStatus, clap::Error> {
+        let names = clap::builder::PossibleValuesParser::new(DraftStatus::ALL.map(|s| s.as_str()));
+        let name = names.parse_ref(cmd, arg, std::ffi::OsStr::new(&value.to_string_lossy().replace('-', "_")))?;
+        name.parse().map_err(|_| clap::Error::new(clap::error::ErrorKind::InvalidValue).with_cmd(cmd))
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(DraftStatus::ALL.into_iter().map(|s| clap::builder::PossibleValue::new(s.as_str()))))
+    }
 }
 
 /// A Box's state, to filter on.
@@ -520,12 +499,6 @@ fn wire_name(value: impl ValueEnum) -> String {
     value.to_possible_value().map(|v| v.get_name().replace('-', "_")).unwrap_or_default()
 }
 
-/// `?a=1&b=2` of the given pairs (absent ones left out), values percent-encoded.
-fn query(pairs: &[(&str, Option<String>)]) -> String {
-    let parts: Vec<String> = pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", segment(v)))).collect();
-    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
-}
-
 fn page_pairs(paging: &Paging) -> [(&'static str, Option<String>); 2] {
     [("limit", paging.limit.map(|l| l.to_string())), ("cursor", paging.cursor.clone())]
 }
@@ -538,40 +511,31 @@ fn run_drafts(command: DraftsCommand) -> u8 {
     match command {
         DraftsCommand::Pending { paging, connection } => {
             let path = format!("/api/v1/boxes/box-drafts/pending{}", query(&page_pairs(&paging)));
-            call(&connection, "GET", &path, None, |_, page| print_drafts(page))
+            call(&connection, "GET", &path, None, |_, page| print::drafts(page))
         }
         DraftsCommand::Mine { status, paging, connection } => {
-            let mut pairs = vec![("mine", Some("true".to_owned())), ("status", status.map(wire_name))];
+            let mut pairs = vec![("mine", Some("true".to_owned())), ("status", status.map(|s| s.as_str().to_owned()))];
             pairs.extend(page_pairs(&paging));
-            call(&connection, "GET", &format!("/api/v1/boxes/box-drafts{}", query(&pairs)), None, |_, page| print_drafts(page))
+            call(&connection, "GET", &format!("/api/v1/boxes/box-drafts{}", query(&pairs)), None, |_, page| print::drafts(page))
         }
         DraftsCommand::Show { draft_id, connection } => {
-            call(&connection, "GET", &format!("/api/v1/boxes/box-drafts/{}", segment(&draft_id)), None, |_, d| print_draft(d))
+            call(&connection, "GET", &format!("/api/v1/boxes/box-drafts/{}", segment(&draft_id)), None, |_, d| print::draft(d))
         }
         DraftsCommand::Create { file, connection } => {
             let body = match read_json(&file) {
                 Ok(body) => body,
                 Err(message) => return usage(&message),
             };
-            call(&connection, "POST", "/api/v1/boxes/box-drafts", Some(&body), |_, d| {
-                println!("submitted, waiting for a human admin's approval");
-                print_rows(&[
-                    ("draft_id", text(&d["draft_id"]).to_owned()),
-                    ("box_type", text(&d["box_type"]).to_owned()),
-                    ("status", text(&d["status"]).to_owned()),
-                    ("over_limit", d["over_limit"].to_string()),
-                    ("warnings", list_text(&d["warnings"])),
-                ]);
-            })
+            call(&connection, "POST", "/api/v1/boxes/box-drafts", Some(&body), |_, d| print::draft_created(d))
         }
         DraftsCommand::Approve { draft_id, confirm_over_limit, connection } => approve(&draft_id, confirm_over_limit, &connection),
         DraftsCommand::Reject { draft_id, reason, connection } => {
             let path = format!("/api/v1/boxes/box-drafts/{}/reject", segment(&draft_id));
-            call(&connection, "POST", &path, Some(&json!({"reason": reason})), |_, d| println!("draft {} is {}", text(&d["draft_id"]), text(&d["status"])))
+            call(&connection, "POST", &path, Some(&json!({"reason": reason})), |_, d| print::draft_status(d))
         }
         DraftsCommand::Withdraw { draft_id, connection } => {
             let path = format!("/api/v1/boxes/box-drafts/{}/withdraw", segment(&draft_id));
-            call(&connection, "POST", &path, Some(&json!({})), |_, d| println!("draft {} is {}", text(&d["draft_id"]), text(&d["status"])))
+            call(&connection, "POST", &path, Some(&json!({})), |_, d| print::draft_status(d))
         }
     }
 }
@@ -595,23 +559,28 @@ fn approve(draft_id: &str, confirm_over_limit: bool, connection: &Connection) ->
         Ok((status, draft)) if (200..300).contains(&status) => draft,
         Ok((status, error)) => {
             if connection.json {
-                println!("{}", serde_json::to_string_pretty(&error).unwrap_or_default());
+                print::json(&error);
             }
             return refused(status, &error);
         }
         Err(code) => return code,
     };
-    let over_limit = draft["over_limit"].as_bool() == Some(true);
+    let draft: DraftDetail = match typed(draft) {
+        Ok(draft) => draft,
+        Err(code) => return code,
+    };
+    let draft = draft.summary;
+    let over_limit = draft.over_limit;
     if over_limit && !confirm_over_limit {
-        let dangerous = dangerous_text(&draft);
+        let dangerous = print::dangerous_text(&draft.over_limit_ops, &draft.over_limit_tools);
         let terminal = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
         if !terminal {
             return usage(&format!(
                 "draft {draft_id} ({}) is over the limit: it asks for {dangerous}; pass --confirm-over-limit to approve it",
-                text(&draft["box_type"])
+                draft.box_type
             ));
         }
-        eprint!("draft {draft_id} ({}) is over the limit: it asks for {dangerous}.\nApprove it anyway? Type yes to confirm: ", text(&draft["box_type"]));
+        eprint!("draft {draft_id} ({}) is over the limit: it asks for {dangerous}.\nApprove it anyway? Type yes to confirm: ", draft.box_type);
         let mut answer = String::new();
         if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != "yes" {
             eprintln!("atasira: not approved");
@@ -619,28 +588,7 @@ fn approve(draft_id: &str, confirm_over_limit: bool, connection: &Connection) ->
         }
     }
     let body = json!({"confirm_over_limit": over_limit});
-    call(connection, "POST", &format!("{path}/approve"), Some(&body), |_, a| {
-        println!("approved; the Box is active");
-        print_rows(&[
-            ("draft_id", text(&a["draft_id"]).to_owned()),
-            ("box_id", text(&a["box_id"]).to_owned()),
-            ("box_type", text(&a["box_type"]).to_owned()),
-            ("approved_by", text(&a["approved_by"]).to_owned()),
-            ("approved_at", text(&a["approved_at"]).to_owned()),
-        ]);
-    })
-}
-
-/// The operations and tools over the limit a draft asks for, in words.
-fn dangerous_text(draft: &Value) -> String {
-    let ops = list_text(&draft["over_limit_ops"]);
-    let tools = list_text(&draft["over_limit_tools"]);
-    match (ops.as_str(), tools.as_str()) {
-        ("-", "-") => "capabilities over the limit".to_owned(),
-        (ops, "-") => format!("the operations {ops}"),
-        ("-", tools) => format!("the tools {tools}"),
-        (ops, tools) => format!("the operations {ops} and the tools {tools}"),
-    }
+    call(connection, "POST", &format!("{path}/approve"), Some(&body), |_, a| print::approved(a))
 }
 
 pub fn boxes(command: BoxesCommand) -> ExitCode {
@@ -650,37 +598,39 @@ pub fn boxes(command: BoxesCommand) -> ExitCode {
 fn run_boxes(command: BoxesCommand) -> u8 {
     let action = |verb: &str, box_id: &str, connection: &Connection| {
         let path = format!("/api/v1/boxes/{}/{verb}", segment(box_id));
-        call(connection, "POST", &path, Some(&json!({})), |_, b| println!("Box {} ({}) is {}", text(&b["box_id"]), text(&b["box_type"]), text(&b["state"])))
+        call(connection, "POST", &path, Some(&json!({})), |_, b| print::box_state(b))
     };
     match command {
         BoxesCommand::List { state, paging, connection } => {
             let mut pairs = vec![("state", state.map(wire_name))];
             pairs.extend(page_pairs(&paging));
-            call(&connection, "GET", &format!("/api/v1/boxes{}", query(&pairs)), None, |_, page| print_boxes(page))
+            call(&connection, "GET", &format!("/api/v1/boxes{}", query(&pairs)), None, |_, page| print::boxes(page))
         }
-        BoxesCommand::Show { box_id, connection } => call(&connection, "GET", &format!("/api/v1/boxes/{}", segment(&box_id)), None, |_, b| print_box(b)),
+        BoxesCommand::Show { box_id, connection } => {
+            call(&connection, "GET", &format!("/api/v1/boxes/{}", segment(&box_id)), None, |_, b| print::box_detail(b))
+        }
         BoxesCommand::History { box_id, paging, connection } => {
             let path = format!("/api/v1/boxes/{}/history{}", segment(&box_id), query(&page_pairs(&paging)));
-            call(&connection, "GET", &path, None, |_, h| print_history(h))
+            call(&connection, "GET", &path, None, |_, h| print::history(h))
         }
         BoxesCommand::Stop { box_id, connection } => action("stop", &box_id, &connection),
         BoxesCommand::Resume { box_id, connection } => action("resume", &box_id, &connection),
         BoxesCommand::Archive { box_id, connection } => action("archive", &box_id, &connection),
         BoxesCommand::Edit { box_id, file, connection } => match read_json(&file) {
-            Ok(edit) => call(&connection, "PUT", &format!("/api/v1/boxes/{}/manifest", segment(&box_id)), Some(&edit), |_, b| print_box(b)),
+            Ok(edit) => call(&connection, "PUT", &format!("/api/v1/boxes/{}/manifest", segment(&box_id)), Some(&edit), |_, b| print::box_detail(b)),
             Err(message) => usage(&message),
         },
         BoxesCommand::Config { box_id, file, connection } => match read_json(&file) {
-            Ok(patch) => call(&connection, "PATCH", &format!("/api/v1/boxes/{}/config", segment(&box_id)), Some(&patch), |_, b| print_box(b)),
+            Ok(patch) => call(&connection, "PATCH", &format!("/api/v1/boxes/{}/config", segment(&box_id)), Some(&patch), |_, b| print::box_detail(b)),
             Err(message) => usage(&message),
         },
         BoxesCommand::Unassign { box_id, user, connection } => {
             let path = format!("/api/v1/boxes/{}/user-assignments/{}", segment(&box_id), segment(&user));
-            call(&connection, "DELETE", &path, None, |_, b| print_box(b))
+            call(&connection, "DELETE", &path, None, |_, b| print::box_detail(b))
         }
         BoxesCommand::Assign { box_id, user, role, connection } => {
             let body = json!({"user_id": user, "role_in_box": wire_name(role)});
-            call(&connection, "POST", &format!("/api/v1/boxes/{}/user-assignments", segment(&box_id)), Some(&body), |_, b| print_box(b))
+            call(&connection, "POST", &format!("/api/v1/boxes/{}/user-assignments", segment(&box_id)), Some(&body), |_, b| print::box_detail(b))
         }
     }
 }
@@ -692,7 +642,7 @@ pub fn audit(command: AuditCommand, matches: Option<&ArgMatches>) -> Result<Exit
         AuditCommand::List { action, target, since, paging, connection } => {
             let mut pairs = vec![("action", action), ("target", target), ("since", since)];
             pairs.extend(page_pairs(&paging));
-            Ok(ExitCode::from(call(&connection, "GET", &format!("/api/v1/audit{}", query(&pairs)), None, |_, page| print_audit(page))))
+            Ok(ExitCode::from(call(&connection, "GET", &format!("/api/v1/audit{}", query(&pairs)), None, |_, page| print::audit_rows(page))))
         }
         AuditCommand::Verify(args) => match args.choose(matches) {
             VerifyWhere::Gateway(connection) => Ok(ExitCode::from(verify(&connection))),
@@ -710,25 +660,19 @@ fn verify(connection: &Connection) -> u8 {
         Err(code) => return code,
     };
     if connection.json {
-        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+        print::json(&value);
     }
     if !(200..300).contains(&status) {
         return refused(status, &value);
     }
-    let ok = value["ok"].as_bool() == Some(true);
+    let result: VerifyResult = match typed(value) {
+        Ok(result) => result,
+        Err(code) => return code,
+    };
     if !connection.json {
-        if ok {
-            println!("verified: the hash chain and every signed checkpoint hold ({} rows)", value["rows"]);
-        } else {
-            println!("DOES NOT VERIFY: row {} is the first bad row: {}", value["first_bad_seq"], text(&value["reason"]));
-        }
+        print::verify_result(&result);
     }
-    if ok { OK } else { REFUSED }
-}
-
-fn usage(message: &str) -> u8 {
-    eprintln!("atasira: {message}");
-    USAGE
+    if result.ok { OK } else { REFUSED }
 }
 
 /// The input segments in the order they were given on the command line (clap keeps each
@@ -762,418 +706,11 @@ fn parse_labels(labels: &[String]) -> Result<std::collections::BTreeMap<String, 
     Ok(out)
 }
 
-/// A path segment, percent-encoded (every byte but unreserved characters).
-fn segment(text: &str) -> String {
-    text.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') { (b as char).to_string() } else { format!("%{b:02X}") })
-        .collect()
-}
-
-/// Sends one request and prints its answer: `show` for a success, the error for a refusal.
-fn call(connection: &Connection, method: &str, path: &str, body: Option<&Value>, show: impl FnOnce(u16, &Value)) -> u8 {
-    let (status, value) = match send(connection, method, path, body) {
-        Ok(answer) => answer,
-        Err(code) => return code,
-    };
-    if connection.json {
-        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
-    }
-    if (200..300).contains(&status) {
-        if !connection.json {
-            show(status, &value);
-        }
-        return OK;
-    }
-    refused(status, &value)
-}
-
-/// Sends one request: the status and the JSON answer, or the exit code of a request that
-/// could not be made (no token, no gateway).
-fn send(connection: &Connection, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), u8> {
-    let Some(token) = connection.token.as_deref().filter(|t| !t.is_empty()) else {
-        return Err(usage("no token: pass --token or set ATASIRA_PAT"));
-    };
-    let url = format!("{}{path}", connection.url.trim_end_matches('/'));
-    let agent = connection.agent()?;
-    let request = agent.request(method, &url).set("Authorization", &format!("Bearer {token}"));
-    let progress = Progress::start(std::io::stderr().is_terminal());
-    let answer = match body {
-        Some(body) => request.send_json(body.clone()),
-        None => request.call(),
-    };
-    drop(progress);
-    let (status, response) = match answer {
-        Ok(response) => (response.status(), response),
-        Err(ureq::Error::Status(status, response)) => (status, response),
-        Err(ureq::Error::Transport(e)) => {
-            eprintln!("atasira: cannot reach the API at {}: {e}", connection.url);
-            return Err(UNREACHABLE);
-        }
-    };
-    let text = match response.into_string() {
-        Ok(text) => text,
-        Err(e) => {
-            eprintln!("atasira: the API's answer could not be read: {e}");
-            return Err(UNREACHABLE);
-        }
-    };
-    Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
-}
-
-/// A request still waiting after this long shows progress (on a terminal).
-const PROGRESS_AFTER: Duration = Duration::from_secs(1);
-
-/// "waiting for the gateway… 3s" on stderr, updated every second while a request takes
-/// longer than [`PROGRESS_AFTER`], and cleared when it is dropped (the answer arrived).
-/// Only on a terminal: a pipe or file never sees it.
-struct Progress {
-    done: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Progress {
-    fn start(terminal: bool) -> Progress {
-        if !terminal {
-            return Progress { done: None, thread: None };
-        }
-        let (done, finished) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            use std::io::Write;
-            let started = std::time::Instant::now();
-            let mut shown = false;
-            let mut wait = PROGRESS_AFTER;
-            // Wakes once a second until the sender is dropped (or sends).
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(wait) {
-                let mut err = std::io::stderr().lock();
-                let _ = write!(err, "\r\x1b[2Katasira: waiting for the gateway\u{2026} {}s", started.elapsed().as_secs());
-                let _ = err.flush();
-                shown = true;
-                wait = Duration::from_secs(1);
-            }
-            if shown {
-                let mut err = std::io::stderr().lock();
-                let _ = write!(err, "\r\x1b[2K");
-                let _ = err.flush();
-            }
-        });
-        Progress { done: Some(done), thread: Some(thread) }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        // Dropping the sender wakes the thread; it clears its line before this returns, so
-        // nothing printed after the answer lands on the progress line.
-        self.done.take();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Says why the API refused (on stderr); the exit code of a refusal.
-fn refused(status: u16, value: &Value) -> u8 {
-    let code = value["error"].as_str().unwrap_or("error");
-    let message = value["message"].as_str().map(str::to_owned).unwrap_or_else(|| value.to_string());
-    eprintln!("atasira: refused ({status} {code}): {message}");
-    if let Some(details) = value.get("details").and_then(Value::as_array) {
-        for d in details {
-            eprintln!("  {}: {}", d["key"].as_str().unwrap_or_default(), d["message"].as_str().unwrap_or_default());
-        }
-    }
-    REFUSED
-}
-
-fn text(v: &Value) -> &str {
-    v.as_str().unwrap_or_default()
-}
-
-fn labels_text(labels: &Value) -> String {
-    let pairs: Vec<String> = labels.as_object().into_iter().flatten().map(|(k, v)| format!("{k}={}", text(v))).collect();
-    if pairs.is_empty() { "-".to_owned() } else { pairs.join(", ") }
-}
-
-fn role_text(role: &Value) -> &str {
-    match text(role) {
-        "" => "-",
-        role => role,
-    }
-}
-
-fn print_worker(w: &Value) {
-    let rows = [
-        ("worker_id", text(&w["worker_id"]).to_owned()),
-        ("launch_id", text(&w["launch_id"]).to_owned()),
-        ("box", format!("{} ({})", text(&w["box_type"]), text(&w["box_id"]))),
-        ("role", role_text(&w["role"]).to_owned()),
-        ("labels", labels_text(&w["labels"])),
-        ("created_by", text(&w["created_by"]).to_owned()),
-        ("created_at", text(&w["created_at"]).to_owned()),
-    ];
-    for (name, value) in rows {
-        println!("{name:<11} {value}");
-    }
-    println!("transcript:");
-    for entry in w["transcript"].as_array().into_iter().flatten() {
-        println!("  #{} {} at {}", entry["seq"], text(&entry["author"]), text(&entry["at"]));
-        for s in entry["segments"].as_array().into_iter().flatten() {
-            println!("    {:<13} {}", text(&s["kind"]), text(&s["value"]));
-        }
-    }
-}
-
-fn print_list(page: &Value) {
-    let workers = page["workers"].as_array().cloned().unwrap_or_default();
-    if workers.is_empty() {
-        println!("no Workers");
-    } else {
-        let launch = workers.iter().map(|w| text(&w["launch_id"]).len()).max().unwrap_or(0).max(9);
-        let role = workers.iter().map(|w| text(&w["role"]).len()).max().unwrap_or(0).max(4);
-        let by = workers.iter().map(|w| text(&w["created_by"]).len()).max().unwrap_or(0).max(10);
-        println!("{:<36} {:<launch$} {:<role$} {:<by$} {:<30} LABELS", "WORKER_ID", "LAUNCH_ID", "ROLE", "CREATED_BY", "CREATED_AT");
-        for w in &workers {
-            let r = if text(&w["role"]).is_empty() { "-" } else { text(&w["role"]) };
-            println!(
-                "{:<36} {:<launch$} {:<role$} {:<by$} {:<30} {}",
-                text(&w["worker_id"]),
-                text(&w["launch_id"]),
-                r,
-                text(&w["created_by"]),
-                text(&w["created_at"]),
-                labels_text(&w["labels"])
-            );
-        }
-    }
-    if let Some(next) = page["next_cursor"].as_str() {
-        println!("next page: --cursor {next}");
-    }
-}
-
-fn print_provenance(p: &Value) {
-    println!("worker_id   {}", text(&p["worker_id"]));
-    println!("box_id      {}", text(&p["box_id"]));
-    println!("bundle      {}", text(&p["bundle_digest"]));
-    let verified = if p["approval_verified"].as_bool() == Some(true) { "verified now with public keys" } else { "DOES NOT VERIFY" };
-    println!("approval    signed by key {} ({verified})", text(&p["approval_key_id"]));
-    println!();
-    let steps = p["steps"].as_array().cloned().unwrap_or_default();
-    let width = steps.iter().map(|s| text(&s["event_id"]).len()).max().unwrap_or(0).max(5);
-    println!("{:<14} {:<width$} {:>8} {:>5}  {:<30} {:<16} DIGEST / VERSION", "STEP", "EVENT", "POSITION", "AUDIT", "AT", "ACTOR");
-    for s in &steps {
-        let audit = s["audit_seq"].as_i64().map_or_else(|| "-".to_owned(), |seq| seq.to_string());
-        let mut what = text(&s["digest"]).to_owned();
-        if let Some(version) = s["manifest_version"].as_str() {
-            what = if what.is_empty() { format!("v{version}") } else { format!("{what} v{version}") };
-        }
-        println!(
-            "{:<14} {:<width$} {:>8} {:>5}  {:<30} {:<16} {what}",
-            text(&s["kind"]),
-            text(&s["event_id"]),
-            s["position"].to_string(),
-            audit,
-            text(&s["at"]),
-            text(&s["actor"])
-        );
-    }
-}
-
-/// `name value` lines, names aligned.
-fn print_rows(rows: &[(&str, String)]) {
-    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
-    for (name, value) in rows {
-        println!("{name:<width$} {value}");
-    }
-}
-
-/// A table: headers over rows, columns as wide as their widest cell (the last one free).
-fn print_table(headers: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let last = cells.len().saturating_sub(1);
-        let parts: Vec<String> = cells.iter().enumerate().map(|(i, c)| if i == last { (*c).to_owned() } else { format!("{c:<w$}", w = widths[i]) }).collect();
-        println!("{}", parts.join("  "));
-    };
-    line(headers.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
-}
-
-/// A JSON list of strings as `a, b`, or `-` when empty.
-fn list_text(list: &Value) -> String {
-    let items: Vec<&str> = list.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-    if items.is_empty() { "-".to_owned() } else { items.join(", ") }
-}
-
-fn next_page(page: &Value) {
-    if let Some(next) = page["next_cursor"].as_str() {
-        println!("next page: --cursor {next}");
-    }
-}
-
-fn print_drafts(page: &Value) {
-    let drafts = page["drafts"].as_array().cloned().unwrap_or_default();
-    if drafts.is_empty() {
-        println!("no drafts");
-    } else {
-        let rows: Vec<Vec<String>> = drafts
-            .iter()
-            .map(|d| {
-                let limit = if d["over_limit"].as_bool() == Some(true) { format!("OVER LIMIT: {}", dangerous_text(d)) } else { "-".to_owned() };
-                vec![
-                    text(&d["draft_id"]).to_owned(),
-                    text(&d["box_type"]).to_owned(),
-                    text(&d["status"]).to_owned(),
-                    text(&d["requested_by"]).to_owned(),
-                    text(&d["created_at"]).to_owned(),
-                    limit,
-                ]
-            })
-            .collect();
-        print_table(&["DRAFT_ID", "BOX_TYPE", "STATUS", "REQUESTED_BY", "CREATED_AT", "LIMIT"], &rows);
-    }
-    next_page(page);
-}
-
-fn print_draft(d: &Value) {
-    let mut rows = vec![
-        ("draft_id", text(&d["draft_id"]).to_owned()),
-        ("box_type", text(&d["box_type"]).to_owned()),
-        ("name", text(&d["name"]).to_owned()),
-        ("status", text(&d["status"]).to_owned()),
-        ("purpose", text(&d["purpose"]).to_owned()),
-        ("requested_by", text(&d["requested_by"]).to_owned()),
-        ("created_at", text(&d["created_at"]).to_owned()),
-        ("os_operations", list_text(&d["os_operations"])),
-        ("tools", list_text(&d["tools"])),
-        ("url_allowlist", list_text(&d["url_allowlist"])),
-        ("network", text(&d["network"]).to_owned()),
-        ("file_access", list_text(&d["file_access"])),
-        (
-            "required_access",
-            d["required_access"]
-                .as_array()
-                .filter(|a| !a.is_empty())
-                .map_or_else(|| "-".to_owned(), |a| a.iter().map(Value::to_string).collect::<Vec<_>>().join(", ")),
-        ),
-        ("prohibited", list_text(&d["prohibited"])),
-        ("box_id", d["box_id"].as_str().unwrap_or("-").to_owned()),
-        ("over_limit", if d["over_limit"].as_bool() == Some(true) { format!("yes: {}", dangerous_text(d)) } else { "no".to_owned() }),
-        ("warnings", list_text(&d["warnings"])),
-    ];
-    if let Some(decision) = d.get("decision").filter(|v| v.is_object()) {
-        rows.push(("decided_by", decision["by"].as_str().or_else(|| decision["withdrawn_by"].as_str()).unwrap_or("-").to_owned()));
-        rows.push(("decided_at", text(&decision["at"]).to_owned()));
-        if let Some(reason) = decision["reason"].as_str() {
-            rows.push(("reason", reason.to_owned()));
-        }
-    }
-    print_rows(&rows);
-    println!("manifest:");
-    println!("{}", serde_json::to_string_pretty(&d["manifest"]).unwrap_or_default());
-}
-
-fn print_boxes(page: &Value) {
-    let boxes = page["boxes"].as_array().cloned().unwrap_or_default();
-    if boxes.is_empty() {
-        println!("no Boxes");
-    } else {
-        let rows: Vec<Vec<String>> = boxes
-            .iter()
-            .map(|b| {
-                vec![
-                    text(&b["box_id"]).to_owned(),
-                    text(&b["box_type"]).to_owned(),
-                    text(&b["state"]).to_owned(),
-                    text(&b["manifest_version"]).to_owned(),
-                    text(&b["created_at"]).to_owned(),
-                    text(&b["name"]).to_owned(),
-                ]
-            })
-            .collect();
-        print_table(&["BOX_ID", "BOX_TYPE", "STATE", "VERSION", "CREATED_AT", "NAME"], &rows);
-    }
-    next_page(page);
-}
-
-fn print_box(b: &Value) {
-    let assignments: Vec<String> =
-        b["assignments"].as_array().into_iter().flatten().map(|a| format!("{} ({})", text(&a["user_id"]), text(&a["role_in_box"]))).collect();
-    print_rows(&[
-        ("box_id", text(&b["box_id"]).to_owned()),
-        ("box_type", text(&b["box_type"]).to_owned()),
-        ("name", text(&b["name"]).to_owned()),
-        ("state", text(&b["state"]).to_owned()),
-        ("manifest_version", text(&b["manifest_version"]).to_owned()),
-        ("created_at", text(&b["created_at"]).to_owned()),
-        ("draft_id", text(&b["draft_id"]).to_owned()),
-        ("approved_by", text(&b["approved_by"]).to_owned()),
-        ("assignments", if assignments.is_empty() { "-".to_owned() } else { assignments.join(", ") }),
-        ("manifest_drift", if b["manifest_drift"].as_bool() == Some(true) { "yes: the manifest file differs from the approved one" } else { "no" }.to_owned()),
-    ]);
-    let provisioning = b["provisioning"].as_array().cloned().unwrap_or_default();
-    if !provisioning.is_empty() {
-        println!("access setup:");
-        for p in &provisioning {
-            let error = p["reason"].as_str().or_else(|| p["detail"].as_str()).map(|e| format!(": {e}")).unwrap_or_default();
-            println!("  #{} {} {}{error}", p["index"], text(&p["access"]), text(&p["status"]));
-        }
-    }
-}
-
-fn print_history(h: &Value) {
-    let entries = h["entries"].as_array().cloned().unwrap_or_default();
-    if entries.is_empty() {
-        println!("no history");
-    } else {
-        let rows: Vec<Vec<String>> = entries
-            .iter()
-            .map(|e| {
-                let mut what = Vec::new();
-                for key in ["user_id", "role_in_box", "approved_by", "manifest_version", "changed_keys", "state", "access", "reason"] {
-                    if let Some(v) = e.get(key).filter(|v| !v.is_null()) {
-                        what.push(format!("{key}={}", v.as_str().map_or_else(|| v.to_string(), str::to_owned)));
-                    }
-                }
-                vec![text(&e["at"]).to_owned(), text(&e["kind"]).to_owned(), text(&e["actor"]).to_owned(), what.join(" ")]
-            })
-            .collect();
-        print_table(&["AT", "WHAT", "BY", "DETAILS"], &rows);
-    }
-    next_page(h);
-}
-
-fn print_audit(page: &Value) {
-    let rows = page["rows"].as_array().cloned().unwrap_or_default();
-    if rows.is_empty() {
-        println!("no audit rows");
-    } else {
-        let rows: Vec<Vec<String>> = rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r["seq"].to_string(),
-                    text(&r["time"]).to_owned(),
-                    text(&r["action"]).to_owned(),
-                    text(&r["actor"]).to_owned(),
-                    text(&r["target"]).to_owned(),
-                ]
-            })
-            .collect();
-        print_table(&["SEQ", "TIME", "ACTION", "ACTOR", "TARGET"], &rows);
-    }
-    next_page(page);
-}
-
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, FromArgMatches, Parser};
 
+    use super::exit::UNREACHABLE;
     use super::*;
 
     #[derive(Debug, Parser)]
@@ -1208,12 +745,6 @@ mod tests {
     }
 
     #[test]
-    fn r_cli_path_segments_are_encoded() {
-        assert_eq!(segment("b-1_x.y~z"), "b-1_x.y~z");
-        assert_eq!(segment("a/b c?"), "a%2Fb%20c%3F");
-    }
-
-    #[test]
     fn r_cli_exit_codes_no_token_is_usage_and_no_gateway_is_unreachable() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
         let url = format!("http://127.0.0.1:{port}");
@@ -1237,7 +768,13 @@ mod tests {
 
     #[test]
     fn r_cli_wire_names_are_the_apis() {
-        assert_eq!(wire_name(DraftStatusArg::PendingApproval), "pending_approval");
+        for status in DraftStatus::ALL {
+            for name in [status.as_str().to_owned(), status.as_str().replace('_', "-")] {
+                let parsed = Others::try_parse_from(["o", "drafts", "mine", "--status", &name]).expect("a status");
+                assert!(matches!(parsed, Others::Drafts(DraftsCommand::Mine { status: Some(s), .. }) if s == status), "{name}");
+            }
+        }
+        assert!(Others::try_parse_from(["o", "drafts", "mine", "--status", "sleeping"]).is_err());
         assert_eq!(wire_name(BoxStateArg::All), "all");
         assert_eq!(wire_name(RoleInBoxArg::Primary), "primary");
         assert_eq!(query(&[("a", None), ("action", Some("box.activate".into())), ("target", Some("d 1".into()))]), "?action=box.activate&target=d%201");
@@ -1266,19 +803,6 @@ mod tests {
         assert_eq!(parse_time("2026-12-01T18:00:00+09:00").as_deref(), Ok("2026-12-01T18:00:00+09:00"));
         assert!(parse_time("yesterday").is_err());
         assert_eq!(query(&[("since", Some("2026-12-01T18:00:00+09:00".into()))]), "?since=2026-12-01T18%3A00%3A00%2B09%3A00");
-    }
-
-    #[test]
-    fn r_cli_progress_never_shows_off_a_terminal() {
-        let progress = Progress::start(false);
-        assert!(progress.thread.is_none() && progress.done.is_none());
-    }
-
-    #[test]
-    fn r_cli_over_limit_is_named_in_words() {
-        let draft = json!({"over_limit_ops": ["shell:exec"], "over_limit_tools": ["Bash"]});
-        assert_eq!(dangerous_text(&draft), "the operations shell:exec and the tools Bash");
-        assert_eq!(dangerous_text(&json!({"over_limit_ops": [], "over_limit_tools": ["Bash"]})), "the tools Bash");
     }
 
     #[test]

@@ -1,0 +1,355 @@
+//! What the client verbs print on stdout for each answer of the API: read into the
+//! gateway's API types (`atasira_gateway::api`), shown as `name value` lines or a table; or,
+//! with `--json`, the API's JSON as received ([`json`]). Enum values and times are written
+//! as the API's JSON has them ([`wire`]).
+
+use std::collections::BTreeMap;
+
+use atasira_gateway::api::{
+    Approved, AuditRows, BoxDetail, BoxHistory, BoxList, DraftCreated, DraftDetail, DraftPage, DraftStatusChanged, VerifyResult, Worker, WorkerList,
+    WorkerProvenance,
+};
+use serde::Serialize;
+use serde_json::Value;
+
+/// The API's JSON answer, as received (`--json`).
+pub(super) fn json(value: &Value) {
+    println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+}
+
+/// `workers create`: whether this request launched the Worker (201) or an earlier one with
+/// the same launch_id did, then the Worker.
+pub(super) fn launched(status: u16, w: &Worker) {
+    println!("{}", if status == 201 { "launched" } else { "launched before (same launch_id and request)" });
+    worker(w);
+}
+
+/// A Worker with its transcript.
+pub(super) fn worker(w: &Worker) {
+    let rows = [
+        ("worker_id", w.worker_id.clone()),
+        ("launch_id", w.launch_id.clone()),
+        ("box", format!("{} ({})", w.box_type, w.box_id)),
+        ("role", role_text(&w.role).to_owned()),
+        ("labels", labels_text(&w.labels)),
+        ("created_by", w.created_by.clone()),
+        ("created_at", wire(w.created_at)),
+    ];
+    for (name, value) in rows {
+        println!("{name:<11} {value}");
+    }
+    println!("transcript:");
+    for entry in &w.transcript {
+        println!("  #{} {} at {}", entry.seq, entry.author, wire(entry.at));
+        for s in &entry.segments {
+            println!("    {:<13} {}", wire(s.kind), s.value);
+        }
+    }
+}
+
+/// A page of a Box's Workers.
+pub(super) fn workers(page: &WorkerList) {
+    let workers = &page.workers;
+    if workers.is_empty() {
+        println!("no Workers");
+    } else {
+        let launch = workers.iter().map(|w| w.launch_id.len()).max().unwrap_or(0).max(9);
+        let role = workers.iter().map(|w| w.role.len()).max().unwrap_or(0).max(4);
+        let by = workers.iter().map(|w| w.created_by.len()).max().unwrap_or(0).max(10);
+        println!("{:<36} {:<launch$} {:<role$} {:<by$} {:<30} LABELS", "WORKER_ID", "LAUNCH_ID", "ROLE", "CREATED_BY", "CREATED_AT");
+        for w in workers {
+            println!(
+                "{:<36} {:<launch$} {:<role$} {:<by$} {:<30} {}",
+                w.worker_id,
+                w.launch_id,
+                role_text(&w.role),
+                w.created_by,
+                wire(w.created_at),
+                labels_text(&w.labels)
+            );
+        }
+    }
+    next_page(page.next_cursor.as_deref());
+}
+
+/// The chain from the human approval of a Worker's Box to the configuration it runs.
+pub(super) fn provenance(p: &WorkerProvenance) {
+    println!("worker_id   {}", p.worker_id);
+    println!("box_id      {}", p.box_id);
+    println!("bundle      {}", p.bundle_digest);
+    let verified = if p.approval_verified { "verified now with public keys" } else { "DOES NOT VERIFY" };
+    println!("approval    signed by key {} ({verified})", p.approval_key_id);
+    println!();
+    let width = p.steps.iter().map(|s| s.event_id.len()).max().unwrap_or(0).max(5);
+    println!("{:<14} {:<width$} {:>8} {:>5}  {:<30} {:<16} DIGEST / VERSION", "STEP", "EVENT", "POSITION", "AUDIT", "AT", "ACTOR");
+    for s in &p.steps {
+        let audit = s.audit_seq.map_or_else(|| "-".to_owned(), |seq| seq.to_string());
+        let mut what = s.digest.clone().unwrap_or_default();
+        if let Some(version) = &s.manifest_version {
+            what = if what.is_empty() { format!("v{version}") } else { format!("{what} v{version}") };
+        }
+        println!("{:<14} {:<width$} {:>8} {:>5}  {:<30} {:<16} {what}", wire(s.kind), s.event_id, s.position.to_string(), audit, wire(s.at), s.actor);
+    }
+}
+
+/// A page of drafts, those over the limit marked with what makes them so.
+pub(super) fn drafts(page: &DraftPage) {
+    if page.drafts.is_empty() {
+        println!("no drafts");
+    } else {
+        let rows: Vec<Vec<String>> = page
+            .drafts
+            .iter()
+            .map(|d| {
+                let limit = if d.over_limit { format!("OVER LIMIT: {}", dangerous_text(&d.over_limit_ops, &d.over_limit_tools)) } else { "-".to_owned() };
+                vec![d.draft_id.clone(), d.box_type.clone(), wire(d.status), d.requested_by.clone(), wire(d.created_at), limit]
+            })
+            .collect();
+        print_table(&["DRAFT_ID", "BOX_TYPE", "STATUS", "REQUESTED_BY", "CREATED_AT", "LIMIT"], &rows);
+    }
+    next_page(page.next_cursor.as_deref());
+}
+
+/// One draft: what it asks for, where it is, the decision on it and its manifest.
+pub(super) fn draft(detail: &DraftDetail) {
+    let d = &detail.summary;
+    let required_access: Vec<String> = d.required_access.iter().map(|a| serde_json::to_string(a).unwrap_or_default()).collect();
+    let mut rows = vec![
+        ("draft_id", d.draft_id.clone()),
+        ("box_type", d.box_type.clone()),
+        ("name", d.name.clone()),
+        ("status", wire(d.status)),
+        ("purpose", d.purpose.clone()),
+        ("requested_by", d.requested_by.clone()),
+        ("created_at", wire(d.created_at)),
+        ("os_operations", list_text(&d.os_operations)),
+        ("tools", list_text(&d.tools)),
+        ("url_allowlist", list_text(&d.url_allowlist)),
+        ("network", wire(d.network)),
+        ("file_access", list_text(&d.file_access)),
+        ("required_access", if required_access.is_empty() { "-".to_owned() } else { required_access.join(", ") }),
+        ("prohibited", list_text(&d.prohibited)),
+        ("box_id", d.box_id.clone().unwrap_or_else(|| "-".to_owned())),
+        ("over_limit", if d.over_limit { format!("yes: {}", dangerous_text(&d.over_limit_ops, &d.over_limit_tools)) } else { "no".to_owned() }),
+        ("warnings", list_text(&d.warnings)),
+    ];
+    if let Some(decision) = &d.decision {
+        rows.push(("decided_by", decision.by.as_deref().or(decision.withdrawn_by.as_deref()).unwrap_or("-").to_owned()));
+        rows.push(("decided_at", wire(decision.at)));
+        if let Some(reason) = &decision.reason {
+            rows.push(("reason", reason.clone()));
+        }
+    }
+    print_rows(&rows);
+    println!("manifest:");
+    println!("{}", serde_json::to_string_pretty(&detail.manifest).unwrap_or_default());
+}
+
+/// `drafts create`: the draft submitted.
+pub(super) fn draft_created(d: &DraftCreated) {
+    println!("submitted, waiting for a human admin's approval");
+    print_rows(&[
+        ("draft_id", d.draft_id.clone()),
+        ("box_type", d.box_type.clone()),
+        ("status", wire(d.status)),
+        ("over_limit", d.over_limit.to_string()),
+        ("warnings", list_text(&d.warnings)),
+    ]);
+}
+
+/// `drafts approve`: the draft's Box.
+pub(super) fn approved(a: &Approved) {
+    println!("approved; the Box is active");
+    print_rows(&[
+        ("draft_id", a.draft_id.clone()),
+        ("box_id", a.box_id.clone()),
+        ("box_type", a.box_type.clone()),
+        ("approved_by", a.approved_by.clone()),
+        ("approved_at", wire(a.approved_at)),
+    ]);
+}
+
+/// `drafts reject|withdraw`: the draft's new status.
+pub(super) fn draft_status(d: &DraftStatusChanged) {
+    println!("draft {} is {}", d.draft_id, wire(d.status));
+}
+
+/// The operations and tools over the limit a draft asks for, in words.
+pub(super) fn dangerous_text(ops: &[String], tools: &[String]) -> String {
+    let ops = list_text(ops);
+    let tools = list_text(tools);
+    match (ops.as_str(), tools.as_str()) {
+        ("-", "-") => "capabilities over the limit".to_owned(),
+        (ops, "-") => format!("the operations {ops}"),
+        ("-", tools) => format!("the tools {tools}"),
+        (ops, tools) => format!("the operations {ops} and the tools {tools}"),
+    }
+}
+
+/// A page of Boxes.
+pub(super) fn boxes(page: &BoxList) {
+    if page.boxes.is_empty() {
+        println!("no Boxes");
+    } else {
+        let rows: Vec<Vec<String>> = page
+            .boxes
+            .iter()
+            .map(|b| vec![b.box_id.clone(), b.box_type.clone(), wire(b.state), b.manifest_version.clone(), wire(b.created_at), b.name.clone()])
+            .collect();
+        print_table(&["BOX_ID", "BOX_TYPE", "STATE", "VERSION", "CREATED_AT", "NAME"], &rows);
+    }
+    next_page(page.next_cursor.as_deref());
+}
+
+/// `boxes stop|resume|archive`: the Box's new state.
+pub(super) fn box_state(b: &BoxDetail) {
+    println!("Box {} ({}) is {}", b.box_id, b.box_type, wire(b.state));
+}
+
+/// One Box: what it is, who is assigned to it, whether its manifest drifted, and how its
+/// access was set up.
+pub(super) fn box_detail(b: &BoxDetail) {
+    let assignments: Vec<String> = b.assignments.iter().map(|a| format!("{} ({})", a.user_id, wire(a.role_in_box))).collect();
+    print_rows(&[
+        ("box_id", b.box_id.clone()),
+        ("box_type", b.box_type.clone()),
+        ("name", b.name.clone()),
+        ("state", wire(b.state)),
+        ("manifest_version", b.manifest_version.clone()),
+        ("created_at", wire(b.created_at)),
+        ("draft_id", b.draft_id.clone()),
+        ("approved_by", b.approved_by.clone()),
+        ("assignments", if assignments.is_empty() { "-".to_owned() } else { assignments.join(", ") }),
+        ("manifest_drift", if b.manifest_drift { "yes: the manifest file differs from the approved one" } else { "no" }.to_owned()),
+    ]);
+    if !b.provisioning.is_empty() {
+        println!("access setup:");
+        for p in &b.provisioning {
+            let error = p.reason.as_deref().or(p.detail.as_deref()).map(|e| format!(": {e}")).unwrap_or_default();
+            println!("  #{} {} {}{error}", p.index, p.access, wire(p.status));
+        }
+    }
+}
+
+/// A page of a Box's history: each event with the keys its kind has.
+pub(super) fn history(h: &BoxHistory) {
+    if h.entries.is_empty() {
+        println!("no history");
+    } else {
+        let rows: Vec<Vec<String>> = h
+            .entries
+            .iter()
+            .map(|e| {
+                let details = [
+                    ("user_id", e.user_id.clone()),
+                    ("role_in_box", e.role_in_box.map(wire)),
+                    ("approved_by", e.approved_by.clone()),
+                    ("manifest_version", e.manifest_version.clone()),
+                    ("changed_keys", e.changed_keys.as_ref().map(|keys| serde_json::to_string(keys).unwrap_or_default())),
+                    ("state", e.state.map(wire)),
+                    ("access", e.access.clone()),
+                    ("reason", e.reason.clone()),
+                ];
+                let what: Vec<String> = details.into_iter().filter_map(|(key, value)| value.map(|v| format!("{key}={v}"))).collect();
+                vec![wire(e.at), wire(e.kind), e.actor.clone(), what.join(" ")]
+            })
+            .collect();
+        print_table(&["AT", "WHAT", "BY", "DETAILS"], &rows);
+    }
+    next_page(h.next_cursor.as_deref());
+}
+
+/// A page of audit ledger rows.
+pub(super) fn audit_rows(page: &AuditRows) {
+    if page.rows.is_empty() {
+        println!("no audit rows");
+    } else {
+        let rows: Vec<Vec<String>> =
+            page.rows.iter().map(|r| vec![r.seq.to_string(), r.time.clone(), r.action.clone(), r.actor.clone(), r.target.clone()]).collect();
+        print_table(&["SEQ", "TIME", "ACTION", "ACTOR", "TARGET"], &rows);
+    }
+    next_page(page.next_cursor.as_deref());
+}
+
+/// `audit verify` through a gateway: verified with the number of rows, or the first row
+/// that does not verify and why.
+pub(super) fn verify_result(v: &VerifyResult) {
+    let number = |n: Option<String>| n.unwrap_or_else(|| "-".to_owned());
+    if v.ok {
+        println!("verified: the hash chain and every signed checkpoint hold ({} rows)", number(v.rows.map(|n| n.to_string())));
+    } else {
+        println!("DOES NOT VERIFY: row {} is the first bad row: {}", number(v.first_bad_seq.map(|n| n.to_string())), v.reason.as_deref().unwrap_or_default());
+    }
+}
+
+/// The text the API's JSON has for a value: an enum's name (`pending_approval`, `idle`), a
+/// time (RFC 3339 in UTC, as precise as it is: `2026-12-01T11:27:26.695Z`).
+fn wire(value: impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(text)) => text,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// A Worker's role, or `-` when it has none.
+fn role_text(role: &str) -> &str {
+    if role.is_empty() { "-" } else { role }
+}
+
+/// Labels as `k=v, k2=v2`, or `-` when there are none.
+fn labels_text(labels: &BTreeMap<String, String>) -> String {
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if pairs.is_empty() { "-".to_owned() } else { pairs.join(", ") }
+}
+
+/// `name value` lines, names aligned.
+fn print_rows(rows: &[(&str, String)]) {
+    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    for (name, value) in rows {
+        println!("{name:<width$} {value}");
+    }
+}
+
+/// A table: headers over rows, columns as wide as their widest cell (the last one free).
+fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let parts: Vec<String> = cells.iter().enumerate().map(|(i, c)| if i == last { (*c).to_owned() } else { format!("{c:<w$}", w = widths[i]) }).collect();
+        println!("{}", parts.join("  "));
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// A list of strings as `a, b`, or `-` when empty.
+fn list_text(list: &[String]) -> String {
+    if list.is_empty() { "-".to_owned() } else { list.join(", ") }
+}
+
+/// The cursor of the next page, when there is one.
+fn next_page(next_cursor: Option<&str>) {
+    if let Some(next) = next_cursor {
+        println!("next page: --cursor {next}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn r_cli_over_limit_is_named_in_words() {
+        let strings = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(dangerous_text(&strings(&["shell:exec"]), &strings(&["Bash"])), "the operations shell:exec and the tools Bash");
+        assert_eq!(dangerous_text(&[], &strings(&["Bash"])), "the tools Bash");
+    }
+}
