@@ -10,10 +10,17 @@
 //! - `rebuild` ([`rebuild::rebuild`]): rebuilding the drafts view and the Box view from a
 //!   store seeded with N events.
 //! - `idle` ([`idle::idle`]): the CPU the five service processes use with no traffic.
+//! - `scale` ([`scale::scale`]): REST submit and the pending list at a small and a large
+//!   store, the cluster as processes.
+//! - `soak` ([`soak::soak`]): the resident memory of every process before and after a long
+//!   run of commands.
 
 mod drafts;
 mod idle;
+mod processes;
 mod rebuild;
+mod scale;
+mod soak;
 mod workers;
 
 use std::future::Future;
@@ -26,6 +33,8 @@ use std::time::{Duration, Instant};
 pub use drafts::{ClusterOptions, DraftsOptions, drafts};
 pub use idle::{IdleOptions, idle};
 pub use rebuild::rebuild;
+pub use scale::{ScaleOptions, scale};
+pub use soak::{SoakOptions, soak};
 pub use workers::{WorkersOptions, workers};
 
 /// Linux reports process CPU time in clock ticks of 10 ms (`USER_HZ` = 100).

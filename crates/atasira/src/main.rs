@@ -1,6 +1,6 @@
 //! `atasira`: the one binary (R-CLI-1): `dev` (embedded, every service in one process),
 //! `serve <service>` (cluster), `nats-config` (R-ARCH-10), operator verbs on a data dir or
-//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|workers|rebuild|idle`, offline verbs (`manifest
+//! database (`tokens`, `projections rebuild`, `audit verify`, `keys rotate`), `bench drafts|workers|rebuild|idle|scale|soak`, offline verbs (`manifest
 //! validate|context|feasibility`, `drafts preview`), and client verbs over REST (`workers`, `drafts`, `boxes`, `audit list`,
 //! `audit verify` with `--url`, and `mcp`, the MCP server on stdio).
 //!
@@ -356,7 +356,7 @@ struct TestHooks {
     #[arg(long, env = "ATASIRA_FAILPOINT_DELAY", value_name = "NAME:MILLIS", value_delimiter = ',', help_heading = "Testing")]
     failpoint_delay: Vec<atasira_platform::failpoints::FailpointDelay>,
     /// Test builds only: hold at a point while the test has armed it (NAME:DIRECTORY,
-    /// comma separated; see tests/harness.rs `Hold`), to force an interleaving.
+    /// comma separated; see tests/harness/binary.rs `Hold`), to force an interleaving.
     #[arg(long, env = "ATASIRA_FAILPOINT_HOLD", value_name = "NAME:DIR", value_delimiter = ',', help_heading = "Testing")]
     failpoint_hold: Vec<atasira_platform::failpoints::FailpointHold>,
 }
@@ -440,6 +440,12 @@ struct BenchClusterArgs {
     /// authenticated topology is measured. Without it every connection is anonymous.
     #[arg(long, env = "ATASIRA_NATS_CREDS_DIR", value_name = "DIR")]
     nats_creds_dir: Option<PathBuf>,
+}
+
+impl From<BenchClusterArgs> for bench::ClusterOptions {
+    fn from(a: BenchClusterArgs) -> Self {
+        bench::ClusterOptions { nats_url: a.nats_url, creds_dir: a.nats_creds_dir, database_url: a.database_url }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -527,6 +533,40 @@ enum BenchCommand {
         /// Length of the measured window in seconds.
         #[arg(long, value_name = "S", default_value_t = 10)]
         seconds: u64,
+    },
+    /// How cost grows with the store: seeds a fresh PostgreSQL database with drafts to
+    /// --small events, starts the five services and the gateway as processes, measures REST
+    /// submit with read-your-writes and the first page of pending drafts at c=1; then seeds
+    /// to --large events, starts them again and measures the same; prints the ratios.
+    Scale {
+        #[command(flatten)]
+        cluster: BenchClusterArgs,
+        /// Stored events of the first measurement.
+        #[arg(long, value_name = "N", default_value_t = 10_000)]
+        small: usize,
+        /// Stored events of the second measurement.
+        #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+        large: usize,
+        /// Requests per measured figure.
+        #[arg(long, default_value_t = 300)]
+        count: usize,
+    },
+    /// Memory over a long run: starts the five services and the gateway as processes,
+    /// sends a warm-up of commands over REST, then a long run (drafts submitted with
+    /// read-your-writes, every fourth rejected by an admin), and prints each process's
+    /// resident memory after warm-up, at its peak and after the run.
+    Soak {
+        #[command(flatten)]
+        cluster: BenchClusterArgs,
+        /// Commands of the measured run.
+        #[arg(long, value_name = "N", default_value_t = 100_000)]
+        commands: usize,
+        /// Commands of the warm-up, before the first reading.
+        #[arg(long, value_name = "N", default_value_t = 5_000)]
+        warm_up: usize,
+        /// Requests in flight.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
     },
 }
 
@@ -650,12 +690,13 @@ fn main() -> ExitCode {
             }))
         }
         Command::Bench(BenchCommand::Rebuild { events, database_url }) => run_async(bench::rebuild(events, database_url.as_deref())),
-        Command::Bench(BenchCommand::Idle { cluster, seconds }) => run_async(bench::idle(bench::IdleOptions {
-            nats_url: cluster.nats_url,
-            creds_dir: cluster.nats_creds_dir,
-            database_url: cluster.database_url,
-            seconds,
-        })),
+        Command::Bench(BenchCommand::Idle { cluster, seconds }) => run_async(bench::idle(bench::IdleOptions { cluster: cluster.into(), seconds })),
+        Command::Bench(BenchCommand::Scale { cluster, small, large, count }) => {
+            run_async(bench::scale(bench::ScaleOptions { cluster: cluster.into(), small, large, count }))
+        }
+        Command::Bench(BenchCommand::Soak { cluster, commands, warm_up, concurrency }) => {
+            run_async(bench::soak(bench::SoakOptions { cluster: cluster.into(), commands, warm_up, concurrency }))
+        }
         Command::Manifest(ManifestCommand::Validate { file }) => offline::validate(&file),
         Command::Manifest(ManifestCommand::Context { file }) => offline::context(&file),
         Command::Manifest(ManifestCommand::Feasibility { file, task_description }) => offline::feasibility(&file, &task_description),

@@ -207,7 +207,7 @@ impl<'a> Cluster<'a> {
 
 /// Waits until `services` have applied every draft event stored so far (the audit ledger
 /// and the registry catch up with the commands of the first runs), saying so as it waits.
-async fn catch_up(bus: &dyn Bus, db: &Db, services: &[&str]) -> anyhow::Result<()> {
+pub(super) async fn catch_up(bus: &dyn Bus, db: &Db, services: &[&str]) -> anyhow::Result<()> {
     use sqlx::Row as _;
     let last = sqlx::query("SELECT aggregate_id, sequence FROM events WHERE aggregate_type = $1 ORDER BY global_position DESC LIMIT 1")
         .bind(atasira_domain::aggregates::types::DRAFT)
@@ -238,7 +238,7 @@ async fn catch_up(bus: &dyn Bus, db: &Db, services: &[&str]) -> anyhow::Result<(
 
 /// REST submit (`POST /api/v1/boxes/box-drafts`) with read-your-writes: a 201 that is not
 /// lagging, from a blocking thread (ureq) with keep-alive connections.
-fn rest_submit(addr: std::net::SocketAddr, pat: String, tag: &'static str) -> Op {
+pub(super) fn rest_submit(addr: std::net::SocketAddr, pat: String, tag: &'static str) -> Op {
     let agent = ureq::AgentBuilder::new().max_idle_connections_per_host(256).timeout(TIMEOUT).build();
     let url = format!("http://{addr}/api/v1/boxes/box-drafts");
     let authorization = format!("Bearer {pat}");
@@ -256,6 +256,27 @@ fn rest_submit(addr: std::net::SocketAddr, pat: String, tag: &'static str) -> Op
                     Ok(resp) => anyhow::bail!("REST answered {} (lagging: {:?})", resp.status(), resp.header("x-atasira-lagging")),
                     Err(e) => anyhow::bail!("REST failed: {e}"),
                 }
+            })
+            .await?
+        }
+    })
+}
+
+/// `GET path` answered 200, from a blocking thread (ureq) with keep-alive connections.
+pub(super) fn rest_get(addr: std::net::SocketAddr, pat: String, path: &'static str) -> Op {
+    let agent = ureq::AgentBuilder::new().max_idle_connections_per_host(256).timeout(TIMEOUT).build();
+    let url = format!("http://{addr}{path}");
+    let authorization = format!("Bearer {pat}");
+    op(move |_| {
+        let (agent, url, authorization) = (agent.clone(), url.clone(), authorization.clone());
+        async move {
+            tokio::task::spawn_blocking(move || match agent.get(&url).set("Authorization", &authorization).call() {
+                Ok(resp) if resp.status() == 200 => {
+                    let _ = resp.into_string();
+                    Ok(())
+                }
+                Ok(resp) => anyhow::bail!("GET {url} answered {}", resp.status()),
+                Err(e) => anyhow::bail!("GET {url} failed: {e}"),
             })
             .await?
         }

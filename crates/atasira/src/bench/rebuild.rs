@@ -25,12 +25,12 @@ const ROWS_PER_INSERT: usize = 28;
 const ROWS_PER_TX: usize = 10_000;
 
 /// One event to store.
-struct Row {
-    aggregate_type: &'static str,
-    aggregate_id: String,
-    sequence: i64,
-    event_type: &'static str,
-    payload: String,
+pub(super) struct Row {
+    pub(super) aggregate_type: &'static str,
+    pub(super) aggregate_id: String,
+    pub(super) sequence: i64,
+    pub(super) event_type: &'static str,
+    pub(super) payload: String,
 }
 
 /// The events of cycle `k` (8 events, 3 drafts, 1 Box): a draft submitted, approved and
@@ -167,19 +167,31 @@ async fn insert(db: &Db, rows: &[Row]) -> anyhow::Result<()> {
 
 /// Stores about `events` events (whole cycles of 8), saying how far it got.
 async fn seed(db: &Db, events: usize) -> anyhow::Result<usize> {
-    let run = format!("bench{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let signer = ApprovalSigner::from_secret("bench-1".into(), atasira_platform::auth::random_secret());
-    let cycles = events.div_ceil(8).max(1);
-    let mut pending = Vec::with_capacity(ROWS_PER_TX + 8);
+    seed_with(db, events, 8, |run, k| cycle(run, k, &signer)).await
+}
+
+/// Stores about `events` events, whole cycles of `per_cycle` events that `cycle` makes for
+/// this seeding's run id and the cycle's number, saying how far it got; then gathers the
+/// planner's statistics.
+pub(super) async fn seed_with(
+    db: &Db,
+    events: usize,
+    per_cycle: usize,
+    mut cycle: impl FnMut(&str, usize) -> anyhow::Result<Vec<Row>>,
+) -> anyhow::Result<usize> {
+    let run = format!("bench{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let cycles = events.div_ceil(per_cycle).max(1);
+    let mut pending = Vec::with_capacity(ROWS_PER_TX + per_cycle);
     let (mut stored, mut told) = (0, Instant::now());
     for k in 0..cycles {
-        pending.extend(cycle(&run, k, &signer)?);
+        pending.extend(cycle(&run, k)?);
         if pending.len() >= ROWS_PER_TX || k + 1 == cycles {
             insert(db, &pending).await?;
             stored += pending.len();
             pending.clear();
             if told.elapsed() > Duration::from_secs(5) {
-                eprintln!("  ... seeded {} of {} events", thousands(stored as f64), thousands((cycles * 8) as f64));
+                eprintln!("  ... seeded {} of {} events", thousands(stored as f64), thousands((cycles * per_cycle) as f64));
                 told = Instant::now();
             }
         }
