@@ -12,6 +12,7 @@ use atasira_contracts::subjects;
 use atasira_platform::bus::NatsBus;
 
 use super::drafts::{ClusterOptions, connect, fresh_key};
+use super::process_cpu_of;
 use crate::keys::KeyKind;
 use crate::nats_config;
 use crate::services;
@@ -145,6 +146,32 @@ impl Processes {
     pub(super) fn check(&mut self) -> anyhow::Result<()> {
         if let Some((name, status)) = self.running.iter_mut().find_map(|(name, child)| child.try_wait().ok().flatten().map(|status| (*name, status))) {
             anyhow::bail!("the {name} process stopped ({status}):\n{}", self.tail(name));
+        }
+        Ok(())
+    }
+
+    /// Waits until no process uses more than 5 % of a core over two windows of a second in a
+    /// row: the relays have published, the audit ledger and every view have caught up.
+    pub(super) async fn settle(&mut self) -> anyhow::Result<()> {
+        let pids = self.pids();
+        let (mut quiet, mut told) = (0, Instant::now());
+        while quiet < 2 {
+            let before: Vec<_> = pids.iter().map(|(_, pid)| process_cpu_of(pid).unwrap_or_default()).collect();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            self.check()?;
+            let busy: Vec<String> = pids
+                .iter()
+                .zip(before)
+                .filter_map(|((name, pid), b)| {
+                    let used = process_cpu_of(pid).unwrap_or_default().saturating_sub(b);
+                    (used > Duration::from_millis(50)).then(|| format!("{name} {:.0} %", used.as_secs_f64() * 100.0))
+                })
+                .collect();
+            quiet = if busy.is_empty() { quiet + 1 } else { 0 };
+            if !busy.is_empty() && told.elapsed() > Duration::from_secs(5) {
+                eprintln!("  ... still busy with the stored events: {}", busy.join(", "));
+                told = Instant::now();
+            }
         }
         Ok(())
     }

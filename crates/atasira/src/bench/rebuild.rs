@@ -204,6 +204,12 @@ pub(super) async fn seed_with(
     Ok(stored)
 }
 
+/// Events in the store.
+pub(super) async fn stored(db: &Db) -> anyhow::Result<usize> {
+    let n: i64 = sqlx::Row::try_get(&sqlx::query("SELECT COUNT(*) FROM events").fetch_one(db.any()).await?, 0)?;
+    Ok(usize::try_from(n)?)
+}
+
 /// Where the time of a rebuild goes, measured apart: reading the events a view reads from
 /// the store (a page a read, as the rebuild does), and decoding their payloads from the
 /// stored text into the domain's event types.
@@ -267,8 +273,7 @@ pub async fn rebuild(events: usize, database_url: Option<&str>) -> anyhow::Resul
     println!("  each 8 events: a draft submitted, approved, activated as a Box with a user and an access; a draft submitted and rejected; one pending");
     let t = Instant::now();
     let seeded = seed(&db, events).await?;
-    let stored: i64 = sqlx::Row::try_get(&sqlx::query("SELECT COUNT(*) FROM events").fetch_one(db.any()).await?, 0)?;
-    let stored = usize::try_from(stored)?;
+    let stored = stored(&db).await?;
     println!("seeded {} events in {:.2} s; the store holds {}", thousands(seeded as f64), t.elapsed().as_secs_f64(), thousands(stored as f64));
 
     let drafts = atasira_drafts::DraftsView;

@@ -12,7 +12,7 @@
 //!
 //! then prints the ratios against their target. It asserts nothing.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::aggregates::types;
@@ -24,8 +24,8 @@ use atasira_platform::store::Db;
 
 use super::drafts::{ClusterOptions, catch_up, rest_get, rest_submit};
 use super::processes::{ClusterKeys, Processes};
-use super::rebuild::{Row, seed_with};
-use super::{Figures, TempDir, measure, process_cpu_of, thousands};
+use super::rebuild::{Row, seed_with, stored};
+use super::{Figures, TempDir, measure, thousands};
 
 /// What `atasira bench scale` is told.
 #[derive(Debug, Clone)]
@@ -96,12 +96,6 @@ fn seeding_request() -> BoxDraftCreateRequest {
     }
 }
 
-/// Events in the store.
-async fn stored(db: &Db) -> anyhow::Result<usize> {
-    let n: i64 = sqlx::Row::try_get(&sqlx::query("SELECT COUNT(*) FROM events").fetch_one(db.any()).await?, 0)?;
-    Ok(usize::try_from(n)?)
-}
-
 /// Adds drafts until the store holds at least `events` events.
 async fn seed_to(db: &Db, events: usize) -> anyhow::Result<()> {
     let have = stored(db).await?;
@@ -136,32 +130,6 @@ async fn published_long_ago(db: &Db) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits until no process uses more than 5 % of a core over two windows of a second in a
-/// row: the relays have published, the audit ledger and every view have caught up.
-pub(super) async fn settle(processes: &mut Processes) -> anyhow::Result<()> {
-    let pids = processes.pids();
-    let (mut quiet, mut told) = (0, Instant::now());
-    while quiet < 2 {
-        let before: Vec<_> = pids.iter().map(|(_, pid)| process_cpu_of(pid).unwrap_or_default()).collect();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        processes.check()?;
-        let busy: Vec<String> = pids
-            .iter()
-            .zip(before)
-            .filter_map(|((name, pid), b)| {
-                let used = process_cpu_of(pid).unwrap_or_default().saturating_sub(b);
-                (used > Duration::from_millis(50)).then(|| format!("{name} {:.0} %", used.as_secs_f64() * 100.0))
-            })
-            .collect();
-        quiet = if busy.is_empty() { quiet + 1 } else { 0 };
-        if !busy.is_empty() && told.elapsed() > Duration::from_secs(5) {
-            eprintln!("  ... still busy with the stored events: {}", busy.join(", "));
-            told = Instant::now();
-        }
-    }
-    Ok(())
-}
-
 /// The figures at one store size.
 struct AtSize {
     events: usize,
@@ -178,7 +146,7 @@ async fn measure_at(o: &ScaleOptions, db: &Db, keys: &ClusterKeys, dir: &std::pa
     let mut processes = Processes::start(&o.cluster, keys, dir, true).await?;
     let bus = o.cluster.gateway_bus().await?;
     catch_up(&bus, db, &Config::default().read_models).await?;
-    settle(&mut processes).await?;
+    processes.settle().await?;
     println!("  the cluster started and caught up with the store in {:.1} s", t.elapsed().as_secs_f64());
     // A store that grew over months has been vacuumed and analyzed by PostgreSQL long ago:
     // do it now, so autovacuum does not run into the measurement.

@@ -18,7 +18,6 @@ use serde_json::json;
 
 use super::drafts::ClusterOptions;
 use super::processes::{ClusterKeys, Processes, rss_of};
-use super::scale::settle;
 use super::{Op, TempDir, measure, op, thousands};
 
 /// What `atasira bench soak` is told.
@@ -113,7 +112,7 @@ pub async fn soak(o: SoakOptions) -> anyhow::Result<()> {
     let step = step(api, agent, admin);
 
     measure("warm-up", n, steps_for(o.warm_up), &step).await?;
-    settle(&mut processes).await?;
+    processes.settle().await?;
     let warm = memory(&processes);
 
     // The peak, sampled every second while the run lasts.
@@ -138,7 +137,7 @@ pub async fn soak(o: SoakOptions) -> anyhow::Result<()> {
     running.store(false, Ordering::Relaxed);
     sampler.await?;
     run?;
-    settle(&mut processes).await?;
+    processes.settle().await?;
     let after = memory(&processes);
     processes.check()?;
     processes.stop();
