@@ -375,15 +375,20 @@ impl Registry {
         Ok((data.manifest.box_type.to_string(), approval.key_id, links))
     }
 
-    /// Appends `WorkerCreated`; the creation and whether this request made it. A
-    /// concurrent creation of the same launch is read back and compared: the same request
-    /// is answered with it, another is a conflict.
+    /// Appends `WorkerCreated`; the creation and whether this request made it. What this
+    /// request appended is answered from its receipt; a creation of the same launch that
+    /// came first is read back and compared: the same request is answered with it, another
+    /// is a conflict.
     async fn append_worker(&self, new: NewWorker) -> Result<(Created, bool), Refusal> {
         let worker_id = new.worker_id.clone();
         for _ in 0..3 {
             match self.workers.execute(&worker_id, WorkerCommand::Create(Box::new(new.clone())), HashMap::new(), Retry::ONCE).await {
+                Ok(receipt) if receipt.appended() => {
+                    let at = receipt.head()?;
+                    return Ok((Created { event: new.created(), event_id: at.id, position: at.position }, true));
+                }
                 Err(refusal) if refusal.code != ErrorCode::Conflict => return Err(refusal),
-                // Appended, or another creation of the launch came first: read what is there.
+                // Another creation of the launch came first: read what is there.
                 _ => {}
             }
             if let Some(created) = self.created(&worker_id).await? {

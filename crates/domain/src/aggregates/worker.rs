@@ -142,6 +142,28 @@ impl Refusing for WorkerError {
     }
 }
 
+impl NewWorker {
+    /// The event that issues this Worker (what `Create` appends on a new stream).
+    pub fn created(self) -> WorkerEvent {
+        WorkerEvent::WorkerCreated {
+            worker_id: self.worker_id,
+            launch_id: self.launch_id,
+            box_id: self.box_id,
+            box_type: self.box_type,
+            role: self.role,
+            labels: self.labels,
+            initial_input: self.initial_input,
+            fingerprint: self.fingerprint,
+            bundle_digest: self.bundle_digest,
+            binding_handle: self.binding_handle,
+            created_by: self.created_by,
+            approval_key_id: self.approval_key_id,
+            chain: self.chain,
+            at: self.at,
+        }
+    }
+}
+
 impl Worker {
     pub fn decide(&self, command: WorkerCommand) -> Result<Vec<WorkerEvent>, WorkerError> {
         match command {
@@ -164,22 +186,7 @@ impl Worker {
                 if !errors.is_empty() {
                     return Err(WorkerError::Invalid(errors));
                 }
-                Ok(vec![WorkerEvent::WorkerCreated {
-                    worker_id: n.worker_id,
-                    launch_id: n.launch_id,
-                    box_id: n.box_id,
-                    box_type: n.box_type,
-                    role: n.role,
-                    labels: n.labels,
-                    initial_input: n.initial_input,
-                    fingerprint: n.fingerprint,
-                    bundle_digest: n.bundle_digest,
-                    binding_handle: n.binding_handle,
-                    created_by: n.created_by,
-                    approval_key_id: n.approval_key_id,
-                    chain: n.chain,
-                    at: n.at,
-                }])
+                Ok(vec![n.created()])
             }
             WorkerCommand::RecordRefusal { worker_id, launch_id, box_id, by, code, reason, at } => {
                 if worker_id != worker_id_for(&launch_id) {

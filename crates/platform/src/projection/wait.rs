@@ -1,0 +1,140 @@
+//! Read-your-writes waits (R-BOX-9): until the named projections applied a position or
+//! a set of events.
+
+use std::time::Duration;
+
+use super::checkpoint::{checkpoint, processed};
+use crate::store::Db;
+
+/// R-BOX-9: waits until every projection in `names` has applied `position`, at most
+/// `timeout`; returns the names still behind. By position: exact in SQLite, where
+/// positions are commit order; callers in cluster mode wait by event id.
+pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: Duration) -> anyhow::Result<Vec<String>> {
+    until(db, timeout, |look| async move {
+        let mut lagging = Vec::new();
+        for name in names {
+            let seen = db.progress_of(name).is_some_and(|c| c.position >= position);
+            let from_memory = look == Look::Rung || (look == Look::Remote && db.runs_here(name));
+            if !seen && (from_memory || checkpoint(db, name).await? < position) {
+                lagging.push((*name).to_owned());
+            }
+        }
+        Ok(lagging)
+    })
+    .await
+}
+
+/// R-BOX-9, exact form: waits until every projection that reads an event's aggregate type
+/// has applied that event (by id), at most `timeout`; returns the names still behind.
+/// `position` is the write's (the last of its events; 0 when not known): in SQLite a
+/// consumer that opened its feed in this process before it is answered from memory.
+pub async fn wait_for_events(
+    db: &Db,
+    projections: &[(&'static str, &'static [&'static str])],
+    event_ids: &[String],
+    position: i64,
+    timeout: Duration,
+) -> anyhow::Result<Vec<String>> {
+    until(db, timeout, |look| async move {
+        let mut lagging = Vec::new();
+        for (name, types) in projections {
+            // The events precede `position`: none was processed before the feed opened.
+            let memory_knows = position > 0 && db.follows_here(name, position.saturating_sub(event_ids.len() as i64));
+            for id in event_ids {
+                let aggregate_type = id.split('/').next().unwrap_or_default();
+                if !types.contains(&aggregate_type) || db.processed_lately(name, id) {
+                    continue;
+                }
+                let ask_the_store = match look {
+                    Look::First => !memory_knows,
+                    Look::Rung => false,
+                    Look::Remote => !db.runs_here(name),
+                    Look::SafetyNet => true,
+                };
+                let done = ask_the_store && processed(db, name, id).await?;
+                if !done {
+                    lagging.push((*name).to_owned());
+                    break;
+                }
+            }
+        }
+        Ok(lagging)
+    })
+    .await
+}
+
+/// Why a wait looks (again): what it may take from memory and what it must ask the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// The first look: what happened before this process started is only in the store.
+    First,
+    /// A consumer of this process committed: what it did is in memory.
+    Rung,
+    /// A consumer of another process committed (PostgreSQL's progress notification): the
+    /// store knows what the consumers that do not run here did.
+    Remote,
+    /// The safety net's look, a second after the last: a consumer of another process, or
+    /// an event that left the memory's window.
+    SafetyNet,
+}
+
+impl Look {
+    fn label(self) -> &'static str {
+        match self {
+            Look::First => "first",
+            Look::Rung => "local",
+            Look::Remote => "remote",
+            Look::SafetyNet => "safety_net",
+        }
+    }
+}
+
+/// Asks `behind` again each time a consumer made progress, until it says nothing is behind
+/// or `timeout` passed; returns its last answer. The consumers a service answers for
+/// usually run in its own process, so their progress bell is the signal to look, and what
+/// they committed is in memory ([`Db::progressed_to`]), so a look after a ring asks no
+/// database. A replica standing by for them (they run in another one) looks in the store
+/// when PostgreSQL says some consumer committed.
+async fn until<F, Fut>(db: &Db, timeout: Duration, behind: F) -> anyhow::Result<Vec<String>>
+where
+    F: Fn(Look) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Vec<String>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut progress = db.on_progress();
+    let mut remote = db.on_remote_progress();
+    let mut look = Look::First;
+    loop {
+        progress.borrow_and_update();
+        remote.borrow_and_update();
+        let lagging = behind(look).await?;
+        if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
+            let outcome = if lagging.is_empty() { "applied" } else { "lagging" };
+            crate::metrics::global().consistency_waits.get_or_create(&crate::metrics::WaitLabels { look: look.label(), outcome }).inc();
+            return Ok(lagging);
+        }
+        let safety_net = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+        // The bells live as long as `db`, so `changed` fails only when it is gone.
+        look = tokio::select! {
+            Ok(()) = progress.changed() => Look::Rung,
+            Ok(()) = remote.changed() => Look::Remote,
+            () = tokio::time::sleep_until(safety_net) => Look::SafetyNet,
+        };
+    }
+}
+
+/// Answers a `WaitForPosition` for a service's projections (by event ids when given,
+/// by position otherwise).
+pub async fn answer_wait(
+    db: &Db,
+    projections: &[(&'static str, &'static [&'static str])],
+    request: &atasira_contracts::v1::WaitForPosition,
+) -> anyhow::Result<Vec<String>> {
+    let timeout = Duration::from_millis(u64::from(request.timeout_ms.min(30_000)));
+    if request.event_ids.is_empty() {
+        let names: Vec<&'static str> = projections.iter().map(|(n, _)| *n).collect();
+        wait_for(db, &names, request.position, timeout).await
+    } else {
+        wait_for_events(db, projections, &request.event_ids, request.position, timeout).await
+    }
+}
