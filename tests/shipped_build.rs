@@ -1,11 +1,13 @@
-//! The binary as it ships has no test hooks (R-ARCH-13): its fault-injection settings
+//! The binary as it ships: a draft's submission and approval (C9) work on the release
+//! profile, and it has no test hooks (R-ARCH-13): its fault-injection settings
 //! (`ATASIRA_FAILPOINT`, `ATASIRA_FAILPOINT_DELAY`) arm nothing. scripts/test builds it
-//! once without the `failpoints` feature and names it in `ATASIRA_TEST_RELEASE_BIN`.
+//! once with `--release` and without the `failpoints` feature, and names it in
+//! `ATASIRA_TEST_RELEASE_BIN`.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use atasira_tests::harness::{Proc, TempDir, http, listening_url};
+use atasira_tests::harness::{OutputWithin, Proc, SUBPROCESS_LIMIT, TempDir, http, listening_url};
 use serde_json::json;
 
 fn shipped_bin() -> PathBuf {
@@ -26,6 +28,14 @@ fn stdout_line(p: &Proc, prefix: &str) -> String {
         assert!(Instant::now() < deadline, "no {prefix:?} line; stderr:\n{}", p.stderr_text());
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+#[test]
+fn the_shipped_binary_is_built_with_the_release_profile() {
+    let out = std::process::Command::new(shipped_bin()).arg("--version").output_within(SUBPROCESS_LIMIT).expect("atasira --version");
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && version.starts_with("atasira "), "{version}");
+    assert!(!version.contains("debug build"), "the binary the approval test runs is not the release build: {version}");
 }
 
 #[test]

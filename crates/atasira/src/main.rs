@@ -51,8 +51,11 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 ///
 /// Every setting is a flag or the ATASIRA_* environment variable shown next to it in the
 /// command's --help. Logs go to stderr; RUST_LOG filters them (default: info).
+/// What `--version` prints: a build without the release profile's optimizations says so.
+const VERSION: &str = if cfg!(debug_assertions) { concat!(env!("CARGO_PKG_VERSION"), " (debug build)") } else { env!("CARGO_PKG_VERSION") };
+
 #[derive(Debug, Parser)]
-#[command(name = "atasira", version, propagate_version = true)]
+#[command(name = "atasira", version = VERSION, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
