@@ -18,7 +18,7 @@ use atasira_platform::store::{Cursor, Db, DbKind};
 use super::{TempDir, process_cpu, thousands};
 
 /// The target of the rebuild rate.
-const TARGET: f64 = 50_000.0;
+const TARGET: f64 = 60_000.0;
 
 /// Events per seeding statement and per seeding transaction.
 const ROWS_PER_INSERT: usize = 28;
