@@ -209,11 +209,6 @@ pub(super) async fn record(db: &Db, name: &str, events: &[StoredEvent], projecti
     Ok(fresh.len())
 }
 
-/// [`consume_batches`] for consumers whose effects are commands, not rows (activation,
-/// provisioning): `handle` acts on each event `acts_on` selects and marks it processed
-/// itself; the events between are marked processed together, one transaction for each run
-/// of them, so a feed of events that need nothing costs a write per batch, not per event.
-
 /// Whether consumer `name` processed event `event_id`: the event is in its processed set,
 /// or at or behind its cursor. A consumer reads its types in commit order, so everything
 /// of them up to its cursor was applied; a rebuild records only the cursor.
