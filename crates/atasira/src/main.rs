@@ -463,7 +463,8 @@ enum BenchCommand {
     /// system `atasira dev` runs; prints the figures, their ratios and the targets.
     ///
     /// The cluster part runs the gateway and the services a submit waits for (drafts,
-    /// runtime-registry, audit) in this process, each with its own database pool and NATS
+    /// runtime-registry, audit) in this process, each with its own database role and pool
+    /// (`db roles`: the --database-url role must be able to create roles) and NATS
     /// connection; the embedded part starts every service on SQLite in a fresh temporary
     /// data dir.
     Drafts {
@@ -497,7 +498,8 @@ enum BenchCommand {
     ///
     /// The embedded part starts every service on SQLite in a fresh temporary data dir; with
     /// a database URL, the cluster part then runs the gateway and the five services in this
-    /// process, each with its own database pool and NATS connection.
+    /// process, each with its own database role and pool (`db roles`: the --database-url
+    /// role must be able to create roles) and NATS connection.
     Workers {
         /// NATS server (JetStream enabled), for the cluster part.
         #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "tls://127.0.0.1:4222")]

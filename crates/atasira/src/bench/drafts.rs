@@ -6,7 +6,7 @@
 //!    c=1 and c=N;
 //! 2. REST submit with read-your-writes in cluster mode: the gateway's router and the
 //!    services whose read models a submit waits for (drafts, runtime-registry, audit), each
-//!    as `atasira serve` runs it (its own database pool, NATS connection and, with
+//!    as `atasira serve` runs it (its own database role and pool, NATS connection and, with
 //!    credentials, identity; its relay), in this process;
 //! 3. REST submit on the embedded system `atasira dev` runs (SQLite in a fresh data dir,
 //!    in-process bus);
@@ -31,6 +31,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::processes::Roles;
 use super::{Figures, Op, TempDir, measure, op};
 use crate::keys::{KeyKind, KeySetting};
 use crate::nats_config;
@@ -119,25 +120,30 @@ pub(super) struct Cluster<'a> {
     pub(super) settings: Settings,
     pub(super) audit: Arc<atasira_domain::audit::AuditKeys>,
     pub(super) shutdown: watch::Receiver<bool>,
+    /// Each process's database role.
+    roles: Roles,
 }
 
 type Task = JoinHandle<anyhow::Result<()>>;
 
 impl<'a> Cluster<'a> {
-    /// The processes of one cluster run: fresh audit keys, settings in `data`.
-    pub(super) fn new(options: &'a ClusterOptions, data: &std::path::Path, shutdown: watch::Receiver<bool>) -> anyhow::Result<Self> {
+    /// The processes of one cluster run: fresh audit keys, settings and database roles in
+    /// `data`.
+    pub(super) async fn new(options: &'a ClusterOptions, data: &std::path::Path, shutdown: watch::Receiver<bool>) -> anyhow::Result<Self> {
         Ok(Cluster {
             options,
             keys: AssertionKeys::default(),
             settings: settings_in(data),
             audit: Arc::new(fresh_key(KeyKind::Audit)?.audit_keys()?),
             shutdown,
+            roles: Roles::create(&options.database_url, &data.join("db-roles")).await?,
         })
     }
 
-    /// A process's runtime: its own database pool and NATS connection as `identity`.
+    /// A process's runtime: its own database pool (as its own role) and NATS connection as
+    /// `identity`.
     pub(super) async fn runtime(&self, identity: &str) -> anyhow::Result<(Runtime, async_nats::jetstream::Context)> {
-        let db = Db::connect(&self.options.database_url).await?;
+        let db = Db::connect(&self.roles.url(identity)?).await?;
         let client = connect(&self.options.nats_url, self.options.creds_dir.as_deref(), identity).await?;
         let js = async_nats::jetstream::new(client.clone());
         let rt = Runtime {
@@ -302,7 +308,7 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
     let small = (count / 4).max(50);
     let data = TempDir::new("cluster")?;
     let (tx, rx) = watch::channel(false);
-    let cluster = Cluster::new(o, data.path(), rx.clone())?;
+    let cluster = Cluster::new(o, data.path(), rx.clone()).await?;
     // The gateway (which sends the commands) and the floor are processes of their own too.
     let (gateway_rt, _) = cluster.runtime(subjects::GATEWAY).await?;
     let gateway_bus = gateway_rt.bus.clone();

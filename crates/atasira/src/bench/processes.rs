@@ -1,13 +1,14 @@
 //! The cluster as an operator runs it, for the benchmarks that measure processes: the five
 //! services and (optionally) the gateway, each an `atasira serve` process of this binary on
-//! NATS and PostgreSQL, with fresh keys (kept across restarts) and, given credentials, each
-//! with its own NATS identity.
+//! NATS and PostgreSQL, with fresh keys (kept across restarts), each with its own database
+//! role and, given credentials, its own NATS identity.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use atasira_contracts::subjects;
 use atasira_platform::bus::NatsBus;
 
@@ -47,6 +48,35 @@ impl ClusterKeys {
     }
 }
 
+/// Each process's own database role, as `atasira db roles` makes them for a cluster
+/// (roles `bench_<identity>`, URL files in a directory of the benchmark's), so that what is
+/// measured includes what the database checks for each role. Made again for every start:
+/// each time with new passwords.
+pub(super) struct Roles {
+    dir: PathBuf,
+}
+
+impl Roles {
+    /// Creates (or renews) the roles on the database of `database_url`, which must be able
+    /// to create roles.
+    pub(super) async fn create(database_url: &str, dir: &Path) -> anyhow::Result<Roles> {
+        let options = crate::db_roles::Options { database_url: database_url.to_owned(), role_prefix: "bench_".into(), out: dir.to_path_buf() };
+        crate::db_roles::run(&options).await.context("the benchmark gives each process its own database role (`atasira db roles`)")?;
+        Ok(Roles { dir: dir.to_path_buf() })
+    }
+
+    /// The file holding `identity`'s database URL.
+    pub(super) fn url_file(&self, identity: &str) -> PathBuf {
+        crate::db_roles::url_file(&self.dir, identity)
+    }
+
+    /// `identity`'s database URL.
+    pub(super) fn url(&self, identity: &str) -> anyhow::Result<String> {
+        let path = self.url_file(identity);
+        Ok(std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?.trim().to_owned())
+    }
+}
+
 /// Running processes; killed if dropped before [`Processes::stop`].
 pub(super) struct Processes {
     running: Vec<(&'static str, Child)>,
@@ -64,6 +94,7 @@ impl Processes {
     pub(super) async fn start(place: &ClusterOptions, keys: &ClusterKeys, dir: &Path, gateway: bool) -> anyhow::Result<Processes> {
         let exe = std::env::current_exe()?;
         let mut processes = Processes { running: Vec::new(), logs: dir.to_path_buf(), api: None };
+        let roles = Roles::create(&place.database_url, &dir.join("db-roles")).await?;
         let mut names: Vec<&'static str> = subjects::SERVICES.to_vec();
         if gateway {
             names.push(GATEWAY);
@@ -75,7 +106,8 @@ impl Processes {
             command
                 .args(["serve", name])
                 .env("ATASIRA_NATS_URL", &place.nats_url)
-                .env("ATASIRA_DATABASE_URL", &place.database_url)
+                .env("ATASIRA_DATABASE_URL_FILE", roles.url_file(name))
+                .env_remove("ATASIRA_DATABASE_URL")
                 .env("ATASIRA_DATA_DIR", dir.join("data"))
                 .env_remove("ATASIRA_APPROVAL_KEY_FILE")
                 // A benchmark measures throughput: no per-user request rate.

@@ -109,7 +109,7 @@ async fn embedded(concurrency: usize, count: usize) -> anyhow::Result<(Figures, 
 async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow::Result<(Figures, Figures)> {
     let data = TempDir::new("workers-cluster")?;
     let (tx, rx) = watch::channel(false);
-    let cluster = Cluster::new(o, data.path(), rx.clone())?;
+    let cluster = Cluster::new(o, data.path(), rx.clone()).await?;
     let (gateway_rt, _) = cluster.runtime(subjects::GATEWAY).await?;
     let gateway_bus = gateway_rt.bus.clone();
     let mut tasks = Vec::new();
