@@ -390,3 +390,34 @@ fn each_process_role_appends_only_its_own_events_and_can_switch_nothing_off() {
     // and the legitimate flow went on: the ledger verifies
     assert_eq!(sys.audit_verify().0, 0);
 }
+
+#[test]
+fn ledger_rows_say_what_happened_and_a_changed_detail_is_named() {
+    // R-AUDIT-6: each row carries a short detail under its MAC: what a submission asks for,
+    // what an approval signs and grants, why a draft was rejected.
+    in_both_modes(|sys| {
+        approved_box(sys, "detailed");
+        let rejected = sys.draft(&draft_body("refused-one"));
+        let r = sys.post(&format!("/api/v1/boxes/box-drafts/{rejected}/reject"), &sys.admin, &json!({"reason": "too broad for now"}));
+        assert_eq!(r.status, 200, "{}", r.raw);
+        ledger_has(sys, 6);
+        let rows = sys.get("/api/v1/audit?limit=500", &sys.admin).body["rows"].as_array().cloned().expect("rows");
+        let detail = |action: &str| -> String {
+            let row = rows.iter().find(|r| r["action"] == action).unwrap_or_else(|| panic!("no {action} row: {rows:?}"));
+            row["detail"].as_str().expect("detail").to_owned()
+        };
+        assert!(detail("box_draft.create").starts_with("submitted detailed v"), "{}", detail("box_draft.create"));
+        assert!(detail("box_draft.create").contains("tools [Read]"), "{}", detail("box_draft.create"));
+        assert!(detail("box_draft.approve").starts_with("approved detailed: manifest sha256:"), "{}", detail("box_draft.approve"));
+        assert!(detail("box.activate").contains("grants os_operations [file:read], tools [Read]"), "{}", detail("box.activate"));
+        assert_eq!(detail("box_draft.reject"), "rejected refused-one: too broad for now");
+        assert!(detail("token.issue").starts_with("token for "), "{}", detail("token.issue"));
+        assert_eq!(sys.audit_verify(), (0, json!({"ok": true, "rows": TOKEN_ROWS + 6})));
+
+        // when the superuser rewrites a detail, verification names that row
+        let seq = rows.iter().find(|r| r["action"] == "box_draft.reject").and_then(|r| r["seq"].as_i64()).expect("seq");
+        sys.tamper(&format!("UPDATE audit_ledger_rows SET detail = 'approved after all' WHERE seq = {seq}"));
+        let (code, verified) = sys.audit_verify();
+        assert_eq!((code, &verified["first_bad_seq"]), (1, &json!(seq)), "{verified}");
+    });
+}

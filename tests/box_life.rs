@@ -84,8 +84,9 @@ fn a_boxs_whole_life_is_queryable_and_feasibility_answers_any_caller() {
     }
 }
 
-/// R-BOX-5: `state` filters (default: every Box but archived ones; `running` matches
-/// nothing today); pages walk every Box once, in activation order; bad values are 400.
+/// R-BOX-5: `state` filters (default: the active Boxes, idle or running, not stopped or
+/// archived ones; `running` matches nothing until hosts run Workers); pages walk every Box
+/// once, in activation order; bad values are 400.
 fn box_lists(sys: &System, [a, b, c, c2]: [&str; 4]) {
     let list = |q: &str| {
         let r = sys.get(&format!("/api/v1/boxes{q}"), &sys.agent);
@@ -93,7 +94,7 @@ fn box_lists(sys: &System, [a, b, c, c2]: [&str; 4]) {
         assert_eq!(r.body["next_cursor"], Value::Null, "{q}: {}", r.raw);
         ids(r.body["boxes"].as_array().expect("boxes"), "box_id")
     };
-    assert_eq!(list(""), [a, b, c2], "archived Boxes are left out by default; stopped ones are listed");
+    assert_eq!(list(""), [a, c2], "stopped and archived Boxes are left out by default");
     assert_eq!(list("?state=idle"), [a, c2]);
     assert_eq!(list("?state=stopped"), [b]);
     assert_eq!(list("?state=archived"), [c], "archived Boxes stay queryable");
@@ -106,7 +107,7 @@ fn box_lists(sys: &System, [a, b, c, c2]: [&str; 4]) {
         let walked = ids(&walk(sys, "/api/v1/boxes?state=all", &sys.agent, "boxes", limit), "box_id");
         assert_eq!(walked, [a, b, c, c2], "limit {limit}: every Box once, none missing");
     }
-    assert_eq!(ids(&walk(sys, "/api/v1/boxes", &sys.agent, "boxes", 1), "box_id"), [a, b, c2]);
+    assert_eq!(ids(&walk(sys, "/api/v1/boxes", &sys.agent, "boxes", 1), "box_id"), [a, c2]);
     assert_bad_query(sys, "/api/v1/boxes?state=active", &sys.agent, "invalid_query", "state");
     assert_bad_query(sys, "/api/v1/boxes?state=", &sys.agent, "invalid_query", "state");
     assert_bad_query(sys, "/api/v1/boxes?status=idle", &sys.agent, "invalid_query", "status");
@@ -307,4 +308,45 @@ fn feasibility(sys: &System, carol: &str) {
     assert_eq!((not_json.status, not_json.body["error"].as_str()), (400, Some("invalid_json")), "{}", not_json.raw);
     let anonymous = http("POST", &sys.url(path), None, &[], Some(br#"{"task_description":"t","box_type":"life-a"}"#));
     assert_eq!(anonymous.status, 401);
+}
+
+/// R-ARCH-5, R-BOX-2: `projections rebuild` rebuilds the manifest files where the
+/// runtime-registry keeps them (its data dir, or `--manifests-dir` in cluster mode, where
+/// it is required), never in the directory it runs in; and it exits 1, naming the event,
+/// when an auditable event has no ledger row.
+#[test]
+fn a_rebuild_writes_manifest_files_where_the_registry_keeps_them_and_fails_on_an_incomplete_ledger() {
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        let mut sys = System::start(mode);
+        active_box(&sys, &draft_body("rebuilt-files"));
+        let file = sys.data_dir().join("manifests/rebuilt-files.yaml");
+        let written = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{mode:?}: the registry wrote {}: {e}", file.display()));
+        std::fs::remove_file(&file).expect("remove the manifest file");
+
+        if mode == Mode::Cluster {
+            // With a database URL alone there is no place to put the files: refused, nothing written.
+            let mut args = vec!["projections", "rebuild"];
+            let target = sys.target_args();
+            args.extend(target.iter().map(String::as_str));
+            let (code, out, err) = sys.cli(&args);
+            assert_ne!(code, 0, "{out}");
+            assert!(err.contains("--manifests-dir"), "the error says what to add: {err}");
+        }
+        let (code, out, err) = sys.rebuild();
+        assert_eq!(code, 0, "{mode:?}: {out} {err}");
+        assert!(out.contains("registry_manifests"), "{out}");
+        assert_eq!(std::fs::read_to_string(&file).ok().as_deref(), Some(written.as_str()), "{mode:?}: the file is back, as the registry wrote it");
+        let stray: Vec<_> = std::fs::read_dir(sys.cli_dir()).expect("cli dir").collect();
+        assert!(stray.is_empty(), "{mode:?}: nothing is written where the command runs: {stray:?}");
+
+        // An auditable event written while no audit writer runs has no ledger row.
+        sys.stop_gracefully();
+        let payload = json!({"SecurityViolation": {"service": "drafts", "actor": "x", "target": "y", "kind": "invalid_assertion", "reason": "r", "at": "2026-12-01T00:00:00Z"}});
+        sys.append_raw_event("drafts_security", "unrecorded", 1, "SecurityViolation", &payload.to_string());
+        let (code, out, err) = sys.rebuild();
+        assert_eq!(code, 1, "{mode:?}: an incomplete ledger fails the rebuild: {out} {err}");
+        let report: Value = serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("JSON: {out}"));
+        assert_eq!(report["audit_ledger"]["missing"], json!(["drafts_security/unrecorded/1"]), "{mode:?}: {out}");
+        assert!(err.contains("not complete"), "{err}");
+    }
 }

@@ -192,6 +192,8 @@ fn the_box_limit_holds_under_twenty_concurrent_approvals_and_stop_frees_a_slot()
         let first = boxes.iter().find(|b| b["box_type"] == "first").expect("first")["box_id"].as_str().expect("id").to_owned();
         let stopped = sys.post(&format!("/api/v1/boxes/{first}/stop"), &sys.admin, &json!({}));
         assert_eq!((stopped.status, stopped.body["state"].as_str()), (200, Some("stopped")), "{}", stopped.raw);
+        let listed = sys.get("/api/v1/boxes", &sys.admin).body["boxes"].as_array().cloned().unwrap_or_default();
+        assert!(!listed.iter().any(|b| b["box_id"] == first.as_str()), "R-BOX-5: a stopped Box is not listed by default: {listed:?}");
         let next = ids.iter().zip(&answers).find(|(_, a)| a.status == 409).map(|(id, _)| id.clone()).expect("a refused draft");
         assert_eq!(sys.approve(&next, &sys.admin, false).status, 200, "the freed slot is taken");
         let resume = sys.post(&format!("/api/v1/boxes/{first}/resume"), &sys.admin, &json!({}));

@@ -254,8 +254,12 @@ fn r_edit_1_2_3_every_manifest_key_under_both_edits_and_each_widening() {
                         assert_eq!((last["actor"].as_str(), last["action"].as_str()), (Some("admin"), Some("security_violation")), "{row}");
                         assert!(last["mac"].as_str().is_some_and(|m| m.len() == 64), "{row}: signed");
                         let reason = payload_of(sys, last)["SecurityViolation"]["reason"].as_str().unwrap_or_default().to_owned();
+                        let detail = last["detail"].as_str().unwrap_or_default();
+                        assert!(detail.starts_with("refused (mentor_edit_prohibited_key)"), "{row}: the row says what was refused: {detail}");
                         for key in &expected {
                             assert!(reason.contains(key.as_str()), "{row}: the record names {key}: {reason}");
+                            // R-AUDIT-6: the ledger row itself names the keys, for an auditor without the store
+                            assert!(detail.contains(key.as_str()), "{row}: the row names {key}: {detail}");
                         }
                         if MENTOR_PROHIBITED_KEYS.contains(&expected[0].as_str()) {
                             assert!(a.body["message"].as_str().is_some_and(|m| m.contains(expected[0].as_str())), "{row}");

@@ -160,3 +160,30 @@ fn an_approve_and_an_unassign_retried_after_their_gateway_died_answer_as_the_fir
         assert_eq!((other_key.status, other_key.body["error"].as_str()), (404, Some("assignment_not_found")), "{}", other_key.raw);
     });
 }
+
+#[test]
+fn an_idempotency_key_is_honoured_for_24_hours_and_then_forgotten() {
+    // R-DRAFT-11, R-ARCH-15: within 24 h the same key answers the first answer (another body
+    // is 422); once its answer is older than that, the key names a new request.
+    in_both_modes(|sys| {
+        let approved = sys.approve(&sys.draft(&json!({"box_type": "keyed-for-a-day", "purpose": "p", "tools": ["Read"]})), &sys.admin, false);
+        assert_eq!(approved.status, 200, "{}", approved.raw);
+        let path = format!("/api/v1/boxes/{}/user-assignments", approved.body["box_id"].as_str().expect("box_id"));
+        let carol = json!({"user_id": "carol", "role_in_box": "member"});
+        let dave = json!({"user_id": "dave", "role_in_box": "member"});
+        assert_eq!(post_keyed(sys, &path, &sys.admin, "assign-1", &carol).status, 200);
+        let again = post_keyed(sys, &path, &sys.admin, "assign-1", &carol);
+        assert_eq!((again.status, again.header("idempotent-replayed")), (200, Some("true")), "{}", again.raw);
+        let reuse = post_keyed(sys, &path, &sys.admin, "assign-1", &dave);
+        assert_eq!((reuse.status, reuse.body["error"].as_str()), (422, Some("idempotency_key_reuse")), "{}", reuse.raw);
+
+        // A day and a moment later (the stored answer's time moved back, as the clock would)
+        sys.sql("UPDATE gateway_idempotency SET created_at_ms = created_at_ms - 86400001 WHERE idem_key = 'assign-1'");
+        let fresh = post_keyed(sys, &path, &sys.admin, "assign-1", &dave);
+        assert_eq!((fresh.status, fresh.header("idempotent-replayed")), (200, None), "a new request: {}", fresh.raw);
+        let users: Vec<&str> = fresh.body["assignments"].as_array().expect("assignments").iter().filter_map(|a| a["user_id"].as_str()).collect();
+        assert!(users.contains(&"dave") && users.contains(&"carol"), "{users:?}");
+        let replayed = post_keyed(sys, &path, &sys.admin, "assign-1", &dave);
+        assert_eq!((replayed.status, replayed.header("idempotent-replayed")), (200, Some("true")), "its answer is the one kept now: {}", replayed.raw);
+    });
+}

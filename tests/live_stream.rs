@@ -69,6 +69,7 @@ fn scenario(mode: Mode) {
     let events = Events::open(&sys, &sys.agent);
     let ready = events.next("ready");
     let start = ready["position"].as_i64().expect("position");
+    assert_eq!(ready["topics"], json!(["drafts", "boxes", "workers", "audit"]), "the first event is a StreamChange as documented: {ready}");
 
     // A draft: the pending list changed, and reading it right after the announcement shows it.
     let draft_id = sys.draft(&json!({"box_type": "live-stream", "purpose": "watch the stream"}));

@@ -43,7 +43,7 @@ struct Plan {
 /// A token of a throwaway user; its public id.
 fn token_id(sys: &System, user: &str) -> String {
     sys.token(user, "member", "agent");
-    let mut args = vec!["tokens", "list", "--user", user];
+    let mut args = vec!["tokens", "list", "--user", user, "--json"];
     let target = sys.target_args();
     args.extend(target.iter().map(String::as_str));
     let (code, out, err) = sys.cli(&args);

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use atasira_contracts::v1;
-use atasira_tests::fixtures::runtime;
+use atasira_tests::fixtures::{eventually, runtime};
 use atasira_tests::harness::{Answer, Mode, System, http, pat_options};
 use prost::Message as _;
 use serde_json::Value;
@@ -21,7 +21,7 @@ fn cli_json(sys: &System, args: &[&str]) -> Value {
 }
 
 fn listed(sys: &System, user: &str) -> Vec<Value> {
-    cli_json(sys, &["tokens", "list", "--user", user])["tokens"].as_array().cloned().unwrap_or_default()
+    cli_json(sys, &["tokens", "list", "--user", user, "--json"])["tokens"].as_array().cloned().unwrap_or_default()
 }
 
 fn delete(sys: &System, path: &str, token: &str) -> Answer {
@@ -68,19 +68,31 @@ fn tokens_are_managed(mode: Mode) {
     let carol = sys.token("carol", "member", "agent");
     let dave = [sys.token("dave", "member", "human"), sys.token("dave", "admin", "human")];
 
-    // R-AUTH-4: the CLI lists tokens, never a token or its hash
-    let (code, out, err) = {
+    // R-AUTH-4: the CLI lists tokens, never a token or its hash: a table for people, JSON
+    // with --json (as every verb that prints data)
+    let cli = |extra: &[&str]| {
         let mut args = vec!["tokens", "list"];
+        args.extend(extra);
         let target = sys.target_args();
         args.extend(target.iter().map(String::as_str));
         sys.cli(&args)
     };
+    let (code, table, err) = cli(&[]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = cli(&["--json"]);
     assert_eq!(code, 0, "{err}");
     for token in [&sys.admin, &sys.agent, &carol, &dave[0], &dave[1]] {
-        assert!(!out.contains(token.as_str()) && !out.contains(&atasira_platform::auth::hash_token(token)), "the list shows no token or hash");
+        let hash = atasira_platform::auth::hash_token(token);
+        for printed in [&out, &table] {
+            assert!(!printed.contains(token.as_str()) && !printed.contains(&hash), "the list shows no token or hash");
+        }
     }
     let all: Value = serde_json::from_str(out.trim()).expect("JSON");
     assert_eq!(all["tokens"].as_array().map(Vec::len), Some(5), "{all}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("TOKEN_ID") && lines[0].contains("LAST_USED"), "a table with a header: {table}");
+    assert_eq!(lines.len(), 6, "a header and a row per token: {table}");
+    assert!(lines.iter().any(|l| l.contains("carol") && l.contains("member") && l.contains("agent") && l.contains("active")), "{table}");
     let carol_row = &listed(&sys, "carol")[0];
     let carol_id = carol_row["token_id"].as_str().expect("id").to_owned();
     assert!(carol_id.starts_with("tok_"), "{carol_row}");
@@ -139,17 +151,40 @@ fn tokens_are_managed(mode: Mode) {
         assert_eq!(sys.get("/api/v1/boxes", token).status, 401);
     }
 
+    // R-AUTH-1: a token made with --ttl works until then and never after; it is listed as
+    // expired, and not among the active ones
+    let short = {
+        let mut args = vec!["tokens", "create", "--user", "frank", "--role", "member", "--kind", "agent", "--ttl", "2s"];
+        let target = sys.target_args();
+        args.extend(target.iter().map(String::as_str));
+        let (code, out, err) = sys.cli(&args);
+        assert_eq!(code, 0, "{err}");
+        out.trim().to_owned()
+    };
+    let row = &listed(&sys, "frank")[0];
+    let (created, expires) = (row["created_at"].as_str().expect("created_at"), row["expires_at"].as_str().expect("expires_at"));
+    let lifetime = chrono::DateTime::parse_from_rfc3339(expires).expect("time") - chrono::DateTime::parse_from_rfc3339(created).expect("time");
+    assert_eq!(lifetime.num_seconds(), 2, "{row}");
+    assert_eq!(sys.get("/api/v1/boxes", &short).status, 200, "alive within its ttl");
+    eventually("the short-lived token expired", Duration::from_secs(15), || match sys.get("/api/v1/boxes", &short).status {
+        401 => Ok(()),
+        other => Err(format!("answered {other}")),
+    });
+    assert_eq!(listed(&sys, "frank")[0]["state"], "expired");
+    let active = cli_json(&sys, &["tokens", "list", "--user", "frank", "--active", "--json"]);
+    assert_eq!(active["tokens"], serde_json::json!([]), "an expired token is not active");
+
     // R-AUTH-4: the CLI revokes by id and by user too, recorded as the operator's doing
     let erin = [sys.token("erin", "member", "agent"), sys.token("erin", "member", "agent")];
     let erin_ids: Vec<String> = listed(&sys, "erin").iter().map(|t| t["token_id"].as_str().expect("id").to_owned()).collect();
-    let by_id = cli_json(&sys, &["tokens", "revoke", "--id", &erin_ids[0]]);
+    let by_id = cli_json(&sys, &["tokens", "revoke", "--id", &erin_ids[0], "--json"]);
     assert_eq!(by_id["revoked"], serde_json::json!([erin_ids[0]]));
     assert_eq!(sys.get("/api/v1/boxes", &erin[0]).status, 401);
     assert_eq!(sys.get("/api/v1/boxes", &erin[1]).status, 200, "only that one");
-    let by_user = cli_json(&sys, &["tokens", "revoke", "--user", "erin"]);
+    let by_user = cli_json(&sys, &["tokens", "revoke", "--user", "erin", "--json"]);
     assert_eq!(by_user["revoked"], serde_json::json!([erin_ids[1]]));
     assert_eq!(sys.get("/api/v1/boxes", &erin[1]).status, 401);
-    let active = cli_json(&sys, &["tokens", "list", "--user", "erin", "--active"]);
+    let active = cli_json(&sys, &["tokens", "list", "--user", "erin", "--active", "--json"]);
     assert_eq!(active["tokens"], serde_json::json!([]));
     // the ledger follows the CLI's events too (no request waited for them: poll)
     let mut rows = vec![];

@@ -102,10 +102,7 @@ fn step_kinds(p: &Value) -> Vec<String> {
 }
 
 fn rebuild(sys: &System) {
-    let mut args = vec!["projections", "rebuild"];
-    let target = sys.target_args();
-    args.extend(target.iter().map(String::as_str));
-    let (code, out, err) = sys.cli(&args);
+    let (code, out, err) = sys.rebuild();
     assert_eq!(code, 0, "{out} {err}");
 }
 
@@ -189,7 +186,10 @@ fn r_worker_1_4_5_7_one_request_launches_a_worker_idempotently_and_the_catalog_s
         // every launch and refusal is audited
         assert_eq!(audit_rows(sys, "worker.create", &worker_id).len(), 1, "{mode:?}: one row per Worker");
         let refusals = audit_rows(sys, "worker.create_refused", &box_id);
-        assert!(refusals.iter().any(|r| r["actor"] == json!("agent")), "{mode:?}: the agent's refused launch is a row: {refusals:?}");
+        let agents =
+            refusals.iter().find(|r| r["actor"] == json!("agent")).unwrap_or_else(|| panic!("{mode:?}: the agent's refused launch is a row: {refusals:?}"));
+        let detail = agents["detail"].as_str().unwrap_or_default();
+        assert!(detail.starts_with("launch launch-agent refused (forbidden)"), "{mode:?}: the row says what was refused and why: {detail}");
 
         // the runtime's records hold no execution host internals; the binding's own do
         let workspace = sys.data_dir().join("workspaces").display().to_string();

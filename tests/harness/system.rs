@@ -351,10 +351,18 @@ impl System {
         self.procs.clear();
     }
 
-    /// Runs the binary with `args`; (exit code, stdout, stderr).
+    /// Where the CLI runs: a directory of this system's own, so that nothing a command
+    /// writes relative to it lands in the repository.
+    pub fn cli_dir(&self) -> PathBuf {
+        self.dir.0.join("cwd")
+    }
+
+    /// Runs the binary with `args` in [`System::cli_dir`]; (exit code, stdout, stderr).
     pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let cwd = self.cli_dir();
+        std::fs::create_dir_all(&cwd).expect("the CLI's directory");
         let mut cmd = Command::new(atasira_bin());
-        cmd.args(args).env_remove("ATASIRA_AUDIT_KEY");
+        cmd.current_dir(&cwd).args(args).env_remove("ATASIRA_AUDIT_KEY").env_remove("ATASIRA_MANIFESTS_DIR");
         if self.mode == Mode::Cluster {
             cmd.env("ATASIRA_AUDIT_KEY", "b2".repeat(32));
         }
@@ -396,6 +404,17 @@ impl System {
     /// Approves as `token`.
     pub fn approve(&self, draft_id: &str, token: &str, confirm: bool) -> Answer {
         self.post(&format!("/api/v1/boxes/box-drafts/{draft_id}/approve"), token, &serde_json::json!({"confirm_over_limit": confirm}))
+    }
+
+    /// `atasira projections rebuild` on this system's store and the runtime-registry's
+    /// manifest directory: (exit code, stdout, stderr).
+    pub fn rebuild(&self) -> (i32, String, String) {
+        let mut args = vec!["projections".to_owned(), "rebuild".to_owned()];
+        args.extend(self.target_args());
+        if self.mode == Mode::Cluster {
+            args.extend(["--manifests-dir".to_owned(), self.data_dir().join("manifests").display().to_string()]);
+        }
+        self.cli(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// `atasira audit verify` on this system's store: (exit code, JSON).

@@ -679,7 +679,7 @@ fn main() -> ExitCode {
         }
         Command::Db(cmd) => run_async(operator::db(cmd)),
         Command::Tokens(cmd) => run_async(operator::tokens(cmd)),
-        Command::Projections(cmd) => run_async(operator::projections(cmd)),
+        Command::Projections(cmd) => run_async_code(operator::projections(cmd)),
         Command::Keys(cmd) => keys::keys(cmd).map(|()| ExitCode::SUCCESS).map_err(|e| format!("{e:#}")),
         Command::Bench(BenchCommand::Drafts { nats_url, database_url, nats_creds_dir, embedded_only, concurrency, count }) => {
             run_async(bench::drafts(bench::DraftsOptions {

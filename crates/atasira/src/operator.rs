@@ -66,8 +66,9 @@ pub enum TokensCommand {
         #[command(flatten)]
         target: Target,
     },
-    /// List tokens as JSON: {"tokens": [{token_id, user_id, role, kind, state, created_at,
-    /// expires_at, last_used_at, revoked_at}]}, oldest first. Never shows a token or its hash.
+    /// List tokens, oldest first, as a table (with --json: {"tokens": [{token_id, user_id,
+    /// role, kind, state, created_at, expires_at, last_used_at, revoked_at}]}). Never shows a
+    /// token or its hash.
     List {
         /// Only this user's tokens.
         #[arg(long)]
@@ -75,11 +76,15 @@ pub enum TokensCommand {
         /// Only tokens that still work (not revoked, not expired).
         #[arg(long)]
         active: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         target: Target,
     },
     /// Revoke PATs: one by the token itself or by its id, or every token of a user. Prints
-    /// {"revoked": [token ids]}; they stop working at once, over REST and NATS.
+    /// the ids revoked (with --json: {"revoked": [token ids]}); they stop working at once,
+    /// over REST and NATS.
     #[command(group(clap::ArgGroup::new("which").required(true).multiple(false).args(["token", "id", "user"])))]
     Revoke {
         /// The token to revoke.
@@ -90,6 +95,9 @@ pub enum TokensCommand {
         /// Revoke every token of this user.
         #[arg(long)]
         user: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         target: Target,
     },
@@ -97,12 +105,14 @@ pub enum TokensCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ProjectionsCommand {
-    /// Drop every projection and rebuild it from the event store; the audit ledger is not
-    /// rebuilt but checked: every auditable event has exactly one row.
+    /// Drop every projection and rebuild it from the event store, the runtime-registry's
+    /// manifest files included; the audit ledger is not rebuilt but checked: every auditable
+    /// event has exactly one row, else the exit code is 1. Prints what it did as JSON.
     Rebuild {
         #[command(flatten)]
         target: Target,
-        /// Where the manifest YAML files are (default <data-dir>/manifests).
+        /// The runtime-registry's manifest directory, where the manifest YAML files are
+        /// rebuilt (default <data-dir>/manifests; with only --database-url it is required).
         #[arg(long, env = "ATASIRA_MANIFESTS_DIR")]
         manifests_dir: Option<PathBuf>,
     },
@@ -169,19 +179,23 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
             println!("{}", auth::create_token(&db, &Principal::new(user, role, kind), ttl, auth::OPERATOR).await?.token);
             Ok(())
         }
-        TokensCommand::List { user, active, target } => {
+        TokensCommand::List { user, active, json, target } => {
             let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
             auth::prepare(&db).await?;
-            let tokens: Vec<serde_json::Value> = auth::list_tokens(&db, user.as_deref())
-                .await?
-                .into_iter()
-                .filter(|t| !active || t.state == auth::TokenState::Active)
-                .map(|t| token_json(&t))
-                .collect();
-            println!("{}", json!({ "tokens": tokens }));
+            let tokens: Vec<auth::TokenInfo> =
+                auth::list_tokens(&db, user.as_deref()).await?.into_iter().filter(|t| !active || t.state == auth::TokenState::Active).collect();
+            if json {
+                let tokens: Vec<serde_json::Value> = tokens.iter().map(token_json).collect();
+                println!("{}", json!({ "tokens": tokens }));
+            } else if tokens.is_empty() {
+                println!("no tokens");
+            } else {
+                let rows: Vec<Vec<String>> = tokens.iter().map(token_row).collect();
+                crate::client::print::print_table(&["TOKEN_ID", "USER", "ROLE", "KIND", "STATE", "CREATED", "EXPIRES", "LAST_USED"], &rows);
+            }
             Ok(())
         }
-        TokensCommand::Revoke { token, id, user, target } => {
+        TokensCommand::Revoke { token, id, user, json, target } => {
             let which = match (&token, &id, &user) {
                 (Some(token), _, _) => auth::Which::Token(token),
                 (_, Some(id), _) => auth::Which::Id(id),
@@ -194,14 +208,36 @@ pub async fn tokens(cmd: TokensCommand) -> anyhow::Result<()> {
             if revoked.token_ids.is_empty() && user.is_none() {
                 anyhow::bail!("no such token, or it is revoked already");
             }
-            println!("{}", json!({ "revoked": revoked.token_ids }));
-            eprintln!("revoked {} token(s)", revoked.token_ids.len());
+            if json {
+                println!("{}", json!({ "revoked": revoked.token_ids }));
+            } else if revoked.token_ids.is_empty() {
+                println!("no token of {:?} was active", user.unwrap_or_default());
+            } else {
+                for id in &revoked.token_ids {
+                    println!("revoked {id}");
+                }
+            }
             Ok(())
         }
     }
 }
 
-/// A token as `tokens list` shows it (the REST list has the same fields).
+/// A token as a row of `tokens list`'s table; times in UTC to the minute, `-` for none.
+fn token_row(t: &auth::TokenInfo) -> Vec<String> {
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or_else(|| "-".to_owned(), |t| t.format("%Y-%m-%d %H:%MZ").to_string());
+    vec![
+        t.token_id.clone(),
+        t.principal.user_id.clone(),
+        t.principal.role.to_string(),
+        t.principal.kind.to_string(),
+        t.state.as_str().to_owned(),
+        time(Some(t.created_at)),
+        time(t.expires_at),
+        time(t.last_used_at),
+    ]
+}
+
+/// A token as `tokens list --json` shows it (the REST list has the same fields).
 fn token_json(t: &auth::TokenInfo) -> serde_json::Value {
     let time = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
     json!({
@@ -240,12 +276,19 @@ pub async fn db(cmd: DbCommand) -> anyhow::Result<()> {
     }
 }
 
-pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
+/// `projections rebuild`: exit 1 when the ledger check finds an auditable event without
+/// exactly one row.
+pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<std::process::ExitCode> {
     match cmd {
         ProjectionsCommand::Rebuild { target, manifests_dir } => {
+            // The manifest files are the registry's: rebuilt where it keeps them, never in
+            // whatever directory the command happens to run in.
+            let Some(manifests_dir) = manifests_dir.or_else(|| target.data_dir.as_ref().map(|d| d.join("manifests"))) else {
+                anyhow::bail!(
+                    "name the runtime-registry's manifest directory with --manifests-dir (or ATASIRA_MANIFESTS_DIR), or its --data-dir: the manifest files are rebuilt there"
+                );
+            };
             let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
-            let manifests_dir =
-                manifests_dir.or_else(|| target.data_dir.as_ref().map(|d| d.join("manifests"))).unwrap_or_else(|| PathBuf::from("./atasira-data/manifests"));
             let registry = atasira_runtime_registry::RegistryConfig { manifests_dir, max_boxes: 0 };
             let mut rebuilt = Vec::new();
             for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
@@ -255,7 +298,15 @@ pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<()> {
             }
             let ledger = atasira_audit::check_complete(&db).await?;
             println!("{}", json!({"rebuilt": rebuilt, "audit_ledger": ledger}));
-            Ok(())
+            let count = |key: &str| ledger[key].as_array().map_or(0, Vec::len);
+            let (missing, duplicated) = (count("missing"), count("duplicated"));
+            if missing + duplicated > 0 {
+                eprintln!(
+                    "the audit ledger is not complete: {missing} auditable event(s) without a row, {duplicated} with more than one (their ids are in audit_ledger above)"
+                );
+                return Ok(std::process::ExitCode::from(1));
+            }
+            Ok(std::process::ExitCode::SUCCESS)
         }
     }
 }

@@ -14,7 +14,7 @@ use anyhow::Context;
 use atasira_domain::aggregates::audit_ledger::{AuditCommand, AuditEvent, AuditLedger, LEDGER_ID};
 use atasira_domain::aggregates::types;
 use atasira_domain::audit::{
-    AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, payload_digest,
+    AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, detail_of, payload_digest,
     verify_chain,
 };
 use atasira_platform::store::{Db, DbKind, StoredEvent};
@@ -57,7 +57,8 @@ pub const LEDGER_SCHEMA: &[&str] = &["CREATE TABLE IF NOT EXISTS audit_ledger_ro
     event_id TEXT NOT NULL UNIQUE,
     payload_digest TEXT NOT NULL,
     key_id TEXT NOT NULL,
-    mac TEXT NOT NULL
+    mac TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT ''
 )"];
 
 /// SQLite: the ledger refuses UPDATE and DELETE (SQLite has no TRUNCATE; `DELETE FROM`
@@ -96,7 +97,7 @@ pub const PAGE_MAX: u32 = 500;
 /// Page size when the caller names none.
 pub const PAGE_DEFAULT: u32 = 50;
 
-const COLUMNS: &str = "seq, time, action, actor, target, event_id, payload_digest, key_id, mac";
+const COLUMNS: &str = "seq, time, action, actor, target, event_id, payload_digest, key_id, mac, detail";
 
 /// Creates the ledger table and its append-only triggers (idempotent).
 pub async fn prepare(db: &Db) -> anyhow::Result<()> {
@@ -105,7 +106,9 @@ pub async fn prepare(db: &Db) -> anyhow::Result<()> {
         DbKind::Postgres => POSTGRES_LEDGER_TRIGGERS,
     };
     let all: Vec<&str> = LEDGER_SCHEMA.iter().chain(triggers).copied().collect();
-    db.ensure_tables(&all).await
+    db.ensure_tables(&all).await?;
+    // Ledgers from before rows had a detail (R-AUDIT-6).
+    db.ensure_column("audit_ledger_rows", "detail", "TEXT NOT NULL DEFAULT ''").await
 }
 
 /// Appends the row of one event, unless it is not auditable or already has a row, and
@@ -185,13 +188,14 @@ async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event
             target,
             event_id: event.event_id.clone(),
             payload_digest: payload_digest(&serde_json::to_vec(&event.payload)?),
+            detail: detail_of(&event.aggregate_type, &event.payload),
         }
         .seal(keys, &prev_mac);
         prev_mac = row.mac.clone();
         rows.push(row);
     }
-    for chunk in rows.chunks(rows_per_statement(9)) {
-        let sql = format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list(chunk.len(), 9));
+    for chunk in rows.chunks(rows_per_statement(10)) {
+        let sql = format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list(chunk.len(), 10));
         let mut query = sqlx::query(&sql);
         for row in chunk {
             query = query
@@ -203,7 +207,8 @@ async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event
                 .bind(&row.event_id)
                 .bind(&row.payload_digest)
                 .bind(&row.key_id)
-                .bind(&row.mac);
+                .bind(&row.mac)
+                .bind(&row.detail);
         }
         query.execute(&mut **tx).await?;
     }
@@ -327,6 +332,7 @@ fn raw_row(r: &AnyRow) -> anyhow::Result<RawRow> {
             payload_digest: r.try_get(6)?,
             key_id: r.try_get(7)?,
             mac: r.try_get(8)?,
+            detail: r.try_get(9)?,
         },
     })
 }

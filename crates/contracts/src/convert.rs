@@ -158,6 +158,7 @@ pub fn ledger_row_to_wire(r: &LedgerRow) -> v1::AuditRow {
         payload_digest: r.payload_digest.clone(),
         key_id: r.key_id.clone(),
         mac: r.mac.clone(),
+        detail: r.detail.clone(),
     }
 }
 
@@ -170,6 +171,7 @@ pub fn ledger_row_from_wire(r: &v1::AuditRow) -> Result<LedgerRow, WireError> {
         target: r.target.clone(),
         event_id: r.event_id.clone(),
         payload_digest: r.payload_digest.clone(),
+        detail: r.detail.clone(),
         key_id: r.key_id.clone(),
         mac: r.mac.clone(),
     })
@@ -226,6 +228,7 @@ mod tests {
             target: "d1".into(),
             event_id: "draft/d1/1".into(),
             payload_digest: "sha256:00".into(),
+            detail: "submitted d1".into(),
             key_id: "k1".into(),
             mac: "ab".into(),
         };

@@ -29,11 +29,21 @@ use subtle::ConstantTimeEq;
 
 use crate::token::push_item;
 
+mod detail;
+
+pub use detail::{DETAIL_CHARS, detail_of, grants};
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// Domain separation for row MACs: a MAC made by the same key for another purpose (a
-/// checkpoint, a future row format) can never pass as a row MAC.
-pub const ROW_PURPOSE_TAG: &str = "atasira.audit-row.v1";
+/// checkpoint, another row format) can never pass as a row MAC.
+/// v2: the MAC also covers the row's `detail` (R-AUDIT-6).
+pub const ROW_PURPOSE_TAG: &str = "atasira.audit-row.v2";
+
+/// The row format before rows had a `detail`: such rows (their detail empty) keep
+/// verifying under it. A v2 row whose detail was blanked does not pass as one: the tags
+/// differ.
+pub const ROW_PURPOSE_TAG_V1: &str = "atasira.audit-row.v1";
 
 /// Domain separation for checkpoint MACs.
 /// v2: the MAC also covers the previous checkpoint's seq and MAC (a chain of checkpoints).
@@ -147,6 +157,8 @@ pub struct UnsignedRow {
     pub event_id: String,
     /// `sha256:<hex>` of the event payload ([`payload_digest`]).
     pub payload_digest: String,
+    /// What happened, in a line ([`detail_of`]).
+    pub detail: String,
 }
 
 impl UnsignedRow {
@@ -163,6 +175,7 @@ impl UnsignedRow {
             target: self.target,
             event_id: self.event_id,
             payload_digest: self.payload_digest,
+            detail: self.detail,
             key_id: keys.current_key_id().to_owned(),
             mac,
         }
@@ -182,6 +195,9 @@ pub struct LedgerRow {
     pub event_id: String,
     /// `sha256:<hex>` of the event payload JSON bytes.
     pub payload_digest: String,
+    /// What happened, in a line (R-AUDIT-6); empty in rows made before rows had one.
+    #[serde(default)]
+    pub detail: String,
     /// The id of the key that made `mac`.
     pub key_id: String,
     /// Lowercase hex of the HMAC-SHA256 over the canonical row and the previous row's MAC.
@@ -325,11 +341,20 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
     (actor, target)
 }
 
+/// The row formats a MAC may cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowFormat {
+    /// Before `detail`.
+    V1,
+    /// With `detail`.
+    V2,
+}
+
 /// The MACed bytes of a row: purpose tag, then seq (i64 big-endian), time
-/// ([`canonical_time`]), action, actor, target, event id, payload digest, key id and the
-/// previous row's MAC (hex text, empty for seq 1), each prefixed by its u32 big-endian
-/// length so that no two distinct rows share an encoding.
-fn row_bytes(row: &UnsignedRow, key_id: &str, prev_mac: &str) -> Vec<u8> {
+/// ([`canonical_time`]), action, actor, target, event id, payload digest, the detail (v2
+/// only), key id and the previous row's MAC (hex text, empty for seq 1), each prefixed by
+/// its u32 big-endian length so that no two distinct rows share an encoding.
+fn row_bytes(row: &UnsignedRow, key_id: &str, prev_mac: &str, format: RowFormat) -> Vec<u8> {
     let time = canonical_time(row.time);
     let mut out = Vec::with_capacity(
         128 + time.len()
@@ -338,10 +363,15 @@ fn row_bytes(row: &UnsignedRow, key_id: &str, prev_mac: &str) -> Vec<u8> {
             + row.target.len()
             + row.event_id.len()
             + row.payload_digest.len()
+            + row.detail.len()
             + key_id.len()
             + prev_mac.len(),
     );
-    push_item(&mut out, ROW_PURPOSE_TAG.as_bytes());
+    let tag = match format {
+        RowFormat::V1 => ROW_PURPOSE_TAG_V1,
+        RowFormat::V2 => ROW_PURPOSE_TAG,
+    };
+    push_item(&mut out, tag.as_bytes());
     push_item(&mut out, &row.seq.to_be_bytes());
     push_item(&mut out, time.as_bytes());
     push_item(&mut out, row.action.as_bytes());
@@ -349,6 +379,9 @@ fn row_bytes(row: &UnsignedRow, key_id: &str, prev_mac: &str) -> Vec<u8> {
     push_item(&mut out, row.target.as_bytes());
     push_item(&mut out, row.event_id.as_bytes());
     push_item(&mut out, row.payload_digest.as_bytes());
+    if format == RowFormat::V2 {
+        push_item(&mut out, row.detail.as_bytes());
+    }
     push_item(&mut out, key_id.as_bytes());
     push_item(&mut out, prev_mac.as_bytes());
     out
@@ -371,7 +404,7 @@ fn checkpoint_bytes(key_id: &str, seq: i64, head_mac: &str, prev_seq: i64, prev_
 /// `prev_mac`, the previous row's MAC (empty for seq 1). Prefer [`UnsignedRow::seal`],
 /// which also truncates the time to what the canonical form carries.
 pub fn row_mac(keys: &AuditKeys, row: &UnsignedRow, prev_mac: &str) -> String {
-    keys.current.tag_hex(&row_bytes(row, &keys.current.key_id, prev_mac))
+    keys.current.tag_hex(&row_bytes(row, &keys.current.key_id, prev_mac, RowFormat::V2))
 }
 
 /// The MAC of a checkpoint `(seq, head_mac)` following the checkpoint `(prev_seq,
@@ -521,8 +554,17 @@ fn verify_rows(keys: &AuditKeys, rows: &[LedgerRow]) -> (usize, Option<Break>) {
                         target: row.target.clone(),
                         event_id: row.event_id.clone(),
                         payload_digest: row.payload_digest.clone(),
+                        detail: row.detail.clone(),
                     };
-                    match key.verifies(&row_bytes(&unsigned, &row.key_id, prev_mac), &row.mac) {
+                    // A row without a detail may be one of the format before details.
+                    let v2 = key.verifies(&row_bytes(&unsigned, &row.key_id, prev_mac, RowFormat::V2), &row.mac);
+                    let verified = match v2 {
+                        Err(MacProblem::Mismatch) if row.detail.is_empty() => {
+                            key.verifies(&row_bytes(&unsigned, &row.key_id, prev_mac, RowFormat::V1), &row.mac)
+                        }
+                        other => other,
+                    };
+                    match verified {
                         Ok(()) => None,
                         Err(MacProblem::Malformed) => Some(Break::at(row.seq, "the row's mac is not 64 lowercase hex characters")),
                         Err(MacProblem::Mismatch) => {
@@ -617,7 +659,48 @@ mod tests {
             target: format!("draft-{seq}"),
             event_id: format!("draft/draft-{seq}/1"),
             payload_digest: payload_digest(format!("{{\"n\":{seq}}}").as_bytes()),
+            detail: format!("submitted box {seq}"),
         }
+    }
+
+    /// A row as the ledger sealed it before rows had a detail (format v1, detail empty).
+    fn sealed_v1(keys: &AuditKeys, seq: i64, prev_mac: &str) -> LedgerRow {
+        let row = UnsignedRow { detail: String::new(), ..unsigned(seq) };
+        let mac = keys.current.tag_hex(&row_bytes(&row, keys.current_key_id(), prev_mac, RowFormat::V1));
+        LedgerRow { mac, ..row.seal(keys, prev_mac) }
+    }
+
+    #[test]
+    fn r_audit_6_the_mac_covers_the_detail() {
+        // given an intact ledger of rows with details
+        let keys = keys();
+        let mut rows = ledger(&keys, 4);
+        assert!(verify_chain(&keys, &rows, &[]).is_ok());
+        // when one row's detail is changed, or blanked as if it were an older row
+        for changed in ["approved: nothing to see", ""] {
+            let mut tampered = rows.clone();
+            tampered[2].detail = changed.to_owned();
+            // then the ledger breaks at that row
+            assert_eq!(first_bad(&verify_chain(&keys, &tampered, &[])), Some(3), "{changed:?}");
+        }
+        rows[1].detail.push('!');
+        assert_eq!(first_bad(&verify_chain(&keys, &rows, &[])), Some(2));
+    }
+
+    #[test]
+    fn r_audit_6_rows_from_before_details_keep_verifying_and_the_chain_goes_on() {
+        // given two rows sealed in the old format, then rows with details chained to them
+        let keys = keys();
+        let first = sealed_v1(&keys, 1, "");
+        let second = sealed_v1(&keys, 2, &first.mac);
+        let third = unsigned(3).seal(&keys, &second.mac);
+        let rows = vec![first, second, third];
+        // then the whole ledger verifies
+        assert_eq!(verify_chain(&keys, &rows, &[]), Verification::Ok { rows: 3 });
+        // and an old row given a detail afterwards does not
+        let mut tampered = rows.clone();
+        tampered[0].detail = "made up".into();
+        assert_eq!(first_bad(&verify_chain(&keys, &tampered, &[])), Some(1));
     }
 
     /// A chained ledger of `n` rows under `keys`' current key.
@@ -1110,7 +1193,7 @@ mod tests {
         a.target = "c".into();
         b.actor = "a".into();
         b.target = "bc".into();
-        assert_ne!(row_bytes(&a, "k", ""), row_bytes(&b, "k", ""));
+        assert_ne!(row_bytes(&a, "k", "", RowFormat::V2), row_bytes(&b, "k", "", RowFormat::V2));
         assert_ne!(checkpoint_bytes("k1", 1, "m", 0, ""), checkpoint_bytes("k", 1, "1m", 0, ""));
         assert_ne!(checkpoint_bytes("k", 2, "ab", 1, "c"), checkpoint_bytes("k", 2, "a", 1, "bc"));
     }

@@ -685,6 +685,7 @@ async function loadAudit() {
     el('td', { text: r.action }),
     el('td', { text: r.actor }),
     el('td', {}, el('button', { type: 'button', class: 'link', title: 'Show only this target', text: r.target, onclick: () => { $('audit-target').value = r.target; filterAudit(); } })),
+    el('td', { class: 'detail', text: r.detail || '' }),
     el('td', {}, el('code', { text: r.event_id })))));
 }
 

@@ -355,6 +355,7 @@ impl TryFrom<v1::AuditPage> for AuditRows {
                     target: row.target,
                     event_id: row.event_id,
                     payload_digest: row.payload_digest,
+                    detail: row.detail,
                     key_id: row.key_id,
                     mac: row.mac,
                 })

@@ -262,7 +262,8 @@ pub const BOXES_PAGE_MAX: u32 = 200;
 #[into_params(parameter_in = Query)]
 pub struct BoxesQuery {
     /// Which Boxes: `idle`, `running` (Boxes with running Workers: none today), `stopped`,
-    /// `archived` or `all`. Absent: every Box but archived ones.
+    /// `archived` or `all`. Absent: the active ones (`idle` and `running`), not stopped
+    /// or archived ones.
     #[param(value_type = Option<api::BoxStateFilter>, inline)]
     pub state: Option<api::BoxStateFilter>,
     /// Page size: a whole number of at least 1 (default 50); more than 200 is read as 200.

@@ -216,9 +216,9 @@ pub async fn reject(
 
 // --- Boxes ------------------------------------------------------------------------------
 
-/// Boxes in activation order (any caller): by default every Box but archived ones;
-/// `state` narrows or widens (archived Boxes stay listed, several of a box_type once
-/// one is archived).
+/// Boxes in activation order (any caller): by default the active ones (idle or running),
+/// one per box_type; `state` narrows or widens (`stopped`, `archived`, `all`; archived
+/// Boxes stay listed, several of a box_type once one is archived).
 #[utoipa::path(get, path = "/api/v1/boxes", tag = "boxes", params(BoxesQuery),
     responses((status = 200, description = "A page of Boxes", body = api::BoxList)),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]

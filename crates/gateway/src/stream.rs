@@ -147,7 +147,7 @@ pub(crate) async fn announce(state: AppState, live: Arc<Live>) {
 /// stream closes after 5 minutes; reconnect to go on.
 #[utoipa::path(get, path = "/api/v1/events/stream", tag = "live",
     responses(
-        (status = 200, description = "Server-sent events: `event: ready` with `{\"position\"}` first, then `event: changed` with a `StreamChange` each time the read models changed; comments keep the connection open. Ends after 5 minutes: reconnect.",
+        (status = 200, description = "Server-sent events, each with a `StreamChange`: `event: ready` first (every topic, as of `position`: read what you show once), then `event: changed` each time the read models changed; comments keep the connection open. Ends after 5 minutes: reconnect.",
             content_type = "text/event-stream", body = api::StreamChange),
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
@@ -160,7 +160,11 @@ pub async fn stream(State(state): State<AppState>, Caller(principal): Caller) ->
     })?;
     let (receiver, head) = live.subscribe(&state.rt.db).await.map_err(ApiError::internal)?;
     let closing = live.closing.subscribe();
-    let ready = Event::default().event("ready").data(json!({ "position": head }).to_string());
+    // The first event has the documented shape too: every view, as of `head`, for a client
+    // that (re)connects may have missed anything.
+    let ready = Event::default()
+        .event("ready")
+        .data(serde_json::to_string(&api::StreamChange { position: head, topics: StreamTopic::ALL.to_vec() }).unwrap_or_default());
     let deadline = tokio::time::Instant::now() + MAX_STREAM_LIFE;
     let changes = futures::stream::unfold((receiver, closing, slot), move |(mut receiver, mut closing, slot)| async move {
         let next = tokio::select! {
@@ -171,9 +175,7 @@ pub async fn stream(State(state): State<AppState>, Caller(principal): Caller) ->
         let change = match next {
             Ok(change) => change,
             // This client fell behind: everything may have changed.
-            Err(broadcast::error::RecvError::Lagged(_)) => {
-                api::StreamChange { position: 0, topics: vec![StreamTopic::Drafts, StreamTopic::Boxes, StreamTopic::Workers, StreamTopic::Audit] }
-            }
+            Err(broadcast::error::RecvError::Lagged(_)) => api::StreamChange { position: 0, topics: StreamTopic::ALL.to_vec() },
             Err(broadcast::error::RecvError::Closed) => return None,
         };
         let event = Event::default().event("changed").data(serde_json::to_string(&change).unwrap_or_default());

@@ -115,9 +115,9 @@ approving and rejecting are done by a human admin outside MCP. When next_cursor 
 next page.";
 
 const LIST_BOXES_DESCRIPTION: &str = "List the Boxes (approved, activated AI employees) in activation order: box_id, \
-box_type, name, state (idle or stopped; archived Boxes are left out) and manifest_version. Any token may use it. Look \
-here before drafting a new Box: a box_type can exist only once, and an existing Box may already do the task (check with \
-atasira_feasibility). When next_cursor is not null, pass it as cursor for the next page.";
+box_type, name, state and manifest_version of the active ones (idle or running; stopped and archived Boxes are left \
+out). Any token may use it. Look here before drafting a new Box: a box_type can exist only once, and an existing Box may \
+already do the task (check with atasira_feasibility, which also knows stopped Boxes). When next_cursor is not null, pass it as cursor for the next page.";
 
 const FEASIBILITY_DESCRIPTION: &str = "Check, without changing anything, whether an existing Box can do a task with the \
 capabilities it was approved for: a deterministic keyword match (English and Japanese) of task_description against the \

@@ -8,7 +8,7 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 
-use crate::store::{Db, DbKind};
+use crate::store::Db;
 
 /// The gateway's token table: the credentials (hashes) and their state. Every issue and
 /// revocation is also an event of the `pat` aggregate (the audit ledger records it); the
@@ -37,16 +37,7 @@ pub const LAST_USED_RESOLUTION: chrono::TimeDelta = chrono::TimeDelta::minutes(1
 pub async fn prepare(db: &Db) -> anyhow::Result<()> {
     db.ensure_tables(TOKENS_SCHEMA).await?;
     for (column, ty) in ADDED_COLUMNS {
-        let add = format!("ALTER TABLE gateway_tokens ADD COLUMN IF NOT EXISTS {column} {ty}");
-        match db.kind() {
-            DbKind::Postgres => db.ensure_tables(&[&add]).await?,
-            DbKind::Sqlite => {
-                let has = format!("SELECT COUNT(*) FROM pragma_table_info('gateway_tokens') WHERE name = '{column}'");
-                if sqlx::query(&has).fetch_one(db.any()).await?.try_get::<i64, _>(0)? == 0 {
-                    db.ensure_tables(&[&add.replace(" IF NOT EXISTS", "")]).await?;
-                }
-            }
-        }
+        db.ensure_column("gateway_tokens", column, ty).await?;
     }
     let unnamed: Vec<String> =
         sqlx::query("SELECT token_hash FROM gateway_tokens WHERE token_id IS NULL").fetch_all(db.any()).await?.iter().map(|r| r.get(0)).collect();

@@ -90,8 +90,8 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         "active_boxes",
         Arc::new(move || {
             let db = db.clone();
-            // What the Box limit counts: every Box not archived.
-            Box::pin(async move { db.count("SELECT COUNT(*) FROM box_rows WHERE state <> 'archived'").await })
+            // What the Box limit counts: Boxes that hold a slot (not stopped or archived).
+            Box::pin(async move { db.count("SELECT COUNT(*) FROM box_rows WHERE state NOT IN ('stopped', 'archived')").await })
         }),
     );
     let limit = i64::try_from(config.max_boxes).unwrap_or(i64::MAX);

@@ -340,8 +340,9 @@ pub async fn list(db: &Db) -> anyhow::Result<Vec<BoxRow>> {
 /// Which Boxes a page lists (`GET /boxes?state=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateFilter {
-    /// Every Box but archived ones (the default).
-    NotArchived,
+    /// R-BOX-5's default: the Boxes that hold a slot (idle, and running once Workers run on
+    /// hosts), not stopped or archived ones.
+    Active,
     Only(BoxState),
     /// A state no Box has yet (`running`, for Workers later): matches nothing.
     Nothing,
@@ -351,7 +352,7 @@ pub enum StateFilter {
 impl StateFilter {
     pub fn from_wire(filter: v1::BoxStateFilter) -> StateFilter {
         match filter {
-            v1::BoxStateFilter::Unspecified => StateFilter::NotArchived,
+            v1::BoxStateFilter::Unspecified => StateFilter::Active,
             v1::BoxStateFilter::Idle => StateFilter::Only(BoxState::Idle),
             v1::BoxStateFilter::Running => StateFilter::Nothing,
             v1::BoxStateFilter::Stopped => StateFilter::Only(BoxState::Stopped),
@@ -362,7 +363,7 @@ impl StateFilter {
 
     fn clause(self) -> &'static str {
         match self {
-            StateFilter::NotArchived => "state <> 'archived'",
+            StateFilter::Active => "state NOT IN ('stopped', 'archived')",
             StateFilter::Only(BoxState::Idle) => "state = 'idle'",
             StateFilter::Only(BoxState::Stopped) => "state = 'stopped'",
             StateFilter::Only(BoxState::Archived) => "state = 'archived'",

@@ -16,7 +16,7 @@
 //! use none of them.
 
 mod exit;
-mod print;
+pub(crate) mod print;
 mod transport;
 
 use std::io::{IsTerminal, Read};
@@ -250,7 +250,8 @@ pub enum RoleInBoxArg {
 /// `atasira boxes ...`.
 #[derive(Debug, Subcommand)]
 pub enum BoxesCommand {
-    /// List Boxes in activation order; by default every Box but archived ones.
+    /// List Boxes in activation order; by default the active ones (idle or running), not
+    /// stopped or archived ones.
     List {
         /// Only Boxes in this state (`all` includes archived ones).
         #[arg(long, value_enum, value_name = "STATE")]

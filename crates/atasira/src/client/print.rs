@@ -265,8 +265,8 @@ pub(super) fn audit_rows(page: &AuditRows) {
         println!("no audit rows");
     } else {
         let rows: Vec<Vec<String>> =
-            page.rows.iter().map(|r| vec![r.seq.to_string(), r.time.clone(), r.action.clone(), r.actor.clone(), r.target.clone()]).collect();
-        print_table(&["SEQ", "TIME", "ACTION", "ACTOR", "TARGET"], &rows);
+            page.rows.iter().map(|r| vec![r.seq.to_string(), r.time.clone(), r.action.clone(), r.actor.clone(), r.target.clone(), r.detail.clone()]).collect();
+        print_table(&["SEQ", "TIME", "ACTION", "ACTOR", "TARGET", "DETAIL"], &rows);
     }
     next_page(page.next_cursor.as_deref());
 }
@@ -312,7 +312,7 @@ fn print_rows(rows: &[(&str, String)]) {
 }
 
 /// A table: headers over rows, columns as wide as their widest cell (the last one free).
-fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+pub(crate) fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

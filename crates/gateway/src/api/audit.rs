@@ -16,6 +16,11 @@ pub struct AuditRow {
     pub event_id: String,
     /// `sha256:<hex>` of the event payload.
     pub payload_digest: String,
+    /// What happened, in a line of at most 500 characters: the refusal and what was refused
+    /// for a security violation or a refused launch, the decision and what it grants for
+    /// approvals and edits, the reason for a rejection. Covered by `mac`. Empty in rows
+    /// written before rows had a detail.
+    pub detail: String,
     /// The id of the key that made `mac`.
     pub key_id: String,
     /// Lowercase hex HMAC-SHA256 over the row and the previous row's MAC.
@@ -49,6 +54,11 @@ pub enum StreamTopic {
     Boxes,
     Workers,
     Audit,
+}
+
+impl StreamTopic {
+    /// Every topic: what a client that may have missed changes reads again.
+    pub const ALL: [StreamTopic; 4] = [StreamTopic::Drafts, StreamTopic::Boxes, StreamTopic::Workers, StreamTopic::Audit];
 }
 
 /// `{"ok": true, "rows": N}` or `{"ok": false, "first_bad_seq": S, "reason": "..."}`.

@@ -168,18 +168,38 @@ impl Db {
         let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).chain(progress).chain(replay).copied().collect();
         self.ensure_tables(&all).await?;
         for table in CURSOR_COLUMNS {
-            let add = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tx_id BIGINT NOT NULL DEFAULT 0");
-            match self.kind() {
-                DbKind::Postgres => self.ensure_tables(&[&add]).await?,
-                DbKind::Sqlite => {
-                    let has = format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = 'tx_id'");
-                    if sqlx::query(&has).fetch_one(&self.any).await?.try_get::<i64, _>(0)? == 0 {
-                        self.ensure_tables(&[&add.replace(" IF NOT EXISTS", "")]).await?;
-                    }
-                }
-            }
+            self.ensure_column(table, "tx_id", "BIGINT NOT NULL DEFAULT 0").await?;
         }
         Ok(())
+    }
+
+    /// Adds `column` (of `definition`) to `table` when a table made before the column
+    /// lacks it (idempotent; as DDL, under [`Db::ensure_tables`]' rules).
+    pub async fn ensure_column(&self, table: &str, column: &str, definition: &str) -> anyhow::Result<()> {
+        let add = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition}");
+        match self.kind() {
+            DbKind::Postgres => {
+                let has = "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2";
+                let count = || async { sqlx::query(has).bind(table).bind(column).fetch_one(&self.any).await?.try_get::<i64, _>(0) };
+                if count().await? > 0 {
+                    return Ok(());
+                }
+                // A role that may not create objects runs no DDL: the column is then missing.
+                self.ensure_tables(&[&add]).await?;
+                anyhow::ensure!(
+                    count().await? > 0,
+                    "table {table} has no column {column}, and this database role may not add it: run `atasira db prepare --database-url <URL>` with the role that owns the schema first"
+                );
+                Ok(())
+            }
+            DbKind::Sqlite => {
+                let has = format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = '{column}'");
+                if sqlx::query(&has).fetch_one(&self.any).await?.try_get::<i64, _>(0)? == 0 {
+                    self.ensure_tables(&[&add.replace(" IF NOT EXISTS", "")]).await?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Runs idempotent DDL. In PostgreSQL, concurrent `CREATE ... IF NOT EXISTS` of the same
