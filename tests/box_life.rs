@@ -350,3 +350,103 @@ fn a_rebuild_writes_manifest_files_where_the_registry_keeps_them_and_fails_on_an
         assert!(err.contains("not complete"), "{err}");
     }
 }
+
+/// R-CHANGE-1, R-AUDIT-6: a Box's grant changes through a change request that a human admin
+/// approves like a draft: the Box keeps its id, assignments and history, its version's
+/// major goes up, new Workers get the new bundle and old ones keep theirs; a rejected change
+/// changes nothing; one change is pending per Box; a trigger change goes the same way.
+#[test]
+fn a_boxs_grant_changes_through_a_change_request_and_a_human_approval() {
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        let sys = System::start(mode);
+        let box_id = active_box(&sys, &draft_body("grows"));
+        let changes = format!("/api/v1/boxes/{box_id}/change-requests");
+        let assign = sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &sys.admin, &json!({"user_id": "agent", "role_in_box": "primary"}));
+        assert_eq!(assign.status, 200, "{}", assign.raw);
+        let launch = |id: &str| {
+            let a = sys.post(&format!("/api/v1/boxes/{box_id}/workers"), &sys.admin, &json!({"launch_id": id, "input": [{"kind": "text", "value": "go"}]}));
+            assert_eq!(a.status, 201, "{mode:?}: {}", a.raw);
+            let worker = a.body["worker_id"].as_str().expect("worker_id").to_owned();
+            sys.get(&format!("/api/v1/workers/{worker}/provenance"), &sys.admin).body["bundle_digest"].as_str().expect("bundle").to_owned()
+        };
+        let old_bundle = launch("before-change");
+
+        // The ways that do not change a grant say which way does.
+        let widening = http("PATCH", &sys.url(&format!("/api/v1/boxes/{box_id}/config")), Some(&sys.admin), &[], Some(br#"{"tools": ["Read", "Bash"]}"#));
+        assert_eq!((widening.status, widening.body["error"].as_str()), (403, Some("capability_change_requires_new_draft")), "{}", widening.raw);
+        assert!(widening.body["message"].as_str().is_some_and(|m| m.contains("/change-requests")), "{}", widening.raw);
+        let again = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &draft_body("grows"));
+        assert_eq!((again.status, again.body["error"].as_str()), (409, Some("box_type_exists")), "{mode:?}: refused at submit: {}", again.raw);
+        assert!(again.body["message"].as_str().is_some_and(|m| m.contains(&changes)), "{}", again.raw);
+        let carol = sys.token("carol", "member", "human");
+        assert_eq!(sys.post(&changes, &carol, &json!({"tools": ["Read", "Bash"]})).status, 403, "a member who is not the primary");
+        assert_eq!(sys.post(&changes, &sys.agent, &json!({"box_type": "other"})).status, 422);
+        assert_eq!(sys.post("/api/v1/boxes/no-such-box/change-requests", &sys.agent, &json!({"tools": []})).status, 404);
+
+        // The primary, an agent, asks for shell:exec.
+        let widen = json!({"os_operations": ["file:read", "shell:exec"], "tools": ["Read", "Bash"], "shell": {"allowed_commands": ["git"]}});
+        let asked = sys.post(&changes, &sys.agent, &widen);
+        assert_eq!(asked.status, 201, "{mode:?}: {}", asked.raw);
+        let change = asked.body["draft_id"].as_str().expect("draft_id").to_owned();
+        assert_eq!((asked.body["over_limit"].as_bool(), asked.body["version"].as_str()), (Some(true), Some("2.0.0")), "{}", asked.raw);
+        assert_eq!(asked.body["over_limit_ops"], json!(["shell:exec"]), "judged on what it adds");
+        let second = sys.post(&changes, &sys.admin, &json!({"tools": ["Read", "Grep"]}));
+        assert_eq!((second.status, second.body["error"].as_str()), (409, Some("change_request_pending")), "{}", second.raw);
+        let pending = sys.pending();
+        let listed = pending.iter().find(|d| d["draft_id"] == change.as_str()).unwrap_or_else(|| panic!("{mode:?}: not pending: {pending:?}"));
+        assert_eq!((listed["kind"].as_str(), listed["box_id"].as_str()), (Some("change"), Some(box_id.as_str())), "{listed}");
+        let added: Vec<&str> = listed["added"].as_array().expect("added").iter().filter_map(Value::as_str).collect();
+        assert!(added.contains(&"os_operations: shell:exec") && added.contains(&"tools: Bash") && added.contains(&"shell.allowed_commands: git"), "{added:?}");
+
+        // A human admin approves, confirming what is over the limit.
+        let unconfirmed = sys.approve(&change, &sys.admin, false);
+        assert_eq!((unconfirmed.status, unconfirmed.body["error"].as_str()), (409, Some("over_limit_confirmation_required")), "{}", unconfirmed.raw);
+        let approved = sys.approve(&change, &sys.admin, true);
+        assert_eq!(
+            (approved.status, approved.body["status"].as_str(), approved.body["box_id"].as_str()),
+            (200, Some("active"), Some(box_id.as_str())),
+            "{mode:?}: {}",
+            approved.raw
+        );
+        let changed = sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.agent);
+        assert_eq!(changed.body["manifest_version"], "2.0.0", "{}", changed.raw);
+        assert_eq!(changed.body["manifest"]["tools"], json!(["Read", "Bash"]), "{}", changed.raw);
+        assert!(
+            changed.body["assignments"].as_array().expect("assignments").iter().any(|a| a["user_id"] == "agent" && a["role_in_box"] == "primary"),
+            "assignments kept"
+        );
+        let history = sys.get(&format!("/api/v1/boxes/{box_id}/history"), &sys.agent);
+        assert!(history.body["entries"].as_array().expect("entries").iter().any(|e| e["kind"] == "activated"), "history kept: {}", history.raw);
+        assert!(
+            history.body["entries"].as_array().expect("entries").iter().any(|e| e["kind"] == "manifest_changed" && e["draft_id"] == change.as_str()),
+            "{}",
+            history.raw
+        );
+        let rows = sys.get(&format!("/api/v1/audit?action=box.change&target={box_id}"), &sys.admin).body["rows"].as_array().cloned().expect("rows");
+        assert_eq!(rows.len(), 1, "{mode:?}: {rows:?}");
+        assert!(rows[0]["detail"].as_str().is_some_and(|d| d.contains("+os_operations: shell:exec")), "{rows:?}");
+        let new_bundle = launch("after-change");
+        assert_ne!(new_bundle, old_bundle, "{mode:?}: a new Worker gets the new bundle");
+
+        // A trigger change: rejected, nothing changes; asked again and approved, it does.
+        let trigger = json!({"trigger_type": "schedule", "trigger_schedule": "0 9 * * 1"});
+        let asked = sys.post(&changes, &sys.agent, &trigger);
+        assert_eq!((asked.status, asked.body["over_limit"].as_bool()), (201, Some(false)), "{}", asked.raw);
+        let refused = asked.body["draft_id"].as_str().expect("draft_id").to_owned();
+        let r = sys.post(&format!("/api/v1/boxes/box-drafts/{refused}/reject"), &sys.admin, &json!({"reason": "not on Mondays"}));
+        assert_eq!(r.status, 200, "{}", r.raw);
+        assert_eq!(sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.agent).body["manifest_version"], "2.0.0", "a rejected change changes nothing");
+        let asked = sys.post(&changes, &sys.agent, &json!({"trigger_type": "schedule", "trigger_schedule": "0 9 * * 2"}));
+        assert_eq!(asked.status, 201, "{mode:?}: another change after a rejection: {}", asked.raw);
+        let approved = sys.approve(asked.body["draft_id"].as_str().expect("draft_id"), &sys.admin, false);
+        assert_eq!((approved.status, approved.body["status"].as_str()), (200, Some("active")), "{}", approved.raw);
+        let scheduled = sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.agent);
+        assert_eq!(
+            (scheduled.body["manifest_version"].as_str(), scheduled.body["manifest"]["trigger_type"].as_str()),
+            (Some("3.0.0"), Some("schedule")),
+            "{}",
+            scheduled.raw
+        );
+        assert_eq!(sys.audit_verify().0, 0, "the ledger verifies");
+    }
+}

@@ -43,6 +43,7 @@ fn r_cli_1_client_verbs_document_every_flag() {
         (&["boxes", "unassign"], vec!["--user"]),
         (&["boxes", "edit"], vec!["--file"]),
         (&["boxes", "config"], vec!["--file"]),
+        (&["boxes", "change"], vec!["--file"]),
         (&["audit", "list"], [&["--action", "--target", "--since"][..], &paging].concat()),
     ];
     for (verb, flags) in cases {

@@ -268,7 +268,7 @@ fn r_edit_1_2_3_every_manifest_key_under_both_edits_and_each_widening() {
                         // capability widening is not a security violation; the answer says how to go on
                         assert_eq!(violations.len(), violations_before, "{row}");
                         assert!(
-                            a.body["message"].as_str().is_some_and(|m| m.contains("new draft") && m.contains("/api/v1/boxes/box-drafts")),
+                            a.body["message"].as_str().is_some_and(|m| m.contains("request a change") && m.contains("/change-requests")),
                             "{row}: {}",
                             a.raw
                         );

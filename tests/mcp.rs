@@ -1,7 +1,7 @@
 //! The MCP server (R-MCP-1, issue 12 item 2) against an MCP client no one here wrote: the
 //! official Python SDK (`tests/mcp/client.py`) over stdio (`atasira mcp` with
 //! ATASIRA_BFF_URL/ATASIRA_PAT) and over streamable HTTP (the gateway's `/mcp` with the
-//! PAT as bearer). Both list exactly the five tools (no approve, no reject); a draft made
+//! PAT as bearer). Both list exactly the six tools (no approve, no reject); a draft made
 //! through MCP is pending and visible over REST; the REST refusals (an agent listing
 //! pending drafts) come back as tool errors with the REST error code; feasibility and
 //! get_draft answer; `/mcp` refuses a missing or unknown token.
@@ -16,7 +16,8 @@ use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, atasi
 use atasira_tests::workspace_root;
 use serde_json::{Value, json};
 
-const TOOLS: [&str; 5] = ["atasira_create_box_draft", "atasira_feasibility", "atasira_get_draft", "atasira_list_boxes", "atasira_pending_drafts"];
+const TOOLS: [&str; 6] =
+    ["atasira_create_box_draft", "atasira_feasibility", "atasira_get_draft", "atasira_list_boxes", "atasira_pending_drafts", "atasira_request_change"];
 
 fn python() -> PathBuf {
     PathBuf::from(
@@ -100,7 +101,7 @@ fn scenario(sys: &System, transport: Transport) {
     assert_eq!(report["server"]["name"], json!("atasira"));
     let mut names: Vec<&str> = report["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, TOOLS, "exactly the five tools, no approve or reject");
+    assert_eq!(names, TOOLS, "exactly the six tools, no approve or reject");
     for tool in report["tools"].as_array().expect("tools") {
         assert!(tool["description"].as_str().is_some_and(|d| d.len() > 200), "{tool}");
         assert_eq!(tool["input_schema"]["type"], json!("object"), "{tool}");
@@ -146,6 +147,24 @@ fn scenario(sys: &System, transport: Transport) {
     let listed = pending["drafts"].as_array().expect("drafts").iter().find(|d| d["draft_id"] == json!(draft_id)).expect("the draft is pending");
     assert_eq!(listed["over_limit_ops"], json!(["shell:exec"]));
     assert_eq!(ok(&admin[1])["draft_id"], json!(draft_id));
+
+    // R-CHANGE-1: the agent, made the existing Box's primary, asks for shell:exec; it is a
+    // pending change request with its diff; without the assignment it was refused.
+    let box_id = approved.body["box_id"].as_str().expect("box_id").to_owned();
+    let ask = json!([["atasira_request_change", {"box_id": box_id, "patch": {"os_operations": ["file:read", "shell:exec"]}}]]);
+    refused(&calls_of(sys, transport, &sys.agent, ask.clone())[0], "forbidden");
+    let assign = sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &sys.admin, &json!({"user_id": "agent", "role_in_box": "primary"}));
+    assert_eq!(assign.status, 200, "{}", assign.raw);
+    let asked = calls_of(sys, transport, &sys.agent, ask);
+    let change = ok(&asked[0]);
+    assert_eq!(
+        (change["status"].as_str(), change["over_limit"].as_bool(), change["box_id"].as_str()),
+        (Some("pending_approval"), Some(true), Some(box_id.as_str())),
+        "{change}"
+    );
+    assert_eq!(change["added"], json!(["os_operations: shell:exec"]));
+    let pending = sys.pending();
+    assert!(pending.iter().any(|d| d["draft_id"] == change["draft_id"] && d["kind"] == "change"), "{pending:?}");
 }
 
 fn calls_of(sys: &System, transport: Transport, token: &str, calls_: Value) -> Vec<Value> {

@@ -39,6 +39,7 @@ fn submitted(draft_id: &str, box_type: &str, purpose: &str, at: i64) -> DraftEve
         warnings: vec![],
         requested_by: Principal::new("agent", Role::Member, Kind::Agent),
         submitted_at: t(at),
+        change: None,
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use atasira_contracts::requests::{ApprovalRequest, Incoming};
 use atasira_contracts::{Refused, Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::approval_keys::{ApprovalKeys, ApprovalKeysCommand, KEYS_ID};
-use atasira_domain::aggregates::boxes::box_id_for;
+use atasira_domain::aggregates::boxes::{BoxAggregate, BoxError, BoxEvent, BoxState, box_id_for};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
 use atasira_domain::aggregates::types;
@@ -166,7 +166,10 @@ impl Service {
         let (draft, head) = self.rt.db.load_with_head::<Draft>(draft_id).await.map_err(Refusal::internal)?;
         let now = chrono::Utc::now();
         let (box_type, digest) = draft.data.as_ref().map(|d| (d.manifest.box_type.to_string(), d.manifest.digest())).unwrap_or_default();
-        let bundle = draft.data.as_ref().map(|d| bundle_digest(&box_id_for(draft_id), &d.manifest)).unwrap_or_default();
+        // R-CHANGE-1: a change request's Box exists; a new draft's Box id is derived.
+        let change = draft.data.as_ref().and_then(|d| d.change.clone());
+        let box_id = change.as_ref().map_or_else(|| box_id_for(draft_id), |c| c.box_id.clone());
+        let bundle = draft.data.as_ref().map(|d| bundle_digest(&box_id, &d.manifest)).unwrap_or_default();
         let token = self.config.signer.issue(draft_id, &box_type, &digest, &principal.user_id, now);
         let command = DraftCommand::Approve { by: principal.clone(), confirm_over_limit, token, at: now };
         // The aggregate's own rules decide, before any effect, whether this approval is new
@@ -181,11 +184,24 @@ impl Service {
             Err(e) => return Err(e.into()),
         };
         let (decided, head) = if first {
-            // (1) Reserve: limit, uniqueness and foreign manifest files are checked here.
-            let reserve =
-                v1::ReserveBoxType { box_type: box_type.clone(), draft_id: draft_id.to_owned(), deadline_unix: (now + ACTIVATION_WINDOW).timestamp() };
-            if let Err(refused) = self.client.call(subjects::RUNTIME_REGISTRY, &principal, &reserve, "").await? {
-                return Err(refused.into());
+            // (1) Reserve: limit, uniqueness and foreign manifest files are checked here. A
+            // change keeps its Box's box_type and slot, and applies only to the manifest it
+            // was made on.
+            if let Some(change) = &change {
+                let boxed: BoxAggregate = self.rt.db.load(&change.box_id).await.map_err(Refusal::internal)?;
+                match boxed.data {
+                    Some(d) if d.state == BoxState::Archived => {
+                        return Err(Refusal::new(ErrorCode::BoxNotActive, "the Box of this change request is archived"));
+                    }
+                    Some(d) if d.manifest.digest() == change.base_digest => {}
+                    _ => return Err(BoxError::ChangeOutdated.into()),
+                }
+            } else {
+                let reserve =
+                    v1::ReserveBoxType { box_type: box_type.clone(), draft_id: draft_id.to_owned(), deadline_unix: (now + ACTIVATION_WINDOW).timestamp() };
+                if let Err(refused) = self.client.call(subjects::RUNTIME_REGISTRY, &principal, &reserve, "").await? {
+                    return Err(refused.into());
+                }
             }
             atasira_platform::failpoint("approval-after-reservation");
             // (2) Record the decision once, with the token.
@@ -195,7 +211,7 @@ impl Service {
                     // A losing decision gives its reservation back, unless the winner was an
                     // approval: the reservation (same draft) is then the winner's.
                     let now_decided: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
-                    if now_decided.data.as_ref().is_none_or(|d| d.status != DraftStatus::Approved) {
+                    if change.is_none() && now_decided.data.as_ref().is_none_or(|d| d.status != DraftStatus::Approved) {
                         self.release(&principal, &box_type, draft_id, "decision lost").await;
                     }
                     return Err(refusal);
@@ -215,7 +231,7 @@ impl Service {
         let mut reply = v1::DecisionReply {
             draft_id: draft_id.to_owned(),
             status: v1::DraftStatus::Approved as i32,
-            box_id: box_id_for(draft_id),
+            box_id: box_id.clone(),
             box_type,
             approved_by: decided.0,
             approved_at: Some(convert::timestamp(decided.1)),
@@ -225,15 +241,43 @@ impl Service {
         // id is derived and `BoxActivated` is the first event of its stream, the bundle's
         // sync the first of the bundle's: the answer names them, and the registry's
         // read-your-writes wait says when its read models hold them.
-        let activated = [head.id.clone(), StoredEvent::event_id_of(types::BOX, &reply.box_id, 1), StoredEvent::event_id_of(types::CONFIG_BUNDLE, &bundle, 1)];
-        match self.wait_for_registry(position, &activated).await {
-            Ok(()) => {
+        // A change's event on the Box stream has no known sequence: the registry has
+        // applied it once it processed the decision; then the stream names it.
+        let bundle_event = StoredEvent::event_id_of(types::CONFIG_BUNDLE, &bundle, 1);
+        let activated = match &change {
+            None => vec![head.id.clone(), StoredEvent::event_id_of(types::BOX, &reply.box_id, 1), bundle_event],
+            Some(_) => vec![head.id.clone(), bundle_event],
+        };
+        let applied = match self.wait_for_registry(position, &activated).await {
+            Ok(()) if change.is_some() => self.change_event(&box_id, draft_id).await.map(|id| [activated.clone(), vec![id]].concat()),
+            Ok(()) => Ok(activated),
+            Err(why) => Err(why),
+        };
+        let applied = match applied {
+            Ok(ids) if change.is_some() => self.wait_for_registry(position, &ids).await.map(|()| ids),
+            other => other,
+        };
+        match applied {
+            Ok(ids) => {
                 reply.status = v1::DraftStatus::Active as i32;
-                event_ids = activated.to_vec();
+                event_ids = ids;
             }
             Err(why) => tracing::warn!(draft_id, why, "the Box is not active yet"),
         }
         Ok(reply_written(&reply, position, event_ids))
+    }
+
+    /// The id of the event that applied change request `draft_id` to Box `box_id`.
+    async fn change_event(&self, box_id: &str, draft_id: &str) -> Result<String, String> {
+        let stream = self.rt.db.stream(types::BOX, box_id).await.map_err(|e| e.to_string())?;
+        for link in stream.iter().rev() {
+            if let Ok(BoxEvent::BoxManifestChanged { draft_id: applied, .. }) = link.decode::<BoxEvent>()
+                && applied == draft_id
+            {
+                return Ok(link.event_id.clone());
+            }
+        }
+        Err("the Box holds no change of this request (its manifest changed since it was made?)".to_owned())
     }
 
     /// R-APPROVE-5.

@@ -51,7 +51,7 @@ pub fn grants(identity: &str) -> RoleGrants {
             vec![(types::PAT, None), (types::GATEWAY_ASSERTION_KEYS, None)],
         ),
         subjects::DRAFTS => (
-            vec![("draft_rows", "SELECT, INSERT, UPDATE, DELETE")],
+            vec![("draft_rows", "SELECT, INSERT, UPDATE, DELETE"), ("drafts_box_types", "SELECT, INSERT, UPDATE, DELETE")],
             vec![
                 (types::DRAFT, Some("DraftSubmitted")),
                 (types::DRAFT, Some("DraftWithdrawn")),

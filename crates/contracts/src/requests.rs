@@ -40,6 +40,7 @@ requests!(
     /// What the drafts service answers.
     DraftsRequest for crate::subjects::DRAFTS => {
         Submit(SubmitDraft),
+        SubmitChange(SubmitChange),
         ListPending(ListPendingDrafts),
         ListMine(ListMyDrafts),
         Get(GetDraft),

@@ -171,11 +171,15 @@ pub enum ErrorCode {
     InvalidSegment,
     /// 404: no such Worker (R-WORKER-7).
     WorkerNotFound,
+    /// 409: the Box has a change request pending already; one at a time (R-CHANGE-1).
+    ChangeRequestPending,
+    /// 409: the Box's manifest changed since the change request was made on it (R-CHANGE-1).
+    ChangeBaseOutdated,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 42] = [
+    pub const ALL: [ErrorCode; 44] = [
         ErrorCode::InvalidJson,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -218,6 +222,8 @@ impl ErrorCode {
         ErrorCode::LaunchIdConflict,
         ErrorCode::InvalidSegment,
         ErrorCode::WorkerNotFound,
+        ErrorCode::ChangeRequestPending,
+        ErrorCode::ChangeBaseOutdated,
     ];
 
     /// The wire code, e.g. `box_limit_reached`.
@@ -265,6 +271,8 @@ impl ErrorCode {
             ErrorCode::LaunchIdConflict => "launch_id_conflict",
             ErrorCode::InvalidSegment => "invalid_segment",
             ErrorCode::WorkerNotFound => "worker_not_found",
+            ErrorCode::ChangeRequestPending => "change_request_pending",
+            ErrorCode::ChangeBaseOutdated => "change_base_outdated",
         }
     }
 
@@ -297,7 +305,9 @@ impl ErrorCode {
             | ErrorCode::BundleDigestMismatch
             | ErrorCode::BindingBoxMismatch
             | ErrorCode::BindingUnusable
-            | ErrorCode::LaunchIdConflict => 409,
+            | ErrorCode::LaunchIdConflict
+            | ErrorCode::ChangeRequestPending
+            | ErrorCode::ChangeBaseOutdated => 409,
             ErrorCode::BindingExpired => 410,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::BoxManifestValidation | ErrorCode::InvalidRequest | ErrorCode::IdempotencyKeyReuse => 422,

@@ -9,6 +9,7 @@ pub mod assertion;
 pub mod audit;
 pub mod bounds;
 pub mod box_type;
+pub mod change;
 pub mod context;
 pub mod draft_request;
 pub mod error;

@@ -13,9 +13,12 @@ use std::time::Duration;
 
 use atasira_contracts::requests::{DraftsRequest, Incoming};
 use atasira_contracts::{Envelope, Reply, reply_ok, reply_written, subjects, v1};
-use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftStatus, draft_id_for};
+use atasira_domain::aggregates::boxes::{BoxAggregate, BoxRole, BoxState};
+use atasira_domain::aggregates::draft::{ChangeOf, Draft, DraftCommand, DraftStatus, change_id_for, draft_id_for};
 use atasira_domain::aggregates::types;
+use atasira_domain::change::plan_change;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
+use atasira_domain::os_operation::OverLimit;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::projection::{self as proj, Projection};
@@ -119,6 +122,7 @@ impl Service {
         let principal = call.principal(&self.rt).await?;
         match request {
             DraftsRequest::Submit(req) => self.submit(principal, req, env).await,
+            DraftsRequest::SubmitChange(req) => self.submit_change(principal, req).await,
             DraftsRequest::ListPending(req) => {
                 if !principal.is_admin() {
                     return Err(Refusal::new(ErrorCode::Forbidden, "listing pending drafts needs role admin"));
@@ -158,6 +162,16 @@ impl Service {
     async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
         let plan = request.plan()?;
+        // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
+        if let Some(box_id) = projection::box_of_type(&self.rt.db, plan.manifest.box_type.as_str()).await.map_err(Refusal::internal)? {
+            return Err(Refusal::new(
+                ErrorCode::BoxTypeExists,
+                format!(
+                    "box_type {:?} has a Box ({box_id}); to change what it may do, request a change: POST /api/v1/boxes/{box_id}/change-requests",
+                    plan.manifest.box_type.as_str()
+                ),
+            ));
+        }
         // R-DRAFT-11: with an Idempotency-Key, every run of the request names the same draft.
         let keyed = !env.idempotency_key.is_empty();
         let draft_id = if keyed { draft_id_for(&principal.user_id, &env.idempotency_key) } else { uuid::Uuid::new_v4().to_string() };
@@ -179,6 +193,68 @@ impl Service {
             // The stream exists: an earlier run of this request made it.
             Err(refusal) if keyed && refusal.code == ErrorCode::Conflict => self.submitted_before(&principal, &draft_id, &digest).await,
             Err(refusal) => Err(refusal),
+        }
+    }
+
+    /// R-CHANGE-1: a change request of an active or stopped Box, by an admin or the Box's
+    /// primary: a draft in the pending list with the Box and its capability diff. One
+    /// pending change per Box; the same request again answers the pending one.
+    async fn submit_change(&self, principal: Principal, req: v1::SubmitChange) -> Result<Reply, Refusal> {
+        let boxed: BoxAggregate = self.rt.db.load(&req.box_id).await.map_err(Refusal::internal)?;
+        let Some(current) = boxed.data.filter(|d| d.state != BoxState::Archived) else {
+            return Err(Refusal::new(ErrorCode::BoxNotFound, format!("no active or stopped Box {:?}", req.box_id)));
+        };
+        let primary = current.assignments.iter().any(|(user, role)| *user == principal.user_id && *role == BoxRole::Primary);
+        if !(principal.is_admin() || primary) {
+            return Err(Refusal::new(ErrorCode::Forbidden, "a change request needs role admin or the Box's primary"));
+        }
+        let patch = serde_json::Value::Object(req.patch.map(atasira_contracts::manifest::struct_from_proto).unwrap_or_default());
+        let plan = plan_change(&current.manifest, &patch).map_err(|e| Refusal { field_errors: e.field_errors(), ..Refusal::new(e.code(), e.to_string()) })?;
+        let digest = plan.manifest.digest();
+        let (count, pending) = projection::changes_of(&self.rt.db, &req.box_id).await.map_err(Refusal::internal)?;
+        if let Some(pending) = pending {
+            return self.pending_change(&principal, &pending.draft_id, &digest).await;
+        }
+        let change = ChangeOf {
+            box_id: req.box_id.clone(),
+            base_digest: current.manifest.digest(),
+            base_version: current.manifest.version.clone(),
+            diff: plan.diff.clone(),
+        };
+        let draft_id = change_id_for(&req.box_id, count);
+        let reply = change_reply(&draft_id, &req.box_id, &plan.manifest, &plan.over_limit, &change);
+        let metadata = HashMap::from([("principal".to_owned(), principal.user_id.clone())]);
+        let command = DraftCommand::SubmitChange { draft_id: draft_id.clone(), plan, change, requested_by: principal.clone(), at: chrono::Utc::now() };
+        match self.cqrs.execute_new(&draft_id, command, metadata).await {
+            Ok(receipt) => Self::written(receipt, &reply),
+            // Another change of this Box was recorded under this id first.
+            Err(refusal) if refusal.code == ErrorCode::Conflict => self.pending_change(&principal, &draft_id, &digest).await,
+            Err(refusal) => Err(refusal),
+        }
+    }
+
+    /// The pending change `draft_id` of a Box: answered again to its requester asking for
+    /// the same manifest (a retry), `change_request_pending` to anyone else.
+    async fn pending_change(&self, principal: &Principal, draft_id: &str, digest: &str) -> Result<Reply, Refusal> {
+        let draft: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
+        let Some(d) = draft.data else { return Err(Refusal::new(ErrorCode::Conflict, "a concurrent change request was recorded first; retry")) };
+        match &d.change {
+            Some(change) if d.status == DraftStatus::PendingApproval && d.requested_by.user_id == principal.user_id && d.manifest.digest() == digest => {
+                let reply = change_reply(draft_id, &change.box_id, &d.manifest, &d.over_limit, change);
+                let first = self
+                    .rt
+                    .db
+                    .first_event(types::DRAFT, draft_id)
+                    .await
+                    .map_err(Refusal::internal)?
+                    .ok_or_else(|| Refusal::internal("the change request is not readable"))?;
+                Ok(reply_written(&reply, first.position, vec![first.id]))
+            }
+            Some(_) if d.status == DraftStatus::PendingApproval => Err(Refusal::new(
+                ErrorCode::ChangeRequestPending,
+                format!("the Box has a change request pending ({draft_id}); it must be approved, rejected or withdrawn before another"),
+            )),
+            _ => Err(Refusal::new(ErrorCode::Conflict, "the Box's change requests moved on meanwhile; retry")),
         }
     }
 
@@ -224,6 +300,22 @@ impl Service {
     fn written<M: prost::Message>(receipt: Receipt, reply: &M) -> Result<Reply, Refusal> {
         let head = receipt.head()?;
         Ok(reply_written(reply, head.position, vec![head.id]))
+    }
+}
+
+/// The answer to a change request.
+fn change_reply(draft_id: &str, box_id: &str, manifest: &atasira_domain::BoxManifest, over_limit: &OverLimit, change: &ChangeOf) -> v1::SubmitChangeReply {
+    v1::SubmitChangeReply {
+        draft_id: draft_id.to_owned(),
+        box_id: box_id.to_owned(),
+        box_type: manifest.box_type.to_string(),
+        status: v1::DraftStatus::PendingApproval as i32,
+        over_limit: over_limit.over_limit,
+        over_limit_ops: over_limit.over_limit_ops.clone(),
+        over_limit_tools: over_limit.over_limit_tools.clone(),
+        added: change.diff.added.clone(),
+        removed: change.diff.removed.clone(),
+        version: manifest.version.clone(),
     }
 }
 

@@ -10,7 +10,7 @@ use atasira_contracts::convert::{draft_status_to_wire, timestamp};
 use atasira_contracts::v1;
 use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::boxes::BoxEvent;
-use atasira_domain::aggregates::draft::{DraftEvent, DraftStatus};
+use atasira_domain::aggregates::draft::{ChangeOf, DraftEvent, DraftStatus};
 use atasira_domain::aggregates::types;
 use atasira_domain::os_operation::OverLimit;
 use atasira_platform::projection::{Arg, BlindWrite, Projection, bind_all, placeholders, rows_per_statement, values_list_from};
@@ -37,16 +37,22 @@ const TABLES: &[&str] = &[
     box_id TEXT,
     over_limit_json TEXT NOT NULL,
     warnings_json TEXT NOT NULL,
-    manifest_json TEXT NOT NULL
+    manifest_json TEXT NOT NULL,
+    change_json TEXT
 )",
     // Pages in submission order read an index, not the whole view (R-DRAFT-12): any
     // status, one status (the pending list), one requester's.
     "CREATE INDEX IF NOT EXISTS draft_rows_order ON draft_rows (position)",
     "CREATE INDEX IF NOT EXISTS draft_rows_status_order ON draft_rows (status, position)",
     "CREATE INDEX IF NOT EXISTS draft_rows_requester_order ON draft_rows (requested_by, position)",
+    // The Box of each box_type that is not archived: a new draft of that box_type is a
+    // change request's business (R-CHANGE-1).
+    "CREATE TABLE IF NOT EXISTS drafts_box_types (box_type TEXT PRIMARY KEY, box_id TEXT NOT NULL)",
 ];
 
-const COLUMNS: &str = "draft_id, box_type, requested_by, status, position, submitted_at_ns, decided_by, decided_at_ns, decision_reason, box_id, over_limit_json, warnings_json, manifest_json";
+const COLUMNS: &str = "draft_id, box_type, requested_by, status, position, submitted_at_ns, decided_by, decided_at_ns, decision_reason, box_id, over_limit_json, warnings_json, manifest_json, change_json";
+/// How many columns a row has.
+const WIDTH: usize = 14;
 
 const PAGE_MAX: u32 = 200;
 const PAGE_DEFAULT: u32 = 50;
@@ -69,12 +75,14 @@ pub struct DraftRow {
     pub over_limit: OverLimit,
     pub warnings: Vec<String>,
     pub manifest: BoxManifest,
+    /// A change request's Box and diff (R-CHANGE-1).
+    pub change: Option<ChangeOf>,
 }
 
 impl DraftRow {
     /// A new row from its submission; other events need a row to apply to.
     pub fn submitted(event: &DraftEvent, position: i64) -> Option<DraftRow> {
-        let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at } = event else { return None };
+        let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at, change } = event else { return None };
         Some(DraftRow {
             draft_id: draft_id.clone(),
             box_type: box_type.clone(),
@@ -85,10 +93,12 @@ impl DraftRow {
             decided_by: None,
             decided_at: None,
             decision_reason: None,
-            box_id: None,
+            // A change request names its Box from the start.
+            box_id: change.as_ref().map(|c| c.box_id.clone()),
             over_limit: over_limit.clone(),
             warnings: warnings.clone(),
             manifest: manifest.clone(),
+            change: change.clone(),
         })
     }
 
@@ -155,6 +165,10 @@ impl DraftRow {
             decision,
             box_id: self.box_id.clone().unwrap_or_default(),
             manifest: with_manifest.then(|| v1::BoxManifest::from(m)),
+            kind: if self.change.is_some() { v1::DraftKind::Change } else { v1::DraftKind::New } as i32,
+            added: self.change.as_ref().map(|c| c.diff.added.clone()).unwrap_or_default(),
+            removed: self.change.as_ref().map(|c| c.diff.removed.clone()).unwrap_or_default(),
+            version: m.version.clone(),
         }
     }
 
@@ -174,6 +188,7 @@ impl DraftRow {
             over_limit: serde_json::from_str(&row.try_get::<String, _>(10)?)?,
             warnings: serde_json::from_str(&row.try_get::<String, _>(11)?)?,
             manifest: serde_json::from_str(&row.try_get::<String, _>(12)?)?,
+            change: row.try_get::<Option<String>, _>(13)?.map(|c| serde_json::from_str(&c)).transpose()?,
         })
     }
 }
@@ -183,7 +198,7 @@ impl DraftRow {
 /// never changes). `Stored::Insert`: rows of drafts submitted in this batch, inserted
 /// unless the draft has a row already (a redelivered submission leaves it as it is).
 async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow], how: Stored) -> anyhow::Result<()> {
-    for chunk in rows.chunks(rows_per_statement(13)) {
+    for chunk in rows.chunks(rows_per_statement(WIDTH)) {
         let (sql, args) = (insert_rows(1, chunk.len(), how), row_args(chunk)?);
         bind_all(sqlx::query(&sql), &args).execute(&mut **tx).await?;
     }
@@ -199,12 +214,12 @@ fn insert_rows(first: usize, rows: usize, how: Stored) -> String {
                decided_at_ns = excluded.decided_at_ns, decision_reason = excluded.decision_reason, box_id = excluded.box_id"
         }
     };
-    format!("INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT {on_conflict}", values_list_from(first, rows, 13))
+    format!("INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT {on_conflict}", values_list_from(first, rows, WIDTH))
 }
 
-/// The thirteen column values of each of `rows`, in order.
+/// The column values of each of `rows`, in order.
 fn row_args(rows: &[&DraftRow]) -> anyhow::Result<Vec<Arg>> {
-    let mut args = Vec::with_capacity(rows.len() * 13);
+    let mut args = Vec::with_capacity(rows.len() * WIDTH);
     for row in rows {
         args.extend([
             Arg::Text(row.draft_id.clone()),
@@ -220,6 +235,7 @@ fn row_args(rows: &[&DraftRow]) -> anyhow::Result<Vec<Arg>> {
             Arg::Text(serde_json::to_string(&row.over_limit)?),
             Arg::Text(serde_json::to_string(&row.warnings)?),
             Arg::Text(serde_json::to_string(&row.manifest)?),
+            Arg::MaybeText(row.change.as_ref().map(serde_json::to_string).transpose()?),
         ]);
     }
     Ok(args)
@@ -264,28 +280,38 @@ enum Change {
     Later { id: String, event: DraftEvent },
     /// The draft's Box became active.
     Activated { draft_id: String, box_id: String },
+    /// A box_type now has a Box (`Some`), or its Box was archived (`None`).
+    BoxType { box_type: String, box_id: Option<String> },
 }
 
 impl Change {
-    fn of(event: EventRef<'_>) -> anyhow::Result<Option<Change>> {
+    fn of(event: EventRef<'_>) -> anyhow::Result<Vec<Change>> {
         if event.aggregate_type == types::BOX {
             return Ok(match event.decode::<BoxEvent>()? {
-                BoxEvent::BoxActivated { box_id, draft_id, .. } => Some(Change::Activated { draft_id, box_id }),
+                BoxEvent::BoxActivated { box_id, draft_id, box_type, .. } => {
+                    return Ok(vec![Change::BoxType { box_type, box_id: Some(box_id.clone()) }, Change::Activated { draft_id, box_id }]);
+                }
+                BoxEvent::BoxManifestChanged { box_id, draft_id, .. } => Some(Change::Activated { draft_id, box_id }),
+                BoxEvent::BoxArchived { box_type, .. } => Some(Change::BoxType { box_type, box_id: None }),
                 _ => None,
-            });
+            }
+            .into_iter()
+            .collect());
         }
         let parsed: DraftEvent = event.decode()?;
-        Ok(Some(match DraftRow::submitted(&parsed, event.position) {
+        Ok(vec![match DraftRow::submitted(&parsed, event.position) {
             Some(row) => Change::Submitted(row),
             None => Change::Later { id: event.aggregate_id.to_owned(), event: parsed },
-        }))
+        }])
     }
 
-    fn draft_id(&self) -> &str {
+    /// The draft it changes, if any.
+    fn draft_id(&self) -> Option<&str> {
         match self {
-            Change::Submitted(row) => &row.draft_id,
-            Change::Later { id, .. } => id,
-            Change::Activated { draft_id, .. } => draft_id,
+            Change::Submitted(row) => Some(&row.draft_id),
+            Change::Later { id, .. } => Some(id),
+            Change::Activated { draft_id, .. } => Some(draft_id),
+            Change::BoxType { .. } => None,
         }
     }
 }
@@ -306,7 +332,10 @@ impl Projection for DraftsView {
         TABLES
     }
     fn table_names(&self) -> &'static [&'static str] {
-        &["draft_rows"]
+        &["draft_rows", "drafts_box_types"]
+    }
+    fn added_columns(&self) -> &'static [(&'static str, &'static str, &'static str)] {
+        &[("draft_rows", "change_json", "TEXT")]
     }
 
     /// A batch of submissions (nothing else the view takes) needs no row read: its rows,
@@ -316,10 +345,10 @@ impl Projection for DraftsView {
         for change in changes(events.iter().map(StoredEvent::as_event))? {
             match change {
                 Change::Submitted(row) => rows.push(row),
-                Change::Later { .. } | Change::Activated { .. } => return Ok(None),
+                Change::Later { .. } | Change::Activated { .. } | Change::BoxType { .. } => return Ok(None),
             }
         }
-        if rows.is_empty() || rows.len() > rows_per_statement(13) {
+        if rows.is_empty() || rows.len() > rows_per_statement(WIDTH) {
             return Ok(None);
         }
         let args = row_args(&rows.iter().collect::<Vec<_>>())?;
@@ -354,8 +383,8 @@ fn changes<'a>(events: impl Iterator<Item = EventRef<'a>>) -> anyhow::Result<Vec
 /// inserted, and left as it is should the draft have one), so a batch of submissions is
 /// one statement.
 async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>) -> anyhow::Result<()> {
-    let submitted: BTreeSet<&str> = changes.iter().filter(|c| matches!(c, Change::Submitted(_))).map(Change::draft_id).collect();
-    let stored: Vec<&str> = changes.iter().map(Change::draft_id).filter(|id| !submitted.contains(id)).collect::<BTreeSet<_>>().into_iter().collect();
+    let submitted: BTreeSet<&str> = changes.iter().filter(|c| matches!(c, Change::Submitted(_))).filter_map(Change::draft_id).collect();
+    let stored: Vec<&str> = changes.iter().filter_map(Change::draft_id).filter(|id| !submitted.contains(id)).collect::<BTreeSet<_>>().into_iter().collect();
     let mut rows = load_all(tx, &stored).await?;
     let (mut new, mut changed) = (BTreeSet::new(), BTreeSet::new());
     for change in changes {
@@ -377,6 +406,16 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
                     row.activated(&box_id);
                     changed.insert(draft_id);
                 }
+            }
+            Change::BoxType { box_type, box_id: Some(box_id) } => {
+                sqlx::query("INSERT INTO drafts_box_types (box_type, box_id) VALUES ($1, $2) ON CONFLICT (box_type) DO UPDATE SET box_id = excluded.box_id")
+                    .bind(box_type)
+                    .bind(box_id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Change::BoxType { box_type, box_id: None } => {
+                sqlx::query("DELETE FROM drafts_box_types WHERE box_type = $1").bind(box_type).execute(&mut **tx).await?;
             }
         }
     }
@@ -444,6 +483,19 @@ pub async fn get(db: &Db, draft_id: &str) -> anyhow::Result<Option<DraftRow>> {
     row.as_ref().map(DraftRow::from_sql).transpose()
 }
 
+/// R-CHANGE-1: the Box of `box_type` that is not archived, if the view knows one.
+pub async fn box_of_type(db: &Db, box_type: &str) -> anyhow::Result<Option<String>> {
+    Ok(sqlx::query("SELECT box_id FROM drafts_box_types WHERE box_type = $1").bind(box_type).fetch_optional(db.any()).await?.map(|r| r.get::<String, _>(0)))
+}
+
+/// R-CHANGE-1: how many change requests the view holds for `box_id`, and its pending one.
+pub async fn changes_of(db: &Db, box_id: &str) -> anyhow::Result<(u64, Option<DraftRow>)> {
+    let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM draft_rows WHERE box_id = $1 AND change_json IS NOT NULL")).bind(box_id).fetch_all(db.any()).await?;
+    let rows = rows.iter().map(DraftRow::from_sql).collect::<anyhow::Result<Vec<_>>>()?;
+    let pending = rows.iter().find(|r| r.status == DraftStatus::PendingApproval).cloned();
+    Ok((rows.len() as u64, pending))
+}
+
 /// Ids of pending drafts submitted before `cutoff` (R-DRAFT-13).
 pub async fn pending_older_than(db: &Db, cutoff: DateTime<Utc>) -> anyhow::Result<Vec<String>> {
     let rows = sqlx::query("SELECT draft_id FROM draft_rows WHERE status = 'pending_approval' AND submitted_at_ns < $1 ORDER BY position")
@@ -479,6 +531,7 @@ mod tests {
             warnings: plan.warnings,
             requested_by: Principal::new("agent", Role::Member, Kind::Agent),
             submitted_at: t(0),
+            change: None,
         }
     }
 
@@ -550,9 +603,9 @@ mod tests {
     fn given_a_batch_of_submissions_then_its_rows_are_written_without_reading_the_view() {
         // given a batch holding only a submission; then its row is written blind
         let write = DraftsView.blind_write(&[stored(&submitted(), 1)], 4).expect("decodes").expect("a submission needs no read");
-        assert_eq!(write.args.len(), 13, "one row of thirteen columns");
+        assert_eq!(write.args.len(), WIDTH, "one row of every column");
         assert_eq!(write.args[0], Arg::Text("d1".into()));
-        assert!(write.statement.contains("VALUES ($4, ") && write.statement.contains("$16)"), "{}", write.statement);
+        assert!(write.statement.contains("VALUES ($4, ") && write.statement.contains("$17)"), "{}", write.statement);
         // given a decision in the batch; then the stored row is read first (apply_batch)
         let rejected =
             DraftEvent::DraftRejected { draft_id: "d1".into(), box_type: "ops-bot".into(), rejected_by: "alice".into(), reason: "no".into(), at: t(3) };

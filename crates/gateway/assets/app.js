@@ -291,14 +291,25 @@ function draftCard(d, key) {
     el('header', {},
       el('h3', {}, el('span', { text: d.box_type }), d.name && d.name !== d.box_type ? el('span', { class: 'muted', text: ` ${d.name}` }) : null),
       d.over_limit ? el('span', { class: 'badge danger', text: 'OVER LIMIT' }) : null,
+      d.kind === 'change' ? el('span', { class: 'badge change', title: `A change of Box ${d.box_id}`, text: `CHANGE \u2192 v${d.version}` }) : null,
       d.status !== 'pending_approval' ? el('span', { class: `badge state-${d.status}`, text: d.status.replace('_', ' ') }) : null),
     el('p', { class: 'meta' }, 'requested by ', el('strong', { text: d.requested_by }), ' \u00b7 ', when(d.created_at), ' \u00b7 ', el('code', { text: d.draft_id })),
     purposeBlock(d.purpose),
+    d.kind === 'change' ? changeDiff(d) : null,
     capabilities(d, d.over_limit_ops, d.over_limit_tools),
     d.warnings.length ? el('ul', { class: 'warnings' }, d.warnings.map((w) => el('li', { text: w }))) : null,
     d.decision ? decisionText(d) : null);
   if (d.status === 'pending_approval' && isHumanAdmin()) card.append(decisionControls(d, card));
   return card;
+}
+
+/** What a change request adds and removes, against the Box's approved manifest. */
+function changeDiff(d) {
+  const line = (sign, text) => el('li', { class: sign === '+' ? 'added' : 'removed', text: `${sign} ${text}` });
+  const lines = [...d.added.map((a) => line('+', a)), ...d.removed.map((r) => line('-', r))];
+  return el('div', { class: 'diff' },
+    el('p', { class: 'meta' }, 'Changes Box ', el('code', { text: d.box_id }), ':'),
+    lines.length ? el('ul', { class: 'diff-lines' }, lines) : el('p', { class: 'muted', text: 'no capability changes' }));
 }
 
 function decisionText(d) {

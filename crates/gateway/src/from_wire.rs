@@ -13,10 +13,10 @@ use serde_json::Value;
 
 use crate::ApiError;
 use crate::api::{
-    Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, Decision, DraftCreated, DraftDetail, DraftPage,
-    DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, ProvenanceKind, ProvenanceStep,
-    Provisioning, ProvisioningStatus, RequiredAccess, RoleInBox, Segment, SegmentKind, TranscriptEntry, VerifyResult, Worker, WorkerList, WorkerProvenance,
-    WorkerSummary,
+    Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, ChangeRequested, Decision, DraftCreated, DraftDetail,
+    DraftKind, DraftPage, DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, ProvenanceKind,
+    ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, RoleInBox, Segment, SegmentKind, TranscriptEntry, VerifyResult, Worker, WorkerList,
+    WorkerProvenance, WorkerSummary,
 };
 use crate::extract::RawBody;
 
@@ -84,6 +84,10 @@ fn summary(d: v1::DraftView) -> Result<(DraftSummary, Option<v1::BoxManifest>), 
         required_access: d.required_access.into_iter().map(access).collect::<Result<_, _>>()?,
         decision: d.decision.map(decision).transpose()?,
         box_id: (!d.box_id.is_empty()).then_some(d.box_id),
+        kind: if d.kind == v1::DraftKind::Change as i32 { DraftKind::Change } else { DraftKind::New },
+        version: d.version,
+        added: d.added,
+        removed: d.removed,
         draft_id: d.draft_id,
         box_type: d.box_type,
         name: d.name,
@@ -107,6 +111,24 @@ impl TryFrom<v1::SubmitDraftReply> for DraftCreated {
     type Error = ApiError;
     fn try_from(r: v1::SubmitDraftReply) -> Result<Self, ApiError> {
         Ok(Self { status: draft_status(r.status)?, draft_id: r.draft_id, box_type: r.box_type, over_limit: r.over_limit, warnings: r.warnings })
+    }
+}
+
+impl TryFrom<v1::SubmitChangeReply> for ChangeRequested {
+    type Error = ApiError;
+    fn try_from(r: v1::SubmitChangeReply) -> Result<Self, ApiError> {
+        Ok(Self {
+            status: draft_status(r.status)?,
+            draft_id: r.draft_id,
+            box_id: r.box_id,
+            box_type: r.box_type,
+            over_limit: r.over_limit,
+            over_limit_ops: r.over_limit_ops,
+            over_limit_tools: r.over_limit_tools,
+            added: r.added,
+            removed: r.removed,
+            version: r.version,
+        })
     }
 }
 
@@ -217,6 +239,8 @@ fn history_entry(e: v1::BoxHistoryEntry) -> Result<HistoryEntry, ApiError> {
         detail: None,
         reason: None,
         attempts: None,
+        added: None,
+        removed: None,
     };
     let kind = e.kind.ok_or_else(|| unreadable("history", "an entry without a kind"))?;
     entry.kind = match &kind {
@@ -224,6 +248,7 @@ fn history_entry(e: v1::BoxHistoryEntry) -> Result<HistoryEntry, ApiError> {
         Kind::UserAssigned(_) => HistoryKind::UserAssigned,
         Kind::UserUnassigned(_) => HistoryKind::UserUnassigned,
         Kind::ManifestEdited(_) => HistoryKind::ManifestEdited,
+        Kind::Changed(_) => HistoryKind::ManifestChanged,
         Kind::ConfigEdited(_) => HistoryKind::ConfigEdited,
         Kind::Stopped(_) => HistoryKind::Stopped,
         Kind::Resumed(_) => HistoryKind::Resumed,
@@ -244,6 +269,15 @@ fn history_entry(e: v1::BoxHistoryEntry) -> Result<HistoryEntry, ApiError> {
         | Kind::UserUnassigned(v1::box_history_entry::UserUnassigned { user_id, role_in_box }) => {
             entry.role_in_box = Some(role(role_in_box)?);
             entry.user_id = Some(user_id);
+        }
+        Kind::Changed(c) => {
+            entry.draft_id = Some(c.draft_id);
+            entry.approved_by = Some(c.approved_by);
+            entry.manifest_version = Some(c.manifest_version);
+            entry.manifest_digest = Some(c.manifest_digest);
+            entry.approval_key_id = Some(c.approval_key_id);
+            entry.added = Some(c.added);
+            entry.removed = Some(c.removed);
         }
         Kind::ManifestEdited(ed) | Kind::ConfigEdited(ed) => {
             entry.changed_keys = Some(ed.changed_keys);
@@ -570,6 +604,7 @@ impl TryFrom<v1::WorkerProvenance> for WorkerProvenance {
                     Kind::Activation => ProvenanceKind::Activation,
                     Kind::ManifestEdit => ProvenanceKind::ManifestEdit,
                     Kind::ConfigEdit => ProvenanceKind::ConfigEdit,
+                    Kind::Change => ProvenanceKind::Change,
                     Kind::Bundle => ProvenanceKind::Bundle,
                     Kind::Worker => ProvenanceKind::Worker,
                     Kind::Unspecified => return Err(unreadable("provenance step", "unspecified")),

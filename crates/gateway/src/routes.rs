@@ -480,7 +480,7 @@ pub async fn edit_manifest(
     request_body(content = api::ConfigPatch, content_type = "application/merge-patch+json", description = "A JSON merge patch (RFC 7396): objects merge key by key, `null` deletes a key. `application/json` is read the same way."),
     responses(
         (status = 200, description = "The Box with its edited manifest (unchanged when the patch changes nothing)", body = api::BoxDetail),
-        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary; `capability_change_requires_new_draft`: the patch would change what the Box may do (another manifest key such as `os_operations`, `tools` or `network`; `shell` without an approved `shell:exec`, commands or directories beyond those approved with it, or the approval gate off; vaults not approved; a notify channel without its `notify:<channel>` operation, emptied recipients or broadcast on; browser approval gates removed). details names each key and why; the message says how to submit a new draft", body = ErrorBody),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary; `capability_change_requires_new_draft`: the patch would change what the Box may do (another manifest key such as `os_operations`, `tools` or `network`; `shell` without an approved `shell:exec`, commands or directories beyond those approved with it, or the approval gate off; vaults not approved; a notify channel without its `notify:<channel>` operation, emptied recipients or broadcast on; browser approval gates removed). details names each key and why; the message names the route of a change request (POST /api/v1/boxes/{box_id}/change-requests)", body = ErrorBody),
         (status = 404, description = "`box_not_found`", body = ErrorBody),
         (status = 409, description = "`box_not_active`: the Box is archived; `conflict`: a concurrent edit was recorded first (retry)", body = ErrorBody),
         (status = 422, description = "`box_manifest_validation` (details names the key: an invalid cron in `trigger_schedule`, a notify vault not among `credentials.allowed_vaults`, a wrong type, a key of no manifest, top-level or nested), `invalid_request` (the body is not a JSON object, or holds a whole number beyond ±2^53, which cannot travel exactly)", body = ErrorBody),
@@ -496,6 +496,45 @@ pub async fn edit_config(
     let route = format!("edit config {box_id}");
     let request = edit_request(&state, &principal, &key, &body, |patch| v1::EditBoxConfig { box_id: box_id.clone(), patch: Some(patch) }).await?;
     write::<_, api::BoxDetail>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+/// Request a change of what a Box may do (an admin or the Box's primary, agents
+/// included): a JSON merge patch (RFC 7396) of its manifest's keys, any but `box_type` and
+/// `version` (`trigger_type` included). It becomes a draft in the pending list with the
+/// Box and what it adds and removes; a human admin approves it like any draft, and the Box
+/// keeps its id, assignments and history with the next major version.
+#[utoipa::path(post, path = "/api/v1/boxes/{box_id}/change-requests", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
+    request_body(content = Object, content_type = "application/merge-patch+json", description = "A JSON merge patch of the Box's manifest: objects merge key by key, `null` deletes a key. `application/json` is read the same way."),
+    responses(
+        (status = 201, description = "Stored, pending approval", body = api::ChangeRequested),
+        (status = 403, description = "`forbidden`: needs role admin or the Box's primary", body = ErrorBody),
+        (status = 404, description = "`box_not_found`: no such Box, or it is archived", body = ErrorBody),
+        (status = 409, description = "`change_request_pending`: the Box has a change request pending; `conflict`: a concurrent request was recorded first (retry)", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details names each key: `box_type` or `version` in the patch, a key of no manifest, a value the manifest does not allow), `invalid_request` (not a JSON object, or a patch that changes nothing), `idempotency_key_reuse`", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin or the Box's primary"))))]
+pub async fn request_change(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(box_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let patch = match key.check().and_then(|()| body.json()) {
+        Ok(serde_json::Value::Object(map)) => match inexact_integer(&map) {
+            None => Ok(atasira_contracts::manifest::struct_to_proto(&map)),
+            Some(key) => Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("{key}: numbers travel as doubles; a whole number must be within ±{MAX_EXACT_INTEGER} to arrive unchanged"),
+            )),
+        },
+        Ok(_) => Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object")),
+        Err(e) => Err(e),
+    };
+    let patch = validated(patch, box_exists(&state, &principal, &box_id)).await?;
+    let route = format!("change request {box_id}");
+    let request = v1::SubmitChange { box_id, patch: Some(patch) };
+    write::<_, api::ChangeRequested>(&state, &principal, &key, (&route, body.raw()), subjects::DRAFTS, request, StatusCode::CREATED).await
 }
 
 // --- Workers ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-//! The MCP server for agents (R-MCP-1): five tools, each one REST call, so that an agent
+//! The MCP server for agents (R-MCP-1): six tools, each one REST call, so that an agent
 //! may do over MCP exactly what its token lets it do over REST, and no more.
 //!
 //! - `atasira_create_box_draft`: `POST /boxes/box-drafts` (always `pending_approval`);
@@ -6,7 +6,8 @@
 //! - `atasira_list_boxes`: `GET /boxes`;
 //! - `atasira_feasibility`: `POST /boxes/feasibility`;
 //! - `atasira_get_draft`: `GET /boxes/box-drafts/{id}`, or without an id the caller's own
-//!   drafts (`GET /boxes/box-drafts?mine=true`).
+//!   drafts (`GET /boxes/box-drafts?mine=true`);
+//! - `atasira_request_change`: `POST /boxes/{box_id}/change-requests` (always pending).
 //!
 //! There is no approve or reject tool: a human admin decides, in the dashboard or the CLI.
 //!
@@ -73,7 +74,7 @@ pub trait Backend: Send + Sync + 'static {
     async fn call(&self, call: ApiCall, extensions: &Extensions) -> Result<ApiAnswer, String>;
 }
 
-/// The MCP server: the five tools over a [`Backend`].
+/// The MCP server: the six tools over a [`Backend`].
 #[derive(Clone)]
 pub struct AtasiraMcp {
     backend: Arc<dyn Backend>,
@@ -87,7 +88,8 @@ impl fmt::Debug for AtasiraMcp {
 }
 
 /// Names of the tools (`tools/list` has exactly these).
-pub const TOOL_NAMES: &[&str] = &["atasira_create_box_draft", "atasira_pending_drafts", "atasira_list_boxes", "atasira_feasibility", "atasira_get_draft"];
+pub const TOOL_NAMES: &[&str] =
+    &["atasira_create_box_draft", "atasira_pending_drafts", "atasira_list_boxes", "atasira_feasibility", "atasira_get_draft", "atasira_request_change"];
 
 const INSTRUCTIONS: &str = "atasira governs AI employees called Boxes. A Box has a box_type (its unique id), a purpose and a \
 fixed set of capabilities (OS operations, tools, network). Agents may draft new Boxes and read what exists; only a human \
@@ -118,6 +120,13 @@ const LIST_BOXES_DESCRIPTION: &str = "List the Boxes (approved, activated AI emp
 box_type, name, state and manifest_version of the active ones (idle or running; stopped and archived Boxes are left \
 out). Any token may use it. Look here before drafting a new Box: a box_type can exist only once, and an existing Box may \
 already do the task (check with atasira_feasibility, which also knows stopped Boxes). When next_cursor is not null, pass it as cursor for the next page.";
+
+const REQUEST_CHANGE_DESCRIPTION: &str = "Ask for a change of what an existing Box may do: new tools, OS operations, \
+network, shell commands, a trigger (trigger_type schedule with trigger_schedule, or event with trigger_event), outputs. \
+Pass the box_id and a merge patch of the manifest keys to change. An admin or the Box's primary may ask. Nothing changes \
+until a human admin approves it outside MCP; the answer is the pending change request (draft_id) with what it adds and \
+removes and whether what it adds is over the limit. A Box has one pending change request at a time \
+(change_request_pending). Follow it with atasira_get_draft.";
 
 const FEASIBILITY_DESCRIPTION: &str = "Check, without changing anything, whether an existing Box can do a task with the \
 capabilities it was approved for: a deterministic keyword match (English and Japanese) of task_description against the \
@@ -235,6 +244,19 @@ pub struct Feasibility {
     pub box_type: String,
 }
 
+/// The arguments of `atasira_request_change`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct RequestChange {
+    /// The Box to change (its box_id, as atasira_list_boxes shows it).
+    pub box_id: String,
+    /// The manifest keys to change and their new values, as a JSON merge patch: for
+    /// example {"os_operations": ["file:read", "shell:exec"], "tools": ["Read", "Bash"]}; a
+    /// null value removes a key.
+    pub patch: serde_json::Map<String, serde_json::Value>,
+}
+
 /// The arguments of `atasira_get_draft`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -270,6 +292,13 @@ impl AtasiraMcp {
         annotations(title = "List the Boxes", read_only_hint = true, open_world_hint = false))]
     async fn list_boxes(&self, Parameters(args): Parameters<Page>, extensions: Extensions) -> CallToolResult {
         self.get(&with_cursor("/boxes", args.cursor.as_deref()), &extensions).await
+    }
+
+    #[tool(name = "atasira_request_change", description = REQUEST_CHANGE_DESCRIPTION,
+        annotations(title = "Ask for a change of what a Box may do", read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false))]
+    async fn request_change(&self, Parameters(args): Parameters<RequestChange>, extensions: Extensions) -> CallToolResult {
+        let path = format!("/boxes/{}/change-requests", path_segment(&args.box_id));
+        self.ask(ApiCall { method: Method::Post, path, body: Some(serde_json::Value::Object(args.patch)) }, &extensions).await
     }
 
     #[tool(name = "atasira_feasibility", description = FEASIBILITY_DESCRIPTION,

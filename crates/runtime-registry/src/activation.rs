@@ -14,7 +14,7 @@ use std::sync::Arc;
 use atasira_domain::ErrorCode;
 use atasira_domain::aggregates::boxes::{BoxCommand, box_id_for};
 use atasira_domain::aggregates::bundle::SYSTEM;
-use atasira_domain::aggregates::draft::{Draft, DraftEvent};
+use atasira_domain::aggregates::draft::{ChangeOf, Draft, DraftEvent};
 use atasira_domain::aggregates::namespace::NamespaceCommand;
 use atasira_domain::aggregates::security::{RegistrySecurity, SecurityCommand};
 use atasira_domain::aggregates::types;
@@ -46,12 +46,16 @@ async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> 
     let parsed: DraftEvent = event.decode()?;
     match parsed {
         DraftEvent::DraftApproved { .. } => activate(registry, parsed).await,
-        DraftEvent::DraftRejected { draft_id, box_type, .. } => release(registry, &box_type, &draft_id, "rejected").await,
+        // A change request holds no reservation: its Box keeps its box_type and slot.
+        DraftEvent::DraftRejected { draft_id, box_type, .. } => match registry.rt.db.load::<Draft>(&draft_id).await?.data {
+            Some(d) if d.change.is_some() => Ok(()),
+            _ => release(registry, &box_type, &draft_id, "rejected").await,
+        },
         DraftEvent::DraftWithdrawn { draft_id, .. } | DraftEvent::DraftExpired { draft_id, .. } => {
             let draft: Draft = registry.rt.db.load(&draft_id).await?;
             match draft.data {
-                Some(d) => release(registry, d.manifest.box_type.as_str(), &draft_id, "draft closed").await,
-                None => Ok(()),
+                Some(d) if d.change.is_none() => release(registry, d.manifest.box_type.as_str(), &draft_id, "draft closed").await,
+                _ => Ok(()),
             }
         }
         DraftEvent::DraftSubmitted { .. } => Ok(()),
@@ -83,6 +87,9 @@ async fn activate(registry: &Registry, approved: DraftEvent) -> anyhow::Result<(
             return release(registry, box_type, draft_id, "invalid approval token").await;
         }
     };
+    if let Some(change) = data.change {
+        return apply_change(registry, draft_id, &token.claims.approver, data.manifest, change, approval, *approved_at).await;
+    }
     let box_id = box_id_for(draft_id);
     // An archived Box binds nothing here and activates nothing below (a replay).
     let bind = NamespaceCommand::Bind {
@@ -113,6 +120,32 @@ async fn activate(registry: &Registry, approved: DraftEvent) -> anyhow::Result<(
         Err(e) if e.code == ErrorCode::Internal || e.code == ErrorCode::ServiceUnavailable => Err(anyhow::anyhow!("activation failed: {e}")),
         Err(e) => {
             tracing::error!(draft_id, error = %e, "activation refused");
+            Ok(())
+        }
+    }
+}
+
+/// R-CHANGE-1: an approved change request replaces the Box's manifest, if the Box still has
+/// the one it was made on; new Workers then get the new bundle.
+async fn apply_change(
+    registry: &Registry,
+    draft_id: &str,
+    approver: &str,
+    manifest: atasira_domain::BoxManifest,
+    change: ChangeOf,
+    approval: atasira_domain::token::VerifiedApproval,
+    at: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<()> {
+    let command = BoxCommand::ApplyChange { draft_id: draft_id.to_owned(), manifest, base_digest: change.base_digest, approval, at };
+    match registry.boxes.execute(&change.box_id, command, HashMap::new(), Retry::ONCE).await {
+        Ok(_) => {
+            let _ = registry.sync_after_change(&change.box_id, SYSTEM).await;
+            Ok(())
+        }
+        Err(e) if e.code.is_security_violation() => record_violation(registry, Violation::InvalidToken, approver, draft_id, &e.message).await,
+        Err(e) if e.code == ErrorCode::Internal || e.code == ErrorCode::ServiceUnavailable => Err(anyhow::anyhow!("applying the change failed: {e}")),
+        Err(e) => {
+            tracing::error!(draft_id, error = %e, "the approved change was not applied");
             Ok(())
         }
     }

@@ -9,7 +9,7 @@ use atasira_domain::aggregates::types;
 use atasira_platform::store::{Cursor, Db, StoredEvent};
 use serde::Deserialize;
 
-use v1::box_history_entry::{AccessOutcome, Activated, Edited, Kind, StateChanged, UserAssigned, UserUnassigned};
+use v1::box_history_entry::{AccessOutcome, Activated, Changed, Edited, Kind, StateChanged, UserAssigned, UserUnassigned};
 
 /// Largest page of history entries, and the size of a page when none is asked for.
 pub const PAGE_MAX: u32 = 200;
@@ -59,6 +59,19 @@ pub fn entry(event: &StoredEvent) -> anyhow::Result<v1::BoxHistoryEntry> {
             BoxEvent::BoxStopped { by, at, .. } => (by, at, Kind::Stopped(state(BoxState::Stopped))),
             BoxEvent::BoxResumed { by, at, .. } => (by, at, Kind::Resumed(state(BoxState::Idle))),
             BoxEvent::BoxArchived { by, at, .. } => (by, at, Kind::Archived(state(BoxState::Archived))),
+            BoxEvent::BoxManifestChanged { draft_id, manifest, manifest_digest, diff, approved_by, approval_key_id, at, .. } => (
+                approved_by.clone(),
+                at,
+                Kind::Changed(Changed {
+                    draft_id,
+                    approved_by,
+                    manifest_version: manifest.version,
+                    manifest_digest,
+                    approval_key_id,
+                    added: diff.added,
+                    removed: diff.removed,
+                }),
+            ),
         }
     };
     Ok(v1::BoxHistoryEntry {

@@ -84,7 +84,9 @@ impl BoxRow {
                 self.assignments.retain(|a| a.user_id != *user_id);
                 self.assignments.push(AssignmentRow { user_id: user_id.clone(), role_in_box: *role_in_box });
             }
-            BoxEvent::BoxManifestEdited { manifest, .. } | BoxEvent::BoxConfigEdited { manifest, .. } => self.manifest = manifest.clone(),
+            BoxEvent::BoxManifestEdited { manifest, .. } | BoxEvent::BoxConfigEdited { manifest, .. } | BoxEvent::BoxManifestChanged { manifest, .. } => {
+                self.manifest = manifest.clone()
+            }
             BoxEvent::BoxStopped { .. } => self.state = BoxState::Stopped,
             BoxEvent::BoxResumed { .. } => self.state = BoxState::Idle,
             BoxEvent::BoxArchived { .. } => self.state = BoxState::Archived,
@@ -486,7 +488,8 @@ impl Projection for ManifestFiles {
         let (box_id, manifest): (String, BoxManifest) = match parsed {
             BoxEvent::BoxActivated { box_id, manifest, .. }
             | BoxEvent::BoxManifestEdited { box_id, manifest, .. }
-            | BoxEvent::BoxConfigEdited { box_id, manifest, .. } => (box_id, manifest),
+            | BoxEvent::BoxConfigEdited { box_id, manifest, .. }
+            | BoxEvent::BoxManifestChanged { box_id, manifest, .. } => (box_id, manifest),
             BoxEvent::BoxArchived { box_id, box_type, .. } => {
                 let path = manifest_path(&self.manifests_dir, &box_type);
                 let ours = sqlx::query("SELECT digest FROM registry_manifest_files WHERE box_type = $1 AND box_id = $2")

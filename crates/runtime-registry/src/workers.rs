@@ -69,7 +69,10 @@ async fn box_chain(db: &Db, box_id: &str) -> anyhow::Result<BoxChain> {
     let mut derived_from = Vec::new();
     for link in db.stream(types::BOX, box_id).await? {
         let event: BoxEvent = link.decode()?;
-        if matches!(event, BoxEvent::BoxActivated { .. } | BoxEvent::BoxManifestEdited { .. } | BoxEvent::BoxConfigEdited { .. }) {
+        if matches!(
+            event,
+            BoxEvent::BoxActivated { .. } | BoxEvent::BoxManifestEdited { .. } | BoxEvent::BoxConfigEdited { .. } | BoxEvent::BoxManifestChanged { .. }
+        ) {
             derived_from.push(link.event_id);
         }
         aggregate.evolve(event);
@@ -531,6 +534,11 @@ fn step_of(event: &StoredEvent, activated: &mut Option<(String, String, String)>
                 Some(step(Kind::ManifestEdit, at, &edited_by, &manifest.digest(), &manifest.version))
             }
             BoxEvent::BoxConfigEdited { manifest, edited_by, at, .. } => Some(step(Kind::ConfigEdit, at, &edited_by, &manifest.digest(), &manifest.version)),
+            // The change's approval is the one the Box's bundle now rests on.
+            BoxEvent::BoxManifestChanged { draft_id, box_type, manifest, manifest_digest, approved_by, at, .. } => {
+                *activated = Some((draft_id, box_type, manifest_digest.clone()));
+                Some(step(Kind::Change, at, &approved_by, &manifest_digest, &manifest.version))
+            }
             _ => None,
         },
         t if t == types::CONFIG_BUNDLE => {

@@ -59,6 +59,7 @@ fn cycle(run: &str, k: usize, signer: &ApprovalSigner) -> anyhow::Result<Vec<Row
         warnings: plan.warnings.clone(),
         requested_by: agent.clone(),
         submitted_at: at,
+        change: None,
     };
     let (approved, rejected, pending) = (format!("{run}-a{k}"), format!("{run}-r{k}"), format!("{run}-p{k}"));
     let box_id = format!("{run}-box{k}");

@@ -63,6 +63,7 @@ fn drafts_cycle(run: &str, k: usize, request: &BoxDraftCreateRequest) -> anyhow:
         warnings: plan.warnings.clone(),
         requested_by: agent.clone(),
         submitted_at: at,
+        change: None,
     };
     let (rejected, withdrawn, pending) = (format!("{run}-r{k}"), format!("{run}-w{k}"), format!("{run}-p{k}"));
     Ok(vec![

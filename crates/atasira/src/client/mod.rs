@@ -313,8 +313,20 @@ pub enum BoxesCommand {
     },
     /// Config edit of a Box's operating parameters (a human admin or the Box's primary): a
     /// JSON merge patch (a null value deletes its key) that must stay within what the
-    /// approval allowed; widening a capability needs a new draft.
+    /// approval allowed; widening a capability needs a change request (`boxes change`).
     Config {
+        /// The Box's id.
+        box_id: String,
+        /// The merge patch as a JSON object; `-` reads standard input.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Request a change of what a Box may do (an admin or the Box's primary): a JSON merge
+    /// patch of its manifest's keys (tools, os_operations, network, trigger_type, ...), for a
+    /// human admin to approve like a draft; prints what it adds and removes.
+    Change {
         /// The Box's id.
         box_id: String,
         /// The merge patch as a JSON object; `-` reads standard input.
@@ -623,6 +635,12 @@ fn run_boxes(command: BoxesCommand) -> u8 {
         },
         BoxesCommand::Config { box_id, file, connection } => match read_json(&file) {
             Ok(patch) => call(&connection, "PATCH", &format!("/api/v1/boxes/{}/config", segment(&box_id)), Some(&patch), |_, b| print::box_detail(b)),
+            Err(message) => usage(&message),
+        },
+        BoxesCommand::Change { box_id, file, connection } => match read_json(&file) {
+            Ok(patch) => {
+                call(&connection, "POST", &format!("/api/v1/boxes/{}/change-requests", segment(&box_id)), Some(&patch), |_, c| print::change_requested(c))
+            }
             Err(message) => usage(&message),
         },
         BoxesCommand::Unassign { box_id, user, connection } => {

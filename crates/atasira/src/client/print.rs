@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use atasira_gateway::api::{
-    Approved, AuditRows, BoxDetail, BoxHistory, BoxList, DraftCreated, DraftDetail, DraftPage, DraftStatusChanged, VerifyResult, Worker, WorkerList,
-    WorkerProvenance,
+    Approved, AuditRows, BoxDetail, BoxHistory, BoxList, ChangeRequested, DraftCreated, DraftDetail, DraftPage, DraftStatusChanged, VerifyResult, Worker,
+    WorkerList, WorkerProvenance,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -154,6 +154,20 @@ pub(super) fn draft_created(d: &DraftCreated) {
         ("status", wire(d.status)),
         ("over_limit", d.over_limit.to_string()),
         ("warnings", list_text(&d.warnings)),
+    ]);
+}
+
+/// `boxes change`: the change request and what it changes.
+pub(super) fn change_requested(c: &ChangeRequested) {
+    println!("change requested, waiting for a human admin's approval");
+    print_rows(&[
+        ("draft_id", c.draft_id.clone()),
+        ("box", format!("{} ({})", c.box_type, c.box_id)),
+        ("status", wire(c.status)),
+        ("version", c.version.clone()),
+        ("over_limit", c.over_limit.to_string()),
+        ("adds", list_text(&c.added)),
+        ("removes", list_text(&c.removed)),
     ]);
 }
 

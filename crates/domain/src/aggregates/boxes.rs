@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::aggregates::aggregate_via_decide;
+use crate::change::{CapabilityDiff, capability_diff};
 use crate::error::{ErrorCode, FieldError};
 use crate::manifest::BoxManifest;
 use crate::policy::{ConfigEditError, MentorEditError, config_edit, mentor_edit};
@@ -78,6 +79,9 @@ pub enum BoxCommand {
     Archive { by: Principal, at: DateTime<Utc> },
     /// R-BOX-6: removes an assignment (who may: as for assigning).
     UnassignUser { by: Principal, user_id: String, at: DateTime<Utc> },
+    /// R-CHANGE-1: driven by the `DraftApproved` of a change request: the approved manifest
+    /// replaces the Box's, if the Box still has the manifest the change was planned on.
+    ApplyChange { draft_id: String, manifest: BoxManifest, base_digest: String, approval: VerifiedApproval, at: DateTime<Utc> },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,6 +143,20 @@ pub enum BoxEvent {
         unassigned_by: String,
         at: DateTime<Utc>,
     },
+    /// R-CHANGE-1: an approved change request: the new approved manifest (major version
+    /// bumped) with what it changed; new Workers get its bundle.
+    BoxManifestChanged {
+        box_id: String,
+        box_type: String,
+        /// The change request's draft, whose approval token binds `manifest_digest`.
+        draft_id: String,
+        manifest: BoxManifest,
+        manifest_digest: String,
+        diff: CapabilityDiff,
+        approved_by: String,
+        approval_key_id: String,
+        at: DateTime<Utc>,
+    },
 }
 
 impl BoxEvent {
@@ -152,6 +170,7 @@ impl BoxEvent {
             BoxEvent::BoxResumed { .. } => "BoxResumed",
             BoxEvent::BoxArchived { .. } => "BoxArchived",
             BoxEvent::BoxUserUnassigned { .. } => "BoxUserUnassigned",
+            BoxEvent::BoxManifestChanged { .. } => "BoxManifestChanged",
         }
     }
 }
@@ -187,6 +206,9 @@ pub enum BoxError {
     /// 404: the user has no assignment on this Box.
     #[error("the user is not assigned to this Box")]
     NotAssigned,
+    /// 409: the Box's manifest is no longer the one the change was planned on.
+    #[error("the Box's manifest changed since this change request was made; request the change again")]
+    ChangeOutdated,
 }
 
 impl BoxError {
@@ -202,6 +224,7 @@ impl BoxError {
             BoxError::MentorEdit(e) => e.code(),
             BoxError::ConfigEdit(e) => e.code(),
             BoxError::NotAssigned => ErrorCode::AssignmentNotFound,
+            BoxError::ChangeOutdated => ErrorCode::ChangeBaseOutdated,
         }
     }
 }
@@ -320,6 +343,34 @@ impl BoxAggregate {
                 let changed_keys = patch.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
                 Ok(vec![BoxEvent::BoxConfigEdited { box_id: d.box_id.clone(), manifest, changed_keys, edited_by: by.user_id, at }])
             }
+            BoxCommand::ApplyChange { draft_id, manifest, base_digest, approval, at } => {
+                let d = self.live()?;
+                if d.draft_id == draft_id {
+                    // Applied already (a replayed approval).
+                    return Ok(vec![]);
+                }
+                let digest = manifest.digest();
+                approval.check_binding(&draft_id, manifest.box_type.as_str(), &digest).map_err(BoxError::InvalidApprovalToken)?;
+                if manifest.box_type != d.manifest.box_type || d.manifest.digest() != base_digest {
+                    return Err(BoxError::ChangeOutdated);
+                }
+                let errors = manifest.validate();
+                if !errors.is_empty() {
+                    return Err(BoxError::ManifestInvalid(errors));
+                }
+                let claims = approval.claims();
+                Ok(vec![BoxEvent::BoxManifestChanged {
+                    box_id: d.box_id.clone(),
+                    box_type: manifest.box_type.to_string(),
+                    draft_id,
+                    diff: capability_diff(&d.manifest, &manifest),
+                    manifest,
+                    manifest_digest: digest,
+                    approved_by: claims.approver.clone(),
+                    approval_key_id: claims.key_id.clone(),
+                    at,
+                }])
+            }
             BoxCommand::UnassignUser { by, user_id, at } => {
                 let d = self.live()?;
                 let is_primary = d.assignments.iter().any(|(u, r)| *u == by.user_id && *r == BoxRole::Primary);
@@ -393,6 +444,14 @@ impl BoxAggregate {
             BoxEvent::BoxManifestEdited { manifest, .. } | BoxEvent::BoxConfigEdited { manifest, .. } => {
                 if let Some(d) = self.data.as_mut() {
                     d.manifest = manifest;
+                }
+            }
+            BoxEvent::BoxManifestChanged { draft_id, manifest, approved_by, .. } => {
+                if let Some(d) = self.data.as_mut() {
+                    d.draft_id = draft_id;
+                    d.approved_manifest = manifest.clone();
+                    d.manifest = manifest;
+                    d.approved_by = approved_by;
                 }
             }
             BoxEvent::BoxStopped { .. } => self.set_state(BoxState::Stopped),

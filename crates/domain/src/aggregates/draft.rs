@@ -8,6 +8,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregates::aggregate_via_decide;
+use crate::change::{CapabilityDiff, ChangePlan};
 use crate::draft_request::DraftPlan;
 use crate::error::ErrorCode;
 use crate::manifest::BoxManifest;
@@ -68,6 +69,24 @@ impl std::str::FromStr for DraftStatus {
     }
 }
 
+/// What a change request changes (R-CHANGE-1): the Box, the manifest it was planned on
+/// and the capability diff against it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeOf {
+    pub box_id: String,
+    /// The digest of the Box's manifest the change was planned on: it applies only to that.
+    pub base_digest: String,
+    pub base_version: String,
+    pub diff: CapabilityDiff,
+}
+
+/// R-CHANGE-1: the id of the `ordinal`-th change request of a Box (0 for the first): the
+/// same for two requests that raced, so only one of them is recorded.
+pub fn change_id_for(box_id: &str, ordinal: u64) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6174_6173_6972_612d_6368_616e_6765_3031);
+    uuid::Uuid::new_v5(&NAMESPACE, format!("{}:{box_id}{ordinal}", box_id.len()).as_bytes()).to_string()
+}
+
 /// A human decision on a draft.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
@@ -91,6 +110,9 @@ pub struct DraftData {
     pub submitted_at: DateTime<Utc>,
     pub status: DraftStatus,
     pub decision: Option<Decision>,
+    /// A change request's Box and diff; `None` for a draft of a new Box.
+    #[serde(default)]
+    pub change: Option<ChangeOf>,
 }
 
 /// The aggregate: `None` until submitted.
@@ -103,6 +125,8 @@ pub struct Draft {
 pub enum DraftCommand {
     /// R-DRAFT-1, R-DRAFT-10: the plan was made by [`crate::draft_request`].
     Submit { draft_id: String, plan: DraftPlan, requested_by: Principal, at: DateTime<Utc> },
+    /// R-CHANGE-1: a change request of an existing Box, planned on its manifest.
+    SubmitChange { draft_id: String, plan: ChangePlan, change: ChangeOf, requested_by: Principal, at: DateTime<Utc> },
     /// R-DRAFT-13: the requester, while pending.
     Withdraw { by: Principal, at: DateTime<Utc> },
     /// R-DRAFT-13: a sweeper; a no-op unless pending and older than `ttl`.
@@ -123,6 +147,9 @@ pub enum DraftEvent {
         warnings: Vec<String>,
         requested_by: Principal,
         submitted_at: DateTime<Utc>,
+        /// A change request's Box and diff (R-CHANGE-1); absent for a new Box.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        change: Option<ChangeOf>,
     },
     DraftWithdrawn {
         draft_id: String,
@@ -216,19 +243,30 @@ impl Draft {
     pub fn decide(&self, command: DraftCommand) -> Result<Vec<DraftEvent>, DraftError> {
         match command {
             DraftCommand::Submit { draft_id, plan, requested_by, at } => {
-                if self.data.is_some() {
-                    // A redelivered submit of the same id: already recorded.
-                    return Ok(vec![]);
-                }
-                Ok(vec![DraftEvent::DraftSubmitted {
+                let DraftPlan { manifest, over_limit, warnings } = plan;
+                Ok(self.submission(DraftEvent::DraftSubmitted {
                     draft_id,
-                    box_type: plan.manifest.box_type.to_string(),
-                    manifest: plan.manifest,
-                    over_limit: plan.over_limit,
-                    warnings: plan.warnings,
+                    box_type: manifest.box_type.to_string(),
+                    manifest,
+                    over_limit,
+                    warnings,
                     requested_by,
                     submitted_at: at,
-                }])
+                    change: None,
+                }))
+            }
+            DraftCommand::SubmitChange { draft_id, plan, change, requested_by, at } => {
+                let ChangePlan { manifest, over_limit, .. } = plan;
+                Ok(self.submission(DraftEvent::DraftSubmitted {
+                    draft_id,
+                    box_type: manifest.box_type.to_string(),
+                    manifest,
+                    over_limit,
+                    warnings: vec![],
+                    requested_by,
+                    submitted_at: at,
+                    change: Some(change),
+                }))
             }
             DraftCommand::Withdraw { by, at } => {
                 let d = self.data.as_ref().ok_or(DraftError::NotFound)?;
@@ -298,6 +336,11 @@ impl Draft {
         }
     }
 
+    /// A submission, unless the draft was submitted already (a redelivery: recorded).
+    fn submission(&self, submitted: DraftEvent) -> Vec<DraftEvent> {
+        if self.data.is_some() { vec![] } else { vec![submitted] }
+    }
+
     /// R-AUTH-2, R-AUTH-3: who may decide at all on this draft.
     fn decidable(&self, by: &Principal) -> Result<&DraftData, DraftError> {
         if !by.is_human_admin() {
@@ -344,7 +387,7 @@ impl Draft {
 
     pub fn evolve(&mut self, event: DraftEvent) {
         match event {
-            DraftEvent::DraftSubmitted { draft_id, manifest, over_limit, warnings, requested_by, submitted_at, .. } => {
+            DraftEvent::DraftSubmitted { draft_id, manifest, over_limit, warnings, requested_by, submitted_at, change, .. } => {
                 self.data = Some(DraftData {
                     draft_id,
                     manifest,
@@ -354,6 +397,7 @@ impl Draft {
                     submitted_at,
                     status: DraftStatus::PendingApproval,
                     decision: None,
+                    change,
                 });
             }
             DraftEvent::DraftWithdrawn { .. } => self.set_status(DraftStatus::Withdrawn, None),

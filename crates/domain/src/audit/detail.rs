@@ -54,6 +54,14 @@ fn clip(text: &str) -> String {
 
 fn draft(event: &DraftEvent) -> String {
     match event {
+        DraftEvent::DraftSubmitted { box_type, manifest, over_limit, change: Some(change), .. } => {
+            let over = if over_limit.over_limit {
+                format!(", over limit ({})", list(over_limit.over_limit_ops.iter().chain(&over_limit.over_limit_tools)))
+            } else {
+                String::new()
+            };
+            format!("change request of {box_type} ({}) to v{}{over}: {}", change.box_id, manifest.version, change.diff.summary())
+        }
         DraftEvent::DraftSubmitted { box_type, manifest, over_limit, .. } => {
             let over = if over_limit.over_limit {
                 format!("over limit ({})", list(over_limit.over_limit_ops.iter().chain(&over_limit.over_limit_tools)))
@@ -84,6 +92,9 @@ fn boxes(event: &BoxEvent) -> String {
         BoxEvent::BoxStopped { box_type, .. } => format!("stopped {box_type}"),
         BoxEvent::BoxResumed { box_type, .. } => format!("resumed {box_type}"),
         BoxEvent::BoxArchived { box_type, .. } => format!("archived {box_type}"),
+        BoxEvent::BoxManifestChanged { box_type, draft_id, manifest, manifest_digest, diff, .. } => {
+            format!("changed {box_type} to v{} (change request {draft_id}, manifest {manifest_digest}): {}", manifest.version, diff.summary())
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::policy::mentor_edit::MENTOR_EDITABLE_KEYS;
 pub const CONFIG_EDITABLE_KEYS: &[&str] = &["config_defaults", "trigger_schedule", "notify", "credentials", "shell", "browser"];
 
 /// The hint every capability refusal carries.
-pub const NEW_DRAFT_HINT: &str = "to change what the Box may do, submit a new draft (POST /api/v1/boxes/box-drafts) for a human admin to approve";
+pub const NEW_DRAFT_HINT: &str = "to change what the Box may do, request a change (POST /api/v1/boxes/{box_id}/change-requests) for a human admin to approve";
 
 /// Why a config edit is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -261,7 +261,7 @@ browser: {approval_required_selectors: ["#buy"]}
         let err = edit(&json!({"network": "full"})).expect_err("refused");
         assert_eq!(err.code(), ErrorCode::CapabilityChangeRequiresNewDraft);
         assert_eq!(err.code().http_status(), 403);
-        assert!(err.to_string().contains("submit a new draft"));
+        assert!(err.to_string().contains("/change-requests"), "the refusal names the route of a change request");
     }
 
     #[test]

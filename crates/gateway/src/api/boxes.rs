@@ -52,6 +52,7 @@ pub enum HistoryKind {
     UserUnassigned,
     ManifestEdited,
     ConfigEdited,
+    ManifestChanged,
     Stopped,
     Resumed,
     Archived,
@@ -64,7 +65,9 @@ pub enum HistoryKind {
 /// manifest_version, manifest_digest, approval_key_id}; `user_assigned` and
 /// `user_unassigned` {user_id, role_in_box} (the role the user had, when unassigned);
 /// `manifest_edited` and `config_edited` {changed_keys, manifest_version} (the version
-/// after the edit); `stopped`, `resumed`, `archived` {state} (the state after it);
+/// after the edit); `manifest_changed` {draft_id, approved_by, manifest_version,
+/// manifest_digest, approval_key_id, added, removed} (an approved change request);
+/// `stopped`, `resumed`, `archived` {state} (the state after it);
 /// `access_provisioned` {index, access, detail, attempts}; `access_provision_failed`
 /// {index, access, reason, attempts}.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -107,6 +110,12 @@ pub struct HistoryEntry {
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
+    /// What an approved change added, each `key: value`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added: Option<Vec<String>>,
+    /// What an approved change removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<Vec<String>>,
 }
 
 /// 200 of `GET /api/v1/boxes/{box_id}/history`: a page of the Box's events, oldest

@@ -106,8 +106,46 @@ pub struct DraftSummary {
     pub required_access: Vec<RequiredAccess>,
     /// `null` while pending.
     pub decision: Option<Decision>,
-    /// The Box, once active.
+    /// The Box, once active; a change request's Box from the start.
     pub box_id: Option<String>,
+    /// `new`: a draft of a new Box; `change`: a change request of the Box `box_id`.
+    pub kind: DraftKind,
+    /// The manifest's version (a change request's is its Box's next major version).
+    pub version: String,
+    /// A change request: what it adds, each `key: value` (`tools: Bash`,
+    /// `shell.allowed_commands: git`); empty for a new Box.
+    pub added: Vec<String>,
+    /// A change request: what it removes.
+    pub removed: Vec<String>,
+}
+
+/// Whether a draft makes a new Box or changes one (R-CHANGE-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftKind {
+    New,
+    Change,
+}
+
+/// 201 of `POST /api/v1/boxes/{box_id}/change-requests`: the change request, pending a
+/// human admin's approval, with what it changes.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ChangeRequested {
+    pub draft_id: String,
+    pub box_id: String,
+    pub box_type: String,
+    /// Always `pending_approval`.
+    pub status: DraftStatus,
+    /// What the change adds is over the limit: the approval needs `confirm_over_limit: true`.
+    pub over_limit: bool,
+    pub over_limit_ops: Vec<String>,
+    pub over_limit_tools: Vec<String>,
+    /// What the change adds, each `key: value`.
+    pub added: Vec<String>,
+    /// What the change removes.
+    pub removed: Vec<String>,
+    /// The version the approved change makes (the next major version).
+    pub version: String,
 }
 
 /// 200 of `GET /api/v1/boxes/box-drafts/{draft_id}`: the summary and the full manifest.

@@ -160,7 +160,7 @@ mod tests {
         json!({"draft_id": "d", "box_type": "sales", "name": "", "purpose": "p", "os_operations": ["shell:exec"], "tools": [], "url_allowlist": [],
             "prohibited": [], "over_limit": true, "over_limit_ops": ["shell:exec"], "over_limit_tools": [], "warnings": ["w"], "requested_by": "agent",
             "status": status, "created_at": "2026-12-01T11:27:26.695062222Z", "network": "none", "file_access": [], "allowed_apps": [],
-            "required_access": [], "decision": decision, "box_id": null})
+            "required_access": [], "decision": decision, "box_id": null, "kind": "new", "version": "1.0.0", "added": [], "removed": []})
     }
 
     #[test]
@@ -180,6 +180,8 @@ mod tests {
         }
         same::<Approved>(json!({"draft_id": "d", "status": "active", "box_id": "b", "box_type": "sales", "approved_by": "admin", "approved_at": at}));
         same::<DraftStatusChanged>(json!({"draft_id": "d", "status": "rejected"}));
+        same::<ChangeRequested>(json!({"draft_id": "c", "box_id": "b", "box_type": "sales", "status": "pending_approval", "over_limit": true,
+            "over_limit_ops": ["shell:exec"], "over_limit_tools": [], "added": ["os_operations: shell:exec"], "removed": [], "version": "2.0.0"}));
     }
 
     #[test]
@@ -200,12 +202,14 @@ mod tests {
             {"event_id": "box/b/2", "at": at, "actor": "admin", "kind": "user_unassigned", "user_id": "u", "role_in_box": "member"},
             {"event_id": "box/b/3", "at": at, "actor": "admin", "kind": "config_edited", "changed_keys": ["trigger_schedule"], "manifest_version": "1.0.1"},
             {"event_id": "box/b/4", "at": at, "actor": "admin", "kind": "stopped", "state": "stopped"},
+            {"event_id": "box/b/5", "at": at, "actor": "admin", "kind": "manifest_changed", "draft_id": "c", "approved_by": "admin",
+                "manifest_version": "2.0.0", "manifest_digest": "sha256:01", "approval_key_id": "approval-1", "added": ["tools: Bash"], "removed": []},
             {"event_id": "access/b/0/1", "at": at, "actor": "system", "kind": "access_provision_failed", "index": 0, "access": "git_remote u", "reason": "down", "attempts": 5}],
             "next_cursor": "0.12"}));
         same::<FeasibilityAnswer>(json!({"feasible": false, "available_operations": ["file:read"], "available_tools": ["Read"],
             "missing_capabilities": ["notify:email"], "required_approvals": ["x"], "summary": "s", "notes": [], "box_id": "b"}));
         same::<AuditRows>(json!({"rows": [{"seq": 1, "time": "2026-12-01T11:27:26.700Z", "action": "box_draft.create", "actor": "agent", "target": "d",
-            "event_id": "draft/d/1", "payload_digest": "sha256:00", "key_id": "audit-1", "mac": "ab"}], "next_cursor": "1"}));
+            "event_id": "draft/d/1", "payload_digest": "sha256:00", "detail": "submitted d", "key_id": "audit-1", "mac": "ab"}], "next_cursor": "1"}));
         same::<VerifyResult>(json!({"ok": true, "rows": 4}));
         same::<VerifyResult>(json!({"ok": false, "first_bad_seq": 3, "reason": "modified"}));
         same::<ErrorBody>(json!({"error": "invalid_query", "message": "m", "details": {"parameter": "since"}}));

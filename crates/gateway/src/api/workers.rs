@@ -113,6 +113,8 @@ pub enum ProvenanceKind {
     Bundle,
     /// The Worker was created; `digest` is the bundle it runs.
     Worker,
+    /// An approved change request replaced the Box's manifest; `digest` is the new one's.
+    Change,
 }
 
 /// One step from the human approval to the Worker, with the event that recorded it.

@@ -33,6 +33,11 @@ pub trait Projection: Send + Sync + 'static {
     fn tables(&self) -> &'static [&'static str];
     /// The tables to empty on rebuild.
     fn table_names(&self) -> &'static [&'static str];
+    /// Columns added after its tables were first made, as `(table, column, definition)`:
+    /// added to tables made before them.
+    fn added_columns(&self) -> &'static [(&'static str, &'static str, &'static str)] {
+        &[]
+    }
     /// Applies one event inside the runner's transaction.
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()>;
     /// Applies a batch of new events, in order, inside the runner's transaction: the same
@@ -66,7 +71,11 @@ pub trait Projection: Send + Sync + 'static {
 
 /// Creates the projection's tables.
 pub async fn prepare(db: &Db, projection: &dyn Projection) -> anyhow::Result<()> {
-    db.ensure_tables(projection.tables()).await
+    db.ensure_tables(projection.tables()).await?;
+    for (table, column, definition) in projection.added_columns() {
+        db.ensure_column(table, column, definition).await?;
+    }
+    Ok(())
 }
 
 /// Runs a projection until `shutdown` resolves, a batch per transaction.
