@@ -450,3 +450,66 @@ fn a_boxs_grant_changes_through_a_change_request_and_a_human_approval() {
         assert_eq!(sys.audit_verify().0, 0, "the ledger verifies");
     }
 }
+
+/// R-CHANGE-3: with `ATASIRA_OVER_LIMIT_APPROVALS=2`, an over-the-limit draft or change
+/// needs two distinct human admins, neither its requester: the first approval leaves it
+/// pending (shown with its progress), the second activates; one rejection ends it; a draft
+/// within the limit needs one.
+#[test]
+fn over_the_limit_needs_two_human_admins_when_the_operator_says_so() {
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        let sys = System::start_with(mode, &[("ATASIRA_OVER_LIMIT_APPROVALS", "2".to_owned())]);
+        let (bob, carol) = (sys.token("bob", "admin", "human"), sys.token("carol", "admin", "human"));
+        let over = |box_type: &str, token: &str| {
+            let body = json!({"box_type": box_type, "purpose": "runs git", "tools": ["Read", "Bash"], "os_operations": ["file:read", "shell:exec"]});
+            let a = sys.post("/api/v1/boxes/box-drafts", token, &body);
+            assert_eq!(a.status, 201, "{}", a.raw);
+            a.body["draft_id"].as_str().expect("draft_id").to_owned()
+        };
+        let draft = over("two-keys", &carol);
+        let listed = |id: &str| sys.pending().into_iter().find(|d| d["draft_id"] == id).unwrap_or_else(|| panic!("{id} is not pending"));
+        assert_eq!((listed(&draft)["approvals_required"].as_u64(), listed(&draft)["approvals"].clone()), (Some(2), json!([])));
+
+        let first = sys.approve(&draft, &sys.admin, true);
+        assert_eq!((first.status, first.body["status"].as_str()), (200, Some("pending_approval")), "{mode:?}: {}", first.raw);
+        assert_eq!((first.body["approvals"].clone(), first.body["approvals_required"].as_u64()), (json!(["admin"]), Some(2)), "{}", first.raw);
+        let again = sys.approve(&draft, &sys.admin, true);
+        assert_eq!((again.status, again.body["status"].as_str()), (200, Some("pending_approval")), "the same admin twice is one approval: {}", again.raw);
+        assert_eq!(listed(&draft)["approvals"], json!(["admin"]), "the pending list shows the progress");
+        let own = sys.approve(&draft, &carol, true);
+        assert_eq!((own.status, own.body["error"].as_str()), (403, Some("self_approval_forbidden")), "{}", own.raw);
+        let unconfirmed = sys.approve(&draft, &bob, false);
+        assert_eq!(unconfirmed.body["error"], "over_limit_confirmation_required", "{}", unconfirmed.raw);
+        let second = sys.approve(&draft, &bob, true);
+        assert_eq!((second.status, second.body["status"].as_str()), (200, Some("active")), "{mode:?}: {}", second.raw);
+        assert_eq!(second.body["approvals"], json!(["admin"]), "{}", second.raw);
+        let box_id = second.body["box_id"].as_str().expect("box_id").to_owned();
+        assert_eq!(sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.agent).status, 200);
+        let given =
+            sys.get(&format!("/api/v1/audit?action=box_draft.approval_given&target={draft}"), &sys.admin).body["rows"].as_array().cloned().expect("rows");
+        assert_eq!(given.len(), 1, "{mode:?}: each approval is a ledger row: {given:?}");
+        assert!(given[0]["detail"].as_str().is_some_and(|d| d.starts_with("approval 1 of 2")), "{given:?}");
+
+        // One rejection ends it.
+        let rejected = over("two-keys-rejected", &sys.agent);
+        assert_eq!(sys.approve(&rejected, &sys.admin, true).body["status"], "pending_approval");
+        let r = sys.post(&format!("/api/v1/boxes/box-drafts/{rejected}/reject"), &bob, &json!({"reason": "no shell"}));
+        assert_eq!(r.status, 200, "{}", r.raw);
+        let late = sys.approve(&rejected, &carol, true);
+        assert_eq!((late.status, late.body["error"].as_str()), (409, Some("draft_not_pending")), "{}", late.raw);
+
+        // Within the limit, one approval; a change that adds shell:exec needs two again.
+        let within = sys.draft(&draft_body("one-key"));
+        let one = sys.approve(&within, &sys.admin, false);
+        assert_eq!((one.status, one.body["status"].as_str(), one.body["approvals_required"].as_u64()), (200, Some("active"), Some(1)), "{}", one.raw);
+        let small = one.body["box_id"].as_str().expect("box_id").to_owned();
+        let asked = sys.post(&format!("/api/v1/boxes/{small}/change-requests"), &sys.admin, &json!({"os_operations": ["file:read", "shell:exec"]}));
+        assert_eq!(asked.status, 201, "{}", asked.raw);
+        let change = asked.body["draft_id"].as_str().expect("draft_id").to_owned();
+        assert_eq!(sys.approve(&change, &bob, true).body["status"], "pending_approval");
+        let done = sys.approve(&change, &carol, true);
+        assert_eq!((done.status, done.body["status"].as_str()), (200, Some("active")), "{mode:?}: {}", done.raw);
+        assert_eq!(sys.get(&format!("/api/v1/boxes/{small}"), &sys.agent).body["manifest_version"], "2.0.0");
+        assert_eq!(sys.audit_verify().0, 0);
+    }
+}

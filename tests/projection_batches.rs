@@ -40,6 +40,7 @@ fn submitted(draft_id: &str, box_type: &str, purpose: &str, at: i64) -> DraftEve
         requested_by: Principal::new("agent", Role::Member, Kind::Agent),
         submitted_at: t(at),
         change: None,
+        approvals_required: 1,
     }
 }
 

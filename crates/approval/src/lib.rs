@@ -17,7 +17,7 @@ use atasira_contracts::requests::{ApprovalRequest, Incoming};
 use atasira_contracts::{Refused, Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::approval_keys::{ApprovalKeys, ApprovalKeysCommand, KEYS_ID};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxError, BoxEvent, BoxState, box_id_for};
-use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftStatus};
+use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftEvent, DraftStatus};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
 use atasira_domain::aggregates::types;
 use atasira_domain::token::{ACTIVATION_WINDOW, ApprovalSigner, PublicKeyEntry};
@@ -171,18 +171,44 @@ impl Service {
         let box_id = change.as_ref().map_or_else(|| box_id_for(draft_id), |c| c.box_id.clone());
         let bundle = draft.data.as_ref().map(|d| bundle_digest(&box_id, &d.manifest)).unwrap_or_default();
         let token = self.config.signer.issue(draft_id, &box_type, &digest, &principal.user_id, now);
-        let command = DraftCommand::Approve { by: principal.clone(), confirm_over_limit, token, at: now };
+        let token_again = token.clone();
+        let command = DraftCommand::Approve { by: principal.clone(), confirm_over_limit, token, at: now, reserved: true };
         // The aggregate's own rules decide, before any effect, whether this approval is new
         // (who may decide, pending, over_limit confirmation); a repeat by the same admin
         // decides nothing and goes on to wait for the Box.
-        let first = match draft.decide(command.clone()) {
-            Ok(events) => !events.is_empty(),
+        let events = match draft.decide(command.clone()) {
+            Ok(events) => events,
             Err(DraftError::SelfApproval) => {
                 let recorded = self.record_self_approval(&principal, draft_id).await?;
                 return Err(Refusal::from(DraftError::SelfApproval).recorded(recorded.into()));
             }
             Err(e) => return Err(e.into()),
         };
+        // R-CHANGE-3: an approval while more are required is recorded alone: no token, no
+        // reservation; the one that completes them goes on below.
+        let given_before = draft.data.as_ref().is_some_and(|d| d.status == DraftStatus::PendingApproval && d.approvals.contains(&principal.user_id));
+        if matches!(events.first(), Some(DraftEvent::DraftApprovalGiven { .. })) || (events.is_empty() && given_before) {
+            let head = if events.is_empty() {
+                head.ok_or_else(|| Refusal::internal("the draft holds no event"))?
+            } else {
+                let partial = DraftCommand::Approve { by: principal.clone(), confirm_over_limit, token: token_again, at: now, reserved: false };
+                self.decide(&principal, draft_id, partial).await?.head()?
+            };
+            let now_draft: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
+            let (approvals, required) = now_draft.data.map(|d| (d.approvals, d.approvals_required)).unwrap_or_default();
+            let reply = v1::DecisionReply {
+                draft_id: draft_id.to_owned(),
+                status: v1::DraftStatus::PendingApproval as i32,
+                box_id,
+                box_type,
+                approved_by: principal.user_id.clone(),
+                approved_at: Some(convert::timestamp(now)),
+                approvals,
+                approvals_required: required,
+            };
+            return Ok(reply_written(&reply, head.position, vec![head.id]));
+        }
+        let first = !events.is_empty();
         let (decided, head) = if first {
             // (1) Reserve: limit, uniqueness and foreign manifest files are checked here. A
             // change keeps its Box's box_type and slot, and applies only to the manifest it
@@ -235,6 +261,8 @@ impl Service {
             box_type,
             approved_by: decided.0,
             approved_at: Some(convert::timestamp(decided.1)),
+            approvals: draft.data.as_ref().map(|d| d.approvals.clone()).unwrap_or_default(),
+            approvals_required: draft.data.as_ref().map_or(1, |d| d.approvals_required.max(1)),
         };
         // (3) Activation is the registry's, driven by the recorded event (its consumer has
         // processed the decision once the Box is active and its bundle synced). The Box's

@@ -63,6 +63,7 @@ pub fn grants(identity: &str) -> RoleGrants {
             vec![],
             vec![
                 (types::DRAFT, Some("DraftApproved")),
+                (types::DRAFT, Some("DraftApprovalGiven")),
                 (types::DRAFT, Some("DraftRejected")),
                 (types::APPROVAL_KEYS, None),
                 (types::APPROVAL_SECURITY, None),

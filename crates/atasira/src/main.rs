@@ -322,6 +322,11 @@ struct CommonArgs {
     /// Pending drafts expire after this many seconds (default 7 days).
     #[arg(long, env = "ATASIRA_DRAFT_TTL", default_value_t = 604_800)]
     draft_ttl: i64,
+    /// How many distinct human admins (none of them the requester) must approve a draft or
+    /// change request that is over the limit; the Box is activated or changed at the last.
+    /// Set where the drafts service runs: a draft keeps what was set when it was submitted.
+    #[arg(long, env = "ATASIRA_OVER_LIMIT_APPROVALS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
+    over_limit_approvals: u32,
     /// Seconds the gateway waits for a service to answer before 503.
     #[arg(long, env = "ATASIRA_REQUEST_TIMEOUT", default_value_t = 30.0)]
     request_timeout: f64,
@@ -420,6 +425,7 @@ impl CommonArgs {
             manifests_dir: self.manifests_dir.clone(),
             max_boxes: self.max_boxes,
             draft_ttl: chrono::TimeDelta::try_seconds(self.draft_ttl.max(1)).unwrap_or(chrono::TimeDelta::days(7)),
+            over_limit_approvals: self.over_limit_approvals,
             gateway: atasira_gateway::Config {
                 consistency_wait: Duration::from_secs_f64(self.consistency_wait.clamp(0.0, 60.0)),
                 request_timeout: Duration::from_secs_f64(self.request_timeout.clamp(0.1, 300.0)),

@@ -31,6 +31,8 @@ pub struct Settings {
     pub max_boxes: usize,
     /// `ATASIRA_DRAFT_TTL` in seconds.
     pub draft_ttl: chrono::TimeDelta,
+    /// `ATASIRA_OVER_LIMIT_APPROVALS`.
+    pub over_limit_approvals: u32,
     pub gateway: atasira_gateway::Config,
     /// `ATASIRA_PROVISION_BACKOFF_MS`: the provisioner's first retry delay.
     pub provision_backoff: Duration,
@@ -102,7 +104,11 @@ async fn wait(mut rx: watch::Receiver<bool>) {
 pub fn drafts_config(s: &Settings) -> atasira_drafts::DraftsConfig {
     // Sweep at least twice per TTL, and at least every minute.
     let half_ttl = s.draft_ttl.to_std().map(|d| d / 2).unwrap_or(Duration::from_secs(60));
-    atasira_drafts::DraftsConfig { ttl: s.draft_ttl, sweep_every: half_ttl.clamp(Duration::from_millis(200), Duration::from_secs(60)) }
+    atasira_drafts::DraftsConfig {
+        ttl: s.draft_ttl,
+        sweep_every: half_ttl.clamp(Duration::from_millis(200), Duration::from_secs(60)),
+        over_limit_approvals: s.over_limit_approvals,
+    }
 }
 
 pub fn provisioner_config(s: &Settings) -> atasira_provisioner::ProvisionerConfig {

@@ -74,7 +74,7 @@ async fn approve(db: &Db, draft_id: &str) {
     let data = draft.data.expect("submitted");
     let now = Utc::now();
     let token = ApprovalSigner::from_secret("k1".into(), [7; 32]).issue(draft_id, data.manifest.box_type.as_str(), &data.manifest.digest(), "alice", now);
-    let command = DraftCommand::Approve { by: alice(), confirm_over_limit: false, token, at: now };
+    let command = DraftCommand::Approve { by: alice(), confirm_over_limit: false, token, at: now, reserved: true };
     db.cqrs::<Draft>().execute(draft_id, command, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("approve");
 }
 

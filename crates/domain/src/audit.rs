@@ -275,6 +275,7 @@ pub fn action_of(aggregate_type: &str, event_type: &str) -> Option<&'static str>
         ("draft", "DraftSubmitted") => "box_draft.create",
         ("draft", "DraftApproved") => "box_draft.approve",
         ("draft", "DraftRejected") => "box_draft.reject",
+        ("draft", "DraftApprovalGiven") => "box_draft.approval_given",
         ("draft", "DraftWithdrawn") => "box_draft.withdraw",
         ("draft", "DraftExpired") => "box_draft.expire",
         ("box", "BoxActivated") => "box.activate",
@@ -316,7 +317,7 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
     };
     let (actor_paths, target_paths): (&[&[&str]], &[&[&str]]) = match event_type {
         "DraftSubmitted" => (&[&["requested_by", "user_id"]], &[&["draft_id"]]),
-        "DraftApproved" => (&[&["approved_by"]], &[&["draft_id"]]),
+        "DraftApproved" | "DraftApprovalGiven" => (&[&["approved_by"]], &[&["draft_id"]]),
         "DraftRejected" => (&[&["rejected_by"]], &[&["draft_id"]]),
         "DraftWithdrawn" => (&[&["withdrawn_by"]], &[&["draft_id"]]),
         "DraftExpired" => (&[], &[&["draft_id"]]),

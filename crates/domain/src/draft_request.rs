@@ -83,6 +83,10 @@ pub struct DraftPlan {
     #[serde(flatten)]
     pub over_limit: OverLimit,
     pub warnings: Vec<String>,
+    /// R-CHANGE-3: how many distinct human admins must approve it (0 or 1: one); the
+    /// drafts service sets it for an over_limit draft from its setting.
+    #[serde(skip)]
+    pub approvals_required: u32,
 }
 
 impl BoxDraftCreateRequest {
@@ -178,7 +182,7 @@ impl BoxDraftCreateRequest {
         let verdict = over_limit(&manifest.os_operations, &manifest.tools);
         let mut warnings = loaded.warnings;
         warnings.extend(draft_warnings(&manifest, allow_network, &verdict));
-        Ok(DraftPlan { manifest, over_limit: verdict, warnings })
+        Ok(DraftPlan { manifest, over_limit: verdict, warnings, approvals_required: 1 })
     }
 }
 

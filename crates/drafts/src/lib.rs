@@ -38,6 +38,7 @@ pub const AGGREGATE_TYPES: &[&str] = &[types::DRAFT, types::DRAFTS_SECURITY];
 struct Service {
     rt: Runtime,
     cqrs: atasira_platform::store::Cqrs<Draft>,
+    over_limit_approvals: u32,
 }
 
 /// Settings of the drafts service.
@@ -47,11 +48,14 @@ pub struct DraftsConfig {
     pub ttl: chrono::TimeDelta,
     /// How often the expiry sweep runs.
     pub sweep_every: Duration,
+    /// R-CHANGE-3: distinct human admins an over_limit draft or change needs
+    /// (`ATASIRA_OVER_LIMIT_APPROVALS`, default 1).
+    pub over_limit_approvals: u32,
 }
 
 impl Default for DraftsConfig {
     fn default() -> Self {
-        Self { ttl: chrono::TimeDelta::days(7), sweep_every: Duration::from_secs(60) }
+        Self { ttl: chrono::TimeDelta::days(7), sweep_every: Duration::from_secs(60), over_limit_approvals: 1 }
     }
 }
 
@@ -71,7 +75,7 @@ pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch
             Box::pin(async move { db.count("SELECT COUNT(*) FROM draft_rows WHERE status = 'pending_approval'").await })
         }),
     );
-    let service = Arc::new(Service { cqrs: rt.db.cqrs::<Draft>(), rt: rt.clone() });
+    let service = Arc::new(Service { cqrs: rt.db.cqrs::<Draft>(), rt: rt.clone(), over_limit_approvals: config.over_limit_approvals.max(1) });
     let endpoint = {
         let service = service.clone();
         platform_service::serve(&rt, SERVICE, move |call| {
@@ -161,7 +165,8 @@ impl Service {
 
     async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
-        let plan = request.plan()?;
+        let mut plan = request.plan()?;
+        plan.approvals_required = if plan.over_limit.over_limit { self.over_limit_approvals } else { 1 };
         // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
         if let Some(box_id) = projection::box_of_type(&self.rt.db, plan.manifest.box_type.as_str()).await.map_err(Refusal::internal)? {
             return Err(Refusal::new(
@@ -209,7 +214,9 @@ impl Service {
             return Err(Refusal::new(ErrorCode::Forbidden, "a change request needs role admin or the Box's primary"));
         }
         let patch = serde_json::Value::Object(req.patch.map(atasira_contracts::manifest::struct_from_proto).unwrap_or_default());
-        let plan = plan_change(&current.manifest, &patch).map_err(|e| Refusal { field_errors: e.field_errors(), ..Refusal::new(e.code(), e.to_string()) })?;
+        let mut plan =
+            plan_change(&current.manifest, &patch).map_err(|e| Refusal { field_errors: e.field_errors(), ..Refusal::new(e.code(), e.to_string()) })?;
+        plan.approvals_required = if plan.over_limit.over_limit { self.over_limit_approvals } else { 1 };
         let digest = plan.manifest.digest();
         let (count, pending) = projection::changes_of(&self.rt.db, &req.box_id).await.map_err(Refusal::internal)?;
         if let Some(pending) = pending {

@@ -38,7 +38,8 @@ const TABLES: &[&str] = &[
     over_limit_json TEXT NOT NULL,
     warnings_json TEXT NOT NULL,
     manifest_json TEXT NOT NULL,
-    change_json TEXT
+    change_json TEXT,
+    approvals_json TEXT
 )",
     // Pages in submission order read an index, not the whole view (R-DRAFT-12): any
     // status, one status (the pending list), one requester's.
@@ -50,9 +51,9 @@ const TABLES: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS drafts_box_types (box_type TEXT PRIMARY KEY, box_id TEXT NOT NULL)",
 ];
 
-const COLUMNS: &str = "draft_id, box_type, requested_by, status, position, submitted_at_ns, decided_by, decided_at_ns, decision_reason, box_id, over_limit_json, warnings_json, manifest_json, change_json";
+const COLUMNS: &str = "draft_id, box_type, requested_by, status, position, submitted_at_ns, decided_by, decided_at_ns, decision_reason, box_id, over_limit_json, warnings_json, manifest_json, change_json, approvals_json";
 /// How many columns a row has.
-const WIDTH: usize = 14;
+const WIDTH: usize = 15;
 
 const PAGE_MAX: u32 = 200;
 const PAGE_DEFAULT: u32 = 50;
@@ -77,12 +78,24 @@ pub struct DraftRow {
     pub manifest: BoxManifest,
     /// A change request's Box and diff (R-CHANGE-1).
     pub change: Option<ChangeOf>,
+    /// R-CHANGE-3: the approvals required and given so far.
+    pub approvals: Approvals,
+}
+
+/// R-CHANGE-3: how many distinct human admins must approve a draft, and who did so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Approvals {
+    pub required: u32,
+    pub by: Vec<String>,
 }
 
 impl DraftRow {
     /// A new row from its submission; other events need a row to apply to.
     pub fn submitted(event: &DraftEvent, position: i64) -> Option<DraftRow> {
-        let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at, change } = event else { return None };
+        let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at, change, approvals_required } = event
+        else {
+            return None;
+        };
         Some(DraftRow {
             draft_id: draft_id.clone(),
             box_type: box_type.clone(),
@@ -99,6 +112,7 @@ impl DraftRow {
             warnings: warnings.clone(),
             manifest: manifest.clone(),
             change: change.clone(),
+            approvals: Approvals { required: (*approvals_required).max(1), by: vec![] },
         })
     }
 
@@ -106,6 +120,12 @@ impl DraftRow {
     pub fn apply(&mut self, event: &DraftEvent) {
         let (status, by, at, reason) = match event {
             DraftEvent::DraftSubmitted { .. } => return,
+            DraftEvent::DraftApprovalGiven { approved_by, .. } => {
+                if !self.approvals.by.contains(approved_by) {
+                    self.approvals.by.push(approved_by.clone());
+                }
+                return;
+            }
             DraftEvent::DraftWithdrawn { withdrawn_by, at, .. } => (DraftStatus::Withdrawn, Some(withdrawn_by), at, None),
             DraftEvent::DraftExpired { at, .. } => (DraftStatus::Expired, None, at, None),
             // Relays of different services deliver in different orders: a Box that is
@@ -169,6 +189,8 @@ impl DraftRow {
             added: self.change.as_ref().map(|c| c.diff.added.clone()).unwrap_or_default(),
             removed: self.change.as_ref().map(|c| c.diff.removed.clone()).unwrap_or_default(),
             version: m.version.clone(),
+            approvals: self.approvals.by.clone(),
+            approvals_required: self.approvals.required.max(1),
         }
     }
 
@@ -189,6 +211,7 @@ impl DraftRow {
             warnings: serde_json::from_str(&row.try_get::<String, _>(11)?)?,
             manifest: serde_json::from_str(&row.try_get::<String, _>(12)?)?,
             change: row.try_get::<Option<String>, _>(13)?.map(|c| serde_json::from_str(&c)).transpose()?,
+            approvals: row.try_get::<Option<String>, _>(14)?.map(|a| serde_json::from_str(&a)).transpose()?.unwrap_or_default(),
         })
     }
 }
@@ -211,7 +234,8 @@ fn insert_rows(first: usize, rows: usize, how: Stored) -> String {
         Stored::Insert => "DO NOTHING",
         Stored::Update => {
             "(draft_id) DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by,
-               decided_at_ns = excluded.decided_at_ns, decision_reason = excluded.decision_reason, box_id = excluded.box_id"
+               decided_at_ns = excluded.decided_at_ns, decision_reason = excluded.decision_reason, box_id = excluded.box_id,
+               approvals_json = excluded.approvals_json"
         }
     };
     format!("INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT {on_conflict}", values_list_from(first, rows, WIDTH))
@@ -236,6 +260,7 @@ fn row_args(rows: &[&DraftRow]) -> anyhow::Result<Vec<Arg>> {
             Arg::Text(serde_json::to_string(&row.warnings)?),
             Arg::Text(serde_json::to_string(&row.manifest)?),
             Arg::MaybeText(row.change.as_ref().map(serde_json::to_string).transpose()?),
+            Arg::Text(serde_json::to_string(&row.approvals)?),
         ]);
     }
     Ok(args)
@@ -335,7 +360,7 @@ impl Projection for DraftsView {
         &["draft_rows", "drafts_box_types"]
     }
     fn added_columns(&self) -> &'static [(&'static str, &'static str, &'static str)] {
-        &[("draft_rows", "change_json", "TEXT")]
+        &[("draft_rows", "change_json", "TEXT"), ("draft_rows", "approvals_json", "TEXT")]
     }
 
     /// A batch of submissions (nothing else the view takes) needs no row read: its rows,
@@ -532,6 +557,7 @@ mod tests {
             requested_by: Principal::new("agent", Role::Member, Kind::Agent),
             submitted_at: t(0),
             change: None,
+            approvals_required: 1,
         }
     }
 
@@ -605,7 +631,7 @@ mod tests {
         let write = DraftsView.blind_write(&[stored(&submitted(), 1)], 4).expect("decodes").expect("a submission needs no read");
         assert_eq!(write.args.len(), WIDTH, "one row of every column");
         assert_eq!(write.args[0], Arg::Text("d1".into()));
-        assert!(write.statement.contains("VALUES ($4, ") && write.statement.contains("$17)"), "{}", write.statement);
+        assert!(write.statement.contains("VALUES ($4, ") && write.statement.contains("$18)"), "{}", write.statement);
         // given a decision in the batch; then the stored row is read first (apply_batch)
         let rejected =
             DraftEvent::DraftRejected { draft_id: "d1".into(), box_type: "ops-bot".into(), rejected_by: "alice".into(), reason: "no".into(), at: t(3) };

@@ -53,7 +53,7 @@ async fn sizes_of_the_events_of(request: BoxDraftCreateRequest) -> Vec<(String, 
     let signer = ApprovalSigner::from_secret("approval-1".into(), [7; 32]);
     let token = signer.issue(&draft_id, manifest.box_type.as_str(), &manifest.digest(), &admin.user_id, now);
     let approval = Keyring::new(vec![signer.public_key()]).verify(&token, now).expect("verifies");
-    let approve = DraftCommand::Approve { by: admin.clone(), confirm_over_limit: true, token, at: now };
+    let approve = DraftCommand::Approve { by: admin.clone(), confirm_over_limit: true, token, at: now, reserved: true };
     db.cqrs::<Draft>().execute(&draft_id, approve, metadata(&admin), atasira_platform::store::Retry::ONCE).await.expect("approved");
 
     let box_id = uuid::Uuid::new_v4().to_string();

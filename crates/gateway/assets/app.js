@@ -292,6 +292,8 @@ function draftCard(d, key) {
       el('h3', {}, el('span', { text: d.box_type }), d.name && d.name !== d.box_type ? el('span', { class: 'muted', text: ` ${d.name}` }) : null),
       d.over_limit ? el('span', { class: 'badge danger', text: 'OVER LIMIT' }) : null,
       d.kind === 'change' ? el('span', { class: 'badge change', title: `A change of Box ${d.box_id}`, text: `CHANGE \u2192 v${d.version}` }) : null,
+      d.approvals_required > 1 ? el('span', { class: 'badge approvals', title: d.approvals.length ? `Approved by ${d.approvals.join(', ')}` : 'No approval yet',
+        text: `${d.approvals.length} of ${d.approvals_required} approvals` }) : null,
       d.status !== 'pending_approval' ? el('span', { class: `badge state-${d.status}`, text: d.status.replace('_', ' ') }) : null),
     el('p', { class: 'meta' }, 'requested by ', el('strong', { text: d.requested_by }), ' \u00b7 ', when(d.created_at), ' \u00b7 ', el('code', { text: d.draft_id })),
     purposeBlock(d.purpose),
@@ -331,7 +333,11 @@ function decisionControls(d, card) {
     busy(true);
     try {
       const a = await api('POST', `/boxes/box-drafts/${seg(d.draft_id)}/approve`, { confirm_over_limit: confirmed });
-      flash(`Approved ${a.box_type}: Box ${a.box_id} is ${a.status}.`);
+      if (a.status === 'pending_approval') {
+        flash(`Your approval of ${a.box_type} is recorded: ${a.approvals.length} of ${a.approvals_required}; another human admin must approve too.`);
+      } else {
+        flash(`Approved ${a.box_type}: Box ${a.box_id} is ${a.status}.`);
+      }
       card.remove();
       invalidate(['drafts', 'boxes', 'workers', 'audit']);
     } catch (e) {

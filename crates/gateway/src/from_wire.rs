@@ -88,6 +88,8 @@ fn summary(d: v1::DraftView) -> Result<(DraftSummary, Option<v1::BoxManifest>), 
         version: d.version,
         added: d.added,
         removed: d.removed,
+        approvals: d.approvals,
+        approvals_required: d.approvals_required.max(1),
         draft_id: d.draft_id,
         box_type: d.box_type,
         name: d.name,
@@ -174,6 +176,8 @@ impl TryFrom<v1::DecisionReply> for Approved {
             box_id: r.box_id,
             box_type: r.box_type,
             approved_by: r.approved_by,
+            approvals: r.approvals,
+            approvals_required: r.approvals_required.max(1),
         })
     }
 }

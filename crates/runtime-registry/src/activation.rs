@@ -58,7 +58,7 @@ async fn handle(registry: &Registry, event: &StoredEvent) -> anyhow::Result<()> 
                 _ => Ok(()),
             }
         }
-        DraftEvent::DraftSubmitted { .. } => Ok(()),
+        DraftEvent::DraftSubmitted { .. } | DraftEvent::DraftApprovalGiven { .. } => Ok(()),
     }
 }
 

@@ -403,6 +403,7 @@ pub(super) fn settings_in(dir: &std::path::Path) -> Settings {
         manifests_dir: None,
         max_boxes: atasira_domain::aggregates::namespace::DEFAULT_MAX_BOXES,
         draft_ttl: chrono::TimeDelta::days(7),
+        over_limit_approvals: 1,
         // The benchmark measures throughput: no per-user rate.
         gateway: atasira_gateway::Config { rate: None, ..Default::default() },
         provision_backoff: Duration::from_secs(1),

@@ -60,6 +60,7 @@ fn cycle(run: &str, k: usize, signer: &ApprovalSigner) -> anyhow::Result<Vec<Row
         requested_by: agent.clone(),
         submitted_at: at,
         change: None,
+        approvals_required: 1,
     };
     let (approved, rejected, pending) = (format!("{run}-a{k}"), format!("{run}-r{k}"), format!("{run}-p{k}"));
     let box_id = format!("{run}-box{k}");

@@ -64,6 +64,7 @@ fn drafts_cycle(run: &str, k: usize, request: &BoxDraftCreateRequest) -> anyhow:
         requested_by: agent.clone(),
         submitted_at: at,
         change: None,
+        approvals_required: 1,
     };
     let (rejected, withdrawn, pending) = (format!("{run}-r{k}"), format!("{run}-w{k}"), format!("{run}-p{k}"));
     Ok(vec![

@@ -113,6 +113,20 @@ pub struct DraftData {
     /// A change request's Box and diff; `None` for a draft of a new Box.
     #[serde(default)]
     pub change: Option<ChangeOf>,
+    /// R-CHANGE-3: how many distinct human admins must approve (at least one).
+    #[serde(default = "one")]
+    pub approvals_required: u32,
+    /// The human admins who approved so far, while more are required.
+    #[serde(default)]
+    pub approvals: Vec<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n <= 1
 }
 
 /// The aggregate: `None` until submitted.
@@ -132,7 +146,10 @@ pub enum DraftCommand {
     /// R-DRAFT-13: a sweeper; a no-op unless pending and older than `ttl`.
     Expire { now: DateTime<Utc>, ttl: TimeDelta },
     /// R-APPROVE-2..4, R-APPROVE-6: `token` was minted by the approval service for this draft.
-    Approve { by: Principal, confirm_over_limit: bool, token: ApprovalToken, at: DateTime<Utc> },
+    /// R-CHANGE-3: while more approvals are required, an approval is recorded without it;
+    /// the one that completes them needs `reserved` (the approval service reserved the
+    /// box_type for it), else it is refused as a conflict to be retried.
+    Approve { by: Principal, confirm_over_limit: bool, token: ApprovalToken, at: DateTime<Utc>, reserved: bool },
     /// R-APPROVE-5.
     Reject { by: Principal, reason: String, at: DateTime<Utc> },
 }
@@ -150,6 +167,19 @@ pub enum DraftEvent {
         /// A change request's Box and diff (R-CHANGE-1); absent for a new Box.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         change: Option<ChangeOf>,
+        /// R-CHANGE-3: distinct human admins required; absent for one.
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        approvals_required: u32,
+    },
+    /// R-CHANGE-3: one human admin's approval, while more are required; no token yet.
+    DraftApprovalGiven {
+        draft_id: String,
+        box_type: String,
+        approved_by: String,
+        at: DateTime<Utc>,
+        /// How many approvals there are now, and how many are required.
+        approvals: u32,
+        approvals_required: u32,
     },
     DraftWithdrawn {
         draft_id: String,
@@ -190,6 +220,7 @@ impl DraftEvent {
             DraftEvent::DraftExpired { .. } => "DraftExpired",
             DraftEvent::DraftApproved { .. } => "DraftApproved",
             DraftEvent::DraftRejected { .. } => "DraftRejected",
+            DraftEvent::DraftApprovalGiven { .. } => "DraftApprovalGiven",
         }
     }
 }
@@ -218,6 +249,10 @@ pub enum DraftError {
     /// 422: a rejection reason with a NUL character, or longer than its bound.
     #[error("reason must be text of at most {} characters without NUL characters", crate::bounds::REASON_CHARS)]
     InvalidReason,
+    /// 409: this approval would complete the required ones, which another admin's approval
+    /// made it do meanwhile; retrying decides it as the completing one.
+    #[error("another admin approved this draft meanwhile; approve again")]
+    ApprovalsMoved,
     /// 409: the token does not belong to this draft (a wiring bug, never a user mistake).
     #[error("the approval token does not bind this draft")]
     TokenMismatch,
@@ -233,6 +268,7 @@ impl DraftError {
             DraftError::OverLimitConfirmationRequired => ErrorCode::OverLimitConfirmationRequired,
             DraftError::TokenMismatch => ErrorCode::InvalidApprovalToken,
             DraftError::InvalidReason => ErrorCode::InvalidRequest,
+            DraftError::ApprovalsMoved => ErrorCode::Conflict,
         }
     }
 }
@@ -243,7 +279,7 @@ impl Draft {
     pub fn decide(&self, command: DraftCommand) -> Result<Vec<DraftEvent>, DraftError> {
         match command {
             DraftCommand::Submit { draft_id, plan, requested_by, at } => {
-                let DraftPlan { manifest, over_limit, warnings } = plan;
+                let DraftPlan { manifest, over_limit, warnings, approvals_required } = plan;
                 Ok(self.submission(DraftEvent::DraftSubmitted {
                     draft_id,
                     box_type: manifest.box_type.to_string(),
@@ -253,10 +289,11 @@ impl Draft {
                     requested_by,
                     submitted_at: at,
                     change: None,
+                    approvals_required: approvals_required.max(1),
                 }))
             }
             DraftCommand::SubmitChange { draft_id, plan, change, requested_by, at } => {
-                let ChangePlan { manifest, over_limit, .. } = plan;
+                let ChangePlan { manifest, over_limit, approvals_required, .. } = plan;
                 Ok(self.submission(DraftEvent::DraftSubmitted {
                     draft_id,
                     box_type: manifest.box_type.to_string(),
@@ -266,6 +303,7 @@ impl Draft {
                     requested_by,
                     submitted_at: at,
                     change: Some(change),
+                    approvals_required: approvals_required.max(1),
                 }))
             }
             DraftCommand::Withdraw { by, at } => {
@@ -286,7 +324,7 @@ impl Draft {
                 }
                 _ => Ok(vec![]),
             },
-            DraftCommand::Approve { by, confirm_over_limit, token, at } => {
+            DraftCommand::Approve { by, confirm_over_limit, token, at, reserved } => {
                 let d = self.decidable(&by)?;
                 if let Some(done) = self.repeat_of(&by, true) {
                     return done;
@@ -296,6 +334,24 @@ impl Draft {
                 }
                 if d.over_limit.over_limit && !confirm_over_limit {
                     return Err(DraftError::OverLimitConfirmationRequired);
+                }
+                // R-CHANGE-3: distinct human admins, each once.
+                if d.approvals.contains(&by.user_id) {
+                    return Ok(vec![]);
+                }
+                let given = u32::try_from(d.approvals.len()).unwrap_or(u32::MAX).saturating_add(1);
+                if given < d.approvals_required {
+                    return Ok(vec![DraftEvent::DraftApprovalGiven {
+                        draft_id: d.draft_id.clone(),
+                        box_type: d.manifest.box_type.to_string(),
+                        approved_by: by.user_id,
+                        at,
+                        approvals: given,
+                        approvals_required: d.approvals_required,
+                    }]);
+                }
+                if !reserved {
+                    return Err(DraftError::ApprovalsMoved);
                 }
                 let c = &token.claims;
                 if c.draft_id != d.draft_id
@@ -387,7 +443,7 @@ impl Draft {
 
     pub fn evolve(&mut self, event: DraftEvent) {
         match event {
-            DraftEvent::DraftSubmitted { draft_id, manifest, over_limit, warnings, requested_by, submitted_at, change, .. } => {
+            DraftEvent::DraftSubmitted { draft_id, manifest, over_limit, warnings, requested_by, submitted_at, change, approvals_required, .. } => {
                 self.data = Some(DraftData {
                     draft_id,
                     manifest,
@@ -398,7 +454,14 @@ impl Draft {
                     status: DraftStatus::PendingApproval,
                     decision: None,
                     change,
+                    approvals_required,
+                    approvals: vec![],
                 });
+            }
+            DraftEvent::DraftApprovalGiven { approved_by, .. } => {
+                if let Some(d) = self.data.as_mut() {
+                    d.approvals.push(approved_by);
+                }
             }
             DraftEvent::DraftWithdrawn { .. } => self.set_status(DraftStatus::Withdrawn, None),
             DraftEvent::DraftExpired { .. } => self.set_status(DraftStatus::Expired, None),

@@ -75,6 +75,9 @@ fn draft(event: &DraftEvent) -> String {
             format!("approved {box_type}: manifest {}, signed by key {}{confirmed}", token.claims.manifest_digest, token.claims.key_id)
         }
         DraftEvent::DraftRejected { box_type, reason, .. } => format!("rejected {box_type}: {reason}"),
+        DraftEvent::DraftApprovalGiven { box_type, approvals, approvals_required, .. } => {
+            format!("approval {approvals} of {approvals_required} for {box_type}; the next human admin's completes it")
+        }
         DraftEvent::DraftWithdrawn { .. } => "withdrawn by its requester".to_owned(),
         DraftEvent::DraftExpired { .. } => "expired without a decision".to_owned(),
     }

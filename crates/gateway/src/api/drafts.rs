@@ -117,6 +117,10 @@ pub struct DraftSummary {
     pub added: Vec<String>,
     /// A change request: what it removes.
     pub removed: Vec<String>,
+    /// The human admins who approved so far, while more are required.
+    pub approvals: Vec<String>,
+    /// How many distinct human admins must approve it.
+    pub approvals_required: u32,
 }
 
 /// Whether a draft makes a new Box or changes one (R-CHANGE-1).
@@ -171,11 +175,18 @@ pub struct DraftPage {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Approved {
     pub draft_id: String,
+    /// `active`, `approved`, or `pending_approval` while more human admins must approve.
     pub status: DraftStatus,
     pub box_id: String,
     pub box_type: String,
     pub approved_by: String,
     pub approved_at: DateTime<Utc>,
+    /// The human admins whose approvals were recorded before the one that completed them
+    /// (or, while pending, so far); empty when one approval is required.
+    pub approvals: Vec<String>,
+    /// How many distinct human admins must approve: 1, or `ATASIRA_OVER_LIMIT_APPROVALS`
+    /// for a draft over the limit.
+    pub approvals_required: u32,
 }
 
 /// 200 of reject (`rejected`) and withdraw (`withdrawn`).

@@ -160,7 +160,8 @@ mod tests {
         json!({"draft_id": "d", "box_type": "sales", "name": "", "purpose": "p", "os_operations": ["shell:exec"], "tools": [], "url_allowlist": [],
             "prohibited": [], "over_limit": true, "over_limit_ops": ["shell:exec"], "over_limit_tools": [], "warnings": ["w"], "requested_by": "agent",
             "status": status, "created_at": "2026-12-01T11:27:26.695062222Z", "network": "none", "file_access": [], "allowed_apps": [],
-            "required_access": [], "decision": decision, "box_id": null, "kind": "new", "version": "1.0.0", "added": [], "removed": []})
+            "required_access": [], "decision": decision, "box_id": null, "kind": "new", "version": "1.0.0", "added": [], "removed": [],
+            "approvals": [], "approvals_required": 1})
     }
 
     #[test]
@@ -178,7 +179,8 @@ mod tests {
             detail["manifest"] = manifest();
             same::<DraftDetail>(detail);
         }
-        same::<Approved>(json!({"draft_id": "d", "status": "active", "box_id": "b", "box_type": "sales", "approved_by": "admin", "approved_at": at}));
+        same::<Approved>(json!({"draft_id": "d", "status": "active", "box_id": "b", "box_type": "sales", "approved_by": "admin", "approved_at": at,
+            "approvals": [], "approvals_required": 1}));
         same::<DraftStatusChanged>(json!({"draft_id": "d", "status": "rejected"}));
         same::<ChangeRequested>(json!({"draft_id": "c", "box_id": "b", "box_type": "sales", "status": "pending_approval", "over_limit": true,
             "over_limit_ops": ["shell:exec"], "over_limit_tools": [], "added": ["os_operations: shell:exec"], "removed": [], "version": "2.0.0"}));

@@ -71,7 +71,7 @@ async fn approved_draft(db: &Db, draft_id: &str) {
     db.cqrs::<Draft>().execute(draft_id, submit, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("submitted");
     let now = chrono::Utc::now();
     let token = signer.issue(draft_id, manifest.box_type.as_str(), &manifest.digest(), "alice", now);
-    let approve = DraftCommand::Approve { by: alice(), confirm_over_limit: true, token, at: now };
+    let approve = DraftCommand::Approve { by: alice(), confirm_over_limit: true, token, at: now, reserved: true };
     db.cqrs::<Draft>().execute(draft_id, approve, HashMap::new(), atasira_platform::store::Retry::ONCE).await.expect("approved");
 }
 

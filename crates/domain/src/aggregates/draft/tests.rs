@@ -41,7 +41,7 @@ fn token_for(event: &DraftEvent, approver: &str) -> ApprovalToken {
 }
 
 fn approve(by: Principal, confirm: bool, token: ApprovalToken) -> DraftCommand {
-    DraftCommand::Approve { by, confirm_over_limit: confirm, token, at: t(1) }
+    DraftCommand::Approve { by, confirm_over_limit: confirm, token, at: t(1), reserved: true }
 }
 
 #[test]
@@ -312,4 +312,49 @@ fn every_draft_status_has_one_name_that_reads_back() {
         assert_eq!(serde_json::to_value(status).expect("serializes"), serde_json::json!(status.as_str()));
     }
     assert!("pending".parse::<DraftStatus>().is_err_and(|e| e.contains("pending_approval")));
+}
+
+/// A draft over the limit that needs `n` approvals.
+fn submitted_needing(n: u32) -> DraftEvent {
+    let mut plan = plan(true);
+    plan.approvals_required = n;
+    let command = DraftCommand::Submit { draft_id: "d1".into(), plan, requested_by: agent(), at: t(0) };
+    given_when::<Draft>(vec![], command).expect("submit is accepted").remove(0)
+}
+
+#[test]
+fn r_change_3_given_two_approvals_required_when_one_admin_approves_then_it_is_given_without_a_token() {
+    // given an over-limit draft that needs two human admins
+    let submitted = submitted_needing(2);
+    // when alice approves; then her approval is recorded alone, no decision yet
+    let given = given_when::<Draft>(vec![submitted.clone()], approve(alice(), true, token_for(&submitted, "alice"))).expect("accepted");
+    assert!(matches!(&given[..], [DraftEvent::DraftApprovalGiven { approved_by, approvals: 1, approvals_required: 2, .. }] if approved_by == "alice"));
+    // when alice approves again; then nothing more is recorded
+    let again = given_when::<Draft>(vec![submitted.clone(), given[0].clone()], approve(alice(), true, token_for(&submitted, "alice")));
+    assert_eq!(again, Ok(vec![]));
+    // when bob approves; then the decision is made, with his token
+    let decided = given_when::<Draft>(vec![submitted.clone(), given[0].clone()], approve(bob(), true, token_for(&submitted, "bob"))).expect("accepted");
+    assert!(matches!(&decided[..], [DraftEvent::DraftApproved { approved_by, .. }] if approved_by == "bob"));
+}
+
+#[test]
+fn r_change_3_the_completing_approval_needs_its_reservation_and_a_rejection_ends_it() {
+    let submitted = submitted_needing(2);
+    let given = given_when::<Draft>(vec![submitted.clone()], approve(alice(), true, token_for(&submitted, "alice"))).expect("accepted");
+    // when bob's approval, decided as one that completes nothing, arrives after alice's
+    let unreserved = DraftCommand::Approve { by: bob(), confirm_over_limit: true, token: token_for(&submitted, "bob"), at: t(2), reserved: false };
+    // then it is a conflict to retry, never an unreserved activation
+    assert_eq!(given_when::<Draft>(vec![submitted.clone(), given[0].clone()], unreserved), Err(DraftError::ApprovalsMoved));
+    // and a rejection after one approval ends the draft
+    let reject = DraftCommand::Reject { by: bob(), reason: "no".into(), at: t(3) };
+    let rejected = given_when::<Draft>(vec![submitted.clone(), given[0].clone()], reject).expect("accepted");
+    assert!(matches!(&rejected[..], [DraftEvent::DraftRejected { .. }]));
+    // and a draft within the limit needs one approval whatever the setting
+    let within = {
+        let mut plan = plan(false);
+        plan.approvals_required = 1;
+        given_when::<Draft>(vec![], DraftCommand::Submit { draft_id: "d1".into(), plan, requested_by: agent(), at: t(0) }).expect("ok").remove(0)
+    };
+    let one = given_when::<Draft>(vec![within.clone()], approve(alice(), false, token_for(&within, "alice"))).expect("accepted");
+    assert!(matches!(&one[..], [DraftEvent::DraftApproved { .. }]));
 }
