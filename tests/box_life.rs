@@ -367,9 +367,10 @@ fn a_boxs_grant_changes_through_a_change_request_and_a_human_approval() {
             let a = sys.post(&format!("/api/v1/boxes/{box_id}/workers"), &sys.admin, &json!({"launch_id": id, "input": [{"kind": "text", "value": "go"}]}));
             assert_eq!(a.status, 201, "{mode:?}: {}", a.raw);
             let worker = a.body["worker_id"].as_str().expect("worker_id").to_owned();
-            sys.get(&format!("/api/v1/workers/{worker}/provenance"), &sys.admin).body["bundle_digest"].as_str().expect("bundle").to_owned()
+            let bundle = sys.get(&format!("/api/v1/workers/{worker}/provenance"), &sys.admin).body["bundle_digest"].as_str().expect("bundle").to_owned();
+            (worker, bundle)
         };
-        let old_bundle = launch("before-change");
+        let (old_worker, old_bundle) = launch("before-change");
 
         // The ways that do not change a grant say which way does.
         let widening = http("PATCH", &sys.url(&format!("/api/v1/boxes/{box_id}/config")), Some(&sys.admin), &[], Some(br#"{"tools": ["Read", "Bash"]}"#));
@@ -425,8 +426,14 @@ fn a_boxs_grant_changes_through_a_change_request_and_a_human_approval() {
         let rows = sys.get(&format!("/api/v1/audit?action=box.change&target={box_id}"), &sys.admin).body["rows"].as_array().cloned().expect("rows");
         assert_eq!(rows.len(), 1, "{mode:?}: {rows:?}");
         assert!(rows[0]["detail"].as_str().is_some_and(|d| d.contains("+os_operations: shell:exec")), "{rows:?}");
-        let new_bundle = launch("after-change");
+        let (new_worker, new_bundle) = launch("after-change");
         assert_ne!(new_bundle, old_bundle, "{mode:?}: a new Worker gets the new bundle");
+        let kept = sys.get(&format!("/api/v1/workers/{old_worker}/provenance"), &sys.admin);
+        assert_eq!(kept.body["bundle_digest"].as_str(), Some(old_bundle.as_str()), "{mode:?}: the old Worker keeps its bundle: {}", kept.raw);
+        let chain = sys.get(&format!("/api/v1/workers/{new_worker}/provenance"), &sys.admin).body;
+        let kinds: Vec<&str> = chain["steps"].as_array().expect("steps").iter().filter_map(|s| s["kind"].as_str()).collect();
+        assert!(kinds.contains(&"activation") && kinds.contains(&"change"), "{mode:?}: the chain shows both: {kinds:?}");
+        assert_eq!(chain["approval_verified"], true, "{mode:?}: the change's approval verifies: {chain}");
 
         // A trigger change: rejected, nothing changes; asked again and approved, it does.
         let trigger = json!({"trigger_type": "schedule", "trigger_schedule": "0 9 * * 1"});
@@ -436,9 +443,27 @@ fn a_boxs_grant_changes_through_a_change_request_and_a_human_approval() {
         let r = sys.post(&format!("/api/v1/boxes/box-drafts/{refused}/reject"), &sys.admin, &json!({"reason": "not on Mondays"}));
         assert_eq!(r.status, 200, "{}", r.raw);
         assert_eq!(sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.agent).body["manifest_version"], "2.0.0", "a rejected change changes nothing");
-        let asked = sys.post(&changes, &sys.agent, &json!({"trigger_type": "schedule", "trigger_schedule": "0 9 * * 2"}));
-        assert_eq!(asked.status, 201, "{mode:?}: another change after a rejection: {}", asked.raw);
-        let approved = sys.approve(asked.body["draft_id"].as_str().expect("draft_id"), &sys.admin, false);
+        // R-CHANGE-2: its requester revises it; the thread is kept.
+        let revised = sys.post(&format!("/api/v1/boxes/box-drafts/{refused}/revise"), &sys.agent, &json!({"trigger_schedule": "0 9 * * 2"}));
+        assert_eq!(revised.status, 201, "{mode:?}: a rejected change is revised: {}", revised.raw);
+        assert_eq!((revised.body["kind"].as_str(), revised.body["status"].as_str()), (Some("change"), Some("pending_approval")), "{}", revised.raw);
+        let thread = &revised.body["revision"];
+        assert_eq!(
+            (thread["of"].as_str(), thread["version"].as_u64(), thread["rejected_by"].as_str()),
+            (Some(refused.as_str()), Some(2), Some("admin")),
+            "{thread}"
+        );
+        assert_eq!((thread["reason"].as_str(), thread["earlier"].clone()), (Some("not on Mondays"), json!([refused])), "{thread}");
+        assert_eq!(
+            (thread["added"].clone(), thread["removed"].clone()),
+            (json!(["trigger_schedule: 0 9 * * 2"]), json!(["trigger_schedule: 0 9 * * 1"])),
+            "{thread}"
+        );
+        let twice = sys.post(&format!("/api/v1/boxes/box-drafts/{refused}/revise"), &sys.agent, &json!({"trigger_schedule": "0 9 * * 3"}));
+        assert_eq!((twice.status, twice.body["error"].as_str()), (409, Some("draft_not_pending")), "one revision per rejection: {}", twice.raw);
+        let by_admin = sys.post(&format!("/api/v1/boxes/box-drafts/{refused}/revise"), &sys.admin, &json!({"trigger_schedule": "0 9 * * 3"}));
+        assert_eq!(by_admin.status, 403, "only the requester revises: {}", by_admin.raw);
+        let approved = sys.approve(revised.body["draft_id"].as_str().expect("draft_id"), &sys.admin, false);
         assert_eq!((approved.status, approved.body["status"].as_str()), (200, Some("active")), "{}", approved.raw);
         let scheduled = sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.agent);
         assert_eq!(
@@ -447,6 +472,20 @@ fn a_boxs_grant_changes_through_a_change_request_and_a_human_approval() {
             "{}",
             scheduled.raw
         );
+
+        // A rejected draft of a new Box is revised the same way, its version kept.
+        let first = sys.draft(&draft_body("revised-new"));
+        assert_eq!(sys.post(&format!("/api/v1/boxes/box-drafts/{first}/reject"), &sys.admin, &json!({"reason": "needs Grep"})).status, 200);
+        let carol_sees = sys.post(&format!("/api/v1/boxes/box-drafts/{first}/revise"), &carol, &json!({"tools": ["Read", "Grep"]}));
+        assert_eq!((carol_sees.status, carol_sees.body["error"].as_str()), (404, Some("draft_not_found")), "{}", carol_sees.raw);
+        let second = sys.post(&format!("/api/v1/boxes/box-drafts/{first}/revise"), &sys.agent, &json!({"tools": ["Read", "Grep"]}));
+        assert_eq!((second.status, second.body["kind"].as_str(), second.body["version"].as_str()), (201, Some("new"), Some("1.0.0")), "{}", second.raw);
+        assert_eq!(second.body["revision"]["added"], json!(["tools: Grep"]), "{}", second.raw);
+        let second_id = second.body["draft_id"].as_str().expect("id").to_owned();
+        let not_rejected = sys.post(&format!("/api/v1/boxes/box-drafts/{second_id}/revise"), &sys.agent, &json!({"tools": []}));
+        assert_eq!(not_rejected.body["error"], "draft_not_pending", "only a rejected draft is revised: {}", not_rejected.raw);
+        let approved = sys.approve(&second_id, &sys.admin, false);
+        assert_eq!((approved.status, approved.body["status"].as_str()), (200, Some("active")), "{mode:?}: {}", approved.raw);
         assert_eq!(sys.audit_verify().0, 0, "the ledger verifies");
     }
 }

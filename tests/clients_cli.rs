@@ -44,6 +44,7 @@ fn r_cli_1_client_verbs_document_every_flag() {
         (&["boxes", "edit"], vec!["--file"]),
         (&["boxes", "config"], vec!["--file"]),
         (&["boxes", "change"], vec!["--file"]),
+        (&["drafts", "revise"], vec!["--file"]),
         (&["audit", "list"], [&["--action", "--target", "--since"][..], &paging].concat()),
     ];
     for (verb, flags) in cases {

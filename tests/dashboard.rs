@@ -62,7 +62,9 @@ fn r_ui_1_the_page_is_served_with_its_policy_and_leaves_the_api_alone() {
 fn r_ui_1_an_admin_approves_over_the_limit_after_a_second_confirmation_and_an_agent_cannot_in_a_browser() {
     let python = env("ATASIRA_TEST_PYTHON", "playwright into its venv");
     let chromium = env("ATASIRA_TEST_CHROMIUM", "Debian's chromium");
-    let sys = System::start(Mode::Embedded);
+    // An over-the-limit draft needs two human admins (R-CHANGE-3): the page shows the progress.
+    let sys = System::start_with(Mode::Embedded, &[("ATASIRA_OVER_LIMIT_APPROVALS", "2".to_owned())]);
+    let second_admin = sys.token("second-admin", "admin", "human");
     let types = json!({"over": "dash-sales", "reject": "dash-reject", "live": "dash-live", "own": "dash-own"});
     let over = draft(
         &sys,
@@ -84,6 +86,7 @@ fn r_ui_1_an_admin_approves_over_the_limit_after_a_second_confirmation_and_an_ag
         .arg(workspace_root().join("tests/browser/dashboard.py"))
         .env("ATASIRA_DASHBOARD_URL", &sys.base_url)
         .env("ATASIRA_DASHBOARD_ADMIN", &sys.admin)
+        .env("ATASIRA_DASHBOARD_SECOND_ADMIN", &second_admin)
         .env("ATASIRA_DASHBOARD_AGENT", &sys.agent)
         .env("ATASIRA_DASHBOARD_DRAFTS", drafts.to_string())
         .env("ATASIRA_DASHBOARD_OUT", &out)

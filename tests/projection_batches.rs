@@ -41,6 +41,7 @@ fn submitted(draft_id: &str, box_type: &str, purpose: &str, at: i64) -> DraftEve
         submitted_at: t(at),
         change: None,
         approvals_required: 1,
+        revision: None,
     }
 }
 

@@ -25,6 +25,7 @@ from playwright.sync_api import expect, sync_playwright
 
 BASE = os.environ["ATASIRA_DASHBOARD_URL"].rstrip("/")
 ADMIN = os.environ["ATASIRA_DASHBOARD_ADMIN"]
+SECOND_ADMIN = os.environ["ATASIRA_DASHBOARD_SECOND_ADMIN"]
 AGENT = os.environ["ATASIRA_DASHBOARD_AGENT"]
 DRAFTS = json.loads(os.environ["ATASIRA_DASHBOARD_DRAFTS"])
 TYPES = DRAFTS["types"]
@@ -129,8 +130,16 @@ def main():
         assert approvals == [], "nothing is approved before the second confirmation"
         shot(page, "confirm")
         confirm.locator('[data-action="confirm-over-limit"]').click()
+        assert_one = lambda: len(approvals) == 1 and approvals[0].post_data_json == {"confirm_over_limit": True}
+        step("over the limit needs a second human admin: the card shows the progress")
+        expect(page.locator("#flash")).to_contain_text("1 of 2")
+        expect(over.locator(".badge.approvals")).to_have_text("1 of 2 approvals")
+        assert assert_one(), approvals
+        assert rest("GET", f"/boxes/box-drafts/{DRAFTS['over']}", ADMIN)["status"] == "pending_approval"
+        shot(page, "approvals")
+        second = rest("POST", f"/boxes/box-drafts/{DRAFTS['over']}/approve", SECOND_ADMIN, {"confirm_over_limit": True})
+        assert second["status"] == "active" and second["approvals"] == ["admin"], second
         expect(over).to_have_count(0)
-        assert len(approvals) == 1 and approvals[0].post_data_json == {"confirm_over_limit": True}, approvals
         assert rest("GET", f"/boxes/box-drafts/{DRAFTS['over']}", ADMIN)["status"] == "active"
 
         step("a refusal is shown in words: approving one's own draft")

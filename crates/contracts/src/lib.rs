@@ -41,7 +41,7 @@ named!(EditBoxManifest, EditBoxConfig);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
 named!(SyncBundle, BundleSynced, PrepareBinding, BindingLease, ConsumeBinding, CreateWorker, WorkerReply, GetWorker, ListBoxWorkers, WorkerPage);
-named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply);
+named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply, ReviseDraft);
 
 /// A request paired with its reply's type: what a service answers it with (R-ARCH-4).
 pub trait Request: Named {
@@ -58,7 +58,7 @@ replies!(ReserveBoxType => Ack, ReleaseReservation => Ack, ListBoxes => BoxList,
 replies!(EditBoxManifest => BoxReply, EditBoxConfig => BoxReply, ListBoxesPage => BoxPage, GetBoxHistory => BoxHistoryPage, AssessFeasibility => FeasibilityReply);
 replies!(QueryAudit => AuditPage, VerifyAudit => VerifyReply);
 replies!(SyncBundle => BundleSynced, PrepareBinding => BindingLease, ConsumeBinding => Ack, CreateWorker => WorkerReply, GetWorker => WorkerReply, ListBoxWorkers => WorkerPage);
-replies!(GetWorkerProvenance => WorkerProvenance, SubmitChange => SubmitChangeReply);
+replies!(GetWorkerProvenance => WorkerProvenance, SubmitChange => SubmitChangeReply, ReviseDraft => DraftReply);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

@@ -41,6 +41,7 @@ requests!(
     DraftsRequest for crate::subjects::DRAFTS => {
         Submit(SubmitDraft),
         SubmitChange(SubmitChange),
+        Revise(ReviseDraft),
         ListPending(ListPendingDrafts),
         ListMine(ListMyDrafts),
         Get(GetDraft),

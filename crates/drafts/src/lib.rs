@@ -14,7 +14,7 @@ use std::time::Duration;
 use atasira_contracts::requests::{DraftsRequest, Incoming};
 use atasira_contracts::{Envelope, Reply, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxRole, BoxState};
-use atasira_domain::aggregates::draft::{ChangeOf, Draft, DraftCommand, DraftStatus, change_id_for, draft_id_for};
+use atasira_domain::aggregates::draft::{ChangeOf, Draft, DraftCommand, DraftStatus, change_id_for, draft_id_for, revision_id_for};
 use atasira_domain::aggregates::types;
 use atasira_domain::change::plan_change;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
@@ -127,6 +127,7 @@ impl Service {
         match request {
             DraftsRequest::Submit(req) => self.submit(principal, req, env).await,
             DraftsRequest::SubmitChange(req) => self.submit_change(principal, req).await,
+            DraftsRequest::Revise(req) => self.revise(principal, req).await,
             DraftsRequest::ListPending(req) => {
                 if !principal.is_admin() {
                     return Err(Refusal::new(ErrorCode::Forbidden, "listing pending drafts needs role admin"));
@@ -236,6 +237,66 @@ impl Service {
             Ok(receipt) => Self::written(receipt, &reply),
             // Another change of this Box was recorded under this id first.
             Err(refusal) if refusal.code == ErrorCode::Conflict => self.pending_change(&principal, &draft_id, &digest).await,
+            Err(refusal) => Err(refusal),
+        }
+    }
+
+    /// R-CHANGE-2: the requester of a rejected draft or change request makes a new pending
+    /// version of it, a merge patch of its manifest's keys; the new draft keeps the thread
+    /// (the rejection, who rejected, the earlier versions, what this version changes).
+    async fn revise(&self, principal: Principal, req: v1::ReviseDraft) -> Result<Reply, Refusal> {
+        let rejected: Draft = self.rt.db.load(&req.draft_id).await.map_err(Refusal::internal)?;
+        let Some(revised) = rejected.data.filter(|d| principal.is_admin() || d.requested_by.user_id == principal.user_id) else {
+            return Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id)));
+        };
+        let patch = serde_json::Value::Object(req.patch.map(atasira_contracts::manifest::struct_from_proto).unwrap_or_default());
+        let refused = |e: atasira_domain::change::ChangeError| Refusal { field_errors: e.field_errors(), ..Refusal::new(e.code(), e.to_string()) };
+        // The new version is the rejected one's manifest with the patch; a change request
+        // is planned again on its Box's manifest as the store holds it now.
+        let proposed = plan_change(&revised.manifest, &patch).map_err(refused)?.manifest;
+        let (mut manifest, over_limit, change) = match &revised.change {
+            Some(change) => {
+                let boxed: BoxAggregate = self.rt.db.load(&change.box_id).await.map_err(Refusal::internal)?;
+                let current = boxed
+                    .data
+                    .filter(|d| d.state != BoxState::Archived)
+                    .ok_or_else(|| Refusal::new(ErrorCode::BoxNotActive, "the Box of this change request is archived"))?;
+                let mut whole = proposed.to_object();
+                whole.remove("box_type");
+                whole.remove("version");
+                let plan = plan_change(&current.manifest, &serde_json::Value::Object(whole)).map_err(refused)?;
+                let change = ChangeOf {
+                    box_id: change.box_id.clone(),
+                    base_digest: current.manifest.digest(),
+                    base_version: current.manifest.version.clone(),
+                    diff: plan.diff.clone(),
+                };
+                (plan.manifest, plan.over_limit, Some(change))
+            }
+            None => {
+                let verdict = atasira_domain::os_operation::over_limit(&proposed.os_operations, &proposed.tools);
+                (proposed, verdict, None)
+            }
+        };
+        if change.is_none() {
+            // A new Box's version stays its first.
+            manifest.version = revised.manifest.version.clone();
+        }
+        let draft_id = revision_id_for(&req.draft_id);
+        let command =
+            DraftCommand::Revise { draft_id: draft_id.clone(), revised, manifest, over_limit, change, requested_by: principal, at: chrono::Utc::now() };
+        let decided = Draft::default().decide(command.clone())?;
+        let Some(event) = decided.first() else { return Err(Refusal::internal("a revision decided nothing")) };
+        let metadata = HashMap::new();
+        match self.cqrs.execute_new(&draft_id, command, metadata).await {
+            Ok(receipt) => {
+                let head = receipt.head()?;
+                let row = DraftRow::submitted(event, head.position).ok_or_else(|| Refusal::internal("a revision is a submission"))?;
+                Ok(reply_written(&v1::DraftReply { draft: Some(row.to_wire(true)) }, head.position, vec![head.id]))
+            }
+            Err(refusal) if refusal.code == ErrorCode::Conflict => {
+                Err(Refusal::new(ErrorCode::DraftNotPending, format!("draft {:?} was revised already: its revision is {draft_id}", req.draft_id)))
+            }
             Err(refusal) => Err(refusal),
         }
     }

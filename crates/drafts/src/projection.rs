@@ -10,7 +10,7 @@ use atasira_contracts::convert::{draft_status_to_wire, timestamp};
 use atasira_contracts::v1;
 use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::boxes::BoxEvent;
-use atasira_domain::aggregates::draft::{ChangeOf, DraftEvent, DraftStatus};
+use atasira_domain::aggregates::draft::{ChangeOf, DraftEvent, DraftStatus, RevisionOf};
 use atasira_domain::aggregates::types;
 use atasira_domain::os_operation::OverLimit;
 use atasira_platform::projection::{Arg, BlindWrite, Projection, bind_all, placeholders, rows_per_statement, values_list_from};
@@ -39,7 +39,8 @@ const TABLES: &[&str] = &[
     warnings_json TEXT NOT NULL,
     manifest_json TEXT NOT NULL,
     change_json TEXT,
-    approvals_json TEXT
+    approvals_json TEXT,
+    revision_json TEXT
 )",
     // Pages in submission order read an index, not the whole view (R-DRAFT-12): any
     // status, one status (the pending list), one requester's.
@@ -51,9 +52,9 @@ const TABLES: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS drafts_box_types (box_type TEXT PRIMARY KEY, box_id TEXT NOT NULL)",
 ];
 
-const COLUMNS: &str = "draft_id, box_type, requested_by, status, position, submitted_at_ns, decided_by, decided_at_ns, decision_reason, box_id, over_limit_json, warnings_json, manifest_json, change_json, approvals_json";
+const COLUMNS: &str = "draft_id, box_type, requested_by, status, position, submitted_at_ns, decided_by, decided_at_ns, decision_reason, box_id, over_limit_json, warnings_json, manifest_json, change_json, approvals_json, revision_json";
 /// How many columns a row has.
-const WIDTH: usize = 15;
+const WIDTH: usize = 16;
 
 const PAGE_MAX: u32 = 200;
 const PAGE_DEFAULT: u32 = 50;
@@ -80,6 +81,8 @@ pub struct DraftRow {
     pub change: Option<ChangeOf>,
     /// R-CHANGE-3: the approvals required and given so far.
     pub approvals: Approvals,
+    /// R-CHANGE-2: a revision's thread.
+    pub revision: Option<RevisionOf>,
 }
 
 /// R-CHANGE-3: how many distinct human admins must approve a draft, and who did so far.
@@ -92,7 +95,8 @@ pub struct Approvals {
 impl DraftRow {
     /// A new row from its submission; other events need a row to apply to.
     pub fn submitted(event: &DraftEvent, position: i64) -> Option<DraftRow> {
-        let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at, change, approvals_required } = event
+        let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at, change, approvals_required, revision } =
+            event
         else {
             return None;
         };
@@ -113,6 +117,7 @@ impl DraftRow {
             manifest: manifest.clone(),
             change: change.clone(),
             approvals: Approvals { required: (*approvals_required).max(1), by: vec![] },
+            revision: revision.clone(),
         })
     }
 
@@ -191,6 +196,15 @@ impl DraftRow {
             version: m.version.clone(),
             approvals: self.approvals.by.clone(),
             approvals_required: self.approvals.required.max(1),
+            revision: self.revision.as_ref().map(|r| v1::Revision {
+                of: r.draft_id.clone(),
+                version: r.version,
+                rejected_by: r.rejected_by.clone(),
+                reason: r.reason.clone(),
+                earlier: r.earlier.clone(),
+                added: r.diff.added.clone(),
+                removed: r.diff.removed.clone(),
+            }),
         }
     }
 
@@ -212,6 +226,7 @@ impl DraftRow {
             manifest: serde_json::from_str(&row.try_get::<String, _>(12)?)?,
             change: row.try_get::<Option<String>, _>(13)?.map(|c| serde_json::from_str(&c)).transpose()?,
             approvals: row.try_get::<Option<String>, _>(14)?.map(|a| serde_json::from_str(&a)).transpose()?.unwrap_or_default(),
+            revision: row.try_get::<Option<String>, _>(15)?.map(|r| serde_json::from_str(&r)).transpose()?,
         })
     }
 }
@@ -261,6 +276,7 @@ fn row_args(rows: &[&DraftRow]) -> anyhow::Result<Vec<Arg>> {
             Arg::Text(serde_json::to_string(&row.manifest)?),
             Arg::MaybeText(row.change.as_ref().map(serde_json::to_string).transpose()?),
             Arg::Text(serde_json::to_string(&row.approvals)?),
+            Arg::MaybeText(row.revision.as_ref().map(serde_json::to_string).transpose()?),
         ]);
     }
     Ok(args)
@@ -360,7 +376,7 @@ impl Projection for DraftsView {
         &["draft_rows", "drafts_box_types"]
     }
     fn added_columns(&self) -> &'static [(&'static str, &'static str, &'static str)] {
-        &[("draft_rows", "change_json", "TEXT"), ("draft_rows", "approvals_json", "TEXT")]
+        &[("draft_rows", "change_json", "TEXT"), ("draft_rows", "approvals_json", "TEXT"), ("draft_rows", "revision_json", "TEXT")]
     }
 
     /// A batch of submissions (nothing else the view takes) needs no row read: its rows,
@@ -558,6 +574,7 @@ mod tests {
             submitted_at: t(0),
             change: None,
             approvals_required: 1,
+            revision: None,
         }
     }
 
@@ -631,7 +648,7 @@ mod tests {
         let write = DraftsView.blind_write(&[stored(&submitted(), 1)], 4).expect("decodes").expect("a submission needs no read");
         assert_eq!(write.args.len(), WIDTH, "one row of every column");
         assert_eq!(write.args[0], Arg::Text("d1".into()));
-        assert!(write.statement.contains("VALUES ($4, ") && write.statement.contains("$18)"), "{}", write.statement);
+        assert!(write.statement.contains("VALUES ($4, ") && write.statement.contains("$19)"), "{}", write.statement);
         // given a decision in the batch; then the stored row is read first (apply_batch)
         let rejected =
             DraftEvent::DraftRejected { draft_id: "d1".into(), box_type: "ops-bot".into(), rejected_by: "alice".into(), reason: "no".into(), at: t(3) };

@@ -272,7 +272,7 @@ async function loadDrafts() {
   }
   // Cards are kept while their draft is unchanged, so an open confirmation or a reason
   // being typed survives a refresh.
-  const key = (d) => `${d.draft_id}:${d.status}`;
+  const key = (d) => `${d.draft_id}:${d.status}:${(d.approvals || []).length}`;
   const wanted = new Set(drafts.map(key));
   for (const card of [...list.children]) if (!wanted.has(card.dataset.key)) card.remove();
   let at = list.firstElementChild;
@@ -334,11 +334,12 @@ function decisionControls(d, card) {
     try {
       const a = await api('POST', `/boxes/box-drafts/${seg(d.draft_id)}/approve`, { confirm_over_limit: confirmed });
       if (a.status === 'pending_approval') {
+        // Still pending: the card comes back with its progress.
         flash(`Your approval of ${a.box_type} is recorded: ${a.approvals.length} of ${a.approvals_required}; another human admin must approve too.`);
       } else {
         flash(`Approved ${a.box_type}: Box ${a.box_id} is ${a.status}.`);
+        card.remove();
       }
-      card.remove();
       invalidate(['drafts', 'boxes', 'workers', 'audit']);
     } catch (e) {
       showError(error, e);

@@ -15,8 +15,8 @@ use crate::ApiError;
 use crate::api::{
     Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, ChangeRequested, Decision, DraftCreated, DraftDetail,
     DraftKind, DraftPage, DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, ProvenanceKind,
-    ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, RoleInBox, Segment, SegmentKind, TranscriptEntry, VerifyResult, Worker, WorkerList,
-    WorkerProvenance, WorkerSummary,
+    ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, Revision, RoleInBox, Segment, SegmentKind, TranscriptEntry, VerifyResult, Worker,
+    WorkerList, WorkerProvenance, WorkerSummary,
 };
 use crate::extract::RawBody;
 
@@ -90,6 +90,15 @@ fn summary(d: v1::DraftView) -> Result<(DraftSummary, Option<v1::BoxManifest>), 
         removed: d.removed,
         approvals: d.approvals,
         approvals_required: d.approvals_required.max(1),
+        revision: d.revision.map(|r| Revision {
+            of: r.of,
+            version: r.version,
+            rejected_by: r.rejected_by,
+            reason: r.reason,
+            earlier: r.earlier,
+            added: r.added,
+            removed: r.removed,
+        }),
         draft_id: d.draft_id,
         box_type: d.box_type,
         name: d.name,

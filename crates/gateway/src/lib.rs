@@ -152,6 +152,7 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
         .route("/boxes/{box_id}/manifest", put(routes::edit_manifest))
         .route("/boxes/{box_id}/config", patch(routes::edit_config))
         .route("/boxes/{box_id}/change-requests", post(routes::request_change))
+        .route("/boxes/box-drafts/{draft_id}/revise", post(routes::revise))
         .route("/boxes/{box_id}/workers", post(routes::launch_worker).get(routes::list_workers))
         .route("/workers/{worker_id}", get(routes::get_worker))
         .route("/workers/{worker_id}/provenance", get(routes::worker_provenance))

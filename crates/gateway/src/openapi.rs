@@ -309,7 +309,7 @@ impl Modify for SharedResponses {
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
         crate::routes::nats_assertion, crate::routes::whoami, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility,
         crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens, crate::routes::edit_manifest,
-        crate::routes::edit_config, crate::routes::request_change, crate::routes::launch_worker, crate::routes::get_worker, crate::routes::list_workers, crate::routes::worker_provenance,
+        crate::routes::edit_config, crate::routes::request_change, crate::routes::revise, crate::routes::launch_worker, crate::routes::get_worker, crate::routes::list_workers, crate::routes::worker_provenance,
         crate::stream::stream),
     components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)

@@ -92,6 +92,7 @@ async fn box_exists(state: &AppState, principal: &Principal, box_id: &str) -> Re
     responses(
         (status = 201, description = "Stored, pending approval", body = api::DraftCreated),
         (status = 403, description = "`self_privilege_forbidden`: box_type admin-pm or admin-ops", body = ErrorBody),
+        (status = 409, description = "`box_type_exists`: the box_type has a Box; the message names its change-request route (POST /api/v1/boxes/{box_id}/change-requests)", body = ErrorBody),
         (status = 422, description = "`box_manifest_validation` (details: the field errors, among them a list or text over its bound, `maxItems` and `maxLength` here, naming the key and the limit), `invalid_request` (unknown fields, wrong types, a malformed Idempotency-Key), `idempotency_key_reuse`", body = ErrorBody),
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
@@ -164,6 +165,47 @@ pub async fn withdraw(
     let route = format!("withdraw {draft_id}");
     let request = v1::WithdrawDraft { draft_id };
     write::<_, api::DraftStatusChanged>(&state, &principal, &key, (&route, body.raw()), subjects::DRAFTS, request, StatusCode::OK).await
+}
+
+/// Revise a rejected draft or change request (its requester): a JSON merge patch of its
+/// manifest's keys (not `box_type` or `version`) makes a new pending version that keeps the
+/// thread: who rejected it and why, the earlier versions, and what this version changes.
+#[utoipa::path(post, path = "/api/v1/boxes/box-drafts/{draft_id}/revise", tag = "drafts", params(("draft_id" = String, Path), IdempotencyHeader),
+    request_body(content = Object, content_type = "application/merge-patch+json", description = "A JSON merge patch of the rejected version's manifest. `application/json` is read the same way."),
+    responses(
+        (status = 201, description = "The new version, pending approval, with its `revision`", body = api::DraftDetail),
+        (status = 403, description = "`forbidden`: an admin may see the draft, but only its requester may revise it", body = ErrorBody),
+        (status = 404, description = "`draft_not_found`: no such draft, or not yours", body = ErrorBody),
+        (status = 409, description = "`draft_not_pending`: the draft is not rejected, or was revised already (the message names its revision); `box_not_active`: a change request's Box is archived", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details names each key), `invalid_request` (not a JSON object, or a patch that changes nothing)", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("requester"))))]
+pub async fn revise(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    key: IdempotencyKey,
+    Id(draft_id): Id,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let patch = validated(patch_body(&key, &body), draft_exists(&state, &principal, &draft_id)).await?;
+    let route = format!("revise {draft_id}");
+    let request = v1::ReviseDraft { draft_id, patch: Some(patch) };
+    write::<_, api::DraftDetail>(&state, &principal, &key, (&route, body.raw()), subjects::DRAFTS, request, StatusCode::CREATED).await
+}
+
+/// A merge-patch body as protobuf: a JSON object whose whole numbers travel exactly.
+fn patch_body(key: &IdempotencyKey, body: &RawBody) -> Result<prost_types::Struct, ApiError> {
+    match key.check().and_then(|()| body.json()) {
+        Ok(serde_json::Value::Object(map)) => match inexact_integer(&map) {
+            None => Ok(atasira_contracts::manifest::struct_to_proto(&map)),
+            Some(key) => Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("{key}: numbers travel as doubles; a whole number must be within ±{MAX_EXACT_INTEGER} to arrive unchanged"),
+            )),
+        },
+        Ok(_) => Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object")),
+        Err(e) => Err(e),
+    }
 }
 
 // --- approval ---------------------------------------------------------------------------
@@ -520,18 +562,7 @@ pub async fn request_change(
     Id(box_id): Id,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    let patch = match key.check().and_then(|()| body.json()) {
-        Ok(serde_json::Value::Object(map)) => match inexact_integer(&map) {
-            None => Ok(atasira_contracts::manifest::struct_to_proto(&map)),
-            Some(key) => Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!("{key}: numbers travel as doubles; a whole number must be within ±{MAX_EXACT_INTEGER} to arrive unchanged"),
-            )),
-        },
-        Ok(_) => Err(ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object")),
-        Err(e) => Err(e),
-    };
-    let patch = validated(patch, box_exists(&state, &principal, &box_id)).await?;
+    let patch = validated(patch_body(&key, &body), box_exists(&state, &principal, &box_id)).await?;
     let route = format!("change request {box_id}");
     let request = v1::SubmitChange { box_id, patch: Some(patch) };
     write::<_, api::ChangeRequested>(&state, &principal, &key, (&route, body.raw()), subjects::DRAFTS, request, StatusCode::CREATED).await

@@ -65,6 +65,7 @@ fn drafts_cycle(run: &str, k: usize, request: &BoxDraftCreateRequest) -> anyhow:
         submitted_at: at,
         change: None,
         approvals_required: 1,
+        revision: None,
     };
     let (rejected, withdrawn, pending) = (format!("{run}-r{k}"), format!("{run}-w{k}"), format!("{run}-p{k}"));
     Ok(vec![

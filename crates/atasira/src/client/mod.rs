@@ -202,6 +202,18 @@ pub enum DraftsCommand {
         #[command(flatten)]
         connection: Connection,
     },
+    /// Revise a draft or change request of yours that was rejected: a JSON merge patch of its
+    /// manifest's keys makes a new version, pending approval, that keeps the rejection and
+    /// the earlier versions.
+    Revise {
+        /// The rejected draft's id.
+        draft_id: String,
+        /// The merge patch as a JSON object; `-` reads standard input.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        connection: Connection,
+    },
     /// Withdraw a draft of yours that is still waiting for approval.
     Withdraw {
         /// The draft's id.
@@ -546,6 +558,10 @@ fn run_drafts(command: DraftsCommand) -> u8 {
             let path = format!("/api/v1/boxes/box-drafts/{}/reject", segment(&draft_id));
             call(&connection, "POST", &path, Some(&json!({"reason": reason})), |_, d| print::draft_status(d))
         }
+        DraftsCommand::Revise { draft_id, file, connection } => match read_json(&file) {
+            Ok(patch) => call(&connection, "POST", &format!("/api/v1/boxes/box-drafts/{}/revise", segment(&draft_id)), Some(&patch), |_, d| print::draft(d)),
+            Err(message) => usage(&message),
+        },
         DraftsCommand::Withdraw { draft_id, connection } => {
             let path = format!("/api/v1/boxes/box-drafts/{}/withdraw", segment(&draft_id));
             call(&connection, "POST", &path, Some(&json!({})), |_, d| print::draft_status(d))

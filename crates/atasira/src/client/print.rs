@@ -133,6 +133,16 @@ pub(super) fn draft(detail: &DraftDetail) {
         ("over_limit", if d.over_limit { format!("yes: {}", dangerous_text(&d.over_limit_ops, &d.over_limit_tools)) } else { "no".to_owned() }),
         ("warnings", list_text(&d.warnings)),
     ];
+    if d.kind == atasira_gateway::api::DraftKind::Change {
+        rows.push(("changes", format!("{} (adds: {}; removes: {})", d.box_id.as_deref().unwrap_or("-"), list_text(&d.added), list_text(&d.removed))));
+    }
+    if d.approvals_required > 1 {
+        rows.push(("approvals", format!("{} of {} ({})", d.approvals.len(), d.approvals_required, list_text(&d.approvals))));
+    }
+    if let Some(r) = &d.revision {
+        rows.push(("revision", format!("version {} of {}, rejected by {}: {}", r.version, r.of, r.rejected_by, r.reason)));
+        rows.push(("revision_changes", format!("adds: {}; removes: {}", list_text(&r.added), list_text(&r.removed))));
+    }
     if let Some(decision) = &d.decision {
         rows.push(("decided_by", decision.by.as_deref().or(decision.withdrawn_by.as_deref()).unwrap_or("-").to_owned()));
         rows.push(("decided_at", wire(decision.at)));

@@ -80,6 +80,29 @@ pub struct ChangeOf {
     pub diff: CapabilityDiff,
 }
 
+/// R-CHANGE-2: where a revised draft comes from: the rejected draft it revises, the
+/// decision on it, the earlier versions, and what the revision changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevisionOf {
+    /// The rejected draft this revises.
+    pub draft_id: String,
+    /// This version's number in the thread (the first draft is 1).
+    pub version: u32,
+    pub rejected_by: String,
+    pub reason: String,
+    /// Every earlier version's draft id, oldest first.
+    pub earlier: Vec<String>,
+    /// What this version changes against the one it revises.
+    pub diff: CapabilityDiff,
+}
+
+/// R-CHANGE-2: the id of the revision of rejected draft `draft_id`: one per rejection, so
+/// two racing revisions make one.
+pub fn revision_id_for(draft_id: &str) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6174_6173_6972_612d_7265_7669_7365_3031);
+    uuid::Uuid::new_v5(&NAMESPACE, draft_id.as_bytes()).to_string()
+}
+
 /// R-CHANGE-1: the id of the `ordinal`-th change request of a Box (0 for the first): the
 /// same for two requests that raced, so only one of them is recorded.
 pub fn change_id_for(box_id: &str, ordinal: u64) -> String {
@@ -116,6 +139,9 @@ pub struct DraftData {
     /// R-CHANGE-3: how many distinct human admins must approve (at least one).
     #[serde(default = "one")]
     pub approvals_required: u32,
+    /// R-CHANGE-2: the thread of a revised draft.
+    #[serde(default)]
+    pub revision: Option<RevisionOf>,
     /// The human admins who approved so far, while more are required.
     #[serde(default)]
     pub approvals: Vec<String>,
@@ -141,6 +167,17 @@ pub enum DraftCommand {
     Submit { draft_id: String, plan: DraftPlan, requested_by: Principal, at: DateTime<Utc> },
     /// R-CHANGE-1: a change request of an existing Box, planned on its manifest.
     SubmitChange { draft_id: String, plan: ChangePlan, change: ChangeOf, requested_by: Principal, at: DateTime<Utc> },
+    /// R-CHANGE-2: a new pending version of a rejected draft (this one, given to the new
+    /// draft's stream): `manifest` and `over_limit` planned by the caller, `change` kept.
+    Revise {
+        draft_id: String,
+        revised: DraftData,
+        manifest: BoxManifest,
+        over_limit: OverLimit,
+        change: Option<ChangeOf>,
+        requested_by: Principal,
+        at: DateTime<Utc>,
+    },
     /// R-DRAFT-13: the requester, while pending.
     Withdraw { by: Principal, at: DateTime<Utc> },
     /// R-DRAFT-13: a sweeper; a no-op unless pending and older than `ttl`.
@@ -170,6 +207,9 @@ pub enum DraftEvent {
         /// R-CHANGE-3: distinct human admins required; absent for one.
         #[serde(default = "one", skip_serializing_if = "is_one")]
         approvals_required: u32,
+        /// R-CHANGE-2: the thread of a revision; absent for a first version.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revision: Option<RevisionOf>,
     },
     /// R-CHANGE-3: one human admin's approval, while more are required; no token yet.
     DraftApprovalGiven {
@@ -249,6 +289,9 @@ pub enum DraftError {
     /// 422: a rejection reason with a NUL character, or longer than its bound.
     #[error("reason must be text of at most {} characters without NUL characters", crate::bounds::REASON_CHARS)]
     InvalidReason,
+    /// 409: only a rejected draft is revised.
+    #[error("only a rejected draft can be revised (this one is {0:?})")]
+    NotRejected(DraftStatus),
     /// 409: this approval would complete the required ones, which another admin's approval
     /// made it do meanwhile; retrying decides it as the completing one.
     #[error("another admin approved this draft meanwhile; approve again")]
@@ -269,6 +312,7 @@ impl DraftError {
             DraftError::TokenMismatch => ErrorCode::InvalidApprovalToken,
             DraftError::InvalidReason => ErrorCode::InvalidRequest,
             DraftError::ApprovalsMoved => ErrorCode::Conflict,
+            DraftError::NotRejected(_) => ErrorCode::DraftNotPending,
         }
     }
 }
@@ -290,6 +334,7 @@ impl Draft {
                     submitted_at: at,
                     change: None,
                     approvals_required: approvals_required.max(1),
+                    revision: None,
                 }))
             }
             DraftCommand::SubmitChange { draft_id, plan, change, requested_by, at } => {
@@ -304,6 +349,42 @@ impl Draft {
                     submitted_at: at,
                     change: Some(change),
                     approvals_required: approvals_required.max(1),
+                    revision: None,
+                }))
+            }
+            DraftCommand::Revise { draft_id, revised, manifest, over_limit, change, requested_by, at } => {
+                // Only the requester revises, and only a rejected draft.
+                if revised.requested_by.user_id != requested_by.user_id {
+                    return Err(if requested_by.is_admin() { DraftError::NotRequester } else { DraftError::NotFound });
+                }
+                if revised.status != DraftStatus::Rejected {
+                    return Err(DraftError::NotRejected(revised.status));
+                }
+                let decision = revised.decision.clone().unwrap_or(Decision { by: String::new(), at, approved: false, reason: None, token: None });
+                let (version, mut earlier) = match &revised.revision {
+                    Some(r) => (r.version + 1, r.earlier.clone()),
+                    None => (2, vec![]),
+                };
+                earlier.push(revised.draft_id.clone());
+                let revision = RevisionOf {
+                    draft_id: revised.draft_id.clone(),
+                    version,
+                    rejected_by: decision.by,
+                    reason: decision.reason.unwrap_or_default(),
+                    earlier,
+                    diff: crate::change::capability_diff(&revised.manifest, &manifest),
+                };
+                Ok(self.submission(DraftEvent::DraftSubmitted {
+                    draft_id,
+                    box_type: manifest.box_type.to_string(),
+                    manifest,
+                    over_limit,
+                    warnings: vec![],
+                    requested_by,
+                    submitted_at: at,
+                    change,
+                    approvals_required: revised.approvals_required,
+                    revision: Some(revision),
                 }))
             }
             DraftCommand::Withdraw { by, at } => {
@@ -443,7 +524,9 @@ impl Draft {
 
     pub fn evolve(&mut self, event: DraftEvent) {
         match event {
-            DraftEvent::DraftSubmitted { draft_id, manifest, over_limit, warnings, requested_by, submitted_at, change, approvals_required, .. } => {
+            DraftEvent::DraftSubmitted {
+                draft_id, manifest, over_limit, warnings, requested_by, submitted_at, change, approvals_required, revision, ..
+            } => {
                 self.data = Some(DraftData {
                     draft_id,
                     manifest,
@@ -456,6 +539,7 @@ impl Draft {
                     change,
                     approvals_required,
                     approvals: vec![],
+                    revision,
                 });
             }
             DraftEvent::DraftApprovalGiven { approved_by, .. } => {

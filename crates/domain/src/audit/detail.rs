@@ -54,6 +54,9 @@ fn clip(text: &str) -> String {
 
 fn draft(event: &DraftEvent) -> String {
     match event {
+        DraftEvent::DraftSubmitted { box_type, revision: Some(r), .. } => {
+            format!("revision {} of {box_type} (after {}, rejected by {}: {}): {}", r.version, r.draft_id, r.rejected_by, r.reason, r.diff.summary())
+        }
         DraftEvent::DraftSubmitted { box_type, manifest, over_limit, change: Some(change), .. } => {
             let over = if over_limit.over_limit {
                 format!(", over limit ({})", list(over_limit.over_limit_ops.iter().chain(&over_limit.over_limit_tools)))

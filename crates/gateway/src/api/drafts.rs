@@ -121,6 +121,25 @@ pub struct DraftSummary {
     pub approvals: Vec<String>,
     /// How many distinct human admins must approve it.
     pub approvals_required: u32,
+    /// A revised draft's thread; `null` for a first version.
+    pub revision: Option<Revision>,
+}
+
+/// The thread of a revised draft (`POST .../revise`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Revision {
+    /// The rejected draft this version revises.
+    pub of: String,
+    /// This version's number (the first draft is 1).
+    pub version: u32,
+    /// Who rejected the version it revises, and why.
+    pub rejected_by: String,
+    pub reason: String,
+    /// Every earlier version's draft id, oldest first.
+    pub earlier: Vec<String>,
+    /// What this version adds and removes against the one it revises, each `key: value`.
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
 }
 
 /// Whether a draft makes a new Box or changes one (R-CHANGE-1).

@@ -358,3 +358,36 @@ fn r_change_3_the_completing_approval_needs_its_reservation_and_a_rejection_ends
     let one = given_when::<Draft>(vec![within.clone()], approve(alice(), false, token_for(&within, "alice"))).expect("accepted");
     assert!(matches!(&one[..], [DraftEvent::DraftApproved { .. }]));
 }
+
+#[test]
+fn r_change_2_given_a_rejected_draft_when_its_requester_revises_it_then_a_new_version_keeps_the_thread() {
+    // given a draft that alice rejected
+    let submitted = submitted(false, agent());
+    let reject = DraftCommand::Reject { by: alice(), reason: "needs Grep".into(), at: t(2) };
+    let rejected = given_when::<Draft>(vec![submitted.clone()], reject).expect("rejected").remove(0);
+    let mut draft = Draft::default();
+    draft.evolve(submitted.clone());
+    draft.evolve(rejected);
+    let revised = draft.data.clone().expect("data");
+    let mut manifest = revised.manifest.clone();
+    manifest.tools.push("Grep".into());
+    let revise = |by: Principal, revised: DraftData| DraftCommand::Revise {
+        draft_id: revision_id_for("d1"),
+        revised,
+        manifest: manifest.clone(),
+        over_limit: OverLimit::default(),
+        change: None,
+        requested_by: by,
+        at: t(3),
+    };
+    // when its requester revises it; then a pending version 2 that names the rejection
+    let events = given_when::<Draft>(vec![], revise(agent(), revised.clone())).expect("revised");
+    let [DraftEvent::DraftSubmitted { revision: Some(r), .. }] = &events[..] else { panic!("a revision: {events:?}") };
+    assert_eq!((r.draft_id.as_str(), r.version, r.rejected_by.as_str(), r.reason.as_str()), ("d1", 2, "alice", "needs Grep"));
+    assert_eq!((r.earlier.clone(), r.diff.added.clone()), (vec!["d1".to_owned()], vec!["tools: Grep".to_owned()]));
+    // and nobody else revises it, and a draft not rejected is not revised
+    assert_eq!(given_when::<Draft>(vec![], revise(bob(), revised.clone())), Err(DraftError::NotRequester));
+    let mut pending = revised;
+    pending.status = DraftStatus::PendingApproval;
+    assert_eq!(given_when::<Draft>(vec![], revise(agent(), pending)), Err(DraftError::NotRejected(DraftStatus::PendingApproval)));
+}
