@@ -127,10 +127,15 @@ impl ChangeError {
 pub fn plan_change(current: &BoxManifest, patch: &Value) -> Result<ChangePlan, ChangeError> {
     let Value::Object(patch_obj) = patch else { return Err(ChangeError::NotAnObject) };
     let mut invalid = Vec::new();
+    // A whole manifest is a patch of every key: its box_type and version may stay as they are.
+    let same = |key: &str, now: &str| patch_obj.get(key).is_some_and(|v| v.as_str() == Some(now));
     for key in patch_obj.keys() {
         match key.as_str() {
-            "box_type" => invalid.push(FieldError::new("box_type", "a change keeps the Box's box_type")),
-            "version" => invalid.push(FieldError::new("version", "a change's version is the next major version, set by atasira")),
+            "box_type" if !same("box_type", current.box_type.as_str()) => invalid.push(FieldError::new("box_type", "a change keeps the Box's box_type")),
+            "version" if !same("version", &current.version) => {
+                invalid.push(FieldError::new("version", "a change's version is the next major version, set by atasira"))
+            }
+            "box_type" | "version" => {}
             k if !crate::manifest::MANIFEST_KEYS.contains(&k) => invalid.push(FieldError::new(k, "is not a manifest key")),
             _ => {}
         }
@@ -229,6 +234,11 @@ mod tests {
         let keys: Vec<String> = refused.field_errors().into_iter().map(|e| e.key).collect();
         assert_eq!(keys, ["box_type", "version", "nope"]);
         assert_eq!(plan_change(&current, &json!({})), Err(ChangeError::NoChange));
+        // a whole manifest, as GET /boxes/{id} shows it, is a patch of every key
+        let mut whole = current.to_object();
+        whole.insert("tools".into(), json!(["Read", "Grep"]));
+        let plan = plan_change(&current, &Value::Object(whole)).expect("a whole manifest");
+        assert_eq!((plan.manifest.version.as_str(), plan.diff.added.clone()), ("2.0.0", vec!["tools: Grep".to_owned()]));
         assert_eq!(plan_change(&current, &json!([])), Err(ChangeError::NotAnObject));
         let invalid = plan_change(&current, &json!({"trigger_schedule": "every day"})).expect_err("invalid cron");
         assert_eq!(invalid.code(), ErrorCode::BoxManifestValidation);

@@ -168,8 +168,9 @@ pub async fn withdraw(
 }
 
 /// Revise a rejected draft or change request (its requester): a JSON merge patch of its
-/// manifest's keys (not `box_type` or `version`) makes a new pending version that keeps the
-/// thread: who rejected it and why, the earlier versions, and what this version changes.
+/// manifest's keys (`box_type` and `version`, if given, the draft's own) makes a new
+/// pending version that keeps the thread: who rejected it and why, the earlier versions,
+/// and what this version changes.
 #[utoipa::path(post, path = "/api/v1/boxes/box-drafts/{draft_id}/revise", tag = "drafts", params(("draft_id" = String, Path), IdempotencyHeader),
     request_body(content = Object, content_type = "application/merge-patch+json", description = "A JSON merge patch of the rejected version's manifest. `application/json` is read the same way."),
     responses(
@@ -541,8 +542,8 @@ pub async fn edit_config(
 }
 
 /// Request a change of what a Box may do (an admin or the Box's primary, agents
-/// included): a JSON merge patch (RFC 7396) of its manifest's keys, any but `box_type` and
-/// `version` (`trigger_type` included). It becomes a draft in the pending list with the
+/// included): a JSON merge patch (RFC 7396) of its manifest's keys (`trigger_type`
+/// included), or the whole manifest; `box_type` and `version`, if given, are the Box's own. It becomes a draft in the pending list with the
 /// Box and what it adds and removes; a human admin approves it like any draft, and the Box
 /// keeps its id, assignments and history with the next major version.
 #[utoipa::path(post, path = "/api/v1/boxes/{box_id}/change-requests", tag = "boxes", params(("box_id" = String, Path), IdempotencyHeader),
@@ -552,7 +553,7 @@ pub async fn edit_config(
         (status = 403, description = "`forbidden`: needs role admin or the Box's primary", body = ErrorBody),
         (status = 404, description = "`box_not_found`: no such Box, or it is archived", body = ErrorBody),
         (status = 409, description = "`change_request_pending`: the Box has a change request pending; `conflict`: a concurrent request was recorded first (retry)", body = ErrorBody),
-        (status = 422, description = "`box_manifest_validation` (details names each key: `box_type` or `version` in the patch, a key of no manifest, a value the manifest does not allow), `invalid_request` (not a JSON object, or a patch that changes nothing), `idempotency_key_reuse`", body = ErrorBody),
+        (status = 422, description = "`box_manifest_validation` (details names each key: another `box_type` or `version` than the Box's, a key of no manifest, a value the manifest does not allow), `invalid_request` (not a JSON object, or a patch that changes nothing), `idempotency_key_reuse`", body = ErrorBody),
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("admin or the Box's primary"))))]
 pub async fn request_change(
