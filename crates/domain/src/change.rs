@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::manifest::BoxManifest;
 use crate::os_operation::{OverLimit, over_limit};
-use crate::{ErrorCode, FieldError};
+use crate::{ErrorCode, FieldError, Refusing};
 
 /// The manifest keys whose values are what a Box may do: a change request shows how each
 /// changes.
@@ -105,15 +105,15 @@ pub enum ChangeError {
     NoChange,
 }
 
-impl ChangeError {
-    pub fn code(&self) -> ErrorCode {
+impl Refusing for ChangeError {
+    fn error_code(&self) -> ErrorCode {
         match self {
             ChangeError::NotAnObject | ChangeError::NoChange => ErrorCode::InvalidRequest,
             ChangeError::Invalid(_) => ErrorCode::BoxManifestValidation,
         }
     }
 
-    pub fn field_errors(&self) -> Vec<FieldError> {
+    fn field_errors(&self) -> Vec<FieldError> {
         match self {
             ChangeError::Invalid(errors) => errors.clone(),
             _ => vec![],
@@ -241,7 +241,7 @@ mod tests {
         assert_eq!((plan.manifest.version.as_str(), plan.diff.added.clone()), ("2.0.0", vec!["tools: Grep".to_owned()]));
         assert_eq!(plan_change(&current, &json!([])), Err(ChangeError::NotAnObject));
         let invalid = plan_change(&current, &json!({"trigger_schedule": "every day"})).expect_err("invalid cron");
-        assert_eq!(invalid.code(), ErrorCode::BoxManifestValidation);
+        assert_eq!(invalid.error_code(), ErrorCode::BoxManifestValidation);
     }
 
     #[test]

@@ -215,8 +215,7 @@ impl Service {
             return Err(Refusal::new(ErrorCode::Forbidden, "a change request needs role admin or the Box's primary"));
         }
         let patch = serde_json::Value::Object(req.patch.map(atasira_contracts::manifest::struct_from_proto).unwrap_or_default());
-        let mut plan =
-            plan_change(&current.manifest, &patch).map_err(|e| Refusal { field_errors: e.field_errors(), ..Refusal::new(e.code(), e.to_string()) })?;
+        let mut plan = plan_change(&current.manifest, &patch)?;
         plan.approvals_required = if plan.over_limit.over_limit { self.over_limit_approvals } else { 1 };
         let digest = plan.manifest.digest();
         let (count, pending) = projection::changes_of(&self.rt.db, &req.box_id).await.map_err(Refusal::internal)?;
@@ -250,10 +249,9 @@ impl Service {
             return Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id)));
         };
         let patch = serde_json::Value::Object(req.patch.map(atasira_contracts::manifest::struct_from_proto).unwrap_or_default());
-        let refused = |e: atasira_domain::change::ChangeError| Refusal { field_errors: e.field_errors(), ..Refusal::new(e.code(), e.to_string()) };
         // The new version is the rejected one's manifest with the patch; a change request
         // is planned again on its Box's manifest as the store holds it now.
-        let proposed = plan_change(&revised.manifest, &patch).map_err(refused)?.manifest;
+        let proposed = plan_change(&revised.manifest, &patch)?.manifest;
         let (mut manifest, over_limit, change) = match &revised.change {
             Some(change) => {
                 let boxed: BoxAggregate = self.rt.db.load(&change.box_id).await.map_err(Refusal::internal)?;
@@ -264,7 +262,7 @@ impl Service {
                 let mut whole = proposed.to_object();
                 whole.remove("box_type");
                 whole.remove("version");
-                let plan = plan_change(&current.manifest, &serde_json::Value::Object(whole)).map_err(refused)?;
+                let plan = plan_change(&current.manifest, &serde_json::Value::Object(whole))?;
                 let change = ChangeOf {
                     box_id: change.box_id.clone(),
                     base_digest: current.manifest.digest(),
@@ -308,15 +306,7 @@ impl Service {
         let Some(d) = draft.data else { return Err(Refusal::new(ErrorCode::Conflict, "a concurrent change request was recorded first; retry")) };
         match &d.change {
             Some(change) if d.status == DraftStatus::PendingApproval && d.requested_by.user_id == principal.user_id && d.manifest.digest() == digest => {
-                let reply = change_reply(draft_id, &change.box_id, &d.manifest, &d.over_limit, change);
-                let first = self
-                    .rt
-                    .db
-                    .first_event(types::DRAFT, draft_id)
-                    .await
-                    .map_err(Refusal::internal)?
-                    .ok_or_else(|| Refusal::internal("the change request is not readable"))?;
-                Ok(reply_written(&reply, first.position, vec![first.id]))
+                self.as_submitted(draft_id, &change_reply(draft_id, &change.box_id, &d.manifest, &d.over_limit, change)).await
             }
             Some(_) if d.status == DraftStatus::PendingApproval => Err(Refusal::new(
                 ErrorCode::ChangeRequestPending,
@@ -347,6 +337,12 @@ impl Service {
             over_limit: d.over_limit.over_limit,
             warnings: d.warnings,
         };
+        self.as_submitted(draft_id, &reply).await
+    }
+
+    /// `reply` to a request answered again, with the draft's first event (its submission)
+    /// for read-your-writes.
+    async fn as_submitted<M: prost::Message>(&self, draft_id: &str, reply: &M) -> Result<Reply, Refusal> {
         let first = self
             .rt
             .db
@@ -354,7 +350,7 @@ impl Service {
             .await
             .map_err(Refusal::internal)?
             .ok_or_else(|| Refusal::internal("the submitted draft is not readable"))?;
-        Ok(reply_written(&reply, first.position, vec![first.id]))
+        Ok(reply_written(reply, first.position, vec![first.id]))
     }
 
     /// R-DRAFT-13: the requester withdraws a pending draft (the aggregate decides who may).

@@ -475,15 +475,8 @@ async fn edit_request<Req: Request>(
     body: &RawBody,
     request: impl Fn(prost_types::Struct) -> Req,
 ) -> Result<Req, ApiError> {
-    let object = match key.check().and_then(|()| body.json()) {
-        Ok(serde_json::Value::Object(map)) => match inexact_integer(&map) {
-            None => return Ok(request(atasira_contracts::manifest::struct_to_proto(&map))),
-            Some(key) => ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!("{key}: numbers travel as doubles; a whole number must be within ±{MAX_EXACT_INTEGER} to arrive unchanged"),
-            ),
-        },
-        Ok(_) => ApiError::new(ErrorCode::InvalidRequest, "request body must be a JSON object"),
+    let object = match patch_body(key, body) {
+        Ok(patch) => return Ok(request(patch)),
         Err(e) => e,
     };
     state.call(subjects::RUNTIME_REGISTRY, principal, &request(prost_types::Struct::default())).await?;

@@ -360,7 +360,7 @@ impl Draft {
                 if revised.status != DraftStatus::Rejected {
                     return Err(DraftError::NotRejected(revised.status));
                 }
-                let decision = revised.decision.clone().unwrap_or(Decision { by: String::new(), at, approved: false, reason: None, token: None });
+                let (rejected_by, reason) = revised.decision.as_ref().map(|d| (d.by.clone(), d.reason.clone().unwrap_or_default())).unwrap_or_default();
                 let (version, mut earlier) = match &revised.revision {
                     Some(r) => (r.version + 1, r.earlier.clone()),
                     None => (2, vec![]),
@@ -369,8 +369,8 @@ impl Draft {
                 let revision = RevisionOf {
                     draft_id: revised.draft_id.clone(),
                     version,
-                    rejected_by: decision.by,
-                    reason: decision.reason.unwrap_or_default(),
+                    rejected_by,
+                    reason,
                     earlier,
                     diff: crate::change::capability_diff(&revised.manifest, &manifest),
                 };
