@@ -167,7 +167,7 @@ impl Service {
     async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
         let mut plan = request.plan()?;
-        plan.approvals_required = if plan.over_limit.over_limit { self.over_limit_approvals } else { 1 };
+        plan.approvals_required = self.approvals_for(&plan.over_limit);
         // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
         if let Some(box_id) = projection::box_of_type(&self.rt.db, plan.manifest.box_type.as_str()).await.map_err(Refusal::internal)? {
             return Err(Refusal::new(
@@ -216,7 +216,7 @@ impl Service {
         }
         let patch = serde_json::Value::Object(req.patch.map(atasira_contracts::manifest::struct_from_proto).unwrap_or_default());
         let mut plan = plan_change(&current.manifest, &patch)?;
-        plan.approvals_required = if plan.over_limit.over_limit { self.over_limit_approvals } else { 1 };
+        plan.approvals_required = self.approvals_for(&plan.over_limit);
         let digest = plan.manifest.digest();
         let (count, pending) = projection::changes_of(&self.rt.db, &req.box_id).await.map_err(Refusal::internal)?;
         if let Some(pending) = pending {
@@ -281,8 +281,17 @@ impl Service {
             manifest.version = revised.manifest.version.clone();
         }
         let draft_id = revision_id_for(&req.draft_id);
-        let command =
-            DraftCommand::Revise { draft_id: draft_id.clone(), revised, manifest, over_limit, change, requested_by: principal, at: chrono::Utc::now() };
+        let approvals_required = self.approvals_for(&over_limit);
+        let command = DraftCommand::Revise {
+            draft_id: draft_id.clone(),
+            revised,
+            manifest,
+            over_limit,
+            change,
+            approvals_required,
+            requested_by: principal,
+            at: chrono::Utc::now(),
+        };
         let decided = Draft::default().decide(command.clone())?;
         let Some(event) = decided.first() else { return Err(Refusal::internal("a revision decided nothing")) };
         let metadata = HashMap::new();
@@ -351,6 +360,11 @@ impl Service {
             .map_err(Refusal::internal)?
             .ok_or_else(|| Refusal::internal("the submitted draft is not readable"))?;
         Ok(reply_written(reply, first.position, vec![first.id]))
+    }
+
+    /// R-CHANGE-3: how many human admins a submission over the limit (or not) needs.
+    fn approvals_for(&self, over_limit: &OverLimit) -> u32 {
+        if over_limit.over_limit { self.over_limit_approvals } else { 1 }
     }
 
     /// R-DRAFT-13: the requester withdraws a pending draft (the aggregate decides who may).

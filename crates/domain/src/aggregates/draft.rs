@@ -175,6 +175,8 @@ pub enum DraftCommand {
         manifest: BoxManifest,
         over_limit: OverLimit,
         change: Option<ChangeOf>,
+        /// R-CHANGE-3: as for a new submission, judged on this version.
+        approvals_required: u32,
         requested_by: Principal,
         at: DateTime<Utc>,
     },
@@ -352,7 +354,7 @@ impl Draft {
                     revision: None,
                 }))
             }
-            DraftCommand::Revise { draft_id, revised, manifest, over_limit, change, requested_by, at } => {
+            DraftCommand::Revise { draft_id, revised, manifest, over_limit, change, approvals_required, requested_by, at } => {
                 // Only the requester revises, and only a rejected draft.
                 if revised.requested_by.user_id != requested_by.user_id {
                     return Err(if requested_by.is_admin() { DraftError::NotRequester } else { DraftError::NotFound });
@@ -383,7 +385,7 @@ impl Draft {
                     requested_by,
                     submitted_at: at,
                     change,
-                    approvals_required: revised.approvals_required,
+                    approvals_required: approvals_required.max(1),
                     revision: Some(revision),
                 }))
             }

@@ -377,6 +377,7 @@ fn r_change_2_given_a_rejected_draft_when_its_requester_revises_it_then_a_new_ve
         manifest: manifest.clone(),
         over_limit: OverLimit::default(),
         change: None,
+        approvals_required: 1,
         requested_by: by,
         at: t(3),
     };
@@ -390,4 +391,29 @@ fn r_change_2_given_a_rejected_draft_when_its_requester_revises_it_then_a_new_ve
     let mut pending = revised;
     pending.status = DraftStatus::PendingApproval;
     assert_eq!(given_when::<Draft>(vec![], revise(agent(), pending)), Err(DraftError::NotRejected(DraftStatus::PendingApproval)));
+}
+
+#[test]
+fn r_change_3_a_revision_needs_the_approvals_its_own_version_needs() {
+    // given a rejected draft within the limit (one approval)
+    let submitted = submitted(false, agent());
+    let rejected = given_when::<Draft>(vec![submitted.clone()], DraftCommand::Reject { by: alice(), reason: "r".into(), at: t(2) }).expect("ok").remove(0);
+    let mut draft = Draft::default();
+    draft.evolve(submitted);
+    draft.evolve(rejected);
+    let revised = draft.data.expect("data");
+    // when its revision goes over the limit, where two approvals are required
+    let command = DraftCommand::Revise {
+        draft_id: revision_id_for("d1"),
+        manifest: revised.manifest.clone(),
+        revised,
+        over_limit: OverLimit { over_limit: true, over_limit_ops: vec!["shell:exec".into()], over_limit_tools: vec![] },
+        change: None,
+        approvals_required: 2,
+        requested_by: agent(),
+        at: t(3),
+    };
+    // then the new version needs two
+    let events = given_when::<Draft>(vec![], command).expect("revised");
+    assert!(matches!(&events[..], [DraftEvent::DraftSubmitted { approvals_required: 2, .. }]), "{events:?}");
 }
