@@ -171,7 +171,6 @@ impl Service {
         let box_id = change.as_ref().map_or_else(|| box_id_for(draft_id), |c| c.box_id.clone());
         let bundle = draft.data.as_ref().map(|d| bundle_digest(&box_id, &d.manifest)).unwrap_or_default();
         let token = self.config.signer.issue(draft_id, &box_type, &digest, &principal.user_id, now);
-        let token_again = token.clone();
         let command = DraftCommand::Approve { by: principal.clone(), confirm_over_limit, token, at: now, reserved: true };
         // The aggregate's own rules decide, before any effect, whether this approval is new
         // (who may decide, pending, over_limit confirmation); a repeat by the same admin
@@ -191,7 +190,10 @@ impl Service {
             let head = if events.is_empty() {
                 head.ok_or_else(|| Refusal::internal("the draft holds no event"))?
             } else {
-                let partial = DraftCommand::Approve { by: principal.clone(), confirm_over_limit, token: token_again, at: now, reserved: false };
+                let mut partial = command.clone();
+                if let DraftCommand::Approve { reserved, .. } = &mut partial {
+                    *reserved = false;
+                }
                 self.decide(&principal, draft_id, partial).await?.head()?
             };
             let now_draft: Draft = self.rt.db.load(draft_id).await.map_err(Refusal::internal)?;
@@ -276,16 +278,7 @@ impl Service {
             None => vec![head.id.clone(), StoredEvent::event_id_of(types::BOX, &reply.box_id, 1), bundle_event],
             Some(_) => vec![head.id.clone(), bundle_event],
         };
-        let applied = match self.wait_for_registry(position, &activated).await {
-            Ok(()) if change.is_some() => self.change_event(&box_id, draft_id).await.map(|id| [activated.clone(), vec![id]].concat()),
-            Ok(()) => Ok(activated),
-            Err(why) => Err(why),
-        };
-        let applied = match applied {
-            Ok(ids) if change.is_some() => self.wait_for_registry(position, &ids).await.map(|()| ids),
-            other => other,
-        };
-        match applied {
+        match self.wait_for_applied(position, activated, change.is_some().then_some((box_id.as_str(), draft_id))).await {
             Ok(ids) => {
                 reply.status = v1::DraftStatus::Active as i32;
                 event_ids = ids;
@@ -293,6 +286,16 @@ impl Service {
             Err(why) => tracing::warn!(draft_id, why, "the Box is not active yet"),
         }
         Ok(reply_written(&reply, position, event_ids))
+    }
+
+    /// Waits for the registry to hold `activated`, and, for change request `(box_id,
+    /// draft_id)`, the change it then applied; every event id waited for.
+    async fn wait_for_applied(&self, position: i64, mut activated: Vec<String>, change: Option<(&str, &str)>) -> Result<Vec<String>, String> {
+        self.wait_for_registry(position, &activated).await?;
+        let Some((box_id, draft_id)) = change else { return Ok(activated) };
+        activated.push(self.change_event(box_id, draft_id).await?);
+        self.wait_for_registry(position, &activated).await?;
+        Ok(activated)
     }
 
     /// The id of the event that applied change request `draft_id` to Box `box_id`.

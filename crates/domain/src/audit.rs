@@ -31,7 +31,7 @@ use crate::token::push_item;
 
 mod detail;
 
-pub use detail::{DETAIL_CHARS, detail_of, grants};
+pub use detail::detail_of;
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -222,12 +222,7 @@ impl Service {
         if let Some(pending) = pending {
             return self.pending_change(&principal, &pending.draft_id, &digest).await;
         }
-        let change = ChangeOf {
-            box_id: req.box_id.clone(),
-            base_digest: current.manifest.digest(),
-            base_version: current.manifest.version.clone(),
-            diff: plan.diff.clone(),
-        };
+        let change = ChangeOf::planned(&req.box_id, &current.manifest, &plan);
         let draft_id = change_id_for(&req.box_id, count);
         let reply = change_reply(&draft_id, &req.box_id, &plan.manifest, &plan.over_limit, &change);
         let metadata = HashMap::from([("principal".to_owned(), principal.user_id.clone())]);
@@ -263,12 +258,7 @@ impl Service {
                 whole.remove("box_type");
                 whole.remove("version");
                 let plan = plan_change(&current.manifest, &serde_json::Value::Object(whole))?;
-                let change = ChangeOf {
-                    box_id: change.box_id.clone(),
-                    base_digest: current.manifest.digest(),
-                    base_version: current.manifest.version.clone(),
-                    diff: plan.diff.clone(),
-                };
+                let change = ChangeOf::planned(&change.box_id, &current.manifest, &plan);
                 (plan.manifest, plan.over_limit, Some(change))
             }
             None => {

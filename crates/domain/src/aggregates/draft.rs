@@ -76,8 +76,14 @@ pub struct ChangeOf {
     pub box_id: String,
     /// The digest of the Box's manifest the change was planned on: it applies only to that.
     pub base_digest: String,
-    pub base_version: String,
     pub diff: CapabilityDiff,
+}
+
+impl ChangeOf {
+    /// A change of Box `box_id` planned on its manifest `base`.
+    pub fn planned(box_id: &str, base: &BoxManifest, plan: &ChangePlan) -> ChangeOf {
+        ChangeOf { box_id: box_id.to_owned(), base_digest: base.digest(), diff: plan.diff.clone() }
+    }
 }
 
 /// R-CHANGE-2: where a revised draft comes from: the rejected draft it revises, the
