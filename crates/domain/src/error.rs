@@ -175,11 +175,17 @@ pub enum ErrorCode {
     ChangeRequestPending,
     /// 409: the Box's manifest changed since the change request was made on it (R-CHANGE-1).
     ChangeBaseOutdated,
+    /// 409: the Worker has ended or was lost; it takes no more input or stop (R-HOST-2).
+    WorkerEnded,
+    /// 404: no such tool-use request (R-DECIDE-2).
+    ToolRequestNotFound,
+    /// 409: the tool-use request was decided or expired already (R-DECIDE-2).
+    ToolRequestNotPending,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 44] = [
+    pub const ALL: [ErrorCode; 47] = [
         ErrorCode::InvalidJson,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -224,6 +230,9 @@ impl ErrorCode {
         ErrorCode::WorkerNotFound,
         ErrorCode::ChangeRequestPending,
         ErrorCode::ChangeBaseOutdated,
+        ErrorCode::WorkerEnded,
+        ErrorCode::ToolRequestNotFound,
+        ErrorCode::ToolRequestNotPending,
     ];
 
     /// The wire code, e.g. `box_limit_reached`.
@@ -273,6 +282,9 @@ impl ErrorCode {
             ErrorCode::WorkerNotFound => "worker_not_found",
             ErrorCode::ChangeRequestPending => "change_request_pending",
             ErrorCode::ChangeBaseOutdated => "change_base_outdated",
+            ErrorCode::WorkerEnded => "worker_ended",
+            ErrorCode::ToolRequestNotFound => "tool_request_not_found",
+            ErrorCode::ToolRequestNotPending => "tool_request_not_pending",
         }
     }
 
@@ -292,7 +304,7 @@ impl ErrorCode {
             | ErrorCode::MentorEditProhibitedKey
             | ErrorCode::CapabilityChangeRequiresNewDraft => 403,
             ErrorCode::NotFound | ErrorCode::DraftNotFound | ErrorCode::BoxNotFound | ErrorCode::AssignmentNotFound | ErrorCode::TokenNotFound => 404,
-            ErrorCode::BundleNotFound | ErrorCode::BindingNotFound | ErrorCode::WorkerNotFound => 404,
+            ErrorCode::BundleNotFound | ErrorCode::BindingNotFound | ErrorCode::WorkerNotFound | ErrorCode::ToolRequestNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::DraftNotPending
             | ErrorCode::OverLimitConfirmationRequired
@@ -307,7 +319,9 @@ impl ErrorCode {
             | ErrorCode::BindingUnusable
             | ErrorCode::LaunchIdConflict
             | ErrorCode::ChangeRequestPending
-            | ErrorCode::ChangeBaseOutdated => 409,
+            | ErrorCode::ChangeBaseOutdated
+            | ErrorCode::WorkerEnded
+            | ErrorCode::ToolRequestNotPending => 409,
             ErrorCode::BindingExpired => 410,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::BoxManifestValidation | ErrorCode::InvalidRequest | ErrorCode::IdempotencyKeyReuse => 422,

@@ -11,6 +11,7 @@ pub mod bounds;
 pub mod box_type;
 pub mod change;
 pub mod context;
+pub mod decide;
 pub mod draft_request;
 pub mod error;
 pub mod feasibility;

@@ -34,6 +34,75 @@ pub const INPUT_SEGMENTS: usize = 64;
 pub const SEGMENT_TEXT_CHARS: usize = 16_384;
 pub const SEGMENT_REF_CHARS: usize = 256;
 
+/// How much a Worker's transcript keeps of what it wrote: lines per report, characters per
+/// line, bytes of log in all, characters of its result.
+pub const LOG_LINES: usize = 64;
+pub const LOG_LINE_CHARS: usize = 2_000;
+pub const LOG_BYTES: usize = 256 * 1024;
+pub const RESULT_CHARS: usize = 16_384;
+
+/// Where a Worker is in its life (R-HOST-2). `created` until an execution host claims it;
+/// `succeeded`, `failed`, `killed` and `lost` are ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    #[default]
+    Created,
+    Starting,
+    Running,
+    Paused,
+    Succeeded,
+    Failed,
+    Killed,
+    Lost,
+}
+
+impl WorkerState {
+    pub const ALL: [WorkerState; 8] = [
+        WorkerState::Created,
+        WorkerState::Starting,
+        WorkerState::Running,
+        WorkerState::Paused,
+        WorkerState::Succeeded,
+        WorkerState::Failed,
+        WorkerState::Killed,
+        WorkerState::Lost,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Created => "created",
+            WorkerState::Starting => "starting",
+            WorkerState::Running => "running",
+            WorkerState::Paused => "paused",
+            WorkerState::Succeeded => "succeeded",
+            WorkerState::Failed => "failed",
+            WorkerState::Killed => "killed",
+            WorkerState::Lost => "lost",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<WorkerState> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// Nothing more happens to it.
+    pub fn is_ended(self) -> bool {
+        matches!(self, WorkerState::Succeeded | WorkerState::Failed | WorkerState::Killed | WorkerState::Lost)
+    }
+
+    /// A host holds it: its Box is `running`.
+    pub fn is_live(self) -> bool {
+        matches!(self, WorkerState::Starting | WorkerState::Running | WorkerState::Paused)
+    }
+}
+
+impl std::fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The default lease of an execution binding (`ATASIRA_BINDING_TTL`).
 pub const DEFAULT_BINDING_TTL: Duration = Duration::from_secs(600);
 

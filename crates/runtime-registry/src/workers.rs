@@ -91,7 +91,7 @@ impl Created {
     fn fingerprint(&self) -> &str {
         match &self.event {
             WorkerEvent::WorkerCreated { fingerprint, .. } => fingerprint,
-            WorkerEvent::WorkerLaunchRefused { .. } => "",
+            _ => "",
         }
     }
 }

@@ -3,9 +3,16 @@
 //! stream holds the Worker's creation (catalog entry and initial transcript, with the
 //! chain of custody that led to its bundle) and every refused attempt at the launch.
 //!
+//! Then its life (R-HOST-1, R-HOST-2): one execution host claims it (`WorkerClaimed`, state
+//! `starting`), reports it `running` or `paused`, its log lines and how it ended
+//! (`succeeded`, `failed`, `killed`); the registry records it `lost` when its host's lease
+//! ran out; users ask it to stop or be killed and send it more input.
+//!
 //! Architecture Invariant: only `Create` issues a Worker, once per launch_id; a second
 //! `Create` of the same request adds nothing, of another request is `launch_id_conflict`.
 //! The binding handle is kept here as an opaque string and nowhere else in the runtime.
+//! A Worker is claimed once, by one host, and only from `created`: an ended or lost Worker
+//! never runs again, so no Worker runs twice at once. Only its host reports on it.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::aggregates::aggregate_via_decide;
 use crate::error::{ErrorCode, FieldError, Refusing};
-use crate::worker::{LaunchRequest, Segment, validate_launch, worker_id_for};
+use crate::worker::{LOG_BYTES, LOG_LINE_CHARS, LOG_LINES, LaunchRequest, RESULT_CHARS, Segment, WorkerState, segment_errors, validate_launch, worker_id_for};
 
 /// What `Create` asks for: every look-up (fingerprint, bundle, approval key, chain) was
 /// made before the command was built.
@@ -59,6 +66,30 @@ pub struct Worker {
     pub data: Option<WorkerData>,
     /// Refused attempts recorded on the stream.
     pub refusals: u32,
+    /// Where it is in its life (`created` until a host claims it).
+    pub state: WorkerState,
+    /// The host that claimed it.
+    pub host: Option<String>,
+    /// A stop (`false`) or kill (`true`) was asked for.
+    pub stop_requested: Option<bool>,
+    /// Bytes of log recorded so far (at most [`LOG_BYTES`]).
+    pub log_bytes: usize,
+}
+
+/// What the host running a Worker reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// Started, or resumed after a pause.
+    Running,
+    Paused,
+    /// Lines the Worker wrote (clipped to the bounds; beyond [`LOG_BYTES`] dropped).
+    Log(Vec<String>),
+    /// It ended: `succeeded`, `failed` or `killed`, with its exit code and result.
+    Finished {
+        state: WorkerState,
+        exit_code: Option<i32>,
+        result: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -67,6 +98,16 @@ pub enum WorkerCommand {
     Create(Box<NewWorker>),
     /// A refused attempt at this launch (audited as `worker.create_refused`).
     RecordRefusal { worker_id: String, launch_id: String, box_id: String, by: String, code: ErrorCode, reason: String, at: DateTime<Utc> },
+    /// An execution host takes the Worker on (R-HOST-1).
+    Claim { host: String, at: DateTime<Utc> },
+    /// The Worker's host reports on it (R-HOST-2).
+    Report { host: String, report: Report, at: DateTime<Utc> },
+    /// The host's lease ran out while the Worker was its: it is lost.
+    Lose { host: String, at: DateTime<Utc> },
+    /// A user asks the Worker to stop (`kill: false`: it may finish its step) or be killed.
+    Stop { by: String, kill: bool, at: DateTime<Utc> },
+    /// More input for a Worker that has not ended.
+    AddInput { by: String, input: Vec<Segment>, at: DateTime<Utc> },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,6 +138,60 @@ pub enum WorkerEvent {
         reason: String,
         at: DateTime<Utc>,
     },
+    WorkerClaimed {
+        worker_id: String,
+        box_id: String,
+        host: String,
+        at: DateTime<Utc>,
+    },
+    /// Started, or resumed.
+    WorkerRunning {
+        worker_id: String,
+        box_id: String,
+        host: String,
+        at: DateTime<Utc>,
+    },
+    WorkerPaused {
+        worker_id: String,
+        box_id: String,
+        host: String,
+        at: DateTime<Utc>,
+    },
+    WorkerLogged {
+        worker_id: String,
+        host: String,
+        lines: Vec<String>,
+        at: DateTime<Utc>,
+    },
+    WorkerFinished {
+        worker_id: String,
+        box_id: String,
+        host: String,
+        /// `succeeded`, `failed` or `killed`.
+        state: WorkerState,
+        exit_code: Option<i32>,
+        result: String,
+        at: DateTime<Utc>,
+    },
+    WorkerLost {
+        worker_id: String,
+        box_id: String,
+        host: String,
+        at: DateTime<Utc>,
+    },
+    WorkerStopRequested {
+        worker_id: String,
+        box_id: String,
+        by: String,
+        kill: bool,
+        at: DateTime<Utc>,
+    },
+    WorkerInputAdded {
+        worker_id: String,
+        by: String,
+        input: Vec<Segment>,
+        at: DateTime<Utc>,
+    },
 }
 
 impl WorkerEvent {
@@ -104,7 +199,28 @@ impl WorkerEvent {
         match self {
             WorkerEvent::WorkerCreated { .. } => "WorkerCreated",
             WorkerEvent::WorkerLaunchRefused { .. } => "WorkerLaunchRefused",
+            WorkerEvent::WorkerClaimed { .. } => "WorkerClaimed",
+            WorkerEvent::WorkerRunning { .. } => "WorkerRunning",
+            WorkerEvent::WorkerPaused { .. } => "WorkerPaused",
+            WorkerEvent::WorkerLogged { .. } => "WorkerLogged",
+            WorkerEvent::WorkerFinished { .. } => "WorkerFinished",
+            WorkerEvent::WorkerLost { .. } => "WorkerLost",
+            WorkerEvent::WorkerStopRequested { .. } => "WorkerStopRequested",
+            WorkerEvent::WorkerInputAdded { .. } => "WorkerInputAdded",
         }
+    }
+
+    /// The state this event puts its Worker in, if it changes it.
+    pub fn state(&self) -> Option<WorkerState> {
+        Some(match self {
+            WorkerEvent::WorkerCreated { .. } => WorkerState::Created,
+            WorkerEvent::WorkerClaimed { .. } => WorkerState::Starting,
+            WorkerEvent::WorkerRunning { .. } => WorkerState::Running,
+            WorkerEvent::WorkerPaused { .. } => WorkerState::Paused,
+            WorkerEvent::WorkerFinished { state, .. } => *state,
+            WorkerEvent::WorkerLost { .. } => WorkerState::Lost,
+            _ => return None,
+        })
     }
 }
 
@@ -119,13 +235,32 @@ pub enum WorkerError {
     /// 422: the command names another stream than its launch_id's (a bug of the caller).
     #[error("worker_id is not the launch_id's")]
     WrongWorkerId,
+    /// 404: no Worker was created on this stream.
+    #[error("no such Worker")]
+    NotFound,
+    /// 409: the Worker has ended (or was lost); nothing more happens to it.
+    #[error("the Worker has ended ({0})")]
+    Ended(WorkerState),
+    /// 409: another host claimed it, or it ran already.
+    #[error("the Worker is not waiting for a host: it is {0}")]
+    NotClaimable(WorkerState),
+    /// 403: a host reporting on a Worker it does not run.
+    #[error("this host does not run the Worker")]
+    NotItsHost,
+    /// 422: a report that makes no sense here (an unknown end state, a pause before start).
+    #[error("{0}")]
+    BadReport(&'static str),
 }
 
 impl WorkerError {
     pub fn code(&self) -> ErrorCode {
         match self {
             WorkerError::LaunchIdConflict(_) => ErrorCode::LaunchIdConflict,
-            WorkerError::Invalid(_) | WorkerError::WrongWorkerId => ErrorCode::InvalidRequest,
+            WorkerError::Invalid(_) | WorkerError::WrongWorkerId | WorkerError::BadReport(_) => ErrorCode::InvalidRequest,
+            WorkerError::NotFound => ErrorCode::WorkerNotFound,
+            WorkerError::Ended(_) => ErrorCode::WorkerEnded,
+            WorkerError::NotClaimable(_) => ErrorCode::Conflict,
+            WorkerError::NotItsHost => ErrorCode::Forbidden,
         }
     }
 }
@@ -194,7 +329,86 @@ impl Worker {
                 }
                 Ok(vec![WorkerEvent::WorkerLaunchRefused { worker_id, launch_id, box_id, by, code: code.as_str().to_owned(), reason, at }])
             }
+            WorkerCommand::Claim { host, at } => {
+                let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
+                match (&self.state, &self.host) {
+                    (WorkerState::Created, _) => {}
+                    // A retried claim of the same host.
+                    (WorkerState::Starting, Some(h)) if *h == host => return Ok(vec![]),
+                    (state, _) => return Err(WorkerError::NotClaimable(*state)),
+                }
+                let (worker_id, box_id) = (d.worker_id.clone(), d.box_id.clone());
+                let claimed = WorkerEvent::WorkerClaimed { worker_id: worker_id.clone(), box_id: box_id.clone(), host: host.clone(), at };
+                // Stopped before any host took it: it ends here.
+                if self.stop_requested.is_some() {
+                    return Ok(vec![
+                        claimed,
+                        WorkerEvent::WorkerFinished { worker_id, box_id, host, state: WorkerState::Killed, exit_code: None, result: String::new(), at },
+                    ]);
+                }
+                Ok(vec![claimed])
+            }
+            WorkerCommand::Report { host, report, at } => {
+                let d = self.ours(&host)?;
+                let (worker_id, box_id) = (d.worker_id.clone(), d.box_id.clone());
+                Ok(match report {
+                    Report::Running if self.state == WorkerState::Running => vec![],
+                    Report::Running => vec![WorkerEvent::WorkerRunning { worker_id, box_id, host, at }],
+                    Report::Paused if self.state == WorkerState::Paused => vec![],
+                    Report::Paused if self.state == WorkerState::Starting => return Err(WorkerError::BadReport("a Worker pauses only once it runs")),
+                    Report::Paused => vec![WorkerEvent::WorkerPaused { worker_id, box_id, host, at }],
+                    Report::Log(lines) => {
+                        let lines = bounded_log(lines, LOG_BYTES.saturating_sub(self.log_bytes));
+                        if lines.is_empty() { vec![] } else { vec![WorkerEvent::WorkerLogged { worker_id, host, lines, at }] }
+                    }
+                    Report::Finished { state, exit_code, result } => {
+                        if !matches!(state, WorkerState::Succeeded | WorkerState::Failed | WorkerState::Killed) {
+                            return Err(WorkerError::BadReport("a Worker ends succeeded, failed or killed"));
+                        }
+                        let result = result.chars().take(RESULT_CHARS).collect::<String>().replace('\0', "");
+                        vec![WorkerEvent::WorkerFinished { worker_id, box_id, host, state, exit_code, result, at }]
+                    }
+                })
+            }
+            WorkerCommand::Lose { host, at } => {
+                let d = self.ours(&host)?;
+                Ok(vec![WorkerEvent::WorkerLost { worker_id: d.worker_id.clone(), box_id: d.box_id.clone(), host, at }])
+            }
+            WorkerCommand::Stop { by, kill, at } => {
+                let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
+                if self.state.is_ended() {
+                    return Err(WorkerError::Ended(self.state));
+                }
+                // Asked already (a kill after a stop still counts).
+                if self.stop_requested == Some(true) || self.stop_requested == Some(kill) {
+                    return Ok(vec![]);
+                }
+                Ok(vec![WorkerEvent::WorkerStopRequested { worker_id: d.worker_id.clone(), box_id: d.box_id.clone(), by, kill, at }])
+            }
+            WorkerCommand::AddInput { by, input, at } => {
+                let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
+                if self.state.is_ended() {
+                    return Err(WorkerError::Ended(self.state));
+                }
+                let errors = segment_errors(&input);
+                if !errors.is_empty() {
+                    return Err(WorkerError::Invalid(errors));
+                }
+                Ok(vec![WorkerEvent::WorkerInputAdded { worker_id: d.worker_id.clone(), by, input, at }])
+            }
         }
+    }
+
+    /// The Worker's data when `host` runs it and it has not ended.
+    fn ours(&self, host: &str) -> Result<&WorkerData, WorkerError> {
+        let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
+        if self.host.as_deref() != Some(host) {
+            return Err(WorkerError::NotItsHost);
+        }
+        if self.state.is_ended() {
+            return Err(WorkerError::Ended(self.state));
+        }
+        Ok(d)
     }
 
     pub fn evolve(&mut self, event: WorkerEvent) {
@@ -205,8 +419,37 @@ impl Worker {
                 }
             }
             WorkerEvent::WorkerLaunchRefused { .. } => self.refusals = self.refusals.saturating_add(1),
+            WorkerEvent::WorkerClaimed { host, .. } => {
+                self.state = WorkerState::Starting;
+                self.host = Some(host);
+            }
+            WorkerEvent::WorkerLogged { lines, .. } => self.log_bytes = self.log_bytes.saturating_add(lines.iter().map(String::len).sum()),
+            WorkerEvent::WorkerStopRequested { kill, .. } => self.stop_requested = Some(kill || self.stop_requested == Some(true)),
+            e
+            @ (WorkerEvent::WorkerRunning { .. } | WorkerEvent::WorkerPaused { .. } | WorkerEvent::WorkerFinished { .. } | WorkerEvent::WorkerLost { .. }) => {
+                if let Some(state) = e.state() {
+                    self.state = state;
+                }
+            }
+            WorkerEvent::WorkerInputAdded { .. } => {}
         }
     }
+}
+
+/// Log lines within the bounds: at most [`LOG_LINES`] lines of [`LOG_LINE_CHARS`]
+/// characters each, at most `room` bytes in all, without NUL characters.
+pub fn bounded_log(lines: Vec<String>, room: usize) -> Vec<String> {
+    let mut used = 0usize;
+    let mut out = Vec::new();
+    for line in lines.into_iter().take(LOG_LINES) {
+        let line: String = line.chars().take(LOG_LINE_CHARS).filter(|c| *c != '\0').collect();
+        if used + line.len() > room {
+            break;
+        }
+        used += line.len();
+        out.push(line);
+    }
+    out
 }
 
 aggregate_via_decide!(Worker, super::types::WORKER, WorkerCommand, WorkerEvent, WorkerError);
@@ -305,5 +548,118 @@ mod tests {
         let mut other = new_worker("fp", "h");
         other.worker_id = worker_id_for("launch-2");
         assert_eq!(given_when::<Worker>(vec![], WorkerCommand::Create(Box::new(other))), Err(WorkerError::WrongWorkerId));
+    }
+
+    fn created() -> Vec<WorkerEvent> {
+        given_when::<Worker>(vec![], create("fp-1", "bnd_1")).expect("created")
+    }
+
+    fn then(history: &[WorkerEvent], command: WorkerCommand) -> Result<Vec<WorkerEvent>, WorkerError> {
+        given_when::<Worker>(history.to_vec(), command)
+    }
+
+    fn claim(host: &str) -> WorkerCommand {
+        WorkerCommand::Claim { host: host.into(), at: at(2) }
+    }
+
+    fn report(host: &str, report: Report) -> WorkerCommand {
+        WorkerCommand::Report { host: host.into(), report, at: at(3) }
+    }
+
+    fn state_of(history: &[WorkerEvent]) -> WorkerState {
+        let mut w = Worker::default();
+        for e in history {
+            w.evolve(e.clone());
+        }
+        w.state
+    }
+
+    #[test]
+    fn r_host_1_given_a_created_worker_when_two_hosts_claim_then_only_the_first_has_it() {
+        let mut h = created();
+        let claimed = then(&h, claim("host-a")).expect("claimed");
+        assert_eq!(claimed.iter().map(WorkerEvent::name).collect::<Vec<_>>(), ["WorkerClaimed"]);
+        h.extend(claimed);
+        assert_eq!(state_of(&h), WorkerState::Starting);
+        assert_eq!(then(&h, claim("host-a")), Ok(vec![]), "a retried claim adds nothing");
+        assert_eq!(then(&h, claim("host-b")), Err(WorkerError::NotClaimable(WorkerState::Starting)));
+        // Nothing to claim before the Worker exists.
+        assert_eq!(then(&[], claim("host-a")), Err(WorkerError::NotFound));
+    }
+
+    #[test]
+    fn r_host_2_given_a_claimed_worker_when_its_host_reports_then_it_runs_pauses_logs_and_ends() {
+        let mut h = created();
+        h.extend(then(&h, claim("host-a")).expect("claimed"));
+        assert_eq!(then(&h, report("host-a", Report::Paused)), Err(WorkerError::BadReport("a Worker pauses only once it runs")));
+        h.extend(then(&h, report("host-a", Report::Running)).expect("running"));
+        assert_eq!(state_of(&h), WorkerState::Running);
+        assert_eq!(then(&h, report("host-a", Report::Running)), Ok(vec![]));
+        h.extend(then(&h, report("host-a", Report::Paused)).expect("paused"));
+        assert_eq!(state_of(&h), WorkerState::Paused);
+        h.extend(then(&h, report("host-a", Report::Running)).expect("resumed"));
+        let logged = then(&h, report("host-a", Report::Log(vec!["step 1".into(), "x".repeat(LOG_LINE_CHARS + 10)]))).expect("logged");
+        let [WorkerEvent::WorkerLogged { lines, .. }] = logged.as_slice() else { panic!("{logged:?}") };
+        assert_eq!(lines[1].chars().count(), LOG_LINE_CHARS, "a long line is clipped");
+        h.extend(logged);
+        // Another host may not report on it.
+        assert_eq!(then(&h, report("host-b", Report::Running)), Err(WorkerError::NotItsHost));
+        assert_eq!(
+            then(&h, report("host-a", Report::Finished { state: WorkerState::Lost, exit_code: None, result: String::new() })).map_err(|e| e.code()),
+            Err(ErrorCode::InvalidRequest)
+        );
+        let finished =
+            then(&h, report("host-a", Report::Finished { state: WorkerState::Succeeded, exit_code: Some(0), result: "done".into() })).expect("finished");
+        h.extend(finished);
+        assert_eq!(state_of(&h), WorkerState::Succeeded);
+        // Ended: nothing more.
+        assert_eq!(then(&h, report("host-a", Report::Running)), Err(WorkerError::Ended(WorkerState::Succeeded)));
+        assert_eq!(then(&h, claim("host-b")), Err(WorkerError::NotClaimable(WorkerState::Succeeded)));
+        let stop = WorkerCommand::Stop { by: "alice".into(), kill: true, at: at(9) };
+        assert_eq!(then(&h, stop).map_err(|e| e.code()), Err(ErrorCode::WorkerEnded));
+    }
+
+    #[test]
+    fn r_host_1_given_a_lost_worker_then_no_host_ever_runs_it_again() {
+        let mut h = created();
+        h.extend(then(&h, claim("host-a")).expect("claimed"));
+        h.extend(then(&h, report("host-a", Report::Running)).expect("running"));
+        assert_eq!(then(&h, WorkerCommand::Lose { host: "host-b".into(), at: at(5) }), Err(WorkerError::NotItsHost));
+        h.extend(then(&h, WorkerCommand::Lose { host: "host-a".into(), at: at(5) }).expect("lost"));
+        assert_eq!(state_of(&h), WorkerState::Lost);
+        assert_eq!(then(&h, claim("host-b")), Err(WorkerError::NotClaimable(WorkerState::Lost)));
+        assert_eq!(then(&h, claim("host-a")), Err(WorkerError::NotClaimable(WorkerState::Lost)));
+        assert_eq!(then(&h, report("host-a", Report::Running)), Err(WorkerError::Ended(WorkerState::Lost)), "a host that comes back is told");
+    }
+
+    #[test]
+    fn r_host_2_given_a_stop_then_a_kill_counts_and_a_worker_stopped_before_any_host_ends_at_its_claim() {
+        let mut h = created();
+        let stop = |kill| WorkerCommand::Stop { by: "alice".into(), kill, at: at(4) };
+        h.extend(then(&h, stop(false)).expect("stop"));
+        assert_eq!(then(&h, stop(false)), Ok(vec![]));
+        let kill = then(&h, stop(true)).expect("kill after stop");
+        assert!(matches!(kill.as_slice(), [WorkerEvent::WorkerStopRequested { kill: true, .. }]));
+        h.extend(kill);
+        assert_eq!(then(&h, stop(false)), Ok(vec![]), "a stop after a kill adds nothing");
+        let claimed = then(&h, claim("host-a")).expect("claimed");
+        assert_eq!(claimed.iter().filter_map(WorkerEvent::state).collect::<Vec<_>>(), [WorkerState::Starting, WorkerState::Killed]);
+    }
+
+    #[test]
+    fn r_host_2_more_input_reaches_a_worker_that_has_not_ended_within_bounds() {
+        let h = created();
+        let add = |input: Vec<Segment>| WorkerCommand::AddInput { by: "alice".into(), input, at: at(4) };
+        assert!(matches!(then(&h, add(vec![Segment::Text("more".into())])).as_deref(), Ok([WorkerEvent::WorkerInputAdded { .. }])));
+        assert_eq!(then(&h, add(vec![])).map_err(|e| e.code()), Err(ErrorCode::InvalidRequest));
+    }
+
+    #[test]
+    fn the_log_keeps_within_its_bytes() {
+        let lines = vec!["a".repeat(100); 10];
+        assert_eq!(bounded_log(lines.clone(), 1_000).len(), 10);
+        assert_eq!(bounded_log(lines.clone(), 950).len(), 9);
+        assert!(bounded_log(lines, 0).is_empty());
+        assert_eq!(bounded_log(vec!["a\0b".into()], 10), ["ab"]);
     }
 }

@@ -128,6 +128,18 @@ fn worker(event: &WorkerEvent) -> String {
             format!("launch {launch_id}{role} with bundle {bundle_digest}")
         }
         WorkerEvent::WorkerLaunchRefused { launch_id, code, reason, .. } => format!("launch {launch_id} refused ({code}): {reason}"),
+        WorkerEvent::WorkerClaimed { host, .. } => format!("claimed by host {host}"),
+        WorkerEvent::WorkerRunning { host, .. } => format!("running on host {host}"),
+        WorkerEvent::WorkerPaused { host, .. } => format!("paused on host {host}"),
+        WorkerEvent::WorkerLogged { lines, .. } => format!("{} log line(s)", lines.len()),
+        WorkerEvent::WorkerFinished { state, exit_code, .. } => match exit_code {
+            Some(code) => format!("{state} (exit code {code})"),
+            None => state.to_string(),
+        },
+        WorkerEvent::WorkerLost { host, .. } => format!("lost: host {host} stopped renewing its lease"),
+        WorkerEvent::WorkerStopRequested { kill: true, .. } => "kill requested".to_owned(),
+        WorkerEvent::WorkerStopRequested { kill: false, .. } => "stop requested".to_owned(),
+        WorkerEvent::WorkerInputAdded { input, .. } => format!("{} input segment(s)", input.len()),
     }
 }
 
