@@ -577,6 +577,9 @@ fn permission_table() -> String {
         let p = shown(subjects::client_permissions(&"0".repeat(64), admin).expect("a hash"));
         table.push_str(&format!("| {who} | {} | {} |\n", list(&p.publish), list(&p.subscribe)));
     }
+    let p = subjects::host_permissions("host-name").expect("a host name");
+    let named = |s: &[String]| list(&s.iter().map(|s| s.replace("host-name", "N")).collect::<Vec<_>>());
+    table.push_str(&format!("| execution host `N` (`host-N`) | {} | {} |\n", named(&p.publish), named(&p.subscribe)));
     table
 }
 

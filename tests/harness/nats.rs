@@ -99,6 +99,10 @@ impl Nats {
         let out = creds_dir.display().to_string();
         let store = store_dir.0.display().to_string();
         let mut args = vec!["nats-config".to_owned(), "--out".into(), out, "--port".into(), ports[0].to_string(), "--store-dir".into(), store];
+        // Two execution hosts' credentials (`System::start_host`).
+        for host in super::system::HOSTS {
+            args.extend(["--host".to_owned(), (*host).to_owned()]);
+        }
         if nodes > 1 {
             for _ in 0..nodes {
                 args.extend(["--route".to_owned(), format!("127.0.0.1:{}", free.next().expect("a route port"))]);

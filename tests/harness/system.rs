@@ -24,6 +24,15 @@ pub enum Mode {
 /// The service processes of cluster mode, besides the gateway.
 pub const CLUSTER_SERVICES: &[&str] = &["drafts", "approval", "runtime-registry", "provisioner", "audit"];
 
+/// The execution hosts a cluster has credentials for (`atasira nats-config --host`).
+pub const HOSTS: &[&str] = &["h1", "h2"];
+
+/// The example runner the repository ships.
+pub fn example_runner() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/runner/echo-runner.sh");
+    std::fs::canonicalize(&path).unwrap_or(path).display().to_string()
+}
+
 /// Environment variable names are static strings in practice; tests pass literals.
 fn leak(name: &str) -> &'static str {
     Box::leak(name.to_owned().into_boxed_str())
@@ -181,7 +190,7 @@ impl System {
     /// Cluster: how the process `identity` connects to NATS (its nkey, its inbox prefix, TLS
     /// trusting the cluster's CA), for a test that connects as it.
     pub fn nats_options(&self, identity: &str) -> async_nats::ConnectOptions {
-        nats_tls(async_nats::ConnectOptions::with_nkey(self.nats_seed(identity)).custom_inbox_prefix(atasira_contracts::subjects::inbox_prefix(identity)))
+        nats_tls(async_nats::ConnectOptions::with_nkey(self.nats_seed(identity)).custom_inbox_prefix(atasira_contracts::subjects::inbox_of(identity)))
     }
 
     /// Cluster: the NATS CA certificate (`ca.pem`), for a client that is not ours.
@@ -257,6 +266,25 @@ impl System {
         let line = g.wait_stderr("listening on http://", Duration::from_secs(30));
         self.base_url = listening_url(&line);
         self.procs.push(g);
+    }
+
+    /// Cluster: starts execution host `name` (one of [`HOSTS`]: `atasira serve host`) with its
+    /// own NATS credentials and nothing else (no database), the runner and settings in
+    /// `extra_env` (`ATASIRA_RUNNER`); waits until it serves decisions. Embedded mode runs
+    /// its host in `atasira dev` (`ATASIRA_RUNNER` at start): nothing to do.
+    pub fn start_host(&mut self, name: &str, extra_env: &[(&str, String)]) {
+        if self.mode == Mode::Embedded {
+            return;
+        }
+        let mut env = vec![
+            ("ATASIRA_NATS_URL", self.nats.as_ref().map(Nats::urls).unwrap_or_default()),
+            ("ATASIRA_NATS_CREDS", self.nats_creds(&format!("host-{name}")).display().to_string()),
+            ("RUST_LOG", "info".to_owned()),
+        ];
+        env.extend(extra_env.iter().map(|(k, v)| (leak(k), v.clone())));
+        let mut p = Proc::spawn(&format!("atasira serve host {name}"), &atasira_bin(), &["serve", "host", "--name", name], &env);
+        p.wait_stderr("execution host: decisions on", Duration::from_secs(30));
+        self.procs.push(p);
     }
 
     /// Events written behind the product's back ring no bell in embedded mode (PostgreSQL

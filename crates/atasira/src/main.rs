@@ -12,6 +12,7 @@
 mod bench;
 mod client;
 mod db_roles;
+mod decide;
 mod files;
 mod keys;
 mod mcp;
@@ -83,23 +84,36 @@ enum Command {
         /// off the public network: its answers name internal errors.
         #[arg(long, env = "ATASIRA_METRICS_LISTEN", value_name = "ADDR")]
         metrics_listen: Option<SocketAddr>,
+        /// The name of the execution host `dev` runs in-process when --runner is given.
+        #[arg(long, env = "ATASIRA_HOST_NAME", value_name = "NAME", default_value = "local")]
+        host_name: String,
+        #[command(flatten)]
+        host: HostArgs,
         #[command(flatten)]
         https: HttpsArgs,
         #[command(flatten)]
         common: CommonArgs,
     },
-    /// Run one service as its own process on NATS and PostgreSQL (cluster mode).
+    /// Run one service as its own process on NATS and PostgreSQL (cluster mode), or an
+    /// execution host (`serve host --name NAME --runner CMD`) that runs Workers on NATS alone.
     Serve {
-        /// The service to run.
+        /// The service to run, or `host`.
         service: services::ServiceName,
+        /// The execution host's name (`serve host` only): its NATS credentials are
+        /// host-NAME.creds (`atasira nats-config --host NAME`).
+        #[arg(long, env = "ATASIRA_HOST_NAME", value_name = "NAME")]
+        name: Option<String>,
+        #[command(flatten)]
+        host: HostArgs,
         /// NATS server (JetStream enabled), or the nodes of a NATS cluster separated by
         /// commas.
         #[arg(long, env = "ATASIRA_NATS_URL", hide_env_values = true, default_value = "tls://127.0.0.1:4222")]
         nats_url: String,
         #[command(flatten)]
         nats_auth: NatsAuthArgs,
-        /// PostgreSQL database holding the shared event store.
-        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true, required_unless_present = "database_url_file")]
+        /// PostgreSQL database holding the shared event store (every service; an execution
+        /// host has none).
+        #[arg(long, env = "ATASIRA_DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
         /// File holding this process's PostgreSQL URL (`atasira db roles` writes one per
         /// process; readable by its owner only).
@@ -179,6 +193,11 @@ enum Command {
         /// written to DIR either way.
         #[arg(long, value_name = "PATH")]
         cert_dir: Option<PathBuf>,
+        /// An execution host to write credentials for (DIR/host-NAME.creds, for `atasira
+        /// serve host --name NAME`), repeated or separated by commas. A host may speak only
+        /// as itself, and only to the runtime registry and the provisioner.
+        #[arg(long = "host", value_name = "NAME", value_delimiter = ',', num_args = 1)]
+        hosts: Vec<String>,
         /// Replace a configuration already in DIR, with new keys for every process (each
         /// process then needs its new file, and nats-server the new configuration).
         #[arg(long)]
@@ -254,6 +273,31 @@ enum Command {
     /// when the gateway could not be reached.
     #[command(subcommand)]
     Workers(client::WorkersCommand),
+    /// Decide a tool call before it runs: reads {"tool", "input"} JSON (or an agent CLI's
+    /// pre-tool-use hook input, {"tool_name", "tool_input"}) on stdin, prints the decision
+    /// ({"decision": "allow|deny|ask", "rule", "reason"}) and exits 0 when allowed, 2
+    /// otherwise with the reason on stderr. Inside a Worker it asks the execution host that
+    /// runs it (which records denials); elsewhere pass --manifest. Any failure to decide is
+    /// a denial.
+    Decide {
+        /// Judge against this manifest YAML file instead of asking an execution host.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+        /// The workspace the manifest's Worker would run in (default: the current
+        /// directory; with --manifest only).
+        #[arg(long, value_name = "DIR", requires = "manifest")]
+        workspace: Option<PathBuf>,
+        /// The execution host's decision endpoint (set for a Worker by its host).
+        #[arg(long, env = "ATASIRA_DECIDE_URL", value_name = "URL", hide_env_values = true)]
+        url: Option<String>,
+        /// The Worker's credential at its host (set for a Worker by its host).
+        #[arg(long, env = "ATASIRA_WORKER_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Seconds to wait for the host's answer (a call that needs a human admin waits for
+        /// the decision).
+        #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+        timeout: u64,
+    },
     /// Serve the Model Context Protocol on stdin/stdout, for AI agents and MCP clients.
     ///
     /// Five tools, each one call of a running gateway's REST API with the given token:
@@ -283,6 +327,44 @@ struct NatsAuthArgs {
     /// minute.
     #[arg(long, env = "ATASIRA_INSECURE_NATS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
     insecure_nats: bool,
+}
+
+/// How an execution host runs Workers.
+#[derive(Debug, Clone, Args)]
+struct HostArgs {
+    /// The command that runs a Worker (`/bin/sh -c CMD`), in the Worker's workspace with a
+    /// clean environment: on stdin the Box's agent context XML and the Worker's input
+    /// (<input><segment kind="text">...</segment></input>, again for each later input); in
+    /// ATASIRA_WORKER_ID, ATASIRA_DECIDE_URL and ATASIRA_WORKER_TOKEN how to ask before each
+    /// tool call (`atasira decide` does). Its stderr is the Worker's log, its stdout its
+    /// result, its exit status how it ended. For `dev`: without it no Worker runs (they
+    /// stay `created`). Example: examples/runner/echo-runner.sh.
+    #[arg(long, env = "ATASIRA_RUNNER", value_name = "CMD")]
+    runner: Option<String>,
+    /// Workers the host runs at once.
+    #[arg(long, env = "ATASIRA_HOST_CAPACITY", value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    capacity: u32,
+    /// How long a stopped Worker's runner has between SIGTERM and SIGKILL: 10s, 1m.
+    #[arg(long, env = "ATASIRA_STOP_GRACE", value_name = "DURATION", default_value = "10s", value_parser = atasira_domain::worker::parse_ttl)]
+    stop_grace: Duration,
+}
+
+impl HostArgs {
+    /// The host's configuration, if a runner was given.
+    fn config(&self, name: &str) -> Option<atasira_host::HostConfig> {
+        let runner = self.runner.clone()?;
+        // The runner finds `atasira` (for `atasira decide`) first on its PATH.
+        let own_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_string_lossy().into_owned()));
+        let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".to_owned());
+        Some(atasira_host::HostConfig {
+            name: name.to_owned(),
+            runner,
+            capacity: self.capacity,
+            stop_grace: self.stop_grace,
+            decide_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            runner_path: own_dir.map_or(path.clone(), |d| format!("{d}:{path}")),
+        })
+    }
 }
 
 /// HTTPS for the REST API.
@@ -345,6 +427,10 @@ struct CommonArgs {
     /// workspace and tool scope) stays usable before it expires unused: 600, 90s, 10m, 1h.
     #[arg(long, env = "ATASIRA_BINDING_TTL", value_name = "DURATION", default_value = "10m", value_parser = atasira_domain::worker::parse_ttl)]
     binding_ttl: Duration,
+    /// How long an execution host holds its Workers after its last heartbeat: a host not
+    /// heard from for this long loses them (they end `lost` and never run again): 10s, 1m.
+    #[arg(long, env = "ATASIRA_HOST_LEASE", value_name = "DURATION", default_value = "10s", value_parser = atasira_domain::worker::parse_ttl)]
+    host_lease: Duration,
     /// Testing only: seconds an unfinished Idempotency-Key claim holds before a retry may
     /// take it over and redo the work (default: three request timeouts, the consistency
     /// wait and 6 s, longer than any request can take). Shorter lets a retry redo work that
@@ -436,6 +522,8 @@ impl CommonArgs {
             },
             provision_backoff: Duration::from_millis(self.provision_backoff_ms),
             binding_ttl: self.binding_ttl,
+            host_lease: self.host_lease,
+            host: None,
         }
     }
 }
@@ -631,11 +719,26 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let outcome = match cli.command {
-        Command::Dev { data_dir, listen, metrics_listen, https, common } => {
+        Command::Dev { data_dir, listen, metrics_listen, host_name, host, https, common } => {
             common.hooks.configure();
             run_traced(Some("atasira-dev"), async move {
                 let listen = services::Listen { api: listen, tls: https.server_config()?, probes: metrics_listen };
-                services::dev(common.settings(data_dir), listen).await
+                let mut settings = common.settings(data_dir);
+                settings.host = host.config(&host_name);
+                services::dev(settings, listen).await
+            })
+        }
+        Command::Serve { service: services::ServiceName::Host, name, host, nats_url, nats_auth, .. } => {
+            let Some(name) = name else {
+                return exit_usage("serve host needs --name NAME (its NATS credentials are host-NAME.creds)");
+            };
+            let Some(config) = host.config(&name) else {
+                return exit_usage("serve host needs --runner CMD: the command that runs each Worker");
+            };
+            let identity = atasira_contracts::subjects::host_identity(&name);
+            run_traced(Some(&format!("atasira-{identity}")), async move {
+                let auth = services::NatsAuth::from_args(&identity, nats_auth.nats_creds.as_deref(), nats_auth.nats_ca.as_deref(), nats_auth.insecure_nats)?;
+                services::serve_host(&nats_url, auth, config).await
             })
         }
         Command::Serve {
@@ -652,6 +755,7 @@ fn main() -> ExitCode {
             metrics_listen,
             https,
             common,
+            ..
         } => {
             common.hooks.configure();
             let keys = services::ClusterKeys { approval: approval_key, approval_file: approval_key_file, audit: audit_key };
@@ -660,12 +764,13 @@ fn main() -> ExitCode {
                 let auth =
                     services::NatsAuth::from_args(service.identity(), nats_auth.nats_creds.as_deref(), nats_auth.nats_ca.as_deref(), nats_auth.insecure_nats)?;
                 let listen = services::Listen { api: listen, tls: https.server_config()?, probes: metrics_listen };
-                let database_url = services::database_url(database_url, database_url_file.as_deref())?.unwrap_or_default();
+                let database_url = services::database_url(database_url, database_url_file.as_deref())?
+                    .ok_or_else(|| anyhow::anyhow!("the {} service needs its database: --database-url URL or --database-url-file FILE", service.identity()))?;
                 services::serve(service, &nats_url, auth, &database_url, keys, listen, common.settings(data_dir)).await
             })
         }
-        Command::NatsConfig { out, port, store_dir, routes, tls_hosts, cert_dir, force } => {
-            nats_config::run(&nats_config::Options { out, port, store_dir, routes, tls_hosts, cert_dir, force })
+        Command::NatsConfig { out, port, store_dir, routes, tls_hosts, cert_dir, hosts, force } => {
+            nats_config::run(&nats_config::Options { out, port, store_dir, routes, tls_hosts, cert_dir, hosts, force })
                 .map(|()| ExitCode::SUCCESS)
                 .map_err(|e| format!("{e:#}"))
         }
@@ -720,6 +825,14 @@ fn main() -> ExitCode {
         Command::Drafts(DraftsCommand::Client(cmd)) => Ok(client::drafts(cmd)),
         Command::Boxes(cmd) => Ok(client::boxes(cmd)),
         Command::Mcp(args) => run_async(mcp::serve(args)),
+        Command::Decide { manifest, workspace, url, token, timeout } => {
+            let source = match (manifest, url, token) {
+                (Some(file), _, _) => Some(decide::Source::Manifest { file, workspace }),
+                (None, Some(url), Some(token)) => Some(decide::Source::Host { url, token }),
+                _ => None,
+            };
+            Ok(decide::run(source, Duration::from_secs(timeout.max(1))))
+        }
         Command::Workers(cmd) => {
             let sub = matches.subcommand().and_then(|(_, m)| m.subcommand()).map(|(_, m)| m);
             Ok(client::workers(cmd, sub))
@@ -732,6 +845,12 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A usage mistake found after parsing: said on stderr, exit 2.
+fn exit_usage(message: &str) -> ExitCode {
+    eprintln!("atasira: {message}");
+    ExitCode::from(2)
 }
 
 /// Like `run_async`, for commands that choose their exit code.

@@ -31,17 +31,18 @@ pub fn creds_path(dir: &Path, identity: &str) -> PathBuf {
     dir.join(format!("{identity}.creds"))
 }
 
-/// Every NATS user the configuration names: the processes of the cluster, then the
-/// operator (who sets up JetStream with `atasira nats-setup`).
-fn users() -> impl Iterator<Item = &'static str> {
-    subjects::IDENTITIES.iter().copied().chain([subjects::OPERATOR])
+/// Every NATS user the configuration names: the processes of the cluster, the operator
+/// (who sets up JetStream with `atasira nats-setup`), then each execution host
+/// (`host-<name>`).
+fn users(hosts: &[String]) -> Vec<String> {
+    subjects::IDENTITIES.iter().copied().chain([subjects::OPERATOR]).map(str::to_owned).chain(hosts.iter().map(|h| subjects::host_identity(h))).collect()
 }
 
 /// What the configuration needs to know about the keys (public halves only).
 #[derive(Debug, Clone)]
 pub struct PublicKeys {
     /// (identity, user public key `U...`), in `users()` order.
-    pub users: Vec<(&'static str, String)>,
+    pub users: Vec<(String, String)>,
     /// The auth callout's issuer (account public key `A...`).
     pub callout_issuer: String,
     /// The key the server encrypts the callout's requests to (curve public key `X...`).
@@ -214,7 +215,7 @@ pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path, node: Option<
     for (identity, public) in &keys.users {
         let nkey = quoted(public).ok_or_else(|| anyhow::anyhow!("malformed public key for {identity}"))?;
         let _ = writeln!(conf, "      # {identity}");
-        let _ = writeln!(conf, "      {{ nkey: {nkey}, permissions: {} }}", render_permissions(&subjects::permissions(identity))?);
+        let _ = writeln!(conf, "      {{ nkey: {nkey}, permissions: {} }}", render_permissions(&subjects::permissions_of(identity))?);
     }
     let _ = writeln!(conf, "    ]");
     let _ = writeln!(conf, "  }}");
@@ -347,6 +348,8 @@ pub struct Options {
     pub tls_hosts: Vec<String>,
     /// `--cert-dir`: where nats-server will read its certificate and key (default `out`).
     pub cert_dir: Option<PathBuf>,
+    /// `--host`: the execution hosts that get credentials (`host-<name>.creds`).
+    pub hosts: Vec<String>,
     pub force: bool,
 }
 
@@ -365,7 +368,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let existing: Vec<PathBuf> = conf_files
         .iter()
         .cloned()
-        .chain(users().map(|i| creds_path(out, i)))
+        .chain(users(&options.hosts).iter().map(|i| creds_path(out, i)))
         .chain(tls_in_out.iter().flat_map(|t| [t.cert.clone(), t.key.clone()]))
         .chain([out.join(CA_FILE)])
         .filter(|p| p.exists())
@@ -416,18 +419,24 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
 
     let issuer = nkeys::KeyPair::new_account();
     let xkey = nkeys::XKey::new();
-    let users: Vec<(&'static str, nkeys::KeyPair)> = users().map(|i| (i, nkeys::KeyPair::new_user())).collect();
-    let public =
-        PublicKeys { users: users.iter().map(|(i, k)| (*i, k.public_key())).collect(), callout_issuer: issuer.public_key(), callout_xkey: xkey.public_key() };
+    if let Some(bad) = options.hosts.iter().find(|h| !subjects::is_host_name(h)) {
+        anyhow::bail!("--host {bad:?}: a host name is 1 to 32 lowercase letters, digits and '-'");
+    }
+    let users: Vec<(String, nkeys::KeyPair)> = users(&options.hosts).into_iter().map(|i| (i, nkeys::KeyPair::new_user())).collect();
+    let public = PublicKeys {
+        users: users.iter().map(|(i, k)| (i.clone(), k.public_key())).collect(),
+        callout_issuer: issuer.public_key(),
+        callout_xkey: xkey.public_key(),
+    };
     let seed = |k: &nkeys::KeyPair| k.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"));
     let (issuer_seed, xkey_seed) = (seed(&issuer)?, xkey.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"))?);
 
     let mut written = Vec::new();
     for (identity, key) in &users {
-        let callout = (*identity == subjects::GATEWAY).then_some(CalloutSeeds { issuer: &issuer_seed, xkey: &xkey_seed });
+        let callout = (identity == subjects::GATEWAY).then_some(CalloutSeeds { issuer: &issuer_seed, xkey: &xkey_seed });
         let path = creds_path(&out, identity);
         crate::files::write_file(&path, &render_creds(identity, &seed(key)?, callout.as_ref(), &issued.ca_pem), 0o600)?;
-        written.push((path, *identity));
+        written.push((path, identity.clone()));
     }
     // The CA and the certificates are public; the servers' keys for nats-server alone.
     let ca_path = out.join(CA_FILE);
@@ -461,10 +470,11 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     }
     eprintln!("  {} (the private CA: NATS clients trust it; every credentials file holds it too)", ca_path.display());
     for (path, identity) in &written {
-        let what = match *identity {
-            subjects::GATEWAY => "gateway, with the auth callout's issuer and encryption keys",
-            subjects::OPERATOR => "operator: sets up JetStream; give it to no process",
-            _ => identity,
+        let what = match identity.as_str() {
+            subjects::GATEWAY => "gateway, with the auth callout's issuer and encryption keys".to_owned(),
+            subjects::OPERATOR => "operator: sets up JetStream; give it to no process".to_owned(),
+            host if host.starts_with("host-") => format!("execution host {}", &host[5..]),
+            other => other.to_owned(),
         };
         eprintln!("  {} ({what}; mode 0600)", path.display());
     }
@@ -491,7 +501,7 @@ mod tests {
 
     fn keys() -> PublicKeys {
         PublicKeys {
-            users: users().map(|i| (i, nkeys::KeyPair::new_user().public_key())).collect(),
+            users: users(&["h1".to_owned()]).into_iter().map(|i| (i, nkeys::KeyPair::new_user().public_key())).collect(),
             callout_issuer: nkeys::KeyPair::new_account().public_key(),
             callout_xkey: nkeys::XKey::new().public_key(),
         }
@@ -518,7 +528,9 @@ mod tests {
             assert!(conf.contains(&format!("# {identity}\n      {{ nkey: \"{public}\"")), "{identity}");
         }
         assert!(conf.contains(&format!("issuer: \"{}\"", keys.callout_issuer)));
-        assert_eq!(conf.matches("allow_responses: false").count(), subjects::IDENTITIES.len() + 1, "replies go to the callers' inboxes only");
+        assert_eq!(conf.matches("allow_responses: false").count(), subjects::IDENTITIES.len() + 2, "replies go to the callers' inboxes only");
+        assert!(conf.contains("# host-h1\n"), "an execution host has a user of its own: {conf}");
+        assert!(conf.contains("\"atasira.box.host.h1.runtime-registry\""), "{conf}");
     }
 
     #[test]

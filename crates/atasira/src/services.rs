@@ -38,6 +38,10 @@ pub struct Settings {
     pub provision_backoff: Duration,
     /// `ATASIRA_BINDING_TTL`: the lease of an execution binding.
     pub binding_ttl: Duration,
+    /// `ATASIRA_HOST_LEASE`: how long an execution host's heartbeat holds its Workers.
+    pub host_lease: Duration,
+    /// The in-process execution host of `dev --runner` (none: Workers wait for a host).
+    pub host: Option<atasira_host::HostConfig>,
 }
 
 impl Settings {
@@ -167,6 +171,10 @@ impl Embedded {
             tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(settings), rx.clone())),
         ];
         wait_ready(rt.bus.as_ref(), atasira_contracts::subjects::SERVICES).await?;
+        let mut services = services;
+        if let Some(host) = settings.host.clone() {
+            services.push(tokio::spawn(atasira_host::run(rt.bus.clone(), host, rx.clone())));
+        }
         let scheme = if tls.is_some() { "https" } else { "http" };
         let (addr, gateway) = spawn_gateway(listen, tls, gateway_rt, settings.gateway.clone(), wait(rx)).await?;
         Ok(Embedded { addr, scheme, db, first_start, rt, shutdown, gateway, services })
@@ -228,7 +236,7 @@ pub fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> 
 }
 
 pub fn registry_config(s: &Settings) -> atasira_runtime_registry::RegistryConfig {
-    atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes }
+    atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes, host_lease: s.host_lease }
 }
 
 /// What `atasira serve` can run.
@@ -240,6 +248,8 @@ pub enum ServiceName {
     RuntimeRegistry,
     Provisioner,
     Audit,
+    /// An execution host (`--name`, `--runner`).
+    Host,
 }
 
 /// Cluster-mode secrets, from flags or the environment.
@@ -261,6 +271,7 @@ impl ServiceName {
             ServiceName::RuntimeRegistry => subjects::RUNTIME_REGISTRY,
             ServiceName::Provisioner => subjects::PROVISIONER,
             ServiceName::Audit => subjects::AUDIT,
+            ServiceName::Host => subjects::HOST,
         }
     }
 }
@@ -473,7 +484,21 @@ pub async fn serve(
             let _ = sentinel.await;
             Ok(())
         }
+        ServiceName::Host => anyhow::bail!("an execution host runs with `serve host --name NAME --runner CMD`"),
     }
+}
+
+/// `atasira serve host`: an execution host on NATS, with its own identity; no database.
+pub async fn serve_host(nats_url: &str, nats_auth: NatsAuth, config: atasira_host::HostConfig) -> anyhow::Result<()> {
+    let identity = atasira_contracts::subjects::host_identity(&config.name);
+    if let NatsAuth::Insecure { .. } = nats_auth {
+        tokio::spawn(warn_insecure_nats("host"));
+    }
+    let client = connect_nats(nats_url, &identity, &nats_auth, true).await?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(ctrl_c(tx));
+    eprintln!("atasira {identity}: running Workers with {:?}, {} at once", config.runner, config.capacity);
+    atasira_host::run(Arc::new(NatsBus::new(client)), config, rx).await
 }
 
 /// Waits until every service answers on the bus, so `/healthz` means ready.
@@ -511,7 +536,7 @@ pub async fn connect_nats(url: &str, identity: &str, auth: &NatsAuth, wait_for_s
     let who = identity.to_owned();
     let options = if wait_for_server { options.retry_on_initial_connect() } else { options };
     let options = options
-        .custom_inbox_prefix(atasira_contracts::subjects::inbox_prefix(identity))
+        .custom_inbox_prefix(atasira_contracts::subjects::inbox_of(identity))
         .connection_timeout(Duration::from_secs(5))
         .name(format!("atasira {identity}"))
         .event_callback(move |event| {

@@ -41,7 +41,8 @@ named!(EditBoxManifest, EditBoxConfig);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
 named!(SyncBundle, BundleSynced, PrepareBinding, BindingLease, ConsumeBinding, CreateWorker, WorkerReply, GetWorker, ListBoxWorkers, WorkerPage);
-named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply, ReviseDraft);
+named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply, ReviseDraft, StopWorker, AddWorkerInput);
+named!(HostHeartbeat, HostOrders, GetBundle, BundleBytes, ResolveBinding, ResolvedBinding, ReportWorker);
 
 /// A request paired with its reply's type: what a service answers it with (R-ARCH-4).
 pub trait Request: Named {
@@ -59,6 +60,8 @@ replies!(EditBoxManifest => BoxReply, EditBoxConfig => BoxReply, ListBoxesPage =
 replies!(QueryAudit => AuditPage, VerifyAudit => VerifyReply);
 replies!(SyncBundle => BundleSynced, PrepareBinding => BindingLease, ConsumeBinding => Ack, CreateWorker => WorkerReply, GetWorker => WorkerReply, ListBoxWorkers => WorkerPage);
 replies!(GetWorkerProvenance => WorkerProvenance, SubmitChange => SubmitChangeReply, ReviseDraft => DraftReply);
+replies!(StopWorker => WorkerReply, AddWorkerInput => WorkerReply);
+replies!(HostHeartbeat => HostOrders, GetBundle => BundleBytes, ResolveBinding => ResolvedBinding, ReportWorker => Ack);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

@@ -78,6 +78,11 @@ requests!(
         GetWorker(GetWorker),
         ListWorkers(ListBoxWorkers),
         Provenance(GetWorkerProvenance),
+        StopWorker(StopWorker),
+        AddInput(AddWorkerInput),
+        Heartbeat(HostHeartbeat),
+        GetBundle(GetBundle),
+        Report(ReportWorker),
     }
 );
 
@@ -94,6 +99,7 @@ requests!(
     ProvisionerRequest for crate::subjects::PROVISIONER => {
         PrepareBinding(PrepareBinding),
         ConsumeBinding(ConsumeBinding),
+        ResolveBinding(ResolveBinding),
     }
 );
 

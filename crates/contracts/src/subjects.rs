@@ -53,6 +53,79 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// whether only an admin may.
 pub const CLIENT_ROUTES: &[(&str, bool)] = &[(DRAFTS, false), (RUNTIME_REGISTRY, false), (AUDIT, true)];
 
+/// The middle token of an execution host's subjects: `atasira.box.host.<name>.<service>`
+/// (five tokens, like a NATS publisher's; no process is called that).
+pub const HOST: &str = "host";
+
+/// The services an execution host addresses: the registry (heartbeats, bundles, reports)
+/// and the provisioner (resolving a binding).
+pub const HOST_ROUTES: &[&str] = &[RUNTIME_REGISTRY, PROVISIONER];
+
+/// A Box's channels (R-HOST-2, seed 000): `atasira.box.<box_type>.<channel>`. Only the
+/// registry publishes them, for the host that runs a Worker of the Box: `heartbeat`, `log`
+/// and `result` as the host reports them, `pause`, `resume` and `kill` as users ask.
+pub const CHANNELS: &[&str] = &["heartbeat", "log", "result", "pause", "resume", "kill"];
+
+/// A Box's channel subject.
+pub fn channel(box_type: &str, channel: &str) -> String {
+    format!("atasira.box.{box_type}.{channel}")
+}
+
+/// Whether `name` may name an execution host: 1 to 32 lowercase letters, digits and `-`,
+/// starting with a letter or digit (one subject token, no wildcard).
+pub fn is_host_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().next().is_some_and(|b| b != b'-')
+}
+
+/// An execution host's request to `to`.
+pub fn host_request(name: &str, to: &str) -> String {
+    format!("atasira.box.{HOST}.{name}.{to}")
+}
+
+/// An execution host's reply inbox prefix.
+pub fn host_inbox(name: &str) -> String {
+    format!("_INBOX.{HOST}.{name}")
+}
+
+/// The reply inbox prefix of a NATS user of `atasira nats-config`: a process's, or an
+/// execution host's (`host-<name>`).
+pub fn inbox_of(identity: &str) -> String {
+    match identity.strip_prefix("host-").filter(|name| is_host_name(name)) {
+        Some(name) => host_inbox(name),
+        None => inbox_prefix(identity),
+    }
+}
+
+/// The permissions of a NATS user of `atasira nats-config`: a process's, the operator's,
+/// or an execution host's (`host-<name>`).
+pub fn permissions_of(identity: &str) -> Permissions {
+    match identity.strip_prefix("host-").and_then(host_permissions) {
+        Some(p) => p,
+        None => permissions(identity),
+    }
+}
+
+/// The NATS user of an execution host in `atasira nats-config` (`host-<name>.creds`).
+pub fn host_identity(name: &str) -> String {
+    format!("{HOST}-{name}")
+}
+
+/// The permissions of execution host `name`: its own requests to the registry and the
+/// provisioner, and its own inbox. Nothing else: it publishes no channel (the registry does,
+/// for the host that runs the Worker) and answers nothing. `None` for a bad name.
+pub fn host_permissions(name: &str) -> Option<Permissions> {
+    if !is_host_name(name) {
+        return None;
+    }
+    Some(Permissions {
+        publish: HOST_ROUTES.iter().map(|to| host_request(name, to)).collect(),
+        subscribe: vec![format!("{}.>", host_inbox(name))],
+        allow_responses: false,
+    })
+}
+
 /// The middle token of a NATS publisher's subjects. No process is called that, and a
 /// client subject has five tokens where a Box subject has four.
 pub const CLIENT: &str = "client";
@@ -134,6 +207,9 @@ pub fn listen_subjects(service: &str) -> Vec<String> {
     if CLIENT_ROUTES.iter().any(|(to, _)| *to == service) {
         subjects.push(client_request("*", service));
     }
+    if HOST_ROUTES.contains(&service) {
+        subjects.push(host_request("*", service));
+    }
     subjects
 }
 
@@ -172,6 +248,12 @@ pub fn permissions(identity: &str) -> Permissions {
     let mut publish: Vec<String> = ROUTES.iter().filter(|(from, _)| *from == identity).map(|(from, to)| request(from, to)).collect();
     publish.extend(ROUTES.iter().filter(|(_, to)| *to == identity).map(|(from, _)| format!("{}.>", inbox_prefix(from))));
     publish.push(format!("{}.>", client_inbox("*")));
+    if HOST_ROUTES.contains(&identity) {
+        publish.push(format!("{}.>", host_inbox("*")));
+    }
+    if identity == RUNTIME_REGISTRY {
+        publish.extend(CHANNELS.iter().map(|c| channel("*", c)));
+    }
     let mut subscribe = listen_subjects(identity);
     if SERVICES.contains(&identity) {
         publish.push(events(identity));
@@ -242,6 +324,8 @@ pub enum Origin {
     Service(&'static str),
     /// A NATS publisher, known by the SHA-256 (hex) of its PAT.
     Client { token_hash: String },
+    /// An execution host, known by its name.
+    Host { name: String },
 }
 
 /// The origin of a request on `subject` addressed to `to`; `None` for any other subject.
@@ -250,6 +334,9 @@ pub fn origin(subject: &str, to: &str) -> Option<Origin> {
     let from = rest.strip_suffix(to)?.strip_suffix('.')?;
     if let Some(hash) = from.strip_prefix(CLIENT).and_then(|rest| rest.strip_prefix('.')) {
         return is_token_hash(hash).then(|| Origin::Client { token_hash: hash.to_owned() });
+    }
+    if let Some(name) = from.strip_prefix(HOST).and_then(|rest| rest.strip_prefix('.')) {
+        return (is_host_name(name) && HOST_ROUTES.contains(&to)).then(|| Origin::Host { name: name.to_owned() });
     }
     IDENTITIES.iter().copied().find(|s| *s == from).map(Origin::Service)
 }
@@ -480,6 +567,38 @@ mod tests {
         assert_eq!(origin("atasira.box.gateway.drafts", AUDIT), None);
         assert_eq!(origin("atasira.box.drafts", DRAFTS), None);
         assert_eq!(origin("other.box.gateway.drafts", DRAFTS), None);
+    }
+
+    #[test]
+    fn r_host_2_a_host_speaks_only_as_itself_and_only_the_registry_publishes_channels() {
+        let a = host_permissions("host-a").expect("a host name");
+        assert_eq!(a.publish, ["atasira.box.host.host-a.runtime-registry", "atasira.box.host.host-a.provisioner"]);
+        assert_eq!(a.subscribe, ["_INBOX.host.host-a.>"]);
+        assert!(!a.allow_responses);
+        for subject in [
+            "atasira.box.host.host-b.runtime-registry",
+            "atasira.box.release-notes.log",
+            "atasira.box.release-notes.heartbeat",
+            "atasira.box.release-notes.result",
+            "atasira.box.gateway.runtime-registry",
+            "atasira.box.host.host-a.approval",
+            "atasira.box.host.host-a.drafts",
+            "$JS.API.STREAM.INFO.ATASIRA_EVENTS",
+        ] {
+            assert!(!a.may_publish(subject), "{subject}");
+        }
+        assert!(!a.may_subscribe("_INBOX.host.host-b.x") && !a.may_subscribe("atasira.box.>"));
+        for c in CHANNELS {
+            assert_eq!(publishers(&channel("release-notes", c)), [RUNTIME_REGISTRY], "{c}");
+        }
+        assert_eq!(publishers("_INBOX.host.host-a.x.1"), [PROVISIONER, RUNTIME_REGISTRY], "the services a host asks answer it");
+        for bad in ["", "Host", "a.b", "*", ">", "-a", &"a".repeat(33)] {
+            assert!(host_permissions(bad).is_none(), "{bad:?}");
+        }
+        assert_eq!(origin("atasira.box.host.host-a.runtime-registry", RUNTIME_REGISTRY), Some(Origin::Host { name: "host-a".into() }));
+        assert_eq!(origin("atasira.box.host.host-a.drafts", DRAFTS), None, "a host addresses the registry and the provisioner only");
+        assert_eq!(origin("atasira.box.host.A.provisioner", PROVISIONER), None);
+        assert_eq!(listen_subjects(PROVISIONER), ["atasira.box.*.provisioner", "atasira.box.host.*.provisioner"]);
     }
 
     #[test]

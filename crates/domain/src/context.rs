@@ -337,6 +337,19 @@ impl BoxManifest {
     }
 }
 
+/// A Worker's input as its runner reads it after the context (R-HOST-1): one `<input>`
+/// element per transcript entry, each segment a `<segment kind="text|ticket_ref|
+/// objective_ref">` with its value XML-escaped, every element on its own line:
+/// `<input>\n<segment kind="text">...</segment>\n</input>\n`.
+pub fn input_xml(segments: &[crate::worker::Segment]) -> String {
+    let mut out = String::from("<input>\n");
+    for segment in segments {
+        let _ = writeln!(out, "<segment kind=\"{}\">{}</segment>", segment.kind(), escape(segment.value()));
+    }
+    out.push_str("</input>\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

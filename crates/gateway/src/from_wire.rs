@@ -15,8 +15,8 @@ use crate::ApiError;
 use crate::api::{
     Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, ChangeRequested, Decision, DraftCreated, DraftDetail,
     DraftKind, DraftPage, DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, ProvenanceKind,
-    ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, Revision, RoleInBox, Segment, SegmentKind, TranscriptEntry, VerifyResult, Worker,
-    WorkerList, WorkerProvenance, WorkerSummary,
+    ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, Revision, RoleInBox, Segment, SegmentKind, StopRequested, TranscriptEntry, VerifyResult,
+    Worker, WorkerList, WorkerProvenance, WorkerState, WorkerSummary,
 };
 use crate::extract::RawBody;
 
@@ -193,12 +193,7 @@ impl TryFrom<v1::DecisionReply> for Approved {
 
 fn box_summary(s: v1::BoxSummary) -> Result<BoxSummary, ApiError> {
     Ok(BoxSummary {
-        state: match v1::BoxState::try_from(s.state).map_err(|e| unreadable("Box state", e))? {
-            v1::BoxState::Idle => BoxState::Idle,
-            v1::BoxState::Stopped => BoxState::Stopped,
-            v1::BoxState::Archived => BoxState::Archived,
-            v1::BoxState::Unspecified => return Err(unreadable("Box state", "unspecified")),
-        },
+        state: box_state(s.state)?,
         created_at: time("Box", s.created_at.as_ref())?,
         box_id: s.box_id,
         box_type: s.box_type,
@@ -224,6 +219,7 @@ fn role(r: i32) -> Result<RoleInBox, ApiError> {
 fn box_state(s: i32) -> Result<BoxState, ApiError> {
     Ok(match v1::BoxState::try_from(s).map_err(|e| unreadable("Box state", e))? {
         v1::BoxState::Idle => BoxState::Idle,
+        v1::BoxState::Running => BoxState::Running,
         v1::BoxState::Stopped => BoxState::Stopped,
         v1::BoxState::Archived => BoxState::Archived,
         v1::BoxState::Unspecified => return Err(unreadable("Box state", "unspecified")),
@@ -470,9 +466,23 @@ pub fn draft_request(body: serde_json::Value) -> Result<v1::BoxDraftCreateReques
 /// (`validate_launch`) 422 `invalid_request`, each field named in details.
 pub fn launch_request(box_id: &str, body: &RawBody) -> Result<LaunchRequest, ApiError> {
     let b: crate::api::LaunchRequest = body.parse()?;
-    let mut input = Vec::with_capacity(b.input.len());
+    let input = segments(&b.input)?;
+    let request =
+        LaunchRequest { launch_id: b.launch_id, box_id: box_id.to_owned(), role: b.role.unwrap_or_default(), labels: b.labels.unwrap_or_default(), input };
+    let errors = worker::validate_launch(&request);
+    if let Some(first) = errors.first() {
+        let message = format!("{}: {}", first.key, first.message);
+        return Err(ApiError::new(ErrorCode::InvalidRequest, message).with_details(Some(serde_json::json!(errors))));
+    }
+    Ok(request)
+}
+
+/// A launch's or a later input's segments: each a known kind (else 422 `invalid_segment`
+/// naming every `input[i]`).
+fn segments(values: &[Value]) -> Result<Vec<worker::Segment>, ApiError> {
+    let mut input = Vec::with_capacity(values.len());
     let mut wrong = Vec::new();
-    for (i, value) in b.input.iter().enumerate() {
+    for (i, value) in values.iter().enumerate() {
         match segment(value) {
             Ok(s) => input.push(s),
             Err(message) => wrong.push(FieldError::new(format!("input[{i}]"), message)),
@@ -482,14 +492,19 @@ pub fn launch_request(box_id: &str, body: &RawBody) -> Result<LaunchRequest, Api
         let message = format!("{}: {}", first.key, first.message);
         return Err(ApiError::new(ErrorCode::InvalidSegment, message).with_details(Some(serde_json::json!(wrong))));
     }
-    let request =
-        LaunchRequest { launch_id: b.launch_id, box_id: box_id.to_owned(), role: b.role.unwrap_or_default(), labels: b.labels.unwrap_or_default(), input };
-    let errors = worker::validate_launch(&request);
+    Ok(input)
+}
+
+/// `POST /workers/{id}/input`: the segments, within a launch's bounds.
+pub fn input_request(body: &RawBody) -> Result<Vec<v1::Segment>, ApiError> {
+    let b: crate::api::InputRequest = body.parse()?;
+    let input = segments(&b.input)?;
+    let errors = worker::segment_errors(&input);
     if let Some(first) = errors.first() {
         let message = format!("{}: {}", first.key, first.message);
         return Err(ApiError::new(ErrorCode::InvalidRequest, message).with_details(Some(serde_json::json!(errors))));
     }
-    Ok(request)
+    Ok(input.iter().map(segment_to_wire).collect())
 }
 
 /// One segment of a launch's input, or why it is none.
@@ -543,26 +558,40 @@ fn segment_from_wire(s: v1::Segment) -> Result<Segment, ApiError> {
     })
 }
 
+fn worker_state(state: &str) -> Result<WorkerState, ApiError> {
+    serde_json::from_value(serde_json::Value::String(state.to_owned())).map_err(|e| unreadable("Worker state", e))
+}
+
 /// A Worker of the catalog, and its transcript.
-fn worker_from_wire(w: v1::WorkerView) -> Result<(WorkerSummary, Vec<v1::TranscriptEntry>), ApiError> {
+fn worker_from_wire(w: v1::WorkerView) -> Result<(WorkerSummary, v1::WorkerView), ApiError> {
     let summary = WorkerSummary {
         created_at: time("Worker", w.created_at.as_ref())?,
-        worker_id: w.worker_id,
-        launch_id: w.launch_id,
-        box_id: w.box_id,
-        box_type: w.box_type,
-        role: w.role,
-        labels: w.labels,
-        created_by: w.created_by,
+        worker_id: w.worker_id.clone(),
+        launch_id: w.launch_id.clone(),
+        box_id: w.box_id.clone(),
+        box_type: w.box_type.clone(),
+        role: w.role.clone(),
+        labels: w.labels.clone(),
+        created_by: w.created_by.clone(),
+        state: worker_state(&w.state)?,
     };
-    Ok((summary, w.transcript))
+    Ok((summary, w))
 }
 
 impl TryFrom<v1::WorkerView> for Worker {
     type Error = ApiError;
     fn try_from(w: v1::WorkerView) -> Result<Self, ApiError> {
-        let (s, transcript) = worker_from_wire(w)?;
-        let transcript = transcript
+        let (s, w) = worker_from_wire(w)?;
+        let ended = matches!(s.state, WorkerState::Succeeded | WorkerState::Failed | WorkerState::Killed | WorkerState::Lost);
+        let stop_requested = match w.stop_requested.as_str() {
+            _ if ended => None,
+            "stop" => Some(StopRequested::Stop),
+            "kill" => Some(StopRequested::Kill),
+            _ => None,
+        };
+        let ended_at = w.ended_at.as_ref().map(|t| time("Worker", Some(t))).transpose()?;
+        let transcript = w
+            .transcript
             .into_iter()
             .map(|e| {
                 Ok(TranscriptEntry {
@@ -582,7 +611,14 @@ impl TryFrom<v1::WorkerView> for Worker {
             labels: s.labels,
             created_by: s.created_by,
             created_at: s.created_at,
+            state: s.state,
+            host: Some(w.host).filter(|h| !h.is_empty()),
+            stop_requested,
             transcript,
+            log: w.log,
+            result: ended.then_some(w.result),
+            exit_code: w.exit_code,
+            ended_at,
         })
     }
 }
@@ -752,12 +788,39 @@ mod tests {
             created_by: "alice".into(),
             created_at: at,
             transcript: vec![v1::TranscriptEntry { seq: 0, author: "alice".into(), at, segments: vec![segment_to_wire(&worker::Segment::Text("hi".into()))] }],
+            state: "running".into(),
+            host: "h1".into(),
+            log: vec!["step 1".into()],
+            // Not ended: no result yet.
+            result: "partial".into(),
+            ..Default::default()
         };
         let worker = Worker::try_from(v1::WorkerReply { worker: Some(view.clone()), created: true }).expect("worker");
         let json = serde_json::to_value(&worker).expect("json");
         let mut keys: Vec<&str> = json.as_object().expect("object").keys().map(String::as_str).collect();
         keys.sort_unstable();
-        assert_eq!(keys, ["box_id", "box_type", "created_at", "created_by", "labels", "launch_id", "role", "transcript", "worker_id"]);
+        assert_eq!(
+            keys,
+            [
+                "box_id",
+                "box_type",
+                "created_at",
+                "created_by",
+                "ended_at",
+                "exit_code",
+                "host",
+                "labels",
+                "launch_id",
+                "log",
+                "result",
+                "role",
+                "state",
+                "stop_requested",
+                "transcript",
+                "worker_id"
+            ]
+        );
+        assert_eq!((json["state"].as_str(), json["host"].as_str(), json["result"].is_null()), (Some("running"), Some("h1"), true));
         assert_eq!(json["transcript"], json!([{"seq": 0, "author": "alice", "at": "2023-11-14T22:13:20Z", "segments": [{"kind": "text", "value": "hi"}]}]));
         let list = WorkerList::try_from(v1::WorkerPage { workers: vec![view], next_cursor: 7 }).expect("page");
         let json = serde_json::to_value(&list).expect("json");

@@ -642,6 +642,84 @@ async fn launch_steps(state: &AppState, principal: &Principal, launch: atasira_d
     Ok(response)
 }
 
+async fn worker_exists(state: &AppState, principal: &Principal, worker_id: &str) -> Result<(), ApiError> {
+    state.call(subjects::RUNTIME_REGISTRY, principal, &v1::GetWorker { worker_id: worker_id.to_owned() }).await.map(|_| ())
+}
+
+async fn stop_worker(state: AppState, principal: Principal, key: IdempotencyKey, worker_id: String, body: RawBody, kill: bool) -> Result<Response, ApiError> {
+    let api::EmptyRequest {} = validated(key.check().and_then(|()| body.parse()), worker_exists(&state, &principal, &worker_id)).await?;
+    let route = format!("{} {worker_id}", if kill { "kill" } else { "stop" });
+    let request = v1::StopWorker { worker_id, kill };
+    write::<_, api::Worker>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+/// Stop a Worker (a human admin or the Box's primary): its runner gets SIGTERM, then
+/// SIGKILL after a grace; it ends `killed`. A Worker no execution host took yet ends at once.
+#[utoipa::path(post, path = "/api/v1/workers/{worker_id}/stop", tag = "workers", params(("worker_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty or `{}`"),
+    responses(
+        (status = 200, description = "The Worker, with the stop asked", body = api::Worker),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary", body = ErrorBody),
+        (status = 404, description = "`worker_not_found`", body = ErrorBody),
+        (status = 409, description = "`worker_ended`: it has ended already", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or the Box's primary"))))]
+pub async fn stop_worker_route(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(worker_id): Id,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    stop_worker(state, principal, key, worker_id, body, false).await
+}
+
+/// Kill a Worker at once (a human admin or the Box's primary): its runner gets SIGKILL; it
+/// ends `killed`.
+#[utoipa::path(post, path = "/api/v1/workers/{worker_id}/kill", tag = "workers", params(("worker_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty or `{}`"),
+    responses(
+        (status = 200, description = "The Worker, with the kill asked", body = api::Worker),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary", body = ErrorBody),
+        (status = 404, description = "`worker_not_found`", body = ErrorBody),
+        (status = 409, description = "`worker_ended`: it has ended already", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or the Box's primary"))))]
+pub async fn kill_worker_route(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(worker_id): Id,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    stop_worker(state, principal, key, worker_id, body, true).await
+}
+
+/// More input for a running Worker (a human admin or a user assigned to its Box): it
+/// reaches the Worker on its standard input and joins its transcript.
+#[utoipa::path(post, path = "/api/v1/workers/{worker_id}/input", tag = "workers", params(("worker_id" = String, Path), IdempotencyHeader),
+    request_body(content = api::InputRequest, description = "The input. Unknown fields are refused."),
+    responses(
+        (status = 200, description = "The Worker, with the input in its transcript", body = api::Worker),
+        (status = 403, description = "`forbidden`: needs a human admin or a user assigned to the Box", body = ErrorBody),
+        (status = 404, description = "`worker_not_found`", body = ErrorBody),
+        (status = 409, description = "`worker_ended`: it has ended", body = ErrorBody),
+        (status = 422, description = "`invalid_segment`, `invalid_request`: as in a launch's input", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or a user assigned to the Box"))))]
+pub async fn worker_input(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(worker_id): Id,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let input = validated(key.check().and_then(|()| from_wire::input_request(&body)), worker_exists(&state, &principal, &worker_id)).await?;
+    let route = format!("input {worker_id}");
+    let request = v1::AddWorkerInput { worker_id, input };
+    write::<_, api::Worker>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
 /// One Worker with its transcript (an admin, or a user assigned to its Box).
 #[utoipa::path(get, path = "/api/v1/workers/{worker_id}", tag = "workers", params(("worker_id" = String, Path)),
     responses(

@@ -53,6 +53,12 @@ pub trait Bus: Send + Sync {
     /// Serves `subjects` (may contain `*` tokens) for `service`, registered under that name.
     async fn serve(&self, service: &str, subjects: &[String], handler: Handler) -> Result<Endpoint, BusError>;
 
+    /// Publishes `payload` on `subject` for whoever listens, at most once (a Box's channels,
+    /// R-HOST-2). In process nobody listens: nothing happens.
+    async fn publish(&self, _subject: &str, _payload: Bytes) -> Result<(), BusError> {
+        Ok(())
+    }
+
     /// Whether the bus can carry messages now (readiness, `/readyz`); why not otherwise.
     /// The in-process bus always can.
     fn connected(&self) -> Result<(), String> {
@@ -135,6 +141,10 @@ impl Bus for NatsBus {
                 _ => BusError::Other(e.to_string()),
             }),
         }
+    }
+
+    async fn publish(&self, subject: &str, payload: Bytes) -> Result<(), BusError> {
+        self.client.publish(subject.to_owned(), payload).await.map_err(|e| BusError::Other(e.to_string()))
     }
 
     fn connected(&self) -> Result<(), String> {

@@ -93,7 +93,7 @@ impl Client {
         let subject = subjects::request(self.from, to);
         let signer = self.keys.signer().map_err(|e| CallError::NoSigner(e.to_string()))?;
         let env = signed_envelope(&signer, principal, &subject, request, &correlation_id, idempotency_key, chrono::Utc::now());
-        self.send::<R::Reply>(to, &subject, &env, correlation_id, self.timeout).await
+        send::<R::Reply>(self.bus.as_ref(), to, &subject, &env, correlation_id, self.timeout).await
     }
 
     /// A read-your-writes wait (no principal): until `to`'s read models hold `event_ids`
@@ -114,31 +114,64 @@ impl Client {
         let correlation_id = uuid::Uuid::new_v4().to_string();
         let env = envelope(wait, &correlation_id, "");
         let subject = subjects::request(self.from, to);
-        match self.send::<v1::WaitForPositionReply>(to, &subject, &env, correlation_id, timeout).await? {
+        match send::<v1::WaitForPositionReply>(self.bus.as_ref(), to, &subject, &env, correlation_id, timeout).await? {
             Ok(written) => Ok(written.reply),
             Err(refused) => Err(CallError::Undecodable { to: to.to_owned(), error: refused.to_string() }),
         }
     }
+}
 
-    async fn send<M: prost::Message + Default>(
-        &self,
-        to: &str,
-        subject: &str,
-        env: &atasira_contracts::Envelope,
-        correlation_id: String,
-        timeout: Duration,
-    ) -> Result<Result<Written<M>, Refused>, CallError> {
-        // A body under the HTTP limit can still make a request the bus cannot carry; the
-        // same answer in both modes (the in-process bus has no limit).
-        if env.encoded_len() + HEADER_ROOM > atasira_contracts::MAX_MESSAGE_BYTES {
-            return Err(CallError::TooLarge);
-        }
-        // The bus adds the trace context of the current span (R-OPS-1).
-        let bytes = self.bus.request(subject, BTreeMap::new(), env.encode_to_vec().into(), timeout).await.map_err(|e| CallError::NoAnswer {
-            to: to.to_owned(),
-            correlation_id,
-            error: e.to_string(),
-        })?;
-        decode_written::<M>(&bytes).map_err(|e| CallError::Undecodable { to: to.to_owned(), error: e.to_string() })
+async fn send<M: prost::Message + Default>(
+    bus: &dyn Bus,
+    to: &str,
+    subject: &str,
+    env: &atasira_contracts::Envelope,
+    correlation_id: String,
+    timeout: Duration,
+) -> Result<Result<Written<M>, Refused>, CallError> {
+    // A body under the HTTP limit can still make a request the bus cannot carry; the same
+    // answer in both modes (the in-process bus has no limit).
+    if env.encoded_len() + HEADER_ROOM > atasira_contracts::MAX_MESSAGE_BYTES {
+        return Err(CallError::TooLarge);
+    }
+    // The bus adds the trace context of the current span (R-OPS-1).
+    let bytes = bus.request(subject, BTreeMap::new(), env.encode_to_vec().into(), timeout).await.map_err(|e| CallError::NoAnswer {
+        to: to.to_owned(),
+        correlation_id,
+        error: e.to_string(),
+    })?;
+    decode_written::<M>(&bytes).map_err(|e| CallError::Undecodable { to: to.to_owned(), error: e.to_string() })
+}
+
+/// Calls of an execution host (R-HOST-1) on `atasira.box.host.<name>.<to>`: they act for no
+/// user, so they carry no assertion; NATS permissions make the subject the host's identity.
+#[derive(Clone)]
+pub struct HostClient {
+    name: String,
+    bus: Arc<dyn Bus>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for HostClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostClient({})", self.name)
+    }
+}
+
+impl HostClient {
+    pub fn new(name: &str, bus: Arc<dyn Bus>, timeout: Duration) -> HostClient {
+        HostClient { name: name.to_owned(), bus, timeout }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `request` to `to`, waiting at most the client's timeout plus `extra` (a long poll's
+    /// own wait): the reply, or the callee's typed refusal.
+    pub async fn ask<R: Request>(&self, to: &str, request: &R, extra: Duration) -> Result<Result<Written<R::Reply>, Refused>, CallError> {
+        let correlation_id = uuid::Uuid::new_v4().to_string();
+        let env = envelope(request, &correlation_id, "");
+        send(self.bus.as_ref(), to, &subjects::host_request(&self.name, to), &env, correlation_id, self.timeout + extra).await
     }
 }

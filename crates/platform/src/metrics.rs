@@ -91,6 +91,11 @@ struct Reader {
     at: Cursor,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    pub decision: String,
+}
+
 /// A gauge a service computes when scraped (a count in its read model).
 pub type GaugeSource = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = anyhow::Result<i64>> + Send>> + Send + Sync>;
 
@@ -105,6 +110,7 @@ pub struct Metrics {
     pub consumer_retries: Family<Named, Counter>,
     pub security_violations: Family<ServiceLabel, Counter>,
     pub consistency_waits: Family<WaitLabels, Counter>,
+    pub tool_decisions: Family<DecisionLabel, Counter>,
     relay_lag: Family<Named, Gauge>,
     consumer_lag: Family<Named, Gauge>,
     gauges: Family<Named, Gauge>,
@@ -151,6 +157,8 @@ impl Metrics {
             "Read-your-writes waits this process answered, by what its last look followed and whether the read models had the write",
             consistency_waits.clone(),
         );
+        let tool_decisions = Family::<DecisionLabel, Counter>::default();
+        registry.register("tool_decisions", "Decisions an execution host made before a Worker's tool call: allow, deny or ask", tool_decisions.clone());
         let relay_lag = Family::<Named, Gauge>::default();
         registry.register("relay_lag_events", "Events of its service a relay has not published yet", relay_lag.clone());
         let consumer_lag = Family::<Named, Gauge>::default();
@@ -167,6 +175,7 @@ impl Metrics {
             consumer_retries,
             security_violations,
             consistency_waits,
+            tool_decisions,
             relay_lag,
             consumer_lag,
             gauges,
@@ -190,6 +199,11 @@ impl Metrics {
         let kind = RequestKind { service: service.to_owned(), request: request.to_owned() };
         self.request_seconds.get_or_create(&kind).observe(took.as_secs_f64());
         self.requests.get_or_create(&RequestLabels { service: kind.service, request: kind.request, outcome: outcome.to_owned() }).inc();
+    }
+
+    /// An execution host decided a tool call (`allow`, `deny` or `ask`).
+    pub fn decision(&self, decision: &'static str) {
+        self.tool_decisions.get_or_create(&DecisionLabel { decision: decision.to_owned() }).inc();
     }
 
     /// The gateway answered `method route` with `status` after `took`.

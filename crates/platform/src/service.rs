@@ -55,6 +55,7 @@ impl Call {
                 .map_err(Refusal::internal)?
                 .ok_or_else(|| Refusal::new(ErrorCode::Unauthenticated, "the token is unknown, expired or revoked"))?,
             Origin::Service(_) => verify_principal(rt, self).await?,
+            Origin::Host { .. } => return Err(Refusal::new(ErrorCode::Forbidden, "an execution host acts for no user")),
         };
         Ok(self.principal.get_or_init(|| principal).clone())
     }
@@ -64,6 +65,16 @@ impl Call {
         match self.origin {
             Origin::Service(_) => Ok(()),
             Origin::Client { .. } => Err(Refusal::new(ErrorCode::Forbidden, format!("{what} is not open to NATS publishers"))),
+            Origin::Host { .. } => Err(Refusal::new(ErrorCode::Forbidden, format!("{what} is not open to execution hosts"))),
+        }
+    }
+
+    /// The execution host that sent this call; refuses every other sender: `what` is the
+    /// hosts' business only.
+    pub fn only_hosts(&self, what: &str) -> Result<&str, Refusal> {
+        match &self.origin {
+            Origin::Host { name } => Ok(name),
+            _ => Err(Refusal::new(ErrorCode::Forbidden, format!("{what} is only accepted from execution hosts"))),
         }
     }
 
@@ -313,6 +324,7 @@ async fn refused_assertion(rt: &Runtime, call: &Call, reason: &'static str, clai
     let source = match &call.origin {
         Origin::Service(name) => *name,
         Origin::Client { .. } => subjects::CLIENT,
+        Origin::Host { .. } => subjects::HOST,
     };
     tracing::warn!(service = call.service, source, subject = %call.subject, reason, "principal assertion refused");
     match rt.guards.violation(source, std::time::Instant::now()) {

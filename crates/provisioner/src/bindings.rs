@@ -7,18 +7,24 @@
 //! binding to exactly one Worker. A sweeper records `BindingExpired` for prepared bindings
 //! nobody consumed within their lease.
 //!
+//! `ResolveBinding` (from the execution host that runs the Worker holding the binding, and
+//! nobody else) answers what the binding holds, so the host can run the Worker there
+//! (R-HOST-1).
+//!
 //! Architecture Invariant: what a binding holds (workspace, tool scope, ticket access)
-//! leaves this service only as `BindingPrepared` in the store; no reply carries it.
+//! leaves this service only as `BindingPrepared` in the store and in the answer to the
+//! host that runs the binding's Worker; no other reply carries it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use atasira_contracts::{Reply, convert, reply_written, subjects, v1};
+use atasira_contracts::{Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::binding::{BindingCommand, BindingError, BindingEvent, ExecutionBinding};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxState};
 use atasira_domain::aggregates::security::SecurityCommand;
 use atasira_domain::aggregates::types;
+use atasira_domain::aggregates::worker::Worker;
 use atasira_domain::worker::{LaunchRequest, may_launch, validate_launch};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
@@ -108,6 +114,43 @@ impl Bindings {
         // A repeat commits nothing: the receipt names the binding's last event.
         let head = self.cqrs.execute(&r.handle, command, metadata(call), Retry::ONCE).await?.head()?;
         Ok(reply_written(&v1::Ack {}, head.position, vec![head.id]))
+    }
+
+    /// `ResolveBinding`, from an execution host only, for a binding a Worker holds that this
+    /// host runs: the workspace, tool scope and ticket access the binding was prepared with.
+    pub(crate) async fn resolve(&self, call: &Call, r: v1::ResolveBinding) -> Result<Reply, Refusal> {
+        let host = call.only_hosts("resolving an execution binding")?.to_owned();
+        if !is_handle(&r.handle) {
+            return Err(BindingError::NotFound.into());
+        }
+        let binding: ExecutionBinding = self.rt.db.load(&r.handle).await.map_err(Refusal::internal)?;
+        let Some(data) = binding.data else { return Err(BindingError::NotFound.into()) };
+        let worker: Worker = self.rt.db.load(&r.worker_id).await.map_err(Refusal::internal)?;
+        let runs_it = worker.host.as_deref() == Some(host.as_str()) && worker.state.is_live();
+        if data.consumed_by.as_deref() != Some(r.worker_id.as_str()) || !runs_it {
+            let record = SecurityCommand::Record {
+                service: SERVICE.to_owned(),
+                actor: subjects::host_identity(&host),
+                target: clip(&r.worker_id),
+                kind: "host_not_running_worker".to_owned(),
+                reason: "asked for the execution binding of a Worker it does not run".to_owned(),
+                at: Utc::now(),
+            };
+            let refusal = Refusal::new(ErrorCode::Forbidden, "this host does not run the Worker that holds this binding");
+            return Err(match platform_service::record_security_violation(&self.rt, SERVICE, record).await {
+                Ok(recorded) => refusal.recorded(recorded.into()),
+                Err(e) => {
+                    tracing::error!(error = %e, "could not record a security violation");
+                    refusal
+                }
+            });
+        }
+        for link in self.rt.db.stream(types::EXECUTION_BINDING, &r.handle).await.map_err(Refusal::internal)? {
+            if let Ok(BindingEvent::BindingPrepared { workspace, tool_scope, ticket_access, .. }) = link.decode::<BindingEvent>() {
+                return Ok(reply_ok(&v1::ResolvedBinding { workspace, tool_scope, ticket_access }));
+            }
+        }
+        Err(BindingError::NotFound.into())
     }
 
     /// R-AUDIT-5: a caller who may not launch Workers of the Box is refused, and the

@@ -149,6 +149,7 @@ async fn answer(rt: &Runtime, bindings: &Bindings, call: &Call) -> Result<Reply,
         Incoming::Wait(w) => platform_service::wait_reply(rt, READ_MODELS, &w).await,
         Incoming::Request(ProvisionerRequest::PrepareBinding(r)) => bindings.prepare(call, r).await,
         Incoming::Request(ProvisionerRequest::ConsumeBinding(r)) => bindings.consume(call, r).await,
+        Incoming::Request(ProvisionerRequest::ResolveBinding(r)) => bindings.resolve(call, r).await,
     }
 }
 

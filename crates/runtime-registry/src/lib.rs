@@ -8,6 +8,7 @@
 
 mod activation;
 mod history;
+mod hosts;
 mod keys;
 mod views;
 mod workers;
@@ -50,6 +51,8 @@ pub struct RegistryConfig {
     pub manifests_dir: PathBuf,
     /// `ATASIRA_MAX_BOXES` (R-BOX-3).
     pub max_boxes: usize,
+    /// How long an execution host's heartbeat holds its Workers (R-HOST-1).
+    pub host_lease: Duration,
 }
 
 /// The running registry.
@@ -119,6 +122,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         tasks.push(tokio::spawn(proj::run(rt.db.clone(), rt.feeds.clone(), p, shutdown.clone())));
     }
     tasks.push(tokio::spawn(activation::run(registry.clone(), shutdown.clone())));
+    tasks.push(tokio::spawn(hosts::sweep_lost(registry.clone(), shutdown.clone())));
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     for t in tasks {
@@ -140,6 +144,15 @@ impl Registry {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
             Incoming::Request(request) => request,
         };
+        // An execution host asks for nobody: it is known by its subject (R-HOST-1).
+        if let subjects::Origin::Host { name } = &call.origin {
+            return match request {
+                RegistryRequest::Heartbeat(r) => self.heartbeat(name, r).await,
+                RegistryRequest::GetBundle(r) => self.get_bundle(name, r).await,
+                RegistryRequest::Report(r) => self.report(name, r).await,
+                _ => Err(Refusal::new(ErrorCode::Forbidden, "an execution host asks only for its Workers")),
+            };
+        }
         // Over NATS, publishers read (Boxes, a Box, its history, feasibility, Workers); every
         // change is the API's.
         let read = matches!(
@@ -240,6 +253,17 @@ impl Registry {
             RegistryRequest::GetWorker(r) => self.get_worker(&principal, r).await,
             RegistryRequest::ListWorkers(r) => self.list_workers(&principal, r).await,
             RegistryRequest::Provenance(r) => self.provenance(&principal, r).await,
+            RegistryRequest::StopWorker(r) => {
+                call.only_from(&[subjects::GATEWAY], "stopping a Worker")?;
+                self.stop_worker(principal, r).await
+            }
+            RegistryRequest::AddInput(r) => {
+                call.only_from(&[subjects::GATEWAY], "sending input to a Worker")?;
+                self.add_input(principal, r).await
+            }
+            RegistryRequest::Heartbeat(_) | RegistryRequest::GetBundle(_) | RegistryRequest::Report(_) => {
+                Err(Refusal::new(ErrorCode::Forbidden, "only execution hosts heartbeat and report on Workers"))
+            }
         }
     }
 
@@ -354,8 +378,10 @@ impl Registry {
         let now = chrono::Utc::now();
         match action {
             Action::Stop => {
+                let by = principal.user_id.clone();
                 let reply = self.box_command(box_id, BoxCommand::Stop { by: principal, at: now }).await?;
                 self.namespace(NamespaceCommand::FreeSlot { box_type, box_id: box_id.to_owned() }).await?;
+                self.stop_box_workers(box_id, &by).await;
                 Ok(reply)
             }
             Action::Resume => {
@@ -366,8 +392,10 @@ impl Registry {
                 self.box_command(box_id, command).await
             }
             Action::Archive => {
+                let by = principal.user_id.clone();
                 let reply = self.box_command(box_id, BoxCommand::Archive { by: principal, at: now }).await?;
                 self.namespace(NamespaceCommand::Retire { box_type, box_id: box_id.to_owned() }).await?;
+                self.stop_box_workers(box_id, &by).await;
                 Ok(reply)
             }
             Action::Unspecified => Err(Refusal::new(ErrorCode::InvalidRequest, "action: use stop, resume or archive")),

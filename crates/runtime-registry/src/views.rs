@@ -37,6 +37,9 @@ pub struct BoxRow {
     pub manifest: BoxManifest,
     pub assignments: Vec<AssignmentRow>,
     pub provisioning: Vec<ProvisioningRow>,
+    /// An active Box a Worker of which runs on an execution host (read, never stored: the
+    /// Worker catalog says it).
+    pub running: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +76,7 @@ impl BoxRow {
             manifest: manifest.clone(),
             assignments: vec![],
             provisioning: vec![],
+            running: false,
         })
     }
 
@@ -114,7 +118,7 @@ impl BoxRow {
             box_id: self.box_id.clone(),
             box_type: self.box_type.clone(),
             name: self.manifest.name.clone(),
-            state: convert::box_state_to_wire(self.state) as i32,
+            state: if self.running && self.state == BoxState::Idle { v1::BoxState::Running } else { convert::box_state_to_wire(self.state) } as i32,
             manifest_version: self.manifest.version.clone(),
             created_at: Some(convert::timestamp(self.created_at)),
         }
@@ -161,6 +165,8 @@ impl BoxRow {
             manifest: serde_json::from_str(&row.try_get::<String, _>(7)?)?,
             assignments: serde_json::from_str(&row.try_get::<String, _>(8)?)?,
             provisioning: serde_json::from_str(&row.try_get::<String, _>(9)?)?,
+            // Read with `RUNNING`; rows loaded to be changed have no such column.
+            running: row.try_get::<i64, _>(10).is_ok_and(|n| n != 0),
         })
     }
 }
@@ -195,6 +201,15 @@ async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&BoxRow]) -> anyho
 }
 
 const COLUMNS: &str = "box_id, box_type, draft_id, state, position, created_at_ns, approved_by, manifest_json, assignments_json, provisioning_json";
+
+/// Whether a Worker of the Box runs (R-HOST-2): the eleventh column of a read.
+const RUNNING: &str =
+    "CASE WHEN EXISTS (SELECT 1 FROM worker_life w WHERE w.box_id = box_rows.box_id AND w.state IN ('starting', 'running', 'paused')) THEN 1 ELSE 0 END";
+
+/// Rows as reads show them.
+fn select() -> String {
+    format!("SELECT {COLUMNS}, {RUNNING} FROM box_rows")
+}
 
 /// The stored rows of these Boxes, by box id.
 async fn load_all(tx: &mut Transaction<'static, Any>, box_ids: &[&str]) -> anyhow::Result<HashMap<String, BoxRow>> {
@@ -327,7 +342,7 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
 
 /// R-BOX-5: active Boxes (not stopped or archived), one per box_type.
 pub async fn list(db: &Db) -> anyhow::Result<Vec<BoxRow>> {
-    let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE state = 'idle' ORDER BY position")).fetch_all(db.any()).await?;
+    let rows = sqlx::query(&format!("{} WHERE state = 'idle' ORDER BY position", select())).fetch_all(db.any()).await?;
     let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     for row in rows {
@@ -346,8 +361,8 @@ pub enum StateFilter {
     /// hosts), not stopped or archived ones.
     Active,
     Only(BoxState),
-    /// A state no Box has yet (`running`, for Workers later): matches nothing.
-    Nothing,
+    /// Active Boxes a Worker of which runs.
+    Running,
     All,
 }
 
@@ -356,7 +371,7 @@ impl StateFilter {
         match filter {
             v1::BoxStateFilter::Unspecified => StateFilter::Active,
             v1::BoxStateFilter::Idle => StateFilter::Only(BoxState::Idle),
-            v1::BoxStateFilter::Running => StateFilter::Nothing,
+            v1::BoxStateFilter::Running => StateFilter::Running,
             v1::BoxStateFilter::Stopped => StateFilter::Only(BoxState::Stopped),
             v1::BoxStateFilter::Archived => StateFilter::Only(BoxState::Archived),
             v1::BoxStateFilter::All => StateFilter::All,
@@ -364,12 +379,17 @@ impl StateFilter {
     }
 
     fn clause(self) -> &'static str {
+        // Boxes with a running Worker are the idle ones `RUNNING` says run.
         match self {
             StateFilter::Active => "state NOT IN ('stopped', 'archived')",
-            StateFilter::Only(BoxState::Idle) => "state = 'idle'",
+            StateFilter::Only(BoxState::Idle) => {
+                "state = 'idle' AND NOT EXISTS (SELECT 1 FROM worker_life w WHERE w.box_id = box_rows.box_id AND w.state IN ('starting', 'running', 'paused'))"
+            }
             StateFilter::Only(BoxState::Stopped) => "state = 'stopped'",
             StateFilter::Only(BoxState::Archived) => "state = 'archived'",
-            StateFilter::Nothing => "1 = 0",
+            StateFilter::Running => {
+                "state = 'idle' AND EXISTS (SELECT 1 FROM worker_life w WHERE w.box_id = box_rows.box_id AND w.state IN ('starting', 'running', 'paused'))"
+            }
             StateFilter::All => "1 = 1",
         }
     }
@@ -386,7 +406,7 @@ pub const PAGE_DEFAULT: u32 = 50;
 pub async fn page(db: &Db, filter: StateFilter, limit: u32, after: u64) -> anyhow::Result<(Vec<BoxRow>, u64)> {
     let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
     let after = i64::try_from(after).unwrap_or(i64::MAX);
-    let sql = format!("SELECT {COLUMNS} FROM box_rows WHERE position > $1 AND {} ORDER BY position LIMIT $2", filter.clause());
+    let sql = format!("{} WHERE position > $1 AND {} ORDER BY position LIMIT $2", select(), filter.clause());
     let rows = sqlx::query(&sql).bind(after).bind(i64::from(limit) + 1).fetch_all(db.any()).await?;
     let more = rows.len() > limit as usize;
     let page = rows.iter().take(limit as usize).map(BoxRow::from_sql).collect::<anyhow::Result<Vec<_>>>()?;
@@ -396,7 +416,7 @@ pub async fn page(db: &Db, filter: StateFilter, limit: u32, after: u64) -> anyho
 
 /// The Box of `box_type` that is not archived (at most one, R-BOX-3).
 pub async fn current_of_type(db: &Db, box_type: &str) -> anyhow::Result<Option<BoxRow>> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_type = $1 AND state <> 'archived' ORDER BY position DESC LIMIT 1"))
+    let row = sqlx::query(&format!("{} WHERE box_type = $1 AND state <> 'archived' ORDER BY position DESC LIMIT 1", select()))
         .bind(box_type)
         .fetch_optional(db.any())
         .await?;
@@ -405,13 +425,13 @@ pub async fn current_of_type(db: &Db, box_type: &str) -> anyhow::Result<Option<B
 
 /// One Box's row, if it has one.
 pub async fn row(db: &Db, box_id: &str) -> anyhow::Result<Option<BoxRow>> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_id = $1")).bind(box_id).fetch_optional(db.any()).await?;
+    let row = sqlx::query(&format!("{} WHERE box_id = $1", select())).bind(box_id).fetch_optional(db.any()).await?;
     row.as_ref().map(BoxRow::from_sql).transpose()
 }
 
 /// One Box with manifest, assignments, provisioning and drift.
 pub async fn get(db: &Db, manifests_dir: &Path, box_id: &str) -> anyhow::Result<Option<v1::BoxView>> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM box_rows WHERE box_id = $1")).bind(box_id).fetch_optional(db.any()).await?;
+    let row = sqlx::query(&format!("{} WHERE box_id = $1", select())).bind(box_id).fetch_optional(db.any()).await?;
     let Some(row) = row.as_ref().map(BoxRow::from_sql).transpose()? else { return Ok(None) };
     let drift = if row.state == BoxState::Archived { false } else { drift(db, manifests_dir, &row.box_type).await? };
     Ok(Some(row.to_wire(drift)))

@@ -19,7 +19,7 @@ use atasira_domain::aggregates::bundle::{BundleCommand, BundleEvent, ConfigBundl
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::{NewWorker, WorkerCommand, WorkerEvent};
-use atasira_domain::worker::{LaunchRequest, Segment, bundle_digest, launch_fingerprint, validate_launch, worker_id_for};
+use atasira_domain::worker::{LaunchRequest, Segment, WorkerState, bundle_digest, launch_fingerprint, validate_launch, worker_id_for};
 use atasira_domain::{ErrorCode, FieldError, Principal};
 use atasira_platform::projection as proj;
 use atasira_platform::refusal::Refusal;
@@ -81,8 +81,8 @@ async fn box_chain(db: &Db, box_id: &str) -> anyhow::Result<BoxChain> {
 }
 
 /// A Worker's creation as its stream holds it.
-struct Created {
-    event: WorkerEvent,
+pub(crate) struct Created {
+    pub(crate) event: WorkerEvent,
     event_id: String,
     position: i64,
 }
@@ -228,7 +228,7 @@ impl Registry {
     }
 
     /// The creation on the Worker's stream, if any.
-    async fn created(&self, worker_id: &str) -> Result<Option<Created>, Refusal> {
+    pub(crate) async fn created(&self, worker_id: &str) -> Result<Option<Created>, Refusal> {
         for link in self.rt.db.stream(types::WORKER, worker_id).await.map_err(Refusal::internal)? {
             let event: WorkerEvent = link.decode().map_err(Refusal::internal)?;
             if matches!(event, WorkerEvent::WorkerCreated { .. }) {
@@ -413,7 +413,9 @@ impl Registry {
         proj::wait_for_events(&self.rt.db, &[(WORKERS, WORKERS_READS)], std::slice::from_ref(&created.event_id), created.position, Duration::from_secs(5))
             .await
             .map_err(Refusal::internal)?;
-        let reply = v1::WorkerReply { worker: Some(row.to_wire(&[entry])), created: by_us };
+        let mut view = row.to_wire(&[entry]);
+        view.state = WorkerState::Created.as_str().to_owned();
+        let reply = v1::WorkerReply { worker: Some(view), created: by_us };
         Ok(reply_written(&reply, created.position, vec![created.event_id]))
     }
 
@@ -438,8 +440,26 @@ impl Registry {
 
     /// `GetWorker`: the Worker with its transcript.
     pub(crate) async fn get_worker(&self, principal: &Principal, r: v1::GetWorker) -> Result<Reply, Refusal> {
-        let (row, transcript) = self.catalog_entry(principal, &r.worker_id).await?;
-        Ok(reply_ok(&v1::WorkerReply { worker: Some(row.to_wire(&transcript)), created: false }))
+        let view = self.worker_view(principal, &r.worker_id).await?;
+        Ok(reply_ok(&v1::WorkerReply { worker: Some(view), created: false }))
+    }
+
+    /// The Worker as those who may read it see it: catalog entry, transcript, where it is
+    /// in its life, its last log lines and its result.
+    pub(crate) async fn worker_view(&self, principal: &Principal, worker_id: &str) -> Result<v1::WorkerView, Refusal> {
+        let (row, transcript) = self.catalog_entry(principal, worker_id).await?;
+        let mut view = row.to_wire(&transcript);
+        self.fill_life(&mut view).await?;
+        view.log = workers_view::log(&self.rt.db, worker_id, crate::hosts::LOG_SHOWN).await.map_err(Refusal::internal)?;
+        Ok(view)
+    }
+
+    async fn fill_life(&self, view: &mut v1::WorkerView) -> Result<(), Refusal> {
+        match workers_view::life(&self.rt.db, &view.worker_id).await.map_err(Refusal::internal)? {
+            Some(life) => life.fill(view),
+            None => view.state = WorkerState::Created.as_str().to_owned(),
+        }
+        Ok(())
     }
 
     /// `ListBoxWorkers`: a page of the Box's Workers, oldest first, without transcripts.
@@ -449,7 +469,13 @@ impl Registry {
         }
         self.may_read(principal, &r.box_id).await?;
         let (rows, next_cursor) = workers_view::page(&self.rt.db, &r.box_id, r.limit, r.after).await.map_err(Refusal::internal)?;
-        Ok(reply_ok(&v1::WorkerPage { workers: rows.iter().map(|w| w.to_wire(&[])).collect(), next_cursor }))
+        let mut workers = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut view = row.to_wire(&[]);
+            self.fill_life(&mut view).await?;
+            workers.push(view);
+        }
+        Ok(reply_ok(&v1::WorkerPage { workers, next_cursor }))
     }
 
     /// `GetWorkerProvenance`: approval, activation, edits, bundle and Worker, each with its

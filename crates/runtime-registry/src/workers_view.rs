@@ -1,14 +1,15 @@
-//! The Worker catalog and transcripts (R-WORKER-7): a projection of `WorkerCreated`
-//! events, rebuilt from the `worker` streams. It holds what `GET /workers/{id}` and
-//! `GET /boxes/{id}/workers` show and the bundle digest each Worker pins; never the
-//! binding handle, cwd, workspace or tool scope.
+//! The Worker catalog and transcripts (R-WORKER-7): a projection of the `worker` streams.
+//! It holds what `GET /workers/{id}` and `GET /boxes/{id}/workers` show and the bundle
+//! digest each Worker pins; where each Worker is in its life (R-HOST-2: state, host, stop
+//! asked, result), its later input and its log; never the binding handle, cwd, workspace
+//! or tool scope.
 
 use std::collections::BTreeMap;
 
 use atasira_contracts::{convert, v1};
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::WorkerEvent;
-use atasira_domain::worker::Segment;
+use atasira_domain::worker::{Segment, WorkerState};
 use atasira_platform::projection::Projection;
 use atasira_platform::store::{Db, EventRef, StoredEvent, TextEvent};
 use chrono::{DateTime, Utc};
@@ -87,6 +88,7 @@ impl WorkerRow {
                     segments: t.segments.iter().map(segment_to_wire).collect(),
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 
@@ -139,6 +141,9 @@ pub struct WorkersView;
 impl WorkersView {
     async fn apply_event(tx: &mut Transaction<'static, Any>, event: EventRef<'_>) -> anyhow::Result<()> {
         let parsed: WorkerEvent = event.decode()?;
+        if !matches!(parsed, WorkerEvent::WorkerCreated { .. }) {
+            return apply_life(tx, &parsed).await;
+        }
         let Some((row, entry)) = WorkerRow::created(&parsed, event.position) else { return Ok(()) };
         // A redelivered creation leaves the rows as they are.
         sqlx::query(&format!("INSERT INTO worker_rows ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (worker_id) DO NOTHING"))
@@ -164,8 +169,198 @@ impl WorkersView {
         .bind(serde_json::to_string(&entry.segments)?)
         .execute(&mut **tx)
         .await?;
+        let WorkerEvent::WorkerCreated { worker_id, box_id, box_type, .. } = &parsed else { return Ok(()) };
+        sqlx::query(
+            "INSERT INTO worker_life (worker_id, box_id, box_type, state, host, stop, result, exit_code, ended_at_ns, inputs, log_lines)
+             VALUES ($1, $2, $3, 'created', '', '', '', NULL, NULL, 0, 0) ON CONFLICT (worker_id) DO NOTHING",
+        )
+        .bind(worker_id.clone())
+        .bind(box_id.clone())
+        .bind(box_type.clone())
+        .execute(&mut **tx)
+        .await?;
         Ok(())
     }
+}
+
+/// The life of a Worker after its creation. Idempotent under redelivery: states are set,
+/// not counted; input and log entries are keyed by their sequence.
+async fn apply_life(tx: &mut Transaction<'static, Any>, event: &WorkerEvent) -> anyhow::Result<()> {
+    let set = |sql: &'static str| sqlx::query(sql);
+    match event {
+        WorkerEvent::WorkerCreated { .. } | WorkerEvent::WorkerLaunchRefused { .. } | WorkerEvent::WorkerToolDenied { .. } => {}
+        WorkerEvent::WorkerClaimed { worker_id, host, .. } => {
+            set("UPDATE worker_life SET state = 'starting', host = $2 WHERE worker_id = $1 AND state = 'created'")
+                .bind(worker_id.clone())
+                .bind(host.clone())
+                .execute(&mut **tx)
+                .await?;
+        }
+        WorkerEvent::WorkerRunning { worker_id, .. } | WorkerEvent::WorkerPaused { worker_id, .. } => {
+            let state = event.state().map(WorkerState::as_str).unwrap_or_default();
+            set("UPDATE worker_life SET state = $2 WHERE worker_id = $1 AND ended_at_ns IS NULL")
+                .bind(worker_id.clone())
+                .bind(state)
+                .execute(&mut **tx)
+                .await?;
+        }
+        WorkerEvent::WorkerFinished { worker_id, state, exit_code, result, at, .. } => {
+            set("UPDATE worker_life SET state = $2, result = $3, exit_code = $4, ended_at_ns = $5 WHERE worker_id = $1")
+                .bind(worker_id.clone())
+                .bind(state.as_str())
+                .bind(result.clone())
+                .bind(exit_code.map(i64::from))
+                .bind(nanos(*at))
+                .execute(&mut **tx)
+                .await?;
+        }
+        WorkerEvent::WorkerLost { worker_id, at, .. } => {
+            set("UPDATE worker_life SET state = 'lost', ended_at_ns = $2 WHERE worker_id = $1")
+                .bind(worker_id.clone())
+                .bind(nanos(*at))
+                .execute(&mut **tx)
+                .await?;
+        }
+        WorkerEvent::WorkerStopRequested { worker_id, kill, .. } => {
+            let stop = if *kill { "kill" } else { "stop" };
+            set("UPDATE worker_life SET stop = CASE WHEN stop = 'kill' THEN 'kill' ELSE $2 END WHERE worker_id = $1")
+                .bind(worker_id.clone())
+                .bind(stop)
+                .execute(&mut **tx)
+                .await?;
+        }
+        WorkerEvent::WorkerInputAdded { worker_id, by, input, at } => {
+            let seen: i64 =
+                sqlx::query("SELECT COUNT(*) FROM worker_transcript WHERE worker_id = $1").bind(worker_id.clone()).fetch_one(&mut **tx).await?.try_get(0)?;
+            sqlx::query(
+                "INSERT INTO worker_transcript (worker_id, seq, author, at_ns, segments_json) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (worker_id, seq) DO NOTHING",
+            )
+            .bind(worker_id.clone())
+            .bind(seen)
+            .bind(by.clone())
+            .bind(nanos(*at))
+            .bind(serde_json::to_string(input)?)
+            .execute(&mut **tx)
+            .await?;
+            set("UPDATE worker_life SET inputs = $2 WHERE worker_id = $1").bind(worker_id.clone()).bind(seen).execute(&mut **tx).await?;
+        }
+        WorkerEvent::WorkerLogged { worker_id, lines, at, .. } => {
+            let first: i64 = sqlx::query("SELECT log_lines FROM worker_life WHERE worker_id = $1")
+                .bind(worker_id.clone())
+                .fetch_optional(&mut **tx)
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()?
+                .unwrap_or(0);
+            for (i, line) in lines.iter().enumerate() {
+                sqlx::query("INSERT INTO worker_log (worker_id, seq, at_ns, line) VALUES ($1, $2, $3, $4) ON CONFLICT (worker_id, seq) DO NOTHING")
+                    .bind(worker_id.clone())
+                    .bind(first + i64::try_from(i)?)
+                    .bind(nanos(*at))
+                    .bind(line.clone())
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            set("UPDATE worker_life SET log_lines = $2 WHERE worker_id = $1")
+                .bind(worker_id.clone())
+                .bind(first + i64::try_from(lines.len())?)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Where a Worker is in its life, as the view holds it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Life {
+    pub worker_id: String,
+    pub box_id: String,
+    pub box_type: String,
+    pub state: WorkerState,
+    pub host: String,
+    /// `""`, `stop` or `kill`.
+    pub stop: String,
+    pub result: String,
+    pub exit_code: Option<i32>,
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Later inputs (transcript entries after the first).
+    pub inputs: u32,
+}
+
+const LIFE_COLUMNS: &str = "worker_id, box_id, box_type, state, host, stop, result, exit_code, ended_at_ns, inputs";
+
+impl Life {
+    fn from_sql(row: &AnyRow) -> anyhow::Result<Life> {
+        let state: String = row.try_get(3)?;
+        Ok(Life {
+            worker_id: row.try_get(0)?,
+            box_id: row.try_get(1)?,
+            box_type: row.try_get(2)?,
+            state: WorkerState::parse(&state).ok_or_else(|| anyhow::anyhow!("unknown worker state {state:?}"))?,
+            host: row.try_get(4)?,
+            stop: row.try_get(5)?,
+            result: row.try_get(6)?,
+            exit_code: row.try_get::<Option<i64>, _>(7)?.map(i32::try_from).transpose()?,
+            ended_at: row.try_get::<Option<i64>, _>(8)?.map(DateTime::from_timestamp_nanos),
+            inputs: u32::try_from(row.try_get::<i64, _>(9)?)?,
+        })
+    }
+
+    /// Adds what the Worker's life says to its answer.
+    pub fn fill(&self, view: &mut v1::WorkerView) {
+        view.state = self.state.as_str().to_owned();
+        view.host = self.host.clone();
+        view.stop_requested = self.stop.clone();
+        view.result = self.result.clone();
+        view.exit_code = self.exit_code;
+        view.ended_at = self.ended_at.map(convert::timestamp);
+    }
+}
+
+/// The life of one Worker (`None` for one created before Workers ran on hosts, or unknown).
+pub async fn life(db: &Db, worker_id: &str) -> anyhow::Result<Option<Life>> {
+    let row = sqlx::query(&format!("SELECT {LIFE_COLUMNS} FROM worker_life WHERE worker_id = $1")).bind(worker_id).fetch_optional(db.any()).await?;
+    row.as_ref().map(Life::from_sql).transpose()
+}
+
+/// The lives of the Workers `where_sql` selects (a condition on `worker_life`'s columns,
+/// with `$1` bound to `arg`), at most `limit`, oldest first.
+pub async fn lives(db: &Db, where_sql: &str, arg: &str, limit: i64) -> anyhow::Result<Vec<Life>> {
+    let sql = format!("SELECT {LIFE_COLUMNS} FROM worker_life WHERE {where_sql} ORDER BY worker_id LIMIT {limit}");
+    let rows = sqlx::query(&sql).bind(arg).fetch_all(db.any()).await?;
+    rows.iter().map(Life::from_sql).collect()
+}
+
+/// Workers waiting for a host, oldest first, at most `limit`.
+pub async fn waiting(db: &Db, limit: u32) -> anyhow::Result<Vec<String>> {
+    let rows = sqlx::query(
+        "SELECT l.worker_id FROM worker_life l JOIN worker_rows w ON w.worker_id = l.worker_id WHERE l.state = 'created' ORDER BY w.position LIMIT $1",
+    )
+    .bind(i64::from(limit))
+    .fetch_all(db.any())
+    .await?;
+    rows.iter().map(|r| r.try_get(0).map_err(anyhow::Error::from)).collect()
+}
+
+/// The last `limit` lines the Worker wrote, oldest first.
+pub async fn log(db: &Db, worker_id: &str, limit: i64) -> anyhow::Result<Vec<String>> {
+    let rows = sqlx::query("SELECT line FROM (SELECT seq, line FROM worker_log WHERE worker_id = $1 ORDER BY seq DESC LIMIT $2) t ORDER BY seq")
+        .bind(worker_id)
+        .bind(limit)
+        .fetch_all(db.any())
+        .await?;
+    rows.iter().map(|r| r.try_get(0).map_err(anyhow::Error::from)).collect()
+}
+
+/// The transcript entries of a Worker after `seen` (its later input), each its segments.
+pub async fn inputs_after(db: &Db, worker_id: &str, seen: u32) -> anyhow::Result<Vec<Vec<Segment>>> {
+    let rows = sqlx::query("SELECT segments_json FROM worker_transcript WHERE worker_id = $1 AND seq > $2 ORDER BY seq")
+        .bind(worker_id)
+        .bind(i64::from(seen))
+        .fetch_all(db.any())
+        .await?;
+    rows.iter().map(|r| Ok(serde_json::from_str::<Vec<Segment>>(&r.try_get::<String, _>(0)?)?)).collect()
 }
 
 #[async_trait::async_trait]
@@ -199,10 +394,32 @@ impl Projection for WorkersView {
                 segments_json TEXT NOT NULL,
                 PRIMARY KEY (worker_id, seq)
             )",
+            "CREATE TABLE IF NOT EXISTS worker_life (
+                worker_id TEXT PRIMARY KEY,
+                box_id TEXT NOT NULL,
+                box_type TEXT NOT NULL,
+                state TEXT NOT NULL,
+                host TEXT NOT NULL,
+                stop TEXT NOT NULL,
+                result TEXT NOT NULL,
+                exit_code BIGINT,
+                ended_at_ns BIGINT,
+                inputs BIGINT NOT NULL,
+                log_lines BIGINT NOT NULL
+            )",
+            "CREATE INDEX IF NOT EXISTS worker_life_by_state ON worker_life (state, host)",
+            "CREATE INDEX IF NOT EXISTS worker_life_by_box ON worker_life (box_id, state)",
+            "CREATE TABLE IF NOT EXISTS worker_log (
+                worker_id TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                at_ns BIGINT NOT NULL,
+                line TEXT NOT NULL,
+                PRIMARY KEY (worker_id, seq)
+            )",
         ]
     }
     fn table_names(&self) -> &'static [&'static str] {
-        &["worker_rows", "worker_transcript"]
+        &["worker_rows", "worker_transcript", "worker_life", "worker_log"]
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {

@@ -408,6 +408,8 @@ pub(super) fn settings_in(dir: &std::path::Path) -> Settings {
         gateway: atasira_gateway::Config { rate: None, ..Default::default() },
         provision_backoff: Duration::from_secs(1),
         binding_ttl: atasira_domain::worker::DEFAULT_BINDING_TTL,
+        host_lease: Duration::from_secs(10),
+        host: None,
     }
 }
 

@@ -74,6 +74,8 @@ pub struct Worker {
     pub stop_requested: Option<bool>,
     /// Bytes of log recorded so far (at most [`LOG_BYTES`]).
     pub log_bytes: usize,
+    /// Later inputs recorded (transcript entries after the first).
+    pub inputs: u32,
 }
 
 /// What the host running a Worker reports.
@@ -108,6 +110,8 @@ pub enum WorkerCommand {
     Stop { by: String, kill: bool, at: DateTime<Utc> },
     /// More input for a Worker that has not ended.
     AddInput { by: String, input: Vec<Segment>, at: DateTime<Utc> },
+    /// Its host denied a tool call (R-DECIDE-1): recorded for the ledger.
+    RecordDenial { host: String, tool: String, rule: String, reason: String, input: String, at: DateTime<Utc> },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -192,7 +196,22 @@ pub enum WorkerEvent {
         input: Vec<Segment>,
         at: DateTime<Utc>,
     },
+    /// A tool call its host denied, with the manifest rule that decided.
+    WorkerToolDenied {
+        worker_id: String,
+        box_id: String,
+        host: String,
+        tool: String,
+        rule: String,
+        reason: String,
+        /// The call's input as JSON, at most [`DECISION_INPUT_CHARS`] characters.
+        input: String,
+        at: DateTime<Utc>,
+    },
 }
+
+/// How much of a tool call's input a recorded decision keeps.
+pub const DECISION_INPUT_CHARS: usize = 1_000;
 
 impl WorkerEvent {
     pub fn name(&self) -> &'static str {
@@ -207,6 +226,7 @@ impl WorkerEvent {
             WorkerEvent::WorkerLost { .. } => "WorkerLost",
             WorkerEvent::WorkerStopRequested { .. } => "WorkerStopRequested",
             WorkerEvent::WorkerInputAdded { .. } => "WorkerInputAdded",
+            WorkerEvent::WorkerToolDenied { .. } => "WorkerToolDenied",
         }
     }
 
@@ -337,16 +357,7 @@ impl Worker {
                     (WorkerState::Starting, Some(h)) if *h == host => return Ok(vec![]),
                     (state, _) => return Err(WorkerError::NotClaimable(*state)),
                 }
-                let (worker_id, box_id) = (d.worker_id.clone(), d.box_id.clone());
-                let claimed = WorkerEvent::WorkerClaimed { worker_id: worker_id.clone(), box_id: box_id.clone(), host: host.clone(), at };
-                // Stopped before any host took it: it ends here.
-                if self.stop_requested.is_some() {
-                    return Ok(vec![
-                        claimed,
-                        WorkerEvent::WorkerFinished { worker_id, box_id, host, state: WorkerState::Killed, exit_code: None, result: String::new(), at },
-                    ]);
-                }
-                Ok(vec![claimed])
+                Ok(vec![WorkerEvent::WorkerClaimed { worker_id: d.worker_id.clone(), box_id: d.box_id.clone(), host, at }])
             }
             WorkerCommand::Report { host, report, at } => {
                 let d = self.ours(&host)?;
@@ -383,7 +394,17 @@ impl Worker {
                 if self.stop_requested == Some(true) || self.stop_requested == Some(kill) {
                     return Ok(vec![]);
                 }
-                Ok(vec![WorkerEvent::WorkerStopRequested { worker_id: d.worker_id.clone(), box_id: d.box_id.clone(), by, kill, at }])
+                let (worker_id, box_id) = (d.worker_id.clone(), d.box_id.clone());
+                let asked = WorkerEvent::WorkerStopRequested { worker_id: worker_id.clone(), box_id: box_id.clone(), by, kill, at };
+                // No host took it yet: it ends here.
+                if self.state == WorkerState::Created {
+                    let host = String::new();
+                    return Ok(vec![
+                        asked,
+                        WorkerEvent::WorkerFinished { worker_id, box_id, host, state: WorkerState::Killed, exit_code: None, result: String::new(), at },
+                    ]);
+                }
+                Ok(vec![asked])
             }
             WorkerCommand::AddInput { by, input, at } => {
                 let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
@@ -395,6 +416,20 @@ impl Worker {
                     return Err(WorkerError::Invalid(errors));
                 }
                 Ok(vec![WorkerEvent::WorkerInputAdded { worker_id: d.worker_id.clone(), by, input, at }])
+            }
+            WorkerCommand::RecordDenial { host, tool, rule, reason, input, at } => {
+                let d = self.ours(&host)?;
+                let clip = |t: &str, n: usize| t.chars().filter(|c| *c != '\0').take(n).collect::<String>();
+                Ok(vec![WorkerEvent::WorkerToolDenied {
+                    worker_id: d.worker_id.clone(),
+                    box_id: d.box_id.clone(),
+                    host,
+                    tool: clip(&tool, 128),
+                    rule: clip(&rule, 128),
+                    reason: clip(&reason, 500),
+                    input: clip(&input, DECISION_INPUT_CHARS),
+                    at,
+                }])
             }
         }
     }
@@ -431,7 +466,8 @@ impl Worker {
                     self.state = state;
                 }
             }
-            WorkerEvent::WorkerInputAdded { .. } => {}
+            WorkerEvent::WorkerInputAdded { .. } => self.inputs = self.inputs.saturating_add(1),
+            WorkerEvent::WorkerToolDenied { .. } => {}
         }
     }
 }
@@ -633,17 +669,22 @@ mod tests {
     }
 
     #[test]
-    fn r_host_2_given_a_stop_then_a_kill_counts_and_a_worker_stopped_before_any_host_ends_at_its_claim() {
-        let mut h = created();
+    fn r_host_2_given_a_running_worker_a_stop_then_a_kill_counts_and_one_no_host_took_ends_at_once() {
         let stop = |kill| WorkerCommand::Stop { by: "alice".into(), kill, at: at(4) };
+        let mut h = created();
+        h.extend(then(&h, claim("host-a")).expect("claimed"));
         h.extend(then(&h, stop(false)).expect("stop"));
         assert_eq!(then(&h, stop(false)), Ok(vec![]));
         let kill = then(&h, stop(true)).expect("kill after stop");
         assert!(matches!(kill.as_slice(), [WorkerEvent::WorkerStopRequested { kill: true, .. }]));
         h.extend(kill);
         assert_eq!(then(&h, stop(false)), Ok(vec![]), "a stop after a kill adds nothing");
-        let claimed = then(&h, claim("host-a")).expect("claimed");
-        assert_eq!(claimed.iter().filter_map(WorkerEvent::state).collect::<Vec<_>>(), [WorkerState::Starting, WorkerState::Killed]);
+        assert_eq!(state_of(&h), WorkerState::Starting, "its host ends it");
+        let unclaimed = then(&created(), stop(false)).expect("stopped");
+        assert_eq!(unclaimed.iter().filter_map(WorkerEvent::state).collect::<Vec<_>>(), [WorkerState::Killed]);
+        let mut h = created();
+        h.extend(unclaimed);
+        assert_eq!(then(&h, claim("host-a")), Err(WorkerError::NotClaimable(WorkerState::Killed)));
     }
 
     #[test]

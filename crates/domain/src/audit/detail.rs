@@ -140,6 +140,7 @@ fn worker(event: &WorkerEvent) -> String {
         WorkerEvent::WorkerStopRequested { kill: true, .. } => "kill requested".to_owned(),
         WorkerEvent::WorkerStopRequested { kill: false, .. } => "stop requested".to_owned(),
         WorkerEvent::WorkerInputAdded { input, .. } => format!("{} input segment(s)", input.len()),
+        WorkerEvent::WorkerToolDenied { tool, rule, reason, .. } => format!("{tool} denied by {rule}: {reason}"),
     }
 }
 

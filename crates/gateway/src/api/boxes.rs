@@ -2,11 +2,13 @@
 
 use super::*;
 
-/// `idle` is active; `stopped` frees its slot; `archived` is final.
+/// `idle` and `running` (a Worker of it runs on an execution host) are active; `stopped`
+/// frees its slot; `archived` is final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BoxState {
     Idle,
+    Running,
     Stopped,
     Archived,
 }
@@ -35,8 +37,9 @@ pub struct BoxList {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BoxStateFilter {
+    /// Active Boxes no Worker of which runs.
     Idle,
-    /// Boxes with running Workers: a state no Box has yet, so nothing matches today.
+    /// Active Boxes a Worker of which runs on an execution host.
     Running,
     Stopped,
     Archived,

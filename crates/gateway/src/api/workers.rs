@@ -57,8 +57,45 @@ pub struct TranscriptEntry {
     pub segments: Vec<Segment>,
 }
 
-/// A Worker with its transcript. Nothing about how it runs (configuration bundles,
-/// execution bindings, directories or tool scope) is part of it.
+/// Where a Worker is in its life: `created` until an execution host claims it, then
+/// `starting`, `running` (or `paused`), and at its end `succeeded`, `failed`, `killed`, or
+/// `lost` when its host stopped renewing its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    Created,
+    Starting,
+    Running,
+    Paused,
+    Succeeded,
+    Failed,
+    Killed,
+    Lost,
+}
+
+/// A stop asked of a Worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StopRequested {
+    /// It ends after a grace (its runner gets SIGTERM first).
+    Stop,
+    /// It ends at once.
+    Kill,
+}
+
+/// `POST /api/v1/workers/{worker_id}/input`: more input for a Worker that has not ended.
+/// Unknown fields are refused.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputRequest {
+    /// 1 to 64 segments, as in a launch.
+    #[schema(schema_with = input_schema)]
+    pub input: Vec<Value>,
+}
+
+/// A Worker with its transcript, where it is in its life, its last log lines and its
+/// result. Nothing about how it runs (configuration bundles, execution bindings,
+/// directories or tool scope) is part of it.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Worker {
     /// `wkr_` and 32 hex digits, derived from the launch_id.
@@ -72,7 +109,19 @@ pub struct Worker {
     /// The user who launched it.
     pub created_by: String,
     pub created_at: DateTime<Utc>,
+    pub state: WorkerState,
+    /// The execution host that runs (or ran) it; `null` before one claimed it.
+    pub host: Option<String>,
+    /// A stop or kill asked of it that has not ended it yet.
+    pub stop_requested: Option<StopRequested>,
     pub transcript: Vec<TranscriptEntry>,
+    /// Its last log lines (what its runner wrote on stderr), oldest first, at most 200.
+    pub log: Vec<String>,
+    /// What its runner wrote on standard output (at most 16384 characters), once ended.
+    pub result: Option<String>,
+    /// Its runner's exit code, when it exited by itself.
+    pub exit_code: Option<i32>,
+    pub ended_at: Option<DateTime<Utc>>,
 }
 
 /// One Worker of `GET /api/v1/boxes/{box_id}/workers` (without its transcript).
@@ -86,6 +135,7 @@ pub struct WorkerSummary {
     pub labels: BTreeMap<String, String>,
     pub created_by: String,
     pub created_at: DateTime<Utc>,
+    pub state: WorkerState,
 }
 
 /// 200 of `GET /api/v1/boxes/{box_id}/workers`: a page of the Box's Workers, oldest first.

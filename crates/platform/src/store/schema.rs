@@ -148,6 +148,9 @@ const COMMON_SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS relay_checkpoints (name TEXT PRIMARY KEY, position BIGINT NOT NULL, tx_id BIGINT NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS relay_dead_letters (name TEXT NOT NULL, event_id TEXT NOT NULL, position BIGINT NOT NULL, reason TEXT NOT NULL,
         recorded_at_ms BIGINT NOT NULL, PRIMARY KEY (name, event_id))",
+    // The execution hosts the registry heard from, each with the end of its lease: not an
+    // event (a heartbeat every few seconds is no history), shared by the registry's replicas.
+    "CREATE TABLE IF NOT EXISTS host_leases (name TEXT PRIMARY KEY, capacity BIGINT NOT NULL, lease_until_ms BIGINT NOT NULL, seen_at_ms BIGINT NOT NULL)",
 ];
 
 /// PostgreSQL: the principal assertions some process of the cluster admitted, until they

@@ -1,0 +1,146 @@
+//! The decision endpoint (R-DECIDE-1): `POST /v1/decide` on loopback, for the Workers this
+//! host runs. A Worker's credential (`ATASIRA_WORKER_TOKEN`, fresh for each Worker) names
+//! the Worker; the answer comes from its bundle and binding alone, after the host looked up
+//! where the call's paths really lead. Denials are recorded on the Worker's stream.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use atasira_domain::decide::{Decision, Facts, ToolCall, Verdict, decide, paths_of};
+use atasira_domain::manifest::BoxManifest;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use subtle::ConstantTimeEq as _;
+use tokio::sync::watch;
+
+use crate::Host;
+
+/// What a Worker's calls are judged against: its bundle's manifest and its binding.
+#[derive(Debug)]
+pub struct Grant {
+    pub manifest: BoxManifest,
+    /// The workspace, its real path (symbolic links resolved).
+    pub workspace: String,
+    pub tool_scope: Vec<String>,
+}
+
+impl Grant {
+    /// The decision for `call`, the filesystem consulted for where its paths lead.
+    pub fn decide(&self, call: &ToolCall) -> Decision {
+        let workspace = Path::new(&self.workspace);
+        let real_paths = paths_of(call).into_iter().filter_map(|p| real_path(workspace, &p).map(|real| (p, real))).collect();
+        let grant = atasira_domain::decide::Grant { manifest: &self.manifest, workspace: &self.workspace, tool_scope: &self.tool_scope };
+        decide(grant, call, &Facts { real_paths })
+    }
+}
+
+/// Where `written` (relative to `workspace`) really leads: its longest existing ancestor
+/// with links resolved, and the rest as written.
+fn real_path(workspace: &Path, written: &str) -> Option<String> {
+    let path = if Path::new(written).is_absolute() { PathBuf::from(written) } else { workspace.join(written) };
+    let mut existing = path.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(mut real) = std::fs::canonicalize(existing) {
+            for part in rest.iter().rev() {
+                real.push(part);
+            }
+            return Some(real.to_string_lossy().into_owned());
+        }
+        rest.push(existing.file_name()?.to_owned());
+        existing = existing.parent()?;
+    }
+}
+
+/// The largest call a Worker may send.
+const BODY_LIMIT: usize = 128 * 1024;
+
+pub(crate) async fn serve(host: Arc<Host>, shutdown: watch::Receiver<bool>) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(host.config.decide_listen).await?;
+    let addr = listener.local_addr()?;
+    let app = Router::new().route("/v1/decide", post(decide_route)).layer(DefaultBodyLimit::max(BODY_LIMIT)).with_state(host);
+    let mut shutdown = shutdown;
+    let task = tokio::spawn(async move {
+        let stop = async move {
+            while !*shutdown.borrow() {
+                if shutdown.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+            tracing::error!(error = %e, "the decision endpoint stopped");
+        }
+    });
+    Ok((addr, task))
+}
+
+fn refused(status: StatusCode, code: &str, message: &str) -> Response {
+    (status, Json(serde_json::json!({"error": code, "message": message}))).into_response()
+}
+
+async fn decide_route(State(host): State<Arc<Host>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    let token = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    let found = {
+        let held = host.lock();
+        // Every credential is compared, in constant time each.
+        let mut found = None;
+        for (worker_id, h) in held.iter() {
+            if !token.is_empty() && bool::from(h.token.as_bytes().ct_eq(token.as_bytes())) {
+                found = Some((worker_id.clone(), h.grant.clone()));
+            }
+        }
+        found
+    };
+    let Some((worker_id, grant)) = found else {
+        return refused(StatusCode::UNAUTHORIZED, "unauthenticated", "no Worker of this host holds this credential");
+    };
+    let Some(grant) = grant else {
+        return refused(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "the Worker is starting");
+    };
+    let call: ToolCall = match serde_json::from_slice(&body) {
+        Ok(call) => call,
+        Err(e) => return refused(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &format!("a call is {{\"tool\": ..., \"input\": {{...}}}}: {e}")),
+    };
+    let decision = grant.decide(&call);
+    atasira_platform::metrics::global().decision(decision.decision.as_str());
+    if decision.decision != Verdict::Allow {
+        tracing::info!(worker_id, tool = call.tool, rule = decision.rule, decision = decision.decision.as_str(), "tool call {}", decision.decision.as_str());
+        let recorded = atasira_contracts::v1::ToolDecision {
+            tool: call.tool.clone(),
+            decision: "deny".to_owned(),
+            rule: decision.rule.clone(),
+            reason: decision.reason.clone(),
+            input: Some(atasira_contracts::manifest::value_to_proto(&call.input)),
+        };
+        host.report(&worker_id, atasira_contracts::v1::report_worker::Report::Decision(recorded)).await;
+    }
+    Json(decision).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn r_decide_1_a_path_is_judged_where_it_really_leads() {
+        let dir = std::env::temp_dir().join(format!("atasira-host-test-{}", std::process::id()));
+        let workspace = dir.join("ws");
+        std::fs::create_dir_all(&workspace).expect("workspace");
+        let workspace = std::fs::canonicalize(&workspace).expect("real");
+        std::os::unix::fs::symlink("/etc", workspace.join("out")).expect("link");
+        assert_eq!(real_path(&workspace, "out/passwd").as_deref(), Some("/etc/passwd"));
+        assert_eq!(real_path(&workspace, "new/file.md"), Some(workspace.join("new/file.md").to_string_lossy().into_owned()));
+        let manifest: BoxManifest =
+            serde_json::from_value(serde_json::json!({"box_type": "notes", "purpose": "p", "os_operations": ["file:write"]})).expect("manifest");
+        let grant = Grant { manifest, workspace: workspace.to_string_lossy().into_owned(), tool_scope: vec!["file:write".into()] };
+        let call = |path: &str| ToolCall { tool: "file:write".into(), input: serde_json::json!({"path": path}) };
+        assert_eq!(grant.decide(&call("notes.md")).decision, Verdict::Allow);
+        assert_eq!(grant.decide(&call("out/cron")).decision, Verdict::Deny, "a link out of the workspace");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
