@@ -133,7 +133,7 @@ fn r_host_1_r_decide_1_a_worker_runs_on_a_host_its_calls_are_decided_and_its_box
         // While it runs, its Box is running.
         let running = reaches(&sys, &worker_id, "running", Duration::from_secs(20));
         assert_eq!(running["host"], json!("h1"), "{mode:?}: {running}");
-        assert_eq!(listed_running(&sys), [box_id.clone()], "{mode:?}");
+        assert_eq!(listed_running(&sys), std::slice::from_ref(&box_id), "{mode:?}");
         assert_eq!(box_state(&sys, &box_id), "running", "{mode:?}");
 
         let done = reaches(&sys, &worker_id, "succeeded", Duration::from_secs(30));
