@@ -216,6 +216,13 @@ fn r_host_2_kill_stop_and_more_input_reach_a_running_worker_and_stopping_its_box
         // An agent that is not the Box's primary may not stop a Worker.
         let third = launch(&sys, &box_id, "w-3", &["sleep: 60"]);
         reaches(&sys, &third, "running", Duration::from_secs(20));
+        // Pause and resume reach its runner.
+        let paused = sys.post(&format!("/api/v1/workers/{third}/pause"), &sys.admin, &json!({}));
+        assert_eq!(paused.status, 200, "{}", paused.raw);
+        reaches(&sys, &third, "paused", Duration::from_secs(10));
+        assert_eq!(sys.post(&format!("/api/v1/workers/{third}/resume"), &sys.agent, &json!({})).status, 403);
+        assert_eq!(sys.post(&format!("/api/v1/workers/{third}/resume"), &sys.admin, &json!({})).status, 200);
+        reaches(&sys, &third, "running", Duration::from_secs(10));
         let by_agent = sys.post(&format!("/api/v1/workers/{third}/stop"), &sys.agent, &json!({}));
         assert_eq!(by_agent.status, 403, "{}", by_agent.raw);
         // Stopping the Box stops its Workers.
@@ -389,4 +396,89 @@ fn r_decide_1_a_workers_credential_opens_its_own_decisions_and_nothing_else() {
         Duration::from_secs(10),
         || if ledger(&sys, "worker.tool_denied").len() == 2 { Ok(()) } else { Err(String::new()) },
     );
+}
+
+#[test]
+fn r_decide_2_a_call_outside_the_allowlist_waits_for_a_human_admin_and_learns_the_decision() {
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        let runner = atasira_tests::harness::example_runner();
+        let env = [
+            ("ATASIRA_HOST_LEASE", LEASE.to_owned()),
+            ("ATASIRA_RUNNER", runner.clone()),
+            ("ATASIRA_HOST_NAME", "h1".to_owned()),
+            ("ATASIRA_ASK_TTL", "6s".to_owned()),
+        ];
+        let mut sys = System::start_with(mode, &env);
+        sys.start_host("h1", &host_env(&runner));
+        let box_id = activate(&sys, "builder");
+        // Outside git, the shell asks a human admin.
+        let shell = json!({"shell": {"allowed_commands": ["git"], "require_approval_outside_allowlist": true}});
+        let asked = sys.post(&format!("/api/v1/boxes/{box_id}/change-requests"), &sys.admin, &shell);
+        assert_eq!(asked.status, 201, "{}", asked.raw);
+        let bob = sys.token("bob", "admin", "human");
+        assert_eq!(sys.approve(asked.body["draft_id"].as_str().expect("draft_id"), &bob, true).body["status"], json!("active"));
+        let make = r#"tool: {"tool": "shell:exec", "input": {"command": "make build"}}"#;
+        let pending = |sys: &System, worker_id: &str| {
+            eventually("a pending tool-use request", Duration::from_secs(20), || {
+                let a = sys.get("/api/v1/tool-requests", &sys.admin);
+                let found = a.body["requests"].as_array().and_then(|rs| rs.iter().find(|r| r["worker_id"] == worker_id).cloned());
+                found.ok_or_else(|| a.raw.clone())
+            })
+        };
+
+        // Approved: the call goes ahead.
+        let first = launch(&sys, &box_id, "b-1", &[make, "result: built", "done"]);
+        let request = pending(&sys, &first);
+        assert_eq!(
+            (request["tool"].as_str(), request["rule"].as_str(), request["state"].as_str()),
+            (Some("shell:exec"), Some("shell.allowed_commands"), Some("pending")),
+            "{request}"
+        );
+        assert_eq!((request["input"]["command"].as_str(), request["launched_by"].as_str()), (Some("make build"), Some("admin")), "{request}");
+        let id = request["request_id"].as_str().expect("request_id").to_owned();
+        let by_launcher = sys.post(&format!("/api/v1/tool-requests/{id}/approve"), &sys.admin, &json!({}));
+        assert_eq!(by_launcher.status, 403, "the Worker's launcher may not decide: {}", by_launcher.raw);
+        assert_eq!(sys.post(&format!("/api/v1/tool-requests/{id}/approve"), &sys.agent, &json!({})).status, 403, "nor an agent");
+        assert_eq!(sys.post("/api/v1/tool-requests/tur_nope/approve", &bob, &json!({})).status, 404);
+        let approved = sys.post(&format!("/api/v1/tool-requests/{id}/approve"), &bob, &json!({}));
+        assert_eq!(
+            (approved.status, approved.body["state"].as_str(), approved.body["decided_by"].as_str()),
+            (200, Some("approved"), Some("bob")),
+            "{}",
+            approved.raw
+        );
+        let again = sys.post(&format!("/api/v1/tool-requests/{id}/reject"), &bob, &json!({"reason": "changed my mind"}));
+        assert_eq!((again.status, again.body["error"].as_str()), (409, Some("tool_request_not_pending")), "one decision: {}", again.raw);
+        let done = reaches(&sys, &first, "succeeded", Duration::from_secs(20));
+        assert!(lines(&done).iter().any(|l| l.starts_with("allowed: ") && l.contains("make build")), "{mode:?}: {done}");
+
+        // Rejected: the Worker learns why.
+        let second = launch(&sys, &box_id, "b-2", &[make, "done"]);
+        let id = pending(&sys, &second)["request_id"].as_str().expect("request_id").to_owned();
+        let rejected = sys.post(&format!("/api/v1/tool-requests/{id}/reject"), &bob, &json!({"reason": "not on a Friday"}));
+        assert_eq!(rejected.body["state"], json!("rejected"), "{}", rejected.raw);
+        let done = reaches(&sys, &second, "succeeded", Duration::from_secs(20));
+        assert!(lines(&done).iter().any(|l| l.starts_with("refused: ") && l.contains("rejected by bob") && l.contains("not on a Friday")), "{mode:?}: {done}");
+
+        // Nobody decides in time: denied.
+        let third = launch(&sys, &box_id, "b-3", &[make, "done"]);
+        let id = pending(&sys, &third)["request_id"].as_str().expect("request_id").to_owned();
+        let done = reaches(&sys, &third, "succeeded", Duration::from_secs(30));
+        assert!(lines(&done).iter().any(|l| l.starts_with("refused: ") && l.contains("no human admin decided in time")), "{mode:?}: {done}");
+        let late = sys.post(&format!("/api/v1/tool-requests/{id}/approve"), &bob, &json!({}));
+        assert_eq!((late.status, late.body["error"].as_str()), (409, Some("tool_request_not_pending")), "{}", late.raw);
+        let expired = sys.get("/api/v1/tool-requests?state=expired", &sys.admin);
+        assert_eq!(expired.body["requests"].as_array().map(Vec::len), Some(1), "{}", expired.raw);
+
+        // Every ask and every decision is a ledger row.
+        eventually("the asks and decisions on the ledger", Duration::from_secs(10), || {
+            let counts: Vec<usize> =
+                ["worker.tool_ask", "worker.tool_approve", "worker.tool_reject", "worker.tool_expire"].iter().map(|a| ledger(&sys, a).len()).collect();
+            if counts == [3, 1, 1, 1] { Ok(()) } else { Err(format!("{counts:?}")) }
+        });
+        let (code, out, _) = sys.cli(&["tool-requests", "list", "--state", "all", "--url", &sys.base_url.clone(), "--token", &sys.admin.clone()]);
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(out.lines().filter(|l| l.starts_with("tur_")).count(), 3, "{out}");
+        sys.kill("serve host");
+    }
 }

@@ -16,8 +16,15 @@ use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, atasi
 use atasira_tests::workspace_root;
 use serde_json::{Value, json};
 
-const TOOLS: [&str; 6] =
-    ["atasira_create_box_draft", "atasira_feasibility", "atasira_get_draft", "atasira_list_boxes", "atasira_pending_drafts", "atasira_request_change"];
+const TOOLS: [&str; 7] = [
+    "atasira_create_box_draft",
+    "atasira_feasibility",
+    "atasira_get_draft",
+    "atasira_list_boxes",
+    "atasira_pending_drafts",
+    "atasira_pending_tool_requests",
+    "atasira_request_change",
+];
 
 fn python() -> PathBuf {
     PathBuf::from(

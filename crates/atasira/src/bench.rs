@@ -6,7 +6,9 @@
 //!   with its own connections), against a floor measured in the same run; then REST submit
 //!   on the embedded system `atasira dev` runs.
 //! - `workers` ([`workers::workers`]): the one-request launch of a Worker, p50 and p99 at
-//!   c=1 and c=N, embedded and (given a database) in cluster mode.
+//!   c=1 and c=N, embedded and (given a database) in cluster mode; the decision before a
+//!   tool call in-process and launch-to-running with an execution host
+//!   ([`decisions`]).
 //! - `rebuild` ([`rebuild::rebuild`]): rebuilding the drafts view and the Box view from a
 //!   store seeded with N events.
 //! - `idle` ([`idle::idle`]): the CPU the five service processes use with no traffic.
@@ -15,6 +17,7 @@
 //! - `soak` ([`soak::soak`]): the resident memory of every process before and after a long
 //!   run of commands.
 
+mod decisions;
 mod drafts;
 mod idle;
 mod processes;

@@ -71,7 +71,7 @@ pub fn grants(identity: &str) -> RoleGrants {
             ],
         ),
         subjects::RUNTIME_REGISTRY => (
-            ["box_rows", "registry_manifest_files", "worker_rows", "worker_transcript", "worker_life", "worker_log", "host_leases"]
+            ["box_rows", "registry_manifest_files", "worker_rows", "worker_transcript", "worker_life", "worker_log", "tool_requests", "host_leases"]
                 .map(|t| (t, "SELECT, INSERT, UPDATE, DELETE"))
                 .to_vec(),
             [types::BOX, types::BOX_TYPE_NAMESPACE, types::REGISTRY_SECURITY, types::WORKER, types::CONFIG_BUNDLE, types::REGISTRY_ASSERTION_KEYS]
@@ -188,7 +188,12 @@ pub async fn run(options: &Options) -> anyhow::Result<()> {
 pub async fn prepare_all(db: &atasira_platform::store::Db) -> anyhow::Result<()> {
     atasira_gateway::prepare(db).await?;
     atasira_audit::prepare(db).await?;
-    let registry = atasira_runtime_registry::RegistryConfig { manifests_dir: PathBuf::new(), max_boxes: 0, host_lease: std::time::Duration::from_secs(10) };
+    let registry = atasira_runtime_registry::RegistryConfig {
+        manifests_dir: PathBuf::new(),
+        max_boxes: 0,
+        host_lease: std::time::Duration::from_secs(10),
+        ask_ttl: std::time::Duration::from_secs(300),
+    };
     for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
         atasira_platform::projection::prepare(db, p.as_ref()).await?;
     }

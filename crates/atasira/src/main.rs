@@ -298,12 +298,18 @@ enum Command {
         #[arg(long, value_name = "SECONDS", default_value_t = 600)]
         timeout: u64,
     },
+    /// See and decide the tool calls Workers wait to make until a human admin decides, over
+    /// the REST API of a running gateway. Exit 0 when the API answered with success, 1 when
+    /// it refused, 2 on a usage error, 3 when the gateway could not be reached.
+    #[command(subcommand)]
+    ToolRequests(client::ToolRequestsCommand),
     /// Serve the Model Context Protocol on stdin/stdout, for AI agents and MCP clients.
     ///
-    /// Five tools, each one call of a running gateway's REST API with the given token:
+    /// Seven tools, each one call of a running gateway's REST API with the given token:
     /// atasira_create_box_draft (the draft always waits for a human admin's approval),
-    /// atasira_pending_drafts (needs role admin), atasira_list_boxes, atasira_feasibility
-    /// and atasira_get_draft (your own drafts). There is no approve or reject tool. A
+    /// atasira_pending_drafts and atasira_pending_tool_requests (need role admin),
+    /// atasira_list_boxes, atasira_feasibility, atasira_request_change and
+    /// atasira_get_draft (your own drafts). There is no approve or reject tool. A
     /// refusal of the API is a tool error that starts with its error code. Standard
     /// output carries the protocol only; logs go to stderr. The gateway also serves the
     /// same tools over streamable HTTP at /mcp (with the token as Bearer).
@@ -431,6 +437,10 @@ struct CommonArgs {
     /// heard from for this long loses them (they end `lost` and never run again): 10s, 1m.
     #[arg(long, env = "ATASIRA_HOST_LEASE", value_name = "DURATION", default_value = "10s", value_parser = atasira_domain::worker::parse_ttl)]
     host_lease: Duration,
+    /// How long a Worker's tool call that needs a human admin waits for one; then it is
+    /// denied: 5m, 30s, 1h.
+    #[arg(long, env = "ATASIRA_ASK_TTL", value_name = "DURATION", default_value = "5m", value_parser = atasira_domain::worker::parse_ttl)]
+    ask_ttl: Duration,
     /// Testing only: seconds an unfinished Idempotency-Key claim holds before a retry may
     /// take it over and redo the work (default: three request timeouts, the consistency
     /// wait and 6 s, longer than any request can take). Shorter lets a retry redo work that
@@ -523,6 +533,7 @@ impl CommonArgs {
             provision_backoff: Duration::from_millis(self.provision_backoff_ms),
             binding_ttl: self.binding_ttl,
             host_lease: self.host_lease,
+            ask_ttl: self.ask_ttl,
             host: None,
         }
     }
@@ -585,10 +596,12 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2000)]
         count: usize,
     },
-    /// Launching Workers: the one request a browser makes (`POST
+    /// Launching and running Workers: the one request a browser makes (`POST
     /// /api/v1/boxes/{box_id}/workers`, answered once the read models hold the Worker),
     /// each with a fresh launch_id on one active Box; prints p50 and p99 at c=1 and at
-    /// --concurrency.
+    /// --concurrency. Then the decision before a tool call in-process (decisions per
+    /// second, p50 against reading the call, p99) and launch-to-running with an in-process
+    /// execution host (p50, p99).
     ///
     /// The embedded part starts every service on SQLite in a fresh temporary data dir; with
     /// a database URL, the cluster part then runs the gateway and the five services in this
@@ -825,6 +838,7 @@ fn main() -> ExitCode {
         Command::Drafts(DraftsCommand::Client(cmd)) => Ok(client::drafts(cmd)),
         Command::Boxes(cmd) => Ok(client::boxes(cmd)),
         Command::Mcp(args) => run_async(mcp::serve(args)),
+        Command::ToolRequests(cmd) => Ok(client::tool_requests(cmd)),
         Command::Decide { manifest, workspace, url, token, timeout } => {
             let source = match (manifest, url, token) {
                 (Some(file), _, _) => Some(decide::Source::Manifest { file, workspace }),

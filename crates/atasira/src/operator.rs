@@ -289,7 +289,12 @@ pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<std::process
                 );
             };
             let db = open_db(target.data_dir.as_deref(), target.database_url()?.as_deref()).await?;
-            let registry = atasira_runtime_registry::RegistryConfig { manifests_dir, max_boxes: 0, host_lease: std::time::Duration::from_secs(10) };
+            let registry = atasira_runtime_registry::RegistryConfig {
+                manifests_dir,
+                max_boxes: 0,
+                host_lease: std::time::Duration::from_secs(10),
+                ask_ttl: std::time::Duration::from_secs(300),
+            };
             let mut rebuilt = Vec::new();
             for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
                 eprintln!("rebuilding {} ...", p.name());

@@ -40,6 +40,8 @@ pub struct Settings {
     pub binding_ttl: Duration,
     /// `ATASIRA_HOST_LEASE`: how long an execution host's heartbeat holds its Workers.
     pub host_lease: Duration,
+    /// `ATASIRA_ASK_TTL`: how long a tool-use request waits for a human admin.
+    pub ask_ttl: Duration,
     /// The in-process execution host of `dev --runner` (none: Workers wait for a host).
     pub host: Option<atasira_host::HostConfig>,
 }
@@ -236,7 +238,7 @@ pub fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> 
 }
 
 pub fn registry_config(s: &Settings) -> atasira_runtime_registry::RegistryConfig {
-    atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes, host_lease: s.host_lease }
+    atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes, host_lease: s.host_lease, ask_ttl: s.ask_ttl }
 }
 
 /// What `atasira serve` can run.

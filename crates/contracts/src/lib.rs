@@ -41,8 +41,9 @@ named!(EditBoxManifest, EditBoxConfig);
 named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
 named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
 named!(SyncBundle, BundleSynced, PrepareBinding, BindingLease, ConsumeBinding, CreateWorker, WorkerReply, GetWorker, ListBoxWorkers, WorkerPage);
-named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply, ReviseDraft, StopWorker, AddWorkerInput);
+named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply, ReviseDraft, StopWorker, AddWorkerInput, PauseWorker);
 named!(HostHeartbeat, HostOrders, GetBundle, BundleBytes, ResolveBinding, ResolvedBinding, ReportWorker);
+named!(AskTool, ToolAnswer, ListToolRequests, ToolRequestPage, ToolRequestView, DecideToolRequest, GetToolRequest);
 
 /// A request paired with its reply's type: what a service answers it with (R-ARCH-4).
 pub trait Request: Named {
@@ -60,8 +61,9 @@ replies!(EditBoxManifest => BoxReply, EditBoxConfig => BoxReply, ListBoxesPage =
 replies!(QueryAudit => AuditPage, VerifyAudit => VerifyReply);
 replies!(SyncBundle => BundleSynced, PrepareBinding => BindingLease, ConsumeBinding => Ack, CreateWorker => WorkerReply, GetWorker => WorkerReply, ListBoxWorkers => WorkerPage);
 replies!(GetWorkerProvenance => WorkerProvenance, SubmitChange => SubmitChangeReply, ReviseDraft => DraftReply);
-replies!(StopWorker => WorkerReply, AddWorkerInput => WorkerReply);
+replies!(StopWorker => WorkerReply, AddWorkerInput => WorkerReply, PauseWorker => WorkerReply);
 replies!(HostHeartbeat => HostOrders, GetBundle => BundleBytes, ResolveBinding => ResolvedBinding, ReportWorker => Ack);
+replies!(AskTool => ToolAnswer, ListToolRequests => ToolRequestPage, DecideToolRequest => ToolRequestView, GetToolRequest => ToolRequestView);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

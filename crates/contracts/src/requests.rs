@@ -79,10 +79,15 @@ requests!(
         ListWorkers(ListBoxWorkers),
         Provenance(GetWorkerProvenance),
         StopWorker(StopWorker),
+        PauseWorker(PauseWorker),
         AddInput(AddWorkerInput),
         Heartbeat(HostHeartbeat),
         GetBundle(GetBundle),
         Report(ReportWorker),
+        AskTool(AskTool),
+        ListToolRequests(ListToolRequests),
+        DecideTool(DecideToolRequest),
+        GetToolRequest(GetToolRequest),
     }
 );
 

@@ -301,7 +301,12 @@ pub fn action_of(aggregate_type: &str, event_type: &str) -> Option<&'static str>
         ("worker", "WorkerLost") => "worker.lost",
         ("worker", "WorkerStopRequested") => "worker.stop",
         ("worker", "WorkerInputAdded") => "worker.input",
+        ("worker", "WorkerPauseRequested") => "worker.pause_request",
         ("worker", "WorkerToolDenied") => "worker.tool_denied",
+        ("worker", "WorkerToolUseRequested") => "worker.tool_ask",
+        ("worker", "WorkerToolUseApproved") => "worker.tool_approve",
+        ("worker", "WorkerToolUseRejected") => "worker.tool_reject",
+        ("worker", "WorkerToolUseExpired") => "worker.tool_expire",
         ("config_bundle", "ConfigBundleSynced") => "bundle.sync",
         ("execution_binding", "BindingPrepared") => "binding.prepare",
         ("execution_binding", "BindingConsumed") => "binding.consume",
@@ -342,7 +347,11 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
         "WorkerCreated" => (&[&["created_by"], &["created_by", "user_id"], &["by"]], &[&["worker_id"], &["box_id"]]),
         "WorkerLaunchRefused" => (&[&["by"]], &[&["box_id"]]),
         "WorkerClaimed" | "WorkerRunning" | "WorkerPaused" | "WorkerFinished" | "WorkerLost" | "WorkerToolDenied" => (&[&["host"]], &[&["worker_id"]]),
-        "WorkerStopRequested" | "WorkerInputAdded" => (&[&["by"]], &[&["worker_id"]]),
+        "WorkerStopRequested" | "WorkerInputAdded" | "WorkerPauseRequested" | "WorkerToolUseApproved" | "WorkerToolUseRejected" => {
+            (&[&["by"]], &[&["worker_id"]])
+        }
+        "WorkerToolUseRequested" => (&[&["host"]], &[&["worker_id"]]),
+        "WorkerToolUseExpired" => (&[], &[&["worker_id"]]),
         "ConfigBundleSynced" => (&[&["by"]], &[&["box_id"]]),
         "BindingPrepared" => (&[&["prepared_by"]], &[&["box_id"]]),
         "BindingConsumed" => (&[&["by"]], &[&["box_id"]]),

@@ -604,7 +604,8 @@ async function loadWorkers() {
   const id = state.workersBox;
   const form = $('launch-form');
   const box = state.boxes.find((b) => b.box_id === id);
-  form.hidden = !box || box.state !== 'idle';
+  form.hidden = !box || !['idle', 'running'].includes(box.state);
+  if (isAdmin()) await loadToolRequests();
   if (!id) {
     $('workers-list').replaceChildren(el('p', { class: 'muted empty', text: 'No active Box.' }));
     return;
@@ -622,7 +623,7 @@ async function loadWorkers() {
   $('workers-list').replaceChildren(workers.length
     ? el('ul', {}, workers.slice().reverse().map((w) => el('li', {},
       el('button', { type: 'button', class: `row${w.worker_id === state.worker ? ' current' : ''}`, dataset: { workerId: w.worker_id }, onclick: () => selectWorker(w.worker_id) },
-        el('code', { text: w.worker_id.slice(0, 12) }), ' ', el('strong', { text: w.role || 'no role' }),
+        el('code', { text: w.worker_id.slice(0, 12) }), ' ', el('span', { class: `badge state-${w.state}`, text: w.state }), ' ', el('strong', { text: w.role || 'no role' }),
         el('span', { class: 'muted', text: ` by ${w.created_by}` }), el('span', { class: 'right muted' }, when(w.created_at))))))
     : el('p', { class: 'muted empty', text: 'No Worker of this Box yet.' }));
   if (state.worker) await loadWorker();
@@ -640,8 +641,15 @@ async function loadWorker() {
   if (state.worker !== id) return;
   $('worker-detail').replaceChildren(
     el('header', {}, el('h3', { text: w.role || 'Worker' }), el('code', { text: w.worker_id })),
-    facts([['Box', w.box_type], ['Launch id', w.launch_id], ['Launched by', w.created_by], ['When', when(w.created_at)],
+    facts([['Box', w.box_type], ['State', el('span', { class: `badge state-${w.state}`, text: w.stop_requested ? `${w.state} (${w.stop_requested} asked)` : w.state })],
+      ['Host', w.host], ['Launch id', w.launch_id], ['Launched by', w.created_by], ['When', when(w.created_at)],
+      ['Exit code', w.exit_code === null ? null : String(w.exit_code)],
       ['Labels', Object.keys(w.labels).length ? chips(Object.entries(w.labels).map(([k, v]) => `${k}=${v}`)) : null]]),
+    workerActions(w),
+    w.log.length ? el('h4', { text: 'Log' }) : null,
+    w.log.length ? el('pre', { class: 'log', text: w.log.join('\n') }) : null,
+    w.result === null ? null : el('h4', { text: 'Result' }),
+    w.result === null ? null : el('pre', { class: 'log', text: w.result }),
     el('h4', { text: 'Transcript' }),
     el('ol', { class: 'transcript' }, w.transcript.map((t) => el('li', {},
       el('p', { class: 'meta' }, el('strong', { text: t.author }), ' \u00b7 ', when(t.at)),
@@ -653,6 +661,47 @@ async function loadWorker() {
     facts([['Bundle', el('code', { text: p.bundle_digest })]]),
     table(['step', 'who', 'when', 'version', 'digest', 'audit row'], p.steps.map((s) => [s.kind.replace('_', ' '), s.actor, when(s.at), s.manifest_version || '',
       s.digest ? el('code', { title: s.digest, text: s.digest.slice(0, 19) }) : '', s.audit_seq === null ? 'not yet' : String(s.audit_seq)])));
+}
+
+/** Stop, kill, pause and resume, for a Worker that has not ended (the API says who may). */
+function workerActions(w) {
+  if (!['created', 'starting', 'running', 'paused'].includes(w.state)) return null;
+  const label = { stop: 'Stop', kill: 'Kill', pause: 'Pause', resume: 'Resume' };
+  const act = (verb) => el('button', { type: 'button', text: label[verb], onclick: async () => {
+    try {
+      await api('POST', `/workers/${seg(w.worker_id)}/${verb}`, {});
+      flash(`Asked Worker ${w.worker_id} to ${verb}.`);
+      invalidate(['workers', 'boxes', 'audit']);
+    } catch (e) {
+      showError($('workers-error'), e);
+    }
+  } });
+  const pause = w.state === 'running' ? act('pause') : w.state === 'paused' ? act('resume') : null;
+  return el('p', { class: 'actions' }, act('stop'), ' ', act('kill'), pause ? ' ' : null, pause);
+}
+
+/** The tool calls Workers wait to make until a human admin decides (admins see them). */
+async function loadToolRequests() {
+  const box = $('tool-requests');
+  const { items } = await pages('/tool-requests?limit=200', 'requests');
+  box.hidden = items.length === 0;
+  box.replaceChildren(el('h3', { text: `Tool calls waiting for a human admin (${items.length})` }), el('ul', {}, items.map((r) => {
+    const reason = el('input', { placeholder: 'reason (for a rejection)', maxlength: 500 });
+    const decide = (verb) => el('button', { type: 'button', text: verb === 'approve' ? 'Allow' : 'Refuse', onclick: async () => {
+      try {
+        await api('POST', `/tool-requests/${seg(r.request_id)}/${verb}`, verb === 'reject' && reason.value.trim() ? { reason: reason.value.trim() } : {});
+        flash(`${verb === 'approve' ? 'Allowed' : 'Refused'} ${r.tool} for Worker ${r.worker_id}.`);
+        invalidate(['workers', 'audit']);
+      } catch (e) {
+        showError($('workers-error'), e);
+      }
+    } });
+    return el('li', { class: 'panel' },
+      el('p', {}, el('strong', { text: r.tool }), ' ', el('span', { class: 'muted', text: `${r.box_type} \u00b7 Worker ${r.worker_id.slice(0, 12)} launched by ${r.launched_by}` })),
+      el('pre', { class: 'log', text: JSON.stringify(r.input, null, 2) }),
+      el('p', { class: 'muted', text: `${r.rule}: ${r.reason} \u00b7 denied at ${localTime(r.expires_at)} unless decided` }),
+      isHumanAdmin() && state.me.user_id !== r.launched_by ? el('p', { class: 'actions' }, decide('approve'), ' ', reason, ' ', decide('reject')) : null);
+  })));
 }
 
 function setupLaunch() {

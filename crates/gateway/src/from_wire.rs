@@ -15,8 +15,8 @@ use crate::ApiError;
 use crate::api::{
     Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, ChangeRequested, Decision, DraftCreated, DraftDetail,
     DraftKind, DraftPage, DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, ProvenanceKind,
-    ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, Revision, RoleInBox, Segment, SegmentKind, StopRequested, TranscriptEntry, VerifyResult,
-    Worker, WorkerList, WorkerProvenance, WorkerState, WorkerSummary,
+    ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, Revision, RoleInBox, Segment, SegmentKind, StopRequested, ToolRequest, ToolRequestList,
+    TranscriptEntry, VerifyResult, Worker, WorkerList, WorkerProvenance, WorkerState, WorkerSummary,
 };
 use crate::extract::RawBody;
 
@@ -620,6 +620,38 @@ impl TryFrom<v1::WorkerView> for Worker {
             exit_code: w.exit_code,
             ended_at,
         })
+    }
+}
+
+impl TryFrom<v1::ToolRequestView> for ToolRequest {
+    type Error = ApiError;
+    fn try_from(r: v1::ToolRequestView) -> Result<Self, ApiError> {
+        let state = serde_json::from_value(Value::String(r.state.clone())).map_err(|e| unreadable("tool-use request state", e))?;
+        let some = |s: String| Some(s).filter(|s| !s.is_empty());
+        Ok(ToolRequest {
+            requested_at: time("tool-use request", r.requested_at.as_ref())?,
+            expires_at: time("tool-use request", r.expires_at.as_ref())?,
+            decided_at: r.decided_at.as_ref().map(|t| time("tool-use request", Some(t))).transpose()?,
+            input: r.input.map(atasira_contracts::manifest::value_from_proto).unwrap_or(Value::Null),
+            request_id: r.request_id,
+            worker_id: r.worker_id,
+            box_id: r.box_id,
+            box_type: r.box_type,
+            tool: r.tool,
+            rule: r.rule,
+            reason: r.reason,
+            state,
+            launched_by: r.launched_by,
+            decided_by: some(r.decided_by),
+            decision_reason: some(r.decision_reason),
+        })
+    }
+}
+
+impl TryFrom<v1::ToolRequestPage> for ToolRequestList {
+    type Error = ApiError;
+    fn try_from(r: v1::ToolRequestPage) -> Result<Self, ApiError> {
+        Ok(Self { requests: r.requests.into_iter().map(ToolRequest::try_from).collect::<Result<_, _>>()?, next_cursor: cursor(r.next_cursor) })
     }
 }
 

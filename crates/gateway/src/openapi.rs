@@ -310,7 +310,9 @@ impl Modify for SharedResponses {
         crate::routes::nats_assertion, crate::routes::whoami, crate::routes::box_history, crate::routes::unassign_user, crate::routes::feasibility,
         crate::routes::list_tokens, crate::routes::revoke_token, crate::routes::revoke_user_tokens, crate::routes::edit_manifest,
         crate::routes::edit_config, crate::routes::request_change, crate::routes::revise, crate::routes::launch_worker, crate::routes::get_worker, crate::routes::list_workers, crate::routes::worker_provenance,
-        crate::routes::stop_worker_route, crate::routes::kill_worker_route, crate::routes::worker_input,
+        crate::routes::stop_worker_route, crate::routes::kill_worker_route, crate::routes::worker_input, crate::routes::pause_worker_route,
+        crate::routes::resume_worker_route,
+        crate::routes::list_tool_requests, crate::routes::get_tool_request, crate::routes::approve_tool, crate::routes::reject_tool,
         crate::stream::stream),
     components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)

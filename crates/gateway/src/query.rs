@@ -261,8 +261,8 @@ pub const BOXES_PAGE_MAX: u32 = 200;
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct BoxesQuery {
-    /// Which Boxes: `idle`, `running` (Boxes with running Workers: none today), `stopped`,
-    /// `archived` or `all`. Absent: the active ones (`idle` and `running`), not stopped
+    /// Which Boxes: `idle`, `running` (a Worker of the Box runs), `stopped`, `archived` or
+    /// `all`. Absent: the active ones (`idle` and `running`), not stopped
     /// or archived ones.
     #[param(value_type = Option<api::BoxStateFilter>, inline)]
     pub state: Option<api::BoxStateFilter>,
@@ -284,6 +284,36 @@ impl FromQuery for BoxesQuery {
 }
 
 impl BoxesQuery {
+    pub fn page(&self) -> Page {
+        Page { limit: self.limit, cursor: self.cursor }
+    }
+}
+
+/// `GET /api/v1/tool-requests?state=`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ToolRequestsQuery {
+    /// Which requests: `pending` (the default), `approved`, `rejected`, `expired` or `all`.
+    #[param(value_type = Option<api::ToolRequestStateFilter>, inline)]
+    pub state: Option<api::ToolRequestStateFilter>,
+    /// Page size: a whole number of at least 1 (default 50); more than 200 is read as 200.
+    #[param(value_type = PageSize, inline, required = false)]
+    pub limit: Option<Limit>,
+    /// The `next_cursor` of the previous page.
+    #[param(value_type = Option<String>, pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<Cursor>,
+}
+
+impl FromQuery for ToolRequestsQuery {
+    const NAMES: &'static [&'static str] = &["state", "limit", "cursor"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let state = one_of(query, "state", &["pending", "approved", "rejected", "expired", "all"])?;
+        let page = Page::from_query(query, WORKERS_PAGE_MAX)?;
+        Ok(Self { state, limit: page.limit, cursor: page.cursor })
+    }
+}
+
+impl ToolRequestsQuery {
     pub fn page(&self) -> Page {
         Page { limit: self.limit, cursor: self.cursor }
     }

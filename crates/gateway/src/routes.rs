@@ -19,7 +19,9 @@ use v1::box_action::Action;
 
 use crate::api::{self, ErrorBody};
 use crate::extract::{Admin, BoxUser, Caller, HumanAdmin, Id, IdempotencyKey, RawBody};
-use crate::query::{AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, IdempotencyHeader, Params, PendingQuery, RevokeUserQuery, TokensQuery, WorkersQuery};
+use crate::query::{
+    AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, IdempotencyHeader, Params, PendingQuery, RevokeUserQuery, TokensQuery, ToolRequestsQuery, WorkersQuery,
+};
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
 /// A read: ask the service, answer its reply as `Out`.
@@ -695,6 +697,54 @@ pub async fn kill_worker_route(
     stop_worker(state, principal, key, worker_id, body, true).await
 }
 
+async fn pause_worker(state: AppState, principal: Principal, key: IdempotencyKey, worker_id: String, body: RawBody, pause: bool) -> Result<Response, ApiError> {
+    let api::EmptyRequest {} = validated(key.check().and_then(|()| body.parse()), worker_exists(&state, &principal, &worker_id)).await?;
+    let route = format!("{} {worker_id}", if pause { "pause" } else { "resume" });
+    let request = v1::PauseWorker { worker_id, pause };
+    write::<_, api::Worker>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+/// Pause a running Worker (a human admin or the Box's primary): its runner is stopped
+/// (SIGSTOP) until resumed; the Worker is `paused`.
+#[utoipa::path(post, path = "/api/v1/workers/{worker_id}/pause", tag = "workers", params(("worker_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty or `{}`"),
+    responses(
+        (status = 200, description = "The Worker, with the pause asked", body = api::Worker),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary", body = ErrorBody),
+        (status = 404, description = "`worker_not_found`", body = ErrorBody),
+        (status = 409, description = "`worker_ended`: it has ended", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or the Box's primary"))))]
+pub async fn pause_worker_route(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(worker_id): Id,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    pause_worker(state, principal, key, worker_id, body, true).await
+}
+
+/// Resume a paused Worker (a human admin or the Box's primary).
+#[utoipa::path(post, path = "/api/v1/workers/{worker_id}/resume", tag = "workers", params(("worker_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty or `{}`"),
+    responses(
+        (status = 200, description = "The Worker, with the resume asked", body = api::Worker),
+        (status = 403, description = "`forbidden`: needs a human admin or the Box's primary", body = ErrorBody),
+        (status = 404, description = "`worker_not_found`", body = ErrorBody),
+        (status = 409, description = "`worker_ended`: it has ended", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin or the Box's primary"))))]
+pub async fn resume_worker_route(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(worker_id): Id,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    pause_worker(state, principal, key, worker_id, body, false).await
+}
+
 /// More input for a running Worker (a human admin or a user assigned to its Box): it
 /// reaches the Worker on its standard input and joins its transcript.
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/input", tag = "workers", params(("worker_id" = String, Path), IdempotencyHeader),
@@ -718,6 +768,90 @@ pub async fn worker_input(
     let route = format!("input {worker_id}");
     let request = v1::AddWorkerInput { worker_id, input };
     write::<_, api::Worker>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+/// The tool calls Workers wait to make until a human admin decides (admins), newest first;
+/// `?state=pending` (the default), `approved`, `rejected`, `expired` or `all`.
+#[utoipa::path(get, path = "/api/v1/tool-requests", tag = "workers", params(ToolRequestsQuery),
+    responses((status = 200, description = "A page of tool-use requests", body = api::ToolRequestList), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
+pub async fn list_tool_requests(
+    State(state): State<AppState>,
+    Admin(principal): Admin,
+    Params(q): Params<ToolRequestsQuery>,
+) -> Result<Json<api::ToolRequestList>, ApiError> {
+    let page = q.page();
+    let request = v1::ListToolRequests { state: q.state.map(|s| s.as_str().to_owned()).unwrap_or_default(), limit: page.limit(), after: page.after() };
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
+}
+
+/// One tool-use request (admins).
+#[utoipa::path(get, path = "/api/v1/tool-requests/{request_id}", tag = "workers", params(("request_id" = String, Path)),
+    responses(
+        (status = 200, description = "The request", body = api::ToolRequest),
+        (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody),
+        (status = 404, description = "`tool_request_not_found`", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
+pub async fn get_tool_request(State(state): State<AppState>, Admin(principal): Admin, Id(request_id): Id) -> Result<Json<api::ToolRequest>, ApiError> {
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetToolRequest { request_id }).await
+}
+
+async fn decide_tool(
+    state: AppState,
+    principal: Principal,
+    key: IdempotencyKey,
+    request_id: String,
+    body: RawBody,
+    approve: bool,
+) -> Result<Response, ApiError> {
+    let exists = async { state.call(subjects::RUNTIME_REGISTRY, &principal, &v1::GetToolRequest { request_id: request_id.clone() }).await.map(|_| ()) };
+    let b: api::ToolDecisionRequest = validated(key.check().and_then(|()| body.parse()), exists).await?;
+    let route = format!("{} {request_id}", if approve { "approve tool" } else { "reject tool" });
+    let request = v1::DecideToolRequest { request_id, approve, reason: b.reason.unwrap_or_default() };
+    write::<_, api::ToolRequest>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
+/// Let a Worker make the tool call it waits for (a human admin who did not launch it).
+/// Recorded on the audit ledger (`worker.tool_approve`).
+#[utoipa::path(post, path = "/api/v1/tool-requests/{request_id}/approve", tag = "workers", params(("request_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::ToolDecisionRequest>, description = "Empty, `{}` or `{\"reason\": ...}`"),
+    responses(
+        (status = 200, description = "The request, approved", body = api::ToolRequest),
+        (status = 403, description = "`forbidden`: needs a human admin who did not launch the Worker", body = ErrorBody),
+        (status = 404, description = "`tool_request_not_found`", body = ErrorBody),
+        (status = 409, description = "`tool_request_not_pending`: decided or expired already", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin who did not launch the Worker"))))]
+pub async fn approve_tool(
+    State(state): State<AppState>,
+    Admin(principal): Admin,
+    Id(request_id): Id,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    decide_tool(state, principal, key, request_id, body, true).await
+}
+
+/// Refuse a Worker the tool call it waits for (a human admin who did not launch it); the
+/// Worker learns the reason. Recorded on the audit ledger (`worker.tool_reject`).
+#[utoipa::path(post, path = "/api/v1/tool-requests/{request_id}/reject", tag = "workers", params(("request_id" = String, Path), IdempotencyHeader),
+    request_body(content = Option<api::ToolDecisionRequest>, description = "Empty, `{}` or `{\"reason\": ...}`"),
+    responses(
+        (status = 200, description = "The request, rejected", body = api::ToolRequest),
+        (status = 403, description = "`forbidden`: needs a human admin who did not launch the Worker", body = ErrorBody),
+        (status = 404, description = "`tool_request_not_found`", body = ErrorBody),
+        (status = 409, description = "`tool_request_not_pending`: decided or expired already", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin who did not launch the Worker"))))]
+pub async fn reject_tool(
+    State(state): State<AppState>,
+    Admin(principal): Admin,
+    Id(request_id): Id,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    decide_tool(state, principal, key, request_id, body, false).await
 }
 
 /// One Worker with its transcript (an admin, or a user assigned to its Box).

@@ -108,18 +108,62 @@ async fn decide_route(State(host): State<Arc<Host>>, headers: HeaderMap, body: a
     };
     let decision = grant.decide(&call);
     atasira_platform::metrics::global().decision(decision.decision.as_str());
-    if decision.decision != Verdict::Allow {
-        tracing::info!(worker_id, tool = call.tool, rule = decision.rule, decision = decision.decision.as_str(), "tool call {}", decision.decision.as_str());
-        let recorded = atasira_contracts::v1::ToolDecision {
-            tool: call.tool.clone(),
-            decision: "deny".to_owned(),
-            rule: decision.rule.clone(),
-            reason: decision.reason.clone(),
-            input: Some(atasira_contracts::manifest::value_to_proto(&call.input)),
-        };
-        host.report(&worker_id, atasira_contracts::v1::report_worker::Report::Decision(recorded)).await;
-    }
+    let decision = match decision.decision {
+        Verdict::Allow => decision,
+        Verdict::Deny => {
+            tracing::info!(worker_id, tool = call.tool, rule = decision.rule, "tool call denied");
+            let recorded = atasira_contracts::v1::ToolDecision {
+                tool: call.tool.clone(),
+                decision: "deny".to_owned(),
+                rule: decision.rule.clone(),
+                reason: decision.reason.clone(),
+                input: Some(atasira_contracts::manifest::value_to_proto(&call.input)),
+            };
+            host.report(&worker_id, atasira_contracts::v1::report_worker::Report::Decision(recorded)).await;
+            decision
+        }
+        Verdict::Ask => ask(&host, &worker_id, &call, decision).await,
+    };
     Json(decision).into_response()
+}
+
+/// R-DECIDE-2: the call waits for a human admin's decision, recorded as a tool-use request;
+/// approved, it is allowed; rejected, expired or unknowable, denied.
+async fn ask(host: &Host, worker_id: &str, call: &ToolCall, asked: Decision) -> Decision {
+    let request_id = format!("tur_{}", hex::encode(&atasira_platform::auth::random_secret()[..16]));
+    tracing::info!(worker_id, tool = call.tool, rule = asked.rule, request_id, "tool call waits for a human admin");
+    let request = atasira_contracts::v1::AskTool {
+        worker_id: worker_id.to_owned(),
+        request_id: request_id.clone(),
+        tool: call.tool.clone(),
+        rule: asked.rule.clone(),
+        reason: asked.reason.clone(),
+        input: Some(atasira_contracts::manifest::value_to_proto(&call.input)),
+        wait_ms: 10_000,
+    };
+    let mut failures = 0;
+    loop {
+        match host.client.ask(atasira_contracts::subjects::RUNTIME_REGISTRY, &request, std::time::Duration::from_secs(10)).await {
+            Ok(Ok(written)) => {
+                let answer = written.reply;
+                let (verdict, reason) = match answer.state.as_str() {
+                    "pending" => continue,
+                    "approved" => (Verdict::Allow, format!("approved by {} ({request_id})", answer.decided_by)),
+                    "rejected" => (Verdict::Deny, format!("rejected by {} ({request_id}): {}", answer.decided_by, answer.reason)),
+                    _ => (Verdict::Deny, format!("no human admin decided in time ({request_id})")),
+                };
+                return Decision { decision: verdict, rule: asked.rule, reason };
+            }
+            Ok(Err(refused)) => return Decision { decision: Verdict::Deny, rule: asked.rule, reason: format!("the request could not be recorded: {refused}") },
+            Err(e) => {
+                failures += 1;
+                if failures >= 6 {
+                    return Decision { decision: Verdict::Deny, rule: asked.rule, reason: format!("the decision could not be learned: {e}") };
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

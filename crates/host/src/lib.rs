@@ -61,12 +61,18 @@ pub(crate) enum Control {
     Kill,
     /// It is not ours any more: SIGKILL, report nothing.
     Drop,
+    /// SIGSTOP, then report it paused.
+    Pause,
+    /// SIGCONT, then report it running.
+    Resume,
 }
 
 /// A Worker this host runs.
 #[derive(Debug)]
 pub(crate) struct Held {
     pub inputs_seen: u32,
+    /// The last stop or kill passed on (the registry repeats its orders until the end).
+    pub ordered: Option<Control>,
     pub control: mpsc::UnboundedSender<Control>,
     /// Later input for its stdin.
     pub input: mpsc::UnboundedSender<String>,
@@ -149,7 +155,10 @@ pub async fn run(bus: Arc<dyn Bus>, config: HostConfig, shutdown: watch::Receive
                 if orders.lease_ms > 0 {
                     lease = Duration::from_millis(u64::from(orders.lease_ms));
                 }
-                obey(&host, orders);
+                // Orders repeat until they are done: nothing new, a breath before asking again.
+                if !obey(&host, orders) {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
             }
             Ok(Err(refused)) => {
                 tracing::warn!(host = host.config.name, "the registry refused a heartbeat: {refused}");
@@ -180,33 +189,41 @@ pub async fn run(bus: Arc<dyn Bus>, config: HostConfig, shutdown: watch::Receive
     Ok(())
 }
 
-/// Acts on a heartbeat's answer: starts the Workers claimed, passes the orders on.
-fn obey(host: &Arc<Host>, orders: v1::HostOrders) {
+/// Acts on a heartbeat's answer: starts the Workers claimed, passes the orders on; whether
+/// anything in it was new.
+fn obey(host: &Arc<Host>, orders: v1::HostOrders) -> bool {
     use v1::worker_order::Kind;
+    let mut new = !orders.claimed.is_empty();
     for order in orders.orders {
         let mut held = host.lock();
         let Some(h) = held.get_mut(&order.worker_id) else { continue };
-        match Kind::try_from(order.kind).unwrap_or(Kind::Unspecified) {
-            Kind::Stop => {
-                let _ = h.control.send(Control::Stop);
-            }
-            Kind::Kill => {
-                let _ = h.control.send(Control::Kill);
-            }
-            Kind::Drop => {
-                let _ = h.control.send(Control::Drop);
-            }
+        let control = match Kind::try_from(order.kind).unwrap_or(Kind::Unspecified) {
+            Kind::Stop => Control::Stop,
+            Kind::Kill => Control::Kill,
+            Kind::Drop => Control::Drop,
+            Kind::Pause => Control::Pause,
+            Kind::Resume => Control::Resume,
             Kind::Input => {
-                let segments: Vec<_> = order.input.iter().filter_map(segment_from_wire).collect();
-                let _ = h.input.send(atasira_domain::context::input_xml(&segments));
-                h.inputs_seen = order.inputs_seen;
+                if order.inputs_seen > h.inputs_seen {
+                    let segments: Vec<_> = order.input.iter().filter_map(segment_from_wire).collect();
+                    let _ = h.input.send(atasira_domain::context::input_xml(&segments));
+                    h.inputs_seen = order.inputs_seen;
+                    new = true;
+                }
+                continue;
             }
-            Kind::Unspecified => {}
+            Kind::Unspecified => continue,
+        };
+        if h.ordered != Some(control) && h.ordered != Some(Control::Drop) {
+            h.ordered = Some(control);
+            let _ = h.control.send(control);
+            new = true;
         }
     }
     for claimed in orders.claimed {
         runner::start(host.clone(), claimed);
     }
+    new
 }
 
 pub(crate) fn segment_from_wire(segment: &v1::Segment) -> Option<atasira_domain::worker::Segment> {

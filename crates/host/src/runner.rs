@@ -20,7 +20,7 @@ pub(crate) fn start(host: Arc<Host>, w: v1::HostWorker) {
     let (control, control_rx) = mpsc::unbounded_channel();
     let (input, input_rx) = mpsc::unbounded_channel();
     let token = hex::encode(atasira_platform::auth::random_secret());
-    host.lock().insert(w.worker_id.clone(), Held { inputs_seen: 0, control, input, token, grant: None });
+    host.lock().insert(w.worker_id.clone(), Held { inputs_seen: 0, ordered: None, control, input, token, grant: None });
     tokio::spawn(async move {
         let worker_id = w.worker_id.clone();
         if let Err(why) = supervise(&host, w, control_rx, input_rx).await {
@@ -140,6 +140,7 @@ async fn supervise(
                 Some(Control::Stop) => {
                     ended_by_us = true;
                     signal(rustix::process::Signal::TERM);
+                    signal(rustix::process::Signal::CONT);
                     kill_at.get_or_insert(tokio::time::Instant::now() + host.config.stop_grace);
                 }
                 Some(Control::Kill) | None => {
@@ -149,6 +150,14 @@ async fn supervise(
                 Some(Control::Drop) => {
                     dropped = true;
                     signal(rustix::process::Signal::KILL);
+                }
+                Some(Control::Pause) => {
+                    signal(rustix::process::Signal::STOP);
+                    host.report(&w.worker_id, v1::report_worker::Report::Paused(true)).await;
+                }
+                Some(Control::Resume) => {
+                    signal(rustix::process::Signal::CONT);
+                    host.report(&w.worker_id, v1::report_worker::Report::Running(true)).await;
                 }
             },
             () = grace_over => {

@@ -1,4 +1,4 @@
-//! The MCP server for agents (R-MCP-1): six tools, each one REST call, so that an agent
+//! The MCP server for agents (R-MCP-1): seven tools, each one REST call, so that an agent
 //! may do over MCP exactly what its token lets it do over REST, and no more.
 //!
 //! - `atasira_create_box_draft`: `POST /boxes/box-drafts` (always `pending_approval`);
@@ -74,7 +74,7 @@ pub trait Backend: Send + Sync + 'static {
     async fn call(&self, call: ApiCall, extensions: &Extensions) -> Result<ApiAnswer, String>;
 }
 
-/// The MCP server: the six tools over a [`Backend`].
+/// The MCP server: the seven tools over a [`Backend`].
 #[derive(Clone)]
 pub struct AtasiraMcp {
     backend: Arc<dyn Backend>,
@@ -108,6 +108,12 @@ the draft over_limit, and its approval then needs the admin's explicit second co
 but likely wrong (no tools at all, a url_allowlist without network, ...). Refusals: box_manifest_validation (a bad \
 box_type, an unknown OS operation, a blank purpose; the details name the field), self_privilege_forbidden (box_type \
 admin-pm or admin-ops). Follow the decision with atasira_get_draft and the draft_id.";
+
+const PENDING_TOOL_REQUESTS_DESCRIPTION: &str = "List the tool calls Workers wait to make until a human admin decides, \
+newest first: for each its request_id, worker_id, box_type, tool, input, the manifest rule that asks (rule) and why \
+(reason), who launched the Worker (launched_by), when it was asked and when it expires (denied unless decided). Needs a \
+token with role admin: any other token gets the error forbidden. Read only: approving and rejecting are done by a human \
+admin outside MCP (never the Worker's launcher). When next_cursor is not null, pass it as cursor for the next page.";
 
 const PENDING_DESCRIPTION: &str = "List the drafts waiting for a human admin's decision, oldest first: for each its draft_id, \
 box_type, purpose, every capability it asks for (os_operations, tools, url_allowlist, network, file_access, allowed_apps, \
@@ -286,6 +292,12 @@ impl AtasiraMcp {
         annotations(title = "Drafts waiting for approval (admins)", read_only_hint = true, open_world_hint = false))]
     async fn pending_drafts(&self, Parameters(args): Parameters<Page>, extensions: Extensions) -> CallToolResult {
         self.get(&with_cursor("/boxes/box-drafts/pending", args.cursor.as_deref()), &extensions).await
+    }
+
+    #[tool(name = "atasira_pending_tool_requests", description = PENDING_TOOL_REQUESTS_DESCRIPTION,
+        annotations(title = "Tool calls waiting for a human admin (admins)", read_only_hint = true, open_world_hint = false))]
+    async fn pending_tool_requests(&self, Parameters(args): Parameters<Page>, extensions: Extensions) -> CallToolResult {
+        self.get(&with_cursor("/tool-requests", args.cursor.as_deref()), &extensions).await
     }
 
     #[tool(name = "atasira_list_boxes", description = LIST_BOXES_DESCRIPTION,

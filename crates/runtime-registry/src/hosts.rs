@@ -20,7 +20,7 @@ use atasira_domain::aggregates::boxes::{BoxAggregate, BoxRole};
 use atasira_domain::aggregates::bundle::BundleEvent;
 use atasira_domain::aggregates::security::SecurityCommand;
 use atasira_domain::aggregates::types;
-use atasira_domain::aggregates::worker::{Report, Worker, WorkerCommand, WorkerEvent, bounded_log};
+use atasira_domain::aggregates::worker::{Report, ToolAsk, ToolRequestState, Worker, WorkerCommand, WorkerEvent, bounded_log};
 use atasira_domain::worker::{WorkerState, bundle_bytes, may_launch};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::projection as proj;
@@ -52,7 +52,8 @@ impl Registry {
             return Err(Refusal::new(ErrorCode::InvalidRequest, format!("a host runs at most {RUNNING_MAX} Workers")));
         }
         self.renew(host, r.capacity).await.map_err(Refusal::internal)?;
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(r.wait_ms)).min(MAX_WAIT);
+        // A third of the lease at most: the next heartbeat renews it in time.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(r.wait_ms)).min(MAX_WAIT).min(self.config.host_lease / 3);
         let mut progress = self.rt.db.on_progress();
         let mut remote = self.rt.db.on_remote_progress();
         let running: HashMap<&str, u32> = r.running.iter().map(|w| (w.worker_id.as_str(), w.inputs_seen)).collect();
@@ -104,6 +105,8 @@ impl Registry {
             match worker.stop_requested {
                 Some(true) => orders.push(order(Kind::Kill)),
                 Some(false) => orders.push(order(Kind::Stop)),
+                None if worker.pause_requested && worker.state == WorkerState::Running => orders.push(order(Kind::Pause)),
+                None if !worker.pause_requested && worker.state == WorkerState::Paused => orders.push(order(Kind::Resume)),
                 None => {}
             }
             if worker.inputs > *seen {
@@ -244,6 +247,82 @@ impl Registry {
         Ok(receipt.head().map_or_else(|_| reply_ok(&v1::Ack {}), |at| reply_written(&v1::Ack {}, at.position, vec![at.id])))
     }
 
+    /// `AskTool` (R-DECIDE-2): records the tool-use request once, then waits (bounded) for
+    /// a human admin's decision; past its deadline it is expired, a denial.
+    pub(crate) async fn ask_tool(&self, host: &str, r: v1::AskTool) -> Result<Reply, Refusal> {
+        let now = chrono::Utc::now();
+        let expires_at = now + chrono::TimeDelta::from_std(self.config.ask_ttl).unwrap_or(chrono::TimeDelta::minutes(5));
+        let input = r.input.map(atasira_contracts::manifest::value_from_proto).unwrap_or_default().to_string();
+        let ask = ToolAsk { request_id: r.request_id.clone(), tool: r.tool, rule: r.rule, reason: r.reason, input, expires_at };
+        match self.workers.execute(&r.worker_id, WorkerCommand::Ask { host: host.to_owned(), ask, at: now }, HashMap::new(), Retry::ONCE).await {
+            Ok(_) => {}
+            Err(refusal) if refusal.code == ErrorCode::Forbidden => return Err(self.not_its_host(host, &r.worker_id, refusal).await),
+            Err(refusal) => return Err(refusal),
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(r.wait_ms)).min(MAX_WAIT);
+        loop {
+            let worker: Worker = self.rt.db.load(&r.worker_id).await.map_err(Refusal::internal)?;
+            let request =
+                worker.tool_requests.get(&r.request_id).cloned().ok_or_else(|| Refusal::new(ErrorCode::ToolRequestNotFound, "no such tool-use request"))?;
+            if request.state == ToolRequestState::Pending && chrono::Utc::now() >= request.expires_at {
+                let command = WorkerCommand::ExpireTool { request_id: r.request_id.clone(), now: chrono::Utc::now() };
+                self.workers.execute(&r.worker_id, command, HashMap::new(), Retry::ONCE).await?;
+                continue;
+            }
+            if request.state != ToolRequestState::Pending || tokio::time::Instant::now() >= deadline {
+                return Ok(reply_ok(&v1::ToolAnswer {
+                    state: request.state.as_str().to_owned(),
+                    expires_at: Some(atasira_contracts::convert::timestamp(request.expires_at)),
+                    decided_by: request.decided_by,
+                    reason: request.reason,
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `ListToolRequests` (admins): a page of tool-use requests, newest first.
+    pub(crate) async fn list_tool_requests(&self, principal: &Principal, r: v1::ListToolRequests) -> Result<Reply, Refusal> {
+        if !principal.is_admin() {
+            return Err(Refusal::new(ErrorCode::Forbidden, "only admins see tool-use requests"));
+        }
+        let state = if r.state.is_empty() { "pending" } else { r.state.as_str() };
+        if !["pending", "approved", "rejected", "expired", "all"].contains(&state) {
+            return Err(Refusal::new(ErrorCode::InvalidQuery, "state: pending, approved, rejected, expired or all"));
+        }
+        let (requests, next_cursor) = workers_view::tool_requests(&self.rt.db, state, r.limit, r.after).await.map_err(Refusal::internal)?;
+        Ok(reply_ok(&v1::ToolRequestPage { requests, next_cursor }))
+    }
+
+    /// `DecideToolRequest` (R-DECIDE-2): one decision, by a human admin who did not launch
+    /// the Worker, before the request's deadline.
+    pub(crate) async fn decide_tool_request(&self, principal: Principal, r: v1::DecideToolRequest) -> Result<Reply, Refusal> {
+        let found = workers_view::tool_request(&self.rt.db, &r.request_id).await.map_err(Refusal::internal)?;
+        let Some(found) = found else { return Err(Refusal::new(ErrorCode::ToolRequestNotFound, format!("no tool-use request {:?}", r.request_id))) };
+        if !principal.is_admin() {
+            return Err(Refusal::new(ErrorCode::Forbidden, "only a human admin decides a Worker's tool call"));
+        }
+        let command =
+            WorkerCommand::DecideTool { request_id: r.request_id.clone(), by: principal, approve: r.approve, reason: r.reason, now: chrono::Utc::now() };
+        let at = self.workers.execute(&found.worker_id, command, HashMap::new(), Retry::ONCE).await?.head()?;
+        proj::wait_for_events(&self.rt.db, &[(WORKERS, WORKERS_READS)], std::slice::from_ref(&at.id), at.position, Duration::from_secs(5))
+            .await
+            .map_err(Refusal::internal)?;
+        let view = workers_view::tool_request(&self.rt.db, &r.request_id).await.map_err(Refusal::internal)?.unwrap_or(found);
+        Ok(reply_written(&view, at.position, vec![at.id]))
+    }
+
+    /// `GetToolRequest`-like look-up for the gateway's 404 (admins).
+    pub(crate) async fn get_tool_request(&self, principal: &Principal, request_id: &str) -> Result<v1::ToolRequestView, Refusal> {
+        if !principal.is_admin() {
+            return Err(Refusal::new(ErrorCode::Forbidden, "only admins see tool-use requests"));
+        }
+        workers_view::tool_request(&self.rt.db, request_id)
+            .await
+            .map_err(Refusal::internal)?
+            .ok_or_else(|| Refusal::new(ErrorCode::ToolRequestNotFound, format!("no tool-use request {request_id:?}")))
+    }
+
     /// R-AUDIT-5: a host that reports on (or asks for) a Worker it does not run.
     async fn not_its_host(&self, host: &str, worker_id: &str, refusal: Refusal) -> Refusal {
         let record = SecurityCommand::Record {
@@ -272,15 +351,33 @@ impl Registry {
         Ok(worker)
     }
 
-    /// `StopWorker` (R-HOST-2): admins and the Box's primary stop or kill a Worker.
-    pub(crate) async fn stop_worker(&self, principal: Principal, r: v1::StopWorker) -> Result<Reply, Refusal> {
-        let worker = self.worker(&r.worker_id).await?;
+    /// Who may stop, kill, pause or resume a Worker: human admins and its Box's primary.
+    async fn may_control(&self, principal: &Principal, worker_id: &str, what: &str) -> Result<(), Refusal> {
+        let worker = self.worker(worker_id).await?;
         let box_id = worker.data.as_ref().map(|d| d.box_id.clone()).unwrap_or_default();
         let the_box: BoxAggregate = self.rt.db.load(&box_id).await.map_err(Refusal::internal)?;
         let primary = the_box.data.as_ref().is_some_and(|b| b.assignments.iter().any(|(u, role)| *u == principal.user_id && *role == BoxRole::Primary));
-        if !(principal.is_human_admin() || primary) {
-            return Err(Refusal::new(ErrorCode::Forbidden, "stopping a Worker needs a human admin or the Box's primary"));
+        if principal.is_human_admin() || primary {
+            return Ok(());
         }
+        Err(Refusal::new(ErrorCode::Forbidden, format!("{what} a Worker needs a human admin or the Box's primary")))
+    }
+
+    /// `PauseWorker` (R-HOST-2): its host stops (SIGSTOP) or continues (SIGCONT) its runner.
+    pub(crate) async fn pause_worker(&self, principal: Principal, r: v1::PauseWorker) -> Result<Reply, Refusal> {
+        self.may_control(&principal, &r.worker_id, if r.pause { "pausing" } else { "resuming" }).await?;
+        let command = WorkerCommand::Pause { by: principal.user_id.clone(), pause: r.pause, at: chrono::Utc::now() };
+        let at = self.workers.execute(&r.worker_id, command, HashMap::new(), Retry::ONCE).await?.head()?;
+        if let Some(life) = workers_view::life(&self.rt.db, &r.worker_id).await.ok().flatten() {
+            let channel = if r.pause { "pause" } else { "resume" };
+            self.publish(&life.box_type, channel, &serde_json::json!({"worker_id": r.worker_id})).await;
+        }
+        self.worker_answer(&principal, &r.worker_id, at).await
+    }
+
+    /// `StopWorker` (R-HOST-2): admins and the Box's primary stop or kill a Worker.
+    pub(crate) async fn stop_worker(&self, principal: Principal, r: v1::StopWorker) -> Result<Reply, Refusal> {
+        self.may_control(&principal, &r.worker_id, "stopping").await?;
         let command = WorkerCommand::Stop { by: principal.user_id.clone(), kill: r.kill, at: chrono::Utc::now() };
         let at = self.workers.execute(&r.worker_id, command, HashMap::new(), Retry::ONCE).await?.head()?;
         if let Some(life) = workers_view::life(&self.rt.db, &r.worker_id).await.ok().flatten() {

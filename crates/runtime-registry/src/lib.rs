@@ -53,6 +53,8 @@ pub struct RegistryConfig {
     pub max_boxes: usize,
     /// How long an execution host's heartbeat holds its Workers (R-HOST-1).
     pub host_lease: Duration,
+    /// How long a tool-use request waits for a human admin before it is denied (R-DECIDE-2).
+    pub ask_ttl: Duration,
 }
 
 /// The running registry.
@@ -150,6 +152,7 @@ impl Registry {
                 RegistryRequest::Heartbeat(r) => self.heartbeat(name, r).await,
                 RegistryRequest::GetBundle(r) => self.get_bundle(name, r).await,
                 RegistryRequest::Report(r) => self.report(name, r).await,
+                RegistryRequest::AskTool(r) => self.ask_tool(name, r).await,
                 _ => Err(Refusal::new(ErrorCode::Forbidden, "an execution host asks only for its Workers")),
             };
         }
@@ -165,6 +168,8 @@ impl Registry {
                 | RegistryRequest::GetWorker(_)
                 | RegistryRequest::ListWorkers(_)
                 | RegistryRequest::Provenance(_)
+                | RegistryRequest::ListToolRequests(_)
+                | RegistryRequest::GetToolRequest(_)
         );
         if !read {
             call.only_services("changing a Box")?;
@@ -257,11 +262,21 @@ impl Registry {
                 call.only_from(&[subjects::GATEWAY], "stopping a Worker")?;
                 self.stop_worker(principal, r).await
             }
+            RegistryRequest::PauseWorker(r) => {
+                call.only_from(&[subjects::GATEWAY], "pausing a Worker")?;
+                self.pause_worker(principal, r).await
+            }
             RegistryRequest::AddInput(r) => {
                 call.only_from(&[subjects::GATEWAY], "sending input to a Worker")?;
                 self.add_input(principal, r).await
             }
-            RegistryRequest::Heartbeat(_) | RegistryRequest::GetBundle(_) | RegistryRequest::Report(_) => {
+            RegistryRequest::ListToolRequests(r) => self.list_tool_requests(&principal, r).await,
+            RegistryRequest::GetToolRequest(r) => Ok(reply_ok(&self.get_tool_request(&principal, &r.request_id).await?)),
+            RegistryRequest::DecideTool(r) => {
+                call.only_from(&[subjects::GATEWAY], "deciding a tool-use request")?;
+                self.decide_tool_request(principal, r).await
+            }
+            RegistryRequest::Heartbeat(_) | RegistryRequest::GetBundle(_) | RegistryRequest::Report(_) | RegistryRequest::AskTool(_) => {
                 Err(Refusal::new(ErrorCode::Forbidden, "only execution hosts heartbeat and report on Workers"))
             }
         }

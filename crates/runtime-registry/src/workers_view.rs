@@ -142,7 +142,7 @@ impl WorkersView {
     async fn apply_event(tx: &mut Transaction<'static, Any>, event: EventRef<'_>) -> anyhow::Result<()> {
         let parsed: WorkerEvent = event.decode()?;
         if !matches!(parsed, WorkerEvent::WorkerCreated { .. }) {
-            return apply_life(tx, &parsed).await;
+            return apply_life(tx, &parsed, event.position).await;
         }
         let Some((row, entry)) = WorkerRow::created(&parsed, event.position) else { return Ok(()) };
         // A redelivered creation leaves the rows as they are.
@@ -185,10 +185,36 @@ impl WorkersView {
 
 /// The life of a Worker after its creation. Idempotent under redelivery: states are set,
 /// not counted; input and log entries are keyed by their sequence.
-async fn apply_life(tx: &mut Transaction<'static, Any>, event: &WorkerEvent) -> anyhow::Result<()> {
+async fn apply_life(tx: &mut Transaction<'static, Any>, event: &WorkerEvent, position: i64) -> anyhow::Result<()> {
     let set = |sql: &'static str| sqlx::query(sql);
     match event {
-        WorkerEvent::WorkerCreated { .. } | WorkerEvent::WorkerLaunchRefused { .. } | WorkerEvent::WorkerToolDenied { .. } => {}
+        WorkerEvent::WorkerCreated { .. }
+        | WorkerEvent::WorkerLaunchRefused { .. }
+        | WorkerEvent::WorkerToolDenied { .. }
+        | WorkerEvent::WorkerPauseRequested { .. } => {}
+        WorkerEvent::WorkerToolUseRequested { request_id, worker_id, box_id, tool, rule, reason, input, expires_at, at, .. } => {
+            sqlx::query(
+                "INSERT INTO tool_requests (request_id, worker_id, box_id, box_type, tool, rule, reason, input_json, state, requested_at_ns, expires_at_ns,
+                    decided_by, decided_at_ns, decision_reason, launched_by, position)
+                 SELECT $1, $2, $3, w.box_type, $4, $5, $6, $7, 'pending', $8, $9, '', NULL, '', w.created_by, $10 FROM worker_rows w WHERE w.worker_id = $2
+                 ON CONFLICT (request_id) DO NOTHING",
+            )
+            .bind(request_id.clone())
+            .bind(worker_id.clone())
+            .bind(box_id.clone())
+            .bind(tool.clone())
+            .bind(rule.clone())
+            .bind(reason.clone())
+            .bind(input.clone())
+            .bind(nanos(*at))
+            .bind(nanos(*expires_at))
+            .bind(position)
+            .execute(&mut **tx)
+            .await?;
+        }
+        WorkerEvent::WorkerToolUseApproved { request_id, by, at, .. } => settle(tx, request_id, "approved", by, "", *at).await?,
+        WorkerEvent::WorkerToolUseRejected { request_id, by, reason, at, .. } => settle(tx, request_id, "rejected", by, reason, *at).await?,
+        WorkerEvent::WorkerToolUseExpired { request_id, at, .. } => settle(tx, request_id, "expired", "", "", *at).await?,
         WorkerEvent::WorkerClaimed { worker_id, host, .. } => {
             set("UPDATE worker_life SET state = 'starting', host = $2 WHERE worker_id = $1 AND state = 'created'")
                 .bind(worker_id.clone())
@@ -269,6 +295,69 @@ async fn apply_life(tx: &mut Transaction<'static, Any>, event: &WorkerEvent) -> 
         }
     }
     Ok(())
+}
+
+async fn settle(tx: &mut Transaction<'static, Any>, request_id: &str, state: &str, by: &str, reason: &str, at: DateTime<Utc>) -> anyhow::Result<()> {
+    sqlx::query("UPDATE tool_requests SET state = $2, decided_by = $3, decision_reason = $4, decided_at_ns = $5 WHERE request_id = $1")
+        .bind(request_id)
+        .bind(state)
+        .bind(by)
+        .bind(reason)
+        .bind(nanos(at))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+const TOOL_REQUEST_COLUMNS: &str = "request_id, worker_id, box_id, box_type, tool, rule, reason, input_json, state, requested_at_ns, expires_at_ns, decided_by, \
+     decided_at_ns, decision_reason, launched_by, position";
+
+fn tool_request_from_sql(row: &AnyRow) -> anyhow::Result<(v1::ToolRequestView, i64)> {
+    let input: serde_json::Value = serde_json::from_str(&row.try_get::<String, _>(7)?).unwrap_or(serde_json::Value::Null);
+    let time = |i: usize| -> anyhow::Result<Option<prost_types::Timestamp>> {
+        Ok(row.try_get::<Option<i64>, _>(i)?.map(|ns| convert::timestamp(DateTime::from_timestamp_nanos(ns))))
+    };
+    Ok((
+        v1::ToolRequestView {
+            request_id: row.try_get(0)?,
+            worker_id: row.try_get(1)?,
+            box_id: row.try_get(2)?,
+            box_type: row.try_get(3)?,
+            tool: row.try_get(4)?,
+            rule: row.try_get(5)?,
+            reason: row.try_get(6)?,
+            input: Some(atasira_contracts::manifest::value_to_proto(&input)),
+            state: row.try_get(8)?,
+            requested_at: time(9)?,
+            expires_at: time(10)?,
+            decided_by: row.try_get(11)?,
+            decided_at: time(12)?,
+            decision_reason: row.try_get(13)?,
+            launched_by: row.try_get(14)?,
+        },
+        row.try_get(15)?,
+    ))
+}
+
+/// One tool-use request.
+pub async fn tool_request(db: &Db, request_id: &str) -> anyhow::Result<Option<v1::ToolRequestView>> {
+    let row = sqlx::query(&format!("SELECT {TOOL_REQUEST_COLUMNS} FROM tool_requests WHERE request_id = $1")).bind(request_id).fetch_optional(db.any()).await?;
+    row.as_ref().map(|r| tool_request_from_sql(r).map(|(v, _)| v)).transpose()
+}
+
+/// A page of tool-use requests in `state` (`all`: any), newest first, after the cursor
+/// `after` (0: from the newest); the next cursor (0 on the last page).
+pub async fn tool_requests(db: &Db, state: &str, limit: u32, after: u64) -> anyhow::Result<(Vec<v1::ToolRequestView>, u64)> {
+    let limit = if limit == 0 { PAGE_DEFAULT } else { limit.min(PAGE_MAX) };
+    let after = if after == 0 { i64::MAX } else { i64::try_from(after).unwrap_or(i64::MAX) };
+    let filter = if state == "all" { "state <> $2" } else { "state = $2" };
+    let sql = format!("SELECT {TOOL_REQUEST_COLUMNS} FROM tool_requests WHERE position < $1 AND {filter} ORDER BY position DESC LIMIT $3");
+    let state = if state == "all" { "" } else { state };
+    let rows = sqlx::query(&sql).bind(after).bind(state).bind(i64::from(limit) + 1).fetch_all(db.any()).await?;
+    let more = rows.len() > limit as usize;
+    let page = rows.iter().take(limit as usize).map(tool_request_from_sql).collect::<anyhow::Result<Vec<_>>>()?;
+    let next = if more { page.last().map_or(0, |(_, p)| u64::try_from(*p).unwrap_or(0)) } else { 0 };
+    Ok((page.into_iter().map(|(v, _)| v).collect(), next))
 }
 
 /// Where a Worker is in its life, as the view holds it.
@@ -409,6 +498,25 @@ impl Projection for WorkersView {
             )",
             "CREATE INDEX IF NOT EXISTS worker_life_by_state ON worker_life (state, host)",
             "CREATE INDEX IF NOT EXISTS worker_life_by_box ON worker_life (box_id, state)",
+            "CREATE TABLE IF NOT EXISTS tool_requests (
+                request_id TEXT PRIMARY KEY,
+                worker_id TEXT NOT NULL,
+                box_id TEXT NOT NULL,
+                box_type TEXT NOT NULL,
+                tool TEXT NOT NULL,
+                rule TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                input_json TEXT NOT NULL,
+                state TEXT NOT NULL,
+                requested_at_ns BIGINT NOT NULL,
+                expires_at_ns BIGINT NOT NULL,
+                decided_by TEXT NOT NULL,
+                decided_at_ns BIGINT,
+                decision_reason TEXT NOT NULL,
+                launched_by TEXT NOT NULL,
+                position BIGINT NOT NULL DEFAULT 0
+            )",
+            "CREATE INDEX IF NOT EXISTS tool_requests_by_state ON tool_requests (state, position)",
             "CREATE TABLE IF NOT EXISTS worker_log (
                 worker_id TEXT NOT NULL,
                 seq BIGINT NOT NULL,
@@ -419,7 +527,7 @@ impl Projection for WorkersView {
         ]
     }
     fn table_names(&self) -> &'static [&'static str] {
-        &["worker_rows", "worker_transcript", "worker_life", "worker_log"]
+        &["worker_rows", "worker_transcript", "worker_life", "worker_log", "tool_requests"]
     }
 
     async fn apply(&self, tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<()> {

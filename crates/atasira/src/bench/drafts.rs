@@ -409,6 +409,7 @@ pub(super) fn settings_in(dir: &std::path::Path) -> Settings {
         provision_backoff: Duration::from_secs(1),
         binding_ttl: atasira_domain::worker::DEFAULT_BINDING_TTL,
         host_lease: Duration::from_secs(10),
+        ask_ttl: Duration::from_secs(300),
         host: None,
     }
 }

@@ -34,7 +34,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A JSON request to the API on `addr` as `pat`; the answer's body when its status is
 /// `expected`.
-fn rest(agent: &ureq::Agent, addr: SocketAddr, pat: &str, path: &str, body: &Value, expected: u16) -> anyhow::Result<Value> {
+pub(super) fn rest(agent: &ureq::Agent, addr: SocketAddr, pat: &str, path: &str, body: &Value, expected: u16) -> anyhow::Result<Value> {
     let url = format!("http://{addr}{path}");
     let answer = agent.post(&url).set("Authorization", &format!("Bearer {pat}")).send_json(body.clone());
     match answer {
@@ -47,7 +47,7 @@ fn rest(agent: &ureq::Agent, addr: SocketAddr, pat: &str, path: &str, body: &Val
 
 /// An active Box on the system at `addr`: drafted by an agent, approved by a human admin
 /// (`admin`); its id.
-async fn active_box(addr: SocketAddr, db: &Db, admin: String, box_type: String) -> anyhow::Result<String> {
+pub(super) async fn active_box(addr: SocketAddr, db: &Db, admin: String, box_type: String) -> anyhow::Result<String> {
     let agent = Principal::new("bench-agent", Role::Member, Kind::Agent);
     let agent_pat = auth::create_token(db, &agent, Some(chrono::TimeDelta::hours(1)), auth::OPERATOR).await?.token;
     tokio::task::spawn_blocking(move || {
@@ -157,6 +157,10 @@ pub async fn workers(o: WorkersOptions) -> anyhow::Result<()> {
     );
     println!();
     let (embedded_1, embedded_n) = embedded(n, count).await?;
+    println!("-- decisions before tool calls, in-process (an execution host's work)");
+    let decided = super::decisions::decisions(100_000)?;
+    println!("-- launch-to-running, embedded with an execution host");
+    let running = super::decisions::launch_to_running((count / 8).clamp(20, 100)).await?;
     let cluster_figures = match &o.cluster {
         Some(c) => {
             println!();
@@ -181,5 +185,13 @@ pub async fn workers(o: WorkersOptions) -> anyhow::Result<()> {
         }
         row(format!("{mode}, one-request launches at c={}", at_n.concurrency), format!("{:.1} /s", at_n.per_second()));
     }
+    let us = |d: Duration| format!("{:.1} us", d.as_secs_f64() * 1e6);
+    row("decisions per second (in-process, one thread)".to_owned(), format!("{:.0} /s", decided.per_second));
+    row("decision p50 / floor p50 (reading the call)".to_owned(), format!("{} / {}", us(decided.decide.percentile(0.5)), us(decided.floor.percentile(0.5))));
+    let ratio = decided.decide.percentile(0.5).as_secs_f64() / decided.floor.percentile(0.5).as_secs_f64().max(1e-9);
+    row("decision p50 / floor p50, ratio".to_owned(), format!("{ratio:.1}x"));
+    row("decision p99 (target: at most 1 ms)".to_owned(), us(decided.decide.percentile(0.99)));
+    row("embedded, launch to running, p50".to_owned(), ms(running.percentile(0.5)));
+    row("embedded, launch to running, p99".to_owned(), ms(running.percentile(0.99)));
     Ok(())
 }

@@ -54,15 +54,8 @@ pub enum WorkersCommand {
         /// A label KEY=VALUE of the Worker (repeatable).
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
-        /// A text segment of the Worker's initial input (repeatable).
-        #[arg(long, value_name = "TEXT")]
-        text: Vec<String>,
-        /// A ticket the Worker is to work on, by reference (repeatable).
-        #[arg(long, value_name = "TICKET")]
-        ticket: Vec<String>,
-        /// An objective the Worker is to work towards, by reference (repeatable).
-        #[arg(long, value_name = "OBJECTIVE")]
-        objective: Vec<String>,
+        #[command(flatten)]
+        input: InputArgs,
         #[command(flatten)]
         connection: Connection,
     },
@@ -88,6 +81,122 @@ pub enum WorkersCommand {
         #[command(flatten)]
         connection: Connection,
     },
+    /// Stop a running Worker (a human admin or the Box's primary): its runner gets SIGTERM,
+    /// then SIGKILL after the host's grace.
+    Stop {
+        /// The Worker's id (wkr_...).
+        worker_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Kill a running Worker at once (a human admin or the Box's primary).
+    Kill {
+        /// The Worker's id (wkr_...).
+        worker_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Pause a running Worker (its runner is stopped until resumed; a human admin or the
+    /// Box's primary).
+    Pause {
+        /// The Worker's id (wkr_...).
+        worker_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Resume a paused Worker (a human admin or the Box's primary).
+    Resume {
+        /// The Worker's id (wkr_...).
+        worker_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Send more input to a running Worker: --text, --ticket and --objective segments, in
+    /// order (at least one).
+    Input {
+        /// The Worker's id (wkr_...).
+        worker_id: String,
+        #[command(flatten)]
+        input: InputArgs,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// A Worker's input as segments, in the order given.
+#[derive(Debug, Clone, Args)]
+pub struct InputArgs {
+    /// A text segment of the Worker's input (repeatable).
+    #[arg(long, value_name = "TEXT")]
+    text: Vec<String>,
+    /// A ticket the Worker is to work on, by reference (repeatable).
+    #[arg(long, value_name = "TICKET")]
+    ticket: Vec<String>,
+    /// An objective the Worker is to work towards, by reference (repeatable).
+    #[arg(long, value_name = "OBJECTIVE")]
+    objective: Vec<String>,
+}
+
+/// `atasira tool-requests ...`: the tool calls Workers wait to make until a human admin
+/// decides.
+#[derive(Debug, Subcommand)]
+pub enum ToolRequestsCommand {
+    /// List tool-use requests, newest first (admins); pending ones unless --state says.
+    List {
+        /// pending (default), approved, rejected, expired or all.
+        #[arg(long, value_name = "STATE")]
+        state: Option<String>,
+        #[command(flatten)]
+        paging: Paging,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Show one tool-use request (admins).
+    Show {
+        /// The request's id (tur_...).
+        request_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Let the Worker make the call (a human admin who did not launch the Worker).
+    Approve {
+        /// The request's id (tur_...).
+        request_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Refuse the Worker the call (a human admin who did not launch the Worker).
+    Reject {
+        /// The request's id (tur_...).
+        request_id: String,
+        /// Why: the Worker learns it.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// A finished tool-requests verb: its exit code.
+pub fn tool_requests(command: ToolRequestsCommand) -> ExitCode {
+    let code = match command {
+        ToolRequestsCommand::List { state, paging, connection } => {
+            let [limit, cursor] = page_pairs(&paging);
+            let pairs = [("state", state), limit, cursor];
+            call(&connection, "GET", &format!("/api/v1/tool-requests{}", query(&pairs)), None, |_, page| print::tool_requests(page))
+        }
+        ToolRequestsCommand::Show { request_id, connection } => {
+            call(&connection, "GET", &format!("/api/v1/tool-requests/{}", segment(&request_id)), None, |_, r| print::tool_request(r))
+        }
+        ToolRequestsCommand::Approve { request_id, connection } => {
+            call(&connection, "POST", &format!("/api/v1/tool-requests/{}/approve", segment(&request_id)), Some(&json!({})), |_, r| print::tool_request(r))
+        }
+        ToolRequestsCommand::Reject { request_id, reason, connection } => {
+            let body = reason.map_or_else(|| json!({}), |r| json!({"reason": r}));
+            call(&connection, "POST", &format!("/api/v1/tool-requests/{}/reject", segment(&request_id)), Some(&body), |_, r| print::tool_request(r))
+        }
+    };
+    ExitCode::from(code)
 }
 
 /// A finished client verb: its exit code (see the module documentation).
@@ -97,8 +206,8 @@ pub fn workers(command: WorkersCommand, matches: Option<&ArgMatches>) -> ExitCod
 
 fn run(command: WorkersCommand, matches: Option<&ArgMatches>) -> u8 {
     match command {
-        WorkersCommand::Create { box_id, launch_id, role, labels, text, ticket, objective, connection } => {
-            let input = match ordered_input(matches, &text, &ticket, &objective) {
+        WorkersCommand::Create { box_id, launch_id, role, labels, input, connection } => {
+            let input = match ordered_input(matches, &input.text, &input.ticket, &input.objective) {
                 Ok(input) => input,
                 Err(message) => return usage(&message),
             };
@@ -126,6 +235,25 @@ fn run(command: WorkersCommand, matches: Option<&ArgMatches>) -> u8 {
         WorkersCommand::List { box_id, paging, connection } => {
             let path = format!("/api/v1/boxes/{}/workers{}", segment(&box_id), query(&page_pairs(&paging)));
             call(&connection, "GET", &path, None, |_, page| print::workers(page))
+        }
+        WorkersCommand::Stop { worker_id, connection } => {
+            call(&connection, "POST", &format!("/api/v1/workers/{}/stop", segment(&worker_id)), Some(&json!({})), |_, w| print::worker(w))
+        }
+        WorkersCommand::Kill { worker_id, connection } => {
+            call(&connection, "POST", &format!("/api/v1/workers/{}/kill", segment(&worker_id)), Some(&json!({})), |_, w| print::worker(w))
+        }
+        WorkersCommand::Pause { worker_id, connection } => {
+            call(&connection, "POST", &format!("/api/v1/workers/{}/pause", segment(&worker_id)), Some(&json!({})), |_, w| print::worker(w))
+        }
+        WorkersCommand::Resume { worker_id, connection } => {
+            call(&connection, "POST", &format!("/api/v1/workers/{}/resume", segment(&worker_id)), Some(&json!({})), |_, w| print::worker(w))
+        }
+        WorkersCommand::Input { worker_id, input, connection } => {
+            let input = match ordered_input(matches, &input.text, &input.ticket, &input.objective) {
+                Ok(input) => input,
+                Err(message) => return usage(&message),
+            };
+            call(&connection, "POST", &format!("/api/v1/workers/{}/input", segment(&worker_id)), Some(&json!({"input": input})), |_, w| print::worker(w))
         }
     }
 }
@@ -765,8 +893,8 @@ mod tests {
     fn r_cli_segments_keep_the_order_they_were_given_in() {
         let (command, matches) =
             parsed(&["w", "create", "--box", "b", "--launch-id", "l", "--ticket", "T-1", "--text", "a", "--objective", "O", "--text", "b"]);
-        let WorkersCommand::Create { text, ticket, objective, .. } = command else { panic!("create") };
-        let input = ordered_input(Some(&matches), &text, &ticket, &objective).expect("input");
+        let WorkersCommand::Create { input, .. } = command else { panic!("create") };
+        let input = ordered_input(Some(&matches), &input.text, &input.ticket, &input.objective).expect("input");
         let kinds: Vec<(&str, &str)> = input.iter().map(|s| (s["kind"].as_str().unwrap_or(""), s["value"].as_str().unwrap_or(""))).collect();
         assert_eq!(kinds, [("ticket_ref", "T-1"), ("text", "a"), ("objective_ref", "O"), ("text", "b")]);
         assert!(ordered_input(Some(&matches), &[], &[], &[]).is_err(), "no input is a usage error");

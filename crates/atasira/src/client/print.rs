@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use atasira_gateway::api::{
-    Approved, AuditRows, BoxDetail, BoxHistory, BoxList, ChangeRequested, DraftCreated, DraftDetail, DraftPage, DraftStatusChanged, VerifyResult, Worker,
-    WorkerList, WorkerProvenance,
+    Approved, AuditRows, BoxDetail, BoxHistory, BoxList, ChangeRequested, DraftCreated, DraftDetail, DraftPage, DraftStatusChanged, ToolRequest,
+    ToolRequestList, VerifyResult, Worker, WorkerList, WorkerProvenance,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -34,9 +34,17 @@ pub(super) fn worker(w: &Worker) {
         ("labels", labels_text(&w.labels)),
         ("created_by", w.created_by.clone()),
         ("created_at", wire(w.created_at)),
+        ("state", wire(w.state)),
+        ("host", w.host.clone().unwrap_or_else(|| "-".to_owned())),
     ];
     for (name, value) in rows {
         println!("{name:<11} {value}");
+    }
+    if let Some(stop) = w.stop_requested {
+        println!("{:<11} {}", "asked", wire(stop));
+    }
+    if let Some(code) = w.exit_code {
+        println!("{:<11} {code}", "exit_code");
     }
     println!("transcript:");
     for entry in &w.transcript {
@@ -45,6 +53,54 @@ pub(super) fn worker(w: &Worker) {
             println!("    {:<13} {}", wire(s.kind), s.value);
         }
     }
+    if !w.log.is_empty() {
+        println!("log:");
+        for line in &w.log {
+            println!("  {line}");
+        }
+    }
+    if let Some(result) = &w.result {
+        println!("result:");
+        for line in result.lines() {
+            println!("  {line}");
+        }
+    }
+}
+
+/// A tool-use request.
+pub(super) fn tool_request(r: &ToolRequest) {
+    let rows = [
+        ("request_id", r.request_id.clone()),
+        ("state", wire(r.state)),
+        ("worker", format!("{} of {} ({})", r.worker_id, r.box_type, r.box_id)),
+        ("tool", r.tool.clone()),
+        ("input", r.input.to_string()),
+        ("rule", r.rule.clone()),
+        ("reason", r.reason.clone()),
+        ("launched_by", r.launched_by.clone()),
+        ("requested", wire(r.requested_at)),
+        ("expires", wire(r.expires_at)),
+    ];
+    for (name, value) in rows {
+        println!("{name:<11} {value}");
+    }
+    if let Some(by) = &r.decided_by {
+        println!("{:<11} {by}", "decided_by");
+    }
+    if let Some(reason) = &r.decision_reason {
+        println!("{:<11} {reason}", "why");
+    }
+}
+
+/// A page of tool-use requests.
+pub(super) fn tool_requests(page: &ToolRequestList) {
+    if page.requests.is_empty() {
+        println!("no tool-use requests");
+    }
+    for r in &page.requests {
+        println!("{} {:<9} {} {} ({}): {}", r.request_id, wire(r.state), r.box_type, r.tool, r.rule, r.input);
+    }
+    next_page(page.next_cursor.as_deref());
 }
 
 /// A page of a Box's Workers.

@@ -6,7 +6,10 @@
 //! Then its life (R-HOST-1, R-HOST-2): one execution host claims it (`WorkerClaimed`, state
 //! `starting`), reports it `running` or `paused`, its log lines and how it ended
 //! (`succeeded`, `failed`, `killed`); the registry records it `lost` when its host's lease
-//! ran out; users ask it to stop or be killed and send it more input.
+//! ran out; users ask it to stop or be killed and send it more input. Its host records the
+//! tool calls it denied, and those that need a human admin (R-DECIDE-2): a tool-use request
+//! one human admin (never the Worker's launcher) approves or rejects before its deadline,
+//! after which it is expired (a denial).
 //!
 //! Architecture Invariant: only `Create` issues a Worker, once per launch_id; a second
 //! `Create` of the same request adds nothing, of another request is `launch_id_conflict`.
@@ -21,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::aggregates::aggregate_via_decide;
 use crate::error::{ErrorCode, FieldError, Refusing};
+use crate::principal::Principal;
 use crate::worker::{LOG_BYTES, LOG_LINE_CHARS, LOG_LINES, LaunchRequest, RESULT_CHARS, Segment, WorkerState, segment_errors, validate_launch, worker_id_for};
 
 /// What `Create` asks for: every look-up (fingerprint, bundle, approval key, chain) was
@@ -72,10 +76,60 @@ pub struct Worker {
     pub host: Option<String>,
     /// A stop (`false`) or kill (`true`) was asked for.
     pub stop_requested: Option<bool>,
+    /// A pause was asked for (and no resume since).
+    pub pause_requested: bool,
     /// Bytes of log recorded so far (at most [`LOG_BYTES`]).
     pub log_bytes: usize,
     /// Later inputs recorded (transcript entries after the first).
     pub inputs: u32,
+    /// Its tool-use requests, by id.
+    pub tool_requests: BTreeMap<String, ToolRequest>,
+    /// The tool each request asks about.
+    pub tool_names: BTreeMap<String, String>,
+}
+
+/// A tool-use request as the Worker's stream knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolRequest {
+    pub state: ToolRequestState,
+    pub expires_at: DateTime<Utc>,
+    /// Who approved or rejected it, and a rejection's reason.
+    pub decided_by: String,
+    pub reason: String,
+}
+
+/// Where a tool-use request is: waiting for a human admin, or decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolRequestState {
+    Pending,
+    Approved,
+    Rejected,
+    Expired,
+}
+
+impl ToolRequestState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolRequestState::Pending => "pending",
+            ToolRequestState::Approved => "approved",
+            ToolRequestState::Rejected => "rejected",
+            ToolRequestState::Expired => "expired",
+        }
+    }
+}
+
+/// What a host asks a human admin about (R-DECIDE-2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolAsk {
+    /// `tur_` and 32 hex digits, chosen by the host (a retry names the same request).
+    pub request_id: String,
+    pub tool: String,
+    pub rule: String,
+    pub reason: String,
+    /// The call's input as JSON (clipped to [`DECISION_INPUT_CHARS`]).
+    pub input: String,
+    pub expires_at: DateTime<Utc>,
 }
 
 /// What the host running a Worker reports.
@@ -108,10 +162,18 @@ pub enum WorkerCommand {
     Lose { host: String, at: DateTime<Utc> },
     /// A user asks the Worker to stop (`kill: false`: it may finish its step) or be killed.
     Stop { by: String, kill: bool, at: DateTime<Utc> },
+    /// A user asks the Worker to pause (`true`) or resume (`false`).
+    Pause { by: String, pause: bool, at: DateTime<Utc> },
     /// More input for a Worker that has not ended.
     AddInput { by: String, input: Vec<Segment>, at: DateTime<Utc> },
     /// Its host denied a tool call (R-DECIDE-1): recorded for the ledger.
     RecordDenial { host: String, tool: String, rule: String, reason: String, input: String, at: DateTime<Utc> },
+    /// Its host asks a human admin about a tool call (R-DECIDE-2).
+    Ask { host: String, ask: ToolAsk, at: DateTime<Utc> },
+    /// A human admin decides a tool-use request.
+    DecideTool { request_id: String, by: Principal, approve: bool, reason: String, now: DateTime<Utc> },
+    /// Nobody decided before its deadline: it is denied.
+    ExpireTool { request_id: String, now: DateTime<Utc> },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -196,6 +258,14 @@ pub enum WorkerEvent {
         input: Vec<Segment>,
         at: DateTime<Utc>,
     },
+    /// A pause (`pause: true`) or resume was asked for.
+    WorkerPauseRequested {
+        worker_id: String,
+        box_id: String,
+        by: String,
+        pause: bool,
+        at: DateTime<Utc>,
+    },
     /// A tool call its host denied, with the manifest rule that decided.
     WorkerToolDenied {
         worker_id: String,
@@ -206,6 +276,43 @@ pub enum WorkerEvent {
         reason: String,
         /// The call's input as JSON, at most [`DECISION_INPUT_CHARS`] characters.
         input: String,
+        at: DateTime<Utc>,
+    },
+    /// A tool call waits for a human admin (R-DECIDE-2).
+    WorkerToolUseRequested {
+        request_id: String,
+        worker_id: String,
+        box_id: String,
+        host: String,
+        tool: String,
+        rule: String,
+        reason: String,
+        input: String,
+        expires_at: DateTime<Utc>,
+        at: DateTime<Utc>,
+    },
+    WorkerToolUseApproved {
+        request_id: String,
+        worker_id: String,
+        box_id: String,
+        tool: String,
+        by: String,
+        at: DateTime<Utc>,
+    },
+    WorkerToolUseRejected {
+        request_id: String,
+        worker_id: String,
+        box_id: String,
+        tool: String,
+        by: String,
+        reason: String,
+        at: DateTime<Utc>,
+    },
+    WorkerToolUseExpired {
+        request_id: String,
+        worker_id: String,
+        box_id: String,
+        tool: String,
         at: DateTime<Utc>,
     },
 }
@@ -226,7 +333,12 @@ impl WorkerEvent {
             WorkerEvent::WorkerLost { .. } => "WorkerLost",
             WorkerEvent::WorkerStopRequested { .. } => "WorkerStopRequested",
             WorkerEvent::WorkerInputAdded { .. } => "WorkerInputAdded",
+            WorkerEvent::WorkerPauseRequested { .. } => "WorkerPauseRequested",
             WorkerEvent::WorkerToolDenied { .. } => "WorkerToolDenied",
+            WorkerEvent::WorkerToolUseRequested { .. } => "WorkerToolUseRequested",
+            WorkerEvent::WorkerToolUseApproved { .. } => "WorkerToolUseApproved",
+            WorkerEvent::WorkerToolUseRejected { .. } => "WorkerToolUseRejected",
+            WorkerEvent::WorkerToolUseExpired { .. } => "WorkerToolUseExpired",
         }
     }
 
@@ -270,6 +382,15 @@ pub enum WorkerError {
     /// 422: a report that makes no sense here (an unknown end state, a pause before start).
     #[error("{0}")]
     BadReport(&'static str),
+    /// 404: the Worker has no tool-use request with this id.
+    #[error("no such tool-use request")]
+    NoToolRequest,
+    /// 409: decided or expired already.
+    #[error("the tool-use request was {} already", .0.as_str())]
+    ToolRequestDone(ToolRequestState),
+    /// 403: only a human admin who did not launch the Worker decides its tool calls.
+    #[error("{0}")]
+    NotTheirDecision(&'static str),
 }
 
 impl WorkerError {
@@ -280,7 +401,9 @@ impl WorkerError {
             WorkerError::NotFound => ErrorCode::WorkerNotFound,
             WorkerError::Ended(_) => ErrorCode::WorkerEnded,
             WorkerError::NotClaimable(_) => ErrorCode::Conflict,
-            WorkerError::NotItsHost => ErrorCode::Forbidden,
+            WorkerError::NotItsHost | WorkerError::NotTheirDecision(_) => ErrorCode::Forbidden,
+            WorkerError::NoToolRequest => ErrorCode::ToolRequestNotFound,
+            WorkerError::ToolRequestDone(_) => ErrorCode::ToolRequestNotPending,
         }
     }
 }
@@ -406,6 +529,16 @@ impl Worker {
                 }
                 Ok(vec![asked])
             }
+            WorkerCommand::Pause { by, pause, at } => {
+                let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
+                if self.state.is_ended() {
+                    return Err(WorkerError::Ended(self.state));
+                }
+                if self.pause_requested == pause {
+                    return Ok(vec![]);
+                }
+                Ok(vec![WorkerEvent::WorkerPauseRequested { worker_id: d.worker_id.clone(), box_id: d.box_id.clone(), by, pause, at }])
+            }
             WorkerCommand::AddInput { by, input, at } => {
                 let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
                 if self.state.is_ended() {
@@ -431,7 +564,70 @@ impl Worker {
                     at,
                 }])
             }
+            WorkerCommand::Ask { host, ask, at } => {
+                let d = self.ours(&host)?;
+                let id_ok = ask.request_id.strip_prefix("tur_").is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+                if !id_ok {
+                    return Err(WorkerError::BadReport("a tool-use request id is tur_ and 32 hex digits"));
+                }
+                // A retried ask adds nothing.
+                if self.tool_requests.contains_key(&ask.request_id) {
+                    return Ok(vec![]);
+                }
+                let clip = |t: &str, n: usize| t.chars().filter(|c| *c != '\0').take(n).collect::<String>();
+                Ok(vec![WorkerEvent::WorkerToolUseRequested {
+                    request_id: ask.request_id,
+                    worker_id: d.worker_id.clone(),
+                    box_id: d.box_id.clone(),
+                    host,
+                    tool: clip(&ask.tool, 128),
+                    rule: clip(&ask.rule, 128),
+                    reason: clip(&ask.reason, 500),
+                    input: clip(&ask.input, DECISION_INPUT_CHARS),
+                    expires_at: ask.expires_at,
+                    at,
+                }])
+            }
+            WorkerCommand::DecideTool { request_id, by, approve, reason, now } => {
+                let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
+                let request = self.tool_requests.get(&request_id).ok_or(WorkerError::NoToolRequest)?;
+                if !by.is_human_admin() {
+                    return Err(WorkerError::NotTheirDecision("only a human admin decides a Worker's tool call"));
+                }
+                if by.user_id == d.created_by {
+                    return Err(WorkerError::NotTheirDecision("the user who launched the Worker may not decide its tool calls"));
+                }
+                match request.state {
+                    ToolRequestState::Pending if now >= request.expires_at => return Err(WorkerError::ToolRequestDone(ToolRequestState::Expired)),
+                    ToolRequestState::Pending => {}
+                    done => return Err(WorkerError::ToolRequestDone(done)),
+                }
+                let tool = self.tool_of(&request_id);
+                let (worker_id, box_id) = (d.worker_id.clone(), d.box_id.clone());
+                Ok(vec![if approve {
+                    WorkerEvent::WorkerToolUseApproved { request_id, worker_id, box_id, tool, by: by.user_id, at: now }
+                } else {
+                    let reason = reason.chars().filter(|c| *c != '\0').take(500).collect();
+                    WorkerEvent::WorkerToolUseRejected { request_id, worker_id, box_id, tool, by: by.user_id, reason, at: now }
+                }])
+            }
+            WorkerCommand::ExpireTool { request_id, now } => {
+                let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
+                let request = self.tool_requests.get(&request_id).ok_or(WorkerError::NoToolRequest)?;
+                match request.state {
+                    ToolRequestState::Pending if now >= request.expires_at => {}
+                    // Not due yet, or decided: nothing to expire.
+                    _ => return Ok(vec![]),
+                }
+                let tool = self.tool_of(&request_id);
+                Ok(vec![WorkerEvent::WorkerToolUseExpired { request_id, worker_id: d.worker_id.clone(), box_id: d.box_id.clone(), tool, at: now }])
+            }
         }
+    }
+
+    /// The tool a request asks about (kept in the request's first event only).
+    fn tool_of(&self, request_id: &str) -> String {
+        self.tool_names.get(request_id).cloned().unwrap_or_default()
     }
 
     /// The Worker's data when `host` runs it and it has not ended.
@@ -467,7 +663,24 @@ impl Worker {
                 }
             }
             WorkerEvent::WorkerInputAdded { .. } => self.inputs = self.inputs.saturating_add(1),
+            WorkerEvent::WorkerPauseRequested { pause, .. } => self.pause_requested = pause,
             WorkerEvent::WorkerToolDenied { .. } => {}
+            WorkerEvent::WorkerToolUseRequested { request_id, tool, expires_at, .. } => {
+                self.tool_names.insert(request_id.clone(), tool);
+                self.tool_requests
+                    .insert(request_id, ToolRequest { state: ToolRequestState::Pending, expires_at, decided_by: String::new(), reason: String::new() });
+            }
+            WorkerEvent::WorkerToolUseApproved { request_id, by, .. } => self.settle(&request_id, ToolRequestState::Approved, by, String::new()),
+            WorkerEvent::WorkerToolUseRejected { request_id, by, reason, .. } => self.settle(&request_id, ToolRequestState::Rejected, by, reason),
+            WorkerEvent::WorkerToolUseExpired { request_id, .. } => self.settle(&request_id, ToolRequestState::Expired, String::new(), String::new()),
+        }
+    }
+
+    fn settle(&mut self, request_id: &str, state: ToolRequestState, decided_by: String, reason: String) {
+        if let Some(r) = self.tool_requests.get_mut(request_id) {
+            r.state = state;
+            r.decided_by = decided_by;
+            r.reason = reason;
         }
     }
 }
@@ -702,5 +915,85 @@ mod tests {
         assert_eq!(bounded_log(lines.clone(), 950).len(), 9);
         assert!(bounded_log(lines, 0).is_empty());
         assert_eq!(bounded_log(vec!["a\0b".into()], 10), ["ab"]);
+    }
+
+    fn ask(id: &str) -> WorkerCommand {
+        ask_as("host-a", id)
+    }
+
+    fn ask_as(host: &str, id: &str) -> WorkerCommand {
+        let ask = ToolAsk {
+            request_id: id.into(),
+            tool: "shell:exec".into(),
+            rule: "shell.allowed_commands".into(),
+            reason: "\"make\" is not an allowed command".into(),
+            input: r#"{"command":"make"}"#.into(),
+            expires_at: at(60),
+        };
+        WorkerCommand::Ask { host: host.into(), ask, at: at(5) }
+    }
+
+    fn decide(id: &str, by: Principal, approve: bool, now: i64) -> WorkerCommand {
+        WorkerCommand::DecideTool { request_id: id.into(), by, approve, reason: "no".into(), now: at(now) }
+    }
+
+    fn human_admin(user: &str) -> Principal {
+        Principal::new(user, crate::principal::Role::Admin, crate::principal::Kind::Human)
+    }
+
+    #[test]
+    fn r_decide_2_given_an_ask_when_a_human_admin_decides_then_once_and_never_by_the_launcher_or_an_agent() {
+        let id = format!("tur_{}", "a".repeat(32));
+        let mut h = created();
+        h.extend(then(&h, claim("host-a")).expect("claimed"));
+        assert_eq!(then(&h, ask_as("host-b", &id)).map_err(|e| e.code()), Err(ErrorCode::Forbidden), "only its host asks");
+        assert!(matches!(then(&h, ask("tur_x")), Err(WorkerError::BadReport(_))));
+        let asked = then(&h, ask(&id)).expect("asked");
+        assert!(matches!(asked.as_slice(), [WorkerEvent::WorkerToolUseRequested { .. }]));
+        h.extend(asked);
+        assert_eq!(then(&h, ask(&id)), Ok(vec![]), "a retried ask adds nothing");
+        // Not the launcher (alice), not an agent, not a member.
+        assert_eq!(then(&h, decide(&id, human_admin("alice"), true, 10)).map_err(|e| e.code()), Err(ErrorCode::Forbidden));
+        let agent = Principal::new("bot", crate::principal::Role::Admin, crate::principal::Kind::Agent);
+        assert_eq!(then(&h, decide(&id, agent, true, 10)).map_err(|e| e.code()), Err(ErrorCode::Forbidden));
+        let member = Principal::new("erin", crate::principal::Role::Member, crate::principal::Kind::Human);
+        assert_eq!(then(&h, decide(&id, member, true, 10)).map_err(|e| e.code()), Err(ErrorCode::Forbidden));
+        assert_eq!(then(&h, decide("tur_other", human_admin("bob"), true, 10)), Err(WorkerError::NoToolRequest));
+        let approved = then(&h, decide(&id, human_admin("bob"), true, 10)).expect("approved");
+        assert!(matches!(approved.as_slice(), [WorkerEvent::WorkerToolUseApproved { by, tool, .. }] if by == "bob" && tool == "shell:exec"));
+        h.extend(approved);
+        assert_eq!(then(&h, decide(&id, human_admin("carol"), false, 11)), Err(WorkerError::ToolRequestDone(ToolRequestState::Approved)), "one decision");
+        assert_eq!(then(&h, WorkerCommand::ExpireTool { request_id: id.clone(), now: at(100) }), Ok(vec![]), "a decided request does not expire");
+    }
+
+    #[test]
+    fn r_decide_2_given_an_ask_past_its_deadline_then_it_expires_and_no_decision_comes_late() {
+        let id = format!("tur_{}", "b".repeat(32));
+        let mut h = created();
+        h.extend(then(&h, claim("host-a")).expect("claimed"));
+        h.extend(then(&h, ask(&id)).expect("asked"));
+        assert_eq!(then(&h, WorkerCommand::ExpireTool { request_id: id.clone(), now: at(59) }), Ok(vec![]), "not due yet");
+        assert_eq!(then(&h, decide(&id, human_admin("bob"), true, 60)), Err(WorkerError::ToolRequestDone(ToolRequestState::Expired)));
+        let expired = then(&h, WorkerCommand::ExpireTool { request_id: id.clone(), now: at(61) }).expect("expired");
+        assert!(matches!(expired.as_slice(), [WorkerEvent::WorkerToolUseExpired { .. }]));
+        h.extend(expired);
+        let payload = serde_json::to_value(h.last().cloned().expect("event")).expect("json");
+        assert_eq!(crate::audit::action_of("worker", "WorkerToolUseExpired"), Some("worker.tool_expire"));
+        assert_eq!(crate::audit::actor_and_target("WorkerToolUseExpired", "x", &payload).1, worker_id_for("launch-1"));
+    }
+
+    #[test]
+    fn r_host_2_a_pause_and_a_resume_are_asked_once_each_and_not_of_an_ended_worker() {
+        let pause = |p| WorkerCommand::Pause { by: "alice".into(), pause: p, at: at(6) };
+        let mut h = created();
+        h.extend(then(&h, claim("host-a")).expect("claimed"));
+        assert_eq!(then(&h, pause(false)), Ok(vec![]), "not paused: nothing to resume");
+        let asked = then(&h, pause(true)).expect("pause");
+        assert!(matches!(asked.as_slice(), [WorkerEvent::WorkerPauseRequested { pause: true, .. }]));
+        h.extend(asked);
+        assert_eq!(then(&h, pause(true)), Ok(vec![]));
+        h.extend(then(&h, pause(false)).expect("resume"));
+        h.extend(then(&h, report("host-a", Report::Finished { state: WorkerState::Failed, exit_code: Some(1), result: String::new() })).expect("ended"));
+        assert_eq!(then(&h, pause(true)).map_err(|e| e.code()), Err(ErrorCode::WorkerEnded));
     }
 }

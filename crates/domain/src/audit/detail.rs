@@ -140,7 +140,15 @@ fn worker(event: &WorkerEvent) -> String {
         WorkerEvent::WorkerStopRequested { kill: true, .. } => "kill requested".to_owned(),
         WorkerEvent::WorkerStopRequested { kill: false, .. } => "stop requested".to_owned(),
         WorkerEvent::WorkerInputAdded { input, .. } => format!("{} input segment(s)", input.len()),
+        WorkerEvent::WorkerPauseRequested { pause: true, .. } => "pause requested".to_owned(),
+        WorkerEvent::WorkerPauseRequested { pause: false, .. } => "resume requested".to_owned(),
         WorkerEvent::WorkerToolDenied { tool, rule, reason, .. } => format!("{tool} denied by {rule}: {reason}"),
+        WorkerEvent::WorkerToolUseRequested { request_id, tool, rule, reason, .. } => {
+            format!("{tool} waits for a human admin ({request_id}) under {rule}: {reason}")
+        }
+        WorkerEvent::WorkerToolUseApproved { request_id, tool, .. } => format!("{tool} approved ({request_id})"),
+        WorkerEvent::WorkerToolUseRejected { request_id, tool, reason, .. } => format!("{tool} rejected ({request_id}): {reason}"),
+        WorkerEvent::WorkerToolUseExpired { request_id, tool, .. } => format!("{tool} denied: nobody decided in time ({request_id})"),
     }
 }
 

@@ -202,3 +202,86 @@ pub struct WorkerProvenance {
     /// Approval first, the Worker last.
     pub steps: Vec<ProvenanceStep>,
 }
+
+/// Where a Worker's tool-use request is: `pending` until a human admin decides, then
+/// `approved` or `rejected`, or `expired` (denied: nobody decided before `expires_at`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolRequestState {
+    Pending,
+    Approved,
+    Rejected,
+    Expired,
+}
+
+/// Which tool-use requests `GET /api/v1/tool-requests` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolRequestStateFilter {
+    Pending,
+    Approved,
+    Rejected,
+    Expired,
+    All,
+}
+
+impl ToolRequestStateFilter {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolRequestStateFilter::Pending => "pending",
+            ToolRequestStateFilter::Approved => "approved",
+            ToolRequestStateFilter::Rejected => "rejected",
+            ToolRequestStateFilter::Expired => "expired",
+            ToolRequestStateFilter::All => "all",
+        }
+    }
+}
+
+/// A tool call a Worker waits to make: its execution host found that the Box's manifest
+/// asks a human admin first (`rule`). One human admin who did not launch the Worker
+/// decides it, before `expires_at`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ToolRequest {
+    /// `tur_` and 32 hex digits.
+    pub request_id: String,
+    pub worker_id: String,
+    pub box_id: String,
+    pub box_type: String,
+    /// The tool, e.g. `shell:exec`.
+    pub tool: String,
+    /// The manifest rule that asks, e.g. `shell.allowed_commands`.
+    pub rule: String,
+    /// Why it asks.
+    pub reason: String,
+    /// The call's input as the Worker sent it.
+    pub input: Value,
+    pub state: ToolRequestState,
+    pub requested_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// The user who launched the Worker (who may not decide).
+    pub launched_by: String,
+    /// Who approved or rejected it.
+    pub decided_by: Option<String>,
+    pub decided_at: Option<DateTime<Utc>>,
+    /// A rejection's reason.
+    pub decision_reason: Option<String>,
+}
+
+/// 200 of `GET /api/v1/tool-requests`: newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ToolRequestList {
+    pub requests: Vec<ToolRequest>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    #[schema(pattern = "^[0-9]{1,18}$")]
+    pub next_cursor: Option<String>,
+}
+
+/// `POST /api/v1/tool-requests/{request_id}/approve|reject`. Unknown fields are refused.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolDecisionRequest {
+    /// Why (kept with a rejection; at most 500 characters).
+    #[serde(default)]
+    #[schema(max_length = 500)]
+    pub reason: Option<String>,
+}
