@@ -16,7 +16,7 @@ use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, atasi
 use atasira_tests::workspace_root;
 use serde_json::{Value, json};
 
-const TOOLS: [&str; 7] = [
+const TOOLS: [&str; 8] = [
     "atasira_create_box_draft",
     "atasira_feasibility",
     "atasira_get_draft",
@@ -24,6 +24,7 @@ const TOOLS: [&str; 7] = [
     "atasira_pending_drafts",
     "atasira_pending_tool_requests",
     "atasira_request_change",
+    "atasira_stop_worker",
 ];
 
 fn python() -> PathBuf {
@@ -108,7 +109,7 @@ fn scenario(sys: &System, transport: Transport) {
     assert_eq!(report["server"]["name"], json!("atasira"));
     let mut names: Vec<&str> = report["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, TOOLS, "exactly the six tools, no approve or reject");
+    assert_eq!(names, TOOLS, "exactly these tools, no approve or reject");
     for tool in report["tools"].as_array().expect("tools") {
         assert!(tool["description"].as_str().is_some_and(|d| d.len() > 200), "{tool}");
         assert_eq!(tool["input_schema"]["type"], json!("object"), "{tool}");
@@ -149,7 +150,15 @@ fn scenario(sys: &System, transport: Transport) {
         calls_of(sys, transport, &sys.agent, json!([["atasira_get_draft", {"draft_id": draft_id}], ["atasira_get_draft", {"draft_id": "mcp-unknown"}]]));
     assert_eq!(ok(&by_id[0])["status"], json!("pending_approval"));
     refused(&by_id[1], "draft_not_found");
-    let admin = calls_of(sys, transport, &sys.admin, json!([["atasira_pending_drafts", {}], ["atasira_get_draft", {"draft_id": draft_id}]]));
+    let admin = calls_of(
+        sys,
+        transport,
+        &sys.admin,
+        json!([["atasira_pending_drafts", {}], ["atasira_get_draft", {"draft_id": draft_id}], ["atasira_pending_tool_requests", {}], ["atasira_stop_worker", {"worker_id": "wkr_unknown"}]]),
+    );
+    assert_eq!(ok(&admin[2])["requests"], json!([]), "no Worker waits for a decision");
+    refused(&admin[3], "worker_not_found");
+    refused(&calls_of(sys, transport, &sys.agent, json!([["atasira_pending_tool_requests", {}]]))[0], "forbidden");
     let pending = ok(&admin[0]);
     let listed = pending["drafts"].as_array().expect("drafts").iter().find(|d| d["draft_id"] == json!(draft_id)).expect("the draft is pending");
     assert_eq!(listed["over_limit_ops"], json!(["shell:exec"]));

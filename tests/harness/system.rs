@@ -282,7 +282,8 @@ impl System {
             ("RUST_LOG", "info".to_owned()),
         ];
         env.extend(extra_env.iter().map(|(k, v)| (leak(k), v.clone())));
-        let mut p = Proc::spawn(&format!("atasira serve host {name}"), &atasira_bin(), &["serve", "host", "--name", name], &env);
+        let args = ["serve", "host", "--name", name, "--metrics-listen", "127.0.0.1:0"];
+        let mut p = Proc::spawn(&format!("atasira serve host {name}"), &atasira_bin(), &args, &env);
         p.wait_stderr("execution host: decisions on", Duration::from_secs(30));
         self.procs.push(p);
     }

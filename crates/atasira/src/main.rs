@@ -305,11 +305,12 @@ enum Command {
     ToolRequests(client::ToolRequestsCommand),
     /// Serve the Model Context Protocol on stdin/stdout, for AI agents and MCP clients.
     ///
-    /// Seven tools, each one call of a running gateway's REST API with the given token:
+    /// Eight tools, each one call of a running gateway's REST API with the given token:
     /// atasira_create_box_draft (the draft always waits for a human admin's approval),
     /// atasira_pending_drafts and atasira_pending_tool_requests (need role admin),
-    /// atasira_list_boxes, atasira_feasibility, atasira_request_change and
-    /// atasira_get_draft (your own drafts). There is no approve or reject tool. A
+    /// atasira_list_boxes, atasira_feasibility, atasira_request_change,
+    /// atasira_stop_worker (a human admin or the Box's primary) and atasira_get_draft
+    /// (your own drafts). There is no approve or reject tool. A
     /// refusal of the API is a tool error that starts with its error code. Standard
     /// output carries the protocol only; logs go to stderr. The gateway also serves the
     /// same tools over streamable HTTP at /mcp (with the token as Bearer).
@@ -741,7 +742,7 @@ fn main() -> ExitCode {
                 services::dev(settings, listen).await
             })
         }
-        Command::Serve { service: services::ServiceName::Host, name, host, nats_url, nats_auth, .. } => {
+        Command::Serve { service: services::ServiceName::Host, name, host, nats_url, nats_auth, metrics_listen, .. } => {
             let Some(name) = name else {
                 return exit_usage("serve host needs --name NAME (its NATS credentials are host-NAME.creds)");
             };
@@ -751,7 +752,7 @@ fn main() -> ExitCode {
             let identity = atasira_contracts::subjects::host_identity(&name);
             run_traced(Some(&format!("atasira-{identity}")), async move {
                 let auth = services::NatsAuth::from_args(&identity, nats_auth.nats_creds.as_deref(), nats_auth.nats_ca.as_deref(), nats_auth.insecure_nats)?;
-                services::serve_host(&nats_url, auth, config).await
+                services::serve_host(&nats_url, auth, config, metrics_listen).await
             })
         }
         Command::Serve {

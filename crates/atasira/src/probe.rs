@@ -92,6 +92,22 @@ pub fn router(rt: Runtime) -> Router {
     Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).route("/metrics", get(metrics)).with_state(rt)
 }
 
+/// The probe port of an execution host (no database): `/healthz`, `/readyz` (200 while it
+/// is connected to NATS) and `/metrics` (its tool-call decisions among them).
+pub fn host_router(bus: std::sync::Arc<dyn atasira_platform::bus::Bus>) -> Router {
+    async fn ready(State(bus): State<std::sync::Arc<dyn atasira_platform::bus::Bus>>) -> Response {
+        match bus.connected() {
+            Ok(()) => Json(json!({"status": "ready"})).into_response(),
+            Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "not_ready", "checks": {"nats": {"ok": false, "error": e}}}))).into_response(),
+        }
+    }
+    async fn host_metrics() -> Response {
+        let text = atasira_platform::metrics::render(Vec::new()).await;
+        ([(axum::http::header::CONTENT_TYPE, atasira_platform::metrics::CONTENT_TYPE)], text).into_response()
+    }
+    Router::new().route("/healthz", get(healthz)).route("/readyz", get(ready)).route("/metrics", get(host_metrics)).with_state(bus)
+}
+
 /// Serves [`router`] on `listener` until `shutdown` resolves.
 pub async fn serve(listener: tokio::net::TcpListener, rt: Runtime, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     axum::serve(listener, router(rt)).with_graceful_shutdown(shutdown).await?;

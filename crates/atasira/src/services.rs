@@ -491,16 +491,28 @@ pub async fn serve(
 }
 
 /// `atasira serve host`: an execution host on NATS, with its own identity; no database.
-pub async fn serve_host(nats_url: &str, nats_auth: NatsAuth, config: atasira_host::HostConfig) -> anyhow::Result<()> {
+pub async fn serve_host(nats_url: &str, nats_auth: NatsAuth, config: atasira_host::HostConfig, probes: Option<SocketAddr>) -> anyhow::Result<()> {
     let identity = atasira_contracts::subjects::host_identity(&config.name);
     if let NatsAuth::Insecure { .. } = nats_auth {
         tokio::spawn(warn_insecure_nats("host"));
     }
     let client = connect_nats(nats_url, &identity, &nats_auth, true).await?;
+    let bus: Arc<dyn atasira_platform::bus::Bus> = Arc::new(NatsBus::new(client));
     let (tx, rx) = watch::channel(false);
     tokio::spawn(ctrl_c(tx));
+    if let Some(addr) = probes {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr} for the probes"))?;
+        eprintln!("atasira {identity}: probes on http://{}", listener.local_addr()?);
+        let router = crate::probe::host_router(bus.clone());
+        let stop = wait(rx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(stop).await {
+                tracing::error!("the probe port stopped: {e}");
+            }
+        });
+    }
     eprintln!("atasira {identity}: running Workers with {:?}, {} at once", config.runner, config.capacity);
-    atasira_host::run(Arc::new(NatsBus::new(client)), config, rx).await
+    atasira_host::run(bus, config, rx).await
 }
 
 /// Waits until every service answers on the bus, so `/healthz` means ready.

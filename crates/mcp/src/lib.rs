@@ -1,4 +1,4 @@
-//! The MCP server for agents (R-MCP-1): seven tools, each one REST call, so that an agent
+//! The MCP server for agents (R-MCP-1): eight tools, each one REST call, so that an agent
 //! may do over MCP exactly what its token lets it do over REST, and no more.
 //!
 //! - `atasira_create_box_draft`: `POST /boxes/box-drafts` (always `pending_approval`);
@@ -74,7 +74,7 @@ pub trait Backend: Send + Sync + 'static {
     async fn call(&self, call: ApiCall, extensions: &Extensions) -> Result<ApiAnswer, String>;
 }
 
-/// The MCP server: the seven tools over a [`Backend`].
+/// The MCP server: the eight tools over a [`Backend`].
 #[derive(Clone)]
 pub struct AtasiraMcp {
     backend: Arc<dyn Backend>,
@@ -88,8 +88,16 @@ impl fmt::Debug for AtasiraMcp {
 }
 
 /// Names of the tools (`tools/list` has exactly these).
-pub const TOOL_NAMES: &[&str] =
-    &["atasira_create_box_draft", "atasira_pending_drafts", "atasira_list_boxes", "atasira_feasibility", "atasira_get_draft", "atasira_request_change"];
+pub const TOOL_NAMES: &[&str] = &[
+    "atasira_create_box_draft",
+    "atasira_pending_drafts",
+    "atasira_list_boxes",
+    "atasira_feasibility",
+    "atasira_get_draft",
+    "atasira_request_change",
+    "atasira_pending_tool_requests",
+    "atasira_stop_worker",
+];
 
 const INSTRUCTIONS: &str = "atasira governs AI employees called Boxes. A Box has a box_type (its unique id), a purpose and a \
 fixed set of capabilities (OS operations, tools, network). Agents may draft new Boxes and read what exists; only a human \
@@ -276,6 +284,21 @@ pub struct GetDraft {
     pub cursor: Option<String>,
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct StopWorker {
+    /// The Worker's id (wkr_...).
+    pub worker_id: String,
+    /// true: kill it at once; false (default): stop it (its runner gets a grace to end).
+    #[serde(default)]
+    pub kill: bool,
+}
+
+const STOP_WORKER_DESCRIPTION: &str = "Stop a running Worker (or kill it at once with kill: true). Allowed for a human admin \
+and for the primary user of the Worker's Box; anyone else gets the error forbidden; a Worker that has ended gets \
+worker_ended. Answers the Worker with its state and the stop asked.";
+
 #[tool_router]
 impl AtasiraMcp {
     pub fn new(backend: Arc<dyn Backend>) -> Self {
@@ -298,6 +321,13 @@ impl AtasiraMcp {
         annotations(title = "Tool calls waiting for a human admin (admins)", read_only_hint = true, open_world_hint = false))]
     async fn pending_tool_requests(&self, Parameters(args): Parameters<Page>, extensions: Extensions) -> CallToolResult {
         self.get(&with_cursor("/tool-requests", args.cursor.as_deref()), &extensions).await
+    }
+
+    #[tool(name = "atasira_stop_worker", description = STOP_WORKER_DESCRIPTION,
+        annotations(title = "Stop or kill a Worker", read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    async fn stop_worker(&self, Parameters(args): Parameters<StopWorker>, extensions: Extensions) -> CallToolResult {
+        let path = format!("/workers/{}/{}", path_segment(&args.worker_id), if args.kill { "kill" } else { "stop" });
+        self.ask(ApiCall { method: Method::Post, path, body: Some(json!({})) }, &extensions).await
     }
 
     #[tool(name = "atasira_list_boxes", description = LIST_BOXES_DESCRIPTION,

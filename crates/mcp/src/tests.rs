@@ -20,7 +20,7 @@ fn recorder(status: u16, body: Value) -> Arc<Recorder> {
 }
 
 #[test]
-fn exactly_the_five_tools_each_with_a_description_and_an_object_schema() {
+fn exactly_the_eight_tools_each_with_a_description_and_an_object_schema() {
     let server = AtasiraMcp::new(recorder(200, json!({})));
     let tools = server.tool_router.list_all();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
