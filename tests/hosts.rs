@@ -298,8 +298,32 @@ fn r_host_2_a_host_speaks_only_for_its_own_workers_and_publishes_no_channel() {
     let mut sys = start(Mode::Cluster);
     sys.start_host("h2", &host_env(&atasira_tests::harness::example_runner()));
     let box_id = activate(&sys, "guarded");
-    let worker_id = launch(&sys, &box_id, "g-1", &["sleep: 60"]);
+    // An admin follows the Box's channels over NATS; a member may not.
+    let rt = atasira_tests::fixtures::runtime();
+    let (admin_client, mut results, mut logs) = rt.block_on(async {
+        let client = atasira_tests::harness::pat_options(&sys.admin).connect(urls(&sys).as_slice()).await.expect("an admin connects");
+        let results = client.subscribe(subjects::channel("guarded", "heartbeat")).await.expect("subscribes");
+        let logs = client.subscribe(subjects::channel("guarded", "log")).await.expect("subscribes");
+        client.flush().await.expect("flush");
+        (client, results, logs)
+    });
+    let worker_id = launch(&sys, &box_id, "g-1", &["log: guarded and running", "sleep: 60"]);
     let running = reaches(&sys, &worker_id, "running", Duration::from_secs(20));
+    rt.block_on(async {
+        use futures::StreamExt as _;
+        for (what, sub) in [("heartbeat", &mut results), ("log", &mut logs)] {
+            let msg = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.ok().flatten().unwrap_or_else(|| panic!("no {what} on the channel"));
+            let body: Value = serde_json::from_slice(&msg.payload).expect("JSON");
+            assert_eq!(body["worker_id"], json!(worker_id), "{what}: {body}");
+        }
+        let (options, mut errors) = reporting_server_errors(atasira_tests::harness::pat_options(&sys.agent));
+        let member = options.connect(urls(&sys).as_slice()).await.expect("a member connects");
+        let _ = member.subscribe(subjects::channel("guarded", "log")).await;
+        member.flush().await.expect("flush");
+        let refused = tokio::time::timeout(Duration::from_secs(5), errors.recv()).await.ok().flatten().unwrap_or_default();
+        assert!(refused.to_lowercase().contains("permissions violation"), "a member may not follow channels: {refused:?}");
+    });
+    drop(admin_client);
     let (owner, other) = if running["host"] == "h1" { ("h1", "h2") } else { ("h2", "h1") };
 
     // The other host may not report on it, fetch its bundle or resolve its binding.

@@ -270,7 +270,8 @@ pub fn permissions(identity: &str) -> Permissions {
 
 /// The permissions of a NATS publisher whose PAT hashes to `token_hash`: requests on its
 /// own client subjects to the services in `CLIENT_ROUTES` (audit for admins only), the
-/// services API's discovery queries for admins, and its own inbox. It answers nothing.
+/// services API's discovery queries and the Boxes' channels for admins, and its own inbox.
+/// It answers nothing.
 /// `None` when `token_hash` is not a token hash (see `is_token_hash`).
 pub fn client_permissions(token_hash: &str, role_is_admin: bool) -> Option<Permissions> {
     if !is_token_hash(token_hash) {
@@ -278,10 +279,13 @@ pub fn client_permissions(token_hash: &str, role_is_admin: bool) -> Option<Permi
     }
     let mut publish: Vec<String> =
         CLIENT_ROUTES.iter().filter(|(_, admin_only)| role_is_admin || !admin_only).map(|(to, _)| client_request(token_hash, to)).collect();
+    let mut subscribe = vec![format!("{}.>", client_inbox(token_hash))];
     if role_is_admin {
         publish.extend(SERVICES_API_QUERIES.iter().map(|s| (*s).to_owned()));
+        // Admins read every Worker: they may follow the Boxes' channels.
+        subscribe.extend(CHANNELS.iter().map(|c| channel("*", c)));
     }
-    Some(Permissions { publish, subscribe: vec![format!("{}.>", client_inbox(token_hash))], allow_responses: false })
+    Some(Permissions { publish, subscribe, allow_responses: false })
 }
 
 impl Permissions {
@@ -525,6 +529,8 @@ mod tests {
         let admin = client_permissions(HASH, true).expect("a token hash");
         assert!(admin.may_publish(&client_request(HASH, AUDIT)));
         assert!(admin.may_publish("$SRV.PING") && admin.may_publish("$SRV.INFO.drafts"));
+        assert!(admin.may_subscribe("atasira.box.release-notes.log") && !member.may_subscribe("atasira.box.release-notes.log"), "admins follow channels");
+        assert!(!admin.may_publish("atasira.box.release-notes.log") && !admin.may_subscribe("atasira.box.gateway.approval"));
         assert!(!member.may_publish(&client_request(HASH, AUDIT)) && !member.may_publish("$SRV.PING"));
         let other = "f".repeat(64);
         for p in [&member, &admin] {
