@@ -226,7 +226,12 @@ pub fn bundle_bytes(box_id: &str, manifest: &BoxManifest) -> Vec<u8> {
 
 /// `sha256:<hex>` of [`bundle_bytes`].
 pub fn bundle_digest(box_id: &str, manifest: &BoxManifest) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bundle_bytes(box_id, manifest))))
+    digest_of(&bundle_bytes(box_id, manifest))
+}
+
+/// `sha256:<lowercase hex>` of `bytes`: what a bundle's digest is of its canonical bytes.
+pub fn digest_of(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
 /// Parses a lease like `600`, `90s`, `10m` or `1h` (whole seconds, minutes or hours; more

@@ -8,7 +8,6 @@ use std::time::Duration;
 use atasira_contracts::{subjects, v1};
 use atasira_domain::manifest::BoxManifest;
 use atasira_domain::worker::{LOG_LINES, RESULT_CHARS, WorkerState};
-use sha2::Digest as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::sync::mpsc;
 
@@ -34,7 +33,7 @@ pub(crate) fn start(host: Arc<Host>, w: v1::HostWorker) {
 
 /// The bundle's manifest, when its bytes give the digest and name the Worker's Box.
 pub(crate) fn verify_bundle(digest: &str, box_id: &str, canonical: &[u8]) -> Result<BoxManifest, String> {
-    let actual = format!("sha256:{}", hex::encode(sha2::Sha256::digest(canonical)));
+    let actual = atasira_domain::worker::digest_of(canonical);
     if actual != digest {
         return Err(format!("the bundle's bytes give {actual}, not the digest the Worker pins"));
     }

@@ -381,6 +381,18 @@ pub async fn record_security_violation(rt: &Runtime, service: &str, command: Sec
     receipt.head()
 }
 
+/// R-AUDIT-5: `refusal`, with the security violation `command` recorded (the answer then
+/// says where); a record that fails is logged and the refusal goes out as it is.
+pub async fn refuse_recorded(rt: &Runtime, service: &str, refusal: Refusal, command: SecurityCommand) -> Refusal {
+    match record_security_violation(rt, service, command).await {
+        Ok(recorded) => refusal.recorded(recorded.into()),
+        Err(e) => {
+            tracing::error!(service, error = %e, "could not record a security violation");
+            refusal
+        }
+    }
+}
+
 /// The answer to a read-your-writes wait: which of `read_models` (name, aggregate types
 /// read) are still behind once the wait ends.
 pub async fn wait_reply(

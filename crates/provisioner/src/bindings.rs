@@ -137,13 +137,7 @@ impl Bindings {
                 at: Utc::now(),
             };
             let refusal = Refusal::new(ErrorCode::Forbidden, "this host does not run the Worker that holds this binding");
-            return Err(match platform_service::record_security_violation(&self.rt, SERVICE, record).await {
-                Ok(recorded) => refusal.recorded(recorded.into()),
-                Err(e) => {
-                    tracing::error!(error = %e, "could not record a security violation");
-                    refusal
-                }
-            });
+            return Err(platform_service::refuse_recorded(&self.rt, SERVICE, refusal, record).await);
         }
         for link in self.rt.db.stream(types::EXECUTION_BINDING, &r.handle).await.map_err(Refusal::internal)? {
             if let Ok(BindingEvent::BindingPrepared { workspace, tool_scope, ticket_access, .. }) = link.decode::<BindingEvent>() {
@@ -165,13 +159,7 @@ impl Bindings {
             reason: "asked for an execution binding of a Box it may not launch Workers of".to_owned(),
             at: Utc::now(),
         };
-        match platform_service::record_security_violation(&self.rt, SERVICE, record).await {
-            Ok(recorded) => refusal.recorded(recorded.into()),
-            Err(e) => {
-                tracing::error!(error = %e, "could not record a security violation");
-                refusal
-            }
-        }
+        platform_service::refuse_recorded(&self.rt, SERVICE, refusal, record).await
     }
 }
 

@@ -21,13 +21,12 @@ use atasira_domain::aggregates::bundle::BundleEvent;
 use atasira_domain::aggregates::security::SecurityCommand;
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::{Report, ToolAsk, ToolRequestState, Worker, WorkerCommand, WorkerEvent, bounded_log};
-use atasira_domain::worker::{WorkerState, bundle_bytes, may_launch};
+use atasira_domain::worker::{WorkerState, bundle_bytes, digest_of, may_launch};
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::projection as proj;
 use atasira_platform::refusal::Refusal;
 use atasira_platform::service as platform_service;
 use atasira_platform::store::{EventAt, Retry};
-use sha2::Digest as _;
 
 use crate::workers_view::{self, WORKERS, WORKERS_READS};
 use crate::{Registry, SERVICE};
@@ -199,7 +198,7 @@ impl Registry {
             return Err(Refusal::new(ErrorCode::BundleNotFound, "no Worker this host runs pins this bundle"));
         };
         let canonical = bundle_bytes(&box_id, &manifest);
-        if format!("sha256:{}", hex::encode(sha2::Sha256::digest(&canonical))) != r.digest {
+        if digest_of(&canonical) != r.digest {
             return Err(Refusal::new(ErrorCode::BundleDigestMismatch, "the stored bundle does not give its digest"));
         }
         Ok(reply_ok(&v1::BundleBytes { canonical }))
@@ -333,13 +332,7 @@ impl Registry {
             reason: format!("host {host} reported on a Worker it does not run"),
             at: chrono::Utc::now(),
         };
-        match platform_service::record_security_violation(&self.rt, SERVICE, record).await {
-            Ok(recorded) => refusal.recorded(recorded.into()),
-            Err(e) => {
-                tracing::error!(error = %e, "could not record a security violation");
-                refusal
-            }
-        }
+        platform_service::refuse_recorded(&self.rt, SERVICE, refusal, record).await
     }
 
     /// The Worker's stream, or `worker_not_found`.
