@@ -190,8 +190,9 @@ pub fn decide(grant: Grant<'_>, call: &ToolCall, facts: &Facts) -> Decision {
         Kind::Read => file(m, workspace, facts, text(&call.input, PATH_KEYS), Access::Read, tool),
         Kind::Write => file(m, workspace, facts, text(&call.input, PATH_KEYS), Access::Write, tool),
         Kind::Copy { source_write } => {
-            let source = file(m, workspace, facts, text(&call.input, SOURCE_KEYS), if source_write { Access::Write } else { Access::Read }, tool);
-            if source.is_some() { source } else { file(m, workspace, facts, text(&call.input, DESTINATION_KEYS), Access::Write, tool) }
+            let source = if source_write { Access::Write } else { Access::Read };
+            file(m, workspace, facts, text(&call.input, SOURCE_KEYS), source, tool)
+                .or_else(|| file(m, workspace, facts, text(&call.input, DESTINATION_KEYS), Access::Write, tool))
         }
         Kind::Shell => shell(m, workspace, facts, &call.input),
         Kind::Url => url(m, text(&call.input, &["url"])),

@@ -582,7 +582,7 @@ impl TryFrom<v1::WorkerView> for Worker {
     type Error = ApiError;
     fn try_from(w: v1::WorkerView) -> Result<Self, ApiError> {
         let (s, w) = worker_from_wire(w)?;
-        let ended = matches!(s.state, WorkerState::Succeeded | WorkerState::Failed | WorkerState::Killed | WorkerState::Lost);
+        let ended = worker::WorkerState::parse(&w.state).is_some_and(worker::WorkerState::is_ended);
         let stop_requested = match w.stop_requested.as_str() {
             _ if ended => None,
             "stop" => Some(StopRequested::Stop),

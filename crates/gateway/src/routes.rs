@@ -648,10 +648,19 @@ async fn worker_exists(state: &AppState, principal: &Principal, worker_id: &str)
     state.call(subjects::RUNTIME_REGISTRY, principal, &v1::GetWorker { worker_id: worker_id.to_owned() }).await.map(|_| ())
 }
 
-async fn stop_worker(state: AppState, principal: Principal, key: IdempotencyKey, worker_id: String, body: RawBody, kill: bool) -> Result<Response, ApiError> {
-    let api::EmptyRequest {} = validated(key.check().and_then(|()| body.parse()), worker_exists(&state, &principal, &worker_id)).await?;
-    let route = format!("{} {worker_id}", if kill { "kill" } else { "stop" });
-    let request = v1::StopWorker { worker_id, kill };
+/// Stop, kill, pause or resume (`verb`) the Worker with `request`: an empty body, the
+/// Worker known first.
+async fn control_worker<R: Request<Reply = v1::WorkerReply>>(
+    state: AppState,
+    principal: Principal,
+    key: IdempotencyKey,
+    body: RawBody,
+    verb: &str,
+    worker_id: &str,
+    request: R,
+) -> Result<Response, ApiError> {
+    let api::EmptyRequest {} = validated(key.check().and_then(|()| body.parse()), worker_exists(&state, &principal, worker_id)).await?;
+    let route = format!("{verb} {worker_id}");
     write::<_, api::Worker>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
 }
 
@@ -673,7 +682,7 @@ pub async fn stop_worker_route(
     key: IdempotencyKey,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    stop_worker(state, principal, key, worker_id, body, false).await
+    control_worker(state, principal, key, body, "stop", &worker_id, v1::StopWorker { worker_id: worker_id.clone(), kill: false }).await
 }
 
 /// Kill a Worker at once (a human admin or the Box's primary): its runner gets SIGKILL; it
@@ -694,14 +703,7 @@ pub async fn kill_worker_route(
     key: IdempotencyKey,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    stop_worker(state, principal, key, worker_id, body, true).await
-}
-
-async fn pause_worker(state: AppState, principal: Principal, key: IdempotencyKey, worker_id: String, body: RawBody, pause: bool) -> Result<Response, ApiError> {
-    let api::EmptyRequest {} = validated(key.check().and_then(|()| body.parse()), worker_exists(&state, &principal, &worker_id)).await?;
-    let route = format!("{} {worker_id}", if pause { "pause" } else { "resume" });
-    let request = v1::PauseWorker { worker_id, pause };
-    write::<_, api::Worker>(&state, &principal, &key, (&route, body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+    control_worker(state, principal, key, body, "kill", &worker_id, v1::StopWorker { worker_id: worker_id.clone(), kill: true }).await
 }
 
 /// Pause a running Worker (a human admin or the Box's primary): its runner is stopped
@@ -722,7 +724,7 @@ pub async fn pause_worker_route(
     key: IdempotencyKey,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    pause_worker(state, principal, key, worker_id, body, true).await
+    control_worker(state, principal, key, body, "pause", &worker_id, v1::PauseWorker { worker_id: worker_id.clone(), pause: true }).await
 }
 
 /// Resume a paused Worker (a human admin or the Box's primary).
@@ -742,7 +744,7 @@ pub async fn resume_worker_route(
     key: IdempotencyKey,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    pause_worker(state, principal, key, worker_id, body, false).await
+    control_worker(state, principal, key, body, "resume", &worker_id, v1::PauseWorker { worker_id: worker_id.clone(), pause: false }).await
 }
 
 /// More input for a running Worker (a human admin or a user assigned to its Box): it

@@ -90,7 +90,7 @@ pub(crate) struct Host {
     pub client: HostClient,
     pub held: Mutex<HashMap<String, Held>>,
     /// `http://127.0.0.1:<port>/v1/decide`, once listening.
-    pub decide_url: Mutex<String>,
+    pub decide_url: std::sync::OnceLock<String>,
 }
 
 impl Host {
@@ -127,9 +127,9 @@ const BEAT_WAIT: Duration = Duration::from_secs(2);
 pub async fn run(bus: Arc<dyn Bus>, config: HostConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     anyhow::ensure!(subjects::is_host_name(&config.name), "{:?} cannot name a host: 1 to 32 lowercase letters, digits and '-'", config.name);
     let client = HostClient::new(&config.name, bus, Duration::from_secs(10));
-    let host = Arc::new(Host { config, client, held: Mutex::new(HashMap::new()), decide_url: Mutex::new(String::new()) });
+    let host = Arc::new(Host { config, client, held: Mutex::new(HashMap::new()), decide_url: std::sync::OnceLock::new() });
     let (addr, endpoint) = decisions::serve(host.clone(), shutdown.clone()).await?;
-    *host.decide_url.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = format!("http://{addr}/v1/decide");
+    let _ = host.decide_url.set(format!("http://{addr}/v1/decide"));
     tracing::info!(host = host.config.name, capacity = host.config.capacity, "execution host: decisions on http://{addr}");
     let mut lease = Duration::from_secs(10);
     let mut heard = tokio::time::Instant::now();

@@ -77,7 +77,7 @@ async fn supervise(
         h.grant = Some(grant);
         h.token.clone()
     };
-    let decide_url = host.decide_url.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    let decide_url = host.decide_url.get().cloned().unwrap_or_default();
     let mut command = tokio::process::Command::new("/bin/sh");
     command
         .arg("-c")

@@ -11,7 +11,7 @@
 //! primary), more input (`AddWorkerInput`, those who may launch Workers of the Box);
 //! stopping or archiving a Box stops its Workers.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,10 +58,10 @@ impl Registry {
         let running: HashMap<&str, u32> = r.running.iter().map(|w| (w.worker_id.as_str(), w.inputs_seen)).collect();
         let lease_ms = u32::try_from(self.config.host_lease.as_millis()).unwrap_or(u32::MAX);
         loop {
-            let orders = self.orders_for(host, &running).await?;
+            let (orders, live) = self.orders_for(host, &running).await?;
             let claimed = if r.capacity > 0 { self.claim_for(host, r.capacity.min(CLAIMS_PER_BEAT)).await? } else { vec![] };
             if !orders.is_empty() || !claimed.is_empty() || tokio::time::Instant::now() >= deadline {
-                self.publish_heartbeats(host, &running).await;
+                self.publish_heartbeats(host, &live).await;
                 return Ok(reply_ok(&v1::HostOrders { lease_ms, claimed, orders }));
             }
             tokio::select! {
@@ -89,18 +89,21 @@ impl Registry {
         Ok(())
     }
 
-    /// What the host must do to the Workers it says it runs (as their streams say); a
-    /// Worker the store says it runs and it does not know of (it restarted) is lost.
-    async fn orders_for(&self, host: &str, running: &HashMap<&str, u32>) -> Result<Vec<v1::WorkerOrder>, Refusal> {
+    /// What the host must do to the Workers it says it runs (as their streams say), and
+    /// those of them it does run (id, box_type, state); a Worker the store says it runs and
+    /// it does not know of (it restarted) is lost.
+    async fn orders_for(&self, host: &str, running: &HashMap<&str, u32>) -> Result<(Vec<v1::WorkerOrder>, Vec<Live>), Refusal> {
         use v1::worker_order::Kind;
         let mut orders = Vec::new();
+        let mut live = Vec::new();
         for (worker_id, seen) in running {
             let order = |kind: Kind| v1::WorkerOrder { worker_id: (*worker_id).to_owned(), kind: kind as i32, ..Default::default() };
             let worker: Worker = self.rt.db.load(worker_id).await.map_err(Refusal::internal)?;
-            if worker.host.as_deref() != Some(host) || !worker.state.is_live() {
+            let Some(data) = worker.data.as_ref().filter(|_| worker.host.as_deref() == Some(host) && worker.state.is_live()) else {
                 orders.push(order(Kind::Drop));
                 continue;
-            }
+            };
+            live.push(Live { worker_id: data.worker_id.clone(), box_type: data.box_type.clone(), state: worker.state });
             match worker.stop_requested {
                 Some(true) => orders.push(order(Kind::Kill)),
                 Some(false) => orders.push(order(Kind::Stop)),
@@ -122,7 +125,7 @@ impl Registry {
             tracing::warn!(host, worker_id = orphan.worker_id, "the host no longer runs a Worker it held (it restarted?): lost");
             self.lose(host, &orphan.worker_id).await;
         }
-        Ok(orders)
+        Ok((orders, live))
     }
 
     /// Claims up to `n` Workers waiting for a host; what this host needs to start each.
@@ -153,15 +156,10 @@ impl Registry {
     }
 
     /// Publishes a heartbeat on the channel of each Box whose Workers the host runs.
-    async fn publish_heartbeats(&self, host: &str, running: &HashMap<&str, u32>) {
-        for worker_id in running.keys() {
-            if let Ok(Some(life)) = workers_view::life(&self.rt.db, worker_id).await
-                && life.host == host
-                && life.state.is_live()
-            {
-                let body = serde_json::json!({"worker_id": worker_id, "host": host, "state": life.state.as_str(), "at": chrono::Utc::now()});
-                self.publish(&life.box_type, "heartbeat", &body).await;
-            }
+    async fn publish_heartbeats(&self, host: &str, live: &[Live]) {
+        for w in live {
+            let body = serde_json::json!({"worker_id": w.worker_id, "host": host, "state": w.state.as_str(), "at": chrono::Utc::now()});
+            self.publish(&w.box_type, "heartbeat", &body).await;
         }
     }
 
@@ -311,7 +309,7 @@ impl Registry {
         Ok(reply_written(&view, at.position, vec![at.id]))
     }
 
-    /// `GetToolRequest`-like look-up for the gateway's 404 (admins).
+    /// `GetToolRequest` (admins): one tool-use request.
     pub(crate) async fn get_tool_request(&self, principal: &Principal, request_id: &str) -> Result<v1::ToolRequestView, Refusal> {
         if !principal.is_admin() {
             return Err(Refusal::new(ErrorCode::Forbidden, "only admins see tool-use requests"));
@@ -425,10 +423,19 @@ impl Registry {
     }
 }
 
+/// A Worker its host runs, as its stream says.
+#[derive(Debug)]
+struct Live {
+    worker_id: String,
+    box_type: String,
+    state: WorkerState,
+}
+
 /// The sweeper: every quarter lease, the Workers whose host's lease ran out are lost.
 pub(crate) async fn sweep_lost(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let every = (registry.config.host_lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    let mut reported: HashSet<String> = HashSet::new();
+    // Said once per outage, not every quarter lease.
+    let mut warned = false;
     loop {
         let due = sqlx::query(
             "SELECT l.worker_id, l.host FROM worker_life l LEFT JOIN host_leases h ON h.name = l.host
@@ -443,10 +450,10 @@ pub(crate) async fn sweep_lost(registry: Arc<Registry>, shutdown: tokio::sync::w
                     let (Ok(worker_id), Ok(host)) = (sqlx::Row::try_get::<String, _>(&row, 0), sqlx::Row::try_get::<String, _>(&row, 1)) else { continue };
                     registry.lose(&host, &worker_id).await;
                 }
-                reported.clear();
+                warned = false;
             }
             Err(e) => {
-                if reported.insert(e.to_string()) {
+                if !std::mem::replace(&mut warned, true) {
                     tracing::warn!(error = %e, "could not look for lost Workers; trying again");
                 }
             }

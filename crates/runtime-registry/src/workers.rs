@@ -413,9 +413,7 @@ impl Registry {
         proj::wait_for_events(&self.rt.db, &[(WORKERS, WORKERS_READS)], std::slice::from_ref(&created.event_id), created.position, Duration::from_secs(5))
             .await
             .map_err(Refusal::internal)?;
-        let mut view = row.to_wire(&[entry]);
-        view.state = WorkerState::Created.as_str().to_owned();
-        let reply = v1::WorkerReply { worker: Some(view), created: by_us };
+        let reply = v1::WorkerReply { worker: Some(with_life(row.to_wire(&[entry]), None)), created: by_us };
         Ok(reply_written(&reply, created.position, vec![created.event_id]))
     }
 
@@ -448,18 +446,10 @@ impl Registry {
     /// in its life, its last log lines and its result.
     pub(crate) async fn worker_view(&self, principal: &Principal, worker_id: &str) -> Result<v1::WorkerView, Refusal> {
         let (row, transcript) = self.catalog_entry(principal, worker_id).await?;
-        let mut view = row.to_wire(&transcript);
-        self.fill_life(&mut view).await?;
+        let life = workers_view::life(&self.rt.db, worker_id).await.map_err(Refusal::internal)?;
+        let mut view = with_life(row.to_wire(&transcript), life.as_ref());
         view.log = workers_view::log(&self.rt.db, worker_id, crate::hosts::LOG_SHOWN).await.map_err(Refusal::internal)?;
         Ok(view)
-    }
-
-    async fn fill_life(&self, view: &mut v1::WorkerView) -> Result<(), Refusal> {
-        match workers_view::life(&self.rt.db, &view.worker_id).await.map_err(Refusal::internal)? {
-            Some(life) => life.fill(view),
-            None => view.state = WorkerState::Created.as_str().to_owned(),
-        }
-        Ok(())
     }
 
     /// `ListBoxWorkers`: a page of the Box's Workers, oldest first, without transcripts.
@@ -469,12 +459,9 @@ impl Registry {
         }
         self.may_read(principal, &r.box_id).await?;
         let (rows, next_cursor) = workers_view::page(&self.rt.db, &r.box_id, r.limit, r.after).await.map_err(Refusal::internal)?;
-        let mut workers = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let mut view = row.to_wire(&[]);
-            self.fill_life(&mut view).await?;
-            workers.push(view);
-        }
+        let ids: Vec<String> = rows.iter().map(|w| w.worker_id.clone()).collect();
+        let lives = workers_view::lives_of(&self.rt.db, &ids).await.map_err(Refusal::internal)?;
+        let workers = rows.iter().map(|row| with_life(row.to_wire(&[]), lives.get(&row.worker_id))).collect();
         Ok(reply_ok(&v1::WorkerPage { workers, next_cursor }))
     }
 
@@ -529,6 +516,16 @@ impl Registry {
             steps,
         }))
     }
+}
+
+/// A Worker's answer with where it is in its life (`created` when the view holds none: a
+/// Worker created before Workers ran on hosts).
+fn with_life(mut view: v1::WorkerView, life: Option<&workers_view::Life>) -> v1::WorkerView {
+    match life {
+        Some(life) => life.fill(&mut view),
+        None => view.state = WorkerState::Created.as_str().to_owned(),
+    }
+    view
 }
 
 /// One link of a chain as a provenance step; `activated` learns the activation's draft,

@@ -421,6 +421,16 @@ pub async fn lives(db: &Db, where_sql: &str, arg: &str, limit: i64) -> anyhow::R
     rows.iter().map(Life::from_sql).collect()
 }
 
+/// The lives of the Workers `worker_ids` (a page's: at most [`PAGE_MAX`]), by id.
+pub async fn lives_of(db: &Db, worker_ids: &[String]) -> anyhow::Result<std::collections::HashMap<String, Life>> {
+    if worker_ids.is_empty() {
+        return Ok(Default::default());
+    }
+    let sql = format!("SELECT {LIFE_COLUMNS} FROM worker_life WHERE worker_id IN ({})", atasira_platform::projection::placeholders(worker_ids.len()));
+    let rows = worker_ids.iter().fold(sqlx::query(&sql), |q, id| q.bind(id.clone())).fetch_all(db.any()).await?;
+    rows.iter().map(|r| Life::from_sql(r).map(|l| (l.worker_id.clone(), l))).collect()
+}
+
 /// Workers waiting for a host, oldest first, at most `limit`.
 pub async fn waiting(db: &Db, limit: u32) -> anyhow::Result<Vec<String>> {
     let rows = sqlx::query(

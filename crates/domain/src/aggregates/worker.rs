@@ -57,6 +57,7 @@ pub struct WorkerData {
     pub worker_id: String,
     pub launch_id: String,
     pub box_id: String,
+    pub box_type: String,
     pub fingerprint: String,
     pub bundle_digest: String,
     pub binding_handle: String,
@@ -499,7 +500,7 @@ impl Worker {
                         if !matches!(state, WorkerState::Succeeded | WorkerState::Failed | WorkerState::Killed) {
                             return Err(WorkerError::BadReport("a Worker ends succeeded, failed or killed"));
                         }
-                        let result = result.chars().take(RESULT_CHARS).collect::<String>().replace('\0', "");
+                        let result = clip(&result, RESULT_CHARS);
                         vec![WorkerEvent::WorkerFinished { worker_id, box_id, host, state, exit_code, result, at }]
                     }
                 })
@@ -552,7 +553,6 @@ impl Worker {
             }
             WorkerCommand::RecordDenial { host, tool, rule, reason, input, at } => {
                 let d = self.ours(&host)?;
-                let clip = |t: &str, n: usize| t.chars().filter(|c| *c != '\0').take(n).collect::<String>();
                 Ok(vec![WorkerEvent::WorkerToolDenied {
                     worker_id: d.worker_id.clone(),
                     box_id: d.box_id.clone(),
@@ -574,7 +574,6 @@ impl Worker {
                 if self.tool_requests.contains_key(&ask.request_id) {
                     return Ok(vec![]);
                 }
-                let clip = |t: &str, n: usize| t.chars().filter(|c| *c != '\0').take(n).collect::<String>();
                 Ok(vec![WorkerEvent::WorkerToolUseRequested {
                     request_id: ask.request_id,
                     worker_id: d.worker_id.clone(),
@@ -607,7 +606,7 @@ impl Worker {
                 Ok(vec![if approve {
                     WorkerEvent::WorkerToolUseApproved { request_id, worker_id, box_id, tool, by: by.user_id, at: now }
                 } else {
-                    let reason = reason.chars().filter(|c| *c != '\0').take(500).collect();
+                    let reason = clip(&reason, 500);
                     WorkerEvent::WorkerToolUseRejected { request_id, worker_id, box_id, tool, by: by.user_id, reason, at: now }
                 }])
             }
@@ -644,9 +643,9 @@ impl Worker {
 
     pub fn evolve(&mut self, event: WorkerEvent) {
         match event {
-            WorkerEvent::WorkerCreated { worker_id, launch_id, box_id, fingerprint, bundle_digest, binding_handle, created_by, at, .. } => {
+            WorkerEvent::WorkerCreated { worker_id, launch_id, box_id, box_type, fingerprint, bundle_digest, binding_handle, created_by, at, .. } => {
                 if self.data.is_none() {
-                    self.data = Some(WorkerData { worker_id, launch_id, box_id, fingerprint, bundle_digest, binding_handle, created_by, at });
+                    self.data = Some(WorkerData { worker_id, launch_id, box_id, box_type, fingerprint, bundle_digest, binding_handle, created_by, at });
                 }
             }
             WorkerEvent::WorkerLaunchRefused { .. } => self.refusals = self.refusals.saturating_add(1),
@@ -685,13 +684,19 @@ impl Worker {
     }
 }
 
+/// `text` without NUL characters, at most `n` characters (what a recorded decision keeps
+/// of host-sent text).
+fn clip(text: &str, n: usize) -> String {
+    text.chars().filter(|c| *c != '\0').take(n).collect()
+}
+
 /// Log lines within the bounds: at most [`LOG_LINES`] lines of [`LOG_LINE_CHARS`]
 /// characters each, at most `room` bytes in all, without NUL characters.
 pub fn bounded_log(lines: Vec<String>, room: usize) -> Vec<String> {
     let mut used = 0usize;
     let mut out = Vec::new();
     for line in lines.into_iter().take(LOG_LINES) {
-        let line: String = line.chars().take(LOG_LINE_CHARS).filter(|c| *c != '\0').collect();
+        let line = clip(&line, LOG_LINE_CHARS);
         if used + line.len() > room {
             break;
         }
