@@ -389,8 +389,11 @@ fn r_decide_1_a_workers_credential_opens_its_own_decisions_and_nothing_else() {
     assert_eq!(var("ATASIRA_WORKER_ID"), worker_id);
     let (url, token) = (var("ATASIRA_DECIDE_URL"), var("ATASIRA_WORKER_TOKEN"));
     assert!(!env.contains("ATASIRA_DATABASE_URL") && !env.contains("atasira_pat_"), "a clean environment: {env}");
-    // stdin: the context, then the input.
-    let stdin = std::fs::read_to_string(workspace.join("worker.stdin")).unwrap_or_default();
+    // stdin: the context, then the input (cat writes it a moment after the environment).
+    let stdin = eventually("the runner's input", Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(workspace.join("worker.stdin")).unwrap_or_default();
+        if text.contains("</input>") { Ok(text) } else { Err(text) }
+    });
     assert!(stdin.starts_with("<box_context box_type=\"credential\""), "{stdin}");
     assert!(stdin.contains("<input>\n<segment kind=\"text\">hello</segment>\n</input>"), "{stdin}");
 
