@@ -6,11 +6,9 @@
 //! protobuf `ExportTraceServiceRequest` with the opentelemetry-proto crate.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use atasira_tests::harness::receiver::Receiver;
 use atasira_tests::harness::{Mode, System, http};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
@@ -31,31 +29,25 @@ struct Span {
 
 /// An OTLP/HTTP receiver on a free loopback port, keeping every span it is sent.
 struct Collector {
-    port: u16,
-    spans: Arc<Mutex<Vec<Span>>>,
+    receiver: Receiver,
 }
 
 impl Collector {
     fn start() -> Collector {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let spans = Arc::new(Mutex::new(Vec::new()));
-        let kept = spans.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let kept = kept.clone();
-                std::thread::spawn(move || serve(stream, &kept));
-            }
+        let receiver = Receiver::start(|r, _| match (r.method.as_str(), r.path.as_str()) {
+            ("POST", "/v1/traces") if ExportTraceServiceRequest::decode(r.body.as_slice()).is_ok() => "200 OK",
+            ("POST", "/v1/traces") => "400 Bad Request",
+            _ => "404 Not Found",
         });
-        Collector { port, spans }
+        Collector { receiver }
     }
 
     fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.receiver.url("")
     }
 
     fn spans(&self) -> Vec<Span> {
-        self.spans.lock().expect("spans").clone()
+        self.receiver.at("/v1/traces").iter().flat_map(|r| decode(&r.body)).collect()
     }
 
     /// Waits until the trace's spans come from every one of `services` (or a minute passed).
@@ -72,45 +64,10 @@ impl Collector {
     }
 }
 
-/// Answers the HTTP/1.1 requests of one connection: POST /v1/traces with a protobuf body.
-fn serve(stream: TcpStream, kept: &Mutex<Vec<Span>>) {
-    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-    let mut stream = stream;
-    loop {
-        let mut request_line = String::new();
-        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut length = 0;
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            if line.trim().is_empty() {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut body = vec![0; length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        let status = if request_line.starts_with("POST /v1/traces ") { decode(&body, kept) } else { "404 Not Found" };
-        let answer = format!("HTTP/1.1 {status}\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n");
-        if stream.write_all(answer.as_bytes()).is_err() {
-            return;
-        }
-    }
-}
-
-fn decode(body: &[u8], kept: &Mutex<Vec<Span>>) -> &'static str {
-    let Ok(request) = ExportTraceServiceRequest::decode(body) else { return "400 Bad Request" };
-    let mut spans = kept.lock().expect("spans");
+/// The spans of one export request.
+fn decode(body: &[u8]) -> Vec<Span> {
+    let Ok(request) = ExportTraceServiceRequest::decode(body) else { return vec![] };
+    let mut spans = Vec::new();
     for resource_spans in request.resource_spans {
         let resource = resource_spans.resource.map(|r| strings(&r.attributes)).unwrap_or_default();
         let service = resource.get("service.name").cloned().unwrap_or_default();
@@ -127,7 +84,7 @@ fn decode(body: &[u8], kept: &Mutex<Vec<Span>>) -> &'static str {
             }
         }
     }
-    "200 OK"
+    spans
 }
 
 fn strings(attributes: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> BTreeMap<String, String> {

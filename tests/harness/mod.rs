@@ -19,6 +19,7 @@ mod http;
 mod nats;
 mod postgres;
 mod proc;
+pub mod receiver;
 mod system;
 
 pub use self::binary::{Hold, OutputWithin, SUBPROCESS_LIMIT, atasira_bin};

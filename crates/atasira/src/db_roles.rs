@@ -79,7 +79,14 @@ pub fn grants(identity: &str) -> RoleGrants {
                 .to_vec(),
         ),
         subjects::PROVISIONER => (vec![], [types::ACCESS, types::PROVISIONER_SECURITY, types::EXECUTION_BINDING].map(|t| (t, None)).to_vec()),
-        subjects::AUDIT => (vec![("audit_ledger_rows", "SELECT, INSERT")], [types::AUDIT_LEDGER, types::AUDIT_SECURITY].map(|t| (t, None)).to_vec()),
+        subjects::AUDIT => (
+            vec![
+                ("audit_ledger_rows", "SELECT, INSERT"),
+                ("webhooks", "SELECT, INSERT, UPDATE, DELETE"),
+                ("webhook_deliveries", "SELECT, INSERT, UPDATE, DELETE"),
+            ],
+            [types::AUDIT_LEDGER, types::AUDIT_SECURITY, types::WEBHOOK].map(|t| (t, None)).to_vec(),
+        ),
         _ => (vec![], vec![]),
     };
     tables.retain(|(t, _)| !own.iter().any(|(o, _)| o == t));

@@ -303,6 +303,12 @@ enum Command {
     /// it refused, 2 on a usage error, 3 when the gateway could not be reached.
     #[command(subcommand)]
     ToolRequests(client::ToolRequestsCommand),
+    /// Tell approvers of every decision waiting for them: register, list and remove
+    /// webhooks (signed HTTP POSTs, Slack-compatible if asked) and see their deliveries,
+    /// over the REST API of a running gateway. Exit 0 when the API answered with success, 1
+    /// when it refused, 2 on a usage error, 3 when the gateway could not be reached.
+    #[command(subcommand)]
+    Webhooks(client::WebhooksCommand),
     /// Serve the Model Context Protocol on stdin/stdout, for AI agents and MCP clients.
     ///
     /// Eight tools, each one call of a running gateway's REST API with the given token:
@@ -442,6 +448,18 @@ struct CommonArgs {
     /// denied: 5m, 30s, 1h.
     #[arg(long, env = "ATASIRA_ASK_TTL", value_name = "DURATION", default_value = "5m", value_parser = atasira_domain::worker::parse_ttl)]
     ask_ttl: Duration,
+    /// The dashboard's address as approvers reach it: links in webhook deliveries and
+    /// announcements start there.
+    #[arg(long, env = "ATASIRA_PUBLIC_URL", value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    public_url: String,
+    /// Attempts at a webhook delivery, the first included; then it is given up (listed as
+    /// dead and recorded on the audit ledger).
+    #[arg(long, env = "ATASIRA_WEBHOOK_ATTEMPTS", value_name = "N", default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=50))]
+    webhook_attempts: u32,
+    /// The wait after a webhook delivery's first failure; it doubles after each (at most
+    /// 10m): 2s, 500ms, 1m.
+    #[arg(long, env = "ATASIRA_WEBHOOK_BACKOFF", value_name = "DURATION", default_value = "2s", value_parser = atasira_domain::worker::parse_ttl)]
+    webhook_backoff: Duration,
     /// Testing only: seconds an unfinished Idempotency-Key claim holds before a retry may
     /// take it over and redo the work (default: three request timeouts, the consistency
     /// wait and 6 s, longer than any request can take). Shorter lets a retry redo work that
@@ -469,6 +487,10 @@ struct TestHooks {
     /// comma separated; see tests/harness/binary.rs `Hold`), to force an interleaving.
     #[arg(long, env = "ATASIRA_FAILPOINT_HOLD", value_name = "NAME:DIR", value_delimiter = ',', help_heading = "Testing")]
     failpoint_hold: Vec<atasira_platform::failpoints::FailpointHold>,
+    /// Test builds only: the schedules' clock is the time in this file (RFC 3339), so a
+    /// test moves time instead of waiting for it; the real clock while it is unreadable.
+    #[arg(long, env = "ATASIRA_TEST_CLOCK", value_name = "FILE", help_heading = "Testing")]
+    test_clock: Option<std::path::PathBuf>,
 }
 
 /// A build for use has no fault-injection hooks: the settings are still accepted, so that
@@ -483,6 +505,8 @@ struct TestHooks {
     failpoint_delay: Vec<String>,
     #[arg(long, env = "ATASIRA_FAILPOINT_HOLD", hide = true, action = clap::ArgAction::Append)]
     failpoint_hold: Vec<String>,
+    #[arg(long, env = "ATASIRA_TEST_CLOCK", hide = true)]
+    test_clock: Option<String>,
 }
 
 impl TestHooks {
@@ -494,8 +518,12 @@ impl TestHooks {
             let holds: Vec<&str> = self.failpoint_hold.iter().map(|h| h.point.as_str()).collect();
             eprintln!("atasira: testing hooks armed: kill at {:?}, pause at {:?}, hold at {:?}", self.failpoint, pauses, holds);
         }
-        let failpoints =
-            atasira_platform::failpoints::Failpoints { kill: self.failpoint.clone(), delay: self.failpoint_delay.clone(), hold: self.failpoint_hold.clone() };
+        let failpoints = atasira_platform::failpoints::Failpoints {
+            kill: self.failpoint.clone(),
+            delay: self.failpoint_delay.clone(),
+            hold: self.failpoint_hold.clone(),
+            clock: self.test_clock.clone(),
+        };
         // Only `main` calls this, once; a second call could only repeat the same values.
         let _ = atasira_platform::failpoints::configure(failpoints);
     }
@@ -507,6 +535,7 @@ impl TestHooks {
             (!self.failpoint.is_empty(), "ATASIRA_FAILPOINT (--failpoint)"),
             (!self.failpoint_delay.is_empty(), "ATASIRA_FAILPOINT_DELAY (--failpoint-delay)"),
             (!self.failpoint_hold.is_empty(), "ATASIRA_FAILPOINT_HOLD (--failpoint-hold)"),
+            (self.test_clock.is_some(), "ATASIRA_TEST_CLOCK (--test-clock)"),
         ] {
             if set {
                 eprintln!("atasira: warning: {setting} is set, but this build has no test hooks; ignored");
@@ -535,6 +564,11 @@ impl CommonArgs {
             binding_ttl: self.binding_ttl,
             host_lease: self.host_lease,
             ask_ttl: self.ask_ttl,
+            notifier: atasira_audit::NotifierConfig {
+                public_url: self.public_url.clone(),
+                retry: atasira_domain::notify::RetryPolicy { attempts: self.webhook_attempts, backoff: self.webhook_backoff },
+                on_bus: false,
+            },
             host: None,
         }
     }
@@ -840,6 +874,7 @@ fn main() -> ExitCode {
         Command::Boxes(cmd) => Ok(client::boxes(cmd)),
         Command::Mcp(args) => run_async(mcp::serve(args)),
         Command::ToolRequests(cmd) => Ok(client::tool_requests(cmd)),
+        Command::Webhooks(cmd) => Ok(client::webhooks(cmd)),
         Command::Decide { manifest, workspace, url, token, timeout } => {
             let source = match (manifest, url, token) {
                 (Some(file), _, _) => Some(decide::Source::Manifest { file, workspace }),

@@ -42,6 +42,8 @@ pub struct Settings {
     pub host_lease: Duration,
     /// `ATASIRA_ASK_TTL`: how long a tool-use request waits for a human admin.
     pub ask_ttl: Duration,
+    /// Webhook deliveries and announcements (`ATASIRA_PUBLIC_URL`, `ATASIRA_WEBHOOK_*`).
+    pub notifier: atasira_audit::NotifierConfig,
     /// The in-process execution host of `dev --runner` (none: Workers wait for a host).
     pub host: Option<atasira_host::HostConfig>,
 }
@@ -169,7 +171,7 @@ impl Embedded {
             tokio::spawn(atasira_drafts::run(rt.clone(), drafts_config(settings), rx.clone())),
             tokio::spawn(atasira_approval::run(approval_rt, approval_config(signer, retired), rx.clone())),
             tokio::spawn(atasira_runtime_registry::run(registry_rt, registry_config(settings), rx.clone())),
-            tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(Arc::new(audit)), rx.clone())),
+            tokio::spawn(atasira_audit::run(rt.clone(), audit_config(audit, settings, false), rx.clone())),
             tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(settings), rx.clone())),
         ];
         wait_ready(rt.bus.as_ref(), atasira_contracts::subjects::SERVICES).await?;
@@ -239,6 +241,11 @@ pub fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> 
 
 pub fn registry_config(s: &Settings) -> atasira_runtime_registry::RegistryConfig {
     atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes, host_lease: s.host_lease, ask_ttl: s.ask_ttl }
+}
+
+/// The audit service's settings; `on_bus`: announcements also go out on NATS.
+fn audit_config(keys: AuditKeys, s: &Settings, on_bus: bool) -> atasira_audit::AuditConfig {
+    atasira_audit::AuditConfig { notifier: atasira_audit::NotifierConfig { on_bus, ..s.notifier.clone() }, ..atasira_audit::AuditConfig::new(Arc::new(keys)) }
 }
 
 /// What `atasira serve` can run.
@@ -481,7 +488,7 @@ pub async fn serve(
             let relay = relay_for(atasira_audit::SERVICE, atasira_audit::AGGREGATE_TYPES);
             // Holds every notification on the public event feed to the store.
             let sentinel = tokio::spawn(atasira_platform::sentinel::run(rt.clone(), events.clone(), rx.clone()));
-            atasira_audit::run(rt, atasira_audit::AuditConfig::new(Arc::new(setting.audit_keys()?)), rx).await?;
+            atasira_audit::run(rt, audit_config(setting.audit_keys()?, &settings, true), rx).await?;
             let _ = relay.await;
             let _ = sentinel.await;
             Ok(())

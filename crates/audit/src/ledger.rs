@@ -43,6 +43,7 @@ pub const AUDITABLE_TYPES: &[&str] = &[
     types::WORKER,
     types::CONFIG_BUNDLE,
     types::EXECUTION_BINDING,
+    types::WEBHOOK,
 ];
 
 /// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and

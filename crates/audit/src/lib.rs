@@ -8,6 +8,7 @@
 //! events this service appends are `AuditCheckpoint`s of the `audit_ledger` aggregate.
 
 mod ledger;
+pub mod notifier;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +25,9 @@ use tokio::sync::watch;
 
 pub use ledger::{
     AUDITABLE_TYPES, Filter, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX, POSTGRES_LEDGER_TRIGGERS, SQLITE_LEDGER_TRIGGERS, append, apply_pending,
-    check_complete, checkpoint, checkpoints, head, latest_checkpoint, page, prepare, verify,
+    check_complete, checkpoint, checkpoints, head, latest_checkpoint, page, verify,
 };
+pub use notifier::NotifierConfig;
 
 /// The service name (also its subject token).
 pub const SERVICE: &str = subjects::AUDIT;
@@ -37,12 +39,13 @@ pub const AGGREGATE_TYPES: &[&str] = &[
     atasira_domain::aggregates::types::AUDIT_SECURITY,
     atasira_domain::aggregates::types::PAT,
     atasira_domain::aggregates::types::GATEWAY_ASSERTION_KEYS,
+    atasira_domain::aggregates::types::WEBHOOK,
 ];
 /// R-AUDIT-2: "every minute".
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 
 /// The read models a `WaitForPosition` waits for, with the aggregate types they read.
-const READ_MODELS: &[(&str, &[&str])] = &[(NAME, AUDITABLE_TYPES)];
+const READ_MODELS: &[(&str, &[&str])] = &[(NAME, AUDITABLE_TYPES), (notifier::NAME, notifier::READS)];
 
 /// Settings of the audit service.
 #[derive(Debug, Clone)]
@@ -53,12 +56,14 @@ pub struct AuditConfig {
     pub keys: Arc<AuditKeys>,
     /// How often the head is checkpointed (R-AUDIT-2: a minute); tests shorten it.
     pub checkpoint_every: Duration,
+    /// Announcements to approvers (R-NOTIFY-1).
+    pub notifier: NotifierConfig,
 }
 
 impl AuditConfig {
     /// The configuration of the spec: checkpoints every minute.
     pub fn new(keys: Arc<AuditKeys>) -> Self {
-        Self { keys, checkpoint_every: CHECKPOINT_EVERY }
+        Self { keys, checkpoint_every: CHECKPOINT_EVERY, notifier: NotifierConfig::default() }
     }
 }
 
@@ -67,10 +72,16 @@ struct Service {
     keys: Arc<AuditKeys>,
 }
 
-/// Starts the service: ledger writer, checkpointer and bus endpoint. Returns when
+/// The audit service's tables: the ledger and the notifier's.
+pub async fn prepare(db: &atasira_platform::store::Db) -> anyhow::Result<()> {
+    ledger::prepare(db).await?;
+    db.ensure_tables(notifier::SCHEMA).await
+}
+
+/// Starts the service: ledger writer, checkpointer, notifier and bus endpoint. Returns when
 /// `shutdown` flips, after a final checkpoint.
 pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
-    ledger::prepare(&rt.db).await?;
+    prepare(&rt.db).await?;
     let service = Arc::new(Service { rt: rt.clone(), keys: config.keys.clone() });
     let endpoint = {
         let service = service.clone();
@@ -82,10 +93,16 @@ pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<boo
     };
     let writer = tokio::spawn(write_ledger(rt.clone(), config.keys.clone(), shutdown.clone()));
     let checkpointer = tokio::spawn(checkpoint_periodically(rt.clone(), config.keys.clone(), config.checkpoint_every, shutdown.clone()));
+    let notify = Arc::new(config.notifier.clone());
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let announcer = tokio::spawn(notifier::consume(rt.clone(), notify.clone(), wake.clone(), shutdown.clone()));
+    let sender = tokio::spawn(notifier::send(rt.clone(), config.keys.clone(), notify, wake, shutdown.clone()));
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     let _ = writer.await;
     let _ = checkpointer.await;
+    let _ = announcer.await;
+    let _ = sender.await;
     // R-AUDIT-2 "and on shutdown": the writer has stopped, so this covers every row.
     record_checkpoint(&rt, &config.keys).await;
     Ok(())
@@ -173,6 +190,24 @@ impl Service {
                 self.admin(call, "verifying the audit ledger").await?;
                 let verification = ledger::verify(&self.rt.db, &self.keys).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&convert::verification_to_wire(&verification)))
+            }
+            AuditRequest::RegisterWebhook(r) => {
+                call.only_from(&[subjects::GATEWAY], "registering a webhook")?;
+                let principal = self.admin(call, "registering a webhook").await?;
+                notifier::register(&self.rt, &self.keys, &principal, r).await
+            }
+            AuditRequest::RemoveWebhook(r) => {
+                call.only_from(&[subjects::GATEWAY], "removing a webhook")?;
+                let principal = self.admin(call, "removing a webhook").await?;
+                notifier::remove(&self.rt, &principal, r).await
+            }
+            AuditRequest::ListWebhooks(_) => {
+                self.admin(call, "listing webhooks").await?;
+                notifier::list(&self.rt.db).await
+            }
+            AuditRequest::ListWebhookDeliveries(r) => {
+                self.admin(call, "reading webhook deliveries").await?;
+                notifier::deliveries(&self.rt.db, r).await
             }
         }
     }

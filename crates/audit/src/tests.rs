@@ -431,7 +431,7 @@ async fn r_audit_2_r_audit_3_the_service_writes_serves_admins_and_checkpoints_on
         guards: Default::default(),
     };
     let (tx, rx) = watch::channel(false);
-    let config = AuditConfig { keys: Arc::new(keys()), checkpoint_every: Duration::from_secs(3600) };
+    let config = AuditConfig { checkpoint_every: Duration::from_secs(3600), ..AuditConfig::new(Arc::new(keys())) };
     let service = tokio::spawn(run(rt.clone(), config, rx));
     // when a draft is submitted and approved
     submit(&db, "d1").await;
@@ -512,7 +512,7 @@ async fn r_audit_2_the_service_checkpoints_periodically_when_the_ledger_grew() {
         guards: Default::default(),
     };
     let (tx, rx) = watch::channel(false);
-    let service = tokio::spawn(run(rt.clone(), AuditConfig { keys: Arc::new(keys()), checkpoint_every: Duration::from_millis(50) }, rx));
+    let service = tokio::spawn(run(rt.clone(), AuditConfig { checkpoint_every: Duration::from_millis(50), ..AuditConfig::new(Arc::new(keys())) }, rx));
     submit(&db, "d1").await;
     // when time passes; then a checkpoint over seq 1 appears while it runs
     let mut seen = None;

@@ -96,6 +96,10 @@ requests!(
     AuditRequest for crate::subjects::AUDIT => {
         Query(QueryAudit),
         Verify(VerifyAudit),
+        RegisterWebhook(RegisterWebhook),
+        ListWebhooks(ListWebhooks),
+        RemoveWebhook(RemoveWebhook),
+        ListWebhookDeliveries(ListWebhookDeliveries),
     }
 );
 

@@ -63,8 +63,14 @@ pub const HOST_ROUTES: &[&str] = &[RUNTIME_REGISTRY, PROVISIONER];
 
 /// A Box's channels (R-HOST-2, seed 000): `atasira.box.<box_type>.<channel>`. Only the
 /// registry publishes them, for the host that runs a Worker of the Box: `heartbeat`, `log`
-/// and `result` as the host reports them, `pause`, `resume` and `kill` as users ask.
-pub const CHANNELS: &[&str] = &["heartbeat", "log", "result", "pause", "resume", "kill"];
+/// and `result` as the host reports them, `pause`, `resume` and `kill` as users ask, and
+/// `escalation` when a Worker of a Box that escalates fails.
+pub const CHANNELS: &[&str] = &["heartbeat", "log", "result", "pause", "resume", "kill", "escalation"];
+
+/// Where the audit service announces decisions waiting for approvers (R-NOTIFY-1): pending
+/// drafts and changes, tool calls waiting for a human, failed provisioning, escalations.
+/// Admin NATS publishers may subscribe.
+pub const APPROVERS: &str = "atasira.box.audit.approvers";
 
 /// A Box's channel subject.
 pub fn channel(box_type: &str, channel: &str) -> String {
@@ -254,6 +260,9 @@ pub fn permissions(identity: &str) -> Permissions {
     if identity == RUNTIME_REGISTRY {
         publish.extend(CHANNELS.iter().map(|c| channel("*", c)));
     }
+    if identity == AUDIT {
+        publish.push(APPROVERS.to_owned());
+    }
     let mut subscribe = listen_subjects(identity);
     if SERVICES.contains(&identity) {
         publish.push(events(identity));
@@ -282,8 +291,10 @@ pub fn client_permissions(token_hash: &str, role_is_admin: bool) -> Option<Permi
     let mut subscribe = vec![format!("{}.>", client_inbox(token_hash))];
     if role_is_admin {
         publish.extend(SERVICES_API_QUERIES.iter().map(|s| (*s).to_owned()));
-        // Admins read every Worker: they may follow the Boxes' channels.
+        // Admins read every Worker: they may follow the Boxes' channels; and they hear
+        // what waits for approvers.
         subscribe.extend(CHANNELS.iter().map(|c| channel("*", c)));
+        subscribe.push(APPROVERS.to_owned());
     }
     Some(Permissions { publish, subscribe, allow_responses: false })
 }
@@ -357,7 +368,7 @@ pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
         // Token events and the gateway's assertion keys are appended by the gateway (tokens
         // also by the operator CLI; the token table is the gateway's), and published by the
         // audit service: the gateway has no JetStream.
-        types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT | types::GATEWAY_ASSERTION_KEYS => AUDIT,
+        types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT | types::GATEWAY_ASSERTION_KEYS | types::WEBHOOK => AUDIT,
         types::ACCESS | types::PROVISIONER_SECURITY | types::EXECUTION_BINDING => PROVISIONER,
         types::APPROVAL_KEYS | types::APPROVAL_SECURITY | types::APPROVAL_ASSERTION_KEYS => APPROVAL,
         _ => return None,

@@ -141,6 +141,13 @@ impl AuditKeys {
         std::iter::once(self.current.key_id.as_str()).chain(self.retired.keys().map(String::as_str)).collect()
     }
 
+    /// A secret derived from audit key `key_id` for `purpose` (hex), or `None` when this
+    /// process does not hold that key. A webhook's signing secret is derived so: never
+    /// stored, the same on every replica, and gone when its key is.
+    pub fn derive(&self, key_id: &str, purpose: &str) -> Option<String> {
+        self.get(key_id).map(|k| k.tag_hex(format!("atasira/derive/{purpose}").as_bytes()))
+    }
+
     fn get(&self, key_id: &str) -> Option<&AuditKey> {
         if self.current.key_id == key_id { Some(&self.current) } else { self.retired.get(key_id) }
     }
@@ -311,6 +318,9 @@ pub fn action_of(aggregate_type: &str, event_type: &str) -> Option<&'static str>
         ("execution_binding", "BindingPrepared") => "binding.prepare",
         ("execution_binding", "BindingConsumed") => "binding.consume",
         ("execution_binding", "BindingExpired") => "binding.expire",
+        ("webhook", "WebhookRegistered") => "webhook.register",
+        ("webhook", "WebhookRemoved") => "webhook.remove",
+        ("webhook", "WebhookDeliveryDeadLettered") => "webhook.dead_letter",
         _ => return None,
     };
     Some(action)
@@ -356,6 +366,9 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
         "BindingPrepared" => (&[&["prepared_by"]], &[&["box_id"]]),
         "BindingConsumed" => (&[&["by"]], &[&["box_id"]]),
         "BindingExpired" => (&[], &[&["box_id"]]),
+        "WebhookRegistered" => (&[&["registered_by"]], &[&["webhook_id"]]),
+        "WebhookRemoved" => (&[&["removed_by"]], &[&["webhook_id"]]),
+        "WebhookDeliveryDeadLettered" => (&[], &[&["webhook_id"]]),
         _ => (&[&["by"], &["actor"]], &[&["target"]]),
     };
     let actor = actor_paths.iter().find_map(|p| text(p)).unwrap_or_else(|| "system".to_owned());

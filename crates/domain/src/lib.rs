@@ -16,10 +16,12 @@ pub mod draft_request;
 pub mod error;
 pub mod feasibility;
 pub mod manifest;
+pub mod notify;
 pub mod os_operation;
 pub mod policy;
 pub mod principal;
 pub mod token;
+pub mod trigger;
 pub mod worker;
 
 pub mod aggregates;

@@ -43,6 +43,25 @@ impl Principal {
     }
 }
 
+/// The start of a trigger principal's user id: `trigger:<box_id>`. No token can be
+/// issued for such a user id.
+pub const TRIGGER_USER_PREFIX: &str = "trigger:";
+
+/// Who launches a triggered Worker: the Box's own trigger (an agent, a member).
+pub fn trigger_principal(box_id: &str) -> Principal {
+    Principal::new(format!("{TRIGGER_USER_PREFIX}{box_id}"), Role::Member, Kind::Agent)
+}
+
+/// Whether `principal` is the trigger of Box `box_id`.
+pub fn is_trigger_of(principal: &Principal, box_id: &str) -> bool {
+    principal.kind == Kind::Agent && principal.user_id.strip_prefix(TRIGGER_USER_PREFIX) == Some(box_id)
+}
+
+/// Whether `user_id` is a trigger's (reserved: no person or agent token has one).
+pub fn is_trigger_user(user_id: &str) -> bool {
+    user_id.starts_with(TRIGGER_USER_PREFIX)
+}
+
 impl std::fmt::Display for Role {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -212,10 +212,10 @@ pub fn launch_fingerprint(request: &LaunchRequest, caller: &str) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
-/// R-WORKER (who may launch): human admins, and the Box's assigned users (primary or
-/// member), agents included only when assigned.
-pub fn may_launch<R>(principal: &Principal, assignments: &[(String, R)]) -> bool {
-    principal.is_human_admin() || assignments.iter().any(|(user, _)| *user == principal.user_id)
+/// R-WORKER (who may launch): human admins, the Box's assigned users (primary or member),
+/// agents included only when assigned, and the Box's own trigger (R-TRIG-1).
+pub fn may_launch<R>(principal: &Principal, box_id: &str, assignments: &[(String, R)]) -> bool {
+    principal.is_human_admin() || crate::principal::is_trigger_of(principal, box_id) || assignments.iter().any(|(user, _)| *user == principal.user_id)
 }
 
 /// A ConfigBundle's canonical bytes (see the module documentation).
@@ -234,8 +234,8 @@ pub fn digest_of(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
-/// Parses a lease like `600`, `90s`, `10m` or `1h` (whole seconds, minutes or hours; more
-/// than zero).
+/// Parses a lease like `600`, `90s`, `10m`, `1h` or `250ms` (whole milliseconds, seconds,
+/// minutes or hours; more than zero).
 pub fn parse_ttl(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
@@ -243,17 +243,18 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
         None => (text, "s"),
     };
     let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration such as 600, 90s, 10m or 1h"))?;
-    let secs = match unit {
-        "s" => Some(n),
-        "m" => n.checked_mul(60),
-        "h" => n.checked_mul(3600),
+    let millis = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
         _ => None,
     }
     .ok_or_else(|| format!("{text:?} is not a duration such as 600, 90s, 10m or 1h"))?;
-    if secs == 0 {
-        return Err("a binding lease must be at least one second".to_owned());
+    if millis == 0 {
+        return Err("a duration must be more than zero".to_owned());
     }
-    Ok(Duration::from_secs(secs))
+    Ok(Duration::from_millis(millis))
 }
 
 #[cfg(test)]
@@ -306,14 +307,17 @@ mod tests {
     }
 
     #[test]
-    fn who_may_launch_human_admins_and_assigned_users_only() {
+    fn who_may_launch_human_admins_assigned_users_and_the_boxs_own_trigger_only() {
         let p = |role, kind, user: &str| Principal { user_id: user.into(), role, kind };
         let assigned = vec![("agent-1".to_owned(), BoxRole::Member), ("erin".to_owned(), BoxRole::Primary)];
-        assert!(may_launch::<BoxRole>(&p(Role::Admin, Kind::Human, "alice"), &[]));
-        assert!(may_launch(&p(Role::Member, Kind::Human, "erin"), &assigned));
-        assert!(may_launch(&p(Role::Member, Kind::Agent, "agent-1"), &assigned));
-        assert!(!may_launch(&p(Role::Admin, Kind::Agent, "agent-2"), &assigned), "an agent admin must be assigned");
-        assert!(!may_launch(&p(Role::Member, Kind::Human, "mallory"), &assigned));
+        assert!(may_launch::<BoxRole>(&p(Role::Admin, Kind::Human, "alice"), "b1", &[]));
+        assert!(may_launch(&p(Role::Member, Kind::Human, "erin"), "b1", &assigned));
+        assert!(may_launch(&p(Role::Member, Kind::Agent, "agent-1"), "b1", &assigned));
+        assert!(!may_launch(&p(Role::Admin, Kind::Agent, "agent-2"), "b1", &assigned), "an agent admin must be assigned");
+        assert!(!may_launch(&p(Role::Member, Kind::Human, "mallory"), "b1", &assigned));
+        // R-TRIG-1: a Box's trigger launches that Box, no other.
+        assert!(may_launch::<BoxRole>(&crate::principal::trigger_principal("b1"), "b1", &[]));
+        assert!(!may_launch::<BoxRole>(&crate::principal::trigger_principal("b2"), "b1", &[]));
     }
 
     #[test]
@@ -333,6 +337,7 @@ mod tests {
     fn r_worker_3_leases_parse_in_seconds_minutes_and_hours() {
         assert_eq!(parse_ttl("600"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_ttl("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_ttl("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_ttl("10m"), Ok(DEFAULT_BINDING_TTL));
         assert_eq!(parse_ttl("1h"), Ok(Duration::from_secs(3600)));
         for bad in ["", "0", "-1", "1d", "ten", "1.5m"] {

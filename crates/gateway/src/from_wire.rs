@@ -16,7 +16,8 @@ use crate::api::{
     Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, ChangeRequested, Decision, DraftCreated, DraftDetail,
     DraftKind, DraftPage, DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, ProvenanceKind,
     ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, Revision, RoleInBox, Segment, SegmentKind, StopRequested, ToolRequest, ToolRequestList,
-    TranscriptEntry, VerifyResult, Worker, WorkerList, WorkerProvenance, WorkerState, WorkerSummary,
+    TranscriptEntry, VerifyResult, Webhook, WebhookDelivery, WebhookDeliveryList, WebhookDeliveryState, WebhookFormat, WebhookList, WebhookRegistered, Worker,
+    WorkerList, WorkerProvenance, WorkerState, WorkerSummary,
 };
 use crate::extract::RawBody;
 
@@ -416,6 +417,80 @@ impl TryFrom<v1::VerifyReply> for VerifyResult {
         } else {
             Self { ok: false, rows: None, first_bad_seq: Some(r.first_bad_seq), reason: Some(r.reason) }
         })
+    }
+}
+
+/// The webhook of a list, a removal or a registration.
+impl TryFrom<v1::Webhook> for Webhook {
+    type Error = ApiError;
+    fn try_from(w: v1::Webhook) -> Result<Self, ApiError> {
+        let format = match w.format.as_str() {
+            "" | "json" => WebhookFormat::Json,
+            "slack" => WebhookFormat::Slack,
+            other => return Err(unreadable("webhook format", other)),
+        };
+        Ok(Webhook {
+            registered_at: time("webhook", w.registered_at.as_ref())?,
+            webhook_id: w.webhook_id,
+            url: w.url,
+            format,
+            kinds: w.kinds,
+            registered_by: w.registered_by,
+            delivered: w.delivered,
+            pending: w.pending,
+            dead: w.dead,
+        })
+    }
+}
+
+impl TryFrom<v1::WebhookRegistered> for WebhookRegistered {
+    type Error = ApiError;
+    fn try_from(r: v1::WebhookRegistered) -> Result<Self, ApiError> {
+        let webhook = Webhook::try_from(r.webhook.ok_or_else(|| unreadable("webhook", "missing"))?)?;
+        Ok(Self { webhook, secret: r.secret })
+    }
+}
+
+impl TryFrom<v1::WebhookList> for WebhookList {
+    type Error = ApiError;
+    fn try_from(r: v1::WebhookList) -> Result<Self, ApiError> {
+        Ok(Self { webhooks: r.webhooks.into_iter().map(Webhook::try_from).collect::<Result<_, _>>()? })
+    }
+}
+
+impl TryFrom<v1::WebhookDelivery> for WebhookDelivery {
+    type Error = ApiError;
+    fn try_from(d: v1::WebhookDelivery) -> Result<Self, ApiError> {
+        let state = match d.state.as_str() {
+            "pending" => WebhookDeliveryState::Pending,
+            "delivered" => WebhookDeliveryState::Delivered,
+            "dead" => WebhookDeliveryState::Dead,
+            other => return Err(unreadable("webhook delivery state", other)),
+        };
+        let next_attempt_at = match (state, d.next_attempt_at.as_ref()) {
+            (WebhookDeliveryState::Pending, Some(t)) => Some(time("webhook delivery", Some(t))?),
+            _ => None,
+        };
+        Ok(WebhookDelivery {
+            created_at: time("webhook delivery", d.created_at.as_ref())?,
+            updated_at: time("webhook delivery", d.updated_at.as_ref())?,
+            next_attempt_at,
+            delivery_id: d.delivery_id,
+            webhook_id: d.webhook_id,
+            event_id: d.event_id,
+            kind: d.kind,
+            state,
+            attempts: d.attempts,
+            last_status: (d.last_status != 0).then_some(d.last_status),
+            last_error: d.last_error,
+        })
+    }
+}
+
+impl TryFrom<v1::WebhookDeliveryPage> for WebhookDeliveryList {
+    type Error = ApiError;
+    fn try_from(r: v1::WebhookDeliveryPage) -> Result<Self, ApiError> {
+        Ok(Self { deliveries: r.deliveries.into_iter().map(WebhookDelivery::try_from).collect::<Result<_, _>>()? })
     }
 }
 

@@ -303,7 +303,7 @@ impl Modify for SharedResponses {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "atasira", description = "Box governance: drafts, approval, Boxes, Workers, audit. Every error is `{\"error\": code, \"message\": text, \"details\": optional}`. Request bodies refuse unknown fields; routes with query parameters refuse unknown ones. No text of a request may hold a NUL character (U+0000). Checks come in this order: 401 (no valid token), 403 (the caller's role; `x-atasira-access` says who may call each operation), 404 (an unknown id), then 400/413/422 (query, Idempotency-Key, body)."),
+    info(title = "atasira", description = "Box governance: drafts, approval, Boxes, Workers, audit, webhooks. Every error is `{\"error\": code, \"message\": text, \"details\": optional}`. Request bodies refuse unknown fields; routes with query parameters refuse unknown ones. No text of a request may hold a NUL character (U+0000). Checks come in this order: 401 (no valid token), 403 (the caller's role; `x-atasira-access` says who may call each operation), 404 (an unknown id), then 400/413/422 (query, Idempotency-Key, body)."),
     paths(crate::routes::submit_draft, crate::routes::pending_drafts, crate::routes::list_drafts, crate::routes::get_draft, crate::routes::withdraw,
         crate::routes::approve, crate::routes::reject, crate::routes::list_boxes, crate::routes::get_box,
         crate::routes::assign_user, crate::routes::stop, crate::routes::resume, crate::routes::archive, crate::routes::audit, crate::routes::audit_verify,
@@ -313,6 +313,7 @@ impl Modify for SharedResponses {
         crate::routes::stop_worker_route, crate::routes::kill_worker_route, crate::routes::worker_input, crate::routes::pause_worker_route,
         crate::routes::resume_worker_route,
         crate::routes::list_tool_requests, crate::routes::get_tool_request, crate::routes::approve_tool, crate::routes::reject_tool,
+        crate::routes::register_webhook, crate::routes::list_webhooks, crate::routes::remove_webhook, crate::routes::webhook_deliveries,
         crate::stream::stream),
     components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
@@ -509,6 +510,23 @@ mod tests {
                 assert!(!["bundle", "binding", "cwd", "workspace", "tool"].iter().any(|w| key.contains(w)), "{name}.{key}");
             }
         }
+    }
+
+    #[test]
+    fn a_webhook_secret_is_shown_by_its_registration_alone() {
+        let doc = doc();
+        let schemas = &doc["components"]["schemas"];
+        let registered = &doc["paths"]["/api/v1/webhooks"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]["$ref"];
+        assert_eq!(registered, "#/components/schemas/WebhookRegistered");
+        let shown = serde_json::to_string(&schemas["WebhookRegistered"]).expect("serializes");
+        assert!(shown.contains("\"secret\""), "{shown}");
+        for name in ["Webhook", "WebhookList", "WebhookDelivery", "WebhookDeliveryList"] {
+            let properties = schemas[name]["properties"].as_object().unwrap_or_else(|| panic!("{name} has properties"));
+            assert!(!properties.keys().any(|k| k.contains("secret")), "{name}");
+        }
+        let kinds = schemas["WebhookKind"]["enum"].as_array().expect("the kinds");
+        assert_eq!(kinds.len(), 5, "{kinds:?}");
+        assert_eq!(schemas["RegisterWebhookRequest"]["properties"]["url"]["maxLength"], 2048);
     }
 
     #[test]

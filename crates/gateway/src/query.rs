@@ -449,6 +449,30 @@ impl AuditQuery {
     }
 }
 
+/// Largest page of a webhook's deliveries.
+pub const WEBHOOK_DELIVERIES_PAGE_MAX: u32 = 200;
+
+/// `GET /api/v1/webhooks/{webhook_id}/deliveries?state=&limit=`.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WebhookDeliveriesQuery {
+    /// Only deliveries in this state: `pending`, `delivered` or `dead`. Absent: all.
+    #[param(value_type = Option<api::WebhookDeliveryState>, inline)]
+    pub state: Option<api::WebhookDeliveryState>,
+    /// How many: a whole number of at least 1 (default 50); more than 200 is read as 200.
+    #[param(value_type = PageSize, inline, required = false)]
+    pub limit: Option<Limit>,
+}
+
+impl FromQuery for WebhookDeliveriesQuery {
+    const NAMES: &'static [&'static str] = &["state", "limit"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let state = one_of(query, "state", &["pending", "delivered", "dead"])?;
+        let limit = query.get("limit").map(|l| Limit::parse(l, WEBHOOK_DELIVERIES_PAGE_MAX)).transpose()?;
+        Ok(Self { state, limit })
+    }
+}
+
 /// `GET /api/v1/auth/tokens`: filters.
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -562,6 +586,18 @@ mod tests {
             assert_eq!(parse::<BoxesQuery>(bad).err(), Some(refusal("invalid_query", "state")), "{bad}");
         }
         assert_eq!(parse::<BoxesQuery>("limit=500").map(|q| q.page().limit()), Ok(BOXES_PAGE_MAX));
+    }
+
+    #[test]
+    fn webhook_deliveries_take_a_state_and_a_limit() {
+        let q = parse::<WebhookDeliveriesQuery>("state=dead&limit=500").expect("valid");
+        assert_eq!((q.state, q.limit.map(Limit::get)), (Some(api::WebhookDeliveryState::Dead), Some(WEBHOOK_DELIVERIES_PAGE_MAX)));
+        assert_eq!(parse::<WebhookDeliveriesQuery>("").map(|q| (q.state, q.limit)), Ok((None, None)));
+        for bad in ["state=failed", "state=Dead", "state="] {
+            assert_eq!(parse::<WebhookDeliveriesQuery>(bad).err(), Some(refusal("invalid_query", "state")), "{bad}");
+        }
+        assert_eq!(parse::<WebhookDeliveriesQuery>("cursor=1").err(), Some(refusal("invalid_query", "cursor")));
+        assert_eq!(parse::<WebhookDeliveriesQuery>("limit=0").err(), Some(refusal("invalid_limit", "limit")));
     }
 
     #[test]

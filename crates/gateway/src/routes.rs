@@ -20,7 +20,8 @@ use v1::box_action::Action;
 use crate::api::{self, ErrorBody};
 use crate::extract::{Admin, BoxUser, Caller, HumanAdmin, Id, IdempotencyKey, RawBody};
 use crate::query::{
-    AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, IdempotencyHeader, Params, PendingQuery, RevokeUserQuery, TokensQuery, ToolRequestsQuery, WorkersQuery,
+    AuditQuery, BoxesQuery, DraftsQuery, HistoryQuery, IdempotencyHeader, Params, PendingQuery, RevokeUserQuery, TokensQuery, ToolRequestsQuery,
+    WebhookDeliveriesQuery, WorkersQuery,
 };
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
@@ -941,6 +942,95 @@ pub async fn audit(State(state): State<AppState>, Caller(principal): Caller, Par
     security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
 pub async fn audit_verify(State(state): State<AppState>, Caller(principal): Caller) -> Result<Json<api::VerifyResult>, ApiError> {
     read::<_, _>(&state, &principal, subjects::AUDIT, v1::VerifyAudit {}).await
+}
+
+// --- webhooks ---------------------------------------------------------------------------
+
+/// Register a webhook (a human admin): every announcement of the chosen kinds is POSTed to
+/// `url`, signed with the secret this answer shows once. Recorded on the audit ledger.
+#[utoipa::path(post, path = "/api/v1/webhooks", tag = "webhooks", params(IdempotencyHeader),
+    request_body(content = api::RegisterWebhookRequest, description = "Where to send announcements and which. Unknown fields are refused."),
+    responses(
+        (status = 201, description = "Registered: the webhook and its secret, shown this once", body = api::WebhookRegistered),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: unknown fields, wrong types, a malformed Idempotency-Key, or a `url` that is not http or https with a host, holds a user name or password or is over 2048 characters, a `format` other than `json` or `slack`, or an unknown kind (details names each: `url`, `format`, `kinds[i]`)", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
+pub async fn register_webhook(
+    State(state): State<AppState>,
+    HumanAdmin(principal): HumanAdmin,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    key.check()?;
+    let b: api::RegisterWebhookRequest = body.parse()?;
+    let request = v1::RegisterWebhook { url: b.url, format: b.format.unwrap_or_default(), kinds: b.kinds.unwrap_or_default() };
+    write::<_, api::WebhookRegistered>(&state, &principal, &key, ("register webhook", body.raw()), subjects::AUDIT, request, StatusCode::CREATED).await
+}
+
+/// The registered webhooks, with how their deliveries went (admins). Never their secrets.
+#[utoipa::path(get, path = "/api/v1/webhooks", tag = "webhooks",
+    responses(
+        (status = 200, description = "The webhooks", body = api::WebhookList),
+        (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
+pub async fn list_webhooks(State(state): State<AppState>, Admin(principal): Admin) -> Result<Json<api::WebhookList>, ApiError> {
+    read::<_, _>(&state, &principal, subjects::AUDIT, v1::ListWebhooks {}).await
+}
+
+/// The webhook (404 `not_found` otherwise).
+async fn webhook_exists(state: &AppState, principal: &Principal, webhook_id: &str) -> Result<(), ApiError> {
+    let (list, _) = state.call(subjects::AUDIT, principal, &v1::ListWebhooks {}).await?;
+    if list.webhooks.iter().any(|w| w.webhook_id == webhook_id) {
+        return Ok(());
+    }
+    Err(ApiError::new(ErrorCode::NotFound, format!("no webhook {webhook_id:?}")))
+}
+
+/// Remove a webhook (a human admin): nothing more is sent to it. Recorded on the audit
+/// ledger.
+#[utoipa::path(delete, path = "/api/v1/webhooks/{webhook_id}", tag = "webhooks", params(("webhook_id" = String, Path), IdempotencyHeader),
+    responses(
+        (status = 200, description = "The webhook, removed", body = api::Webhook),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such webhook", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
+pub async fn remove_webhook(
+    State(state): State<AppState>,
+    HumanAdmin(principal): HumanAdmin,
+    Id(webhook_id): Id,
+    key: IdempotencyKey,
+) -> Result<Response, ApiError> {
+    validated(key.check(), webhook_exists(&state, &principal, &webhook_id)).await?;
+    // The idempotency scope names the webhook: the request has no body.
+    let route = format!("remove webhook {webhook_id}");
+    let request = v1::RemoveWebhook { webhook_id };
+    write::<_, api::Webhook>(&state, &principal, &key, (&route, b""), subjects::AUDIT, request, StatusCode::OK).await
+}
+
+/// A webhook's deliveries (admins): what was sent, how often it was tried, what the
+/// receiver answered, and those given up on (`state=dead`).
+#[utoipa::path(get, path = "/api/v1/webhooks/{webhook_id}/deliveries", tag = "webhooks", params(("webhook_id" = String, Path), WebhookDeliveriesQuery),
+    responses(
+        (status = 200, description = "The deliveries", body = api::WebhookDeliveryList),
+        (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such webhook", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
+pub async fn webhook_deliveries(
+    State(state): State<AppState>,
+    Admin(principal): Admin,
+    Id(webhook_id): Id,
+    Params(q): Params<WebhookDeliveriesQuery>,
+) -> Result<Json<api::WebhookDeliveryList>, ApiError> {
+    let request = v1::ListWebhookDeliveries {
+        webhook_id,
+        state: q.state.map(|s| s.as_str().to_owned()).unwrap_or_default(),
+        limit: q.limit.map(crate::query::Limit::get).unwrap_or(0),
+    };
+    read::<_, _>(&state, &principal, subjects::AUDIT, request).await
 }
 
 // --- auth -------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ pub struct Failpoints {
     pub delay: Vec<FailpointDelay>,
     /// Points a test holds and releases ([`failpoint_delay`]).
     pub hold: Vec<FailpointHold>,
+    /// A file holding the time the schedules see ([`now`]), in RFC 3339.
+    pub clock: Option<std::path::PathBuf>,
 }
 
 /// A point a test holds: `name:DIR` on the command line. While `DIR/armed` exists, a
@@ -97,6 +99,20 @@ pub async fn failpoint_delay(name: &str) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+/// The time the schedules go by: the real clock, or in a test build the time in the test
+/// clock's file (RFC 3339) while it is readable, so a test moves time instead of sleeping.
+pub fn now() -> chrono::DateTime<chrono::Utc> {
+    let file = CONFIGURED.get().and_then(|f| f.clock.as_ref());
+    file.and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| chrono::DateTime::parse_from_rfc3339(text.trim()).ok())
+        .map_or_else(chrono::Utc::now, |t| t.with_timezone(&chrono::Utc))
+}
+
+/// Whether time comes from a test clock (then waits are short polls, not sleeps to a tick).
+pub fn test_clock() -> bool {
+    CONFIGURED.get().is_some_and(|f| f.clock.is_some())
 }
 
 #[cfg(test)]

@@ -96,6 +96,14 @@ pub struct DecisionLabel {
     pub decision: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabels {
+    /// `schedule` or `event`.
+    pub trigger: &'static str,
+    /// `launched`, or `refused` (recorded on the launch's stream).
+    pub outcome: &'static str,
+}
+
 /// A gauge a service computes when scraped (a count in its read model).
 pub type GaugeSource = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = anyhow::Result<i64>> + Send>> + Send + Sync>;
 
@@ -111,6 +119,7 @@ pub struct Metrics {
     pub security_violations: Family<ServiceLabel, Counter>,
     pub consistency_waits: Family<WaitLabels, Counter>,
     pub tool_decisions: Family<DecisionLabel, Counter>,
+    pub trigger_launches: Family<TriggerLabels, Counter>,
     relay_lag: Family<Named, Gauge>,
     consumer_lag: Family<Named, Gauge>,
     gauges: Family<Named, Gauge>,
@@ -159,6 +168,12 @@ impl Metrics {
         );
         let tool_decisions = Family::<DecisionLabel, Counter>::default();
         registry.register("tool_decisions", "Decisions an execution host made before a Worker's tool call: allow, deny or ask", tool_decisions.clone());
+        let trigger_launches = Family::<TriggerLabels, Counter>::default();
+        registry.register(
+            "trigger_launches",
+            "Launches Boxes' schedules asked for: launched, or refused (recorded on the launch's stream)",
+            trigger_launches.clone(),
+        );
         let relay_lag = Family::<Named, Gauge>::default();
         registry.register("relay_lag_events", "Events of its service a relay has not published yet", relay_lag.clone());
         let consumer_lag = Family::<Named, Gauge>::default();
@@ -176,6 +191,7 @@ impl Metrics {
             security_violations,
             consistency_waits,
             tool_decisions,
+            trigger_launches,
             relay_lag,
             consumer_lag,
             gauges,
@@ -204,6 +220,11 @@ impl Metrics {
     /// An execution host decided a tool call (`allow`, `deny` or `ask`).
     pub fn decision(&self, decision: &'static str) {
         self.tool_decisions.get_or_create(&DecisionLabel { decision: decision.to_owned() }).inc();
+    }
+
+    /// A Box's trigger (`schedule`) asked for a launch, with `outcome`.
+    pub fn trigger(&self, trigger: &'static str, outcome: &'static str) {
+        self.trigger_launches.get_or_create(&TriggerLabels { trigger, outcome }).inc();
     }
 
     /// The gateway answered `method route` with `status` after `took`.

@@ -1,6 +1,6 @@
 //! A typed refusal on its way to the wire: what every service answers instead of a reply.
 
-use atasira_contracts::{Reply, reply_error};
+use atasira_contracts::{Refused, Reply, reply_error};
 use atasira_domain::{ErrorCode, FieldError, Refusing};
 
 /// The reason word of a principal assertion admitted before.
@@ -19,6 +19,11 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// Another service's refusal, passed on as it came.
+    pub fn passed_on(r: Refused) -> Self {
+        Self { code: r.code, message: r.message, field_errors: r.field_errors, position: r.position, event_ids: r.event_ids }
+    }
+
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self { code, message: message.into(), field_errors: Vec::new(), position: 0, event_ids: Vec::new() }
     }

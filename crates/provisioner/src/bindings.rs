@@ -1,5 +1,6 @@
 //! Execution bindings (R-WORKER-3, seed 003): the provisioner is the execution host's side
-//! of a launch. For `PrepareBinding` (from the gateway) it prepares what the Worker's tools
+//! of a launch. For `PrepareBinding` (from the gateway, or from the registry for a Box's
+//! own schedule or event) it prepares what the Worker's tools
 //! will use — the Box's workspace directory under the data dir, the tool scope from the
 //! Box's effective tools, ticket access to what the Worker's input names — records it as
 //! `BindingPrepared` and answers only an opaque handle and its lease. `ConsumeBinding`
@@ -61,8 +62,20 @@ impl Bindings {
     /// `PrepareBinding`, from the gateway only, for a caller who may launch Workers of the
     /// Box (human admins, the Box's assigned users); the Box must be active.
     pub(crate) async fn prepare(&self, call: &Call, r: v1::PrepareBinding) -> Result<Reply, Refusal> {
-        call.only_from(&[subjects::GATEWAY], "preparing an execution binding")?;
-        let principal = call.principal(&self.rt).await?;
+        // The gateway prepares for people and agents; the registry only for a Box's own
+        // trigger (R-TRIG-1).
+        let from_gateway = call.only_from(&[subjects::GATEWAY], "preparing an execution binding");
+        let principal = match from_gateway {
+            Ok(()) => call.principal(&self.rt).await?,
+            Err(refusal) => {
+                call.only_from(&[subjects::GATEWAY, subjects::RUNTIME_REGISTRY], "preparing an execution binding")?;
+                let principal = call.principal(&self.rt).await?;
+                if !atasira_domain::trigger::is_trigger_of(&principal, &r.box_id) {
+                    return Err(refusal);
+                }
+                principal
+            }
+        };
         let launch = LaunchRequest { launch_id: r.launch_id.clone(), box_id: r.box_id.clone(), role: String::new(), labels: BTreeMap::new(), input: vec![] };
         let errors: Vec<_> = validate_launch(&launch).into_iter().filter(|e| e.key == "launch_id").collect();
         if !errors.is_empty() {
@@ -74,7 +87,7 @@ impl Bindings {
         let Some(the_box) = current.data.filter(|d| d.state == BoxState::Idle) else {
             return Err(Refusal::new(ErrorCode::BoxNotActive, format!("Box {:?} is not active: unknown, stopped or archived", clip(&r.box_id))));
         };
-        if !may_launch(&principal, &the_box.assignments) {
+        if !may_launch(&principal, &r.box_id, &the_box.assignments) {
             return Err(self.forbidden(&principal, &r.box_id).await);
         }
         let workspace = self.workspaces.join(the_box.manifest.box_type.as_str());

@@ -22,7 +22,7 @@ use atasira_domain::aggregates::security::SecurityCommand;
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::{Report, ToolAsk, ToolRequestState, Worker, WorkerCommand, WorkerEvent, bounded_log};
 use atasira_domain::worker::{WorkerState, bundle_bytes, digest_of, may_launch};
-use atasira_domain::{ErrorCode, Principal};
+use atasira_domain::{BoxManifest, ErrorCode, Principal};
 use atasira_platform::projection as proj;
 use atasira_platform::refusal::Refusal;
 use atasira_platform::service as platform_service;
@@ -179,19 +179,29 @@ impl Registry {
         }
     }
 
+    /// The Box and the manifest of the bundle `digest`, if synced.
+    async fn bundle_manifest(&self, digest: &str) -> anyhow::Result<Option<(String, BoxManifest)>> {
+        for link in self.rt.db.stream(types::CONFIG_BUNDLE, digest).await? {
+            if let Ok(BundleEvent::ConfigBundleSynced { box_id, manifest, .. }) = link.decode::<BundleEvent>() {
+                return Ok(Some((box_id, manifest)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether a failure of Worker `worker_id` escalates: its bundle's
+    /// `loop_control.escalate_on_failure` (seed 000: on by default).
+    async fn escalates(&self, worker_id: &str) -> bool {
+        let Ok(worker) = self.rt.db.load::<Worker>(worker_id).await else { return false };
+        let Some(digest) = worker.data.map(|d| d.bundle_digest) else { return false };
+        matches!(self.bundle_manifest(&digest).await, Ok(Some((_, m))) if m.loop_control.escalate_on_failure)
+    }
+
     /// `GetBundle`: the canonical bytes of the bundle a Worker this host runs pins.
     pub(crate) async fn get_bundle(&self, host: &str, r: v1::GetBundle) -> Result<Reply, Refusal> {
         let worker: Worker = self.rt.db.load(&r.worker_id).await.map_err(Refusal::internal)?;
         let pinned = worker.host.as_deref() == Some(host) && worker.state.is_live() && worker.data.as_ref().is_some_and(|d| d.bundle_digest == r.digest);
-        let mut manifest = None;
-        if pinned {
-            for link in self.rt.db.stream(types::CONFIG_BUNDLE, &r.digest).await.map_err(Refusal::internal)? {
-                if let Ok(BundleEvent::ConfigBundleSynced { box_id, manifest: m, .. }) = link.decode::<BundleEvent>() {
-                    manifest = Some((box_id, m));
-                    break;
-                }
-            }
-        }
+        let manifest = if pinned { self.bundle_manifest(&r.digest).await.map_err(Refusal::internal)? } else { None };
         let Some((box_id, manifest)) = manifest else {
             return Err(Refusal::new(ErrorCode::BundleNotFound, "no Worker this host runs pins this bundle"));
         };
@@ -240,6 +250,11 @@ impl Registry {
             && let Some(life) = workers_view::life(&self.rt.db, &r.worker_id).await.ok().flatten()
         {
             self.publish(&life.box_type, channel, &body).await;
+            // A failure escalates on the Box's `escalation` channel (the audit service
+            // tells approvers and the Box's primaries, R-NOTIFY-1).
+            if body["state"] == serde_json::json!(WorkerState::Failed) && self.escalates(&r.worker_id).await {
+                self.publish(&life.box_type, "escalation", &body).await;
+            }
         }
         Ok(receipt.head().map_or_else(|_| reply_ok(&v1::Ack {}), |at| reply_written(&v1::Ack {}, at.position, vec![at.id])))
     }
@@ -384,7 +399,7 @@ impl Registry {
         let box_id = worker.data.as_ref().map(|d| d.box_id.clone()).unwrap_or_default();
         let the_box: BoxAggregate = self.rt.db.load(&box_id).await.map_err(Refusal::internal)?;
         let assignments = the_box.data.map(|b| b.assignments).unwrap_or_default();
-        if !may_launch(&principal, &assignments) {
+        if !may_launch(&principal, &box_id, &assignments) {
             return Err(Refusal::new(ErrorCode::Forbidden, "sending input to a Worker needs a human admin or a user assigned to the Box"));
         }
         let mut input = Vec::with_capacity(r.input.len());

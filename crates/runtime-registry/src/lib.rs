@@ -10,6 +10,7 @@ mod activation;
 mod history;
 mod hosts;
 mod keys;
+mod triggers;
 mod views;
 mod workers;
 mod workers_view;
@@ -125,6 +126,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
     }
     tasks.push(tokio::spawn(activation::run(registry.clone(), shutdown.clone())));
     tasks.push(tokio::spawn(hosts::sweep_lost(registry.clone(), shutdown.clone())));
+    tasks.push(tokio::spawn(triggers::run_schedules(registry.clone(), shutdown.clone())));
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     for t in tasks {

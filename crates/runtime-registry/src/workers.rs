@@ -20,7 +20,7 @@ use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::{NewWorker, WorkerCommand, WorkerEvent};
 use atasira_domain::worker::{LaunchRequest, Segment, WorkerState, bundle_digest, launch_fingerprint, validate_launch, worker_id_for};
-use atasira_domain::{ErrorCode, FieldError, Principal};
+use atasira_domain::{ErrorCode, FieldError, Principal, trigger};
 use atasira_platform::projection as proj;
 use atasira_platform::refusal::Refusal;
 use atasira_platform::store::{Db, EventAt, Retry, StoredEvent};
@@ -184,7 +184,7 @@ impl Registry {
 
     /// Records a refusal of the launch on its Worker stream, when it is one of
     /// [`RECORDED`] and names a well-formed launch and Box; the refusal then says where.
-    async fn refused(&self, principal: &Principal, launch_id: &str, box_id: &str, refusal: Refusal) -> Refusal {
+    pub(crate) async fn refused(&self, principal: &Principal, launch_id: &str, box_id: &str, refusal: Refusal) -> Refusal {
         if !RECORDED.contains(&refusal.code) || !launch_id_errors(launch_id).is_empty() || !box_id_errors(box_id).is_empty() {
             return refusal;
         }
@@ -208,19 +208,30 @@ impl Registry {
         }
     }
 
+    /// The bundle of Box `box_id`'s current manifest, synced if new, when `principal` may
+    /// launch the Box: its digest, the event that synced it and that event's position.
+    async fn launchable_bundle(&self, principal: &Principal, box_id: &str) -> Result<(String, String, i64), Refusal> {
+        let chain = box_chain(&self.rt.db, box_id).await.map_err(Refusal::internal)?;
+        let data = launchable(chain.data.as_ref(), principal, box_id)?;
+        self.ensure_bundle(box_id, data, chain.derived_from.clone(), &principal.user_id).await
+    }
+
+    /// The digest of [`Registry::launchable_bundle`].
+    pub(crate) async fn current_bundle(&self, principal: &Principal, box_id: &str) -> Result<String, Refusal> {
+        Ok(self.launchable_bundle(principal, box_id).await?.0)
+    }
+
     /// `SyncBundle` (from the gateway): the bundle of the Box's current manifest, synced
     /// if new. Never creates a Worker.
     pub(crate) async fn sync_bundle(&self, principal: &Principal, r: v1::SyncBundle) -> Result<Reply, Refusal> {
-        let errors: Vec<FieldError> = launch_id_errors(&r.launch_id).into_iter().chain(box_id_errors(&r.box_id)).collect();
+        let mut errors: Vec<FieldError> = launch_id_errors(&r.launch_id).into_iter().chain(box_id_errors(&r.box_id)).collect();
+        if let Some(reason) = trigger::foreign_launch_id(&r.launch_id, &r.box_id, principal) {
+            errors.push(FieldError::new("launch_id", reason));
+        }
         if !errors.is_empty() {
             return Err(invalid(errors));
         }
-        let result = async {
-            let chain = box_chain(&self.rt.db, &r.box_id).await.map_err(Refusal::internal)?;
-            let data = launchable(chain.data.as_ref(), principal, &r.box_id)?;
-            self.ensure_bundle(&r.box_id, data, chain.derived_from.clone(), &principal.user_id).await
-        }
-        .await;
+        let result = self.launchable_bundle(principal, &r.box_id).await;
         match result {
             Ok((digest, event_id, position)) => Ok(reply_written(&v1::BundleSynced { digest, event_id: event_id.clone() }, position, vec![event_id])),
             Err(refusal) => Err(self.refused(principal, &r.launch_id, &r.box_id, refusal).await),
@@ -287,6 +298,9 @@ impl Registry {
         if !text_ok(&r.binding_handle, ID_CHARS) {
             errors.push(FieldError::new("binding_handle", format!("1 to {ID_CHARS} characters")));
         }
+        if let Some(reason) = trigger::foreign_launch_id(&r.launch_id, &r.box_id, &principal) {
+            errors.push(FieldError::new("launch_id", reason));
+        }
         if !errors.is_empty() {
             return Err(invalid(errors));
         }
@@ -310,14 +324,7 @@ impl Registry {
         // 6. The binding, claimed for this Worker (its refusal passes through).
         let consume = v1::ConsumeBinding { handle: r.binding_handle.clone(), box_id: r.box_id.clone(), worker_id: worker_id.clone() };
         if let Err(refused) = self.consume_binding(&principal, &consume).await? {
-            let refusal = Refusal {
-                code: refused.code,
-                message: refused.message,
-                field_errors: refused.field_errors,
-                position: refused.position,
-                event_ids: refused.event_ids,
-            };
-            return Err(self.refused(&principal, &r.launch_id, &r.box_id, refusal).await);
+            return Err(self.refused(&principal, &r.launch_id, &r.box_id, Refusal::passed_on(refused)).await);
         }
         // 7. The Worker.
         let new = NewWorker {

@@ -1,6 +1,7 @@
 //! Client verbs over the REST API (R-CLI-1): `atasira workers create|show|list`, `drafts
 //! pending|mine|show|create|approve|reject|withdraw`, `boxes
-//! list|show|history|stop|resume|archive|assign|unassign|edit|config`, `audit list` and
+//! list|show|history|stop|resume|archive|assign|unassign|edit|config`, `webhooks
+//! add|list|remove|deliveries`, `audit list` and
 //! `audit verify --url` (`audit verify` on a data dir or database is the operator's check,
 //! run by `operator::audit_verify`; [`VerifyArgs::choose`] picks). They speak to a running
 //! gateway (`--url`, `ATASIRA_BFF_URL`) with a personal access token (`--token`,
@@ -197,6 +198,103 @@ pub fn tool_requests(command: ToolRequestsCommand) -> ExitCode {
         }
     };
     ExitCode::from(code)
+}
+
+/// How a webhook's deliveries are written.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum WebhookFormatArg {
+    /// The announcement as JSON, with a link to the dashboard.
+    Json,
+    /// `{"text": ...}`, for Slack's incoming webhooks and Slack-compatible ones.
+    Slack,
+}
+
+/// Where a webhook delivery is.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DeliveryStateArg {
+    /// Still being tried.
+    Pending,
+    /// The receiver accepted it.
+    Delivered,
+    /// Given up on.
+    Dead,
+}
+
+/// `atasira webhooks ...`: tell approvers, in chat or any HTTP endpoint, of every decision
+/// waiting for them.
+#[derive(Debug, Subcommand)]
+pub enum WebhooksCommand {
+    /// Register a webhook (a human admin): every announcement of the chosen kinds is POSTed
+    /// to URL, signed with a secret that is printed this once.
+    Add {
+        /// Where to POST deliveries: an http or https URL, without a user name or password.
+        #[arg(value_name = "URL")]
+        webhook_url: String,
+        /// How the body is written: json (default) or slack (Slack-compatible `{"text"}`).
+        #[arg(long, value_enum, value_name = "FORMAT")]
+        format: Option<WebhookFormatArg>,
+        /// Only this kind of announcement (repeatable; default every kind): draft.pending,
+        /// change.pending, tool_request.pending, provisioning.failed, worker.escalated.
+        #[arg(long = "kind", value_name = "KIND")]
+        kinds: Vec<String>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// List the webhooks with how their deliveries went (admins). Never their secrets.
+    List {
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Remove a webhook (a human admin): nothing more is sent to it.
+    Remove {
+        /// The webhook's id.
+        webhook_id: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// List a webhook's deliveries (admins): what was sent, how often it was tried, what the
+    /// receiver answered; `--state dead` lists those given up on.
+    Deliveries {
+        /// The webhook's id.
+        webhook_id: String,
+        /// Only deliveries in this state.
+        #[arg(long, value_enum, value_name = "STATE")]
+        state: Option<DeliveryStateArg>,
+        /// At most this many deliveries (default 50, at most 200).
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// A finished webhooks verb: its exit code.
+pub fn webhooks(command: WebhooksCommand) -> ExitCode {
+    ExitCode::from(run_webhooks(command))
+}
+
+fn run_webhooks(command: WebhooksCommand) -> u8 {
+    match command {
+        WebhooksCommand::Add { webhook_url, format, kinds, connection } => {
+            let mut body = json!({"url": webhook_url});
+            if let Some(format) = format {
+                body["format"] = json!(wire_name(format));
+            }
+            if !kinds.is_empty() {
+                body["kinds"] = json!(kinds);
+            }
+            call(&connection, "POST", "/api/v1/webhooks", Some(&body), |_, w| print::webhook_registered(w))
+        }
+        WebhooksCommand::List { connection } => call(&connection, "GET", "/api/v1/webhooks", None, |_, list| print::webhooks(list)),
+        WebhooksCommand::Remove { webhook_id, connection } => {
+            call(&connection, "DELETE", &format!("/api/v1/webhooks/{}", segment(&webhook_id)), None, |_, w| print::webhook_removed(w))
+        }
+        WebhooksCommand::Deliveries { webhook_id, state, limit, connection } => {
+            let pairs = [("state", state.map(wire_name)), ("limit", limit.map(|l| l.to_string()))];
+            let path = format!("/api/v1/webhooks/{}/deliveries{}", segment(&webhook_id), query(&pairs));
+            call(&connection, "GET", &path, None, |_, page| print::webhook_deliveries(page))
+        }
+    }
 }
 
 /// A finished client verb: its exit code (see the module documentation).
@@ -927,6 +1025,8 @@ mod tests {
         Boxes(BoxesCommand),
         #[command(subcommand)]
         Audit(AuditCommand),
+        #[command(subcommand)]
+        Webhooks(WebhooksCommand),
     }
 
     #[test]
@@ -942,6 +1042,14 @@ mod tests {
         assert_eq!(wire_name(RoleInBoxArg::Primary), "primary");
         assert_eq!(query(&[("a", None), ("action", Some("box.activate".into())), ("target", Some("d 1".into()))]), "?action=box.activate&target=d%201");
         assert_eq!(query(&[("a", None)]), "");
+        assert_eq!(wire_name(WebhookFormatArg::Slack), "slack");
+        assert_eq!(wire_name(DeliveryStateArg::Dead), "dead");
+        let parsed = Others::try_parse_from(["o", "webhooks", "add", "https://chat.example/hook", "--kind", "draft.pending", "--kind", "worker.escalated"]);
+        assert!(
+            matches!(parsed, Ok(Others::Webhooks(WebhooksCommand::Add { ref kinds, format: None, .. })) if kinds == &["draft.pending", "worker.escalated"]),
+            "{parsed:?}"
+        );
+        assert!(Others::try_parse_from(["o", "webhooks", "deliveries", "wh_1", "--state", "failed"]).is_err());
     }
 
     fn verify_args() -> VerifyArgs {

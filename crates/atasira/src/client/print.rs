@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use atasira_gateway::api::{
     Approved, AuditRows, BoxDetail, BoxHistory, BoxList, ChangeRequested, DraftCreated, DraftDetail, DraftPage, DraftStatusChanged, ToolRequest,
-    ToolRequestList, VerifyResult, Worker, WorkerList, WorkerProvenance,
+    ToolRequestList, VerifyResult, Webhook, WebhookDeliveryList, WebhookList, WebhookRegistered, Worker, WorkerList, WorkerProvenance,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -360,6 +360,84 @@ pub(super) fn verify_result(v: &VerifyResult) {
     } else {
         println!("DOES NOT VERIFY: row {} is the first bad row: {}", number(v.first_bad_seq.map(|n| n.to_string())), v.reason.as_deref().unwrap_or_default());
     }
+}
+
+/// A webhook, as `name value` lines.
+fn webhook_rows(w: &Webhook) -> Vec<(&'static str, String)> {
+    vec![
+        ("webhook_id", w.webhook_id.clone()),
+        ("url", w.url.clone()),
+        ("format", wire(w.format)),
+        ("kinds", kinds_text(&w.kinds)),
+        ("registered_by", w.registered_by.clone()),
+        ("registered_at", wire(w.registered_at)),
+        ("deliveries", format!("{} delivered, {} pending, {} dead", w.delivered, w.pending, w.dead)),
+    ]
+}
+
+/// `webhooks add`: the webhook, and its secret this once.
+pub(super) fn webhook_registered(r: &WebhookRegistered) {
+    println!("registered");
+    let mut rows = webhook_rows(&r.webhook);
+    rows.push(("secret", r.secret.clone()));
+    print_rows(&rows);
+    println!();
+    println!("Keep the secret now: it is not shown again. It signs every delivery in the X-Atasira-Signature");
+    println!("header (t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<body>\">); check it before trusting one.");
+}
+
+/// `webhooks remove`: the webhook removed.
+pub(super) fn webhook_removed(w: &Webhook) {
+    println!("removed webhook {} ({})", w.webhook_id, w.url);
+}
+
+/// The webhooks, with how their deliveries went.
+pub(super) fn webhooks(list: &WebhookList) {
+    if list.webhooks.is_empty() {
+        println!("no webhooks");
+        return;
+    }
+    let rows: Vec<Vec<String>> = list
+        .webhooks
+        .iter()
+        .map(|w| {
+            vec![
+                w.webhook_id.clone(),
+                wire(w.format),
+                kinds_text(&w.kinds),
+                w.delivered.to_string(),
+                w.pending.to_string(),
+                w.dead.to_string(),
+                w.registered_by.clone(),
+                w.url.clone(),
+            ]
+        })
+        .collect();
+    print_table(&["WEBHOOK_ID", "FORMAT", "KINDS", "DELIVERED", "PENDING", "DEAD", "REGISTERED_BY", "URL"], &rows);
+}
+
+/// A webhook's deliveries.
+pub(super) fn webhook_deliveries(page: &WebhookDeliveryList) {
+    if page.deliveries.is_empty() {
+        println!("no deliveries");
+        return;
+    }
+    let rows: Vec<Vec<String>> = page
+        .deliveries
+        .iter()
+        .map(|d| {
+            let answered = d.last_status.map_or_else(|| "-".to_owned(), |s| s.to_string());
+            let next = d.next_attempt_at.map_or_else(|| "-".to_owned(), wire);
+            let error = if d.last_error.is_empty() { "-".to_owned() } else { d.last_error.clone() };
+            vec![d.delivery_id.clone(), wire(d.state), d.kind.clone(), d.attempts.to_string(), answered, wire(d.updated_at), next, d.event_id.clone(), error]
+        })
+        .collect();
+    print_table(&["DELIVERY_ID", "STATE", "KIND", "ATTEMPTS", "LAST_STATUS", "UPDATED_AT", "NEXT_ATTEMPT", "EVENT", "LAST_ERROR"], &rows);
+}
+
+/// A webhook's kinds, or `all` when it takes every kind.
+fn kinds_text(kinds: &[String]) -> String {
+    if kinds.is_empty() { "all".to_owned() } else { kinds.join(",") }
 }
 
 /// The text the API's JSON has for a value: an enum's name (`pending_approval`, `idle`), a

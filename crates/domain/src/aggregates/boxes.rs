@@ -251,7 +251,7 @@ pub enum LaunchRefused {
 /// [`BoxAggregate::launchable`] on a Box's data (`None`: no such Box).
 pub fn launchable<'a>(data: Option<&'a BoxData>, principal: &Principal, box_id: &str) -> Result<&'a BoxData, LaunchRefused> {
     let data = data.ok_or_else(|| LaunchRefused::NoActiveBox(box_id.to_owned()))?;
-    if !crate::worker::may_launch(principal, &data.assignments) {
+    if !crate::worker::may_launch(principal, box_id, &data.assignments) {
         return Err(LaunchRefused::Forbidden);
     }
     match data.state {

@@ -16,6 +16,7 @@ pub mod draft;
 pub mod namespace;
 pub mod pat;
 pub mod security;
+pub mod webhook;
 pub mod worker;
 
 /// The aggregate types: the names the store, the subjects and the feeds share. Every
@@ -50,6 +51,9 @@ pub mod types {
     pub const GATEWAY_ASSERTION_KEYS: &str = "gateway_assertion_keys";
     pub const APPROVAL_ASSERTION_KEYS: &str = "approval_assertion_keys";
     pub const REGISTRY_ASSERTION_KEYS: &str = "registry_assertion_keys";
+    /// Webhooks approvers' announcements go to, one stream per webhook, owned by the audit
+    /// service (R-NOTIFY-1).
+    pub const WEBHOOK: &str = "webhook";
     /// Every service's security violations (R-AUDIT-5), one type per refusing service.
     pub const SECURITY: &[&str] = &[APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
     pub const ALL: &[&str] = &[
@@ -71,6 +75,7 @@ pub mod types {
         GATEWAY_ASSERTION_KEYS,
         APPROVAL_ASSERTION_KEYS,
         REGISTRY_ASSERTION_KEYS,
+        WEBHOOK,
     ];
 }
 

@@ -83,11 +83,17 @@ pub enum PatError {
     AlreadyIssued,
     #[error("a revoked token stays revoked")]
     Revoked,
+    /// User ids beginning `trigger:` are the Boxes' own triggers (R-TRIG-1).
+    #[error("user ids beginning with \"trigger:\" belong to Boxes' schedules and events; choose another")]
+    ReservedUserId,
 }
 
 impl PatError {
     pub fn code(&self) -> crate::ErrorCode {
-        crate::ErrorCode::Conflict
+        match self {
+            PatError::ReservedUserId => crate::ErrorCode::InvalidRequest,
+            _ => crate::ErrorCode::Conflict,
+        }
     }
 }
 
@@ -98,6 +104,7 @@ impl PersonalAccessToken {
         match command {
             PatCommand::Issue { .. } if self.revoked => Err(PatError::Revoked),
             PatCommand::Issue { .. } if self.issued => Err(PatError::AlreadyIssued),
+            PatCommand::Issue { user_id, .. } if crate::principal::is_trigger_user(&user_id) => Err(PatError::ReservedUserId),
             PatCommand::Issue { token_id, user_id, role, kind, expires_at, by, at } => {
                 Ok(vec![PatEvent::TokenIssued { token_id, user_id, role, kind, expires_at, issued_by: by, at }])
             }
@@ -148,6 +155,13 @@ mod tests {
         assert!(matches!(&events[0], PatEvent::TokenIssued { user_id, issued_by, .. } if user_id == "alice" && issued_by == OPERATOR));
         // and a second issue under the same id is refused
         assert_eq!(given_when::<PersonalAccessToken>(events, issue()), Err(PatError::AlreadyIssued));
+    }
+
+    #[test]
+    fn r_trig_1_no_token_is_issued_for_a_boxs_trigger() {
+        let PatCommand::Issue { token_id, role, kind, expires_at, by, at, .. } = issue() else { unreachable!() };
+        let command = PatCommand::Issue { token_id, user_id: "trigger:b1".into(), role, kind, expires_at, by, at };
+        assert_eq!(given_when::<PersonalAccessToken>(vec![], command), Err(PatError::ReservedUserId));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::aggregates::draft::DraftEvent;
 use crate::aggregates::pat::PatEvent;
 use crate::aggregates::security::SecurityEvent;
 use crate::aggregates::types;
+use crate::aggregates::webhook::WebhookEvent;
 use crate::aggregates::worker::WorkerEvent;
 use crate::manifest::{BoxManifest, Network, TriggerType};
 
@@ -34,12 +35,26 @@ pub fn detail_of(aggregate_type: &str, payload: &Value) -> String {
         types::WORKER => WorkerEvent::deserialize(payload).map(|e| worker(&e)),
         types::CONFIG_BUNDLE => BundleEvent::deserialize(payload).map(|e| bundle(&e)),
         types::EXECUTION_BINDING => BindingEvent::deserialize(payload).map(|e| binding(&e)),
+        types::WEBHOOK => WebhookEvent::deserialize(payload).map(|e| webhook(&e)),
         t if types::SECURITY.contains(&t) => {
             SecurityEvent::deserialize(payload).map(|SecurityEvent::SecurityViolation { kind, reason, .. }| format!("refused ({kind}): {reason}"))
         }
         _ => return String::new(),
     };
     clip(&text.unwrap_or_else(|e| format!("the event does not read as a {aggregate_type} event: {e}")))
+}
+
+fn webhook(event: &WebhookEvent) -> String {
+    match event {
+        WebhookEvent::WebhookRegistered { url, format, kinds, .. } => {
+            let kinds = if kinds.is_empty() { "every announcement".to_owned() } else { kinds.join(", ") };
+            format!("{} webhook {url} for {kinds}", format.as_str())
+        }
+        WebhookEvent::WebhookRemoved { .. } => "removed".to_owned(),
+        WebhookEvent::WebhookDeliveryDeadLettered { kind, event_id, attempts, last_error, .. } => {
+            format!("gave up delivering {kind} of {event_id} after {attempts} attempts: {last_error}")
+        }
+    }
 }
 
 /// `text`, cut to [`DETAIL_CHARS`] characters (the last one `…` when cut).

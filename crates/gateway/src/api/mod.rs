@@ -30,6 +30,7 @@ mod manifest;
 mod requests;
 mod schemas;
 mod tokens;
+mod webhooks;
 mod workers;
 
 pub use audit::*;
@@ -42,6 +43,7 @@ pub use manifest::*;
 pub use requests::*;
 pub(crate) use schemas::*;
 pub use tokens::*;
+pub use webhooks::*;
 pub use workers::*;
 
 #[cfg(test)]

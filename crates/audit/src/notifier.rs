@@ -1,0 +1,626 @@
+//! Approvers hear about decisions waiting for them (R-NOTIFY-1): the notifier reads drafts,
+//! Workers, provisioning and webhooks from the store in commit order (a durable consumer,
+//! like the ledger writer) and queues one delivery per announcement and webhook; a sender
+//! posts them, signed, tries failed ones again with doubling waits, and gives up after the
+//! attempts the operator allows: the delivery is dead-lettered, and the loss is a ledger
+//! row (`webhook.dead_letter`). With NATS, every announcement is also published on
+//! [`subjects::APPROVERS`] for subscribers.
+//!
+//! What is announced and how a delivery is signed and retried is decided in
+//! `atasira_domain::notify`; this is the IO around it. A webhook's secret is derived from
+//! the audit key named in its registration ([`AuditKeys::derive`]): never stored, the same
+//! on every replica.
+//!
+//! Architecture Invariant: the queue (`webhook_deliveries`) is operational state, not a
+//! projection: it is never rebuilt (a rebuild would announce the past again). Each
+//! delivery's id derives from its webhook and its event, so an event read twice queues
+//! nothing twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use atasira_contracts::{convert, reply_ok, reply_written, subjects, v1};
+use atasira_domain::aggregates::access::AccessEvent;
+use atasira_domain::aggregates::boxes::{BoxAggregate, BoxEvent, BoxRole};
+use atasira_domain::aggregates::bundle::BundleEvent;
+use atasira_domain::aggregates::draft::DraftEvent;
+use atasira_domain::aggregates::types;
+use atasira_domain::aggregates::webhook::{WEBHOOK_ID_PREFIX, Webhook, WebhookCommand, WebhookEvent};
+use atasira_domain::aggregates::worker::WorkerEvent;
+use atasira_domain::audit::AuditKeys;
+use atasira_domain::notify::{self, Announcement, Attempt, Format, Next, RetryPolicy};
+use atasira_domain::worker::WorkerState;
+use atasira_domain::{ErrorCode, FieldError, Principal};
+use atasira_platform::Runtime;
+use atasira_platform::projection as proj;
+use atasira_platform::refusal::Refusal;
+use atasira_platform::store::{Db, Retry, StoredEvent};
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+use sqlx::{Any, Row, Transaction};
+use tokio::sync::watch;
+
+/// The consumer's name (checkpoint, feed, waits).
+pub const NAME: &str = "notifier";
+
+/// What it reads.
+pub const READS: &[&str] = &[types::DRAFT, types::WORKER, types::ACCESS, types::WEBHOOK];
+
+/// The deliveries' target for the NATS subject (no webhook).
+const BUS: &str = "";
+
+/// Announcements older than this are not published on NATS when the notifier first reads
+/// them (a new notifier on an old store does not announce the past).
+const BUS_WINDOW: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
+/// Deliveries a sender pass takes at most.
+const PASS: i64 = 32;
+
+/// How long a receiver has to answer.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The notifier's tables: webhooks as their events leave them, and the delivery queue.
+pub const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS webhooks (
+        webhook_id TEXT PRIMARY KEY,
+        url TEXT NOT NULL,
+        format TEXT NOT NULL,
+        kinds_json TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        registered_by TEXT NOT NULL,
+        registered_at_ms BIGINT NOT NULL,
+        removed INTEGER NOT NULL DEFAULT 0
+    )",
+    "CREATE TABLE IF NOT EXISTS webhook_deliveries (
+        delivery_id TEXT PRIMARY KEY,
+        webhook_id TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        body TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL,
+        next_at_ms BIGINT NOT NULL,
+        last_status INTEGER NOT NULL,
+        last_error TEXT NOT NULL,
+        created_at_ms BIGINT NOT NULL,
+        updated_at_ms BIGINT NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries (state, next_at_ms)",
+    "CREATE INDEX IF NOT EXISTS webhook_deliveries_of ON webhook_deliveries (webhook_id, created_at_ms)",
+];
+
+/// How the notifier runs.
+#[derive(Debug, Clone)]
+pub struct NotifierConfig {
+    /// The dashboard's address, links start there (`ATASIRA_PUBLIC_URL`).
+    pub public_url: String,
+    /// Attempts and backoff (`ATASIRA_WEBHOOK_ATTEMPTS`, `ATASIRA_WEBHOOK_BACKOFF`).
+    pub retry: RetryPolicy,
+    /// Whether announcements also go out on NATS (cluster mode).
+    pub on_bus: bool,
+}
+
+impl Default for NotifierConfig {
+    fn default() -> Self {
+        NotifierConfig { public_url: "http://127.0.0.1:8080".to_owned(), retry: RetryPolicy::default(), on_bus: false }
+    }
+}
+
+fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+fn now_ms() -> i64 {
+    ms(Utc::now())
+}
+
+fn delivery_id(webhook_id: &str, event_id: &str) -> String {
+    let h = Sha256::digest(format!("{webhook_id}\n{event_id}").as_bytes());
+    format!("dlv_{}", hex::encode(&h[..12]))
+}
+
+/// The secret that signs webhook `webhook_id`'s deliveries, from audit key `key_id`.
+pub fn secret_of(keys: &AuditKeys, key_id: &str, webhook_id: &str) -> Option<String> {
+    keys.derive(key_id, &format!("webhook/{webhook_id}")).map(|hex| format!("whsec_{hex}"))
+}
+
+/// The consumer: queues the deliveries of each batch of events, with its checkpoint.
+pub async fn consume(rt: Runtime, config: Arc<NotifierConfig>, wake: Arc<tokio::sync::Notify>, shutdown: watch::Receiver<bool>) {
+    let db = rt.db.clone();
+    proj::consume_batches(rt.db.clone(), rt.feeds.clone(), NAME, READS, shutdown, move |events| {
+        let (db, config, wake) = (db.clone(), config.clone(), wake.clone());
+        async move {
+            let queued = queue_batch(&db, &config, &events).await?;
+            if queued > 0 {
+                wake.notify_one();
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+async fn queue_batch(db: &Db, config: &NotifierConfig, events: &[StoredEvent]) -> anyhow::Result<usize> {
+    let Some(last) = events.last() else { return Ok(0) };
+    let mut tx = db.begin_consumer().await?;
+    let fresh = proj::mark_and_advance(&mut tx, NAME, events).await?;
+    let mut queued = 0;
+    for event in events.iter().filter(|e| fresh.contains(&e.event_id)) {
+        if event.aggregate_type == types::WEBHOOK {
+            apply_webhook(&mut tx, &event.decode::<WebhookEvent>()?).await?;
+            continue;
+        }
+        let Some(announcement) = announcement_of(&mut tx, event).await? else { continue };
+        queued += queue(&mut tx, config, &announcement).await?;
+    }
+    tx.commit().await?;
+    db.progressed_to(NAME, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
+    Ok(queued)
+}
+
+/// What approvers are told of `event`, if anything.
+async fn announcement_of(tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<Option<Announcement>> {
+    Ok(match event.aggregate_type.as_str() {
+        types::DRAFT => notify::of_draft(&event.decode::<DraftEvent>()?, &event.event_id),
+        types::ACCESS => notify::of_access(&event.decode::<AccessEvent>()?, &event.event_id),
+        types::WORKER => match event.decode::<WorkerEvent>()? {
+            asked @ WorkerEvent::WorkerToolUseRequested { .. } => {
+                let box_type = match first_event::<WorkerEvent>(tx, types::WORKER, &event.aggregate_id).await? {
+                    Some(WorkerEvent::WorkerCreated { box_type, .. }) => box_type,
+                    _ => String::new(),
+                };
+                notify::of_worker(&asked, &event.event_id, &box_type)
+            }
+            WorkerEvent::WorkerFinished { worker_id, box_id, state: WorkerState::Failed, exit_code, result, at, .. } => {
+                let Some(WorkerEvent::WorkerCreated { box_type, bundle_digest, created_by, .. }) =
+                    first_event::<WorkerEvent>(tx, types::WORKER, &worker_id).await?
+                else {
+                    return Ok(None);
+                };
+                let escalates = match first_event::<BundleEvent>(tx, types::CONFIG_BUNDLE, &bundle_digest).await? {
+                    Some(BundleEvent::ConfigBundleSynced { manifest, .. }) => manifest.loop_control.escalate_on_failure,
+                    _ => false,
+                };
+                if !escalates {
+                    return Ok(None);
+                }
+                let primaries = primaries_of(tx, &box_id).await?;
+                let failure = notify::Failure {
+                    worker_id: &worker_id,
+                    box_id: &box_id,
+                    box_type: &box_type,
+                    exit_code,
+                    result: &result,
+                    launched_by: &created_by,
+                    primaries,
+                    at,
+                };
+                Some(notify::of_failure(&failure, &event.event_id))
+            }
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+/// The first event of a stream, decoded (a Worker's creation, a bundle's sync).
+async fn first_event<E: serde::de::DeserializeOwned>(tx: &mut Transaction<'static, Any>, aggregate_type: &str, id: &str) -> anyhow::Result<Option<E>> {
+    let row = sqlx::query("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 AND sequence = 1")
+        .bind(aggregate_type)
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(match row {
+        Some(row) => serde_json::from_str::<E>(&row.try_get::<String, _>(0)?).ok(),
+        None => None,
+    })
+}
+
+/// The Box's primary users now, from its stream.
+async fn primaries_of(tx: &mut Transaction<'static, Any>, box_id: &str) -> anyhow::Result<Vec<String>> {
+    let rows = sqlx::query("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence")
+        .bind(types::BOX)
+        .bind(box_id)
+        .fetch_all(&mut **tx)
+        .await?;
+    let mut the_box = BoxAggregate::default();
+    for row in rows {
+        the_box.evolve(serde_json::from_str::<BoxEvent>(&row.try_get::<String, _>(0)?)?);
+    }
+    Ok(the_box.data.map(|d| d.assignments.into_iter().filter(|(_, role)| *role == BoxRole::Primary).map(|(user, _)| user).collect()).unwrap_or_default())
+}
+
+async fn apply_webhook(tx: &mut Transaction<'static, Any>, event: &WebhookEvent) -> anyhow::Result<()> {
+    match event {
+        WebhookEvent::WebhookRegistered { webhook_id, url, format, kinds, key_id, registered_by, at } => {
+            sqlx::query(
+                "INSERT INTO webhooks (webhook_id, url, format, kinds_json, key_id, registered_by, registered_at_ms, removed)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 0) ON CONFLICT (webhook_id) DO NOTHING",
+            )
+            .bind(webhook_id)
+            .bind(url)
+            .bind(format.as_str())
+            .bind(serde_json::to_string(kinds)?)
+            .bind(key_id)
+            .bind(registered_by)
+            .bind(ms(*at))
+            .execute(&mut **tx)
+            .await?;
+        }
+        WebhookEvent::WebhookRemoved { webhook_id, at, .. } => {
+            sqlx::query("UPDATE webhooks SET removed = 1 WHERE webhook_id = $1").bind(webhook_id).execute(&mut **tx).await?;
+            // What was still being tried for it is given up (no one to deliver to).
+            sqlx::query("UPDATE webhook_deliveries SET state = 'dead', last_error = 'the webhook was removed', updated_at_ms = $2 WHERE webhook_id = $1 AND state = 'pending'")
+                .bind(webhook_id)
+                .bind(ms(*at))
+                .execute(&mut **tx)
+                .await?;
+        }
+        WebhookEvent::WebhookDeliveryDeadLettered { .. } => {}
+    }
+    Ok(())
+}
+
+/// Queues `a` for every live webhook that wants its kind (and the NATS subject); how many.
+async fn queue(tx: &mut Transaction<'static, Any>, config: &NotifierConfig, a: &Announcement) -> anyhow::Result<usize> {
+    let rows = sqlx::query("SELECT webhook_id, format, kinds_json FROM webhooks WHERE removed = 0").fetch_all(&mut **tx).await?;
+    let mut targets: Vec<(String, Format)> = Vec::new();
+    for row in rows {
+        let kinds: Vec<String> = serde_json::from_str(&row.try_get::<String, _>(2)?)?;
+        if kinds.is_empty() || kinds.contains(&a.kind) {
+            targets.push((row.try_get(0)?, Format::parse(&row.try_get::<String, _>(1)?).unwrap_or(Format::Json)));
+        }
+    }
+    if config.on_bus && Utc::now() - a.at < BUS_WINDOW {
+        targets.push((BUS.to_owned(), Format::Json));
+    }
+    let now = now_ms();
+    for (webhook_id, format) in &targets {
+        let body = serde_json::to_string(&notify::body(a, *format, &config.public_url))?;
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (delivery_id, webhook_id, event_id, kind, body, state, attempts, next_at_ms, last_status, last_error, created_at_ms, updated_at_ms)
+             VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6, 0, '', $6, $6) ON CONFLICT (delivery_id) DO NOTHING",
+        )
+        .bind(delivery_id(webhook_id, &a.event_id))
+        .bind(webhook_id)
+        .bind(&a.event_id)
+        .bind(&a.kind)
+        .bind(body)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(targets.len())
+}
+
+/// A delivery due now.
+struct Due {
+    delivery_id: String,
+    webhook_id: String,
+    event_id: String,
+    kind: String,
+    body: String,
+    attempts: u32,
+    url: String,
+    key_id: String,
+}
+
+/// The sender: while this replica holds it, sends due deliveries, then waits for the next
+/// due one or a wake-up from the consumer.
+pub async fn send(rt: Runtime, keys: Arc<AuditKeys>, config: Arc<NotifierConfig>, wake: Arc<tokio::sync::Notify>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let Some(mut lease) = atasira_platform::exclusive::acquire(&rt.db, "notifier-sender", &mut shutdown).await else { return };
+        tokio::select! {
+            () = send_loop(&rt, &keys, &config, &wake) => {}
+            () = lease.lost() => tracing::warn!("the notifier's sender lock was lost; competing for it again"),
+            () = atasira_platform::service::until_shutdown(shutdown.clone()) => return,
+        }
+    }
+}
+
+async fn send_loop(rt: &Runtime, keys: &AuditKeys, config: &NotifierConfig, wake: &tokio::sync::Notify) {
+    let mut warned = false;
+    loop {
+        match due(&rt.db).await {
+            Ok(batch) => {
+                warned = false;
+                let full = batch.len() as i64 >= PASS;
+                let sends = batch.into_iter().map(|d| deliver(rt, keys, config, d));
+                futures::future::join_all(sends).await;
+                if full {
+                    continue;
+                }
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(error = %e, "could not read the webhook deliveries; trying again");
+                }
+            }
+        }
+        let wait = next_due_in(&rt.db).await.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = wake.notified() => {}
+        }
+    }
+}
+
+async fn due(db: &Db) -> anyhow::Result<Vec<Due>> {
+    let rows = sqlx::query(
+        "SELECT d.delivery_id, d.webhook_id, d.event_id, d.kind, d.body, d.attempts, COALESCE(w.url, ''), COALESCE(w.key_id, '')
+           FROM webhook_deliveries d LEFT JOIN webhooks w ON w.webhook_id = d.webhook_id
+          WHERE d.state = 'pending' AND d.next_at_ms <= $1 ORDER BY d.next_at_ms LIMIT $2",
+    )
+    .bind(now_ms())
+    .bind(PASS)
+    .fetch_all(db.any())
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Due {
+                delivery_id: r.try_get(0)?,
+                webhook_id: r.try_get(1)?,
+                event_id: r.try_get(2)?,
+                kind: r.try_get(3)?,
+                body: r.try_get(4)?,
+                attempts: u32::try_from(r.try_get::<i64, _>(5)?).unwrap_or(0),
+                url: r.try_get(6)?,
+                key_id: r.try_get(7)?,
+            })
+        })
+        .collect()
+}
+
+async fn next_due_in(db: &Db) -> Option<Duration> {
+    let next: Option<i64> = sqlx::query_scalar("SELECT MIN(next_at_ms) FROM webhook_deliveries WHERE state = 'pending'").fetch_one(db.any()).await.ok()?;
+    next.map(|at| Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)))
+}
+
+/// One attempt at `d`, and what follows it.
+async fn deliver(rt: &Runtime, keys: &AuditKeys, config: &NotifierConfig, d: Due) {
+    let attempt = if d.webhook_id == BUS {
+        match rt.bus.publish(subjects::APPROVERS, d.body.clone().into()).await {
+            Ok(()) => Attempt::Status(200),
+            Err(e) => Attempt::Failed(e.to_string()),
+        }
+    } else {
+        match secret_of(keys, &d.key_id, &d.webhook_id) {
+            Some(secret) => post(&d, &secret).await,
+            None => Attempt::Failed(format!("the audit key {:?} its secret derives from is no longer configured", d.key_id)),
+        }
+    };
+    let n = d.attempts + 1;
+    let next = notify::after(n, &attempt, config.retry);
+    let (status, error) = match &attempt {
+        Attempt::Status(s) if (200..300).contains(s) => (i64::from(*s), String::new()),
+        Attempt::Status(s) => (i64::from(*s), format!("the receiver answered HTTP {s}")),
+        Attempt::Failed(why) => (0, why.chars().take(512).collect()),
+    };
+    let (state, next_at) = match next {
+        Next::Delivered => ("delivered", now_ms()),
+        Next::RetryIn(wait) => ("pending", now_ms() + i64::try_from(wait.as_millis()).unwrap_or(i64::MAX / 2)),
+        Next::DeadLetter => ("dead", now_ms()),
+    };
+    let updated = sqlx::query(
+        "UPDATE webhook_deliveries SET state = $2, attempts = $3, next_at_ms = $4, last_status = $5, last_error = $6, updated_at_ms = $7 WHERE delivery_id = $1 AND state = 'pending'",
+    )
+    .bind(&d.delivery_id)
+    .bind(state)
+    .bind(i64::from(n))
+    .bind(next_at)
+    .bind(status)
+    .bind(&error)
+    .bind(now_ms())
+    .execute(rt.db.any())
+    .await;
+    if let Err(e) = updated {
+        tracing::warn!(delivery_id = d.delivery_id, error = %e, "could not record a delivery attempt; it is tried again");
+        return;
+    }
+    match next {
+        Next::Delivered => tracing::debug!(delivery_id = d.delivery_id, kind = d.kind, "announcement delivered"),
+        Next::RetryIn(wait) => {
+            tracing::info!(delivery_id = d.delivery_id, attempt = n, error, wait_ms = wait.as_millis() as u64, "delivery failed; trying again")
+        }
+        Next::DeadLetter if d.webhook_id == BUS => tracing::warn!(delivery_id = d.delivery_id, error, "could not publish an announcement; given up"),
+        Next::DeadLetter => {
+            tracing::warn!(delivery_id = d.delivery_id, webhook_id = d.webhook_id, error, "delivery given up after {n} attempts");
+            let command = WebhookCommand::DeadLetter {
+                delivery_id: d.delivery_id.clone(),
+                event_id: d.event_id.clone(),
+                kind: d.kind.clone(),
+                attempts: n,
+                last_error: error,
+                at: Utc::now(),
+            };
+            if let Err(e) = rt.db.cqrs::<Webhook>().execute(&d.webhook_id, command, Default::default(), Retry::CONTENDED).await {
+                tracing::warn!(delivery_id = d.delivery_id, error = e.message, "could not record the dead letter on the ledger");
+            }
+        }
+    }
+}
+
+/// POSTs the delivery, signed; how it went.
+async fn post(d: &Due, secret: &str) -> Attempt {
+    let timestamp = Utc::now().timestamp();
+    let signature = notify::signature(secret, timestamp, d.body.as_bytes());
+    let (url, body, kind, id) = (d.url.clone(), d.body.clone(), d.kind.clone(), d.delivery_id.clone());
+    let sent = tokio::task::spawn_blocking(move || {
+        let agent = ureq::AgentBuilder::new().timeout(TIMEOUT).redirects(0).build();
+        let answer = agent
+            .post(&url)
+            .set("Content-Type", "application/json")
+            .set("User-Agent", concat!("atasira/", env!("CARGO_PKG_VERSION")))
+            .set(notify::SIGNATURE_HEADER, &signature)
+            .set("X-Atasira-Event", &kind)
+            .set("X-Atasira-Delivery", &id)
+            .send_string(&body);
+        match answer {
+            Ok(response) => Attempt::Status(response.status()),
+            Err(ureq::Error::Status(status, _)) => Attempt::Status(status),
+            Err(ureq::Error::Transport(t)) => Attempt::Failed(t.to_string()),
+        }
+    })
+    .await;
+    sent.unwrap_or_else(|e| Attempt::Failed(e.to_string()))
+}
+
+// --- requests ------------------------------------------------------------------------------
+
+/// `RegisterWebhook` (human admins): its events appended; the webhook and its secret.
+pub async fn register(rt: &Runtime, keys: &AuditKeys, principal: &Principal, r: v1::RegisterWebhook) -> Result<atasira_contracts::Reply, Refusal> {
+    if !principal.is_human_admin() {
+        return Err(Refusal::new(ErrorCode::Forbidden, "registering a webhook needs a human admin"));
+    }
+    let mut errors = Vec::new();
+    if let Some(problem) = notify::webhook_url_problem(&r.url) {
+        errors.push(FieldError::new("url", problem));
+    }
+    let format = if r.format.is_empty() { Some(Format::Json) } else { Format::parse(&r.format) };
+    if format.is_none() {
+        errors.push(FieldError::new("format", "json or slack"));
+    }
+    for (i, kind) in r.kinds.iter().enumerate() {
+        if !notify::KINDS.contains(&kind.as_str()) {
+            errors.push(FieldError::new(format!("kinds[{i}]"), format!("one of {}", notify::KINDS.join(", "))));
+        }
+    }
+    if r.kinds.len() > notify::KINDS.len() {
+        errors.push(FieldError::new("kinds", format!("at most {}", notify::KINDS.len())));
+    }
+    if !errors.is_empty() {
+        let message = atasira_domain::error::joined(&errors);
+        return Err(Refusal { field_errors: errors, ..Refusal::new(ErrorCode::InvalidRequest, message) });
+    }
+    let webhook_id = format!("{WEBHOOK_ID_PREFIX}{}", uuid::Uuid::new_v4().simple());
+    let key_id = keys.current_key_id().to_owned();
+    let at = Utc::now();
+    let mut kinds = r.kinds.clone();
+    kinds.dedup();
+    let command = WebhookCommand::Register {
+        webhook_id: webhook_id.clone(),
+        url: r.url.clone(),
+        format: format.unwrap_or(Format::Json),
+        kinds: kinds.clone(),
+        key_id: key_id.clone(),
+        by: principal.user_id.clone(),
+        at,
+    };
+    let head = rt.db.cqrs::<Webhook>().execute(&webhook_id, command, Default::default(), Retry::ONCE).await?.head()?;
+    let secret = secret_of(keys, &key_id, &webhook_id).ok_or_else(|| Refusal::internal("the current audit key derives no secret"))?;
+    let webhook = v1::Webhook {
+        webhook_id,
+        url: r.url,
+        format: format.unwrap_or(Format::Json).as_str().to_owned(),
+        kinds,
+        registered_by: principal.user_id.clone(),
+        registered_at: Some(convert::timestamp(at)),
+        delivered: 0,
+        pending: 0,
+        dead: 0,
+    };
+    Ok(reply_written(&v1::WebhookRegistered { webhook: Some(webhook), secret }, head.position, vec![head.id]))
+}
+
+/// `RemoveWebhook` (human admins).
+pub async fn remove(rt: &Runtime, principal: &Principal, r: v1::RemoveWebhook) -> Result<atasira_contracts::Reply, Refusal> {
+    if !principal.is_human_admin() {
+        return Err(Refusal::new(ErrorCode::Forbidden, "removing a webhook needs a human admin"));
+    }
+    let mut webhook = find(&rt.db, &r.webhook_id).await?;
+    let command = WebhookCommand::Remove { by: principal.user_id.clone(), at: Utc::now() };
+    let receipt = rt.db.cqrs::<Webhook>().execute(&r.webhook_id, command, Default::default(), Retry::ONCE).await?;
+    webhook.pending = 0;
+    match receipt.events.last() {
+        Some(at) => Ok(reply_written(&webhook, at.position, vec![at.id.clone()])),
+        None => Ok(reply_ok(&webhook)),
+    }
+}
+
+/// The webhook `webhook_id` with its delivery counts, if registered and not removed.
+async fn find(db: &Db, webhook_id: &str) -> Result<v1::Webhook, Refusal> {
+    list_where(db, Some(webhook_id))
+        .await
+        .map_err(Refusal::internal)?
+        .pop()
+        .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no webhook {:?}", webhook_id.chars().take(64).collect::<String>())))
+}
+
+/// `ListWebhooks` (admins).
+pub async fn list(db: &Db) -> Result<atasira_contracts::Reply, Refusal> {
+    let webhooks = list_where(db, None).await.map_err(Refusal::internal)?;
+    Ok(reply_ok(&v1::WebhookList { webhooks }))
+}
+
+async fn list_where(db: &Db, webhook_id: Option<&str>) -> anyhow::Result<Vec<v1::Webhook>> {
+    let filter = if webhook_id.is_some() { "AND w.webhook_id = $1" } else { "AND $1 = $1" };
+    let sql = format!(
+        "SELECT w.webhook_id, w.url, w.format, w.kinds_json, w.registered_by, w.registered_at_ms,
+                (SELECT COUNT(*) FROM webhook_deliveries d WHERE d.webhook_id = w.webhook_id AND d.state = 'delivered'),
+                (SELECT COUNT(*) FROM webhook_deliveries d WHERE d.webhook_id = w.webhook_id AND d.state = 'pending'),
+                (SELECT COUNT(*) FROM webhook_deliveries d WHERE d.webhook_id = w.webhook_id AND d.state = 'dead')
+           FROM webhooks w WHERE w.removed = 0 {filter} ORDER BY w.registered_at_ms, w.webhook_id"
+    );
+    let rows = sqlx::query(&sql).bind(webhook_id.unwrap_or_default()).fetch_all(db.any()).await?;
+    let count = |r: &sqlx::any::AnyRow, i: usize| -> anyhow::Result<u32> { Ok(u32::try_from(r.try_get::<i64, _>(i)?).unwrap_or(u32::MAX)) };
+    rows.iter()
+        .map(|r| {
+            Ok(v1::Webhook {
+                webhook_id: r.try_get(0)?,
+                url: r.try_get(1)?,
+                format: r.try_get(2)?,
+                kinds: serde_json::from_str(&r.try_get::<String, _>(3)?)?,
+                registered_by: r.try_get(4)?,
+                registered_at: DateTime::from_timestamp_millis(r.try_get(5)?).map(convert::timestamp),
+                delivered: count(r, 6)?,
+                pending: count(r, 7)?,
+                dead: count(r, 8)?,
+            })
+        })
+        .collect()
+}
+
+/// Most deliveries a page shows, and by default.
+pub const DELIVERIES_MAX: u32 = 200;
+pub const DELIVERIES_DEFAULT: u32 = 50;
+
+/// `ListWebhookDeliveries` (admins): newest first.
+pub async fn deliveries(db: &Db, r: v1::ListWebhookDeliveries) -> Result<atasira_contracts::Reply, Refusal> {
+    if !["", "pending", "delivered", "dead"].contains(&r.state.as_str()) {
+        return Err(Refusal::new(ErrorCode::InvalidQuery, "state is pending, delivered or dead"));
+    }
+    find(db, &r.webhook_id).await?;
+    let limit = if r.limit == 0 { DELIVERIES_DEFAULT } else { r.limit.min(DELIVERIES_MAX) };
+    let rows = sqlx::query(
+        "SELECT delivery_id, webhook_id, event_id, kind, state, attempts, last_status, last_error, created_at_ms, updated_at_ms, next_at_ms
+           FROM webhook_deliveries WHERE webhook_id = $1 AND ($2 = '' OR state = $2) ORDER BY created_at_ms DESC, delivery_id LIMIT $3",
+    )
+    .bind(&r.webhook_id)
+    .bind(&r.state)
+    .bind(i64::from(limit))
+    .fetch_all(db.any())
+    .await
+    .map_err(Refusal::internal)?;
+    let time = |v: i64| DateTime::from_timestamp_millis(v).map(convert::timestamp);
+    let deliveries = rows
+        .iter()
+        .map(|r| -> anyhow::Result<v1::WebhookDelivery> {
+            let state: String = r.try_get(4)?;
+            Ok(v1::WebhookDelivery {
+                delivery_id: r.try_get(0)?,
+                webhook_id: r.try_get(1)?,
+                event_id: r.try_get(2)?,
+                kind: r.try_get(3)?,
+                attempts: u32::try_from(r.try_get::<i64, _>(5)?).unwrap_or(0),
+                last_status: i32::try_from(r.try_get::<i64, _>(6)?).unwrap_or(0),
+                last_error: r.try_get(7)?,
+                created_at: time(r.try_get(8)?),
+                updated_at: time(r.try_get(9)?),
+                next_attempt_at: if state == "pending" { time(r.try_get(10)?) } else { None },
+                state,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()
+        .map_err(Refusal::internal)?;
+    Ok(reply_ok(&v1::WebhookDeliveryPage { deliveries }))
+}
