@@ -1,16 +1,17 @@
-//! Approvers hear about decisions waiting for them (R-NOTIFY-1), in embedded mode and as
-//! a cluster: a webhook receiver in the test gets one signed delivery per pending draft,
+//! Approvers hear about decisions waiting for them, and Boxes notify within their grant
+//! (R-NOTIFY-1), in embedded mode and as a cluster: a webhook receiver in the test gets one signed delivery per pending draft,
 //! change and tool call waiting for a human; a delivery that met a 500 is tried again; one
 //! that keeps failing is dead-lettered after the attempts allowed, listed as dead and
 //! recorded on the audit ledger; a failed Worker escalates; a removed webhook gets nothing
 //! more. As a cluster, admins subscribed on NATS hear the same announcements, and the
-//! Box's `escalation` channel.
+//! Box's `escalation` channel. A Worker's e-mail reaches an SMTP sink in the test when the
+//! Box declares the recipient, and is denied, with a ledger row, when it does not.
 
 use std::time::Duration;
 
 use atasira_tests::fixtures::eventually;
-use atasira_tests::harness::receiver::{Received, Receiver};
-use atasira_tests::harness::{Mode, System, example_runner, http, pat_options};
+use atasira_tests::harness::receiver::{Received, Receiver, SmtpSink};
+use atasira_tests::harness::{Mode, System, TempDir, example_runner, http, pat_options};
 use serde_json::{Value, json};
 
 /// A webhook receiver: `/ok` answers 204; `/flaky` answers 500 to its first request and
@@ -194,6 +195,72 @@ fn r_notify_1_approvers_get_one_signed_delivery_per_decision_waiting_retried_and
         sys.draft(&json!({"box_type": "weekly-digest", "name": "weekly-digest", "purpose": "Write the weekly digest."}));
         gets(&receiver, "/flaky", 3);
         assert_eq!(receiver.at("/ok").len(), 4, "{mode:?}: a removed webhook gets nothing");
+        drop(sys);
+    }
+}
+
+#[test]
+fn r_notify_1_a_box_notifies_only_its_recipients_and_each_delivery_and_refusal_is_a_ledger_row() {
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        let sink = SmtpSink::start();
+        // The operator's secret for vault `ops`, item `smtp` (never in the manifest).
+        let secrets = TempDir::new("atasira-secrets");
+        std::fs::create_dir_all(secrets.0.join("ops")).expect("dir");
+        std::fs::write(secrets.0.join("ops/smtp.json"), json!({"smtp_url": sink.url(), "from": "atasira@example.com"}).to_string()).expect("secret");
+        let runner = example_runner();
+        let env = [
+            ("ATASIRA_SECRETS_DIR", secrets.0.display().to_string()),
+            ("ATASIRA_RUNNER", runner.clone()),
+            ("ATASIRA_HOST_NAME", "h1".to_owned()),
+            ("ATASIRA_WEBHOOK_BACKOFF", "100ms".to_owned()),
+        ];
+        let mut sys = System::start_with(mode, &env);
+        sys.start_host("h1", &[("ATASIRA_RUNNER", runner.clone())]);
+
+        // A Box that may e-mail ops@example.com only (its grant: an approved change).
+        let draft = json!({"box_type": "price-watch", "name": "price-watch", "purpose": "Watch prices and tell ops.", "os_operations": ["notify:email"]});
+        let approved = sys.approve(&sys.draft(&draft), &sys.admin, true);
+        let box_id = approved.body["box_id"].as_str().expect("box_id").to_owned();
+        let grant =
+            json!({"credentials": {"allowed_vaults": ["ops"]}, "notify": {"email": {"vault": "ops", "item": "smtp", "recipients": ["ops@example.com"]}}});
+        let asked = sys.post(&format!("/api/v1/boxes/{box_id}/change-requests"), &sys.admin, &grant);
+        assert_eq!(asked.status, 201, "{mode:?}: {}", asked.raw);
+        let bob = sys.token("bob", "admin", "human");
+        let changed = sys.approve(asked.body["draft_id"].as_str().expect("draft_id"), &bob, true);
+        assert_eq!(changed.status, 200, "{mode:?}: {}", changed.raw);
+
+        let lines = [
+            r#"notify: {"channel": "email", "to": ["ops@example.com"], "subject": "Prices", "body": "A1 fell 5%."}"#,
+            r#"notify: {"channel": "email", "to": ["x@evil.test"], "subject": "Leak", "body": "the secret plan"}"#,
+            "done",
+        ];
+        let launch = json!({"launch_id": "notes-1", "input": [{"kind": "text", "value": lines.join("\n")}]});
+        let launched = sys.post(&format!("/api/v1/boxes/{box_id}/workers"), &sys.admin, &launch);
+        assert_eq!(launched.status, 201, "{mode:?}: {}", launched.raw);
+
+        // The allowed recipient gets the mail; the other is denied, with a ledger row.
+        let mails = eventually(&format!("{mode:?}: the mail"), Duration::from_secs(30), || {
+            let mails = sink.mails();
+            if mails.is_empty() { Err("none yet".to_owned()) } else { Ok(mails) }
+        });
+        assert_eq!(mails[0].to, ["ops@example.com"], "{mode:?}: {mails:?}");
+        assert!(mails[0].data.contains("Subject: Prices") && mails[0].data.contains("A1 fell 5%."), "{mode:?}: {}", mails[0].data);
+        let rows = |action: &str| -> Vec<Value> {
+            let a = sys.get(&format!("/api/v1/audit?action={action}"), &sys.admin);
+            a.body["rows"].as_array().cloned().unwrap_or_default()
+        };
+        eventually(&format!("{mode:?}: the sent notification on the ledger"), Duration::from_secs(30), || {
+            let sent = rows("notify.send");
+            if sent.len() == 1 { Ok(()) } else { Err(format!("{sent:?}")) }
+        });
+        let denied = eventually(&format!("{mode:?}: the denial on the ledger"), Duration::from_secs(30), || {
+            let denied = rows("worker.tool_denied");
+            if denied.len() == 1 { Ok(denied) } else { Err(format!("{denied:?}")) }
+        });
+        assert!(denied[0]["detail"].as_str().is_some_and(|d| d.contains("notify.email.recipients")), "{mode:?}: {denied:?}");
+        assert_eq!(rows("worker.notify").len(), 1, "{mode:?}: one notification was asked for and allowed");
+        assert_eq!(sink.mails().len(), 1, "{mode:?}: nothing to the stranger");
+        assert!(!sink.mails().iter().any(|m| m.data.contains("secret plan")), "{mode:?}");
         drop(sys);
     }
 }

@@ -6,6 +6,8 @@
 #   log: TEXT      writes TEXT to the Worker's log (stderr)
 #   tool: JSON     asks `atasira decide` about the tool call JSON ({"tool", "input"}) and
 #                  logs the answer (this example runs no tool itself)
+#   notify: JSON   sends the notification JSON ({"channel", "to", "subject", "body"})
+#                  with `atasira notify` and logs whether it was accepted
 #   sleep: N       waits N seconds
 #   result: TEXT   adds TEXT to the Worker's result (stdout)
 #   fail: N        ends the Worker with exit code N
@@ -23,6 +25,17 @@ unescape() {
     printf '%s\n' "$1" | sed -e 's/&quot;/"/g' -e "s/&apos;/'/g" -e 's/&lt;/</g' -e 's/&gt;/>/g' -e 's/&amp;/\&/g'
 }
 
+# Hands the JSON $4 to `atasira $1` on stdin and logs "$2: JSON" when it exits 0, or "$3:"
+# and the last line of its answer otherwise.
+asking() {
+    json=$(echo "$4" | sed 's/^ //')
+    if answer=$(printf '%s' "$json" | atasira "$1" 2>&1); then
+        echo "$2: $json" >&2
+    else
+        echo "$3: $(echo "$answer" | tail -n 1)" >&2
+    fi
+}
+
 echo "runner: Worker ${ATASIRA_WORKER_ID:-?} of ${ATASIRA_BOX_TYPE:-?} started" >&2
 reading=0
 while IFS= read -r line; do
@@ -36,14 +49,8 @@ while IFS= read -r line; do
     line=$(unescape "$line")
     case "$line" in
         log:*) echo "${line#log:}" | sed 's/^ //' >&2 ;;
-        tool:*)
-            call=$(echo "${line#tool:}" | sed 's/^ //')
-            if answer=$(printf '%s' "$call" | atasira decide 2>&1); then
-                echo "allowed: $call" >&2
-            else
-                echo "refused: $(echo "$answer" | tail -n 1)" >&2
-            fi
-            ;;
+        tool:*) asking decide allowed refused "${line#tool:}" ;;
+        notify:*) asking notify notified "not notified" "${line#notify:}" ;;
         sleep:*) sleep "$(echo "${line#sleep:}" | tr -d ' ')" ;;
         result:*) echo "${line#result:}" | sed 's/^ //' ;;
         fail:*) exit "$(echo "${line#fail:}" | tr -d ' ')" ;;

@@ -112,3 +112,99 @@ fn serve(stream: TcpStream, kept: &Mutex<Vec<Received>>, answer: &Answer) {
         }
     }
 }
+
+/// One message an [`SmtpSink`] received.
+#[derive(Debug, Clone)]
+pub struct Mail {
+    pub from: String,
+    pub to: Vec<String>,
+    /// Headers and body as sent (dot-unstuffed).
+    pub data: String,
+}
+
+/// An SMTP server on a free loopback port that accepts every message and keeps it (no TLS,
+/// no authentication): the other end of the tests' email notifications.
+#[derive(Debug)]
+pub struct SmtpSink {
+    pub port: u16,
+    mails: Arc<Mutex<Vec<Mail>>>,
+}
+
+impl SmtpSink {
+    pub fn start() -> SmtpSink {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let mails = Arc::new(Mutex::new(Vec::new()));
+        let kept = mails.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let kept = kept.clone();
+                std::thread::spawn(move || {
+                    let _ = smtp_session(stream, &kept);
+                });
+            }
+        });
+        SmtpSink { port, mails }
+    }
+
+    /// `smtp://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    pub fn mails(&self) -> Vec<Mail> {
+        self.mails.lock().expect("mails").clone()
+    }
+}
+
+fn smtp_session(stream: TcpStream, kept: &Mutex<Vec<Mail>>) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut out = stream;
+    out.write_all(b"220 sink ESMTP\r\n")?;
+    let (mut from, mut to) = (String::new(), Vec::new());
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let command = line.trim_end().to_owned();
+        let upper = command.to_ascii_uppercase();
+        let address =
+            |c: &str| c.split_once(':').map(|(_, a)| a.trim().trim_start_matches('<').split('>').next().unwrap_or_default().to_owned()).unwrap_or_default();
+        if upper.starts_with("EHLO") {
+            out.write_all(b"250-sink\r\n250 8BITMIME\r\n")?;
+        } else if upper.starts_with("HELO") || upper.starts_with("NOOP") {
+            out.write_all(b"250 OK\r\n")?;
+        } else if upper.starts_with("MAIL FROM") {
+            from = address(&command);
+            to.clear();
+            out.write_all(b"250 OK\r\n")?;
+        } else if upper.starts_with("RCPT TO") {
+            to.push(address(&command));
+            out.write_all(b"250 OK\r\n")?;
+        } else if upper == "DATA" {
+            out.write_all(b"354 go on\r\n")?;
+            let mut data = String::new();
+            loop {
+                let mut l = String::new();
+                if reader.read_line(&mut l)? == 0 {
+                    return Ok(());
+                }
+                if l.trim_end_matches(['\r', '\n']) == "." {
+                    break;
+                }
+                data.push_str(l.strip_prefix('.').unwrap_or(&l));
+            }
+            kept.lock().expect("mails").push(Mail { from: from.clone(), to: to.clone(), data });
+            out.write_all(b"250 OK queued\r\n")?;
+        } else if upper == "RSET" {
+            to.clear();
+            out.write_all(b"250 OK\r\n")?;
+        } else if upper == "QUIT" {
+            out.write_all(b"221 bye\r\n")?;
+            return Ok(());
+        } else {
+            out.write_all(b"502 not implemented\r\n")?;
+        }
+    }
+}

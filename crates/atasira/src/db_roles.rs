@@ -85,7 +85,7 @@ pub fn grants(identity: &str) -> RoleGrants {
                 ("webhooks", "SELECT, INSERT, UPDATE, DELETE"),
                 ("webhook_deliveries", "SELECT, INSERT, UPDATE, DELETE"),
             ],
-            [types::AUDIT_LEDGER, types::AUDIT_SECURITY, types::WEBHOOK].map(|t| (t, None)).to_vec(),
+            [types::AUDIT_LEDGER, types::AUDIT_SECURITY, types::WEBHOOK, types::NOTIFICATION].map(|t| (t, None)).to_vec(),
         ),
         _ => (vec![], vec![]),
     };

@@ -82,3 +82,51 @@ fn offline(file: &Path, workspace: Option<&Path>, call: &ToolCall) -> Result<Dec
     let grant = atasira_host::Grant { manifest, workspace: workspace.to_string_lossy().into_owned(), tool_scope };
     Ok(grant.decide(call))
 }
+
+/// `atasira notify`: a Worker's notification (R-NOTIFY-1). Reads `{"channel": "email" |
+/// "line", "to": [...], "broadcast": false, "subject", "body"}` JSON on stdin and hands it
+/// to the execution host, which decides it like a tool call (the Box's `notify.<channel>`
+/// and its recipients) and has the audit service deliver it. Prints the host's answer;
+/// exits 0 when it is accepted for delivery, 2 when it is denied (the reason on stderr), 1
+/// when it could not be handed over.
+pub fn notify(url: Option<String>, token: Option<String>, timeout: Duration) -> ExitCode {
+    let (Some(url), Some(token)) = (url, token) else {
+        eprintln!("atasira: notifications are sent from inside a Worker (ATASIRA_DECIDE_URL and ATASIRA_WORKER_TOKEN are not set)");
+        return ExitCode::FAILURE;
+    };
+    let mut body = Vec::new();
+    if let Err(e) = std::io::stdin().take(CALL_BYTES + 1).read_to_end(&mut body) {
+        eprintln!("atasira: cannot read the notification on standard input: {e}");
+        return ExitCode::FAILURE;
+    }
+    let Ok(notification) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        eprintln!(
+            "atasira: the notification is not JSON such as {{\"channel\": \"email\", \"to\": [\"ops@example.com\"], \"subject\": \"...\", \"body\": \"...\"}}"
+        );
+        return ExitCode::FAILURE;
+    };
+    // The host serves notifications beside decisions.
+    let url = url.strip_suffix("/v1/decide").map_or(url.clone(), |base| format!("{base}/v1/notify"));
+    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    match agent.post(&url).set("Authorization", &format!("Bearer {token}")).send_json(notification) {
+        Ok(response) => {
+            println!("{}", response.into_string().unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(ureq::Error::Status(403, response)) => {
+            let answer: serde_json::Value = response.into_json().unwrap_or_default();
+            println!("{answer}");
+            eprintln!("atasira: the notification is denied by {}: {}", answer["rule"].as_str().unwrap_or("?"), answer["reason"].as_str().unwrap_or("?"));
+            ExitCode::from(2)
+        }
+        Err(ureq::Error::Status(status, response)) => {
+            let text = response.into_string().unwrap_or_default();
+            eprintln!("atasira: the execution host refused the notification ({status}): {}", text.chars().take(300).collect::<String>());
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("atasira: the execution host did not answer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

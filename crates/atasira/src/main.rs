@@ -273,6 +273,21 @@ enum Command {
     /// when the gateway could not be reached.
     #[command(subcommand)]
     Workers(client::WorkersCommand),
+    /// Send a notification from inside a Worker: reads {"channel": "email"|"line", "to":
+    /// [...], "broadcast": false, "subject", "body"} JSON on stdin; the execution host
+    /// decides it against the Box's notify settings and the audit service delivers it. Exit
+    /// 0 when accepted, 2 when denied, 1 when it could not be handed over.
+    Notify {
+        /// The execution host's decision endpoint (set for a Worker by its host).
+        #[arg(long, env = "ATASIRA_DECIDE_URL", value_name = "URL", hide_env_values = true)]
+        url: Option<String>,
+        /// The Worker's credential at its host (set for a Worker by its host).
+        #[arg(long, env = "ATASIRA_WORKER_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Seconds to wait for the host's answer.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+        timeout: u64,
+    },
     /// Decide a tool call before it runs: reads {"tool", "input"} JSON (or an agent CLI's
     /// pre-tool-use hook input, {"tool_name", "tool_input"}) on stdin, prints the decision
     /// ({"decision": "allow|deny|ask", "rule", "reason"}) and exits 0 when allowed, 2
@@ -452,6 +467,10 @@ struct CommonArgs {
     /// announcements start there.
     #[arg(long, env = "ATASIRA_PUBLIC_URL", value_name = "URL", default_value = "http://127.0.0.1:8080")]
     public_url: String,
+    /// Where the secrets of Boxes' notifications are: `<dir>/<vault>/<item>.json`, named by
+    /// a manifest's `notify.<channel>.vault` and `.item` (default: `<data-dir>/secrets`).
+    #[arg(long, env = "ATASIRA_SECRETS_DIR", value_name = "DIR")]
+    secrets_dir: Option<PathBuf>,
     /// Attempts at a webhook delivery, the first included; then it is given up (listed as
     /// dead and recorded on the audit ledger).
     #[arg(long, env = "ATASIRA_WEBHOOK_ATTEMPTS", value_name = "N", default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=50))]
@@ -546,6 +565,7 @@ impl TestHooks {
 
 impl CommonArgs {
     fn settings(&self, data_dir: PathBuf) -> services::Settings {
+        let secrets_dir = self.secrets_dir.clone().unwrap_or_else(|| data_dir.join("secrets"));
         services::Settings {
             data_dir,
             manifests_dir: self.manifests_dir.clone(),
@@ -568,6 +588,7 @@ impl CommonArgs {
                 public_url: self.public_url.clone(),
                 retry: atasira_domain::notify::RetryPolicy { attempts: self.webhook_attempts, backoff: self.webhook_backoff },
                 on_bus: false,
+                secrets_dir,
             },
             host: None,
         }
@@ -875,6 +896,7 @@ fn main() -> ExitCode {
         Command::Mcp(args) => run_async(mcp::serve(args)),
         Command::ToolRequests(cmd) => Ok(client::tool_requests(cmd)),
         Command::Webhooks(cmd) => Ok(client::webhooks(cmd)),
+        Command::Notify { url, token, timeout } => Ok(decide::notify(url, token, Duration::from_secs(timeout.max(1)))),
         Command::Decide { manifest, workspace, url, token, timeout } => {
             let source = match (manifest, url, token) {
                 (Some(file), _, _) => Some(decide::Source::Manifest { file, workspace }),

@@ -44,6 +44,7 @@ pub const AUDITABLE_TYPES: &[&str] = &[
     types::CONFIG_BUNDLE,
     types::EXECUTION_BINDING,
     types::WEBHOOK,
+    types::NOTIFICATION,
 ];
 
 /// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and

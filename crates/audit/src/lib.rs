@@ -40,6 +40,7 @@ pub const AGGREGATE_TYPES: &[&str] = &[
     atasira_domain::aggregates::types::PAT,
     atasira_domain::aggregates::types::GATEWAY_ASSERTION_KEYS,
     atasira_domain::aggregates::types::WEBHOOK,
+    atasira_domain::aggregates::types::NOTIFICATION,
 ];
 /// R-AUDIT-2: "every minute".
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);

@@ -24,10 +24,13 @@ use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxEvent, BoxRole};
 use atasira_domain::aggregates::bundle::BundleEvent;
 use atasira_domain::aggregates::draft::DraftEvent;
+use atasira_domain::aggregates::notification::{Notification, NotificationCommand};
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::webhook::{WEBHOOK_ID_PREFIX, Webhook, WebhookCommand, WebhookEvent};
-use atasira_domain::aggregates::worker::WorkerEvent;
+use atasira_domain::aggregates::worker::{Notification as WorkerNotification, WorkerEvent};
 use atasira_domain::audit::AuditKeys;
+use atasira_domain::decide::{Facts, ToolCall, Verdict};
+use atasira_domain::manifest::BoxManifest;
 use atasira_domain::notify::{self, Announcement, Attempt, Format, Next, RetryPolicy};
 use atasira_domain::worker::WorkerState;
 use atasira_domain::{ErrorCode, FieldError, Principal};
@@ -48,6 +51,9 @@ pub const READS: &[&str] = &[types::DRAFT, types::WORKER, types::ACCESS, types::
 
 /// The deliveries' target for the NATS subject (no webhook).
 const BUS: &str = "";
+
+/// The deliveries' target for a Box's own notifications (`notify.<channel>`).
+const BOX: &str = "box";
 
 /// Announcements older than this are not published on NATS when the notifier first reads
 /// them (a new notifier on an old store does not announce the past).
@@ -98,11 +104,15 @@ pub struct NotifierConfig {
     pub retry: RetryPolicy,
     /// Whether announcements also go out on NATS (cluster mode).
     pub on_bus: bool,
+    /// Where the secrets of Boxes' notify channels are (`ATASIRA_SECRETS_DIR`):
+    /// `<dir>/<vault>/<item>.json`, named by the manifest's `notify.<channel>.vault` and
+    /// `item`, never in the manifest itself.
+    pub secrets_dir: std::path::PathBuf,
 }
 
 impl Default for NotifierConfig {
     fn default() -> Self {
-        NotifierConfig { public_url: "http://127.0.0.1:8080".to_owned(), retry: RetryPolicy::default(), on_bus: false }
+        NotifierConfig { public_url: "http://127.0.0.1:8080".to_owned(), retry: RetryPolicy::default(), on_bus: false, secrets_dir: "secrets".into() }
     }
 }
 
@@ -150,6 +160,10 @@ async fn queue_batch(db: &Db, config: &NotifierConfig, events: &[StoredEvent]) -
             apply_webhook(&mut tx, &event.decode::<WebhookEvent>()?).await?;
             continue;
         }
+        if let Some(box_notice) = box_notification(event)? {
+            queued += queue_box_notification(&mut tx, &event.event_id, &box_notice).await?;
+            continue;
+        }
         let Some(announcement) = announcement_of(&mut tx, event).await? else { continue };
         queued += queue(&mut tx, config, &announcement).await?;
     }
@@ -165,7 +179,7 @@ async fn announcement_of(tx: &mut Transaction<'static, Any>, event: &StoredEvent
         types::ACCESS => notify::of_access(&event.decode::<AccessEvent>()?, &event.event_id),
         types::WORKER => match event.decode::<WorkerEvent>()? {
             asked @ WorkerEvent::WorkerToolUseRequested { .. } => {
-                let box_type = match first_event::<WorkerEvent>(tx, types::WORKER, &event.aggregate_id).await? {
+                let box_type = match first_event::<WorkerEvent>(&mut **tx, types::WORKER, &event.aggregate_id).await? {
                     Some(WorkerEvent::WorkerCreated { box_type, .. }) => box_type,
                     _ => String::new(),
                 };
@@ -173,11 +187,11 @@ async fn announcement_of(tx: &mut Transaction<'static, Any>, event: &StoredEvent
             }
             WorkerEvent::WorkerFinished { worker_id, box_id, state: WorkerState::Failed, exit_code, result, at, .. } => {
                 let Some(WorkerEvent::WorkerCreated { box_type, bundle_digest, created_by, .. }) =
-                    first_event::<WorkerEvent>(tx, types::WORKER, &worker_id).await?
+                    first_event::<WorkerEvent>(&mut **tx, types::WORKER, &worker_id).await?
                 else {
                     return Ok(None);
                 };
-                let escalates = match first_event::<BundleEvent>(tx, types::CONFIG_BUNDLE, &bundle_digest).await? {
+                let escalates = match first_event::<BundleEvent>(&mut **tx, types::CONFIG_BUNDLE, &bundle_digest).await? {
                     Some(BundleEvent::ConfigBundleSynced { manifest, .. }) => manifest.loop_control.escalate_on_failure,
                     _ => false,
                 };
@@ -204,11 +218,15 @@ async fn announcement_of(tx: &mut Transaction<'static, Any>, event: &StoredEvent
 }
 
 /// The first event of a stream, decoded (a Worker's creation, a bundle's sync).
-async fn first_event<E: serde::de::DeserializeOwned>(tx: &mut Transaction<'static, Any>, aggregate_type: &str, id: &str) -> anyhow::Result<Option<E>> {
+async fn first_event<'e, E: serde::de::DeserializeOwned>(
+    on: impl sqlx::Executor<'e, Database = Any>,
+    aggregate_type: &str,
+    id: &str,
+) -> anyhow::Result<Option<E>> {
     let row = sqlx::query("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 AND sequence = 1")
         .bind(aggregate_type)
         .bind(id)
-        .fetch_optional(&mut **tx)
+        .fetch_optional(on)
         .await?;
     Ok(match row {
         Some(row) => serde_json::from_str::<E>(&row.try_get::<String, _>(0)?).ok(),
@@ -259,6 +277,41 @@ async fn apply_webhook(tx: &mut Transaction<'static, Any>, event: &WebhookEvent)
         WebhookEvent::WebhookDeliveryDeadLettered { .. } => {}
     }
     Ok(())
+}
+
+/// A Box's notification the Worker's host allowed, as the sender delivers it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct BoxNotice {
+    worker_id: String,
+    notification: WorkerNotification,
+}
+
+fn box_notification(event: &StoredEvent) -> anyhow::Result<Option<BoxNotice>> {
+    if event.aggregate_type != types::WORKER || event.event_type != "WorkerNotificationRequested" {
+        return Ok(None);
+    }
+    Ok(match event.decode::<WorkerEvent>()? {
+        WorkerEvent::WorkerNotificationRequested { worker_id, notification, .. } => Some(BoxNotice { worker_id, notification }),
+        _ => None,
+    })
+}
+
+/// Queues a Box's notification (one delivery, to its channel); how many (1).
+async fn queue_box_notification(tx: &mut Transaction<'static, Any>, event_id: &str, notice: &BoxNotice) -> anyhow::Result<usize> {
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (delivery_id, webhook_id, event_id, kind, body, state, attempts, next_at_ms, last_status, last_error, created_at_ms, updated_at_ms)
+         VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6, 0, '', $6, $6) ON CONFLICT (delivery_id) DO NOTHING",
+    )
+    .bind(delivery_id(BOX, event_id))
+    .bind(BOX)
+    .bind(event_id)
+    .bind(format!("box.{}", notice.notification.channel))
+    .bind(serde_json::to_string(notice)?)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(1)
 }
 
 /// Queues `a` for every live webhook that wants its kind (and the NATS subject); how many.
@@ -378,6 +431,9 @@ async fn next_due_in(db: &Db) -> Option<Duration> {
 
 /// One attempt at `d`, and what follows it.
 async fn deliver(rt: &Runtime, keys: &AuditKeys, config: &NotifierConfig, d: Due) {
+    if d.webhook_id == BOX {
+        return deliver_box(rt, config, d).await;
+    }
     let attempt = if d.webhook_id == BUS {
         match rt.bus.publish(subjects::APPROVERS, d.body.clone().into()).await {
             Ok(()) => Attempt::Status(200),
@@ -391,30 +447,8 @@ async fn deliver(rt: &Runtime, keys: &AuditKeys, config: &NotifierConfig, d: Due
     };
     let n = d.attempts + 1;
     let next = notify::after(n, &attempt, config.retry);
-    let (status, error) = match &attempt {
-        Attempt::Status(s) if (200..300).contains(s) => (i64::from(*s), String::new()),
-        Attempt::Status(s) => (i64::from(*s), format!("the receiver answered HTTP {s}")),
-        Attempt::Failed(why) => (0, why.chars().take(512).collect()),
-    };
-    let (state, next_at) = match next {
-        Next::Delivered => ("delivered", now_ms()),
-        Next::RetryIn(wait) => ("pending", now_ms() + i64::try_from(wait.as_millis()).unwrap_or(i64::MAX / 2)),
-        Next::DeadLetter => ("dead", now_ms()),
-    };
-    let updated = sqlx::query(
-        "UPDATE webhook_deliveries SET state = $2, attempts = $3, next_at_ms = $4, last_status = $5, last_error = $6, updated_at_ms = $7 WHERE delivery_id = $1 AND state = 'pending'",
-    )
-    .bind(&d.delivery_id)
-    .bind(state)
-    .bind(i64::from(n))
-    .bind(next_at)
-    .bind(status)
-    .bind(&error)
-    .bind(now_ms())
-    .execute(rt.db.any())
-    .await;
-    if let Err(e) = updated {
-        tracing::warn!(delivery_id = d.delivery_id, error = %e, "could not record a delivery attempt; it is tried again");
+    let (status, error) = described(&attempt);
+    if !record_attempt(rt, &d, n, &next, status, &error).await {
         return;
     }
     match next {
@@ -438,6 +472,198 @@ async fn deliver(rt: &Runtime, keys: &AuditKeys, config: &NotifierConfig, d: Due
             }
         }
     }
+}
+
+/// What a Box's notification attempt came to.
+enum Sent {
+    Tried(Attempt),
+    /// Not allowed by the Box's grant: given up at once.
+    Refused(String),
+}
+
+/// One attempt at a Box's notification: checked again against the Worker's bundle (the
+/// host decided it; this process does not take that on trust), then sent with the secret
+/// the operator configured for the channel's vault and item. Its outcome is an event on the
+/// notification's stream (a ledger row) once it is final.
+async fn deliver_box(rt: &Runtime, config: &NotifierConfig, d: Due) {
+    let notice: Option<BoxNotice> = serde_json::from_str(&d.body).ok();
+    let sent = match &notice {
+        Some(notice) => send_box(rt, config, notice).await,
+        None => Sent::Refused("the queued notification does not read".to_owned()),
+    };
+    let n = d.attempts + 1;
+    let (next, status, error) = match &sent {
+        Sent::Refused(why) => (Next::DeadLetter, 0, why.clone()),
+        Sent::Tried(attempt) => {
+            let (status, error) = described(attempt);
+            (notify::after(n, attempt, config.retry), status, error)
+        }
+    };
+    if !record_attempt(rt, &d, n, &next, status, &error).await {
+        return;
+    }
+    let Some(notice) = notice else { return };
+    let (id, worker_id, channel) = (notice.notification.notification_id.clone(), notice.worker_id.clone(), notice.notification.channel.clone());
+    let at = Utc::now();
+    let command = match (next, sent) {
+        (Next::RetryIn(wait), _) => {
+            tracing::info!(notification_id = id, attempt = n, error, wait_ms = wait.as_millis() as u64, "a Box's notification failed; trying again");
+            return;
+        }
+        (Next::Delivered, _) => NotificationCommand::Sent { notification_id: id.clone(), worker_id, channel, to: notice.notification.to, attempts: n, at },
+        (Next::DeadLetter, Sent::Refused(reason)) => NotificationCommand::Refused { notification_id: id.clone(), worker_id, channel, reason, at },
+        (Next::DeadLetter, Sent::Tried(_)) => {
+            NotificationCommand::Failed { notification_id: id.clone(), worker_id, channel, attempts: n, last_error: error, at }
+        }
+    };
+    if let Err(e) = rt.db.cqrs::<Notification>().execute(&id, command, Default::default(), Retry::CONTENDED).await {
+        tracing::warn!(notification_id = id, error = e.message, "could not record the notification's outcome on the ledger");
+    }
+}
+
+/// An attempt as the delivery list shows it: the status (0 without an answer) and what
+/// went wrong ("" when it went through).
+fn described(attempt: &Attempt) -> (i64, String) {
+    match attempt {
+        Attempt::Status(s) if (200..300).contains(s) => (i64::from(*s), String::new()),
+        Attempt::Status(s) => (i64::from(*s), format!("the receiver answered {s}")),
+        Attempt::Failed(why) => (0, why.chars().take(512).collect()),
+    }
+}
+
+/// Records attempt `n` at `d` and what follows it; whether it was recorded.
+async fn record_attempt(rt: &Runtime, d: &Due, n: u32, next: &Next, status: i64, error: &str) -> bool {
+    let (state, next_at) = match next {
+        Next::Delivered => ("delivered", now_ms()),
+        Next::RetryIn(wait) => ("pending", now_ms() + i64::try_from(wait.as_millis()).unwrap_or(i64::MAX / 2)),
+        Next::DeadLetter => ("dead", now_ms()),
+    };
+    let updated = sqlx::query(
+        "UPDATE webhook_deliveries SET state = $2, attempts = $3, next_at_ms = $4, last_status = $5, last_error = $6, updated_at_ms = $7 WHERE delivery_id = $1 AND state = 'pending'",
+    )
+    .bind(&d.delivery_id)
+    .bind(state)
+    .bind(i64::from(n))
+    .bind(next_at)
+    .bind(status)
+    .bind(error)
+    .bind(now_ms())
+    .execute(rt.db.any())
+    .await;
+    match updated {
+        Ok(done) => done.rows_affected() == 1,
+        Err(e) => {
+            tracing::warn!(delivery_id = d.delivery_id, error = %e, "could not record a delivery attempt; it is tried again");
+            false
+        }
+    }
+}
+
+/// The Worker's Box manifest as its bundle pins it.
+async fn manifest_of_worker(db: &Db, worker_id: &str) -> anyhow::Result<Option<BoxManifest>> {
+    let Some(WorkerEvent::WorkerCreated { bundle_digest, .. }) = first_event::<WorkerEvent>(db.any(), types::WORKER, worker_id).await? else {
+        return Ok(None);
+    };
+    Ok(match first_event::<BundleEvent>(db.any(), types::CONFIG_BUNDLE, &bundle_digest).await? {
+        Some(BundleEvent::ConfigBundleSynced { manifest, .. }) => Some(manifest.effective()),
+        _ => None,
+    })
+}
+
+/// A vault or item name as a path component: letters, digits, `.`, `_`, `-`, not leading `.`.
+fn safe_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 128 && !name.starts_with('.') && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+async fn send_box(rt: &Runtime, config: &NotifierConfig, notice: &BoxNotice) -> Sent {
+    let n = &notice.notification;
+    let manifest = match manifest_of_worker(&rt.db, &notice.worker_id).await {
+        Ok(Some(m)) => m,
+        Ok(None) => return Sent::Refused("the Worker's bundle is unknown".to_owned()),
+        Err(e) => return Sent::Tried(Attempt::Failed(format!("cannot read the Worker's bundle: {e}"))),
+    };
+    let tool_scope = manifest.effective_tools();
+    let grant = atasira_domain::decide::Grant { manifest: &manifest, workspace: "", tool_scope: &tool_scope };
+    let call = ToolCall { tool: format!("notify:{}", n.channel), input: serde_json::json!({"to": n.to, "broadcast": n.broadcast}) };
+    let decision = atasira_domain::decide::decide(grant, &call, &Facts::default());
+    if decision.decision != Verdict::Allow {
+        return Sent::Refused(format!("{}: {}", decision.rule, decision.reason));
+    }
+    let Some(declared) = manifest.notify.get(&n.channel) else { return Sent::Refused(format!("notify.{}: not declared", n.channel)) };
+    if !safe_name(&declared.vault) || !safe_name(&declared.item) {
+        return Sent::Refused(format!("notify.{}: vault and item must be plain names", n.channel));
+    }
+    let path = config.secrets_dir.join(&declared.vault).join(format!("{}.json", declared.item));
+    let secret: serde_json::Value = match tokio::fs::read(&path).await.ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()) {
+        Some(v) => v,
+        None => {
+            return Sent::Tried(Attempt::Failed(format!(
+                "no readable secret for vault {:?} item {:?} (the operator provides {}/<vault>/<item>.json)",
+                declared.vault,
+                declared.item,
+                config.secrets_dir.display()
+            )));
+        }
+    };
+    match n.channel.as_str() {
+        "email" => Sent::Tried(send_email(&secret, n).await),
+        _ => Sent::Tried(post_notification(&secret, n).await),
+    }
+}
+
+/// Sends `n` by email through the SMTP server the secret names: `{"smtp_url":
+/// "smtp://host:port" | "smtps://host" (with `?tls=required` for STARTTLS), "from",
+/// "username"?, "password"?}`.
+async fn send_email(secret: &serde_json::Value, n: &WorkerNotification) -> Attempt {
+    use lettre::AsyncTransport as _;
+    let text = |k: &str| secret.get(k).and_then(serde_json::Value::as_str).unwrap_or_default().to_owned();
+    let (url, from) = (text("smtp_url"), text("from"));
+    let built = (|| -> Result<(lettre::AsyncSmtpTransport<lettre::Tokio1Executor>, lettre::Message), String> {
+        let mut transport = lettre::AsyncSmtpTransport::<lettre::Tokio1Executor>::from_url(&url).map_err(|e| format!("smtp_url: {e}"))?.timeout(Some(TIMEOUT));
+        if !text("username").is_empty() {
+            transport = transport.credentials(lettre::transport::smtp::authentication::Credentials::new(text("username"), text("password")));
+        }
+        let mut message = lettre::Message::builder().from(from.parse().map_err(|e| format!("from: {e}"))?).subject(n.subject.clone());
+        for to in &n.to {
+            message = message.to(to.parse().map_err(|e| format!("recipient {to:?}: {e}"))?);
+        }
+        let message = message.header(lettre::message::header::ContentType::TEXT_PLAIN).body(n.body.clone()).map_err(|e| e.to_string())?;
+        Ok((transport.build(), message))
+    })();
+    match built {
+        Ok((transport, message)) => match transport.send(message).await {
+            Ok(response) => Attempt::Status(if response.is_positive() { 200 } else { 500 }),
+            Err(e) => Attempt::Failed(e.to_string()),
+        },
+        Err(e) => Attempt::Failed(e),
+    }
+}
+
+/// Posts `n` as JSON (`{"to", "broadcast", "messages": [{"type": "text", "text"}]}`, the
+/// shape of LINE's push and broadcast messages) to the webhook the secret names: `{"url",
+/// "token"?}` (a bearer token, such as a LINE channel access token).
+async fn post_notification(secret: &serde_json::Value, n: &WorkerNotification) -> Attempt {
+    let url = secret.get("url").and_then(serde_json::Value::as_str).unwrap_or_default().to_owned();
+    let token = secret.get("token").and_then(serde_json::Value::as_str).unwrap_or_default().to_owned();
+    if notify::webhook_url_problem(&url).is_some() {
+        return Attempt::Failed("the secret's url is not an http(s) URL".to_owned());
+    }
+    let text = if n.subject.is_empty() { n.body.clone() } else { format!("{}\n{}", n.subject, n.body) };
+    let body = serde_json::json!({"to": n.to, "broadcast": n.broadcast, "messages": [{"type": "text", "text": text}]});
+    let sent = tokio::task::spawn_blocking(move || {
+        let agent = ureq::AgentBuilder::new().timeout(TIMEOUT).redirects(0).build();
+        let mut request = agent.post(&url).set("Content-Type", "application/json");
+        if !token.is_empty() {
+            request = request.set("Authorization", &format!("Bearer {token}"));
+        }
+        match request.send_string(&body.to_string()) {
+            Ok(response) => Attempt::Status(response.status()),
+            Err(ureq::Error::Status(status, _)) => Attempt::Status(status),
+            Err(ureq::Error::Transport(t)) => Attempt::Failed(t.to_string()),
+        }
+    })
+    .await;
+    sent.unwrap_or_else(|e| Attempt::Failed(e.to_string()))
 }
 
 /// POSTs the delivery, signed; how it went.

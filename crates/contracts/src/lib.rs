@@ -43,7 +43,7 @@ named!(RegisterWebhook, Webhook, WebhookRegistered, ListWebhooks, WebhookList, R
 named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
 named!(SyncBundle, BundleSynced, PrepareBinding, BindingLease, ConsumeBinding, CreateWorker, WorkerReply, GetWorker, ListBoxWorkers, WorkerPage);
 named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply, ReviseDraft, StopWorker, AddWorkerInput, PauseWorker);
-named!(HostHeartbeat, HostOrders, GetBundle, BundleBytes, ResolveBinding, ResolvedBinding, ReportWorker);
+named!(HostHeartbeat, HostOrders, GetBundle, BundleBytes, ResolveBinding, ResolvedBinding, ReportWorker, Notification);
 named!(AskTool, ToolAnswer, ListToolRequests, ToolRequestPage, ToolRequestView, DecideToolRequest, GetToolRequest);
 
 /// A request paired with its reply's type: what a service answers it with (R-ARCH-4).

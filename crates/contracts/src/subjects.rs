@@ -368,7 +368,7 @@ pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
         // Token events and the gateway's assertion keys are appended by the gateway (tokens
         // also by the operator CLI; the token table is the gateway's), and published by the
         // audit service: the gateway has no JetStream.
-        types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT | types::GATEWAY_ASSERTION_KEYS | types::WEBHOOK => AUDIT,
+        types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT | types::GATEWAY_ASSERTION_KEYS | types::WEBHOOK | types::NOTIFICATION => AUDIT,
         types::ACCESS | types::PROVISIONER_SECURITY | types::EXECUTION_BINDING => PROVISIONER,
         types::APPROVAL_KEYS | types::APPROVAL_SECURITY | types::APPROVAL_ASSERTION_KEYS => APPROVAL,
         _ => return None,

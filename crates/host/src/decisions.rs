@@ -62,7 +62,8 @@ const BODY_LIMIT: usize = 128 * 1024;
 pub(crate) async fn serve(host: Arc<Host>, shutdown: watch::Receiver<bool>) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(host.config.decide_listen).await?;
     let addr = listener.local_addr()?;
-    let app = Router::new().route("/v1/decide", post(decide_route)).layer(DefaultBodyLimit::max(BODY_LIMIT)).with_state(host);
+    let app =
+        Router::new().route("/v1/decide", post(decide_route)).route("/v1/notify", post(notify_route)).layer(DefaultBodyLimit::max(BODY_LIMIT)).with_state(host);
     let mut shutdown = shutdown;
     let task = tokio::spawn(async move {
         let stop = async move {
@@ -83,7 +84,8 @@ fn refused(status: StatusCode, code: &str, message: &str) -> Response {
     (status, Json(serde_json::json!({"error": code, "message": message}))).into_response()
 }
 
-async fn decide_route(State(host): State<Arc<Host>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+/// The Worker whose credential the request carries, and its grant; or the refusal.
+fn worker_of(host: &Host, headers: &HeaderMap) -> Result<(String, Arc<Grant>), Box<Response>> {
     let token = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
     let found = {
         let held = host.lock();
@@ -97,18 +99,31 @@ async fn decide_route(State(host): State<Arc<Host>>, headers: HeaderMap, body: a
         found
     };
     let Some((worker_id, grant)) = found else {
-        return refused(StatusCode::UNAUTHORIZED, "unauthenticated", "no Worker of this host holds this credential");
+        return Err(Box::new(refused(StatusCode::UNAUTHORIZED, "unauthenticated", "no Worker of this host holds this credential")));
     };
     let Some(grant) = grant else {
-        return refused(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "the Worker is starting");
+        return Err(Box::new(refused(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "the Worker is starting")));
+    };
+    Ok((worker_id, grant))
+}
+
+async fn decide_route(State(host): State<Arc<Host>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    let (worker_id, grant) = match worker_of(&host, &headers) {
+        Ok(found) => found,
+        Err(refusal) => return *refusal,
     };
     let call: ToolCall = match serde_json::from_slice(&body) {
         Ok(call) => call,
         Err(e) => return refused(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &format!("a call is {{\"tool\": ..., \"input\": {{...}}}}: {e}")),
     };
-    let decision = grant.decide(&call);
+    Json(decided(&host, &worker_id, &grant, &call).await).into_response()
+}
+
+/// The decision on `call` by Worker `worker_id`: a denial recorded, an ask waited for.
+async fn decided(host: &Host, worker_id: &str, grant: &Grant, call: &ToolCall) -> Decision {
+    let decision = grant.decide(call);
     atasira_platform::metrics::global().decision(decision.decision.as_str());
-    let decision = match decision.decision {
+    match decision.decision {
         Verdict::Allow => decision,
         Verdict::Deny => {
             tracing::info!(worker_id, tool = call.tool, rule = decision.rule, "tool call denied");
@@ -119,12 +134,66 @@ async fn decide_route(State(host): State<Arc<Host>>, headers: HeaderMap, body: a
                 reason: decision.reason.clone(),
                 input: Some(atasira_contracts::manifest::value_to_proto(&call.input)),
             };
-            host.report(&worker_id, atasira_contracts::v1::report_worker::Report::Decision(recorded)).await;
+            let _ = host.report(worker_id, atasira_contracts::v1::report_worker::Report::Decision(recorded)).await;
             decision
         }
-        Verdict::Ask => ask(&host, &worker_id, &call, decision).await,
+        Verdict::Ask => ask(host, worker_id, call, decision).await,
+    }
+}
+
+/// What a Worker sends to `POST /v1/notify`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NotifyRequest {
+    /// `email` or `line`.
+    channel: String,
+    #[serde(default)]
+    to: Vec<String>,
+    #[serde(default)]
+    broadcast: bool,
+    #[serde(default)]
+    subject: String,
+    #[serde(default)]
+    body: String,
+}
+
+/// `POST /v1/notify` (R-NOTIFY-1): a Worker's notification, decided like a tool call
+/// (`notify:<channel>`: the Box declares the channel, the recipients are its, a broadcast
+/// only when declared). Allowed, it is recorded on the Worker's stream and the audit service
+/// delivers it: 202 with its id. Denied: 403 with the decision (a ledger row).
+async fn notify_route(State(host): State<Arc<Host>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    let (worker_id, grant) = match worker_of(&host, &headers) {
+        Ok(found) => found,
+        Err(refusal) => return *refusal,
     };
-    Json(decision).into_response()
+    let request: NotifyRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            let shape = "a notification is {\"channel\": \"email\"|\"line\", \"to\": [...], \"broadcast\": false, \"subject\": ..., \"body\": ...}";
+            return refused(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", &format!("{shape}: {e}"));
+        }
+    };
+    if !matches!(request.channel.as_str(), "email" | "line") {
+        return refused(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "channel: email or line");
+    }
+    let call = ToolCall { tool: format!("notify:{}", request.channel), input: serde_json::json!({"to": request.to, "broadcast": request.broadcast}) };
+    let decision = decided(&host, &worker_id, &grant, &call).await;
+    if decision.decision != Verdict::Allow {
+        return (StatusCode::FORBIDDEN, Json(decision)).into_response();
+    }
+    let notification_id = format!("ntf_{}", hex::encode(&atasira_platform::auth::random_secret()[..16]));
+    let notification = atasira_contracts::v1::Notification {
+        notification_id: notification_id.clone(),
+        channel: request.channel,
+        to: request.to,
+        broadcast: request.broadcast,
+        subject: request.subject,
+        body: request.body,
+    };
+    match host.report(&worker_id, atasira_contracts::v1::report_worker::Report::Notify(notification)).await {
+        Ok(()) => (StatusCode::ACCEPTED, Json(serde_json::json!({"notification_id": notification_id, "decision": decision}))).into_response(),
+        Err(e) => refused(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", &format!("the notification could not be recorded: {e}")),
+    }
 }
 
 /// R-DECIDE-2: the call waits for a human admin's decision, recorded as a tool-use request;

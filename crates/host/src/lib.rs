@@ -107,16 +107,23 @@ impl Host {
 
     /// Reports on a Worker; a failure is logged (the registry learns the end at the next
     /// heartbeat at the latest: the Worker is then not in the host's list).
-    pub(crate) async fn report(&self, worker_id: &str, report: v1::report_worker::Report) {
+    pub(crate) async fn report(&self, worker_id: &str, report: v1::report_worker::Report) -> Result<(), String> {
         let request = v1::ReportWorker { worker_id: worker_id.to_owned(), report: Some(report) };
         for attempt in 0..3 {
             match self.client.ask(subjects::RUNTIME_REGISTRY, &request, Duration::ZERO).await {
-                Ok(Ok(_)) => return,
-                Ok(Err(refused)) => return tracing::warn!(worker_id, "the registry refused a report: {refused}"),
-                Err(e) if attempt == 2 => return tracing::warn!(worker_id, error = %e, "could not report on a Worker"),
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(refused)) => {
+                    tracing::warn!(worker_id, "the registry refused a report: {refused}");
+                    return Err(refused.to_string());
+                }
+                Err(e) if attempt == 2 => {
+                    tracing::warn!(worker_id, error = %e, "could not report on a Worker");
+                    return Err(e.to_string());
+                }
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
+        Err("could not report".to_owned())
     }
 }
 

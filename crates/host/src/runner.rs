@@ -25,7 +25,7 @@ pub(crate) fn start(host: Arc<Host>, w: v1::HostWorker) {
         if let Err(why) = supervise(&host, w, control_rx, input_rx).await {
             tracing::warn!(worker_id, "the Worker could not start: {why}");
             let end = v1::WorkerEnd { state: WorkerState::Failed.as_str().to_owned(), exit_code: None, result: format!("the Worker could not start: {why}") };
-            host.report(&worker_id, v1::report_worker::Report::Finished(end)).await;
+            let _ = host.report(&worker_id, v1::report_worker::Report::Finished(end)).await;
         }
         host.lock().remove(&worker_id);
     });
@@ -104,7 +104,7 @@ async fn supervise(
         }
     };
     tracing::info!(worker_id = w.worker_id, box_type = w.box_type, "Worker running");
-    host.report(&w.worker_id, v1::report_worker::Report::Running(true)).await;
+    let _ = host.report(&w.worker_id, v1::report_worker::Report::Running(true)).await;
 
     // Its stdin: the context, the initial input, then later input until it ends.
     let mut stdin = child.stdin.take();
@@ -152,11 +152,11 @@ async fn supervise(
                 }
                 Some(Control::Pause) => {
                     signal(rustix::process::Signal::STOP);
-                    host.report(&w.worker_id, v1::report_worker::Report::Paused(true)).await;
+                    let _ = host.report(&w.worker_id, v1::report_worker::Report::Paused(true)).await;
                 }
                 Some(Control::Resume) => {
                     signal(rustix::process::Signal::CONT);
-                    host.report(&w.worker_id, v1::report_worker::Report::Running(true)).await;
+                    let _ = host.report(&w.worker_id, v1::report_worker::Report::Running(true)).await;
                 }
             },
             () = grace_over => {
@@ -192,7 +192,7 @@ async fn supervise(
     };
     tracing::info!(worker_id = w.worker_id, state = state.as_str(), code = ?status.code(), "Worker ended");
     let end = v1::WorkerEnd { state: state.as_str().to_owned(), exit_code: status.code(), result };
-    host.report(&w.worker_id, v1::report_worker::Report::Finished(end)).await;
+    let _ = host.report(&w.worker_id, v1::report_worker::Report::Finished(end)).await;
     Ok(())
 }
 
@@ -208,20 +208,20 @@ async fn log_lines(host: Arc<Host>, worker_id: String, stderr: tokio::process::C
                 Ok(Some(line)) => {
                     batch.push(line);
                     if batch.len() >= LOG_LINES {
-                        host.report(&worker_id, v1::report_worker::Report::Log(v1::LogLines { lines: std::mem::take(&mut batch) })).await;
+                        let _ = host.report(&worker_id, v1::report_worker::Report::Log(v1::LogLines { lines: std::mem::take(&mut batch) })).await;
                     }
                 }
                 _ => break,
             },
             _ = tick.tick() => {
                 if !batch.is_empty() {
-                    host.report(&worker_id, v1::report_worker::Report::Log(v1::LogLines { lines: std::mem::take(&mut batch) })).await;
+                    let _ = host.report(&worker_id, v1::report_worker::Report::Log(v1::LogLines { lines: std::mem::take(&mut batch) })).await;
                 }
             }
         }
     }
     if !batch.is_empty() {
-        host.report(&worker_id, v1::report_worker::Report::Log(v1::LogLines { lines: batch })).await;
+        let _ = host.report(&worker_id, v1::report_worker::Report::Log(v1::LogLines { lines: batch })).await;
     }
     String::new()
 }

@@ -20,7 +20,7 @@ use atasira_domain::aggregates::boxes::{BoxAggregate, BoxRole};
 use atasira_domain::aggregates::bundle::BundleEvent;
 use atasira_domain::aggregates::security::SecurityCommand;
 use atasira_domain::aggregates::types;
-use atasira_domain::aggregates::worker::{Report, ToolAsk, ToolRequestState, Worker, WorkerCommand, WorkerEvent, bounded_log};
+use atasira_domain::aggregates::worker::{Notification, Report, ToolAsk, ToolRequestState, Worker, WorkerCommand, WorkerEvent, bounded_log};
 use atasira_domain::worker::{WorkerState, bundle_bytes, digest_of, may_launch};
 use atasira_domain::{BoxManifest, ErrorCode, Principal};
 use atasira_platform::projection as proj;
@@ -239,6 +239,11 @@ impl Registry {
                 (command, None)
             }
             Some(Wire::Decision(_)) => return Err(Refusal::new(ErrorCode::InvalidRequest, "decision: only denials are recorded this way")),
+            Some(Wire::Notify(n)) => {
+                let notification =
+                    Notification { notification_id: n.notification_id, channel: n.channel, to: n.to, broadcast: n.broadcast, subject: n.subject, body: n.body };
+                (WorkerCommand::Notify { host: host.to_owned(), notification, at }, None)
+            }
             None => return Err(Refusal::new(ErrorCode::InvalidRequest, "report: running, paused, log, finished or decision")),
         };
         let receipt = match self.workers.execute(&r.worker_id, command, HashMap::new(), Retry::ONCE).await {

@@ -191,6 +191,7 @@ async fn apply_life(tx: &mut Transaction<'static, Any>, event: &WorkerEvent, pos
         WorkerEvent::WorkerCreated { .. }
         | WorkerEvent::WorkerLaunchRefused { .. }
         | WorkerEvent::WorkerToolDenied { .. }
+        | WorkerEvent::WorkerNotificationRequested { .. }
         | WorkerEvent::WorkerPauseRequested { .. } => {}
         WorkerEvent::WorkerToolUseRequested { request_id, worker_id, box_id, tool, rule, reason, input, expires_at, at, .. } => {
             sqlx::query(

@@ -14,6 +14,7 @@ pub mod boxes;
 pub mod bundle;
 pub mod draft;
 pub mod namespace;
+pub mod notification;
 pub mod pat;
 pub mod security;
 pub mod webhook;
@@ -54,6 +55,9 @@ pub mod types {
     /// Webhooks approvers' announcements go to, one stream per webhook, owned by the audit
     /// service (R-NOTIFY-1).
     pub const WEBHOOK: &str = "webhook";
+    /// A Box's notifications as the audit service delivered them (or not), one stream per
+    /// notification, owned by the audit service (R-NOTIFY-1).
+    pub const NOTIFICATION: &str = "notification";
     /// Every service's security violations (R-AUDIT-5), one type per refusing service.
     pub const SECURITY: &[&str] = &[APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
     pub const ALL: &[&str] = &[
@@ -76,6 +80,7 @@ pub mod types {
         APPROVAL_ASSERTION_KEYS,
         REGISTRY_ASSERTION_KEYS,
         WEBHOOK,
+        NOTIFICATION,
     ];
 }
 

@@ -87,6 +87,8 @@ pub struct Worker {
     pub tool_requests: BTreeMap<String, ToolRequest>,
     /// The tool each request asks about.
     pub tool_names: BTreeMap<String, String>,
+    /// Its notifications, by id.
+    pub notifications: std::collections::BTreeSet<String>,
 }
 
 /// A tool-use request as the Worker's stream knows it.
@@ -133,6 +135,24 @@ pub struct ToolAsk {
     pub expires_at: DateTime<Utc>,
 }
 
+/// A notification a Worker asked for and its host allowed (`notify.<channel>`, within its
+/// recipients; R-NOTIFY-1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notification {
+    /// `ntf_` and 32 hex digits, chosen by the host: a retried report adds nothing.
+    pub notification_id: String,
+    /// `email` or `line`.
+    pub channel: String,
+    pub to: Vec<String>,
+    pub broadcast: bool,
+    pub subject: String,
+    pub body: String,
+}
+
+/// Longest notification subject and body, in characters.
+pub const NOTIFICATION_SUBJECT_CHARS: usize = 200;
+pub const NOTIFICATION_BODY_CHARS: usize = 20_000;
+
 /// What the host running a Worker reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
@@ -169,6 +189,8 @@ pub enum WorkerCommand {
     AddInput { by: String, input: Vec<Segment>, at: DateTime<Utc> },
     /// Its host denied a tool call (R-DECIDE-1): recorded for the ledger.
     RecordDenial { host: String, tool: String, rule: String, reason: String, input: String, at: DateTime<Utc> },
+    /// Its host allowed a notification (R-NOTIFY-1): the audit service delivers it.
+    Notify { host: String, notification: Notification, at: DateTime<Utc> },
     /// Its host asks a human admin about a tool call (R-DECIDE-2).
     Ask { host: String, ask: ToolAsk, at: DateTime<Utc> },
     /// A human admin decides a tool-use request.
@@ -268,6 +290,13 @@ pub enum WorkerEvent {
         at: DateTime<Utc>,
     },
     /// A tool call its host denied, with the manifest rule that decided.
+    WorkerNotificationRequested {
+        worker_id: String,
+        box_id: String,
+        host: String,
+        notification: Notification,
+        at: DateTime<Utc>,
+    },
     WorkerToolDenied {
         worker_id: String,
         box_id: String,
@@ -336,6 +365,7 @@ impl WorkerEvent {
             WorkerEvent::WorkerInputAdded { .. } => "WorkerInputAdded",
             WorkerEvent::WorkerPauseRequested { .. } => "WorkerPauseRequested",
             WorkerEvent::WorkerToolDenied { .. } => "WorkerToolDenied",
+            WorkerEvent::WorkerNotificationRequested { .. } => "WorkerNotificationRequested",
             WorkerEvent::WorkerToolUseRequested { .. } => "WorkerToolUseRequested",
             WorkerEvent::WorkerToolUseApproved { .. } => "WorkerToolUseApproved",
             WorkerEvent::WorkerToolUseRejected { .. } => "WorkerToolUseRejected",
@@ -564,6 +594,33 @@ impl Worker {
                     at,
                 }])
             }
+            WorkerCommand::Notify { host, notification, at } => {
+                let d = self.ours(&host)?;
+                let id_ok = notification.notification_id.strip_prefix("ntf_").is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+                if !id_ok {
+                    return Err(WorkerError::BadReport("a notification id is ntf_ and 32 hex digits"));
+                }
+                if !matches!(notification.channel.as_str(), "email" | "line") {
+                    return Err(WorkerError::BadReport("a notification goes by email or line"));
+                }
+                if notification.to.is_empty() && !notification.broadcast {
+                    return Err(WorkerError::BadReport("a notification names its recipients, or broadcasts"));
+                }
+                if notification.to.len() > 50
+                    || notification.to.iter().any(|t| t.trim().is_empty() || t.chars().count() > 320 || t.chars().any(char::is_control))
+                {
+                    return Err(WorkerError::BadReport("at most 50 recipients, each 1 to 320 characters"));
+                }
+                if self.notifications.contains(&notification.notification_id) {
+                    return Ok(vec![]);
+                }
+                let notification = Notification {
+                    subject: clip(&notification.subject, NOTIFICATION_SUBJECT_CHARS),
+                    body: clip(&notification.body, NOTIFICATION_BODY_CHARS),
+                    ..notification
+                };
+                Ok(vec![WorkerEvent::WorkerNotificationRequested { worker_id: d.worker_id.clone(), box_id: d.box_id.clone(), host, notification, at }])
+            }
             WorkerCommand::Ask { host, ask, at } => {
                 let d = self.ours(&host)?;
                 let id_ok = ask.request_id.strip_prefix("tur_").is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()));
@@ -664,6 +721,9 @@ impl Worker {
             WorkerEvent::WorkerInputAdded { .. } => self.inputs = self.inputs.saturating_add(1),
             WorkerEvent::WorkerPauseRequested { pause, .. } => self.pause_requested = pause,
             WorkerEvent::WorkerToolDenied { .. } => {}
+            WorkerEvent::WorkerNotificationRequested { notification, .. } => {
+                self.notifications.insert(notification.notification_id);
+            }
             WorkerEvent::WorkerToolUseRequested { request_id, tool, expires_at, .. } => {
                 self.tool_names.insert(request_id.clone(), tool);
                 self.tool_requests

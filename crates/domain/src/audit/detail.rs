@@ -15,6 +15,7 @@ use crate::aggregates::binding::BindingEvent;
 use crate::aggregates::boxes::{BoxEvent, BoxRole};
 use crate::aggregates::bundle::BundleEvent;
 use crate::aggregates::draft::DraftEvent;
+use crate::aggregates::notification::NotificationEvent;
 use crate::aggregates::pat::PatEvent;
 use crate::aggregates::security::SecurityEvent;
 use crate::aggregates::types;
@@ -36,12 +37,21 @@ pub fn detail_of(aggregate_type: &str, payload: &Value) -> String {
         types::CONFIG_BUNDLE => BundleEvent::deserialize(payload).map(|e| bundle(&e)),
         types::EXECUTION_BINDING => BindingEvent::deserialize(payload).map(|e| binding(&e)),
         types::WEBHOOK => WebhookEvent::deserialize(payload).map(|e| webhook(&e)),
+        types::NOTIFICATION => NotificationEvent::deserialize(payload).map(|e| notification(&e)),
         t if types::SECURITY.contains(&t) => {
             SecurityEvent::deserialize(payload).map(|SecurityEvent::SecurityViolation { kind, reason, .. }| format!("refused ({kind}): {reason}"))
         }
         _ => return String::new(),
     };
     clip(&text.unwrap_or_else(|e| format!("the event does not read as a {aggregate_type} event: {e}")))
+}
+
+fn notification(event: &NotificationEvent) -> String {
+    match event {
+        NotificationEvent::NotificationSent { channel, to, attempts, .. } => format!("{channel} sent to {} after {attempts} attempt(s)", to.join(", ")),
+        NotificationEvent::NotificationFailed { channel, attempts, last_error, .. } => format!("{channel} not sent after {attempts} attempt(s): {last_error}"),
+        NotificationEvent::NotificationRefused { channel, reason, .. } => format!("{channel} refused: {reason}"),
+    }
 }
 
 fn webhook(event: &WebhookEvent) -> String {
@@ -158,6 +168,10 @@ fn worker(event: &WorkerEvent) -> String {
         WorkerEvent::WorkerPauseRequested { pause: true, .. } => "pause requested".to_owned(),
         WorkerEvent::WorkerPauseRequested { pause: false, .. } => "resume requested".to_owned(),
         WorkerEvent::WorkerToolDenied { tool, rule, reason, .. } => format!("{tool} denied by {rule}: {reason}"),
+        WorkerEvent::WorkerNotificationRequested { notification: n, .. } => {
+            let to = if n.broadcast { "every follower".to_owned() } else { n.to.join(", ") };
+            format!("{} to {to} ({}): {}", n.channel, n.notification_id, n.subject)
+        }
         WorkerEvent::WorkerToolUseRequested { request_id, tool, rule, reason, .. } => {
             format!("{tool} waits for a human admin ({request_id}) under {rule}: {reason}")
         }

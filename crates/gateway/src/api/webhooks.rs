@@ -38,8 +38,13 @@ pub enum WebhookFormat {
 pub struct RegisterWebhookRequest {
     /// Where deliveries are POSTed: an `http` or `https` URL naming a host, at most 2048
     /// characters, without a user name or password (the signature authenticates
-    /// deliveries).
-    #[schema(max_length = 2048)]
+    /// deliveries). The pattern is a form the API always takes (a host name, an optional
+    /// port, a path of printable characters); IP addresses are taken too.
+    #[schema(
+        min_length = 8,
+        max_length = 2048,
+        pattern = r"^https?://([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]([a-z0-9-]{0,61}[a-z0-9])?(:[1-9][0-9]{0,3})?(/[!-~]*)?$"
+    )]
     pub url: String,
     /// How the body is written; absent, null or empty: `json`.
     #[serde(default)]
