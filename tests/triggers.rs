@@ -1,14 +1,15 @@
 //! Boxes that run on their own (R-TRIG-1), in embedded mode and as a cluster with two
 //! runtime registries: a `schedule` Box gets exactly one Worker per cron tick, across
 //! replicas and a restart; ticks missed while everything was down run once, not in a burst;
-//! a stopped Box's schedule stops. Time is a test clock the test moves (a file every
+//! a config edit of the schedule takes effect at the next tick; a stopped Box's schedule
+//! stops. Time is a test clock the test moves (a file every
 //! process reads in a test build), never a sleep to the next minute.
 
 use std::path::Path;
 use std::time::Duration;
 
 use atasira_tests::fixtures::eventually;
-use atasira_tests::harness::{Mode, System, TempDir};
+use atasira_tests::harness::{Answer, Mode, System, TempDir, http};
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde_json::{Value, json};
 
@@ -38,6 +39,13 @@ fn scheduled_box(sys: &System, box_type: &str, expression: &str) -> String {
     let approved = sys.approve(asked.body["draft_id"].as_str().expect("draft_id"), &bob, true);
     assert_eq!(approved.body["status"], json!("active"), "{}", approved.raw);
     box_id
+}
+
+/// A config edit of the Box's `trigger_schedule`.
+fn schedule(sys: &System, box_id: &str, expression: &str) -> Answer {
+    let body = json!({"trigger_schedule": expression}).to_string();
+    let headers = [("Content-Type", "application/merge-patch+json")];
+    http("PATCH", &sys.url(&format!("/api/v1/boxes/{box_id}/config")), Some(&sys.admin), &headers, Some(body.as_bytes()))
 }
 
 /// The Box's Workers, oldest first.
@@ -119,14 +127,26 @@ fn r_trig_1_a_schedule_box_gets_one_worker_per_tick_across_replicas_and_restarts
         let ws = has_ticks(&sys, &box_id, &[base, base + TimeDelta::minutes(1), base + TimeDelta::minutes(6)]);
         assert_eq!(ws.len(), 3, "{mode:?}: no burst");
 
+        // A config edit of trigger_schedule takes effect at the next tick: yearly, the Box
+        // misses the next minutes (a second scheduled Box shows the loop saw them) ...
+        let yearly = schedule(&sys, &box_id, "0 0 1 1 *");
+        assert_eq!(yearly.status, 200, "{mode:?}: {}", yearly.raw);
+        set_clock(&clock, base + TimeDelta::seconds(7 * 60 + 5));
+        let other = scheduled_box(&sys, "hourly-check", "*/1 * * * *");
+        has_ticks(&sys, &other, &[base + TimeDelta::minutes(7)]);
+        assert_eq!(workers(&sys, &box_id).len(), 3, "{mode:?}: the edited schedule has no tick now");
+        // ... and back to every minute, it runs at the next tick.
+        assert_eq!(schedule(&sys, &box_id, "*/1 * * * *").status, 200, "{mode:?}");
+        set_clock(&clock, base + TimeDelta::seconds(8 * 60 + 5));
+        let minutes = [0, 1, 6, 8].map(|m| base + TimeDelta::minutes(m));
+        has_ticks(&sys, &box_id, &minutes);
+
         // A stopped Box's schedule stops.
         let stop = sys.post(&format!("/api/v1/boxes/{box_id}/stop"), &sys.admin, &json!({}));
         assert_eq!(stop.status, 200, "{}", stop.raw);
-        set_clock(&clock, base + TimeDelta::seconds(8 * 60 + 5));
-        // A second scheduled Box gets the tick: the loop has seen the time since the stop.
-        let other = scheduled_box(&sys, "hourly-check", "*/1 * * * *");
-        has_ticks(&sys, &other, &[base + TimeDelta::minutes(8)]);
-        assert_eq!(workers(&sys, &box_id).len(), 3, "{mode:?}: a stopped Box is not scheduled");
+        set_clock(&clock, base + TimeDelta::seconds(9 * 60 + 5));
+        has_ticks(&sys, &other, &[7, 8, 9].map(|m| base + TimeDelta::minutes(m)));
+        assert_eq!(workers(&sys, &box_id).len(), 4, "{mode:?}: a stopped Box is not scheduled");
         drop(sys);
     }
 }

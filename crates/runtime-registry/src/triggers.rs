@@ -63,6 +63,13 @@ struct Scheduled {
     done: Option<DateTime<Utc>>,
 }
 
+/// One pass of the loop: its time, and the previous pass's.
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    now: DateTime<Utc>,
+    previous: DateTime<Utc>,
+}
+
 /// Runs the schedule loop while this replica holds it, until `shutdown`.
 pub(crate) async fn run_schedules(registry: Arc<Registry>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     loop {
@@ -78,14 +85,20 @@ pub(crate) async fn run_schedules(registry: Arc<Registry>, mut shutdown: tokio::
 async fn schedule_loop(registry: &Registry) {
     let mut known: HashMap<String, Scheduled> = HashMap::new();
     let mut warned = false;
+    // When the last pass looked: a schedule edited since counts from then.
+    let mut previous = None;
     loop {
+        // The time of this pass, read before the Boxes: what they say held at it.
+        let now = failpoints::now();
         match scheduled_boxes(registry).await {
             Ok(boxes) => {
                 warned = false;
                 known.retain(|box_id, _| boxes.contains_key(box_id));
+                let pass = Pass { now, previous: previous.unwrap_or(now) };
                 for (box_id, manifest) in boxes {
-                    registry.schedule_tick(&mut known, &box_id, &manifest).await;
+                    registry.schedule_tick(&mut known, &box_id, &manifest, pass).await;
                 }
+                previous = Some(now);
             }
             Err(e) => {
                 if !std::mem::replace(&mut warned, true) {
@@ -120,11 +133,18 @@ async fn scheduled_boxes(registry: &Registry) -> anyhow::Result<BTreeMap<String,
 
 impl Registry {
     /// Launches Box `box_id`'s due tick, if one is due and not launched yet.
-    async fn schedule_tick(&self, known: &mut HashMap<String, Scheduled>, box_id: &str, manifest: &BoxManifest) {
+    async fn schedule_tick(&self, known: &mut HashMap<String, Scheduled>, box_id: &str, manifest: &BoxManifest, pass: Pass) {
         let stale = known.get(box_id).is_none_or(|s| s.expression != manifest.trigger_schedule);
         if stale {
+            // A schedule edited while the loop runs counts from the last pass, when the
+            // old one was still in force: its next tick is the first (a Box first seen
+            // counts from its events, so a missed tick still runs).
+            let edited = known.contains_key(box_id);
             match self.scheduled(box_id, &manifest.trigger_schedule).await {
-                Ok(Some(s)) => {
+                Ok(Some(mut s)) => {
+                    if edited {
+                        s.since = s.since.max(pass.previous);
+                    }
                     known.insert(box_id.to_owned(), s);
                 }
                 Ok(None) => return,
@@ -135,7 +155,7 @@ impl Registry {
             }
         }
         let Some(s) = known.get_mut(box_id) else { return };
-        let Some(tick) = s.schedule.due(s.since, failpoints::now()) else { return };
+        let Some(tick) = s.schedule.due(s.since, pass.now) else { return };
         if s.done.is_some_and(|done| done >= tick) {
             return;
         }
