@@ -3,20 +3,52 @@
 //! draft first and highlighted, approved only after the second confirmation, the Box in the
 //! Boxes view without a reload (live updates), a rejection with a reason, a refusal in
 //! words, edits, a Worker launched, the audit ledger verified; an agent sees no approve or
-//! reject control. Screenshots of each view are kept under the test's output directory.
+//! reject control; the links in announcements open their views. Webhooks: a delivery
+//! dead-lettered and one delivered, seen in the Webhooks view with their deliveries.
+//! Screenshots of each view are kept under the test's output directory.
 //!
 //! Needs what `scripts/test` provides: `ATASIRA_TEST_PYTHON` (a venv with `playwright`) and
 //! `ATASIRA_TEST_CHROMIUM` (Debian's chromium).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
+use atasira_tests::fixtures::eventually;
+use atasira_tests::harness::receiver::Receiver;
 use atasira_tests::harness::{Mode, OutputWithin, SUBPROCESS_LIMIT, System, http};
 use atasira_tests::workspace_root;
 use serde_json::{Value, json};
 
 fn env(name: &str, what: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the suite with scripts/test, which installs {what}"))
+}
+
+/// One headless Chromium at a time: the browser tests share a small machine.
+static BROWSER: Mutex<()> = Mutex::new(());
+
+/// Runs `scenario` of tests/browser/dashboard.py against `sys`, with `extra` in its
+/// environment and its screenshots in `out`; fails the test unless every step passed.
+fn browse(sys: &System, scenario: &str, out: &Path, extra: &[(&str, String)]) {
+    let python = env("ATASIRA_TEST_PYTHON", "playwright into its venv");
+    let chromium = env("ATASIRA_TEST_CHROMIUM", "Debian's chromium");
+    let run = Command::new(&python)
+        .arg(workspace_root().join("tests/browser/dashboard.py"))
+        .env("ATASIRA_DASHBOARD_SCENARIO", scenario)
+        .env("ATASIRA_DASHBOARD_URL", &sys.base_url)
+        .env("ATASIRA_DASHBOARD_ADMIN", &sys.admin)
+        .env("ATASIRA_DASHBOARD_AGENT", &sys.agent)
+        .env("ATASIRA_DASHBOARD_OUT", out)
+        .env("ATASIRA_TEST_CHROMIUM", &chromium)
+        .envs(extra.iter().map(|(k, v)| (k, v)))
+        .output_within(SUBPROCESS_LIMIT)
+        .expect("python runs (is playwright installed in the venv of ATASIRA_TEST_PYTHON?)");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    eprintln!("{stdout}");
+    assert!(run.status.success(), "the browser scenarios failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all scenarios passed"), "{stdout}");
 }
 
 fn draft(sys: &System, token: &str, body: &Value) -> String {
@@ -60,8 +92,7 @@ fn r_ui_1_the_page_is_served_with_its_policy_and_leaves_the_api_alone() {
 
 #[test]
 fn r_ui_1_an_admin_approves_over_the_limit_after_a_second_confirmation_and_an_agent_cannot_in_a_browser() {
-    let python = env("ATASIRA_TEST_PYTHON", "playwright into its venv");
-    let chromium = env("ATASIRA_TEST_CHROMIUM", "Debian's chromium");
+    let _browser = BROWSER.lock().unwrap_or_else(PoisonError::into_inner);
     // An over-the-limit draft needs two human admins (R-CHANGE-3): the page shows the progress.
     let sys = System::start_with(Mode::Embedded, &[("ATASIRA_OVER_LIMIT_APPROVALS", "2".to_owned())]);
     let second_admin = sys.token("second-admin", "admin", "human");
@@ -82,22 +113,7 @@ fn r_ui_1_an_admin_approves_over_the_limit_after_a_second_confirmation_and_an_ag
     // The screenshots stay after the run, under cargo's directory for test output.
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
     let drafts = json!({"over": over, "reject": reject, "live": live, "own": own, "types": types});
-    let run = Command::new(&python)
-        .arg(workspace_root().join("tests/browser/dashboard.py"))
-        .env("ATASIRA_DASHBOARD_URL", &sys.base_url)
-        .env("ATASIRA_DASHBOARD_ADMIN", &sys.admin)
-        .env("ATASIRA_DASHBOARD_SECOND_ADMIN", &second_admin)
-        .env("ATASIRA_DASHBOARD_AGENT", &sys.agent)
-        .env("ATASIRA_DASHBOARD_DRAFTS", drafts.to_string())
-        .env("ATASIRA_DASHBOARD_OUT", &out)
-        .env("ATASIRA_TEST_CHROMIUM", &chromium)
-        .output_within(SUBPROCESS_LIMIT)
-        .expect("python runs (is playwright installed in the venv of ATASIRA_TEST_PYTHON?)");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    eprintln!("{stdout}");
-    assert!(run.status.success(), "the browser scenarios failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("all scenarios passed"), "{stdout}");
+    browse(&sys, "approvals", &out, &[("ATASIRA_DASHBOARD_SECOND_ADMIN", second_admin), ("ATASIRA_DASHBOARD_DRAFTS", drafts.to_string())]);
     for view in ["pending", "boxes", "workers", "audit", "agent"] {
         assert!(out.join(format!("dashboard-{view}.png")).is_file(), "no screenshot of {view} in {}", out.display());
     }
@@ -106,6 +122,51 @@ fn r_ui_1_an_admin_approves_over_the_limit_after_a_second_confirmation_and_an_ag
     let drafts = sys.get(&format!("/api/v1/boxes/box-drafts/{over}"), &sys.admin);
     assert_eq!(drafts.body["status"], "active", "{}", drafts.raw);
     assert_eq!(sys.get(&format!("/api/v1/boxes/box-drafts/{own}"), &sys.admin).body["status"], "pending_approval");
+    let (code, verified) = sys.audit_verify();
+    assert_eq!((code, verified["ok"].as_bool()), (0, Some(true)), "{verified}");
+}
+
+#[test]
+fn r_notify_1_the_dashboard_shows_webhooks_their_deliveries_and_the_dead_ones_in_a_browser() {
+    let _browser = BROWSER.lock().unwrap_or_else(PoisonError::into_inner);
+    // One receiver refuses every delivery, the other takes each; two attempts, 100 ms apart.
+    let failing = Receiver::start(|_, _| "500 Internal Server Error");
+    let ok = Receiver::start(|_, _| "204 No Content");
+    let env = [("ATASIRA_WEBHOOK_ATTEMPTS", "2".to_owned()), ("ATASIRA_WEBHOOK_BACKOFF", "100ms".to_owned())];
+    let sys = System::start_with(Mode::Embedded, &env);
+    let (failing_url, ok_url) = (failing.url("/hooks/down"), ok.url("/hooks/ok"));
+
+    // The browser registers both, sees a draft's delivery dead-lettered at one and delivered
+    // at the other, reads the deliveries and removes the second webhook.
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    let hooks = json!({"failing": failing_url, "ok": ok_url});
+    browse(&sys, "webhooks", &out, &[("ATASIRA_DASHBOARD_WEBHOOKS", hooks.to_string())]);
+    assert!(out.join("dashboard-webhooks.png").is_file(), "no screenshot of webhooks in {}", out.display());
+
+    // What the browser saw is what happened: two attempts at the one, one at the other.
+    assert_eq!(failing.at("/hooks/down").len(), 2, "{:?}", failing.received());
+    let delivered = ok.at("/hooks/ok");
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert!(delivered[0].json()["text"].as_str().is_some_and(|t| t.contains("/#pending")), "{:?}", delivered[0].json());
+    let listed = sys.get("/api/v1/webhooks", &sys.admin);
+    assert_eq!(listed.status, 200, "{}", listed.raw);
+    let webhooks = listed.body["webhooks"].as_array().cloned().unwrap_or_default();
+    assert_eq!(webhooks.len(), 1, "the second webhook was removed: {}", listed.raw);
+    let w = &webhooks[0];
+    assert_eq!(
+        (w["url"].as_str(), w["delivered"].as_u64(), w["pending"].as_u64(), w["dead"].as_u64()),
+        (Some(failing_url.as_str()), Some(0), Some(0), Some(1)),
+        "{w}"
+    );
+    let id = w["webhook_id"].as_str().expect("webhook_id");
+    let dead = sys.get(&format!("/api/v1/webhooks/{id}/deliveries?state=dead"), &sys.admin);
+    assert_eq!(dead.body["deliveries"][0]["last_status"], 500, "{}", dead.raw);
+    // Registering and removing are on the ledger, as is the dead letter.
+    let rows = |action: &str| sys.get(&format!("/api/v1/audit?action={action}"), &sys.admin).body["rows"].as_array().map_or(0, Vec::len);
+    eventually("the webhooks' rows on the ledger", Duration::from_secs(30), || {
+        let got = [rows("webhook.register"), rows("webhook.remove"), rows("webhook.dead_letter")];
+        if got == [2, 1, 1] { Ok(()) } else { Err(format!("register, remove, dead letter: {got:?}")) }
+    });
     let (code, verified) = sys.audit_verify();
     assert_eq!((code, verified["ok"].as_bool()), (0, Some(true)), "{verified}");
 }

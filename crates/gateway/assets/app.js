@@ -6,13 +6,23 @@
 // Live updates come from GET /api/v1/events/stream (server-sent events, read with fetch
 // because EventSource cannot send the Authorization header); while it is down, the open
 // view is re-read every 5 s.
+//
+// The hash names a view, or one thing in it: `#boxes/<id>`, `#workers/<id>`,
+// `#webhooks/<id>`; `#pending` and `#tool-requests` are what the links in announcements to
+// approvers (webhooks) open.
 
 const TOKEN_KEY = 'atasira.token';
 const NOTICE_KEY = 'atasira.notice';
 const POLL_MS = 5000;
-const VIEWS = ['drafts', 'boxes', 'workers', 'audit'];
-// Which views a `changed` event's topic concerns.
-const TOPIC_VIEWS = { drafts: ['drafts'], boxes: ['boxes', 'workers'], workers: ['workers'], audit: ['audit'] };
+const VIEWS = ['drafts', 'boxes', 'workers', 'webhooks', 'audit'];
+// Views only admins see (the API refuses the others).
+const ADMIN_VIEWS = ['webhooks', 'audit'];
+// Other names of views in a hash.
+const VIEW_ALIASES = { pending: 'drafts', 'tool-requests': 'workers' };
+// Which views a `changed` event's topic concerns. Webhooks change with audit events
+// (registered, removed, a delivery dead-lettered); deliveries that go well are no event,
+// so the open Webhooks view is also re-read every 5 s.
+const TOPIC_VIEWS = { drafts: ['drafts'], boxes: ['boxes', 'workers'], workers: ['workers'], audit: ['audit', 'webhooks'] };
 
 const state = {
   token: null,
@@ -23,6 +33,10 @@ const state = {
   boxFormsFor: null, // the Box whose edit forms are on the page
   workersBox: null,
   worker: null,
+  webhooks: [],
+  webhook: null, // the webhook whose deliveries are shown
+  webhookState: '', // which of its deliveries: '' (all), pending, delivered or dead
+  webhookRemoving: null, // the webhook whose removal waits for its confirmation
   audit: { action: '', target: '' },
 };
 
@@ -214,7 +228,7 @@ const isHumanAdmin = () => isAdmin() && state.me.kind === 'human';
 
 // --- views and refreshing ----------------------------------------------------------------
 
-const loaders = { drafts: loadDrafts, boxes: loadBoxes, workers: loadWorkers, audit: loadAudit };
+const loaders = { drafts: loadDrafts, boxes: loadBoxes, workers: loadWorkers, webhooks: loadWebhooks, audit: loadAudit };
 const stale = new Set(VIEWS);
 const running = new Map();
 const again = new Set();
@@ -243,11 +257,51 @@ function load(view) {
 }
 
 function show(view) {
-  if (!VIEWS.includes(view) || (view === 'audit' && !isAdmin())) view = 'drafts';
+  if (!VIEWS.includes(view) || (ADMIN_VIEWS.includes(view) && !isAdmin())) view = 'drafts';
   state.view = view;
   for (const v of VIEWS) $(`view-${v}`).hidden = v !== view;
   for (const a of document.querySelectorAll('#tabs a')) a.classList.toggle('current', a.dataset.view === view);
   if (stale.has(view)) load(view);
+}
+
+/** Opens what a hash names: a view (`drafts`, `pending`, `tool-requests`, ...) or one
+ * thing in it (`boxes/<id>`, `workers/<id>`, `webhooks/<id>`). */
+async function navigate(hash) {
+  const slash = hash.indexOf('/');
+  const head = slash < 0 ? hash : hash.slice(0, slash);
+  let id = null;
+  try {
+    id = slash < 0 ? null : decodeURIComponent(hash.slice(slash + 1)) || null;
+  } catch {
+    id = null;
+  }
+  const view = VIEW_ALIASES[head] || head;
+  if (id && view === 'boxes') {
+    state.box = id;
+    stale.add('boxes');
+  } else if (id && view === 'webhooks') {
+    state.webhook = id;
+    stale.add('webhooks');
+  } else if (id && view === 'workers') {
+    // The Workers view lists one Box's Workers: the Worker's.
+    try {
+      const w = await api('GET', `/workers/${seg(id)}`);
+      state.workersBox = w.box_id;
+      state.worker = w.worker_id;
+      if (state.boxes.length) fillWorkersBoxes();
+      stale.add('workers');
+    } catch (e) {
+      show('workers');
+      showError($('workers-error'), e);
+      return;
+    }
+  }
+  show(view);
+  if (head === 'tool-requests') {
+    await running.get('workers');
+    const requests = $('tool-requests');
+    if (!requests.hidden) requests.scrollIntoView();
+  }
 }
 
 // --- pending drafts ----------------------------------------------------------------------
@@ -732,6 +786,198 @@ function setupLaunch() {
   });
 }
 
+// --- webhooks ----------------------------------------------------------------------------
+
+// What a webhook may be told about (README: "Webhooks for approvers").
+const WEBHOOK_KINDS = [
+  ['draft.pending', 'a draft waits for approval'],
+  ['change.pending', 'a change request waits for approval'],
+  ['tool_request.pending', 'a tool call waits for a human admin'],
+  ['provisioning.failed', 'access setup failed'],
+  ['worker.escalated', 'a failed Worker escalates'],
+];
+// The newest deliveries shown (the API gives at most 200).
+const DELIVERIES_SHOWN = 100;
+
+async function loadWebhooks() {
+  const { webhooks } = await api('GET', '/webhooks');
+  clearError($('webhooks-error'));
+  state.webhooks = webhooks;
+  const human = isHumanAdmin();
+  $('webhook-side').hidden = !human;
+  $('webhooks-split').classList.toggle('single', !human);
+  const note = $('webhooks-note');
+  note.hidden = human;
+  note.textContent = 'Registering and removing webhooks need a human admin; this token is an agent\u2019s.';
+  const dead = webhooks.reduce((n, w) => n + w.dead, 0);
+  $('webhooks-count').textContent = `${webhooks.length} registered${dead ? ` \u00b7 ${dead} failed ${dead === 1 ? 'delivery' : 'deliveries'}` : ''}`;
+  $('webhooks-table').hidden = webhooks.length === 0;
+  $('webhooks-empty').hidden = webhooks.length > 0;
+  if (!webhooks.some((w) => w.webhook_id === state.webhook)) state.webhook = null;
+  // Drawn again only when something changed: the view is re-read every 5 s.
+  const drawn = JSON.stringify([webhooks, state.webhook, human]);
+  if (drawn !== loadWebhooks.drawn) {
+    loadWebhooks.drawn = drawn;
+    $('webhooks-rows').replaceChildren(...webhooks.map(webhookRow));
+  }
+  await loadDeliveries();
+}
+
+function webhookRow(w) {
+  const classes = [w.dead ? 'failing' : '', w.webhook_id === state.webhook ? 'current' : ''].join(' ').trim();
+  return el('tr', { class: classes || null, dataset: { webhookId: w.webhook_id } },
+    el('td', {}, el('button', { type: 'button', class: 'link', title: 'Show its deliveries', text: w.url, onclick: () => selectWebhook(w.webhook_id) })),
+    el('td', { text: w.format }),
+    el('td', {}, w.kinds.length ? chips(w.kinds) : el('span', { class: 'muted', text: 'every kind' })),
+    el('td', { class: 'count delivered', text: String(w.delivered) }),
+    el('td', { class: 'count pending', text: String(w.pending) }),
+    el('td', { class: 'count dead' }, w.dead
+      ? el('button', { type: 'button', class: 'badge danger', title: 'Show the failed (dead) deliveries', text: String(w.dead), onclick: () => selectWebhook(w.webhook_id, 'dead') })
+      : '0'),
+    el('td', {}, w.registered_by, ' \u00b7 ', when(w.registered_at)),
+    el('td', { class: 'nowrap' }, isHumanAdmin() ? removeWebhook(w) : null));
+}
+
+/** Remove, after a confirmation (which a refresh of the list keeps open). */
+function removeWebhook(w) {
+  const open = state.webhookRemoving === w.webhook_id;
+  const ask = el('button', { type: 'button', dataset: { action: 'remove' }, hidden: open, text: 'Remove\u2026' });
+  const confirm = el('span', { class: 'confirm', hidden: !open },
+    'Nothing more is sent to it. ',
+    el('button', { type: 'button', class: 'danger', dataset: { action: 'confirm-remove' }, text: 'Remove for good', onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        await api('DELETE', `/webhooks/${seg(w.webhook_id)}`);
+        flash(`Removed the webhook to ${w.url}: nothing more is sent to it.`);
+        if (state.webhook === w.webhook_id) state.webhook = null;
+        state.webhookRemoving = null;
+        invalidate(['webhooks', 'audit']);
+      } catch (e) {
+        event.target.disabled = false;
+        showError($('webhooks-error'), e);
+      }
+    } }),
+    ' ',
+    el('button', { type: 'button', text: 'Cancel', onclick: () => { state.webhookRemoving = null; confirm.hidden = true; ask.hidden = false; } }));
+  ask.addEventListener('click', () => { state.webhookRemoving = w.webhook_id; ask.hidden = true; confirm.hidden = false; });
+  return el('span', {}, ask, confirm);
+}
+
+/** Shows a webhook's deliveries; `only` picks which (`dead`: the failed ones). */
+function selectWebhook(id, only) {
+  state.webhook = id;
+  if (only !== undefined) {
+    state.webhookState = only;
+    $('deliveries-state').value = only;
+  }
+  for (const tr of document.querySelectorAll('#webhooks-rows tr')) tr.classList.toggle('current', tr.dataset.webhookId === id);
+  loadDeliveries().catch((e) => showError($('webhooks-error'), e));
+}
+
+async function loadDeliveries() {
+  const id = state.webhook;
+  const only = state.webhookState;
+  const asked = (loadDeliveries.asked = (loadDeliveries.asked || 0) + 1);
+  const w = state.webhooks.find((x) => x.webhook_id === id);
+  $('webhook-choose').hidden = !!w || state.webhooks.length === 0;
+  $('webhook-detail').hidden = !w;
+  if (!w) return;
+  const query = new URLSearchParams({ limit: String(DELIVERIES_SHOWN) });
+  if (only) query.set('state', only);
+  const { deliveries } = await api('GET', `/webhooks/${seg(id)}/deliveries?${query}`);
+  // A later choice (another webhook, another filter) wins.
+  if (asked !== loadDeliveries.asked) return;
+  const drawn = JSON.stringify([id, only, deliveries]);
+  if (drawn === loadDeliveries.drawn) return;
+  loadDeliveries.drawn = drawn;
+  $('deliveries-url').textContent = w.url;
+  const n = deliveries.length;
+  const none = { '': 'No delivery yet: nothing it hears of has happened since it was registered.', dead: 'No failed (dead) delivery.',
+    pending: 'No delivery is being tried.', delivered: 'No delivery was accepted yet.' };
+  $('deliveries-count').textContent = n === 0
+    ? none[only]
+    : `${n === DELIVERIES_SHOWN ? 'The newest ' : ''}${n} ${only === 'dead' ? 'failed (dead) ' : only ? `${only} ` : ''}${n === 1 ? 'delivery' : 'deliveries'}, newest first.`;
+  $('deliveries-table').hidden = deliveries.length === 0;
+  $('deliveries-rows').replaceChildren(...deliveries.map((d) => el('tr', { class: d.state === 'dead' ? 'failed' : null, dataset: { deliveryId: d.delivery_id, state: d.state } },
+    el('td', { class: 'nowrap' }, when(d.created_at)),
+    el('td', { class: 'kind', text: d.kind }),
+    el('td', {}, el('code', { title: 'The event announced (the audit ledger\u2019s event column)', text: d.event_id })),
+    el('td', { class: 'state' }, el('span', { class: `badge state-${d.state}`, text: d.state })),
+    el('td', { class: 'count attempts', text: String(d.attempts) }),
+    el('td', { class: `status${d.last_status && (d.last_status < 200 || d.last_status > 299) ? ' bad' : ''}`, text: d.last_status ? String(d.last_status) : d.attempts ? 'no answer' : '\u2014' }),
+    el('td', { class: 'last-error', text: d.last_error }),
+    el('td', { class: 'nowrap' }, d.attempts ? when(d.updated_at) : '\u2014'),
+    el('td', { class: 'nowrap' }, d.next_attempt_at ? el('time', { datetime: d.next_attempt_at, text: localTime(d.next_attempt_at) }) : '\u2014'))));
+}
+
+/** The secret of a webhook just registered: shown this once, until the admin says it is kept. */
+function showSecret(w) {
+  const value = el('input', { id: 'webhook-secret-value', readonly: true, spellcheck: 'false', value: w.secret, onfocus: (event) => event.target.select() });
+  const said = el('span', { class: 'muted' });
+  const copy = el('button', { type: 'button', text: 'Copy', onclick: async () => {
+    try {
+      await navigator.clipboard.writeText(w.secret);
+      said.textContent = ' Copied.';
+    } catch {
+      value.select();
+      said.textContent = ' Selected: copy it with your keyboard.';
+    }
+  } });
+  const box = $('webhook-secret');
+  box.replaceChildren(
+    el('h3', { text: 'Keep this secret now' }),
+    el('p', {}, 'The webhook to ', el('code', { text: w.url }), ' signs every delivery with it (', el('code', { text: 'X-Atasira-Signature' }),
+      '). It is shown this once and cannot be read again: put it where the receiver can read it.'),
+    el('p', { class: 'actions' }, value, copy, said),
+    el('button', { type: 'button', dataset: { action: 'secret-kept' }, text: 'I have kept it', onclick: () => { box.replaceChildren(); box.hidden = true; } }));
+  box.hidden = false;
+}
+
+/** The registration form (human admins): built once, so a refresh keeps what is typed. */
+function setupWebhooks() {
+  const url = el('input', { type: 'url', name: 'url', id: 'webhook-url', required: true, maxlength: 2048, spellcheck: 'false', autocomplete: 'off',
+    placeholder: 'https://chat.example.com/hooks/approvers' });
+  const format = el('select', { name: 'format', id: 'webhook-format' },
+    el('option', { value: 'json', text: 'json: the announcement as JSON' }),
+    el('option', { value: 'slack', text: 'slack: {"text": \u2026} (Slack, Mattermost, Rocket.Chat)' }));
+  const kinds = el('fieldset', { class: 'field kinds', dataset: { key: 'kinds' } },
+    el('legend', { text: 'Kinds (none checked: every kind)' }),
+    WEBHOOK_KINDS.map(([kind, what]) => el('label', { class: 'check' },
+      el('input', { type: 'checkbox', name: 'kinds', value: kind }), el('span', {}, el('code', { text: kind }), el('span', { class: 'muted', text: ` ${what}` })))),
+    el('p', { class: 'error field-error', role: 'alert', hidden: true }));
+  const general = el('p', { class: 'error form-error', role: 'alert', hidden: true });
+  const submit = el('button', { type: 'submit', text: 'Register webhook' });
+  const form = el('form', { class: 'panel edit', id: 'webhook-form', autocomplete: 'off' },
+    el('h3', { text: 'Register a webhook' }),
+    el('p', { class: 'muted', text: 'Approvers hear of every decision waiting for them: each announcement is POSTed to the URL, signed with a secret shown once.' }),
+    field('URL', url, 'url'), field('Format', format, 'format'), kinds, general, submit);
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    clearError(general);
+    const body = { url: url.value.trim(), format: format.value, kinds: [...form.querySelectorAll('input[name=kinds]:checked')].map((c) => c.value) };
+    submit.disabled = true;
+    try {
+      const w = await api('POST', '/webhooks', body);
+      for (const f of form.querySelectorAll('.field-error')) clearError(f);
+      form.reset();
+      showSecret(w);
+      flash(`Registered the webhook to ${w.url}.`);
+      invalidate(['webhooks', 'audit']);
+    } catch (e) {
+      showFormError(form, general, e);
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  $('webhook-side').append(form);
+  $('deliveries-state').addEventListener('change', (event) => {
+    state.webhookState = event.target.value;
+    loadDeliveries().catch((e) => showError($('webhooks-error'), e));
+  });
+  // Deliveries that go well are no event: the open view is read again now and then.
+  setInterval(() => { if (state.me && state.view === 'webhooks' && !document.hidden) invalidate(['webhooks']); }, POLL_MS);
+}
+
 // --- audit -------------------------------------------------------------------------------
 
 async function loadAudit() {
@@ -860,7 +1106,7 @@ async function signIn(token) {
   who.replaceChildren('Signed in as ', el('strong', { text: me.user_id }), ' ', el('span', { class: 'badge role', text: `${me.role} \u00b7 ${me.kind}` }));
   who.hidden = false;
   $('sign-out').hidden = false;
-  show(location.hash.slice(1) || 'drafts');
+  navigate(location.hash.slice(1));
   connect();
 }
 
@@ -888,10 +1134,11 @@ function start() {
     }
   });
   $('sign-out').addEventListener('click', () => signOut());
-  window.addEventListener('hashchange', () => { if (state.me) show(location.hash.slice(1)); });
+  window.addEventListener('hashchange', () => { if (state.me) navigate(location.hash.slice(1)); });
   $('audit-filter').addEventListener('submit', (event) => { event.preventDefault(); filterAudit(); });
   $('audit-filter').addEventListener('reset', () => setTimeout(filterAudit));
   setupLaunch();
+  setupWebhooks();
   const notice = sessionStorage.getItem(NOTICE_KEY);
   if (notice) {
     sessionStorage.removeItem(NOTICE_KEY);
