@@ -298,20 +298,27 @@ fn box_notification(event: &StoredEvent) -> anyhow::Result<Option<BoxNotice>> {
 
 /// Queues a Box's notification (one delivery, to its channel); how many (1).
 async fn queue_box_notification(tx: &mut Transaction<'static, Any>, event_id: &str, notice: &BoxNotice) -> anyhow::Result<usize> {
-    let now = now_ms();
+    let kind = format!("box.{}", notice.notification.channel);
+    enqueue(tx, BOX, event_id, &kind, serde_json::to_string(notice)?).await?;
+    Ok(1)
+}
+
+/// Queues one delivery of event `event_id` to `target`, due now (once: its id derives from
+/// the target and the event).
+async fn enqueue(tx: &mut Transaction<'static, Any>, target: &str, event_id: &str, kind: &str, body: String) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO webhook_deliveries (delivery_id, webhook_id, event_id, kind, body, state, attempts, next_at_ms, last_status, last_error, created_at_ms, updated_at_ms)
          VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6, 0, '', $6, $6) ON CONFLICT (delivery_id) DO NOTHING",
     )
-    .bind(delivery_id(BOX, event_id))
-    .bind(BOX)
+    .bind(delivery_id(target, event_id))
+    .bind(target)
     .bind(event_id)
-    .bind(format!("box.{}", notice.notification.channel))
-    .bind(serde_json::to_string(notice)?)
-    .bind(now)
+    .bind(kind)
+    .bind(body)
+    .bind(now_ms())
     .execute(&mut **tx)
     .await?;
-    Ok(1)
+    Ok(())
 }
 
 /// Queues `a` for every live webhook that wants its kind (and the NATS subject); how many.
@@ -327,21 +334,8 @@ async fn queue(tx: &mut Transaction<'static, Any>, config: &NotifierConfig, a: &
     if config.on_bus && Utc::now() - a.at < BUS_WINDOW {
         targets.push((BUS.to_owned(), Format::Json));
     }
-    let now = now_ms();
     for (webhook_id, format) in &targets {
-        let body = serde_json::to_string(&notify::body(a, *format, &config.public_url))?;
-        sqlx::query(
-            "INSERT INTO webhook_deliveries (delivery_id, webhook_id, event_id, kind, body, state, attempts, next_at_ms, last_status, last_error, created_at_ms, updated_at_ms)
-             VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6, 0, '', $6, $6) ON CONFLICT (delivery_id) DO NOTHING",
-        )
-        .bind(delivery_id(webhook_id, &a.event_id))
-        .bind(webhook_id)
-        .bind(&a.event_id)
-        .bind(&a.kind)
-        .bind(body)
-        .bind(now)
-        .execute(&mut **tx)
-        .await?;
+        enqueue(tx, webhook_id, &a.event_id, &a.kind, serde_json::to_string(&notify::body(a, *format, &config.public_url))?).await?;
     }
     Ok(targets.len())
 }
