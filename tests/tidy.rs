@@ -573,8 +573,20 @@ fn permission_table() -> String {
         subscribe: p.subscribe.iter().map(|s| s.replace(&"0".repeat(64), hash)).collect(),
         ..p
     };
-    for (who, admin) in [("NATS publisher, member (PAT hash `H`)", false), ("NATS publisher, admin (PAT hash `H`)", true)] {
-        let p = shown(subjects::client_permissions(&"0".repeat(64), admin).expect("a hash"));
+    let listener = subjects::permissions_of(subjects::TRIGGER_LISTENER);
+    table.push_str(&format!(
+        "| `{}` (the runtime registry's second connection) | {} | {}, never {} |\n",
+        subjects::TRIGGER_LISTENER,
+        list(&listener.publish),
+        list(&listener.subscribe),
+        list(&listener.deny_subscribe)
+    ));
+    let topics = ["T".to_owned()];
+    for (who, admin) in [
+        ("NATS publisher, member (PAT hash `H`; `T`: each topic of the event Boxes it may start)", false),
+        ("NATS publisher, admin (PAT hash `H`; `T` likewise)", true),
+    ] {
+        let p = shown(subjects::client_permissions(&"0".repeat(64), admin, &topics).expect("a hash"));
         table.push_str(&format!("| {who} | {} | {} |\n", list(&p.publish), list(&p.subscribe)));
     }
     let p = subjects::host_permissions("host-name").expect("a host name");

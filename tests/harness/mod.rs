@@ -24,7 +24,7 @@ mod system;
 
 pub use self::binary::{Hold, OutputWithin, SUBPROCESS_LIMIT, atasira_bin};
 pub use self::http::{Answer, http};
-pub use self::nats::{Nats, creds_seed, nats_tls, pat_options, reporting_server_errors};
+pub use self::nats::{Nats, creds_block_seed, creds_seed, nats_tls, pat_options, reporting_server_errors};
 pub use self::postgres::{Database, PrivatePostgres};
 pub use self::proc::{Proc, TempDir, free_port, free_ports, listening_url};
 pub use self::system::{CLUSTER_SERVICES, HOSTS, Mode, System, example_runner, in_both_modes};

@@ -12,9 +12,16 @@ use super::proc::{Proc, TempDir, free_ports, required_env};
 
 /// The user nkey seed in a credentials file `atasira nats-config` wrote.
 pub fn creds_seed(path: &Path) -> String {
+    creds_block_seed(path, "USER NKEY SEED")
+}
+
+/// The seed in the `kind` block of a credentials file (`TRIGGER LISTENER USER NKEY SEED`:
+/// the runtime registry's trigger listener).
+pub fn creds_block_seed(path: &Path, kind: &str) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut lines = text.lines().skip_while(|l| l.trim() != "-----BEGIN USER NKEY SEED-----").skip(1);
-    lines.next().map(|l| l.trim().to_owned()).unwrap_or_else(|| panic!("no user seed in {}", path.display()))
+    let begin = format!("-----BEGIN {kind}-----");
+    let mut lines = text.lines().skip_while(|l| l.trim() != begin).skip(1);
+    lines.next().map(|l| l.trim().to_owned()).unwrap_or_else(|| panic!("no {kind} in {}", path.display()))
 }
 
 /// Every NATS CA certificate `atasira nats-config` made in this test process: clients of

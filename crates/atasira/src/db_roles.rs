@@ -71,9 +71,19 @@ pub fn grants(identity: &str) -> RoleGrants {
             ],
         ),
         subjects::RUNTIME_REGISTRY => (
-            ["box_rows", "registry_manifest_files", "worker_rows", "worker_transcript", "worker_life", "worker_log", "tool_requests", "host_leases"]
-                .map(|t| (t, "SELECT, INSERT, UPDATE, DELETE"))
-                .to_vec(),
+            [
+                "box_rows",
+                "registry_manifest_files",
+                "worker_rows",
+                "worker_transcript",
+                "worker_life",
+                "worker_log",
+                "tool_requests",
+                "host_leases",
+                "trigger_slots",
+            ]
+            .map(|t| (t, "SELECT, INSERT, UPDATE, DELETE"))
+            .to_vec(),
             [types::BOX, types::BOX_TYPE_NAMESPACE, types::REGISTRY_SECURITY, types::WORKER, types::CONFIG_BUNDLE, types::REGISTRY_ASSERTION_KEYS]
                 .map(|t| (t, None))
                 .to_vec(),
@@ -200,6 +210,8 @@ pub async fn prepare_all(db: &atasira_platform::store::Db) -> anyhow::Result<()>
         max_boxes: 0,
         host_lease: std::time::Duration::from_secs(10),
         ask_ttl: std::time::Duration::from_secs(300),
+        trigger_in_flight: 0,
+        listener: None,
     };
     for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
         atasira_platform::projection::prepare(db, p.as_ref()).await?;

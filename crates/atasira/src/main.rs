@@ -463,6 +463,11 @@ struct CommonArgs {
     /// denied: 5m, 30s, 1h.
     #[arg(long, env = "ATASIRA_ASK_TTL", value_name = "DURATION", default_value = "5m", value_parser = atasira_domain::worker::parse_ttl)]
     ask_ttl: Duration,
+    /// Workers an event-triggered Box may have running at once, counting every Worker its
+    /// schedule or events started that has not ended; an event beyond is refused and
+    /// recorded, not queued.
+    #[arg(long, env = "ATASIRA_TRIGGER_IN_FLIGHT", value_name = "N", default_value_t = atasira_domain::trigger::IN_FLIGHT, value_parser = clap::value_parser!(usize))]
+    trigger_in_flight: usize,
     /// The dashboard's address as approvers reach it: links in webhook deliveries and
     /// announcements start there.
     #[arg(long, env = "ATASIRA_PUBLIC_URL", value_name = "URL", default_value = "http://127.0.0.1:8080")]
@@ -584,6 +589,7 @@ impl CommonArgs {
             binding_ttl: self.binding_ttl,
             host_lease: self.host_lease,
             ask_ttl: self.ask_ttl,
+            trigger_in_flight: self.trigger_in_flight.max(1),
             notifier: atasira_audit::NotifierConfig {
                 public_url: self.public_url.clone(),
                 retry: atasira_domain::notify::RetryPolicy { attempts: self.webhook_attempts, backoff: self.webhook_backoff },

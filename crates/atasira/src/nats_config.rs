@@ -25,6 +25,8 @@ pub const CA_FILE: &str = "ca.pem";
 const USER_SEED: &str = "USER NKEY SEED";
 const ACCOUNT_SEED: &str = "ACCOUNT NKEY SEED";
 const CURVE_SEED: &str = "CURVE NKEY SEED";
+/// The trigger listener's user seed, in the runtime registry's credentials file.
+const TRIGGER_SEED: &str = "TRIGGER LISTENER USER NKEY SEED";
 
 /// The credentials file of a process identity in `dir`.
 pub fn creds_path(dir: &Path, identity: &str) -> PathBuf {
@@ -32,10 +34,22 @@ pub fn creds_path(dir: &Path, identity: &str) -> PathBuf {
 }
 
 /// Every NATS user the configuration names: the processes of the cluster, the operator
-/// (who sets up JetStream with `atasira nats-setup`), then each execution host
-/// (`host-<name>`).
+/// (who sets up JetStream with `atasira nats-setup`), the runtime registry's trigger
+/// listener, then each execution host (`host-<name>`).
 fn users(hosts: &[String]) -> Vec<String> {
-    subjects::IDENTITIES.iter().copied().chain([subjects::OPERATOR]).map(str::to_owned).chain(hosts.iter().map(|h| subjects::host_identity(h))).collect()
+    subjects::IDENTITIES
+        .iter()
+        .copied()
+        .chain([subjects::OPERATOR, subjects::TRIGGER_LISTENER])
+        .map(str::to_owned)
+        .chain(hosts.iter().map(|h| subjects::host_identity(h)))
+        .collect()
+}
+
+/// The users with a credentials file of their own (the trigger listener's seed is in the
+/// runtime registry's).
+fn creds_users(hosts: &[String]) -> Vec<String> {
+    users(hosts).into_iter().filter(|u| u != subjects::TRIGGER_LISTENER).collect()
 }
 
 /// What the configuration needs to know about the keys (public halves only).
@@ -85,12 +99,16 @@ fn quoted_list(items: &[String]) -> anyhow::Result<String> {
 }
 
 /// A permission block; an empty allow list would mean "anything" to nats-server, so it is
-/// written as a denial of everything instead.
+/// written as a denial of everything instead. A deny list wins over the allow list.
 fn render_permissions(p: &Permissions) -> anyhow::Result<String> {
-    let side = |subjects: &[String]| -> anyhow::Result<String> {
-        if subjects.is_empty() { Ok("{ deny: [\">\"] }".to_owned()) } else { Ok(format!("{{ allow: {} }}", quoted_list(subjects)?)) }
+    let side = |subjects: &[String], deny: &[String]| -> anyhow::Result<String> {
+        match (subjects.is_empty(), deny.is_empty()) {
+            (true, _) => Ok("{ deny: [\">\"] }".to_owned()),
+            (false, true) => Ok(format!("{{ allow: {} }}", quoted_list(subjects)?)),
+            (false, false) => Ok(format!("{{ allow: {}, deny: {} }}", quoted_list(subjects)?, quoted_list(deny)?)),
+        }
     };
-    Ok(format!("{{ publish: {}, subscribe: {}, allow_responses: {} }}", side(&p.publish)?, side(&p.subscribe)?, p.allow_responses))
+    Ok(format!("{{ publish: {}, subscribe: {}, allow_responses: {} }}", side(&p.publish, &[])?, side(&p.subscribe, &p.deny_subscribe)?, p.allow_responses))
 }
 
 /// The cluster name every node's configuration carries.
@@ -251,9 +269,9 @@ struct CalloutSeeds<'a> {
     xkey: &'a str,
 }
 
-/// The text of a credentials file: the user seed, the gateway's callout seeds, and the CA
-/// certificate NATS's TLS is checked against.
-fn render_creds(identity: &str, user_seed: &str, callout: Option<&CalloutSeeds>, ca_pem: &str) -> String {
+/// The text of a credentials file: the user seed, the gateway's callout seeds or the
+/// registry's trigger listener seed, and the CA certificate NATS's TLS is checked against.
+fn render_creds(identity: &str, user_seed: &str, callout: Option<&CalloutSeeds>, trigger_seed: Option<&str>, ca_pem: &str) -> String {
     let mut text = format!(
         "# NATS credentials of atasira's {identity} process, written by `atasira nats-config`.\n\
          # Secret: keep this file readable by the {identity} process's user only (mode 0600).\n\n"
@@ -264,6 +282,10 @@ fn render_creds(identity: &str, user_seed: &str, callout: Option<&CalloutSeeds>,
         text.push_str(&seed_block(ACCOUNT_SEED, seeds.issuer));
         text.push_str("\n# The auth callout's encryption key: nats-server encrypts its requests to it.\n");
         text.push_str(&seed_block(CURVE_SEED, seeds.xkey));
+    }
+    if let Some(seed) = trigger_seed {
+        text.push_str("\n# The trigger listener's key: the registry hears event Boxes' topics with it.\n");
+        text.push_str(&seed_block(TRIGGER_SEED, seed));
     }
     text.push_str("\n# The private CA that NATS's certificate is checked against (public).\n");
     text.push_str(ca_pem);
@@ -279,6 +301,8 @@ pub struct Creds {
     pub account_seed: Option<String>,
     /// The auth callout's curve seed (`SX...`); only in the gateway's file.
     pub xkey_seed: Option<String>,
+    /// The trigger listener's user seed (`SU...`); only in the runtime registry's file.
+    pub trigger_seed: Option<String>,
     /// The CA certificate(s) NATS's TLS is checked against (PEM), if the file has any.
     pub ca_pem: Option<String>,
 }
@@ -289,6 +313,7 @@ impl std::fmt::Debug for Creds {
             .field("user_seed", &"<secret>")
             .field("account_seed", &self.account_seed.as_ref().map(|_| "<secret>"))
             .field("xkey_seed", &self.xkey_seed.as_ref().map(|_| "<secret>"))
+            .field("trigger_seed", &self.trigger_seed.as_ref().map(|_| "<secret>"))
             .field("ca", &self.ca_pem.is_some())
             .finish()
     }
@@ -326,7 +351,8 @@ pub fn parse_creds(text: &str) -> Result<Creds, String> {
     let user_seed = find_seed(text, USER_SEED, nkeys::KeyPairType::User)?.ok_or_else(|| format!("it holds no {} block", USER_SEED.to_lowercase()))?;
     let account_seed = find_seed(text, ACCOUNT_SEED, nkeys::KeyPairType::Account)?;
     let xkey_seed = find_xkey_seed(text)?;
-    Ok(Creds { user_seed, account_seed, xkey_seed, ca_pem: crate::tls::certificate_blocks(text) })
+    let trigger_seed = find_seed(text, TRIGGER_SEED, nkeys::KeyPairType::User)?;
+    Ok(Creds { user_seed, account_seed, xkey_seed, trigger_seed, ca_pem: crate::tls::certificate_blocks(text) })
 }
 
 /// Reads a credentials file; refuses one that group or others may read (a seed is a
@@ -368,7 +394,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let existing: Vec<PathBuf> = conf_files
         .iter()
         .cloned()
-        .chain(users(&options.hosts).iter().map(|i| creds_path(out, i)))
+        .chain(creds_users(&options.hosts).iter().map(|i| creds_path(out, i)))
         .chain(tls_in_out.iter().flat_map(|t| [t.cert.clone(), t.key.clone()]))
         .chain([out.join(CA_FILE)])
         .filter(|p| p.exists())
@@ -431,11 +457,16 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let seed = |k: &nkeys::KeyPair| k.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"));
     let (issuer_seed, xkey_seed) = (seed(&issuer)?, xkey.seed().map_err(|_| anyhow::anyhow!("a generated key has no seed"))?);
 
+    let listener_seed = match users.iter().find(|(identity, _)| identity == subjects::TRIGGER_LISTENER) {
+        Some((_, key)) => seed(key)?,
+        None => anyhow::bail!("the trigger listener has no key"),
+    };
     let mut written = Vec::new();
-    for (identity, key) in &users {
+    for (identity, key) in users.iter().filter(|(identity, _)| identity != subjects::TRIGGER_LISTENER) {
         let callout = (identity == subjects::GATEWAY).then_some(CalloutSeeds { issuer: &issuer_seed, xkey: &xkey_seed });
+        let trigger = (identity == subjects::RUNTIME_REGISTRY).then_some(listener_seed.as_str());
         let path = creds_path(&out, identity);
-        crate::files::write_file(&path, &render_creds(identity, &seed(key)?, callout.as_ref(), &issued.ca_pem), 0o600)?;
+        crate::files::write_file(&path, &render_creds(identity, &seed(key)?, callout.as_ref(), trigger, &issued.ca_pem), 0o600)?;
         written.push((path, identity.clone()));
     }
     // The CA and the certificates are public; the servers' keys for nats-server alone.
@@ -472,6 +503,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     for (path, identity) in &written {
         let what = match identity.as_str() {
             subjects::GATEWAY => "gateway, with the auth callout's issuer and encryption keys".to_owned(),
+            subjects::RUNTIME_REGISTRY => "runtime-registry, with the key it hears event Boxes' topics with".to_owned(),
             subjects::OPERATOR => "operator: sets up JetStream; give it to no process".to_owned(),
             host if host.starts_with("host-") => format!("execution host {}", &host[5..]),
             other => other.to_owned(),
@@ -528,7 +560,10 @@ mod tests {
             assert!(conf.contains(&format!("# {identity}\n      {{ nkey: \"{public}\"")), "{identity}");
         }
         assert!(conf.contains(&format!("issuer: \"{}\"", keys.callout_issuer)));
-        assert_eq!(conf.matches("allow_responses: false").count(), subjects::IDENTITIES.len() + 2, "replies go to the callers' inboxes only");
+        assert_eq!(conf.matches("allow_responses: false").count(), subjects::IDENTITIES.len() + 3, "replies go to the callers' inboxes only");
+        // The trigger listener hears topics, never atasira's subjects, inboxes or NATS's own.
+        assert!(conf.contains("# triggers\n"), "{conf}");
+        assert!(conf.contains("subscribe: { allow: [\">\"], deny: [\"atasira.>\", \"_INBOX.>\", \"$SYS.>\""), "{conf}");
         assert!(conf.contains("# host-h1\n"), "an execution host has a user of its own: {conf}");
         assert!(conf.contains("\"atasira.box.host.h1.runtime-registry\""), "{conf}");
     }
@@ -537,7 +572,7 @@ mod tests {
     fn an_empty_allow_list_denies_everything_and_odd_text_is_refused() {
         let none = render_permissions(&Permissions::default()).expect("renders");
         assert_eq!(none, "{ publish: { deny: [\">\"] }, subscribe: { deny: [\">\"] }, allow_responses: false }");
-        let odd = Permissions { publish: vec!["a\" b".into()], subscribe: vec!["x".into()], allow_responses: false };
+        let odd = Permissions { publish: vec!["a\" b".into()], subscribe: vec!["x".into()], ..Permissions::default() };
         assert!(render_permissions(&odd).is_err());
         assert!(render_conf(&keys(), 4222, Path::new("/with space"), None, &tls()).is_err());
         assert!(render_conf(&keys(), 4222, Path::new("/var"), None, &TlsFiles::in_dir(Path::new("/a b"), None)).is_err());
@@ -584,19 +619,24 @@ mod tests {
         let xkey = nkeys::XKey::new().seed().expect("seed");
         let ca = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         let callout = CalloutSeeds { issuer: &account, xkey: &xkey };
-        let gateway = parse_creds(&render_creds("gateway", &user, Some(&callout), ca)).expect("parses");
+        let gateway = parse_creds(&render_creds("gateway", &user, Some(&callout), None, ca)).expect("parses");
         assert_eq!((gateway.user_seed.as_str(), gateway.account_seed.as_deref()), (user.as_str(), Some(account.as_str())));
         assert_eq!((gateway.xkey_seed.as_deref(), gateway.ca_pem.as_deref()), (Some(xkey.as_str()), Some(ca)));
-        let drafts = parse_creds(&render_creds("drafts", &user, None, ca)).expect("parses");
+        let drafts = parse_creds(&render_creds("drafts", &user, None, None, ca)).expect("parses");
         assert_eq!((drafts.account_seed, drafts.xkey_seed), (None, None));
         assert_eq!(drafts.ca_pem.as_deref(), Some(ca), "every process trusts the CA");
+        assert_eq!(drafts.trigger_seed, None);
+        let listener = nkeys::KeyPair::new_user().seed().expect("seed");
+        let registry = parse_creds(&render_creds("runtime-registry", &user, None, Some(&listener), ca)).expect("parses");
+        assert_eq!((registry.user_seed.as_str(), registry.trigger_seed.as_deref()), (user.as_str(), Some(listener.as_str())));
+        assert!(!format!("{registry:?}").contains(&listener[2..]), "Debug hides the seeds");
         let debug = format!("{gateway:?}");
         assert!(!debug.contains(&user[2..]) && !debug.contains(&xkey[2..]), "Debug hides the seeds");
 
-        let swapped = render_creds("drafts", &account, None, ca);
+        let swapped = render_creds("drafts", &account, None, None, ca);
         let e = parse_creds(&swapped).expect_err("an account seed in the user block");
         assert!(!e.contains(&account[2..]) && e.contains("another kind of key"), "{e}");
-        let mangled = render_creds("drafts", &format!("{}X", &user[..user.len() - 1]), None, ca);
+        let mangled = render_creds("drafts", &format!("{}X", &user[..user.len() - 1]), None, None, ca);
         let e = parse_creds(&mangled).expect_err("bad checksum");
         assert!(!e.contains(&user[2..user.len() - 1]), "{e}");
         assert!(parse_creds("").is_err());

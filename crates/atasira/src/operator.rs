@@ -294,6 +294,8 @@ pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<std::process
                 max_boxes: 0,
                 host_lease: std::time::Duration::from_secs(10),
                 ask_ttl: std::time::Duration::from_secs(300),
+                trigger_in_flight: 0,
+                listener: None,
             };
             let mut rebuilt = Vec::new();
             for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {

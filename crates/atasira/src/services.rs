@@ -42,6 +42,8 @@ pub struct Settings {
     pub host_lease: Duration,
     /// `ATASIRA_ASK_TTL`: how long a tool-use request waits for a human admin.
     pub ask_ttl: Duration,
+    /// `ATASIRA_TRIGGER_IN_FLIGHT`: unended triggered Workers an event Box may have.
+    pub trigger_in_flight: usize,
     /// Webhook deliveries and announcements (`ATASIRA_PUBLIC_URL`, `ATASIRA_WEBHOOK_*`).
     pub notifier: atasira_audit::NotifierConfig,
     /// The in-process execution host of `dev --runner` (none: Workers wait for a host).
@@ -240,7 +242,14 @@ pub fn approval_config(signer: ApprovalSigner, retired: Vec<PublicKeyEntry>) -> 
 }
 
 pub fn registry_config(s: &Settings) -> atasira_runtime_registry::RegistryConfig {
-    atasira_runtime_registry::RegistryConfig { manifests_dir: s.manifests_dir(), max_boxes: s.max_boxes, host_lease: s.host_lease, ask_ttl: s.ask_ttl }
+    atasira_runtime_registry::RegistryConfig {
+        manifests_dir: s.manifests_dir(),
+        max_boxes: s.max_boxes,
+        host_lease: s.host_lease,
+        ask_ttl: s.ask_ttl,
+        trigger_in_flight: s.trigger_in_flight,
+        listener: None,
+    }
 }
 
 /// The audit service's settings; `on_bus`: announcements also go out on NATS.
@@ -438,9 +447,11 @@ pub async fn serve(
     match service {
         ServiceName::Gateway => {
             let scheme = if listen.tls.is_some() { "https" } else { "http" };
+            // The callout asks the registry which topics a publisher may publish on.
+            let registry = atasira_platform::client::Client::new(identity, rt.bus.clone(), rt.assertion_keys.clone(), Duration::from_secs(5));
             let (addr, served) = spawn_gateway(listen.api, listen.tls, rt, settings.gateway.clone(), wait(rx.clone())).await?;
             eprintln!("atasira gateway: listening on {scheme}://{addr}");
-            let callout = callout_issuer.map(|issuer| tokio::spawn(atasira_gateway::callout::run(client, db.clone(), issuer, wait(rx))));
+            let callout = callout_issuer.map(|issuer| tokio::spawn(atasira_gateway::callout::run(client, db.clone(), registry, issuer, wait(rx))));
             let served = served.await?;
             if let Some(callout) = callout {
                 callout.await??;
@@ -471,7 +482,9 @@ pub async fn serve(
         }
         ServiceName::RuntimeRegistry => {
             let relay = relay_for(atasira_runtime_registry::SERVICE, atasira_runtime_registry::AGGREGATE_TYPES);
-            atasira_runtime_registry::run(rt, registry_config(&settings), rx).await?;
+            let mut config = registry_config(&settings);
+            config.listener = trigger_listener(nats_url, &nats_auth).await?;
+            atasira_runtime_registry::run(rt, config, rx).await?;
             let _ = relay.await;
             Ok(())
         }
@@ -570,6 +583,29 @@ pub async fn connect_nats(url: &str, identity: &str, auth: &NatsAuth, wait_for_s
             }
         });
     options.connect(server_addrs(url)?.as_slice()).await.with_context(|| format!("failed to connect to NATS at {url}"))
+}
+
+/// The registry's second NATS connection, as the trigger listener whose seed its
+/// credentials file holds (`None` without one: events then come through the REST API only).
+async fn trigger_listener(url: &str, auth: &NatsAuth) -> anyhow::Result<Option<atasira_platform::bus::TopicListener>> {
+    let listener = match auth {
+        NatsAuth::Creds(creds) => match &creds.trigger_seed {
+            Some(seed) => {
+                NatsAuth::Creds(crate::nats_config::Creds { user_seed: seed.clone(), account_seed: None, xkey_seed: None, trigger_seed: None, ..creds.clone() })
+            }
+            None => {
+                tracing::warn!(
+                    "the runtime registry's NATS credentials hold no trigger listener key: event Boxes hear no NATS topic (events come through the REST API only); \
+                     write new credentials with `atasira nats-config`"
+                );
+                return Ok(None);
+            }
+        },
+        // Without credentials the registry's own connection may hear anything.
+        NatsAuth::Insecure { ca_pem } => NatsAuth::Insecure { ca_pem: ca_pem.clone() },
+    };
+    let client = connect_nats(url, atasira_contracts::subjects::TRIGGER_LISTENER, &listener, true).await?;
+    Ok(Some(atasira_platform::bus::TopicListener::new(client)))
 }
 
 /// `--nats-url`: one server, or several separated by commas (the nodes of a cluster; the

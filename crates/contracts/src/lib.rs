@@ -45,6 +45,7 @@ named!(SyncBundle, BundleSynced, PrepareBinding, BindingLease, ConsumeBinding, C
 named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply, ReviseDraft, StopWorker, AddWorkerInput, PauseWorker);
 named!(HostHeartbeat, HostOrders, GetBundle, BundleBytes, ResolveBinding, ResolvedBinding, ReportWorker, Notification);
 named!(AskTool, ToolAnswer, ListToolRequests, ToolRequestPage, ToolRequestView, DecideToolRequest, GetToolRequest);
+named!(PublishTriggerEvent, TriggerLaunches, ListTriggerTopics, TriggerTopics);
 
 /// A request paired with its reply's type: what a service answers it with (R-ARCH-4).
 pub trait Request: Named {
@@ -66,6 +67,7 @@ replies!(GetWorkerProvenance => WorkerProvenance, SubmitChange => SubmitChangeRe
 replies!(StopWorker => WorkerReply, AddWorkerInput => WorkerReply, PauseWorker => WorkerReply);
 replies!(HostHeartbeat => HostOrders, GetBundle => BundleBytes, ResolveBinding => ResolvedBinding, ReportWorker => Ack);
 replies!(AskTool => ToolAnswer, ListToolRequests => ToolRequestPage, DecideToolRequest => ToolRequestView, GetToolRequest => ToolRequestView);
+replies!(PublishTriggerEvent => TriggerLaunches, ListTriggerTopics => TriggerTopics);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

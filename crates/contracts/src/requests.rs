@@ -88,6 +88,8 @@ requests!(
         ListToolRequests(ListToolRequests),
         DecideTool(DecideToolRequest),
         GetToolRequest(GetToolRequest),
+        PublishEvent(PublishTriggerEvent),
+        TriggerTopics(ListTriggerTopics),
     }
 );
 

@@ -107,6 +107,9 @@ pub fn inbox_of(identity: &str) -> String {
 /// The permissions of a NATS user of `atasira nats-config`: a process's, the operator's,
 /// or an execution host's (`host-<name>`).
 pub fn permissions_of(identity: &str) -> Permissions {
+    if identity == TRIGGER_LISTENER {
+        return trigger_listener_permissions();
+    }
     match identity.strip_prefix("host-").and_then(host_permissions) {
         Some(p) => p,
         None => permissions(identity),
@@ -128,7 +131,7 @@ pub fn host_permissions(name: &str) -> Option<Permissions> {
     Some(Permissions {
         publish: HOST_ROUTES.iter().map(|to| host_request(name, to)).collect(),
         subscribe: vec![format!("{}.>", host_inbox(name))],
-        allow_responses: false,
+        ..Permissions::default()
     })
 }
 
@@ -169,6 +172,30 @@ pub fn jetstream_grants(identity: &str) -> Vec<String> {
         grants.push(format!("$JS.ACK.{EVENTS_STREAM}.{SENTINEL_CONSUMER}.>"));
     }
     grants
+}
+
+/// The NATS user the runtime registry listens for `event` Boxes' messages as (R-TRIG-1):
+/// its seed is in the registry's credentials file, beside the registry's own. A Box's
+/// `trigger_event` topic is any subject outside atasira's and NATS's namespaces, so this
+/// user may subscribe to anything but those ([`TRIGGER_LISTENER_DENY`]); it publishes
+/// only answers into NATS publishers' inboxes (a publish sent as a request learns which
+/// Workers it launched). It is not a process and makes no request.
+pub const TRIGGER_LISTENER: &str = "triggers";
+
+/// What the trigger listener may never hear: atasira's own subjects (requests carry
+/// principal assertions), every reply inbox, and NATS's `$` namespaces (the auth callout's
+/// requests carry publishers' tokens). A `trigger_event` topic is never in one of them
+/// (`atasira_domain::manifest::validate_topic`).
+pub const TRIGGER_LISTENER_DENY: &[&str] = &["atasira.>", "_INBOX.>", "$SYS.>", "$JS.>", "$JSC.>", "$SRV.>", "$KV.>", "$O.>", "$NRG.>", "$G.>"];
+
+/// The permissions of the trigger listener.
+pub fn trigger_listener_permissions() -> Permissions {
+    Permissions {
+        publish: vec![format!("{}.>", client_inbox("*"))],
+        subscribe: vec![">".to_owned()],
+        deny_subscribe: TRIGGER_LISTENER_DENY.iter().map(|s| (*s).to_owned()).collect(),
+        allow_responses: false,
+    }
 }
 
 /// The NATS services API (`$SRV.PING|INFO|STATS`), where every process registers.
@@ -220,12 +247,14 @@ pub fn listen_subjects(service: &str) -> Vec<String> {
 }
 
 /// What one NATS user may do: the subjects (wildcards allowed) it may publish to and
-/// subscribe to, and whether it may also publish on the reply subject of any request it
-/// receives (`allow_responses`).
+/// subscribe to, what of the latter it may never hear (`deny_subscribe`, which wins), and
+/// whether it may also publish on the reply subject of any request it receives
+/// (`allow_responses`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Permissions {
     pub publish: Vec<String>,
     pub subscribe: Vec<String>,
+    pub deny_subscribe: Vec<String>,
     pub allow_responses: bool,
 }
 
@@ -246,7 +275,7 @@ pub struct Permissions {
 /// An unknown identity may do nothing (empty lists).
 pub fn permissions(identity: &str) -> Permissions {
     if identity == OPERATOR {
-        return Permissions { publish: jetstream_grants(OPERATOR), subscribe: vec![format!("{}.>", inbox_prefix(OPERATOR))], allow_responses: false };
+        return Permissions { publish: jetstream_grants(OPERATOR), subscribe: vec![format!("{}.>", inbox_prefix(OPERATOR))], ..Permissions::default() };
     }
     if !IDENTITIES.contains(&identity) {
         return Permissions::default();
@@ -274,15 +303,16 @@ pub fn permissions(identity: &str) -> Permissions {
         subscribe.push(AUTH_CALLOUT.to_owned());
         publish.push(AUTH_CALLOUT_REPLIES.to_owned());
     }
-    Permissions { publish, subscribe, allow_responses: false }
+    Permissions { publish, subscribe, ..Permissions::default() }
 }
 
 /// The permissions of a NATS publisher whose PAT hashes to `token_hash`: requests on its
 /// own client subjects to the services in `CLIENT_ROUTES` (audit for admins only), the
-/// services API's discovery queries and the Boxes' channels for admins, and its own inbox.
-/// It answers nothing.
+/// services API's discovery queries and the Boxes' channels for admins, its own inbox,
+/// and the `trigger_topics` of the `event` Boxes it may start (those that are not a topic
+/// of a Box's are left out). It answers nothing.
 /// `None` when `token_hash` is not a token hash (see `is_token_hash`).
-pub fn client_permissions(token_hash: &str, role_is_admin: bool) -> Option<Permissions> {
+pub fn client_permissions(token_hash: &str, role_is_admin: bool, trigger_topics: &[String]) -> Option<Permissions> {
     if !is_token_hash(token_hash) {
         return None;
     }
@@ -296,7 +326,8 @@ pub fn client_permissions(token_hash: &str, role_is_admin: bool) -> Option<Permi
         subscribe.extend(CHANNELS.iter().map(|c| channel("*", c)));
         subscribe.push(APPROVERS.to_owned());
     }
-    Some(Permissions { publish, subscribe, allow_responses: false })
+    publish.extend(trigger_topics.iter().filter(|t| atasira_domain::manifest::validate_topic(t).is_ok()).cloned());
+    Some(Permissions { publish, subscribe, ..Permissions::default() })
 }
 
 impl Permissions {
@@ -309,7 +340,7 @@ impl Permissions {
     /// Whether these permissions let a client subscribe to `subject` (wildcards allowed:
     /// every subject it matches must be allowed).
     pub fn may_subscribe(&self, subject: &str) -> bool {
-        self.subscribe.iter().any(|p| covers(p, subject))
+        self.subscribe.iter().any(|p| covers(p, subject)) && !self.deny_subscribe.iter().any(|d| overlaps(d, subject))
     }
 }
 
@@ -324,6 +355,20 @@ pub fn covers(pattern: &str, subject: &str) -> bool {
             (Some(_), Some(">")) => return false,
             (Some("*"), Some(_)) => {}
             (Some(a), Some(b)) if a == b && b != "*" => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// Whether some subject matches both `a` and `b` (NATS wildcards on both sides).
+pub fn overlaps(a: &str, b: &str) -> bool {
+    let mut a = a.split('.');
+    let mut b = b.split('.');
+    loop {
+        match (a.next(), b.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(x), Some(y)) if x == y || x == "*" || y == "*" => {}
             (None, None) => return true,
             _ => return false,
         }
@@ -533,11 +578,11 @@ mod tests {
 
     #[test]
     fn a_client_reaches_only_its_own_subjects() {
-        let member = client_permissions(HASH, false).expect("a token hash");
+        let member = client_permissions(HASH, false, &[]).expect("a token hash");
         assert_eq!(member.publish, [client_request(HASH, DRAFTS), client_request(HASH, RUNTIME_REGISTRY)]);
         assert_eq!(member.subscribe, [format!("_INBOX.client.{HASH}.>")]);
         assert!(!member.allow_responses);
-        let admin = client_permissions(HASH, true).expect("a token hash");
+        let admin = client_permissions(HASH, true, &[]).expect("a token hash");
         assert!(admin.may_publish(&client_request(HASH, AUDIT)));
         assert!(admin.may_publish("$SRV.PING") && admin.may_publish("$SRV.INFO.drafts"));
         assert!(admin.may_subscribe("atasira.box.release-notes.log") && !member.may_subscribe("atasira.box.release-notes.log"), "admins follow channels");
@@ -555,9 +600,46 @@ mod tests {
                 assert!(!p.may_subscribe(&request("*", service)));
             }
         }
-        assert_eq!(client_permissions("*", true), None);
-        assert_eq!(client_permissions(&format!("{}.x", &HASH[2..]), true), None);
-        assert_eq!(client_permissions(&HASH.to_uppercase(), false), None);
+        assert_eq!(client_permissions("*", true, &[]), None);
+        assert_eq!(client_permissions(&format!("{}.x", &HASH[2..]), true, &[]), None);
+        assert_eq!(client_permissions(&HASH.to_uppercase(), false, &[]), None);
+    }
+
+    #[test]
+    fn r_trig_1_a_publisher_may_publish_on_the_topics_granted_and_only_those() {
+        let topics = vec!["sales.csv.arrived".to_owned(), "atasira.box.gateway.approval".to_owned(), "x.*".to_owned(), "_INBOX.x".to_owned()];
+        let member = client_permissions(HASH, false, &topics).expect("a token hash");
+        assert!(member.may_publish("sales.csv.arrived"));
+        // What is not a topic a Box may declare is never granted, whatever the caller says.
+        assert!(!member.may_publish("atasira.box.gateway.approval") && !member.may_publish("x.y") && !member.may_publish("_INBOX.x"));
+        assert!(!member.may_publish("sales.csv.other"));
+    }
+
+    #[test]
+    fn r_trig_1_the_trigger_listener_hears_topics_and_nothing_of_atasira_or_nats() {
+        let p = permissions_of(TRIGGER_LISTENER);
+        assert!(p.may_subscribe("sales.csv.arrived") && p.may_subscribe("orders.new"));
+        for secret in [
+            "atasira.box.gateway.approval",
+            "atasira.box.*.events",
+            "_INBOX.gateway.x",
+            "_INBOX.client.h.x",
+            AUTH_CALLOUT,
+            "$JS.API.STREAM.INFO.X",
+            "$SRV.PING",
+            ">",
+            "*.>",
+        ] {
+            assert!(!p.may_subscribe(secret), "{secret}");
+        }
+        // It answers publishers' requests, and publishes nothing else.
+        assert!(p.may_publish(&format!("{}.x", client_inbox(HASH))));
+        for subject in
+            ["sales.csv.arrived", &request(RUNTIME_REGISTRY, PROVISIONER), &events(RUNTIME_REGISTRY), "$JS.API.STREAM.INFO.ATASIRA_EVENTS", "_INBOX.gateway.x"]
+        {
+            assert!(!p.may_publish(subject), "{subject}");
+        }
+        assert!(!IDENTITIES.contains(&TRIGGER_LISTENER) && !SERVICES.contains(&TRIGGER_LISTENER));
     }
 
     #[test]

@@ -181,11 +181,14 @@ pub enum ErrorCode {
     ToolRequestNotFound,
     /// 409: the tool-use request was decided or expired already (R-DECIDE-2).
     ToolRequestNotPending,
+    /// 429: the Box has as many triggered Workers running as its triggers may start; the
+    /// event is refused, not queued (R-TRIG-1).
+    TooManyWorkers,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 47] = [
+    pub const ALL: [ErrorCode; 48] = [
         ErrorCode::InvalidJson,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -233,6 +236,7 @@ impl ErrorCode {
         ErrorCode::WorkerEnded,
         ErrorCode::ToolRequestNotFound,
         ErrorCode::ToolRequestNotPending,
+        ErrorCode::TooManyWorkers,
     ];
 
     /// The wire code, e.g. `box_limit_reached`.
@@ -285,6 +289,7 @@ impl ErrorCode {
             ErrorCode::WorkerEnded => "worker_ended",
             ErrorCode::ToolRequestNotFound => "tool_request_not_found",
             ErrorCode::ToolRequestNotPending => "tool_request_not_pending",
+            ErrorCode::TooManyWorkers => "too_many_workers",
         }
     }
 
@@ -326,7 +331,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::BoxManifestValidation | ErrorCode::InvalidRequest | ErrorCode::IdempotencyKeyReuse => 422,
             ErrorCode::BundleProfileIncompatible | ErrorCode::InvalidSegment => 422,
-            ErrorCode::RateLimited => 429,
+            ErrorCode::RateLimited | ErrorCode::TooManyWorkers => 429,
             ErrorCode::Internal => 500,
             ErrorCode::ServiceUnavailable | ErrorCode::Busy => 503,
         }

@@ -526,6 +526,13 @@ impl BoxManifest {
         {
             errors.push(FieldError::new("trigger_schedule", message));
         }
+        // R-TRIG-1: an event Box listens on one NATS subject of its own kind.
+        if self.trigger_type == TriggerType::Event
+            && !self.trigger_event.is_empty()
+            && let Err(message) = validate_topic(&self.trigger_event)
+        {
+            errors.push(FieldError::new("trigger_event", message));
+        }
         // R-MAN-7: the double gate.
         for (channel, cfg) in &self.notify {
             if !cfg.vault.is_empty() && !self.credentials.allowed_vaults.contains(&cfg.vault) {
@@ -639,6 +646,26 @@ pub fn validate_cron(expr: &str) -> Result<(), String> {
         .parse(trimmed)
         .map(|_| ())
         .map_err(|e| format!("{expr:?} is not a valid cron expression: {e}"))
+}
+
+/// Most tokens a `trigger_event` topic may have.
+pub const TOPIC_TOKENS: usize = 16;
+
+/// R-TRIG-1: a `trigger_event` topic is a NATS subject a publisher may be granted: 1 to
+/// [`TOPIC_TOKENS`] dot-separated tokens of letters, digits, `_` and `-` (no wildcard), not
+/// in atasira's own namespace (`atasira.`), nor in NATS's (`$...`, `_INBOX.`).
+pub fn validate_topic(topic: &str) -> Result<(), String> {
+    let tokens: Vec<&str> = topic.split('.').collect();
+    if topic.is_empty() || tokens.len() > TOPIC_TOKENS {
+        return Err(format!("{topic:?} must be a NATS subject of 1 to {TOPIC_TOKENS} dot-separated tokens, such as \"sales.csv.arrived\""));
+    }
+    if let Some(bad) = tokens.iter().find(|t| t.is_empty() || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')) {
+        return Err(format!("{topic:?}: the token {bad:?} must be letters, digits, '_' or '-' (no wildcards, no spaces)"));
+    }
+    if tokens[0] == "atasira" || tokens[0] == "_INBOX" {
+        return Err(format!("{topic:?} is in a namespace atasira keeps for itself ({}.)", tokens[0]));
+    }
+    Ok(())
 }
 
 fn dedup(items: Vec<String>) -> Vec<String> {

@@ -9,6 +9,12 @@
 //! scheduler or a redelivered message makes the same Worker, never a second one. Launch
 //! ids under [`TRIGGER_LAUNCH_PREFIX`] belong to the Box's trigger alone.
 //!
+//! Events: a message on an active `event` Box's `trigger_event` topic launches a Worker
+//! of every Box listening there ([`listening`]). Who may publish on a topic is who may
+//! launch every Box listening on it ([`may_publish`]): a publish launches them all. A Box's
+//! triggered Workers in flight are bounded ([`in_flight_refusal`]); an event past the
+//! bound is refused, not queued, so a flood cannot pile up.
+//!
 //! Missed ticks: a tick counts only after the Box last became schedulable (activated,
 //! resumed, or its manifest or config changed: [`schedule_since`]). When ticks were missed
 //! (everything was down), only the latest of them runs, once; the older are skipped, so a
@@ -55,6 +61,54 @@ pub fn message_launch_id(box_id: &str, message_id: &str) -> String {
     let hash = Sha256::digest(message_id.as_bytes());
     let hex: String = hash.iter().take(16).map(|b| format!("{b:02x}")).collect();
     format!("{TRIGGER_LAUNCH_PREFIX}{box_id}:event:{hex}")
+}
+
+/// Unended Workers an `event` Box may have before its events are refused (the default
+/// of `ATASIRA_TRIGGER_IN_FLIGHT`).
+pub const IN_FLIGHT: usize = 4;
+
+/// An active `event` Box as the triggers see it: its topic and who may launch it besides
+/// human admins (its assigned users).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventBox {
+    pub box_id: String,
+    pub topic: String,
+    pub assigned: Vec<String>,
+}
+
+impl EventBox {
+    fn launchable_by(&self, principal: &Principal) -> bool {
+        let assignments: Vec<(String, ())> = self.assigned.iter().map(|u| (u.clone(), ())).collect();
+        crate::worker::may_launch(principal, &self.box_id, &assignments)
+    }
+}
+
+/// The Boxes a message on `topic` launches, by box id.
+pub fn listening<'a>(topic: &str, boxes: &'a [EventBox]) -> Vec<&'a EventBox> {
+    boxes.iter().filter(|b| b.topic == topic).collect()
+}
+
+/// Whether `principal` may publish on `topic`: some Box listens there and `principal` may
+/// launch every one of them.
+pub fn may_publish(principal: &Principal, topic: &str, boxes: &[EventBox]) -> bool {
+    let listeners = listening(topic, boxes);
+    !listeners.is_empty() && listeners.iter().all(|b| b.launchable_by(principal))
+}
+
+/// The topics `principal` may publish on (sorted, each once): what a NATS publisher is
+/// granted when it connects.
+pub fn topics_for(principal: &Principal, boxes: &[EventBox]) -> Vec<String> {
+    let mut topics: Vec<String> = boxes.iter().map(|b| b.topic.clone()).filter(|t| may_publish(principal, t, boxes)).collect();
+    topics.sort();
+    topics.dedup();
+    topics
+}
+
+/// Why an event may not launch another Worker of a Box that has `in_flight` unended
+/// Workers, when `limit` is the bound.
+pub fn in_flight_refusal(in_flight: usize, limit: usize) -> Option<String> {
+    (in_flight >= limit)
+        .then(|| format!("the Box has {in_flight} Workers still running and its triggers may start at most {limit}; publish again once some have ended"))
 }
 
 /// A parsed `trigger_schedule` (5 fields, UTC).

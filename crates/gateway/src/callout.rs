@@ -2,7 +2,9 @@
 //! connection token, nats-server asks this service (on `$SYS.REQ.USER.AUTH`) whether to let
 //! them in, and the answer is a user JWT, signed with the callout issuer's account key,
 //! that grants only what that principal may do over NATS: requests on subjects that carry
-//! their own token's hash, and their own reply inbox (see `subjects::client_permissions`).
+//! their own token's hash, their own reply inbox, and the topics of the `event` Boxes they
+//! may start, as the runtime registry lists them at connect (see
+//! `subjects::client_permissions`).
 //!
 //! The token is checked like the REST API checks it (unknown, expired and revoked tokens
 //! are refused), and the connection ends when the token expires, or after
@@ -18,6 +20,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use atasira_contracts::subjects;
 use atasira_platform::auth::{self, TokenRecord};
+use atasira_platform::client::Client;
 use atasira_platform::store::Db;
 use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
@@ -63,15 +66,16 @@ pub enum Verdict {
     Deny(String),
 }
 
-/// Pure: what a connection presenting `token` (looked up as `record`) may do at `now`.
-pub fn decide(user_nkey: &str, token: Option<&str>, record: Option<&TokenRecord>, now: DateTime<Utc>) -> Verdict {
+/// Pure: what a connection presenting `token` (looked up as `record`) may do at `now`,
+/// `topics` being the `event` Boxes' topics its principal may publish on.
+pub fn decide(user_nkey: &str, token: Option<&str>, record: Option<&TokenRecord>, topics: &[String], now: DateTime<Utc>) -> Verdict {
     let Some(token) = token.filter(|t| !t.is_empty()) else {
         return Verdict::Deny("connect with your atasira token as the NATS token".to_owned());
     };
     let Some(record) = record else {
         return Verdict::Deny("the token is unknown, expired or revoked".to_owned());
     };
-    let Some(granted) = subjects::client_permissions(&auth::hash_token(token), record.principal.is_admin()) else {
+    let Some(granted) = subjects::client_permissions(&auth::hash_token(token), record.principal.is_admin(), topics) else {
         return Verdict::Deny("the token cannot be turned into NATS subjects".to_owned());
     };
     let mut claims = User::new_claims(record.principal.user_id.clone(), user_nkey.to_owned());
@@ -102,7 +106,7 @@ fn respond(issuer: &KeyPair, server_id: &str, user_nkey: &str, verdict: Verdict)
 
 /// Answers one authorization request (a JWT signed by the server); `None` when the request
 /// itself is not one (then nothing is answered and the server times the connection out).
-async fn answer(db: &Db, issuer: &KeyPair, request: &[u8]) -> Option<String> {
+async fn answer(db: &Db, registry: &Client, issuer: &KeyPair, request: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(request).ok()?;
     let claims = match Claims::<AuthRequest>::decode(text) {
         Ok(c) => c,
@@ -123,7 +127,11 @@ async fn answer(db: &Db, issuer: &KeyPair, request: &[u8]) -> Option<String> {
         },
         _ => None,
     };
-    let verdict = decide(&request.user_nkey, token, record.as_ref(), Utc::now());
+    let topics = match &record {
+        Some(r) => trigger_topics(registry, &r.principal).await,
+        None => Vec::new(),
+    };
+    let verdict = decide(&request.user_nkey, token, record.as_ref(), &topics, Utc::now());
     match &verdict {
         Verdict::Allow(user) => tracing::info!(user = user.name.as_deref().unwrap_or(""), "auth callout: NATS publisher admitted"),
         Verdict::Deny(reason) => tracing::warn!(reason = %reason, "auth callout: NATS connection refused"),
@@ -202,9 +210,27 @@ impl Keys {
     }
 }
 
+/// The topics `principal` may publish on, as the runtime registry lists them; none when it
+/// does not answer (the publisher is admitted without them and gets them at its next
+/// connect).
+async fn trigger_topics(registry: &Client, principal: &atasira_domain::Principal) -> Vec<String> {
+    match registry.call(subjects::RUNTIME_REGISTRY, principal, &atasira_contracts::v1::ListTriggerTopics {}, "").await {
+        Ok(Ok(written)) => written.reply.topics,
+        Ok(Err(refused)) => {
+            tracing::warn!(code = %refused.code, reason = refused.message, "auth callout: the runtime registry did not list trigger topics");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "auth callout: the runtime registry did not list trigger topics; admitted without them");
+            Vec::new()
+        }
+    }
+}
+
 /// Serves the auth callout until `shutdown` resolves. Several gateways share the work (one
 /// queue group).
-pub async fn run(client: async_nats::Client, db: Db, keys: Keys, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(client: async_nats::Client, db: Db, registry: Client, keys: Keys, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    let registry = std::sync::Arc::new(registry);
     let mut requests =
         client.queue_subscribe(subjects::AUTH_CALLOUT, "atasira-auth-callout".to_owned()).await.context("cannot subscribe to the auth callout subject")?;
     let keys = std::sync::Arc::new(keys);
@@ -215,12 +241,12 @@ pub async fn run(client: async_nats::Client, db: Db, keys: Keys, shutdown: impl 
             msg = requests.next() => match msg { Some(m) => m, None => return Ok(()) },
             () = &mut shutdown => return Ok(()),
         };
-        let (client, db, keys) = (client.clone(), db.clone(), keys.clone());
+        let (client, db, keys, registry) = (client.clone(), db.clone(), keys.clone(), registry.clone());
         tokio::spawn(async move {
             let Some(reply) = msg.reply else { return };
             let server_xkey = msg.headers.as_ref().and_then(|h| h.get(SERVER_XKEY_HEADER)).map(|v| v.as_str().to_owned());
             let Some((request, server)) = keys.open(&msg.payload, server_xkey.as_deref()) else { return };
-            let Some(jwt) = answer(&db, &keys.issuer, &request).await else { return };
+            let Some(jwt) = answer(&db, &registry, &keys.issuer, &request).await else { return };
             let Some(sealed) = keys.seal(jwt, server.as_ref()) else { return };
             if let Err(e) = client.publish(reply, sealed.into()).await {
                 tracing::warn!(error = %e, "auth callout: cannot answer");
@@ -248,15 +274,15 @@ mod tests {
     #[test]
     fn given_no_token_or_an_unknown_one_when_deciding_then_the_connection_is_refused() {
         let now = Utc::now();
-        assert!(matches!(decide("UABC", None, None, now), Verdict::Deny(_)));
-        assert!(matches!(decide("UABC", Some(""), None, now), Verdict::Deny(_)));
-        assert!(matches!(decide("UABC", Some("atasira_pat_x"), None, now), Verdict::Deny(_)));
+        assert!(matches!(decide("UABC", None, None, &[], now), Verdict::Deny(_)));
+        assert!(matches!(decide("UABC", Some(""), None, &[], now), Verdict::Deny(_)));
+        assert!(matches!(decide("UABC", Some("atasira_pat_x"), None, &[], now), Verdict::Deny(_)));
     }
 
     #[test]
     fn given_a_valid_token_when_deciding_then_only_its_own_subjects_and_inbox_are_granted() {
         let now = Utc::now();
-        let user = allowed(decide("UABC", Some("atasira_pat_x"), Some(&record(Role::Member, None)), now));
+        let user = allowed(decide("UABC", Some("atasira_pat_x"), Some(&record(Role::Member, None)), &[], now));
         let hash = auth::hash_token("atasira_pat_x");
         assert_eq!(user.sub, "UABC");
         assert_eq!(user.aud.as_deref(), Some(subjects::ACCOUNT));
@@ -267,13 +293,18 @@ mod tests {
         assert!(p.resp.is_none());
         // Re-authorized within the hour.
         assert_eq!(user.exp, Some((now + MAX_CONNECTION_LIFETIME).timestamp()));
+        // R-TRIG-1: the topics of the event Boxes it may start, and only those.
+        let topics = vec!["sales.csv.arrived".to_owned(), "atasira.box.gateway.approval".to_owned()];
+        let user = allowed(decide("UABC", Some("atasira_pat_x"), Some(&record(Role::Member, None)), &topics, now));
+        let publish = &user.nats.permissions.permissions.publish.allow;
+        assert!(publish.contains(&"sales.csv.arrived".to_owned()) && !publish.iter().any(|s| s.contains("gateway")), "{publish:?}");
     }
 
     #[test]
     fn given_a_token_expiring_soon_when_deciding_then_the_connection_ends_with_it() {
         let now = Utc::now();
         let soon = now + chrono::TimeDelta::minutes(5);
-        let user = allowed(decide("UABC", Some("t"), Some(&record(Role::Admin, Some(soon))), now));
+        let user = allowed(decide("UABC", Some("t"), Some(&record(Role::Admin, Some(soon))), &[], now));
         assert_eq!(user.exp, Some(soon.timestamp()));
     }
 

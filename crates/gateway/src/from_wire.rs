@@ -16,8 +16,8 @@ use crate::api::{
     Approved, Assignment, AuditRow, AuditRows, BoxDetail, BoxHistory, BoxList, BoxState, BoxSummary, ChangeRequested, Decision, DraftCreated, DraftDetail,
     DraftKind, DraftPage, DraftStatus, DraftStatusChanged, DraftSummary, FeasibilityAnswer, HistoryEntry, HistoryKind, Manifest, Network, ProvenanceKind,
     ProvenanceStep, Provisioning, ProvisioningStatus, RequiredAccess, Revision, RoleInBox, Segment, SegmentKind, StopRequested, ToolRequest, ToolRequestList,
-    TranscriptEntry, VerifyResult, Webhook, WebhookDelivery, WebhookDeliveryList, WebhookDeliveryState, WebhookFormat, WebhookList, WebhookRegistered, Worker,
-    WorkerList, WorkerProvenance, WorkerState, WorkerSummary,
+    TranscriptEntry, TriggerLaunch, TriggerLaunches, TriggerOutcome, VerifyResult, Webhook, WebhookDelivery, WebhookDeliveryList, WebhookDeliveryState,
+    WebhookFormat, WebhookList, WebhookRegistered, Worker, WorkerList, WorkerProvenance, WorkerState, WorkerSummary,
 };
 use crate::extract::RawBody;
 
@@ -794,6 +794,24 @@ fn domain_access(a: RequiredAccess) -> atasira_domain::manifest::RequiredAccess 
         RequiredAccess::GitRemote { url } => D::GitRemote { url },
         RequiredAccess::SshTarget { host, user, port } => D::SshTarget { host, user, port },
         RequiredAccess::NetrcEntry { machine, login, vault, item } => D::NetrcEntry { machine, login, vault, item },
+    }
+}
+
+impl TryFrom<v1::TriggerLaunches> for TriggerLaunches {
+    type Error = ApiError;
+    fn try_from(r: v1::TriggerLaunches) -> Result<Self, ApiError> {
+        let launch = |l: v1::TriggerLaunch| -> Result<TriggerLaunch, ApiError> {
+            let outcome = match l.outcome.as_str() {
+                "launched" => TriggerOutcome::Launched,
+                "existing" => TriggerOutcome::Existing,
+                "refused" => TriggerOutcome::Refused,
+                "failed" => TriggerOutcome::Failed,
+                other => return Err(unreadable("trigger outcome", other)),
+            };
+            let code = (l.code != 0).then(|| atasira_contracts::convert::error_code_from_wire(l.code).as_str().to_owned());
+            Ok(TriggerLaunch { box_id: l.box_id, worker_id: l.worker_id, outcome, code, reason: (!l.reason.is_empty()).then_some(l.reason) })
+        };
+        Ok(Self { launches: r.launches.into_iter().map(launch).collect::<Result<_, _>>()? })
     }
 }
 

@@ -314,7 +314,7 @@ impl Modify for SharedResponses {
         crate::routes::resume_worker_route,
         crate::routes::list_tool_requests, crate::routes::get_tool_request, crate::routes::approve_tool, crate::routes::reject_tool,
         crate::routes::register_webhook, crate::routes::list_webhooks, crate::routes::remove_webhook, crate::routes::webhook_deliveries,
-        crate::stream::stream),
+        crate::routes::publish_trigger_event, crate::stream::stream),
     components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]

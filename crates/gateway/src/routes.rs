@@ -1033,6 +1033,26 @@ pub async fn webhook_deliveries(
     read::<_, _>(&state, &principal, subjects::AUDIT, request).await
 }
 
+// --- events -----------------------------------------------------------------------------
+
+/// Publish an event (any user who may start every Box listening on the topic): each active
+/// Box whose `trigger_event` is `topic` launches a Worker with `data` as its input, once per
+/// `message_id`. The same as a NATS message on the topic with a `Nats-Msg-Id` header.
+#[utoipa::path(post, path = "/api/v1/trigger-events", tag = "workers", params(IdempotencyHeader),
+    request_body(content = api::TriggerEventRequest, description = "The topic, the event's id and its data. Unknown fields are refused."),
+    responses(
+        (status = 200, description = "What the event did for each Box listening on the topic (none when no active Box does)", body = api::TriggerLaunches),
+        (status = 403, description = "`forbidden`: a Box you may not start listens on the topic (recorded on the audit ledger)", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: unknown fields, wrong types, a malformed Idempotency-Key, a `topic` that is not 1 to 16 dot-separated tokens of letters, digits, `_` and `-` or begins with `atasira.` or `_INBOX.`, a `message_id` that is empty or over 200 characters, `data` over 16384 characters (details names each)", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
+pub async fn publish_trigger_event(State(state): State<AppState>, Caller(principal): Caller, key: IdempotencyKey, body: RawBody) -> Result<Response, ApiError> {
+    key.check()?;
+    let b: api::TriggerEventRequest = body.parse()?;
+    let request = v1::PublishTriggerEvent { topic: b.topic, message_id: b.message_id, data: b.data };
+    write::<_, api::TriggerLaunches>(&state, &principal, &key, ("publish event", body.raw()), subjects::RUNTIME_REGISTRY, request, StatusCode::OK).await
+}
+
 // --- auth -------------------------------------------------------------------------------
 
 /// A principal assertion for the caller's PAT, bound to one NATS request: its subject,

@@ -107,6 +107,55 @@ impl Bus for InprocBus {
     }
 }
 
+/// A message a NATS publisher sent on a topic (an `event` Box's `trigger_event`).
+#[derive(Debug, Clone)]
+pub struct TopicMessage {
+    pub topic: String,
+    /// The publisher's `Nats-Msg-Id` header, if any: what makes a repeat one message.
+    pub id: Option<String>,
+    pub data: Bytes,
+    /// Where the publisher waits for an answer, when it sent a request.
+    pub reply: Option<String>,
+}
+
+/// The header a publisher names its message with (JetStream's de-duplication header).
+pub const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Hears topics on NATS as the runtime registry's trigger listener (its own NATS user,
+/// which may hear topics and answer publishers, nothing else).
+#[derive(Debug, Clone)]
+pub struct TopicListener {
+    client: async_nats::Client,
+}
+
+impl TopicListener {
+    pub fn new(client: async_nats::Client) -> Self {
+        Self { client }
+    }
+
+    /// Hears `topic` in queue group `queue` (one listener of the group gets each message),
+    /// sending each message to `to`, until the returned task is aborted (which unsubscribes).
+    pub async fn listen(&self, topic: &str, queue: &str, to: tokio::sync::mpsc::Sender<TopicMessage>) -> Result<tokio::task::JoinHandle<()>, BusError> {
+        let mut subscriber = self.client.queue_subscribe(topic.to_owned(), queue.to_owned()).await.map_err(|e| BusError::Other(e.to_string()))?;
+        self.client.flush().await.map_err(|e| BusError::Other(e.to_string()))?;
+        let topic = topic.to_owned();
+        Ok(tokio::spawn(async move {
+            while let Some(m) = subscriber.next().await {
+                let id = m.headers.as_ref().and_then(|h| h.get(MESSAGE_ID_HEADER)).map(|v| v.as_str().to_owned());
+                let message = TopicMessage { topic: topic.clone(), id, data: m.payload, reply: m.reply.map(|r| r.to_string()) };
+                if to.send(message).await.is_err() {
+                    return;
+                }
+            }
+        }))
+    }
+
+    /// Answers a publisher's request.
+    pub async fn answer(&self, reply: &str, body: Bytes) -> Result<(), BusError> {
+        self.client.publish(reply.to_owned(), body).await.map_err(|e| BusError::Other(e.to_string()))
+    }
+}
+
 /// The cluster bus on a NATS connection.
 #[derive(Debug, Clone)]
 pub struct NatsBus {

@@ -56,6 +56,12 @@ pub struct RegistryConfig {
     pub host_lease: Duration,
     /// How long a tool-use request waits for a human admin before it is denied (R-DECIDE-2).
     pub ask_ttl: Duration,
+    /// `ATASIRA_TRIGGER_IN_FLIGHT`: unended triggered Workers a Box may have before its
+    /// events are refused (R-TRIG-1).
+    pub trigger_in_flight: usize,
+    /// Where `event` Boxes' topics are heard on NATS (cluster mode); `None`: only through
+    /// `PublishTriggerEvent`.
+    pub listener: Option<atasira_platform::bus::TopicListener>,
 }
 
 /// The running registry.
@@ -127,6 +133,9 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
     tasks.push(tokio::spawn(activation::run(registry.clone(), shutdown.clone())));
     tasks.push(tokio::spawn(hosts::sweep_lost(registry.clone(), shutdown.clone())));
     tasks.push(tokio::spawn(triggers::run_schedules(registry.clone(), shutdown.clone())));
+    if let Some(listener) = registry.config.listener.clone() {
+        tasks.push(tokio::spawn(triggers::run_events(registry.clone(), listener, shutdown.clone())));
+    }
     platform_service::until_shutdown(shutdown).await;
     endpoint.stop();
     for t in tasks {
@@ -277,6 +286,14 @@ impl Registry {
             RegistryRequest::DecideTool(r) => {
                 call.only_from(&[subjects::GATEWAY], "deciding a tool-use request")?;
                 self.decide_tool_request(principal, r).await
+            }
+            RegistryRequest::PublishEvent(r) => {
+                call.only_from(&[subjects::GATEWAY], "publishing an event")?;
+                self.publish_event(principal, r).await
+            }
+            RegistryRequest::TriggerTopics(_) => {
+                call.only_from(&[subjects::GATEWAY], "listing trigger topics")?;
+                self.trigger_topics(&principal).await
             }
             RegistryRequest::Heartbeat(_) | RegistryRequest::GetBundle(_) | RegistryRequest::Report(_) | RegistryRequest::AskTool(_) => {
                 Err(Refusal::new(ErrorCode::Forbidden, "only execution hosts heartbeat and report on Workers"))

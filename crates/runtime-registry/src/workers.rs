@@ -43,6 +43,7 @@ const RECORDED: &[ErrorCode] = &[
     ErrorCode::LaunchIdConflict,
     ErrorCode::InvalidSegment,
     ErrorCode::InvalidApprovalToken,
+    ErrorCode::TooManyWorkers,
 ];
 
 /// Longest box id, binding handle and bundle digest a launch may name.

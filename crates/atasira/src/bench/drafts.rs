@@ -410,6 +410,7 @@ pub(super) fn settings_in(dir: &std::path::Path) -> Settings {
         binding_ttl: atasira_domain::worker::DEFAULT_BINDING_TTL,
         host_lease: Duration::from_secs(10),
         ask_ttl: Duration::from_secs(300),
+        trigger_in_flight: atasira_domain::trigger::IN_FLIGHT,
         notifier: atasira_audit::NotifierConfig::default(),
         host: None,
     }

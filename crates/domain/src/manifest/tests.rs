@@ -92,6 +92,22 @@ fn given_a_schedule_trigger_when_the_cron_is_bad_then_trigger_schedule_is_named(
 }
 
 #[test]
+fn given_an_event_trigger_when_the_topic_is_not_a_plain_subject_outside_atasira_then_trigger_event_is_named() {
+    // R-TRIG-1: a topic a publisher can be granted, never one of atasira's or NATS's own
+    let base = format!("{MINIMAL}trigger_type: event\n");
+    load(&format!("{base}trigger_event: sales.csv.arrived\n"));
+    load(&format!("{base}trigger_event: Orders_v2.new-item\n"));
+    let deep = vec!["a"; TOPIC_TOKENS + 1].join(".");
+    for bad in ["'sales.*'", "'sales.>'", "'a..b'", "'.a'", "'a b'", "atasira.box.gateway.approval", "_INBOX.x", "'$SYS.REQ.USER.AUTH'", deep.as_str()] {
+        let errs = errors(&format!("{base}trigger_event: {bad}\n"));
+        assert_eq!(keys(&errs), vec!["trigger_event"], "{bad}");
+    }
+    // Empty is legal but warned about: nothing starts the Box.
+    let loaded = load(&format!("{base}trigger_event: ''\n"));
+    assert!(loaded.warnings.iter().any(|w| w.contains("trigger_event")));
+}
+
+#[test]
 fn given_a_bad_cron_without_schedule_trigger_then_it_is_only_a_warning() {
     // R-MAN-5: validated when trigger_type is schedule
     let loaded = load(&format!("{MINIMAL}trigger_schedule: 'nonsense'\n"));

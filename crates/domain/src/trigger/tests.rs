@@ -114,3 +114,44 @@ fn given_a_boxs_events_then_ticks_count_from_when_it_last_became_schedulable() {
     let archived = BoxEvent::BoxArchived { box_id: "b1".into(), box_type: "sales".into(), by: "alice".into(), at: at(9, 30, 0) };
     assert_eq!(schedule_since(&[activated(at(9, 0, 0)), archived]), None);
 }
+
+fn event_box(box_id: &str, topic: &str, assigned: &[&str]) -> EventBox {
+    EventBox { box_id: box_id.into(), topic: topic.into(), assigned: assigned.iter().map(|u| (*u).to_owned()).collect() }
+}
+
+#[test]
+fn given_event_boxes_when_a_publisher_asks_then_it_may_publish_where_it_may_launch_every_listener() {
+    let boxes = vec![event_box("b1", "sales.csv", &["ana"]), event_box("b2", "sales.csv", &["ana", "bob"]), event_box("b3", "hr.new", &["bob"])];
+    let ana = Principal::new("ana", Role::Member, Kind::Agent);
+    let bob = Principal::new("bob", Role::Member, Kind::Agent);
+    let admin = Principal::new("root", Role::Admin, Kind::Human);
+    // A publish launches every listener: bob may launch b2 but not b1, so not sales.csv.
+    assert!(may_publish(&ana, "sales.csv", &boxes));
+    assert!(!may_publish(&bob, "sales.csv", &boxes));
+    assert!(may_publish(&bob, "hr.new", &boxes));
+    // Nobody publishes where nothing listens.
+    assert!(!may_publish(&admin, "nothing.here", &boxes));
+    assert_eq!(topics_for(&ana, &boxes), vec!["sales.csv"]);
+    assert_eq!(topics_for(&bob, &boxes), vec!["hr.new"]);
+    assert_eq!(topics_for(&admin, &boxes), vec!["hr.new", "sales.csv"]);
+    // A Box's trigger launches its own Box only.
+    assert!(topics_for(&trigger_principal("b3"), &boxes) == vec!["hr.new"]);
+    assert_eq!(listening("sales.csv", &boxes).len(), 2);
+}
+
+#[test]
+fn given_workers_in_flight_when_an_event_arrives_then_the_bound_refuses_it() {
+    assert_eq!(in_flight_refusal(0, IN_FLIGHT), None);
+    assert_eq!(in_flight_refusal(IN_FLIGHT - 1, IN_FLIGHT), None);
+    assert!(in_flight_refusal(IN_FLIGHT, IN_FLIGHT).is_some_and(|why| why.contains("at most 4")));
+}
+
+#[test]
+fn given_a_message_id_when_launched_then_the_launch_is_the_box_and_the_id() {
+    let a = message_launch_id("b1", "msg-1");
+    assert_eq!(a, message_launch_id("b1", "msg-1"));
+    assert_ne!(a, message_launch_id("b1", "msg-2"));
+    assert_ne!(a, message_launch_id("b2", "msg-1"));
+    assert!(foreign_launch_id(&a, "b1", &trigger_principal("b1")).is_none());
+    assert!(foreign_launch_id(&a, "b1", &Principal::new("root", Role::Admin, Kind::Human)).is_some());
+}

@@ -151,6 +151,12 @@ const COMMON_SCHEMA: &[&str] = &[
     // The execution hosts the registry heard from, each with the end of its lease: not an
     // event (a heartbeat every few seconds is no history), shared by the registry's replicas.
     "CREATE TABLE IF NOT EXISTS host_leases (name TEXT PRIMARY KEY, capacity BIGINT NOT NULL, lease_until_ms BIGINT NOT NULL, seen_at_ms BIGINT NOT NULL)",
+    // The slots of an event Box's Workers in flight (R-TRIG-1): one row per admitted
+    // launch, at most `ATASIRA_TRIGGER_IN_FLIGHT` slot numbers per Box, so replicas that
+    // launch at once admit no more than the bound between them. Not an event: the Workers'
+    // streams say what ran; a slot is freed when its Worker ends or its launch is refused.
+    "CREATE TABLE IF NOT EXISTS trigger_slots (box_id TEXT NOT NULL, slot BIGINT NOT NULL, launch_id TEXT NOT NULL UNIQUE, taken_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (box_id, slot))",
 ];
 
 /// PostgreSQL: the principal assertions some process of the cluster admitted, until they

@@ -159,8 +159,14 @@ async fn launch_scenario(db: Db, dir: &TempDir) {
     let box_id = box_id_for("d1");
     let _provisioner = provisioner(&rt).await;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let config =
-        RegistryConfig { manifests_dir: dir.0.join("manifests"), max_boxes: 10, host_lease: Duration::from_secs(10), ask_ttl: Duration::from_secs(300) };
+    let config = RegistryConfig {
+        manifests_dir: dir.0.join("manifests"),
+        max_boxes: 10,
+        host_lease: Duration::from_secs(10),
+        ask_ttl: Duration::from_secs(300),
+        trigger_in_flight: 4,
+        listener: None,
+    };
     let registry = tokio::spawn(run(rt.clone(), config, stopped));
 
     // given the activated Box; then activation synced its bundle, by the system
