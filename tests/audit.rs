@@ -421,3 +421,79 @@ fn ledger_rows_say_what_happened_and_a_changed_detail_is_named() {
         assert_eq!((code, &verified["first_bad_seq"]), (1, &json!(seq)), "{verified}");
     });
 }
+
+/// One line of an export whose `seq` is `seq`, changed by `change`.
+fn change_row(export: &str, seq: i64, change: impl Fn(&str) -> String) -> String {
+    export.lines().map(|l| if l.contains(&format!("\"seq\":{seq},")) && l.contains("\"type\":\"row\"") { change(l) } else { l.to_owned() } + "\n").collect()
+}
+
+#[test]
+fn r_audit_3_an_exported_period_verifies_offline_and_a_changed_byte_names_its_row() {
+    in_both_modes(|sys| {
+        // given rows under a first signed checkpoint (a graceful stop records one)
+        submitted(sys, "spring", 3);
+        ledger_has(sys, 3);
+        sys.stop_gracefully();
+        sys.start_services(&[]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let since = chrono::Utc::now();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // and the period's rows after it, not yet checkpointed
+        submitted(sys, "summer", 3);
+        ledger_has(sys, 6);
+        let until = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
+        let period = format!(
+            "since={}&until={}",
+            since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        )
+        .replace('+', "%2B");
+
+        // Only admins export.
+        assert_eq!(sys.get(&format!("/api/v1/audit/export?{period}"), &sys.agent).status, 403, "{:?}", sys.mode);
+        let bad = sys.get("/api/v1/audit/export?format=xml", &sys.admin);
+        assert_eq!((bad.status, bad.body["error"].clone()), (400, json!("invalid_query")), "{}", bad.raw);
+
+        // when the period is exported (a checkpoint is recorded first, so its rows are covered)
+        let a = atasira_tests::harness::http("GET", &sys.url(&format!("/api/v1/audit/export?{period}")), Some(&sys.admin), &[], None);
+        assert_eq!(a.status, 200, "{}", a.raw);
+        let header: serde_json::Value = serde_json::from_str(a.raw.lines().next().expect("a header")).expect("JSON");
+        assert_eq!((header["type"].clone(), header["from_seq"].clone(), header["to_seq"].clone()), (json!("export"), json!(6), json!(8)), "{header}");
+        let public_key = header["public_key"].as_str().expect("the checkpoint key").to_owned();
+        assert_eq!(a.raw.matches("\"type\":\"row\"").count(), 3, "{}", a.raw);
+        let dir = sys.cli_dir();
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("summer.jsonl");
+        std::fs::write(&file, &a.raw).expect("write");
+        // then it verifies offline, with nothing but the file and the published key
+        let verify = |file: &std::path::Path| {
+            let (code, out, err) = sys.cli(&["audit", "verify", "--file", file.to_str().expect("utf-8"), "--public-key", &public_key]);
+            (code, serde_json::from_str::<serde_json::Value>(out.trim()).unwrap_or_else(|_| panic!("no JSON: {out} {err}")))
+        };
+        let (code, v) = verify(&file);
+        assert_eq!((code, v["ok"].clone(), v["rows"].clone(), v["covered"].clone()), (0, json!(true), json!(3), json!(3)), "{v}");
+
+        // A changed byte in a row names the row; in a checkpoint, the checkpoint.
+        std::fs::write(&file, change_row(&a.raw, 7, |l| l.replacen("\"detail\":\"", "\"detail\":\"X", 1))).expect("write");
+        let (code, v) = verify(&file);
+        assert_eq!((code, v["ok"].clone(), v["first_bad_seq"].clone()), (1, json!(false), json!(7)), "{v}");
+        assert!(v["reason"].as_str().is_some_and(|r| r.contains("row 7")), "{v}");
+        let forged = a.raw.replacen("\"rows_digest\":\"", "\"rows_digest\":\"0", 1);
+        std::fs::write(&file, forged.replacen("\"rows_digest\":\"00", "\"rows_digest\":\"01", 1)).expect("write");
+        assert_eq!(verify(&file).0, 1);
+
+        // The whole ledger as CSV through the CLI: both signed checkpoints cover it.
+        let csv = dir.join("all.csv");
+        let (code, _, err) =
+            sys.cli(&["audit", "export", "--format", "csv", "--out", csv.to_str().expect("utf-8"), "--url", &sys.url(""), "--token", &sys.admin]);
+        assert_eq!(code, 0, "{err}");
+        let (code, v) = verify(&csv);
+        assert_eq!((code, v["ok"].clone(), v["rows"].clone()), (0, json!(true), json!(8)), "{v}");
+        let text = std::fs::read_to_string(&csv).expect("read");
+        assert!(text.starts_with("type,seq,time,"), "{text}");
+        std::fs::write(&csv, text.replacen("spring-1", "spring-I", 1)).expect("write");
+        let (code, v) = verify(&csv);
+        assert_eq!((code, v["ok"].clone()), (1, json!(false)), "{v}");
+        assert!(v["first_bad_seq"].as_i64().is_some_and(|s| (3..=5).contains(&s)), "{v}");
+    });
+}

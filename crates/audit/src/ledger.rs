@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use anyhow::Context;
 use atasira_domain::aggregates::audit_ledger::{AuditCommand, AuditEvent, AuditLedger, LEDGER_ID};
 use atasira_domain::aggregates::types;
+use atasira_domain::audit::export::{self, CheckpointProof, CheckpointSignature};
 use atasira_domain::audit::{
     AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, detail_of, payload_digest,
     verify_chain,
@@ -266,13 +267,32 @@ pub async fn checkpoint(db: &Db, keys: &AuditKeys) -> anyhow::Result<Option<i64>
     }
     // Before the first checkpoint the link is (0, ""), as the first one's must be.
     let mac = checkpoint_mac(keys, seq, &head_mac, last.last_seq, &last.last_mac);
+    // Signed over the rows since the last signed checkpoint (all of them, the first time).
+    let covered = rows_between(db, last.last_signed_seq, seq).await?;
+    let proof = export::sign_checkpoint(
+        keys,
+        CheckpointProof {
+            seq,
+            head_mac,
+            prev_seq: last.last_seq,
+            prev_mac: last.last_mac,
+            key_id: keys.current_key_id().to_owned(),
+            mac,
+            signed: CheckpointSignature {
+                covers_after: last.last_signed_seq,
+                rows_digest: export::rows_digest(covered.iter().map(export::row_digest).collect::<Vec<_>>().iter().map(String::as_str)),
+                ..Default::default()
+            },
+        },
+    );
     let command = AuditCommand::Checkpoint {
-        seq,
-        head_mac,
-        prev_seq: last.last_seq,
-        prev_mac: last.last_mac,
-        key_id: keys.current_key_id().to_owned(),
-        mac,
+        seq: proof.seq,
+        head_mac: proof.head_mac,
+        prev_seq: proof.prev_seq,
+        prev_mac: proof.prev_mac,
+        key_id: proof.key_id,
+        mac: proof.mac,
+        signed: Some(proof.signed),
         at: Utc::now(),
     };
     db.cqrs::<AuditLedger>()
@@ -291,21 +311,66 @@ async fn carries(db: &Db, seq: i64, mac: &str) -> anyhow::Result<bool> {
     })
 }
 
-/// Every `AuditCheckpoint` in the store, in the order recorded.
-pub async fn checkpoints(db: &Db) -> anyhow::Result<Vec<LedgerCheckpoint>> {
+/// Every `AuditCheckpoint` event in the store, in the order recorded.
+async fn checkpoint_events(db: &Db) -> anyhow::Result<Vec<AuditEvent>> {
     let rows = sqlx::query("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence")
         .bind(<AuditLedger as cqrs_es::Aggregate>::TYPE)
         .bind(LEDGER_ID)
         .fetch_all(db.any())
         .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let payload: String = row.try_get(0)?;
-        let AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, .. } =
-            serde_json::from_str(&payload).context("unreadable AuditCheckpoint event")?;
-        out.push(LedgerCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac });
-    }
-    Ok(out)
+    rows.iter().map(|row| serde_json::from_str(&row.try_get::<String, _>(0)?).context("unreadable AuditCheckpoint event")).collect()
+}
+
+/// Every `AuditCheckpoint` in the store, in the order recorded.
+pub async fn checkpoints(db: &Db) -> anyhow::Result<Vec<LedgerCheckpoint>> {
+    Ok(checkpoint_events(db)
+        .await?
+        .into_iter()
+        .map(|AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, .. }| LedgerCheckpoint {
+            seq,
+            head_mac,
+            prev_seq,
+            prev_mac,
+            key_id,
+            mac,
+        })
+        .collect())
+}
+
+/// Every signed checkpoint in the store, in the order recorded, as an export carries it.
+pub async fn signed_checkpoints(db: &Db) -> anyhow::Result<Vec<CheckpointProof>> {
+    Ok(checkpoint_events(db)
+        .await?
+        .into_iter()
+        .filter_map(|AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, signed, .. }| {
+            signed.map(|signed| CheckpointProof { seq, head_mac, prev_seq, prev_mac, key_id, mac, signed })
+        })
+        .collect())
+}
+
+/// The rows with `after < seq <= upto`, in seq order.
+pub async fn rows_between(db: &Db, after: i64, upto: i64) -> anyhow::Result<Vec<LedgerRow>> {
+    let stored = sqlx::query(&format!("SELECT {COLUMNS} FROM audit_ledger_rows WHERE seq > $1 AND seq <= $2 ORDER BY seq"))
+        .bind(after)
+        .bind(upto)
+        .fetch_all(db.any())
+        .await?;
+    stored.iter().map(|r| raw_row(r).map(|raw| raw.row)).collect()
+}
+
+/// The first and last seq of the rows whose time is in `[since, until)`, if any.
+pub async fn seqs_between(db: &Db, since: Option<DateTime<Utc>>, until: Option<DateTime<Utc>>) -> anyhow::Result<Option<(i64, i64)>> {
+    let since = since.map(canonical_time).unwrap_or_default();
+    let until = until.map(canonical_time).unwrap_or_default();
+    let row = sqlx::query("SELECT MIN(seq), MAX(seq) FROM audit_ledger_rows WHERE ($1 = '' OR time >= $1) AND ($2 = '' OR time < $2)")
+        .bind(&since)
+        .bind(&until)
+        .fetch_one(db.any())
+        .await?;
+    Ok(match (row.try_get::<Option<i64>, _>(0)?, row.try_get::<Option<i64>, _>(1)?) {
+        (Some(lo), Some(hi)) => Some((lo, hi)),
+        _ => None,
+    })
 }
 
 /// The latest `AuditCheckpoint` in the store.

@@ -30,6 +30,9 @@ pub use ledger::{
 pub use notifier::NotifierConfig;
 
 /// The service name (also its subject token).
+/// Most rows an export page holds.
+const EXPORT_PAGE: u32 = 1000;
+
 pub const SERVICE: &str = subjects::AUDIT;
 /// Aggregate types whose events this service appends and relays.
 /// The aggregate types whose events this service publishes: its own, and the personal
@@ -166,6 +169,53 @@ impl Service {
         self.admin(call, "reading the audit ledger").await
     }
 
+    /// `ExportAudit`: a page of an export (R-AUDIT-3); see the message's documentation.
+    async fn export(&self, r: v1::ExportAudit) -> Result<Reply, Refusal> {
+        use atasira_domain::audit::export;
+        let db = &self.rt.db;
+        let out_of_range = |name: &str| Refusal::new(ErrorCode::InvalidQuery, format!("{name} is out of range"));
+        let since = match r.since.as_ref() {
+            None => None,
+            Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| out_of_range("since"))?),
+        };
+        let until = match r.until.as_ref() {
+            None => None,
+            Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| out_of_range("until"))?),
+        };
+        let limit = i64::from(if r.limit == 0 { EXPORT_PAGE } else { r.limit.min(EXPORT_PAGE) });
+        let after = i64::try_from(r.after).map_err(|_| Refusal::new(ErrorCode::InvalidCursor, "the cursor is out of range"))?;
+        if after == 0
+            && let Err(e) = ledger::checkpoint(db, &self.keys).await
+        {
+            // Everything up to now should be covered by a signed checkpoint.
+            tracing::warn!(error = %e, "could not record a checkpoint before the export; the newest rows may be uncovered");
+        }
+        let signed = ledger::signed_checkpoints(db).await.map_err(Refusal::internal)?;
+        let (from_seq, to_seq, after) = if after == 0 {
+            match ledger::seqs_between(db, since, until).await.map_err(Refusal::internal)? {
+                Some((lo, hi)) => {
+                    let segments: Vec<(i64, i64)> = signed.iter().map(|p| (p.signed.covers_after, p.seq)).collect();
+                    let (from, to) = export::export_range(lo, hi, &segments);
+                    (from, to, from - 1)
+                }
+                None => (0, 0, 0),
+            }
+        } else {
+            (0, r.to_seq, after)
+        };
+        let upto = (after + limit).min(to_seq);
+        let rows = if upto > after { ledger::rows_between(db, after, upto).await.map_err(Refusal::internal)? } else { Vec::new() };
+        let checkpoints = signed.iter().filter(|p| p.seq > after && p.seq <= upto).map(convert::checkpoint_proof_to_wire).collect();
+        Ok(reply_ok(&v1::AuditExportPage {
+            rows: rows.iter().map(convert::ledger_row_to_wire).collect(),
+            checkpoints,
+            next_cursor: if upto < to_seq { u64::try_from(upto).unwrap_or(0) } else { 0 },
+            from_seq,
+            to_seq,
+            public_key: export::checkpoint_public_key(&self.keys),
+        }))
+    }
+
     async fn dispatch(&self, call: &Call) -> Result<Reply, Refusal> {
         let request = match AuditRequest::decode(&call.env)? {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
@@ -186,6 +236,10 @@ impl Service {
                 let (rows, next_cursor) = ledger::page(&self.rt.db, filter, q.limit, after_seq).await.map_err(Refusal::internal)?;
                 let next_cursor = if next_cursor.is_empty() { 0 } else { next_cursor.parse().map_err(Refusal::internal)? };
                 Ok(reply_ok(&v1::AuditPage { rows: rows.iter().map(convert::ledger_row_to_wire).collect(), next_cursor }))
+            }
+            AuditRequest::Export(r) => {
+                self.admin(call, "exporting the audit ledger").await?;
+                self.export(r).await
             }
             AuditRequest::Verify(_) => {
                 self.admin(call, "verifying the audit ledger").await?;

@@ -38,7 +38,7 @@ named!(SubmitDraft, SubmitDraftReply, ListPendingDrafts, ListMyDrafts, DraftPage
 named!(ApproveDraft, RejectDraft, DecisionReply);
 named!(ReserveBoxType, ReleaseReservation, Ack, ListBoxes, BoxList, GetBox, BoxReply, AssignUser, BoxAction);
 named!(EditBoxManifest, EditBoxConfig);
-named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply);
+named!(QueryAudit, AuditPage, VerifyAudit, VerifyReply, ExportAudit, AuditExportPage);
 named!(RegisterWebhook, Webhook, WebhookRegistered, ListWebhooks, WebhookList, RemoveWebhook, ListWebhookDeliveries, WebhookDelivery, WebhookDeliveryPage);
 named!(ListBoxesPage, BoxPage, GetBoxHistory, BoxHistoryPage, UnassignUser, AssessFeasibility, FeasibilityReply, ListDrafts);
 named!(SyncBundle, BundleSynced, PrepareBinding, BindingLease, ConsumeBinding, CreateWorker, WorkerReply, GetWorker, ListBoxWorkers, WorkerPage);
@@ -60,7 +60,7 @@ replies!(SubmitDraft => SubmitDraftReply, ListPendingDrafts => DraftPage, ListMy
 replies!(ApproveDraft => DecisionReply, RejectDraft => DecisionReply);
 replies!(ReserveBoxType => Ack, ReleaseReservation => Ack, ListBoxes => BoxList, GetBox => BoxReply, AssignUser => BoxReply, UnassignUser => BoxReply, BoxAction => BoxReply);
 replies!(EditBoxManifest => BoxReply, EditBoxConfig => BoxReply, ListBoxesPage => BoxPage, GetBoxHistory => BoxHistoryPage, AssessFeasibility => FeasibilityReply);
-replies!(QueryAudit => AuditPage, VerifyAudit => VerifyReply);
+replies!(QueryAudit => AuditPage, VerifyAudit => VerifyReply, ExportAudit => AuditExportPage);
 replies!(RegisterWebhook => WebhookRegistered, ListWebhooks => WebhookList, RemoveWebhook => Webhook, ListWebhookDeliveries => WebhookDeliveryPage);
 replies!(SyncBundle => BundleSynced, PrepareBinding => BindingLease, ConsumeBinding => Ack, CreateWorker => WorkerReply, GetWorker => WorkerReply, ListBoxWorkers => WorkerPage);
 replies!(GetWorkerProvenance => WorkerProvenance, SubmitChange => SubmitChangeReply, ReviseDraft => DraftReply);

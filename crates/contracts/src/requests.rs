@@ -98,6 +98,7 @@ requests!(
     AuditRequest for crate::subjects::AUDIT => {
         Query(QueryAudit),
         Verify(VerifyAudit),
+        Export(ExportAudit),
         RegisterWebhook(RegisterWebhook),
         ListWebhooks(ListWebhooks),
         RemoveWebhook(RemoveWebhook),

@@ -30,6 +30,7 @@ use subtle::ConstantTimeEq;
 use crate::token::push_item;
 
 mod detail;
+pub mod export;
 
 pub use detail::detail_of;
 

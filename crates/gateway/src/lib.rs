@@ -143,6 +143,7 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
         .route("/boxes/{box_id}/archive", post(routes::archive))
         .route("/audit", get(routes::audit))
         .route("/audit/verify", get(routes::audit_verify))
+        .route("/audit/export", get(routes::audit_export))
         .route("/trigger-events", post(routes::publish_trigger_event))
         .route("/webhooks", post(routes::register_webhook).get(routes::list_webhooks))
         .route("/webhooks/{webhook_id}", delete(routes::remove_webhook))

@@ -443,6 +443,50 @@ impl FromQuery for AuditQuery {
     }
 }
 
+/// How `GET /api/v1/audit/export` writes the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum ExportFormat {
+    /// One JSON object a line: an `export` header, then `row` and `checkpoint` lines.
+    Jsonl,
+    /// CSV with a header line; a `type` column says which lines are rows and checkpoints.
+    Csv,
+}
+
+/// `GET /api/v1/audit/export`'s parameters.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ExportQuery {
+    /// Rows at or after this RFC 3339 time (absent: from the start).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub since: Option<DateTime<Utc>>,
+    /// Rows before this RFC 3339 time (absent: up to now).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub until: Option<DateTime<Utc>>,
+    /// `jsonl` (the default) or `csv`.
+    #[param(value_type = Option<ExportFormat>)]
+    pub format: Option<ExportFormat>,
+}
+
+impl FromQuery for ExportQuery {
+    const NAMES: &'static [&'static str] = &["since", "until", "format"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let time = |name: &str| match query.get(name) {
+            None => Ok(None),
+            Some(text) => DateTime::parse_from_rfc3339(text)
+                .map(|t| Some(t.with_timezone(&Utc)))
+                .map_err(|e| invalid(ErrorCode::InvalidQuery, name, format!("{name} {text:?} is not an RFC 3339 time: {e}"))),
+        };
+        let format = match query.get("format") {
+            None => None,
+            Some("jsonl") => Some(ExportFormat::Jsonl),
+            Some("csv") => Some(ExportFormat::Csv),
+            Some(other) => return Err(invalid(ErrorCode::InvalidQuery, "format", format!("format {other:?}: use jsonl or csv"))),
+        };
+        Ok(Self { since: time("since")?, until: time("until")?, format })
+    }
+}
+
 impl AuditQuery {
     pub fn page(&self) -> Page {
         Page { limit: self.limit, cursor: self.cursor }

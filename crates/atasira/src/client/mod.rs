@@ -619,7 +619,31 @@ pub enum AuditCommand {
         #[command(flatten)]
         connection: Connection,
     },
-    /// Check the audit ledger's hash chain and every signed checkpoint, in one of two ways.
+    /// Export the ledger rows of a period with the signed checkpoints that cover them
+    /// (admins), for a SIEM or an auditor: `atasira audit verify --file` checks it
+    /// offline. Rows before and after the period are included up to whole checkpoints.
+    Export {
+        /// Rows recorded at or after this time (RFC 3339); absent: from the start.
+        #[arg(long, value_name = "TIME", value_parser = parse_time)]
+        since: Option<String>,
+        /// Rows recorded before this time (RFC 3339); absent: up to now.
+        #[arg(long, value_name = "TIME", value_parser = parse_time)]
+        until: Option<String>,
+        /// jsonl (one JSON object a line) or csv.
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: ExportFormat,
+        /// Write the export to this file (mode 0600) instead of standard output.
+        #[arg(long, short, value_name = "FILE")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Check the audit ledger's hash chain and every signed checkpoint, in one of three ways.
+    ///
+    /// An export (auditors): with --file, offline, with nothing but the file (and the
+    /// checkpoint key the operator published, --public-key). It prints {"ok": true,
+    /// "rows": N, "covered": N, "public_keys": [...]} and exits 0, or names the first row
+    /// or checkpoint that does not verify and exits 1; an unreadable file exits 2.
     ///
     /// On the store itself (operators): with --data-dir (the data dir of `atasira dev`) or
     /// --database-url (the PostgreSQL database of a cluster), and the ledger's MAC key. It
@@ -637,9 +661,24 @@ pub enum AuditCommand {
     Verify(VerifyArgs),
 }
 
-/// Where `audit verify` looks: the store (operator) or a gateway (client).
+/// How `audit export` writes the ledger.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ExportFormat {
+    Jsonl,
+    Csv,
+}
+
+/// Where `audit verify` looks: an export, the store (operator) or a gateway (client).
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
+    /// Check this export (from `atasira audit export`) offline: no store, gateway or MAC
+    /// key needed.
+    #[arg(long, value_name = "EXPORT")]
+    pub file: Option<PathBuf>,
+    /// With --file: the checkpoint key (hex) the operator published, as an export's first
+    /// line names it; checkpoints signed by any other key fail.
+    #[arg(long, value_name = "HEX", requires = "file")]
+    pub public_key: Option<String>,
     /// Check the store of `atasira dev` in this data directory (operator).
     #[arg(long, env = "ATASIRA_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -905,11 +944,56 @@ pub fn audit(command: AuditCommand, matches: Option<&ArgMatches>) -> Result<Exit
             pairs.extend(page_pairs(&paging));
             Ok(ExitCode::from(call(&connection, "GET", &format!("/api/v1/audit{}", query(&pairs)), None, |_, page| print::audit_rows(page))))
         }
+        AuditCommand::Export { since, until, format, out, connection } => Ok(ExitCode::from(export(&connection, since, until, format, out))),
+        AuditCommand::Verify(VerifyArgs { file: Some(file), public_key, .. }) => Ok(ExitCode::from(verify_file(&file, public_key.as_deref()))),
         AuditCommand::Verify(args) => match args.choose(matches) {
             VerifyWhere::Gateway(connection) => Ok(ExitCode::from(verify(&connection))),
             VerifyWhere::Store(check) => Err(check),
             VerifyWhere::Usage(message) => Ok(ExitCode::from(usage(&message))),
         },
+    }
+}
+
+/// `audit export`: the export written to `out` (or standard output).
+fn export(connection: &Connection, since: Option<String>, until: Option<String>, format: ExportFormat, out: Option<PathBuf>) -> u8 {
+    let path = format!("/api/v1/audit/export{}", query(&[("since", since), ("until", until), ("format", Some(wire_name(format)))]));
+    let written = match &out {
+        None => transport::download(connection, &path, &mut std::io::stdout().lock()),
+        Some(file) => {
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            let mut f = match options.open(file) {
+                Ok(f) => f,
+                Err(e) => return usage(&format!("cannot write {}: {e}", file.display())),
+            };
+            transport::download(connection, &path, &mut f)
+        }
+    };
+    match (written, &out) {
+        (Ok(bytes), Some(file)) => {
+            eprintln!("atasira: wrote the export to {} ({bytes} bytes); check it with `atasira audit verify --file {}`", file.display(), file.display());
+            OK
+        }
+        (Ok(_), None) => OK,
+        (Err(code), _) => code,
+    }
+}
+
+/// `audit verify --file`: 0 when the export verifies, 1 when it does not, 2 when the file
+/// cannot be read as an export.
+fn verify_file(file: &std::path::Path, public_key: Option<&str>) -> u8 {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) => return usage(&format!("cannot read {}: {e}", file.display())),
+    };
+    match atasira_domain::audit::export::verify_export_text(&text, public_key) {
+        Ok(v) => {
+            print::json(&serde_json::to_value(&v).unwrap_or_default());
+            if v.ok { OK } else { REFUSED }
+        }
+        Err(e) => usage(&format!("{} is not an export: {e}", file.display())),
     }
 }
 
@@ -1053,7 +1137,17 @@ mod tests {
     }
 
     fn verify_args() -> VerifyArgs {
-        VerifyArgs { data_dir: None, database_url: None, database_url_file: None, audit_key: None, url: None, token: Some("pat".into()), json: false }
+        VerifyArgs {
+            file: None,
+            public_key: None,
+            data_dir: None,
+            database_url: None,
+            database_url_file: None,
+            audit_key: None,
+            url: None,
+            token: Some("pat".into()),
+            json: false,
+        }
     }
 
     #[test]

@@ -41,7 +41,11 @@ impl Connection {
     /// An HTTP client for this connection (trusting `--ca-file` alone when given); the exit
     /// code of a CA file that cannot be used.
     fn agent(&self) -> Result<ureq::Agent, u8> {
-        let builder = ureq::AgentBuilder::new().timeout(TIMEOUT);
+        self.agent_from(ureq::AgentBuilder::new().timeout(TIMEOUT))
+    }
+
+    /// An HTTP client for this connection from `builder`.
+    fn agent_from(&self, builder: ureq::AgentBuilder) -> Result<ureq::Agent, u8> {
         let Some(path) = &self.ca_file else { return Ok(builder.build()) };
         let trusted = std::fs::read_to_string(path)
             .map_err(anyhow::Error::from)
@@ -130,6 +134,37 @@ pub(super) fn send(connection: &Connection, method: &str, path: &str, body: Opti
         }
     };
     Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// GETs `path` and copies the answer's body into `out` as it arrives (an export may be
+/// large): the bytes written, or the exit code of a refusal (said on stderr) or of a
+/// request that could not be made.
+pub(super) fn download(connection: &Connection, path: &str, out: &mut dyn std::io::Write) -> Result<u64, u8> {
+    let Some(token) = connection.token.as_deref().filter(|t| !t.is_empty()) else {
+        return Err(usage("no token: pass --token or set ATASIRA_PAT"));
+    };
+    let url = format!("{}{path}", connection.url.trim_end_matches('/'));
+    // No bound on the whole answer, only on each wait for more of it.
+    let agent = connection.agent_from(ureq::AgentBuilder::new().timeout_connect(TIMEOUT).timeout_read(TIMEOUT))?;
+    download_with(agent, &url, token, out)
+}
+
+fn download_with(agent: ureq::Agent, url: &str, token: &str, out: &mut dyn std::io::Write) -> Result<u64, u8> {
+    let response = match agent.get(url).set("Authorization", &format!("Bearer {token}")).call() {
+        Ok(response) => response,
+        Err(ureq::Error::Status(status, response)) => {
+            let text = response.into_string().unwrap_or_default();
+            return Err(refused(status, &serde_json::from_str(&text).unwrap_or(Value::String(text))));
+        }
+        Err(ureq::Error::Transport(e)) => {
+            eprintln!("atasira: cannot reach the API at {url}: {e}");
+            return Err(UNREACHABLE);
+        }
+    };
+    std::io::copy(&mut response.into_reader(), out).map_err(|e| {
+        eprintln!("atasira: the export stopped before its end: {e}");
+        UNREACHABLE
+    })
 }
 
 /// A request still waiting after this long shows progress (on a terminal).

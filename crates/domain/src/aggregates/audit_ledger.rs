@@ -3,6 +3,9 @@
 //! ledger rows is detected against the event store. Each checkpoint names the one before it
 //! (its seq and MAC, covered by its own MAC): the checkpoints form a chain, and the
 //! aggregate refuses a checkpoint that does not continue it. One aggregate, id [`LEDGER_ID`].
+//!
+//! A checkpoint is also signed (Ed25519, R-AUDIT-3) over the rows since the last signed
+//! one, so an export can be checked without the HMAC key (`audit::export`).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -19,6 +22,24 @@ pub struct AuditLedger {
     pub last_head_mac: String,
     /// The MAC of the last checkpoint (empty before the first): the next one's `prev_mac`.
     pub last_mac: String,
+    /// The seq of the last signed checkpoint (0 before the first): the next one covers the
+    /// rows after it.
+    #[serde(default)]
+    pub last_signed_seq: i64,
+}
+
+/// What a checkpoint's signature adds to it: the rows it covers and the signature.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointSignature {
+    /// The seq of the previous signed checkpoint (0 for the first): rows after it, up to the
+    /// checkpoint's seq, are covered.
+    pub covers_after: i64,
+    /// Lowercase hex SHA-256 over the covered rows' digests (`audit::export::rows_digest`).
+    pub rows_digest: String,
+    /// Lowercase hex of the Ed25519 public key.
+    pub public_key: String,
+    /// Lowercase hex of the Ed25519 signature over the checkpoint's statement.
+    pub signature: String,
 }
 
 #[derive(Debug, Clone)]
@@ -26,12 +47,33 @@ pub enum AuditCommand {
     /// `mac` is the HMAC (by key `key_id`) over the checkpoint's canonical bytes, which
     /// include `prev_seq` and `prev_mac`, the last checkpoint's seq and MAC (0 and empty for
     /// the first checkpoint).
-    Checkpoint { seq: i64, head_mac: String, prev_seq: i64, prev_mac: String, key_id: String, mac: String, at: DateTime<Utc> },
+    /// `signed` covers the rows after the last signed checkpoint.
+    Checkpoint {
+        seq: i64,
+        head_mac: String,
+        prev_seq: i64,
+        prev_mac: String,
+        key_id: String,
+        mac: String,
+        signed: Option<CheckpointSignature>,
+        at: DateTime<Utc>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum AuditEvent {
-    AuditCheckpoint { seq: i64, head_mac: String, prev_seq: i64, prev_mac: String, key_id: String, mac: String, at: DateTime<Utc> },
+    AuditCheckpoint {
+        seq: i64,
+        head_mac: String,
+        prev_seq: i64,
+        prev_mac: String,
+        key_id: String,
+        mac: String,
+        /// Absent in checkpoints recorded before checkpoints were signed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signed: Option<CheckpointSignature>,
+        at: DateTime<Utc>,
+    },
 }
 
 impl AuditEvent {
@@ -48,6 +90,9 @@ pub enum AuditError {
     /// A checkpoint must name the last one (its seq and MAC).
     #[error("checkpoint at seq {seq} follows seq {prev_seq}, but the last checkpoint is at seq {last}")]
     Unlinked { seq: i64, prev_seq: i64, last: i64 },
+    /// A signed checkpoint must cover the rows after the last signed one.
+    #[error("checkpoint at seq {seq} covers rows after {covers_after}, but the last signed checkpoint is at seq {last}")]
+    Uncovered { seq: i64, covers_after: i64, last: i64 },
 }
 
 /// Another checkpointer went first: never a request's refusal.
@@ -59,7 +104,7 @@ impl crate::Refusing for AuditError {
 
 impl AuditLedger {
     pub fn decide(&self, command: AuditCommand) -> Result<Vec<AuditEvent>, AuditError> {
-        let AuditCommand::Checkpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, at } = command;
+        let AuditCommand::Checkpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, signed, at } = command;
         if seq < self.last_seq {
             return Err(AuditError::Backwards { seq, last: self.last_seq });
         }
@@ -70,11 +115,19 @@ impl AuditLedger {
         if prev_seq != self.last_seq || prev_mac != self.last_mac {
             return Err(AuditError::Unlinked { seq, prev_seq, last: self.last_seq });
         }
-        Ok(vec![AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, at }])
+        if let Some(s) = &signed
+            && s.covers_after != self.last_signed_seq
+        {
+            return Err(AuditError::Uncovered { seq, covers_after: s.covers_after, last: self.last_signed_seq });
+        }
+        Ok(vec![AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, signed, at }])
     }
 
     pub fn evolve(&mut self, event: AuditEvent) {
-        let AuditEvent::AuditCheckpoint { seq, head_mac, mac, .. } = event;
+        let AuditEvent::AuditCheckpoint { seq, head_mac, mac, signed, .. } = event;
+        if signed.is_some() {
+            self.last_signed_seq = seq;
+        }
         self.last_seq = seq;
         self.last_head_mac = head_mac;
         self.last_mac = mac;
@@ -96,6 +149,7 @@ mod tests {
             prev_mac: prev_mac.into(),
             key_id: "k".into(),
             mac: format!("mac-{seq}"),
+            signed: None,
             at: Utc::now(),
         }
     }
@@ -127,6 +181,31 @@ mod tests {
         for e in first.into_iter().chain(next) {
             state.evolve(e);
         }
-        assert_eq!(state, AuditLedger { last_seq: 9, last_head_mac: "head-9".into(), last_mac: "mac-9".into() });
+        assert_eq!(state, AuditLedger { last_seq: 9, last_head_mac: "head-9".into(), last_mac: "mac-9".into(), last_signed_seq: 0 });
+    }
+
+    #[test]
+    fn r_audit_3_a_signed_checkpoint_covers_the_rows_after_the_last_signed_one() {
+        let signed = |seq: i64, prev_seq: i64, prev_mac: &str, covers_after: i64| match cp(seq, prev_seq, prev_mac) {
+            AuditCommand::Checkpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, at, .. } => AuditCommand::Checkpoint {
+                seq,
+                head_mac,
+                prev_seq,
+                prev_mac,
+                key_id,
+                mac,
+                signed: Some(CheckpointSignature { covers_after, ..Default::default() }),
+                at,
+            },
+        };
+        // given an unsigned checkpoint at 5 (from before checkpoints were signed)
+        let first = given_when::<AuditLedger>(vec![], cp(5, 0, "")).expect("recorded");
+        // then the first signed one covers the whole ledger
+        assert_eq!(given_when::<AuditLedger>(first.clone(), signed(9, 5, "mac-5", 5)), Err(AuditError::Uncovered { seq: 9, covers_after: 5, last: 0 }));
+        let second = given_when::<AuditLedger>(first.clone(), signed(9, 5, "mac-5", 0)).expect("recorded");
+        // and the next covers the rows after it
+        let history: Vec<AuditEvent> = first.into_iter().chain(second).collect();
+        assert!(given_when::<AuditLedger>(history.clone(), signed(12, 9, "mac-9", 0)).is_err());
+        assert!(given_when::<AuditLedger>(history, signed(12, 9, "mac-9", 9)).is_ok());
     }
 }

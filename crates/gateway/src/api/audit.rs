@@ -75,3 +75,34 @@ pub struct VerifyResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
+
+/// One line of a ledger export (`GET /api/v1/audit/export`): as a JSON object in `jsonl`, as
+/// a record under the header's column names in `csv`. `type` says which line it is: the
+/// `export` header (JSON lines only: the period, the seqs it spans, the checkpoint key),
+/// a `row` (the ledger row with its `digest`, lowercase hex SHA-256 of the row's JSON) or a
+/// `checkpoint` (after the last row it covers: the rows after `covers_after`, signed with
+/// Ed25519 by `public_key`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AuditExportLine {
+    /// `export`, `row` or `checkpoint`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub seq: Option<i64>,
+    pub time: Option<String>,
+    pub action: Option<String>,
+    pub actor: Option<String>,
+    pub target: Option<String>,
+    pub event_id: Option<String>,
+    pub payload_digest: Option<String>,
+    pub detail: Option<String>,
+    pub key_id: Option<String>,
+    pub mac: Option<String>,
+    pub digest: Option<String>,
+    pub head_mac: Option<String>,
+    pub prev_seq: Option<i64>,
+    pub prev_mac: Option<String>,
+    pub covers_after: Option<i64>,
+    pub rows_digest: Option<String>,
+    pub public_key: Option<String>,
+    pub signature: Option<String>,
+}
