@@ -464,3 +464,57 @@ fn edits_are_idempotent_consistent_under_concurrency_and_never_overwrite_a_hand_
         assert_eq!(std::fs::read_to_string(&path).expect("file"), hand, "{:?}: the hand-edited file is left alone", sys.mode);
     });
 }
+
+#[test]
+fn r_hist_a_box_as_it_was_shows_the_manifest_and_the_approver_that_held_then() {
+    in_both_modes(|sys| {
+        // given a Box approved by the admin, then assigned
+        let box_id = activate(sys, &json!({"box_type": "then-and-now", "name": "then-and-now", "purpose": "Read reports.", "tools": ["Read"]}));
+        let assigned = sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &sys.admin, &json!({"user_id": "agent", "role_in_box": "member"}));
+        assert_eq!(assigned.status, 200, "{}", assigned.raw);
+        let before: i64 = assigned.header("x-atasira-position").expect("a position").parse().expect("a number");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let before_time = chrono::Utc::now();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // when a change request widens its tools and bob approves it
+        let asked = sys.post(&format!("/api/v1/boxes/{box_id}/change-requests"), &sys.admin, &json!({"tools": ["Read", "Grep"]}));
+        assert_eq!(asked.status, 201, "{}", asked.raw);
+        let bob = sys.token("bob", "admin", "human");
+        let approved = sys.approve(asked.body["draft_id"].as_str().expect("draft_id"), &bob, true);
+        assert_eq!(approved.status, 200, "{}", approved.raw);
+
+        // then now: the new manifest and its approver
+        let now = sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.agent);
+        assert_eq!((now.body["manifest"]["tools"].clone(), now.body["approved_by"].clone()), (json!(["Read", "Grep"]), json!("bob")), "{}", now.raw);
+        // and as it was before the change, by position or by time: the old ones
+        for at in [before.to_string(), before_time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)] {
+            let then = sys.get(&format!("/api/v1/boxes/{box_id}?at={at}"), &sys.agent);
+            assert_eq!(then.status, 200, "{:?} at {at}: {}", sys.mode, then.raw);
+            assert_eq!((then.body["manifest"]["tools"].clone(), then.body["approved_by"].clone()), (json!(["Read"]), json!("admin")), "{}", then.raw);
+            assert_eq!(then.body["assignments"][0]["user_id"], json!("agent"), "{}", then.raw);
+        }
+        // and the change request as it was: pending then, approved by bob now
+        let change = asked.body["draft_id"].as_str().expect("draft_id");
+        let now = sys.get(&format!("/api/v1/boxes/box-drafts/{change}"), &sys.admin);
+        assert_eq!((now.body["status"].clone(), now.body["decision"]["by"].clone()), (json!("active"), json!("bob")), "{}", now.raw);
+        let asked_at = asked.header("x-atasira-position").expect("a position");
+        let then = sys.get(&format!("/api/v1/boxes/box-drafts/{change}?at={asked_at}"), &sys.admin);
+        assert_eq!((then.status, then.body["status"].clone(), then.body["decision"].clone()), (200, json!("pending_approval"), Value::Null), "{}", then.raw);
+        let never = sys.get(&format!("/api/v1/boxes/box-drafts/{change}?at={before}"), &sys.admin);
+        assert_eq!((never.status, never.body["error"].clone()), (404, json!("draft_not_found")), "{}", never.raw);
+        // and before it existed: no Box
+        let first = sys.get(&format!("/api/v1/boxes/{box_id}?at=1"), &sys.agent);
+        assert_eq!((first.status, first.body["error"].clone()), (404, json!("box_not_found")), "{}", first.raw);
+        let bad = sys.get(&format!("/api/v1/boxes/{box_id}?at=yesterday"), &sys.agent);
+        assert_eq!((bad.status, bad.body["error"].clone()), (400, json!("invalid_query")), "{}", bad.raw);
+        // the same after the read models are rebuilt from the store
+        sys.stop_gracefully();
+        let (code, out, err) = sys.rebuild();
+        assert_eq!(code, 0, "{out} {err}");
+        sys.start_services(&[]);
+        let rebuilt = sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.agent);
+        assert_eq!(rebuilt.body["approved_by"], json!("bob"), "{}", rebuilt.raw);
+        let then = sys.get(&format!("/api/v1/boxes/{box_id}?at={before}"), &sys.agent);
+        assert_eq!(then.body["approved_by"], json!("admin"), "{}", then.raw);
+    });
+}

@@ -127,7 +127,7 @@ mod tests {
 
     #[test]
     fn a_request_decodes_once_into_its_variant_and_foreign_types_are_refused() {
-        let env = envelope(&v1::GetDraft { draft_id: "d1".into() }, "c", "");
+        let env = envelope(&v1::GetDraft { draft_id: "d1".into(), ..Default::default() }, "c", "");
         assert!(matches!(DraftsRequest::decode(&env), Ok(Incoming::Request(DraftsRequest::Get(g))) if g.draft_id == "d1"));
         let wait = envelope(&v1::WaitForPosition { position: 3, ..Default::default() }, "c", "");
         assert!(matches!(WaitOnly::decode(&wait), Ok(Incoming::Wait(w)) if w.position == 3));

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::requests::{DraftsRequest, Incoming};
-use atasira_contracts::{Envelope, Reply, reply_ok, reply_written, subjects, v1};
+use atasira_contracts::{Envelope, Reply, convert, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxRole, BoxState};
 use atasira_domain::aggregates::draft::{ChangeOf, Draft, DraftCommand, DraftStatus, change_id_for, draft_id_for, revision_id_for};
 use atasira_domain::aggregates::types;
@@ -156,11 +156,23 @@ impl Service {
                 call.only_services("withdrawing a draft")?;
                 self.withdraw(principal, &req.draft_id).await
             }
-            DraftsRequest::Get(req) => match projection::get(&self.rt.db, &req.draft_id).await.map_err(Refusal::internal)? {
+            DraftsRequest::Get(req) => match self.draft_as_of(&req).await? {
                 Some(row) if principal.is_admin() || row.requested_by == principal.user_id => Ok(reply_ok(&v1::DraftReply { draft: Some(row.to_wire(true)) })),
                 // Not the requester: indistinguishable from absent, so ids do not leak.
                 _ => Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id))),
             },
+        }
+    }
+
+    /// The draft now (the view), or as it was (R-HIST: `at`, `at_time`).
+    async fn draft_as_of(&self, req: &v1::GetDraft) -> Result<Option<projection::DraftRow>, Refusal> {
+        let at_time = match req.at_time.as_ref() {
+            None => None,
+            Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| Refusal::new(ErrorCode::InvalidQuery, "at is out of range"))?),
+        };
+        match atasira_platform::store::AsOf::from_wire(req.at, at_time) {
+            None => projection::get(&self.rt.db, &req.draft_id).await.map_err(Refusal::internal),
+            Some(as_of) => projection::at(&self.rt.db, &req.draft_id, as_of).await.map_err(Refusal::internal),
         }
     }
 

@@ -524,6 +524,20 @@ pub async fn get(db: &Db, draft_id: &str) -> anyhow::Result<Option<DraftRow>> {
     row.as_ref().map(DraftRow::from_sql).transpose()
 }
 
+/// The draft as it was `as_of` (R-HIST), replayed from its stream; `None` before it was
+/// submitted.
+pub async fn at(db: &Db, draft_id: &str, as_of: atasira_platform::store::AsOf) -> anyhow::Result<Option<DraftRow>> {
+    let mut row: Option<DraftRow> = None;
+    for event in db.stream_as_of(atasira_domain::aggregates::types::DRAFT, draft_id, as_of).await? {
+        let decoded: DraftEvent = event.decode()?;
+        match &mut row {
+            Some(r) => r.apply(&decoded),
+            None => row = DraftRow::submitted(&decoded, event.position),
+        }
+    }
+    Ok(row)
+}
+
 /// R-CHANGE-1: the Box of `box_type` that is not archived, if the view knows one.
 pub async fn box_of_type(db: &Db, box_type: &str) -> anyhow::Result<Option<String>> {
     Ok(sqlx::query("SELECT box_id FROM drafts_box_types WHERE box_type = $1").bind(box_type).fetch_optional(db.any()).await?.map(|r| r.get::<String, _>(0)))

@@ -371,6 +371,62 @@ impl FromQuery for HistoryQuery {
     }
 }
 
+/// `GET /api/v1/boxes/{box_id}`: now, or as it was.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AsOfQuery {
+    /// The Box as it was: after the events up to this store position (the
+    /// `X-Atasira-Position` a write answered, or a history entry's), or recorded at or
+    /// before this RFC 3339 time. Absent: now.
+    #[param(
+        value_type = Option<String>,
+        pattern = r"^([1-9][0-9]{0,17}|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$"
+    )]
+    pub at: Option<AsOf>,
+}
+
+/// A point in the store's past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsOf {
+    Position(i64),
+    Time(DateTime<Utc>),
+}
+
+impl AsOfQuery {
+    /// A request's `at` (a position, 0 for none) and `at_time`.
+    pub fn wire(&self) -> (i64, Option<prost_types::Timestamp>) {
+        match self.at {
+            None => (0, None),
+            Some(AsOf::Position(p)) => (p, None),
+            Some(AsOf::Time(t)) => (0, Some(atasira_contracts::convert::timestamp(t))),
+        }
+    }
+}
+
+impl FromQuery for AsOfQuery {
+    const NAMES: &'static [&'static str] = &["at"];
+    fn from_query(query: &Pairs) -> Result<Self, ApiError> {
+        let at = match query.get("at") {
+            None => None,
+            Some(text) => Some(match text.parse::<i64>() {
+                Ok(p) if p > 0 => AsOf::Position(p),
+                _ => AsOf::Time(
+                    DateTime::parse_from_rfc3339(text)
+                        .map_err(|_| {
+                            invalid(
+                                ErrorCode::InvalidQuery,
+                                "at",
+                                format!("at {text:?} is neither a store position (a whole number from 1) nor an RFC 3339 time"),
+                            )
+                        })?
+                        .with_timezone(&Utc),
+                ),
+            }),
+        };
+        Ok(Self { at })
+    }
+}
+
 /// Largest page of a Box's Workers.
 pub const WORKERS_PAGE_MAX: u32 = 200;
 

@@ -20,8 +20,8 @@ use v1::box_action::Action;
 use crate::api::{self, ErrorBody};
 use crate::extract::{Admin, BoxUser, Caller, HumanAdmin, Id, IdempotencyKey, RawBody};
 use crate::query::{
-    AuditQuery, BoxesQuery, DraftsQuery, ExportQuery, HistoryQuery, IdempotencyHeader, Params, PendingQuery, RevokeUserQuery, TokensQuery, ToolRequestsQuery,
-    WebhookDeliveriesQuery, WorkersQuery,
+    AsOfQuery, AuditQuery, BoxesQuery, DraftsQuery, ExportQuery, HistoryQuery, IdempotencyHeader, Params, PendingQuery, RevokeUserQuery, TokensQuery,
+    ToolRequestsQuery, WebhookDeliveriesQuery, WorkersQuery,
 };
 use crate::{ApiError, AppState, consistency_headers, from_wire, idempotency};
 
@@ -78,13 +78,13 @@ async fn validated<T>(checked: Result<T, ApiError>, target: impl Future<Output =
 
 /// The draft, as `principal` may see it (404 `draft_not_found` otherwise).
 async fn draft_exists(state: &AppState, principal: &Principal, draft_id: &str) -> Result<(), ApiError> {
-    let request = v1::GetDraft { draft_id: draft_id.to_owned() };
+    let request = v1::GetDraft { draft_id: draft_id.to_owned(), ..Default::default() };
     state.call(subjects::DRAFTS, principal, &request).await.map(|_| ())
 }
 
 /// The Box (404 `box_not_found` otherwise).
 async fn box_exists(state: &AppState, principal: &Principal, box_id: &str) -> Result<(), ApiError> {
-    state.call(subjects::RUNTIME_REGISTRY, principal, &v1::GetBox { box_id: box_id.to_owned() }).await.map(|_| ())
+    state.call(subjects::RUNTIME_REGISTRY, principal, &v1::GetBox { box_id: box_id.to_owned(), ..Default::default() }).await.map(|_| ())
 }
 
 // --- drafts -----------------------------------------------------------------------------
@@ -136,15 +136,23 @@ pub async fn list_drafts(State(state): State<AppState>, Caller(principal): Calle
     read::<_, _>(&state, &principal, subjects::DRAFTS, request).await
 }
 
-/// One draft with its status, decision and manifest (the requester or an admin).
-#[utoipa::path(get, path = "/api/v1/boxes/box-drafts/{draft_id}", tag = "drafts", params(("draft_id" = String, Path)),
+/// One draft with its status, decision and manifest (the requester or an admin); with
+/// `at`, as it was then (pending, or decided and by whom), replayed from its events.
+#[utoipa::path(get, path = "/api/v1/boxes/box-drafts/{draft_id}", tag = "drafts", params(("draft_id" = String, Path), AsOfQuery),
     responses(
         (status = 200, description = "The draft", body = api::DraftDetail),
-        (status = 404, description = "`draft_not_found`: no such draft, or not yours", body = ErrorBody),
+        (status = 400, description = "`invalid_query`: `at` is neither a store position nor an RFC 3339 time", body = ErrorBody),
+        (status = 404, description = "`draft_not_found`: no such draft (then), or not yours", body = ErrorBody),
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("requester_or_admin"))))]
-pub async fn get_draft(State(state): State<AppState>, Caller(principal): Caller, Id(draft_id): Id) -> Result<Json<api::DraftDetail>, ApiError> {
-    read::<_, _>(&state, &principal, subjects::DRAFTS, v1::GetDraft { draft_id }).await
+pub async fn get_draft(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(draft_id): Id,
+    Params(q): Params<AsOfQuery>,
+) -> Result<Json<api::DraftDetail>, ApiError> {
+    let (at, at_time) = q.wire();
+    read::<_, _>(&state, &principal, subjects::DRAFTS, v1::GetDraft { draft_id, at, at_time }).await
 }
 
 /// Withdraw a pending draft (the requester).
@@ -282,12 +290,24 @@ pub async fn list_boxes(State(state): State<AppState>, Caller(principal): Caller
     read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, request).await
 }
 
-/// One Box with manifest, assignments, provisioning and drift (any caller).
-#[utoipa::path(get, path = "/api/v1/boxes/{box_id}", tag = "boxes", params(("box_id" = String, Path)),
-    responses((status = 200, description = "The Box", body = api::BoxDetail), (status = 404, description = "`box_not_found`", body = ErrorBody)),
+/// One Box with manifest, assignments, provisioning and drift (any caller); with `at`, as
+/// it was then: its manifest, assignments, state and the approver of the manifest in force,
+/// replayed from its events (drift is not known of the past: false).
+#[utoipa::path(get, path = "/api/v1/boxes/{box_id}", tag = "boxes", params(("box_id" = String, Path), AsOfQuery),
+    responses(
+        (status = 200, description = "The Box", body = api::BoxDetail),
+        (status = 400, description = "`invalid_query`: `at` is neither a store position nor an RFC 3339 time", body = ErrorBody),
+        (status = 404, description = "`box_not_found`: no such Box (then)", body = ErrorBody),
+    ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("authenticated"))))]
-pub async fn get_box(State(state): State<AppState>, Caller(principal): Caller, Id(box_id): Id) -> Result<Json<api::BoxDetail>, ApiError> {
-    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetBox { box_id }).await
+pub async fn get_box(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(box_id): Id,
+    Params(q): Params<AsOfQuery>,
+) -> Result<Json<api::BoxDetail>, ApiError> {
+    let (at, at_time) = q.wire();
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetBox { box_id, at, at_time }).await
 }
 
 /// Assign a user to a Box (a human admin or the Box's primary).

@@ -216,7 +216,7 @@ async fn given_the_endpoint_when_asked_what_the_provisioner_does_not_answer_then
     let db = Db::connect(&Db::sqlite_url(&tmp.0)).await.expect("db");
     let rt = runtime(&db);
     let (tx, handle) = start(&rt, tmp.0.join("data"));
-    let env = atasira_contracts::envelope(&v1::GetDraft { draft_id: "d1".into() }, "corr", "");
+    let env = atasira_contracts::envelope(&v1::GetDraft { draft_id: "d1".into(), ..Default::default() }, "corr", "");
     let subject = subjects::request(subjects::GATEWAY, SERVICE);
     let mut answer = Err(atasira_platform::bus::BusError::Other("not asked yet".into()));
     // The endpoint is registered as the service starts.

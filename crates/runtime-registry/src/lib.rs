@@ -218,7 +218,18 @@ impl Registry {
                 let boxes = views::list(&self.rt.db).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&v1::BoxList { boxes: boxes.iter().map(views::BoxRow::summary).collect() }))
             }
-            RegistryRequest::Get(r) => Ok(reply_ok(&v1::BoxReply { r#box: Some(self.view(&r.box_id).await?) })),
+            RegistryRequest::Get(r) => {
+                let at_time = match r.at_time.as_ref() {
+                    None => None,
+                    Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| Refusal::new(ErrorCode::InvalidQuery, "at is out of range"))?),
+                };
+                let Some(as_of) = atasira_platform::store::AsOf::from_wire(r.at, at_time) else {
+                    return Ok(reply_ok(&v1::BoxReply { r#box: Some(self.view(&r.box_id).await?) }));
+                };
+                let view = views::at(&self.rt.db, &r.box_id, as_of).await.map_err(Refusal::internal)?;
+                let view = view.ok_or_else(|| Refusal::new(ErrorCode::BoxNotFound, format!("no Box {:?} then", r.box_id)))?;
+                Ok(reply_ok(&v1::BoxReply { r#box: Some(view) }))
+            }
             RegistryRequest::Assign(r) => {
                 let role_in_box = convert::box_role_from_wire(r.role_in_box)?;
                 let command = BoxCommand::AssignUser { by: principal, user_id: r.user_id, role_in_box, at: chrono::Utc::now() };

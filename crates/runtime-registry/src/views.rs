@@ -88,8 +88,11 @@ impl BoxRow {
                 self.assignments.retain(|a| a.user_id != *user_id);
                 self.assignments.push(AssignmentRow { user_id: user_id.clone(), role_in_box: *role_in_box });
             }
-            BoxEvent::BoxManifestEdited { manifest, .. } | BoxEvent::BoxConfigEdited { manifest, .. } | BoxEvent::BoxManifestChanged { manifest, .. } => {
-                self.manifest = manifest.clone()
+            BoxEvent::BoxManifestEdited { manifest, .. } | BoxEvent::BoxConfigEdited { manifest, .. } => self.manifest = manifest.clone(),
+            // An approved change: its manifest, and the human admin who approved it.
+            BoxEvent::BoxManifestChanged { manifest, approved_by, .. } => {
+                self.manifest = manifest.clone();
+                self.approved_by = approved_by.clone();
             }
             BoxEvent::BoxStopped { .. } => self.state = BoxState::Stopped,
             BoxEvent::BoxResumed { .. } => self.state = BoxState::Idle,
@@ -172,12 +175,12 @@ impl BoxRow {
 }
 
 /// Stores `rows` (each Box once), a few to a statement: a new Box's row is inserted; a
-/// stored one takes the row's state, manifest, assignments and provisioning.
+/// stored one takes the row's state, manifest (and its approver), assignments and provisioning.
 async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&BoxRow]) -> anyhow::Result<()> {
     for chunk in rows.chunks(rows_per_statement(10)) {
         let sql = format!(
             "INSERT INTO box_rows ({COLUMNS}) VALUES {} ON CONFLICT (box_id) DO UPDATE SET state = excluded.state, manifest_json = excluded.manifest_json,
-               assignments_json = excluded.assignments_json, provisioning_json = excluded.provisioning_json",
+               approved_by = excluded.approved_by, assignments_json = excluded.assignments_json, provisioning_json = excluded.provisioning_json",
             values_list(chunk.len(), 10)
         );
         let mut query = sqlx::query(&sql);
@@ -435,6 +438,28 @@ pub async fn get(db: &Db, manifests_dir: &Path, box_id: &str) -> anyhow::Result<
     let Some(row) = row.as_ref().map(BoxRow::from_sql).transpose()? else { return Ok(None) };
     let drift = if row.state == BoxState::Archived { false } else { drift(db, manifests_dir, &row.box_type).await? };
     Ok(Some(row.to_wire(drift)))
+}
+
+/// The Box as it was `as_of` (R-HIST): its events and its entries' provisioning outcomes
+/// replayed up to then; `None` when it was not yet activated. Drift is not known of the
+/// past: `false`.
+pub async fn at(db: &Db, box_id: &str, as_of: atasira_platform::store::AsOf) -> anyhow::Result<Option<v1::BoxView>> {
+    let mut row: Option<BoxRow> = None;
+    let mut after = atasira_platform::store::Cursor::default();
+    loop {
+        let page = db.history(types::BOX, box_id, types::ACCESS, after, 1000).await?;
+        let Some(last) = page.last() else { break };
+        after = last.cursor();
+        for event in page.iter().filter(|e| as_of.holds(e)) {
+            match (&mut row, event.aggregate_type.as_str()) {
+                (Some(r), types::ACCESS) => r.provisioned(&event.decode()?),
+                (Some(r), _) => r.apply(&event.decode()?),
+                (None, types::BOX) => row = BoxRow::activated(&event.decode()?, event.position),
+                (None, _) => {}
+            }
+        }
+    }
+    Ok(row.map(|r| r.to_wire(false)))
 }
 
 /// `<manifests_dir>/<box_type>.yaml`.

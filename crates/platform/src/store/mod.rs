@@ -34,7 +34,7 @@ pub use crate::cursor::Cursor;
 pub use append::{Cqrs, EventAt, Receipt, Retry};
 pub use bells::Appended;
 pub use consumers::ASYNC_COMMIT;
-pub use read::{Batch, EventRef, StoredEvent, TextBatch, TextEvent, pg_read_statement};
+pub use read::{AsOf, Batch, EventRef, StoredEvent, TextBatch, TextEvent, pg_read_statement};
 
 /// Which backend a [`Db`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

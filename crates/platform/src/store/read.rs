@@ -337,6 +337,11 @@ impl Db {
         rows.iter().map(row_to_event).collect()
     }
 
+    /// One stream's events as of `as_of` (R-HIST), in order.
+    pub async fn stream_as_of(&self, aggregate_type: &str, aggregate_id: &str, as_of: AsOf) -> anyhow::Result<Vec<StoredEvent>> {
+        Ok(self.stream(aggregate_type, aggregate_id).await?.into_iter().filter(|e| as_of.holds(e)).collect())
+    }
+
     /// `SELECT` of every column [`row_to_event`] reads, from `events` of one stream; the
     /// caller adds its conditions after `aggregate_type = $1 AND aggregate_id = $2`.
     fn select_stream(&self) -> String {
@@ -547,5 +552,32 @@ mod tests {
         // then the next read answers as a whole one did, on the connection the reads keep
         assert_eq!(db.read(Cursor::START, &[types::DRAFT], 10).await.expect("read").events, whole);
         assert_eq!(db.read(whole[2].cursor(), &[types::DRAFT], 10).await.expect("read").events, whole[3..].to_vec());
+    }
+}
+
+/// A point in the store's past (R-HIST): the events up to a store position, or those
+/// recorded at or before a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsOf {
+    Position(i64),
+    Time(chrono::DateTime<chrono::Utc>),
+}
+
+impl AsOf {
+    /// Whether `event` had happened then.
+    pub fn holds(self, event: &StoredEvent) -> bool {
+        match self {
+            AsOf::Position(p) => event.position <= p,
+            AsOf::Time(t) => event.recorded_at_ms <= t.timestamp_millis(),
+        }
+    }
+
+    /// From a request's `at` (a position, 0 for none) and `at_time`: `None` for now.
+    pub fn from_wire(at: i64, at_time: Option<chrono::DateTime<chrono::Utc>>) -> Option<AsOf> {
+        match (at, at_time) {
+            (p, _) if p > 0 => Some(AsOf::Position(p)),
+            (_, Some(t)) => Some(AsOf::Time(t)),
+            _ => None,
+        }
     }
 }
