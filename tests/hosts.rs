@@ -367,7 +367,8 @@ fn r_host_2_a_host_speaks_only_for_its_own_workers_and_publishes_no_channel() {
     assert_eq!(worker(&sys, &worker_id)["state"], json!("running"));
     // A host asks nothing else of the services (it acts for no user).
     let reply =
-        as_host(&sys, other, &subjects::host_request(other, subjects::RUNTIME_REGISTRY), &v1::GetWorker { worker_id: worker_id.clone() }).expect("answer");
+        as_host(&sys, other, &subjects::host_request(other, subjects::RUNTIME_REGISTRY), &v1::GetWorker { worker_id: worker_id.clone(), ..Default::default() })
+            .expect("answer");
     assert_eq!(error_code(&reply), Some(v1::ErrorCode::Forbidden), "{reply:?}");
 }
 

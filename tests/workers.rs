@@ -411,3 +411,32 @@ fn r_worker_4_a_registry_killed_between_sync_and_create_loses_nothing_and_the_re
     assert_eq!(count_events(&sys, "WorkerCreated"), 1);
     assert_eq!(count_events(&sys, "ConfigBundleSynced"), 1, "the bundle was synced once, at activation");
 }
+
+#[test]
+fn r_hist_a_worker_as_it_was_shows_its_transcript_and_state_then() {
+    in_both_modes(|sys| {
+        let box_id = activate(sys, "worker-then");
+        let first = launch(sys, &sys.admin, &box_id, &launch_body("then-1", "read the first report"));
+        assert_eq!(first.status, 201, "{}", first.raw);
+        let worker_id = first.body["worker_id"].as_str().expect("worker_id").to_owned();
+        let created_at = first.header("x-atasira-position").expect("a position").to_owned();
+        // when it is given more input and stopped
+        let more = sys.post(&format!("/api/v1/workers/{worker_id}/input"), &sys.admin, &json!({"input": [{"kind": "text", "value": "and the second"}]}));
+        assert_eq!(more.status, 200, "{}", more.raw);
+        let stop = sys.post(&format!("/api/v1/workers/{worker_id}/stop"), &sys.admin, &json!({}));
+        assert_eq!(stop.status, 200, "{}", stop.raw);
+        // then now it has both inputs, and as it was at its creation only the first
+        let now = sys.get(&format!("/api/v1/workers/{worker_id}"), &sys.admin);
+        assert_eq!(now.body["transcript"].as_array().map(Vec::len), Some(2), "{}", now.raw);
+        let then = sys.get(&format!("/api/v1/workers/{worker_id}?at={created_at}"), &sys.admin);
+        assert_eq!(then.status, 200, "{:?}: {}", sys.mode, then.raw);
+        assert_eq!(then.body["transcript"].as_array().map(Vec::len), Some(1), "{}", then.raw);
+        assert_eq!((then.body["state"].clone(), then.body["stop_requested"].clone()), (json!("created"), Value::Null), "{}", then.raw);
+        assert_eq!(now.body["state"], json!("killed"), "{}", now.raw);
+        // before it existed: not found; someone who may not read it now may not read it then
+        let before = sys.get(&format!("/api/v1/workers/{worker_id}?at=1"), &sys.admin);
+        assert_eq!((before.status, before.body["error"].clone()), (404, json!("worker_not_found")), "{}", before.raw);
+        let stranger = sys.token("mallory", "member", "agent");
+        assert_eq!(sys.get(&format!("/api/v1/workers/{worker_id}?at={created_at}"), &stranger).status, 403);
+    });
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atasira_contracts::requests::{DraftsRequest, Incoming};
-use atasira_contracts::{Envelope, Reply, convert, reply_ok, reply_written, subjects, v1};
+use atasira_contracts::{Envelope, Reply, reply_ok, reply_written, subjects, v1};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxRole, BoxState};
 use atasira_domain::aggregates::draft::{ChangeOf, Draft, DraftCommand, DraftStatus, change_id_for, draft_id_for, revision_id_for};
 use atasira_domain::aggregates::types;
@@ -166,11 +166,7 @@ impl Service {
 
     /// The draft now (the view), or as it was (R-HIST: `at`, `at_time`).
     async fn draft_as_of(&self, req: &v1::GetDraft) -> Result<Option<projection::DraftRow>, Refusal> {
-        let at_time = match req.at_time.as_ref() {
-            None => None,
-            Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| Refusal::new(ErrorCode::InvalidQuery, "at is out of range"))?),
-        };
-        match atasira_platform::store::AsOf::from_wire(req.at, at_time) {
+        match atasira_platform::store::AsOf::from_request(req.at, req.at_time.as_ref())? {
             None => projection::get(&self.rt.db, &req.draft_id).await.map_err(Refusal::internal),
             Some(as_of) => projection::at(&self.rt.db, &req.draft_id, as_of).await.map_err(Refusal::internal),
         }

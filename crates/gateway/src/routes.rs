@@ -666,7 +666,7 @@ async fn launch_steps(state: &AppState, principal: &Principal, launch: atasira_d
 }
 
 async fn worker_exists(state: &AppState, principal: &Principal, worker_id: &str) -> Result<(), ApiError> {
-    state.call(subjects::RUNTIME_REGISTRY, principal, &v1::GetWorker { worker_id: worker_id.to_owned() }).await.map(|_| ())
+    state.call(subjects::RUNTIME_REGISTRY, principal, &v1::GetWorker { worker_id: worker_id.to_owned(), ..Default::default() }).await.map(|_| ())
 }
 
 /// Stop, kill, pause or resume (`verb`) the Worker with `request`: an empty body, the
@@ -877,16 +877,24 @@ pub async fn reject_tool(
     decide_tool(state, principal, key, request_id, body, false).await
 }
 
-/// One Worker with its transcript (an admin, or a user assigned to its Box).
-#[utoipa::path(get, path = "/api/v1/workers/{worker_id}", tag = "workers", params(("worker_id" = String, Path)),
+/// One Worker with its transcript (an admin, or a user assigned to its Box); with `at`, as
+/// it was then (its transcript, state and log so far), replayed from its events.
+#[utoipa::path(get, path = "/api/v1/workers/{worker_id}", tag = "workers", params(("worker_id" = String, Path), AsOfQuery),
     responses(
         (status = 200, description = "The Worker", body = api::Worker),
+        (status = 400, description = "`invalid_query`: `at` is neither a store position nor an RFC 3339 time", body = ErrorBody),
         (status = 403, description = "`forbidden`: needs role admin or an assignment to the Worker's Box", body = ErrorBody),
-        (status = 404, description = "`worker_not_found`", body = ErrorBody),
+        (status = 404, description = "`worker_not_found`: no such Worker (then)", body = ErrorBody),
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("admin or a user assigned to the Worker's Box"))))]
-pub async fn get_worker(State(state): State<AppState>, Caller(principal): Caller, Id(worker_id): Id) -> Result<Json<api::Worker>, ApiError> {
-    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetWorker { worker_id }).await
+pub async fn get_worker(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Id(worker_id): Id,
+    Params(q): Params<AsOfQuery>,
+) -> Result<Json<api::Worker>, ApiError> {
+    let (at, at_time) = q.wire();
+    read::<_, _>(&state, &principal, subjects::RUNTIME_REGISTRY, v1::GetWorker { worker_id, at, at_time }).await
 }
 
 /// The Box's Workers, oldest first, without transcripts (an admin, or a user assigned to

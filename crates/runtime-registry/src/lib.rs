@@ -219,11 +219,7 @@ impl Registry {
                 Ok(reply_ok(&v1::BoxList { boxes: boxes.iter().map(views::BoxRow::summary).collect() }))
             }
             RegistryRequest::Get(r) => {
-                let at_time = match r.at_time.as_ref() {
-                    None => None,
-                    Some(t) => Some(convert::time_from_wire(Some(t)).ok_or_else(|| Refusal::new(ErrorCode::InvalidQuery, "at is out of range"))?),
-                };
-                let Some(as_of) = atasira_platform::store::AsOf::from_wire(r.at, at_time) else {
+                let Some(as_of) = atasira_platform::store::AsOf::from_request(r.at, r.at_time.as_ref())? else {
                     return Ok(reply_ok(&v1::BoxReply { r#box: Some(self.view(&r.box_id).await?) }));
                 };
                 let view = views::at(&self.rt.db, &r.box_id, as_of).await.map_err(Refusal::internal)?;

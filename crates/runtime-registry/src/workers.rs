@@ -446,7 +446,19 @@ impl Registry {
 
     /// `GetWorker`: the Worker with its transcript.
     pub(crate) async fn get_worker(&self, principal: &Principal, r: v1::GetWorker) -> Result<Reply, Refusal> {
-        let view = self.worker_view(principal, &r.worker_id).await?;
+        let view = match atasira_platform::store::AsOf::from_request(r.at, r.at_time.as_ref())? {
+            None => self.worker_view(principal, &r.worker_id).await?,
+            Some(as_of) => {
+                // R-HIST: replayed from the Worker's stream up to then.
+                let then = workers_view::at(&self.rt.db, &r.worker_id, as_of).await.map_err(Refusal::internal)?;
+                let then = then.ok_or_else(|| Refusal::new(ErrorCode::WorkerNotFound, format!("no Worker {:?} then", r.worker_id)))?;
+                self.may_read(principal, &then.row.box_id).await?;
+                let mut view = with_life(then.row.to_wire(&then.transcript), Some(&then.life));
+                let shown = usize::try_from(crate::hosts::LOG_SHOWN).unwrap_or(usize::MAX);
+                view.log = then.log[then.log.len().saturating_sub(shown)..].to_vec();
+                view
+            }
+        };
         Ok(reply_ok(&v1::WorkerReply { worker: Some(view), created: false }))
     }
 

@@ -408,6 +408,68 @@ impl Life {
     }
 }
 
+/// A Worker as its events up to some point leave it (R-HIST): its catalog entry,
+/// transcript, life and log lines, by the same rules the view applies them (a state
+/// after an end is not taken, a kill is not undone by a later stop).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replayed {
+    pub row: WorkerRow,
+    pub transcript: Vec<TranscriptRow>,
+    pub life: Life,
+    pub log: Vec<String>,
+}
+
+impl Replayed {
+    /// From a Worker's events in order, each with its position; `None` before its creation.
+    pub fn fold<'a>(events: impl IntoIterator<Item = (&'a WorkerEvent, i64)>) -> Option<Replayed> {
+        let mut worker: Option<Replayed> = None;
+        for (event, position) in events {
+            if let (None, Some((row, entry))) = (&worker, WorkerRow::created(event, position)) {
+                let life = Life { worker_id: row.worker_id.clone(), box_id: row.box_id.clone(), box_type: row.box_type.clone(), ..Life::default() };
+                worker = Some(Replayed { row, transcript: vec![entry], life, log: Vec::new() });
+                continue;
+            }
+            let Some(w) = worker.as_mut() else { continue };
+            let life = &mut w.life;
+            match event {
+                WorkerEvent::WorkerClaimed { host, .. } if life.state == WorkerState::Created => {
+                    life.state = WorkerState::Starting;
+                    life.host = host.clone();
+                }
+                WorkerEvent::WorkerRunning { .. } | WorkerEvent::WorkerPaused { .. } if life.ended_at.is_none() => {
+                    life.state = event.state().unwrap_or(life.state);
+                }
+                WorkerEvent::WorkerFinished { state, exit_code, result, at, .. } => {
+                    life.state = *state;
+                    life.result = result.clone();
+                    life.exit_code = *exit_code;
+                    life.ended_at = Some(*at);
+                }
+                WorkerEvent::WorkerLost { at, .. } => {
+                    life.state = WorkerState::Lost;
+                    life.ended_at = Some(*at);
+                }
+                WorkerEvent::WorkerStopRequested { kill, .. } if life.stop != "kill" => life.stop = if *kill { "kill" } else { "stop" }.to_owned(),
+                WorkerEvent::WorkerInputAdded { by, input, at, .. } => {
+                    let seq = u32::try_from(w.transcript.len()).unwrap_or(u32::MAX);
+                    w.transcript.push(TranscriptRow { seq, author: by.clone(), at: *at, segments: input.clone() });
+                    life.inputs = seq;
+                }
+                WorkerEvent::WorkerLogged { lines, .. } => w.log.extend(lines.iter().cloned()),
+                _ => {}
+            }
+        }
+        worker
+    }
+}
+
+/// The Worker as it was `as_of`, replayed from its stream.
+pub async fn at(db: &Db, worker_id: &str, as_of: atasira_platform::store::AsOf) -> anyhow::Result<Option<Replayed>> {
+    let stored = db.stream_as_of(types::WORKER, worker_id, as_of).await?;
+    let events: Vec<(WorkerEvent, i64)> = stored.iter().map(|e| e.decode().map(|d| (d, e.position))).collect::<Result<_, _>>()?;
+    Ok(Replayed::fold(events.iter().map(|(e, p)| (e, *p))))
+}
+
 /// The life of one Worker (`None` for one created before Workers ran on hosts, or unknown).
 pub async fn life(db: &Db, worker_id: &str) -> anyhow::Result<Option<Life>> {
     let row = sqlx::query(&format!("SELECT {LIFE_COLUMNS} FROM worker_life WHERE worker_id = $1")).bind(worker_id).fetch_optional(db.any()).await?;
@@ -650,5 +712,43 @@ mod tests {
     fn r_worker_5_a_segment_without_a_kind_does_not_convert() {
         assert_eq!(segment_from_wire(&v1::Segment { kind: None }), None);
         assert_eq!(segment_from_wire(&segment_to_wire(&Segment::TicketRef("T".into()))), Some(Segment::TicketRef("T".into())));
+    }
+
+    #[test]
+    fn r_hist_a_worker_replayed_up_to_a_point_is_what_its_events_said_then() {
+        let id = worker_id_for("l1");
+        let events = [
+            created(),
+            WorkerEvent::WorkerClaimed { worker_id: id.clone(), box_id: "b1".into(), host: "h1".into(), at: t(1) },
+            WorkerEvent::WorkerRunning { worker_id: id.clone(), box_id: "b1".into(), host: "h1".into(), at: t(2) },
+            WorkerEvent::WorkerInputAdded { worker_id: id.clone(), by: "erin".into(), input: vec![Segment::Text("more".into())], at: t(3) },
+            WorkerEvent::WorkerLogged { worker_id: id.clone(), host: "h1".into(), lines: vec!["a".into(), "b".into()], at: t(4) },
+            WorkerEvent::WorkerStopRequested { worker_id: id.clone(), box_id: "b1".into(), by: "erin".into(), kill: true, at: t(5) },
+            WorkerEvent::WorkerStopRequested { worker_id: id.clone(), box_id: "b1".into(), by: "erin".into(), kill: false, at: t(6) },
+            WorkerEvent::WorkerFinished {
+                worker_id: id.clone(),
+                box_id: "b1".into(),
+                host: "h1".into(),
+                state: WorkerState::Killed,
+                exit_code: Some(137),
+                result: "killed".into(),
+                at: t(7),
+            },
+            // A late report after the end changes nothing.
+            WorkerEvent::WorkerRunning { worker_id: id.clone(), box_id: "b1".into(), host: "h1".into(), at: t(8) },
+        ];
+        let upto = |n: usize| Replayed::fold(events.iter().take(n).zip(1..));
+        assert!(upto(0).is_none(), "nothing before the creation");
+        let created = upto(1).expect("created");
+        assert_eq!((created.life.state, created.transcript.len(), created.log.len()), (WorkerState::Created, 1, 0));
+        let running = upto(4).expect("running");
+        assert_eq!((running.life.state, running.life.host.as_str(), running.transcript.len(), running.life.inputs), (WorkerState::Running, "h1", 2, 1));
+        assert_eq!(running.transcript[1].segments, vec![Segment::Text("more".into())]);
+        let ended = upto(events.len()).expect("ended");
+        assert_eq!(
+            (ended.life.state, ended.life.stop.as_str(), ended.life.exit_code, ended.life.ended_at),
+            (WorkerState::Killed, "kill", Some(137), Some(t(7)))
+        );
+        assert_eq!(ended.log, vec!["a", "b"]);
     }
 }

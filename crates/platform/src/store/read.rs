@@ -572,12 +572,20 @@ impl AsOf {
         }
     }
 
-    /// From a request's `at` (a position, 0 for none) and `at_time`: `None` for now.
-    pub fn from_wire(at: i64, at_time: Option<chrono::DateTime<chrono::Utc>>) -> Option<AsOf> {
-        match (at, at_time) {
+    /// From a request's `at` (a position, 0 for none) and `at_time`: `None` for now; a
+    /// refusal (`invalid_query`) for a time out of range.
+    pub fn from_request(at: i64, at_time: Option<&prost_types::Timestamp>) -> Result<Option<AsOf>, crate::refusal::Refusal> {
+        let time = match at_time {
+            None => None,
+            Some(t) => Some(
+                atasira_contracts::convert::time_from_wire(Some(t))
+                    .ok_or_else(|| crate::refusal::Refusal::new(atasira_domain::ErrorCode::InvalidQuery, "at is out of range"))?,
+            ),
+        };
+        Ok(match (at, time) {
             (p, _) if p > 0 => Some(AsOf::Position(p)),
             (_, Some(t)) => Some(AsOf::Time(t)),
             _ => None,
-        }
+        })
     }
 }

@@ -216,11 +216,14 @@ async fn launch_scenario(db: Db, dir: &TempDir) {
     assert_eq!(refusals, 7);
 
     // reads: the catalog, for admins and the Box's users only
-    let (got, ..) = ask::<_, v1::WorkerReply>(&rt, &alice(), &v1::GetWorker { worker_id: worker_id_for("l1") }).await.expect("read");
+    let (got, ..) = ask::<_, v1::WorkerReply>(&rt, &alice(), &v1::GetWorker { worker_id: worker_id_for("l1"), ..Default::default() }).await.expect("read");
     assert_eq!(got.worker.as_ref().map(|w| w.transcript.len()), Some(1));
-    assert_eq!(ask::<_, v1::WorkerReply>(&rt, &mallory(), &v1::GetWorker { worker_id: worker_id_for("l1") }).await.expect_err("no").code, ErrorCode::Forbidden);
     assert_eq!(
-        ask::<_, v1::WorkerReply>(&rt, &alice(), &v1::GetWorker { worker_id: "wkr_none".into() }).await.expect_err("no").code,
+        ask::<_, v1::WorkerReply>(&rt, &mallory(), &v1::GetWorker { worker_id: worker_id_for("l1"), ..Default::default() }).await.expect_err("no").code,
+        ErrorCode::Forbidden
+    );
+    assert_eq!(
+        ask::<_, v1::WorkerReply>(&rt, &alice(), &v1::GetWorker { worker_id: "wkr_none".into(), ..Default::default() }).await.expect_err("no").code,
         ErrorCode::WorkerNotFound
     );
     let list = |box_id: String| v1::ListBoxWorkers { box_id, limit: 0, after: 0 };
