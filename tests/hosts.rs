@@ -252,6 +252,11 @@ fn r_host_1_a_host_that_dies_loses_its_workers_after_its_lease_and_no_host_runs_
     let box_id = activate(&sys, "long-runner");
     let worker_id = launch(&sys, &box_id, "long-1", &["log: started the long job", "sleep: 60", "result: never"]);
     reaches(&sys, &worker_id, "running", Duration::from_secs(20));
+    // Its start is reported (a log line) before the host dies: what the loss keeps.
+    eventually("the start in the Worker's log", Duration::from_secs(20), || {
+        let w = worker(&sys, &worker_id);
+        if lines(&w).iter().any(|l| l.starts_with("runner: Worker")) { Ok(()) } else { Err(w.to_string()) }
+    });
     sys.kill("serve host h1");
     sys.start_host("h2", &host_env(&atasira_tests::harness::example_runner()));
     let lost = reaches(&sys, &worker_id, "lost", Duration::from_secs(20));
