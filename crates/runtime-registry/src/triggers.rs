@@ -154,19 +154,27 @@ fn next_wait(known: &HashMap<String, Scheduled>) -> Duration {
     known.values().filter_map(|s| s.schedule.next_after(now)).map(|next| (next - now).to_std().unwrap_or_default()).min().map_or(LOOK, |d| d.min(LOOK))
 }
 
-/// The active Boxes whose manifest says `trigger_type: schedule`, by box id.
-async fn scheduled_boxes(registry: &Registry) -> anyhow::Result<BTreeMap<String, BoxManifest>> {
-    let rows = sqlx::query("SELECT box_id, manifest_json FROM box_rows WHERE state = 'idle' AND manifest_json LIKE '%\"trigger_type\":\"schedule\"%'")
+/// The active Boxes whose manifest has `trigger_type` `kind`: box id, manifest and the
+/// assignments' JSON, by box id.
+async fn triggered_boxes(registry: &Registry, kind: TriggerType) -> anyhow::Result<BTreeMap<String, (BoxManifest, String)>> {
+    let wanted = serde_json::to_string(&kind)?;
+    let rows = sqlx::query("SELECT box_id, manifest_json, assignments_json FROM box_rows WHERE state = 'idle' AND manifest_json LIKE $1")
+        .bind(format!("%\"trigger_type\":{wanted}%"))
         .fetch_all(registry.rt.db.any())
         .await?;
     let mut boxes = BTreeMap::new();
     for row in rows {
         let manifest: BoxManifest = serde_json::from_str(&row.try_get::<String, _>(1)?)?;
-        if manifest.trigger_type == TriggerType::Schedule {
-            boxes.insert(row.try_get(0)?, manifest);
+        if manifest.trigger_type == kind {
+            boxes.insert(row.try_get(0)?, (manifest, row.try_get(2)?));
         }
     }
     Ok(boxes)
+}
+
+/// The active Boxes whose manifest says `trigger_type: schedule`, by box id.
+async fn scheduled_boxes(registry: &Registry) -> anyhow::Result<BTreeMap<String, BoxManifest>> {
+    Ok(triggered_boxes(registry, TriggerType::Schedule).await?.into_iter().map(|(id, (manifest, _))| (id, manifest)).collect())
 }
 
 impl Registry {
@@ -344,11 +352,11 @@ impl Registry {
             let row = sqlx::query("SELECT COUNT(*) FROM trigger_slots WHERE launch_id = $1").bind(launch_id).fetch_one(db).await?;
             Ok(row.try_get::<i64, _>(0)? > 0)
         };
+        // A retry of the launch holds its slot already.
+        if admitted().await? {
+            return Ok(None);
+        }
         for slot in 0..limit {
-            // A retry of the launch (or the same message at once on another replica).
-            if admitted().await? {
-                return Ok(None);
-            }
             let inserted = sqlx::query("INSERT INTO trigger_slots (box_id, slot, launch_id, taken_at_ms) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
                 .bind(box_id)
                 .bind(i64::try_from(slot).unwrap_or(i64::MAX))
@@ -361,6 +369,8 @@ impl Registry {
             }
             taken += 1;
         }
+        // Every insert conflicted: the slots are full, or the same message took one at once
+        // on another replica (its launch id is unique among the slots).
         if admitted().await? {
             return Ok(None);
         }
@@ -376,18 +386,11 @@ impl Registry {
 
     /// The active `event` Boxes, with their topics and assigned users.
     async fn event_boxes(&self) -> anyhow::Result<Vec<EventBox>> {
-        let rows = sqlx::query(
-            "SELECT box_id, manifest_json, assignments_json FROM box_rows WHERE state = 'idle' AND manifest_json LIKE '%\"trigger_type\":\"event\"%'",
-        )
-        .fetch_all(self.rt.db.any())
-        .await?;
         let mut boxes = Vec::new();
-        for row in rows {
-            let manifest: BoxManifest = serde_json::from_str(&row.try_get::<String, _>(1)?)?;
-            let assignments: Vec<serde_json::Value> = serde_json::from_str(&row.try_get::<String, _>(2)?)?;
-            if manifest.trigger_type == TriggerType::Event && atasira_domain::manifest::validate_topic(&manifest.trigger_event).is_ok() {
-                let assigned = assignments.iter().filter_map(|a| a["user_id"].as_str().map(str::to_owned)).collect();
-                boxes.push(EventBox { box_id: row.try_get(0)?, topic: manifest.trigger_event, assigned });
+        for (box_id, (manifest, assignments)) in triggered_boxes(self, TriggerType::Event).await? {
+            if atasira_domain::manifest::validate_topic(&manifest.trigger_event).is_ok() {
+                let assignments: Vec<crate::views::AssignmentRow> = serde_json::from_str(&assignments)?;
+                boxes.push(EventBox { box_id, topic: manifest.trigger_event, assigned: assignments.into_iter().map(|a| a.user_id).collect() });
             }
         }
         Ok(boxes)
