@@ -272,12 +272,7 @@ pub async fn checkpoint(db: &Db, keys: &AuditKeys) -> anyhow::Result<Option<i64>
     let proof = export::sign_checkpoint(
         keys,
         CheckpointProof {
-            seq,
-            head_mac,
-            prev_seq: last.last_seq,
-            prev_mac: last.last_mac,
-            key_id: keys.current_key_id().to_owned(),
-            mac,
+            checkpoint: LedgerCheckpoint { seq, head_mac, prev_seq: last.last_seq, prev_mac: last.last_mac, key_id: keys.current_key_id().to_owned(), mac },
             signed: CheckpointSignature {
                 covers_after: last.last_signed_seq,
                 rows_digest: export::rows_digest(covered.iter().map(export::row_digest).collect::<Vec<_>>().iter().map(String::as_str)),
@@ -285,16 +280,8 @@ pub async fn checkpoint(db: &Db, keys: &AuditKeys) -> anyhow::Result<Option<i64>
             },
         },
     );
-    let command = AuditCommand::Checkpoint {
-        seq: proof.seq,
-        head_mac: proof.head_mac,
-        prev_seq: proof.prev_seq,
-        prev_mac: proof.prev_mac,
-        key_id: proof.key_id,
-        mac: proof.mac,
-        signed: Some(proof.signed),
-        at: Utc::now(),
-    };
+    let LedgerCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac } = proof.checkpoint;
+    let command = AuditCommand::Checkpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, signed: Some(proof.signed), at: Utc::now() };
     db.cqrs::<AuditLedger>()
         .execute(LEDGER_ID, command, HashMap::new(), atasira_platform::store::Retry::ONCE)
         .await
@@ -311,41 +298,31 @@ async fn carries(db: &Db, seq: i64, mac: &str) -> anyhow::Result<bool> {
     })
 }
 
-/// Every `AuditCheckpoint` event in the store, in the order recorded.
-async fn checkpoint_events(db: &Db) -> anyhow::Result<Vec<AuditEvent>> {
+/// Every checkpoint in the store, in the order recorded, with its signature (none for
+/// those recorded before checkpoints were signed).
+async fn recorded_checkpoints(db: &Db) -> anyhow::Result<Vec<(LedgerCheckpoint, Option<CheckpointSignature>)>> {
     let rows = sqlx::query("SELECT CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence")
         .bind(<AuditLedger as cqrs_es::Aggregate>::TYPE)
         .bind(LEDGER_ID)
         .fetch_all(db.any())
         .await?;
-    rows.iter().map(|row| serde_json::from_str(&row.try_get::<String, _>(0)?).context("unreadable AuditCheckpoint event")).collect()
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, signed, .. } =
+            serde_json::from_str(&row.try_get::<String, _>(0)?).context("unreadable AuditCheckpoint event")?;
+        out.push((LedgerCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac }, signed));
+    }
+    Ok(out)
 }
 
 /// Every `AuditCheckpoint` in the store, in the order recorded.
 pub async fn checkpoints(db: &Db) -> anyhow::Result<Vec<LedgerCheckpoint>> {
-    Ok(checkpoint_events(db)
-        .await?
-        .into_iter()
-        .map(|AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, .. }| LedgerCheckpoint {
-            seq,
-            head_mac,
-            prev_seq,
-            prev_mac,
-            key_id,
-            mac,
-        })
-        .collect())
+    Ok(recorded_checkpoints(db).await?.into_iter().map(|(checkpoint, _)| checkpoint).collect())
 }
 
 /// Every signed checkpoint in the store, in the order recorded, as an export carries it.
 pub async fn signed_checkpoints(db: &Db) -> anyhow::Result<Vec<CheckpointProof>> {
-    Ok(checkpoint_events(db)
-        .await?
-        .into_iter()
-        .filter_map(|AuditEvent::AuditCheckpoint { seq, head_mac, prev_seq, prev_mac, key_id, mac, signed, .. }| {
-            signed.map(|signed| CheckpointProof { seq, head_mac, prev_seq, prev_mac, key_id, mac, signed })
-        })
-        .collect())
+    Ok(recorded_checkpoints(db).await?.into_iter().filter_map(|(checkpoint, signed)| signed.map(|signed| CheckpointProof { checkpoint, signed })).collect())
 }
 
 /// The rows with `after < seq <= upto`, in seq order.

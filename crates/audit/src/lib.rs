@@ -194,7 +194,7 @@ impl Service {
         let (from_seq, to_seq, after) = if after == 0 {
             match ledger::seqs_between(db, since, until).await.map_err(Refusal::internal)? {
                 Some((lo, hi)) => {
-                    let segments: Vec<(i64, i64)> = signed.iter().map(|p| (p.signed.covers_after, p.seq)).collect();
+                    let segments: Vec<(i64, i64)> = signed.iter().map(|p| (p.signed.covers_after, p.checkpoint.seq)).collect();
                     let (from, to) = export::export_range(lo, hi, &segments);
                     (from, to, from - 1)
                 }
@@ -205,7 +205,7 @@ impl Service {
         };
         let upto = (after + limit).min(to_seq);
         let rows = if upto > after { ledger::rows_between(db, after, upto).await.map_err(Refusal::internal)? } else { Vec::new() };
-        let checkpoints = signed.iter().filter(|p| p.seq > after && p.seq <= upto).map(convert::checkpoint_proof_to_wire).collect();
+        let checkpoints = signed.iter().filter(|p| p.checkpoint.seq > after && p.checkpoint.seq <= upto).map(convert::checkpoint_proof_to_wire).collect();
         Ok(reply_ok(&v1::AuditExportPage {
             rows: rows.iter().map(convert::ledger_row_to_wire).collect(),
             checkpoints,

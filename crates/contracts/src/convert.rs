@@ -6,7 +6,7 @@ use atasira_domain::aggregates::boxes::{BoxRole, BoxState};
 use atasira_domain::aggregates::draft::DraftStatus;
 use atasira_domain::assertion::{Binding, PayloadDigest, PrincipalAssertion as DomainAssertion};
 use atasira_domain::audit::export::{CheckpointProof, CheckpointSignature};
-use atasira_domain::audit::{LedgerRow, Verification};
+use atasira_domain::audit::{LedgerCheckpoint, LedgerRow, Verification};
 use atasira_domain::{ErrorCode, Kind, Principal, Role};
 use chrono::{DateTime, Utc};
 
@@ -180,12 +180,12 @@ pub fn ledger_row_from_wire(r: &v1::AuditRow) -> Result<LedgerRow, WireError> {
 
 pub fn checkpoint_proof_to_wire(p: &CheckpointProof) -> v1::AuditCheckpointProof {
     v1::AuditCheckpointProof {
-        seq: p.seq,
-        head_mac: p.head_mac.clone(),
-        prev_seq: p.prev_seq,
-        prev_mac: p.prev_mac.clone(),
-        key_id: p.key_id.clone(),
-        mac: p.mac.clone(),
+        seq: p.checkpoint.seq,
+        head_mac: p.checkpoint.head_mac.clone(),
+        prev_seq: p.checkpoint.prev_seq,
+        prev_mac: p.checkpoint.prev_mac.clone(),
+        key_id: p.checkpoint.key_id.clone(),
+        mac: p.checkpoint.mac.clone(),
         covers_after: p.signed.covers_after,
         rows_digest: p.signed.rows_digest.clone(),
         public_key: p.signed.public_key.clone(),
@@ -195,12 +195,14 @@ pub fn checkpoint_proof_to_wire(p: &CheckpointProof) -> v1::AuditCheckpointProof
 
 pub fn checkpoint_proof_from_wire(p: &v1::AuditCheckpointProof) -> CheckpointProof {
     CheckpointProof {
-        seq: p.seq,
-        head_mac: p.head_mac.clone(),
-        prev_seq: p.prev_seq,
-        prev_mac: p.prev_mac.clone(),
-        key_id: p.key_id.clone(),
-        mac: p.mac.clone(),
+        checkpoint: LedgerCheckpoint {
+            seq: p.seq,
+            head_mac: p.head_mac.clone(),
+            prev_seq: p.prev_seq,
+            prev_mac: p.prev_mac.clone(),
+            key_id: p.key_id.clone(),
+            mac: p.mac.clone(),
+        },
         signed: CheckpointSignature {
             covers_after: p.covers_after,
             rows_digest: p.rows_digest.clone(),

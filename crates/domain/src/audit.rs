@@ -214,7 +214,7 @@ pub struct LedgerRow {
 
 /// A signed checkpoint as recorded by an `AuditCheckpoint` event (R-AUDIT-2), linked to the
 /// checkpoint before it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerCheckpoint {
     /// The ledger's last seq when the checkpoint was taken.
     pub seq: i64,

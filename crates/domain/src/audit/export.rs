@@ -18,23 +18,16 @@ use sha2::{Digest, Sha256};
 
 pub use crate::aggregates::audit_ledger::CheckpointSignature;
 
-use super::{AuditKeys, LedgerRow};
+use super::{AuditKeys, LedgerCheckpoint, LedgerRow};
 
 /// Domain separation for checkpoint signatures.
 pub const SIGNED_CHECKPOINT_TAG: &str = "atasira.audit-checkpoint-signature.v1";
 
-/// A signed checkpoint as an export carries it.
+/// A signed checkpoint as an export carries it: the checkpoint and its signature.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointProof {
-    pub seq: i64,
-    /// The MAC of the row at `seq`.
-    pub head_mac: String,
-    /// The previous checkpoint (signed or not) and its MAC: the HMAC chain of checkpoints.
-    pub prev_seq: i64,
-    pub prev_mac: String,
-    pub key_id: String,
-    /// The checkpoint's own HMAC.
-    pub mac: String,
+    #[serde(flatten)]
+    pub checkpoint: LedgerCheckpoint,
     #[serde(flatten)]
     pub signed: CheckpointSignature,
 }
@@ -60,7 +53,15 @@ fn statement(p: &CheckpointProof) -> Vec<u8> {
     let s = &p.signed;
     format!(
         "{SIGNED_CHECKPOINT_TAG}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
-        p.seq, p.head_mac, p.prev_seq, p.prev_mac, p.key_id, p.mac, s.covers_after, s.rows_digest, s.public_key
+        p.checkpoint.seq,
+        p.checkpoint.head_mac,
+        p.checkpoint.prev_seq,
+        p.checkpoint.prev_mac,
+        p.checkpoint.key_id,
+        p.checkpoint.mac,
+        s.covers_after,
+        s.rows_digest,
+        s.public_key
     )
     .into_bytes()
 }
@@ -163,27 +164,27 @@ pub fn verify_export(rows: &[ExportedRow], proofs: &[CheckpointProof], pinned: O
     };
     let mut covered_to = first - 1;
     let mut proofs: Vec<&CheckpointProof> = proofs.iter().collect();
-    proofs.sort_by_key(|p| p.seq);
+    proofs.sort_by_key(|p| p.checkpoint.seq);
     for p in proofs {
         if !signature_verifies(p) {
-            return broken(result, p.seq, format!("the checkpoint at row {} does not verify: its signature fails", p.seq));
+            return broken(result, p.checkpoint.seq, format!("the checkpoint at row {} does not verify: its signature fails", p.checkpoint.seq));
         }
         if pinned.is_some_and(|k| !k.eq_ignore_ascii_case(&p.signed.public_key)) {
-            return broken(result, p.seq, format!("the checkpoint at row {} is signed by another key ({})", p.seq, p.signed.public_key));
+            return broken(result, p.checkpoint.seq, format!("the checkpoint at row {} is signed by another key ({})", p.checkpoint.seq, p.signed.public_key));
         }
-        if p.signed.covers_after < first - 1 || p.seq > last {
-            return broken(result, p.seq, format!("the export does not hold every row the checkpoint at row {} covers", p.seq));
+        if p.signed.covers_after < first - 1 || p.checkpoint.seq > last {
+            return broken(result, p.checkpoint.seq, format!("the export does not hold every row the checkpoint at row {} covers", p.checkpoint.seq));
         }
-        let mut segment = rows.iter().filter(|r| r.row.seq > p.signed.covers_after && r.row.seq <= p.seq);
+        let mut segment = rows.iter().filter(|r| r.row.seq > p.signed.covers_after && r.row.seq <= p.checkpoint.seq);
         if rows_digest(segment.clone().map(|r| r.digest.as_str())) != p.signed.rows_digest {
             let bad = p.signed.covers_after + 1;
-            return broken(result, bad, format!("rows {bad} to {} are not the rows the checkpoint at row {} signed", p.seq, p.seq));
+            return broken(result, bad, format!("rows {bad} to {} are not the rows the checkpoint at row {} signed", p.checkpoint.seq, p.checkpoint.seq));
         }
-        if segment.next_back().is_none_or(|r| r.row.mac != p.head_mac) {
-            return broken(result, p.seq, format!("row {} is not the head the checkpoint signed", p.seq));
+        if segment.next_back().is_none_or(|r| r.row.mac != p.checkpoint.head_mac) {
+            return broken(result, p.checkpoint.seq, format!("row {} is not the head the checkpoint signed", p.checkpoint.seq));
         }
         if p.signed.covers_after <= covered_to {
-            covered_to = covered_to.max(p.seq);
+            covered_to = covered_to.max(p.checkpoint.seq);
         }
         if !result.public_keys.contains(&p.signed.public_key) {
             result.public_keys.push(p.signed.public_key.clone());
@@ -258,9 +259,16 @@ pub fn write_line(line: &Line, format: Format) -> String {
             csv_record(&fields)
         }
         (Format::Csv, Line::Checkpoint(c)) => {
-            let mut fields = vec!["checkpoint".to_owned(), c.seq.to_string()];
+            let mut fields = vec!["checkpoint".to_owned(), c.checkpoint.seq.to_string()];
             fields.resize(9, String::new());
-            fields.extend([c.key_id.clone(), c.mac.clone(), String::new(), c.head_mac.clone(), c.prev_seq.to_string(), c.prev_mac.clone()]);
+            fields.extend([
+                c.checkpoint.key_id.clone(),
+                c.checkpoint.mac.clone(),
+                String::new(),
+                c.checkpoint.head_mac.clone(),
+                c.checkpoint.prev_seq.to_string(),
+                c.checkpoint.prev_mac.clone(),
+            ]);
             let s = &c.signed;
             fields.extend([s.covers_after.to_string(), s.rows_digest.clone(), s.public_key.clone(), s.signature.clone()]);
             csv_record(&fields)
@@ -331,12 +339,14 @@ fn parse_csv(text: &str) -> Result<Vec<Line>, ParseError> {
                 lines.push(Line::Row(ExportedRow { row, digest: field("digest") }));
             }
             "checkpoint" => lines.push(Line::Checkpoint(CheckpointProof {
-                seq: number("seq")?,
-                head_mac: field("head_mac"),
-                prev_seq: number("prev_seq")?,
-                prev_mac: field("prev_mac"),
-                key_id: field("key_id"),
-                mac: field("mac"),
+                checkpoint: LedgerCheckpoint {
+                    seq: number("seq")?,
+                    head_mac: field("head_mac"),
+                    prev_seq: number("prev_seq")?,
+                    prev_mac: field("prev_mac"),
+                    key_id: field("key_id"),
+                    mac: field("mac"),
+                },
                 signed: CheckpointSignature {
                     covers_after: number("covers_after")?,
                     rows_digest: field("rows_digest"),

@@ -3,7 +3,7 @@
 use chrono::{TimeZone, Utc};
 
 use super::*;
-use crate::audit::{AuditKey, UnsignedRow, payload_digest};
+use crate::audit::{AuditKey, LedgerCheckpoint, UnsignedRow, payload_digest};
 
 fn keyed(byte: u8) -> AuditKeys {
     AuditKeys::new(AuditKey::new("audit-1", &[byte; 32]).expect("valid key"), vec![])
@@ -33,15 +33,17 @@ fn ledger(keys: &AuditKeys, n: i64) -> Vec<LedgerRow> {
 fn checkpoints(keys: &AuditKeys, rows: &[LedgerRow], at: &[i64]) -> Vec<CheckpointProof> {
     let mut out: Vec<CheckpointProof> = Vec::new();
     for &seq in at {
-        let after = out.last().map_or(0, |p| p.seq);
+        let after = out.last().map_or(0, |p| p.checkpoint.seq);
         let covered = rows.iter().filter(|r| r.seq > after && r.seq <= seq).map(row_digest).collect::<Vec<_>>();
         let proof = CheckpointProof {
-            seq,
-            head_mac: rows[usize::try_from(seq - 1).expect("seq")].mac.clone(),
-            prev_seq: after,
-            prev_mac: out.last().map(|p| p.mac.clone()).unwrap_or_default(),
-            key_id: "audit-1".into(),
-            mac: format!("mac-{seq}"),
+            checkpoint: LedgerCheckpoint {
+                seq,
+                head_mac: rows[usize::try_from(seq - 1).expect("seq")].mac.clone(),
+                prev_seq: after,
+                prev_mac: out.last().map(|p| p.checkpoint.mac.clone()).unwrap_or_default(),
+                key_id: "audit-1".into(),
+                mac: format!("mac-{seq}"),
+            },
             signed: CheckpointSignature { covers_after: after, rows_digest: rows_digest(covered.iter().map(String::as_str)), ..Default::default() },
         };
         out.push(sign_checkpoint(keys, proof));
@@ -149,7 +151,7 @@ fn given_an_export_written_in_either_format_when_read_back_then_it_verifies_and_
         let mut text = if format == Format::Csv { csv_header() } else { "{\"type\":\"export\"}\n".to_owned() };
         for (i, r) in exported(&rows).into_iter().enumerate() {
             text.push_str(&write_line(&Line::Row(r), format));
-            if let Some(p) = proofs.iter().find(|p| p.seq == i64::try_from(i).expect("small") + 1) {
+            if let Some(p) = proofs.iter().find(|p| p.checkpoint.seq == i64::try_from(i).expect("small") + 1) {
                 text.push_str(&write_line(&Line::Checkpoint(p.clone()), format));
             }
         }
