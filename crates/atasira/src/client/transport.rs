@@ -103,13 +103,18 @@ pub(super) fn typed<T: DeserializeOwned>(value: Value) -> Result<T, u8> {
     })
 }
 
-/// Sends one request: the status and the JSON answer, or the exit code of a request that
-/// could not be made (no token, no gateway).
-pub(super) fn send(connection: &Connection, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), u8> {
+/// The URL of `path` and the token to send, or the exit code of a missing token.
+fn target<'a>(connection: &'a Connection, path: &str) -> Result<(String, &'a str), u8> {
     let Some(token) = connection.token.as_deref().filter(|t| !t.is_empty()) else {
         return Err(usage("no token: pass --token or set ATASIRA_PAT"));
     };
-    let url = format!("{}{path}", connection.url.trim_end_matches('/'));
+    Ok((format!("{}{path}", connection.url.trim_end_matches('/')), token))
+}
+
+/// Sends one request: the status and the JSON answer, or the exit code of a request that
+/// could not be made (no token, no gateway).
+pub(super) fn send(connection: &Connection, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), u8> {
+    let (url, token) = target(connection, path)?;
     let agent = connection.agent()?;
     let request = agent.request(method, &url).set("Authorization", &format!("Bearer {token}"));
     let progress = Progress::start(std::io::stderr().is_terminal());
@@ -140,17 +145,10 @@ pub(super) fn send(connection: &Connection, method: &str, path: &str, body: Opti
 /// large): the bytes written, or the exit code of a refusal (said on stderr) or of a
 /// request that could not be made.
 pub(super) fn download(connection: &Connection, path: &str, out: &mut dyn std::io::Write) -> Result<u64, u8> {
-    let Some(token) = connection.token.as_deref().filter(|t| !t.is_empty()) else {
-        return Err(usage("no token: pass --token or set ATASIRA_PAT"));
-    };
-    let url = format!("{}{path}", connection.url.trim_end_matches('/'));
+    let (url, token) = target(connection, path)?;
     // No bound on the whole answer, only on each wait for more of it.
     let agent = connection.agent_from(ureq::AgentBuilder::new().timeout_connect(TIMEOUT).timeout_read(TIMEOUT))?;
-    download_with(agent, &url, token, out)
-}
-
-fn download_with(agent: ureq::Agent, url: &str, token: &str, out: &mut dyn std::io::Write) -> Result<u64, u8> {
-    let response = match agent.get(url).set("Authorization", &format!("Bearer {token}")).call() {
+    let response = match agent.get(&url).set("Authorization", &format!("Bearer {token}")).call() {
         Ok(response) => response,
         Err(ureq::Error::Status(status, response)) => {
             let text = response.into_string().unwrap_or_default();
