@@ -42,6 +42,7 @@ fn submitted(draft_id: &str, box_type: &str, purpose: &str, at: i64) -> DraftEve
         change: None,
         approvals_required: 1,
         revision: None,
+        policy: None,
     }
 }
 

@@ -18,6 +18,7 @@ use atasira_contracts::{Refused, Reply, convert, reply_ok, reply_written, subjec
 use atasira_domain::aggregates::approval_keys::{ApprovalKeys, ApprovalKeysCommand, KEYS_ID};
 use atasira_domain::aggregates::boxes::{BoxAggregate, BoxError, BoxEvent, BoxState, box_id_for};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand, DraftError, DraftEvent, DraftStatus};
+use atasira_domain::aggregates::org_policy::{OrgPolicy, OrgPolicyCommand, STREAM_ID as ORG_POLICY_STREAM};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
 use atasira_domain::aggregates::types;
 use atasira_domain::token::{ACTIVATION_WINDOW, ApprovalSigner, PublicKeyEntry};
@@ -32,7 +33,7 @@ use atasira_platform::store::{Cqrs, EventAt, Receipt, Retry, StoredEvent};
 pub const SERVICE: &str = subjects::APPROVAL;
 /// Aggregate types this service appends on its own (its decisions go on the draft stream,
 /// which the drafts relay publishes).
-pub const AGGREGATE_TYPES: &[&str] = &[types::APPROVAL_KEYS, types::APPROVAL_SECURITY, types::APPROVAL_ASSERTION_KEYS];
+pub const AGGREGATE_TYPES: &[&str] = &[types::APPROVAL_KEYS, types::APPROVAL_SECURITY, types::APPROVAL_ASSERTION_KEYS, types::ORG_POLICY];
 
 /// Settings of the approval service.
 pub struct ApprovalConfig {
@@ -55,14 +56,38 @@ struct Service {
     rt: Runtime,
     config: ApprovalConfig,
     drafts: Cqrs<Draft>,
+    policies: Cqrs<OrgPolicy>,
     client: Client,
+}
+
+/// The policy in force on the wire (version 0: none).
+fn policy_reply(policy: OrgPolicy) -> v1::PolicyReply {
+    let Some(p) = policy.current else { return v1::PolicyReply::default() };
+    v1::PolicyReply {
+        version: p.version,
+        digest: p.digest,
+        text: p.text,
+        rules: p
+            .rules
+            .into_iter()
+            .map(|r| v1::PolicyRule {
+                id: r.id,
+                effect: r.effect,
+                reason: r.reason.unwrap_or_default(),
+                approvals: r.approvals.unwrap_or(0),
+                confirm: r.confirm,
+            })
+            .collect(),
+        published_by: p.published_by,
+        published_at: Some(convert::timestamp(p.published_at)),
+    }
 }
 
 /// Runs the service until `shutdown` flips.
 pub async fn run(rt: Runtime, config: ApprovalConfig, shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
     publish_keys(&rt, &config).await?;
     let client = Client::new(SERVICE, rt.bus.clone(), rt.assertion_keys.clone(), Duration::from_secs(30));
-    let service = Arc::new(Service { drafts: rt.db.cqrs(), rt: rt.clone(), config, client });
+    let service = Arc::new(Service { drafts: rt.db.cqrs(), policies: rt.db.cqrs(), rt: rt.clone(), config, client });
     let endpoint = platform_service::serve(&rt, SERVICE, move |call| {
         let service = service.clone();
         async move { service.dispatch(&call).await }
@@ -109,7 +134,32 @@ impl Service {
                 let principal = call.principal(&self.rt).await?;
                 self.reject(principal, &r.draft_id, r.reason).await
             }
+            ApprovalRequest::GetPolicy(_) => {
+                call.only_from(&[subjects::GATEWAY], "reading the organisation's policy")?;
+                let principal = call.principal(&self.rt).await?;
+                if !principal.is_admin() {
+                    return Err(Refusal::new(ErrorCode::Forbidden, "reading the organisation's policy needs role admin"));
+                }
+                let policy: OrgPolicy = self.rt.db.load(ORG_POLICY_STREAM).await.map_err(Refusal::internal)?;
+                Ok(reply_ok(&policy_reply(policy)))
+            }
+            ApprovalRequest::PublishPolicy(r) => {
+                call.only_from(&[subjects::GATEWAY], "publishing the organisation's policy")?;
+                let principal = call.principal(&self.rt).await?;
+                self.publish_policy(principal, r.text).await
+            }
         }
+    }
+
+    /// R-POLICY-1: a new version of the organisation's policy, in force from its event on
+    /// (the same text again: the version in force, nothing appended).
+    async fn publish_policy(&self, principal: Principal, text: String) -> Result<Reply, Refusal> {
+        let metadata = HashMap::from([("principal".to_owned(), principal.user_id.clone())]);
+        let command = OrgPolicyCommand::Publish { text, by: principal, at: chrono::Utc::now() };
+        let receipt = self.policies.execute(ORG_POLICY_STREAM, command, metadata, Retry::FEW).await?;
+        let head = receipt.head()?;
+        let policy: OrgPolicy = self.rt.db.load(ORG_POLICY_STREAM).await.map_err(Refusal::internal)?;
+        Ok(reply_written(&policy_reply(policy), head.position, vec![head.id]))
     }
 
     /// Records the attempt; the id and position of the `SecurityViolation`, which the

@@ -68,6 +68,7 @@ pub fn grants(identity: &str) -> RoleGrants {
                 (types::APPROVAL_KEYS, None),
                 (types::APPROVAL_SECURITY, None),
                 (types::APPROVAL_ASSERTION_KEYS, None),
+                (types::ORG_POLICY, None),
             ],
         ),
         subjects::RUNTIME_REGISTRY => (

@@ -324,6 +324,12 @@ enum Command {
     /// when it refused, 2 on a usage error, 3 when the gateway could not be reached.
     #[command(subcommand)]
     Webhooks(client::WebhooksCommand),
+    /// The organisation's own rules in Cedar: show the version in force, publish a new one
+    /// from a file, or dry-run one against today's pending drafts and Boxes, over the REST
+    /// API of a running gateway. Exit 0 when the API answered with success, 1 when it
+    /// refused, 2 on a usage error, 3 when the gateway could not be reached.
+    #[command(subcommand)]
+    Policies(client::PoliciesCommand),
     /// Serve the Model Context Protocol on stdin/stdout, for AI agents and MCP clients.
     ///
     /// Eight tools, each one call of a running gateway's REST API with the given token:
@@ -902,6 +908,7 @@ fn main() -> ExitCode {
         Command::Mcp(args) => run_async(mcp::serve(args)),
         Command::ToolRequests(cmd) => Ok(client::tool_requests(cmd)),
         Command::Webhooks(cmd) => Ok(client::webhooks(cmd)),
+        Command::Policies(cmd) => Ok(client::policies(cmd)),
         Command::Notify { url, token, timeout } => Ok(decide::notify(url, token, Duration::from_secs(timeout.max(1)))),
         Command::Decide { manifest, workspace, url, token, timeout } => {
             let source = match (manifest, url, token) {

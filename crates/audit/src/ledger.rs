@@ -46,6 +46,7 @@ pub const AUDITABLE_TYPES: &[&str] = &[
     types::EXECUTION_BINDING,
     types::WEBHOOK,
     types::NOTIFICATION,
+    types::ORG_POLICY,
 ];
 
 /// The ledger table. TEXT and BIGINT only, so the same DDL and SQL run on SQLite and

@@ -46,6 +46,7 @@ named!(GetWorkerProvenance, WorkerProvenance, SubmitChange, SubmitChangeReply, R
 named!(HostHeartbeat, HostOrders, GetBundle, BundleBytes, ResolveBinding, ResolvedBinding, ReportWorker, Notification);
 named!(AskTool, ToolAnswer, ListToolRequests, ToolRequestPage, ToolRequestView, DecideToolRequest, GetToolRequest);
 named!(PublishTriggerEvent, TriggerLaunches, ListTriggerTopics, TriggerTopics);
+named!(GetPolicy, PublishPolicy, PolicyReply, CheckPolicy, PolicyCheckReply);
 
 /// A request paired with its reply's type: what a service answers it with (R-ARCH-4).
 pub trait Request: Named {
@@ -68,6 +69,7 @@ replies!(StopWorker => WorkerReply, AddWorkerInput => WorkerReply, PauseWorker =
 replies!(HostHeartbeat => HostOrders, GetBundle => BundleBytes, ResolveBinding => ResolvedBinding, ReportWorker => Ack);
 replies!(AskTool => ToolAnswer, ListToolRequests => ToolRequestPage, DecideToolRequest => ToolRequestView, GetToolRequest => ToolRequestView);
 replies!(PublishTriggerEvent => TriggerLaunches, ListTriggerTopics => TriggerTopics);
+replies!(GetPolicy => PolicyReply, PublishPolicy => PolicyReply, CheckPolicy => PolicyCheckReply);
 
 /// Why bytes from the wire are not what they should be.
 #[derive(Debug, thiserror::Error)]

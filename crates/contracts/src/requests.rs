@@ -47,6 +47,7 @@ requests!(
         Get(GetDraft),
         Withdraw(WithdrawDraft),
         List(ListDrafts),
+        CheckPolicy(CheckPolicy),
     }
 );
 
@@ -55,6 +56,8 @@ requests!(
     ApprovalRequest for crate::subjects::APPROVAL => {
         Approve(ApproveDraft),
         Reject(RejectDraft),
+        GetPolicy(GetPolicy),
+        PublishPolicy(PublishPolicy),
     }
 );
 

@@ -415,7 +415,7 @@ pub fn owner_of(aggregate_type: &str) -> Option<&'static str> {
         // audit service: the gateway has no JetStream.
         types::AUDIT_LEDGER | types::AUDIT_SECURITY | types::PAT | types::GATEWAY_ASSERTION_KEYS | types::WEBHOOK | types::NOTIFICATION => AUDIT,
         types::ACCESS | types::PROVISIONER_SECURITY | types::EXECUTION_BINDING => PROVISIONER,
-        types::APPROVAL_KEYS | types::APPROVAL_SECURITY | types::APPROVAL_ASSERTION_KEYS => APPROVAL,
+        types::APPROVAL_KEYS | types::APPROVAL_SECURITY | types::APPROVAL_ASSERTION_KEYS | types::ORG_POLICY => APPROVAL,
         _ => return None,
     })
 }

@@ -326,6 +326,7 @@ pub fn action_of(aggregate_type: &str, event_type: &str) -> Option<&'static str>
         ("webhook", "WebhookRegistered") => "webhook.register",
         ("webhook", "WebhookRemoved") => "webhook.remove",
         ("webhook", "WebhookDeliveryDeadLettered") => "webhook.dead_letter",
+        ("org_policy", "PolicyPublished") => "policy.publish",
         _ => return None,
     };
     Some(action)
@@ -376,6 +377,7 @@ pub fn actor_and_target(event_type: &str, aggregate_id: &str, payload: &Value) -
         "WebhookRegistered" => (&[&["registered_by"]], &[&["webhook_id"]]),
         "WebhookRemoved" => (&[&["removed_by"]], &[&["webhook_id"]]),
         "WebhookDeliveryDeadLettered" => (&[], &[&["webhook_id"]]),
+        "PolicyPublished" => (&[&["published_by"]], &[&["digest"]]),
         _ => (&[&["by"], &["actor"]], &[&["target"]]),
     };
     let actor = actor_paths.iter().find_map(|p| text(p)).unwrap_or_else(|| "system".to_owned());

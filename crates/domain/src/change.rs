@@ -92,6 +92,8 @@ pub struct ChangePlan {
     pub over_limit: OverLimit,
     /// R-CHANGE-3: how many distinct human admins must approve it (as for a draft).
     pub approvals_required: u32,
+    /// R-POLICY-1: the organisation's policy's verdict, set by the drafts service.
+    pub policy: Option<crate::org_policy::Verdict>,
 }
 
 /// Why a change cannot be planned.
@@ -170,7 +172,7 @@ pub fn plan_change(current: &BoxManifest, patch: &Value) -> Result<ChangePlan, C
     let ops: Vec<String> = verdict.over_limit_ops.into_iter().filter(|o| !had_ops.contains(o)).collect();
     let tools: Vec<String> = verdict.over_limit_tools.into_iter().filter(|t| !current.tools.contains(t)).collect();
     let over_limit = OverLimit { over_limit: !ops.is_empty() || !tools.is_empty(), over_limit_ops: ops, over_limit_tools: tools };
-    Ok(ChangePlan { manifest, diff, over_limit, approvals_required: 1 })
+    Ok(ChangePlan { manifest, diff, over_limit, approvals_required: 1, policy: None })
 }
 
 /// `2.3.1` -> `3.0.0`; a version that is not `major[.minor[.patch]]` becomes `2.0.0`.

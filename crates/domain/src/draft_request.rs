@@ -87,6 +87,9 @@ pub struct DraftPlan {
     /// drafts service sets it for an over_limit draft from its setting.
     #[serde(skip)]
     pub approvals_required: u32,
+    /// R-POLICY-1: the organisation's policy's verdict, set by the drafts service.
+    #[serde(skip)]
+    pub policy: Option<crate::org_policy::Verdict>,
 }
 
 impl BoxDraftCreateRequest {
@@ -182,7 +185,7 @@ impl BoxDraftCreateRequest {
         let verdict = over_limit(&manifest.os_operations, &manifest.tools);
         let mut warnings = loaded.warnings;
         warnings.extend(draft_warnings(&manifest, allow_network, &verdict));
-        Ok(DraftPlan { manifest, over_limit: verdict, warnings, approvals_required: 1 })
+        Ok(DraftPlan { manifest, over_limit: verdict, warnings, approvals_required: 1, policy: None })
     }
 }
 

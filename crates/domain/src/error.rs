@@ -184,11 +184,14 @@ pub enum ErrorCode {
     /// 429: the Box has as many triggered Workers running as its triggers may start; the
     /// event is refused, not queued (R-TRIG-1).
     TooManyWorkers,
+    /// 403: a rule of the organisation's policy forbids it; the message names the policy
+    /// version and the rule (R-POLICY-1).
+    PolicyDenied,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 48] = [
+    pub const ALL: [ErrorCode; 49] = [
         ErrorCode::InvalidJson,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -237,6 +240,7 @@ impl ErrorCode {
         ErrorCode::ToolRequestNotFound,
         ErrorCode::ToolRequestNotPending,
         ErrorCode::TooManyWorkers,
+        ErrorCode::PolicyDenied,
     ];
 
     /// The wire code, e.g. `box_limit_reached`.
@@ -290,6 +294,7 @@ impl ErrorCode {
             ErrorCode::ToolRequestNotFound => "tool_request_not_found",
             ErrorCode::ToolRequestNotPending => "tool_request_not_pending",
             ErrorCode::TooManyWorkers => "too_many_workers",
+            ErrorCode::PolicyDenied => "policy_denied",
         }
     }
 
@@ -307,7 +312,8 @@ impl ErrorCode {
             | ErrorCode::SelfPrivilegeForbidden
             | ErrorCode::SelfApprovalForbidden
             | ErrorCode::MentorEditProhibitedKey
-            | ErrorCode::CapabilityChangeRequiresNewDraft => 403,
+            | ErrorCode::CapabilityChangeRequiresNewDraft
+            | ErrorCode::PolicyDenied => 403,
             ErrorCode::NotFound | ErrorCode::DraftNotFound | ErrorCode::BoxNotFound | ErrorCode::AssignmentNotFound | ErrorCode::TokenNotFound => 404,
             ErrorCode::BundleNotFound | ErrorCode::BindingNotFound | ErrorCode::WorkerNotFound | ErrorCode::ToolRequestNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,

@@ -17,6 +17,7 @@ pub mod error;
 pub mod feasibility;
 pub mod manifest;
 pub mod notify;
+pub mod org_policy;
 pub mod os_operation;
 pub mod policy;
 pub mod principal;
@@ -38,6 +39,7 @@ error::refusing_via_code!(
     aggregates::security::SecurityError,
     aggregates::pat::PatError,
     aggregates::assertion_keys::AssertionKeyPublishError,
+    aggregates::org_policy::OrgPolicyError,
 );
 
 impl Refusing for policy::MentorEditError {

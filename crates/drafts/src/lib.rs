@@ -5,6 +5,7 @@
 //! Architecture Invariant: no request to this service can produce anything but a
 //! `DraftSubmitted` event; decisions belong to the approval service.
 
+mod check;
 mod projection;
 
 use std::collections::HashMap;
@@ -18,9 +19,11 @@ use atasira_domain::aggregates::draft::{ChangeOf, Draft, DraftCommand, DraftStat
 use atasira_domain::aggregates::types;
 use atasira_domain::change::plan_change;
 use atasira_domain::draft_request::BoxDraftCreateRequest;
+use atasira_domain::org_policy::{Input, Verdict};
 use atasira_domain::os_operation::OverLimit;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
+use atasira_platform::org_policy::Policies;
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::refusal::Refusal;
 use atasira_platform::service::{self as platform_service, Call};
@@ -39,6 +42,8 @@ struct Service {
     rt: Runtime,
     cqrs: atasira_platform::store::Cqrs<Draft>,
     over_limit_approvals: u32,
+    /// R-POLICY-1: the organisation's policy, evaluated on every submission.
+    policies: Policies,
 }
 
 /// Settings of the drafts service.
@@ -75,7 +80,12 @@ pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch
             Box::pin(async move { db.count("SELECT COUNT(*) FROM draft_rows WHERE status = 'pending_approval'").await })
         }),
     );
-    let service = Arc::new(Service { cqrs: rt.db.cqrs::<Draft>(), rt: rt.clone(), over_limit_approvals: config.over_limit_approvals.max(1) });
+    let service = Arc::new(Service {
+        cqrs: rt.db.cqrs::<Draft>(),
+        rt: rt.clone(),
+        over_limit_approvals: config.over_limit_approvals.max(1),
+        policies: Policies::default(),
+    });
     let endpoint = {
         let service = service.clone();
         platform_service::serve(&rt, SERVICE, move |call| {
@@ -156,6 +166,11 @@ impl Service {
                 call.only_services("withdrawing a draft")?;
                 self.withdraw(principal, &req.draft_id).await
             }
+            DraftsRequest::CheckPolicy(req) => {
+                call.only_services("checking policies")?;
+                let active = self.policies.active(&self.rt.db).await?;
+                check::check(&self.rt.db, active, &principal, req).await
+            }
             DraftsRequest::Get(req) => match self.draft_as_of(&req).await? {
                 Some(row) if principal.is_admin() || row.requested_by == principal.user_id => Ok(reply_ok(&v1::DraftReply { draft: Some(row.to_wire(true)) })),
                 // Not the requester: indistinguishable from absent, so ids do not leak.
@@ -175,7 +190,6 @@ impl Service {
     async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
         let mut plan = request.plan()?;
-        plan.approvals_required = self.approvals_for(&plan.over_limit);
         // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
         if let Some(box_id) = projection::box_of_type(&self.rt.db, plan.manifest.box_type.as_str()).await.map_err(Refusal::internal)? {
             return Err(Refusal::new(
@@ -186,6 +200,11 @@ impl Service {
                 ),
             ));
         }
+        // R-POLICY-1: the organisation's rules, after the built-in ones.
+        let verdict =
+            self.policies.admit(&self.rt, SERVICE, plan.manifest.box_type.as_str(), &Input::draft(&principal, &plan.manifest, &plan.over_limit)).await?;
+        plan.approvals_required = self.approvals_for(&plan.over_limit, verdict.as_ref());
+        plan.policy = verdict;
         // R-DRAFT-11: with an Idempotency-Key, every run of the request names the same draft.
         let keyed = !env.idempotency_key.is_empty();
         let draft_id = if keyed { draft_id_for(&principal.user_id, &env.idempotency_key) } else { uuid::Uuid::new_v4().to_string() };
@@ -224,12 +243,15 @@ impl Service {
         }
         let patch = serde_json::Value::Object(req.patch.map(atasira_contracts::manifest::struct_from_proto).unwrap_or_default());
         let mut plan = plan_change(&current.manifest, &patch)?;
-        plan.approvals_required = self.approvals_for(&plan.over_limit);
         let digest = plan.manifest.digest();
         let (count, pending) = projection::changes_of(&self.rt.db, &req.box_id).await.map_err(Refusal::internal)?;
         if let Some(pending) = pending {
             return self.pending_change(&principal, &pending.draft_id, &digest).await;
         }
+        let input = Input::change(&principal, &plan.manifest, &plan.over_limit, &req.box_id, &plan.diff.added);
+        let verdict = self.policies.admit(&self.rt, SERVICE, &req.box_id, &input).await?;
+        plan.approvals_required = self.approvals_for(&plan.over_limit, verdict.as_ref());
+        plan.policy = verdict;
         let change = ChangeOf::planned(&req.box_id, &current.manifest, &plan);
         let draft_id = change_id_for(&req.box_id, count);
         let reply = change_reply(&draft_id, &req.box_id, &plan.manifest, &plan.over_limit, &change);
@@ -279,7 +301,12 @@ impl Service {
             manifest.version = revised.manifest.version.clone();
         }
         let draft_id = revision_id_for(&req.draft_id);
-        let approvals_required = self.approvals_for(&over_limit);
+        let input = match &change {
+            Some(c) => Input::change(&principal, &manifest, &over_limit, &c.box_id, &c.diff.added),
+            None => Input::draft(&principal, &manifest, &over_limit),
+        };
+        let policy = self.policies.admit(&self.rt, SERVICE, &req.draft_id, &input).await?;
+        let approvals_required = self.approvals_for(&over_limit, policy.as_ref());
         let command = DraftCommand::Revise {
             draft_id: draft_id.clone(),
             revised,
@@ -287,6 +314,7 @@ impl Service {
             over_limit,
             change,
             approvals_required,
+            policy,
             requested_by: principal,
             at: chrono::Utc::now(),
         };
@@ -361,8 +389,11 @@ impl Service {
     }
 
     /// R-CHANGE-3: how many human admins a submission over the limit (or not) needs.
-    fn approvals_for(&self, over_limit: &OverLimit) -> u32 {
-        if over_limit.over_limit { self.over_limit_approvals } else { 1 }
+    /// R-CHANGE-3, R-POLICY-1: distinct human admins required: the setting's for an
+    /// over_limit draft, or more where a policy rule asks for more.
+    fn approvals_for(&self, over_limit: &OverLimit, verdict: Option<&Verdict>) -> u32 {
+        let setting = if over_limit.over_limit { self.over_limit_approvals } else { 1 };
+        setting.max(verdict.map_or(1, |v| v.approvals_required))
     }
 
     /// R-DRAFT-13: the requester withdraws a pending draft (the aggregate decides who may).

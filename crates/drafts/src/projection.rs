@@ -90,13 +90,27 @@ pub struct DraftRow {
 pub struct Approvals {
     pub required: u32,
     pub by: Vec<String>,
+    /// R-POLICY-1: the organisation's policy's verdict at submission, as recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<atasira_domain::org_policy::Verdict>,
 }
 
 impl DraftRow {
     /// A new row from its submission; other events need a row to apply to.
     pub fn submitted(event: &DraftEvent, position: i64) -> Option<DraftRow> {
-        let DraftEvent::DraftSubmitted { draft_id, box_type, manifest, over_limit, warnings, requested_by, submitted_at, change, approvals_required, revision } =
-            event
+        let DraftEvent::DraftSubmitted {
+            draft_id,
+            box_type,
+            manifest,
+            over_limit,
+            warnings,
+            requested_by,
+            submitted_at,
+            change,
+            approvals_required,
+            revision,
+            policy,
+        } = event
         else {
             return None;
         };
@@ -116,7 +130,7 @@ impl DraftRow {
             warnings: warnings.clone(),
             manifest: manifest.clone(),
             change: change.clone(),
-            approvals: Approvals { required: (*approvals_required).max(1), by: vec![] },
+            approvals: Approvals { required: (*approvals_required).max(1), by: vec![], policy: policy.clone() },
             revision: revision.clone(),
         })
     }
@@ -196,6 +210,7 @@ impl DraftRow {
             version: m.version.clone(),
             approvals: self.approvals.by.clone(),
             approvals_required: self.approvals.required.max(1),
+            policy: self.approvals.policy.as_ref().map(|p| v1::DraftPolicy { version: p.version, rules: p.rules.clone(), confirm: p.confirm }),
             revision: self.revision.as_ref().map(|r| v1::Revision {
                 of: r.draft_id.clone(),
                 version: r.version,
@@ -589,6 +604,7 @@ mod tests {
             change: None,
             approvals_required: 1,
             revision: None,
+            policy: None,
         }
     }
 

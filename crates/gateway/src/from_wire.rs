@@ -91,6 +91,7 @@ fn summary(d: v1::DraftView) -> Result<(DraftSummary, Option<v1::BoxManifest>), 
         removed: d.removed,
         approvals: d.approvals,
         approvals_required: d.approvals_required.max(1),
+        policy: d.policy.map(|p| crate::api::DraftPolicy { version: p.version, rules: p.rules, confirm: p.confirm }),
         revision: d.revision.map(|r| Revision {
             of: r.of,
             version: r.version,
@@ -812,6 +813,87 @@ impl TryFrom<v1::TriggerLaunches> for TriggerLaunches {
             Ok(TriggerLaunch { box_id: l.box_id, worker_id: l.worker_id, outcome, code, reason: (!l.reason.is_empty()).then_some(l.reason) })
         };
         Ok(Self { launches: r.launches.into_iter().map(launch).collect::<Result<_, _>>()? })
+    }
+}
+
+// --- the organisation's policy -------------------------------------------------------------
+
+impl TryFrom<v1::PolicyReply> for crate::api::Policy {
+    type Error = ApiError;
+    fn try_from(p: v1::PolicyReply) -> Result<Self, ApiError> {
+        use crate::api::{PolicyEffect, PolicyRule};
+        let rules = p
+            .rules
+            .into_iter()
+            .map(|r| {
+                let effect = match r.effect.as_str() {
+                    "permit" => PolicyEffect::Permit,
+                    "forbid" => PolicyEffect::Forbid,
+                    other => return Err(unreadable("policy rule effect", other)),
+                };
+                Ok(PolicyRule {
+                    id: r.id,
+                    effect,
+                    reason: (!r.reason.is_empty()).then_some(r.reason),
+                    approvals: (r.approvals > 0).then_some(r.approvals),
+                    confirm: r.confirm,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        let published = p.version > 0;
+        Ok(Self {
+            version: p.version,
+            digest: p.digest,
+            text: p.text,
+            rules,
+            published_by: published.then_some(p.published_by),
+            published_at: if published { Some(time("policy", p.published_at.as_ref())?) } else { None },
+        })
+    }
+}
+
+fn policy_outcome(o: Option<v1::PolicyOutcome>) -> Result<crate::api::PolicyOutcome, ApiError> {
+    use crate::api::PolicyDecision;
+    let o = o.ok_or_else(|| unreadable("policy outcome", "missing"))?;
+    let decision = match o.decision.as_str() {
+        "allow" => PolicyDecision::Allow,
+        "deny" => PolicyDecision::Deny,
+        other => return Err(unreadable("policy decision", other)),
+    };
+    Ok(crate::api::PolicyOutcome {
+        version: o.version,
+        decision,
+        rules: o.rules,
+        approvals_required: o.approvals_required.max(1),
+        confirm: o.confirm,
+        reason: (!o.reason.is_empty()).then_some(o.reason),
+    })
+}
+
+impl TryFrom<v1::PolicyCheckReply> for crate::api::PolicyCheck {
+    type Error = ApiError;
+    fn try_from(r: v1::PolicyCheckReply) -> Result<Self, ApiError> {
+        use crate::api::{PolicyChange, PolicyChangeKind};
+        let changes = r
+            .changes
+            .into_iter()
+            .map(|c| {
+                let kind = match c.kind.as_str() {
+                    "draft" => PolicyChangeKind::Draft,
+                    "change" => PolicyChangeKind::Change,
+                    "box" => PolicyChangeKind::Box,
+                    other => return Err(unreadable("policy change kind", other)),
+                };
+                Ok(PolicyChange { kind, id: c.id, box_type: c.box_type, before: policy_outcome(c.before)?, after: policy_outcome(c.after)? })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        Ok(Self {
+            active_version: r.active_version,
+            draft: r.draft.map(|d| policy_outcome(Some(d))).transpose()?,
+            changes,
+            checked: r.checked,
+            truncated: r.truncated,
+        })
     }
 }
 

@@ -145,6 +145,8 @@ async fn app(rt: Runtime, config: Config) -> anyhow::Result<(Router, Arc<stream:
         .route("/audit/verify", get(routes::audit_verify))
         .route("/audit/export", get(routes::audit_export))
         .route("/trigger-events", post(routes::publish_trigger_event))
+        .route("/policies", get(routes::get_policy).put(routes::publish_policy))
+        .route("/policies/check", post(routes::check_policy))
         .route("/webhooks", post(routes::register_webhook).get(routes::list_webhooks))
         .route("/webhooks/{webhook_id}", delete(routes::remove_webhook))
         .route("/webhooks/{webhook_id}/deliveries", get(routes::webhook_deliveries))

@@ -314,7 +314,7 @@ impl Modify for SharedResponses {
         crate::routes::resume_worker_route,
         crate::routes::list_tool_requests, crate::routes::get_tool_request, crate::routes::approve_tool, crate::routes::reject_tool,
         crate::routes::register_webhook, crate::routes::list_webhooks, crate::routes::remove_webhook, crate::routes::webhook_deliveries,
-        crate::routes::publish_trigger_event, crate::stream::stream),
+        crate::routes::publish_trigger_event, crate::routes::get_policy, crate::routes::publish_policy, crate::routes::check_policy, crate::stream::stream),
     components(schemas(api::ErrorBody, api::NotifyChannelPatch)),
     modifiers(&PatAuth, &SharedResponses, &NulFreeText, &Bounds)
 )]
@@ -548,8 +548,10 @@ mod tests {
         let doc = doc();
         for (name, op) in operations(&doc) {
             let takes_key = op["parameters"].as_array().is_some_and(|p| p.iter().any(|p| p["name"] == "Idempotency-Key"));
-            // Every write; the feasibility check records nothing.
-            let write = ["POST", "PUT", "PATCH", "DELETE"].iter().any(|m| name.starts_with(m)) && !name.ends_with("/boxes/feasibility");
+            // Every write; the feasibility check and the policy dry run record nothing.
+            let write = ["POST", "PUT", "PATCH", "DELETE"].iter().any(|m| name.starts_with(m))
+                && !name.ends_with("/boxes/feasibility")
+                && !name.ends_with("/policies/check");
             assert_eq!(takes_key, write, "{name}");
         }
     }

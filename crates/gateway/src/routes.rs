@@ -1045,6 +1045,57 @@ pub async fn audit_verify(State(state): State<AppState>, Caller(principal): Call
     read::<_, _>(&state, &principal, subjects::AUDIT, v1::VerifyAudit {}).await
 }
 
+// --- the organisation's policy -----------------------------------------------------------
+
+/// The organisation's policy in force (admins): its version, text and rules; version 0
+/// when none was ever published.
+#[utoipa::path(get, path = "/api/v1/policies", tag = "policies",
+    responses((status = 200, description = "The policy in force", body = api::Policy), (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody)),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
+pub async fn get_policy(State(state): State<AppState>, Admin(principal): Admin) -> Result<Json<api::Policy>, ApiError> {
+    read::<_, _>(&state, &principal, subjects::APPROVAL, v1::GetPolicy {}).await
+}
+
+/// Publish a new version of the organisation's policy (a human admin): in force for every
+/// request from now on; what was decided before keeps its recorded decision. The same text
+/// again changes nothing. Recorded on the audit ledger.
+#[utoipa::path(put, path = "/api/v1/policies", tag = "policies", params(IdempotencyHeader),
+    request_body(content = api::PublishPolicyRequest, description = "The Cedar text. Unknown fields are refused."),
+    responses(
+        (status = 200, description = "The version now in force", body = api::Policy),
+        (status = 403, description = "`forbidden`: needs a human admin", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: unknown fields, wrong types, a malformed Idempotency-Key, or a text that is empty, over 65536 bytes, does not parse as Cedar, holds a template, repeats an `@id`, or has an annotation other than `@id`, `@reason`, `@approvals` (1 to 10, on permit rules) and `@confirm` (on permit rules); the message names the rule", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("human_admin"))))]
+pub async fn publish_policy(
+    State(state): State<AppState>,
+    HumanAdmin(principal): HumanAdmin,
+    key: IdempotencyKey,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    key.check()?;
+    let b: api::PublishPolicyRequest = body.parse()?;
+    write::<_, api::Policy>(&state, &principal, &key, ("PUT /policies", body.raw()), subjects::APPROVAL, v1::PublishPolicy { text: b.text }, StatusCode::OK)
+        .await
+}
+
+/// A dry run (admins; nothing is recorded): what a policy decides on a proposed draft, and
+/// which pending drafts, change requests and Boxes a proposed version decides differently
+/// from the one in force.
+#[utoipa::path(post, path = "/api/v1/policies/check", tag = "policies",
+    request_body(content = api::PolicyCheckRequest, description = "A proposed version, a proposed draft, or both. Unknown fields are refused."),
+    responses(
+        (status = 200, description = "What would be decided", body = api::PolicyCheck),
+        (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: unknown fields, wrong types, or a proposed text that does not load (as for publishing); `box_manifest_validation`: a proposed draft that is not valid", body = ErrorBody),
+    ),
+    security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
+pub async fn check_policy(State(state): State<AppState>, Admin(principal): Admin, body: RawBody) -> Result<Json<api::PolicyCheck>, ApiError> {
+    let b: api::PolicyCheckRequest = body.parse()?;
+    let draft = b.draft.map(from_wire::draft_request).transpose()?;
+    read::<_, _>(&state, &principal, subjects::DRAFTS, v1::CheckPolicy { text: b.text.unwrap_or_default(), draft }).await
+}
+
 // --- webhooks ---------------------------------------------------------------------------
 
 /// Register a webhook (a human admin): every announcement of the chosen kinds is POSTed to

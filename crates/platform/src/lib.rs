@@ -18,6 +18,7 @@ pub mod feed;
 pub mod guard;
 pub mod keys;
 pub mod metrics;
+pub mod org_policy;
 pub mod projection;
 pub mod ratelimit;
 pub mod refusal;

@@ -142,7 +142,14 @@ mod tests {
                 edited_by: "alice".into(),
                 at: t(4),
             },
-            BoxEvent::BoxConfigEdited { box_id: "b1".into(), manifest, changed_keys: vec!["trigger_schedule".into()], edited_by: "dave".into(), at: t(5) },
+            BoxEvent::BoxConfigEdited {
+                box_id: "b1".into(),
+                manifest,
+                changed_keys: vec!["trigger_schedule".into()],
+                edited_by: "dave".into(),
+                at: t(5),
+                policy: None,
+            },
         ];
         let entries: Vec<v1::BoxHistoryEntry> =
             edits.iter().map(|e| entry(&stored("box", "b1", serde_json::to_value(e).expect("json"))).expect("entry")).collect();

@@ -319,8 +319,24 @@ impl Registry {
         if !principal.is_admin() {
             return Err(Refusal::new(ErrorCode::Forbidden, "only a human admin decides a Worker's tool call"));
         }
-        let command =
-            WorkerCommand::DecideTool { request_id: r.request_id.clone(), by: principal, approve: r.approve, reason: r.reason, now: chrono::Utc::now() };
+        // R-POLICY-1: the organisation's rules on runtime approvals (a denial is recorded).
+        let boxed: atasira_domain::aggregates::boxes::BoxAggregate = self.rt.db.load(&found.box_id).await.map_err(Refusal::internal)?;
+        let policy = match boxed.data {
+            Some(b) => {
+                let input =
+                    atasira_domain::org_policy::Input::runtime_approval(&principal, &b.manifest, &found.box_id, &found.worker_id, &found.tool, r.approve);
+                self.policies.admit(&self.rt, SERVICE, &r.request_id, &input).await?
+            }
+            None => None,
+        };
+        let command = WorkerCommand::DecideTool {
+            request_id: r.request_id.clone(),
+            by: principal,
+            approve: r.approve,
+            reason: r.reason,
+            now: chrono::Utc::now(),
+            policy,
+        };
         let at = self.workers.execute(&found.worker_id, command, HashMap::new(), Retry::ONCE).await?.head()?;
         proj::wait_for_events(&self.rt.db, &[(WORKERS, WORKERS_READS)], std::slice::from_ref(&at.id), at.position, Duration::from_secs(5))
             .await

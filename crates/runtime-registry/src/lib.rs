@@ -75,6 +75,9 @@ pub(crate) struct Registry {
     workers: Cqrs<Worker>,
     /// Calls to the provisioner (claiming an execution binding).
     client: Client,
+    /// R-POLICY-1: the organisation's policy, evaluated on config edits, launches and
+    /// runtime approvals.
+    policies: atasira_platform::org_policy::Policies,
 }
 
 /// The projections read-your-writes waits for, with what they read.
@@ -115,6 +118,7 @@ pub async fn run(rt: Runtime, config: RegistryConfig, shutdown: tokio::sync::wat
         bundles: rt.db.cqrs(),
         workers: rt.db.cqrs(),
         client: Client::new(SERVICE, rt.bus.clone(), rt.assertion_keys.clone(), Duration::from_secs(30)),
+        policies: Default::default(),
         rt: rt.clone(),
         config,
     });
@@ -262,7 +266,8 @@ impl Registry {
             RegistryRequest::EditConfig(r) => {
                 let patch = serde_json::Value::Object(r.patch.map(manifest::struct_from_proto).unwrap_or_default());
                 let by = principal.user_id.clone();
-                let reply = self.box_command(&r.box_id, BoxCommand::ConfigEdit { by: principal, patch, at: chrono::Utc::now() }).await?;
+                let command = self.config_edit_policed(principal, &r.box_id, patch).await?;
+                let reply = self.box_command(&r.box_id, command).await?;
                 Ok(with_event(reply, self.sync_after_change(&r.box_id, &by).await))
             }
             RegistryRequest::SyncBundle(r) => {
@@ -371,6 +376,24 @@ impl Registry {
     }
 
     /// Runs a Box command, waits for the Box view to apply it, answers the Box.
+    /// R-POLICY-1: a config edit with the organisation's policy's verdict on the manifest it
+    /// would make (a denial refused and recorded). An edit the aggregate refuses or that
+    /// changes nothing is left to it to answer.
+    async fn config_edit_policed(&self, principal: Principal, box_id: &str, patch: serde_json::Value) -> Result<BoxCommand, Refusal> {
+        let mut command = BoxCommand::ConfigEdit { by: principal.clone(), patch, at: chrono::Utc::now(), policy: None };
+        let boxed: BoxAggregate = self.rt.db.load(box_id).await.map_err(Refusal::internal)?;
+        if let Ok(events) = boxed.decide(command.clone())
+            && let Some(BoxEvent::BoxConfigEdited { manifest, changed_keys, .. }) = events.first()
+        {
+            let input = atasira_domain::org_policy::Input::config_edit(&principal, manifest, box_id, changed_keys);
+            let verdict = self.policies.admit(&self.rt, SERVICE, box_id, &input).await?;
+            if let BoxCommand::ConfigEdit { policy, .. } = &mut command {
+                *policy = verdict;
+            }
+        }
+        Ok(command)
+    }
+
     async fn box_command(&self, box_id: &str, command: BoxCommand) -> Result<Reply, Refusal> {
         self.box_command_with(box_id, command, HashMap::new()).await
     }

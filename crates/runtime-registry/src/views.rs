@@ -642,6 +642,7 @@ mod tests {
             changed_keys: vec!["trigger_schedule".into()],
             edited_by: "bob".into(),
             at: t(2),
+            policy: None,
         });
         assert_eq!(row.manifest, configured);
         assert_eq!(row.to_wire(false).manifest.map(|m| m.purpose), Some("Edited.".to_owned()));

@@ -19,6 +19,7 @@ use atasira_domain::aggregates::bundle::{BundleCommand, BundleEvent, ConfigBundl
 use atasira_domain::aggregates::draft::DraftEvent;
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::{NewWorker, WorkerCommand, WorkerEvent};
+use atasira_domain::org_policy::Input;
 use atasira_domain::worker::{LaunchRequest, Segment, WorkerState, bundle_digest, launch_fingerprint, validate_launch, worker_id_for};
 use atasira_domain::{ErrorCode, FieldError, Principal, trigger};
 use atasira_platform::projection as proj;
@@ -44,7 +45,12 @@ const RECORDED: &[ErrorCode] = &[
     ErrorCode::InvalidSegment,
     ErrorCode::InvalidApprovalToken,
     ErrorCode::TooManyWorkers,
+    ErrorCode::PolicyDenied,
 ];
+
+/// What a launch's checks give the Worker: its box_type, approval key, chain of custody
+/// and the policy's verdict.
+type Launchable = (String, String, Vec<String>, Option<atasira_domain::org_policy::Verdict>);
 
 /// Longest box id, binding handle and bundle digest a launch may name.
 const ID_CHARS: usize = 128;
@@ -317,7 +323,7 @@ impl Registry {
             return Err(self.refused(&principal, &r.launch_id, &r.box_id, refusal).await);
         }
         // 3..5. The Box, the bundle, the approval.
-        let (box_type, approval_key_id, chain) = match self.check_launch(&principal, &r).await {
+        let (box_type, approval_key_id, chain, policy) = match self.check_launch(&principal, &r, &request).await {
             Ok(checked) => checked,
             Err(refusal) => return Err(self.refused(&principal, &r.launch_id, &r.box_id, refusal).await),
         };
@@ -343,6 +349,7 @@ impl Registry {
             approval_key_id,
             chain,
             at: chrono::Utc::now(),
+            policy,
         };
         match self.append_worker(new).await {
             Ok((created, by_us)) => self.answer(created, by_us).await,
@@ -352,8 +359,9 @@ impl Registry {
 
     /// Steps 3 to 5 of `CreateWorker`: the Box (active, the caller may launch), the bundle
     /// (this Box's, of its current manifest, synced) and the approval (verifies, binds the
-    /// approved manifest). The Worker's box_type, approval key and chain of custody.
-    async fn check_launch(&self, principal: &Principal, r: &v1::CreateWorker) -> Result<(String, String, Vec<String>), Refusal> {
+    /// approved manifest), then the organisation's policy (R-POLICY-1). The Worker's
+    /// box_type, approval key, chain of custody and the policy's verdict.
+    async fn check_launch(&self, principal: &Principal, r: &v1::CreateWorker, request: &LaunchRequest) -> Result<Launchable, Refusal> {
         let chain = box_chain(&self.rt.db, &r.box_id).await.map_err(Refusal::internal)?;
         let data = launchable(chain.data.as_ref(), principal, &r.box_id)?;
         let requested =
@@ -383,7 +391,12 @@ impl Registry {
         let mut links = vec![approval_event];
         links.extend(chain.derived_from);
         links.push(StoredEvent::event_id_of(types::CONFIG_BUNDLE, &current, 1));
-        Ok((data.manifest.box_type.to_string(), approval.key_id, links))
+        let input = Input::launch(principal, &data.manifest, &r.box_id, &r.launch_id, &request.labels);
+        let policy = self.policies.verdict(&self.rt.db, &input).await?;
+        if let Some(denied) = policy.as_ref().filter(|v| v.denied()) {
+            return Err(Refusal::new(ErrorCode::PolicyDenied, denied.refusal()));
+        }
+        Ok((data.manifest.box_type.to_string(), approval.key_id, links, policy))
     }
 
     /// Appends `WorkerCreated`; the creation and whether this request made it. What this

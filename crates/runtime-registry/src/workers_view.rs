@@ -680,6 +680,7 @@ mod tests {
             approval_key_id: "k1".into(),
             chain: vec![],
             at: t(0),
+            policy: None,
         }
     }
 

@@ -62,6 +62,7 @@ fn cycle(run: &str, k: usize, signer: &ApprovalSigner) -> anyhow::Result<Vec<Row
         change: None,
         approvals_required: 1,
         revision: None,
+        policy: None,
     };
     let (approved, rejected, pending) = (format!("{run}-a{k}"), format!("{run}-r{k}"), format!("{run}-p{k}"));
     let box_id = format!("{run}-box{k}");

@@ -66,6 +66,7 @@ fn drafts_cycle(run: &str, k: usize, request: &BoxDraftCreateRequest) -> anyhow:
         change: None,
         approvals_required: 1,
         revision: None,
+        policy: None,
     };
     let (rejected, withdrawn, pending) = (format!("{run}-r{k}"), format!("{run}-w{k}"), format!("{run}-p{k}"));
     Ok(vec![

@@ -268,6 +268,79 @@ pub enum WebhooksCommand {
     },
 }
 
+/// The organisation's policy: Cedar rules every draft, change request, config edit, Worker
+/// launch and runtime approval meets.
+#[derive(Debug, Subcommand)]
+pub enum PoliciesCommand {
+    /// Show the policy in force (admins): its version, who published it, its rules.
+    Show {
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Publish a new version from a Cedar file (a human admin): in force at once, recorded
+    /// on the audit ledger; the same text again changes nothing.
+    Publish {
+        /// The Cedar policies ("-" reads stdin).
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// A dry run (admins; nothing is recorded): which pending drafts, change requests and
+    /// Boxes the proposed version in FILE decides differently from the one in force; with
+    /// --draft, what it (or, without FILE, the version in force) decides on a draft.
+    Check {
+        /// A proposed version's Cedar policies ("-" reads stdin).
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// A draft request as JSON, as `POST /api/v1/boxes/box-drafts` takes it.
+        #[arg(long, value_name = "DRAFT_JSON")]
+        draft: Option<PathBuf>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+/// A finished policies verb: its exit code.
+pub fn policies(command: PoliciesCommand) -> ExitCode {
+    ExitCode::from(run_policies(command))
+}
+
+/// The text of `path` ("-": stdin).
+fn read_text(path: &std::path::Path) -> Result<String, String> {
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        return std::io::stdin().read_to_string(&mut text).map(|_| text).map_err(|e| format!("cannot read stdin: {e}"));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+fn run_policies(command: PoliciesCommand) -> u8 {
+    match command {
+        PoliciesCommand::Show { connection } => call(&connection, "GET", "/api/v1/policies", None, |_, p| print::policy(p)),
+        PoliciesCommand::Publish { file, connection } => match read_text(&file) {
+            Ok(text) => call(&connection, "PUT", "/api/v1/policies", Some(&json!({"text": text})), |_, p| print::policy(p)),
+            Err(message) => usage(&message),
+        },
+        PoliciesCommand::Check { file, draft, connection } => {
+            let mut body = json!({});
+            if let Some(file) = file {
+                match read_text(&file) {
+                    Ok(text) => body["text"] = json!(text),
+                    Err(message) => return usage(&message),
+                }
+            }
+            if let Some(draft) = draft {
+                match read_text(&draft).and_then(|t| serde_json::from_str::<Value>(&t).map_err(|e| format!("{} is not JSON: {e}", draft.display()))) {
+                    Ok(value) => body["draft"] = value,
+                    Err(message) => return usage(&message),
+                }
+            }
+            call(&connection, "POST", "/api/v1/policies/check", Some(&body), |_, c| print::policy_check(c))
+        }
+    }
+}
+
 /// A finished webhooks verb: its exit code.
 pub fn webhooks(command: WebhooksCommand) -> ExitCode {
     ExitCode::from(run_webhooks(command))

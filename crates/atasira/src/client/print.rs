@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 
 use atasira_gateway::api::{
-    Approved, AuditRows, BoxDetail, BoxHistory, BoxList, ChangeRequested, DraftCreated, DraftDetail, DraftPage, DraftStatusChanged, ToolRequest,
-    ToolRequestList, VerifyResult, Webhook, WebhookDeliveryList, WebhookList, WebhookRegistered, Worker, WorkerList, WorkerProvenance,
+    Approved, AuditRows, BoxDetail, BoxHistory, BoxList, ChangeRequested, DraftCreated, DraftDetail, DraftPage, DraftStatusChanged, Policy, PolicyCheck,
+    PolicyOutcome, ToolRequest, ToolRequestList, VerifyResult, Webhook, WebhookDeliveryList, WebhookList, WebhookRegistered, Worker, WorkerList,
+    WorkerProvenance,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -194,6 +195,10 @@ pub(super) fn draft(detail: &DraftDetail) {
     }
     if d.approvals_required > 1 {
         rows.push(("approvals", format!("{} of {} ({})", d.approvals.len(), d.approvals_required, list_text(&d.approvals))));
+    }
+    if let Some(p) = &d.policy {
+        let confirm = if p.confirm { ", the second confirmation" } else { "" };
+        rows.push(("policy", format!("version {}: {}{confirm}", p.version, list_text(&p.rules))));
     }
     if let Some(r) = &d.revision {
         rows.push(("revision", format!("version {} of {}, rejected by {}: {}", r.version, r.of, r.rejected_by, r.reason)));
@@ -498,6 +503,62 @@ fn next_page(next_cursor: Option<&str>) {
     if let Some(next) = next_cursor {
         println!("next page: --cursor {next}");
     }
+}
+
+/// The organisation's policy in force.
+pub(super) fn policy(p: &Policy) {
+    if p.version == 0 {
+        println!("no policy published: only the built-in rules apply");
+        return;
+    }
+    println!("version {}", p.version);
+    println!("digest {}", p.digest);
+    println!("published_by {}", p.published_by.clone().unwrap_or_default());
+    println!("published_at {}", p.published_at.map(|t| t.to_rfc3339()).unwrap_or_default());
+    let rows: Vec<Vec<String>> = p
+        .rules
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.clone(),
+                wire(r.effect),
+                r.approvals.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                if r.confirm { "yes" } else { "-" }.to_owned(),
+                r.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print_table(&["RULE", "EFFECT", "APPROVALS", "CONFIRM", "REASON"], &rows);
+}
+
+fn outcome_text(o: &PolicyOutcome) -> String {
+    let mut text = wire(o.decision);
+    if !o.rules.is_empty() {
+        text.push_str(&format!(" ({})", o.rules.join(", ")));
+    }
+    if o.approvals_required > 1 {
+        text.push_str(&format!(", {} approvers", o.approvals_required));
+    }
+    if o.confirm {
+        text.push_str(", confirmation");
+    }
+    text
+}
+
+/// A policy dry run.
+pub(super) fn policy_check(c: &PolicyCheck) {
+    println!("active_version {}", c.active_version);
+    if let Some(draft) = &c.draft {
+        println!("draft {}", outcome_text(draft));
+    }
+    println!("checked {}{}", c.checked, if c.truncated { " (more were not checked)" } else { "" });
+    if c.changes.is_empty() {
+        println!("no pending draft, change request or Box would be decided differently");
+        return;
+    }
+    let rows: Vec<Vec<String>> =
+        c.changes.iter().map(|ch| vec![wire(ch.kind), ch.id.clone(), ch.box_type.clone(), outcome_text(&ch.before), outcome_text(&ch.after)]).collect();
+    print_table(&["KIND", "ID", "BOX_TYPE", "BEFORE", "AFTER"], &rows);
 }
 
 #[cfg(test)]

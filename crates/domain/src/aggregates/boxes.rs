@@ -70,7 +70,8 @@ pub enum BoxCommand {
     /// R-EDIT-1, R-EDIT-2.
     MentorEdit { by: Principal, patch: Map<String, Value>, at: DateTime<Utc> },
     /// R-EDIT-3.
-    ConfigEdit { by: Principal, patch: Value, at: DateTime<Utc> },
+    /// `policy`: the organisation's policy's verdict, recorded with the edit (R-POLICY-1).
+    ConfigEdit { by: Principal, patch: Value, at: DateTime<Utc>, policy: Option<crate::org_policy::Verdict> },
     /// R-BOX-7 (after the namespace freed the slot).
     Stop { by: Principal, at: DateTime<Utc> },
     /// R-BOX-7 (after the namespace granted a slot).
@@ -116,6 +117,10 @@ pub enum BoxEvent {
         changed_keys: Vec<String>,
         edited_by: String,
         at: DateTime<Utc>,
+        /// R-POLICY-1: the organisation's policy's verdict on the edit; absent when no
+        /// policy was loaded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<crate::org_policy::Verdict>,
     },
     BoxStopped {
         box_id: String,
@@ -328,7 +333,7 @@ impl BoxAggregate {
                 let changed_keys = patch.keys().cloned().collect();
                 Ok(vec![BoxEvent::BoxManifestEdited { box_id: d.box_id.clone(), manifest, changed_keys, edited_by: by.user_id, at }])
             }
-            BoxCommand::ConfigEdit { by, patch, at } => {
+            BoxCommand::ConfigEdit { by, patch, at, policy } => {
                 // Who may comes first (403 before 404): nobody is the primary of no Box. A
                 // primary, agent or human, edits within the same limits as an admin.
                 let is_primary = self.data.as_ref().is_some_and(|d| d.assignments.iter().any(|(u, r)| *u == by.user_id && *r == BoxRole::Primary));
@@ -341,7 +346,7 @@ impl BoxAggregate {
                     return Ok(vec![]);
                 }
                 let changed_keys = patch.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
-                Ok(vec![BoxEvent::BoxConfigEdited { box_id: d.box_id.clone(), manifest, changed_keys, edited_by: by.user_id, at }])
+                Ok(vec![BoxEvent::BoxConfigEdited { box_id: d.box_id.clone(), manifest, changed_keys, edited_by: by.user_id, at, policy }])
             }
             BoxCommand::ApplyChange { draft_id, manifest, base_digest, approval, at } => {
                 let d = self.live()?;

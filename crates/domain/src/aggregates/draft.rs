@@ -12,6 +12,7 @@ use crate::change::{CapabilityDiff, ChangePlan};
 use crate::draft_request::DraftPlan;
 use crate::error::ErrorCode;
 use crate::manifest::BoxManifest;
+use crate::org_policy::Verdict;
 use crate::os_operation::OverLimit;
 use crate::principal::Principal;
 use crate::token::ApprovalToken;
@@ -151,6 +152,17 @@ pub struct DraftData {
     /// The human admins who approved so far, while more are required.
     #[serde(default)]
     pub approvals: Vec<String>,
+    /// R-POLICY-1: the organisation's policy's verdict at submission, as recorded.
+    #[serde(default)]
+    pub policy: Option<Verdict>,
+}
+
+impl DraftData {
+    /// Whether an approval needs the second confirmation: over_limit, or a policy rule
+    /// asked for it.
+    pub fn needs_confirmation(&self) -> bool {
+        self.over_limit.over_limit || self.policy.as_ref().is_some_and(|v| v.confirm)
+    }
 }
 
 fn one() -> u32 {
@@ -183,6 +195,8 @@ pub enum DraftCommand {
         change: Option<ChangeOf>,
         /// R-CHANGE-3: as for a new submission, judged on this version.
         approvals_required: u32,
+        /// R-POLICY-1: the policy's verdict on this version.
+        policy: Option<Verdict>,
         requested_by: Principal,
         at: DateTime<Utc>,
     },
@@ -218,6 +232,11 @@ pub enum DraftEvent {
         /// R-CHANGE-2: the thread of a revision; absent for a first version.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         revision: Option<RevisionOf>,
+        /// R-POLICY-1: the organisation's policy's verdict (its version, the rules that
+        /// asked for more); absent when no policy was loaded. Replays read it, never
+        /// evaluate again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<Verdict>,
     },
     /// R-CHANGE-3: one human admin's approval, while more are required; no token yet.
     DraftApprovalGiven {
@@ -294,6 +313,9 @@ pub enum DraftError {
     /// 409 (R-APPROVE-3).
     #[error("the draft is over_limit; approve again with confirm_over_limit: true")]
     OverLimitConfirmationRequired,
+    /// 409 (R-POLICY-1): a rule of the organisation's policy asks for the confirmation.
+    #[error("the organisation's policy (rule {0}) asks for the second confirmation; approve again with confirm_over_limit: true")]
+    ConfirmationRequiredByPolicy(String),
     /// 422: a rejection reason with a NUL character, or longer than its bound.
     #[error("reason must be text of at most {} characters without NUL characters", crate::bounds::REASON_CHARS)]
     InvalidReason,
@@ -316,7 +338,7 @@ impl DraftError {
             DraftError::SelfApproval => ErrorCode::SelfApprovalForbidden,
             DraftError::NotFound => ErrorCode::DraftNotFound,
             DraftError::NotPending(_) => ErrorCode::DraftNotPending,
-            DraftError::OverLimitConfirmationRequired => ErrorCode::OverLimitConfirmationRequired,
+            DraftError::OverLimitConfirmationRequired | DraftError::ConfirmationRequiredByPolicy(_) => ErrorCode::OverLimitConfirmationRequired,
             DraftError::TokenMismatch => ErrorCode::InvalidApprovalToken,
             DraftError::InvalidReason => ErrorCode::InvalidRequest,
             DraftError::ApprovalsMoved => ErrorCode::Conflict,
@@ -331,7 +353,7 @@ impl Draft {
     pub fn decide(&self, command: DraftCommand) -> Result<Vec<DraftEvent>, DraftError> {
         match command {
             DraftCommand::Submit { draft_id, plan, requested_by, at } => {
-                let DraftPlan { manifest, over_limit, warnings, approvals_required } = plan;
+                let DraftPlan { manifest, over_limit, warnings, approvals_required, policy } = plan;
                 Ok(self.submission(DraftEvent::DraftSubmitted {
                     draft_id,
                     box_type: manifest.box_type.to_string(),
@@ -343,10 +365,11 @@ impl Draft {
                     change: None,
                     approvals_required: approvals_required.max(1),
                     revision: None,
+                    policy,
                 }))
             }
             DraftCommand::SubmitChange { draft_id, plan, change, requested_by, at } => {
-                let ChangePlan { manifest, over_limit, approvals_required, .. } = plan;
+                let ChangePlan { manifest, over_limit, approvals_required, policy, .. } = plan;
                 Ok(self.submission(DraftEvent::DraftSubmitted {
                     draft_id,
                     box_type: manifest.box_type.to_string(),
@@ -358,9 +381,10 @@ impl Draft {
                     change: Some(change),
                     approvals_required: approvals_required.max(1),
                     revision: None,
+                    policy,
                 }))
             }
-            DraftCommand::Revise { draft_id, revised, manifest, over_limit, change, approvals_required, requested_by, at } => {
+            DraftCommand::Revise { draft_id, revised, manifest, over_limit, change, approvals_required, policy, requested_by, at } => {
                 // Only the requester revises, and only a rejected draft.
                 if revised.requested_by.user_id != requested_by.user_id {
                     return Err(if requested_by.is_admin() { DraftError::NotRequester } else { DraftError::NotFound });
@@ -393,6 +417,7 @@ impl Draft {
                     change,
                     approvals_required: approvals_required.max(1),
                     revision: Some(revision),
+                    policy,
                 }))
             }
             DraftCommand::Withdraw { by, at } => {
@@ -423,6 +448,9 @@ impl Draft {
                 }
                 if d.over_limit.over_limit && !confirm_over_limit {
                     return Err(DraftError::OverLimitConfirmationRequired);
+                }
+                if let Some(rules) = d.policy.as_ref().filter(|v| v.confirm && !confirm_over_limit).map(|v| v.rules.join(", ")) {
+                    return Err(DraftError::ConfirmationRequiredByPolicy(rules));
                 }
                 // R-CHANGE-3: distinct human admins, each once.
                 if d.approvals.contains(&by.user_id) {
@@ -533,7 +561,17 @@ impl Draft {
     pub fn evolve(&mut self, event: DraftEvent) {
         match event {
             DraftEvent::DraftSubmitted {
-                draft_id, manifest, over_limit, warnings, requested_by, submitted_at, change, approvals_required, revision, ..
+                draft_id,
+                manifest,
+                over_limit,
+                warnings,
+                requested_by,
+                submitted_at,
+                change,
+                approvals_required,
+                revision,
+                policy,
+                ..
             } => {
                 self.data = Some(DraftData {
                     draft_id,
@@ -548,6 +586,7 @@ impl Draft {
                     approvals_required,
                     approvals: vec![],
                     revision,
+                    policy,
                 });
             }
             DraftEvent::DraftApprovalGiven { approved_by, .. } => {

@@ -15,6 +15,7 @@ pub mod bundle;
 pub mod draft;
 pub mod namespace;
 pub mod notification;
+pub mod org_policy;
 pub mod pat;
 pub mod security;
 pub mod webhook;
@@ -58,6 +59,8 @@ pub mod types {
     /// A Box's notifications as the audit service delivered them (or not), one stream per
     /// notification, owned by the audit service (R-NOTIFY-1).
     pub const NOTIFICATION: &str = "notification";
+    /// The organisation's policy, one stream, owned by the approval service (R-POLICY-1).
+    pub const ORG_POLICY: &str = "org_policy";
     /// Every service's security violations (R-AUDIT-5), one type per refusing service.
     pub const SECURITY: &[&str] = &[APPROVAL_SECURITY, REGISTRY_SECURITY, DRAFTS_SECURITY, AUDIT_SECURITY, PROVISIONER_SECURITY];
     pub const ALL: &[&str] = &[
@@ -81,6 +84,7 @@ pub mod types {
         REGISTRY_ASSERTION_KEYS,
         WEBHOOK,
         NOTIFICATION,
+        ORG_POLICY,
     ];
 }
 

@@ -49,6 +49,8 @@ pub struct NewWorker {
     /// manifest or config edit, `ConfigBundleSynced`.
     pub chain: Vec<String>,
     pub at: DateTime<Utc>,
+    /// R-POLICY-1: the organisation's policy's verdict on the launch (`None`: no policy).
+    pub policy: Option<crate::org_policy::Verdict>,
 }
 
 /// The Worker as its stream knows it (what a later `Create` is compared with).
@@ -194,7 +196,8 @@ pub enum WorkerCommand {
     /// Its host asks a human admin about a tool call (R-DECIDE-2).
     Ask { host: String, ask: ToolAsk, at: DateTime<Utc> },
     /// A human admin decides a tool-use request.
-    DecideTool { request_id: String, by: Principal, approve: bool, reason: String, now: DateTime<Utc> },
+    /// `policy`: the organisation's policy's verdict on the decision (R-POLICY-1).
+    DecideTool { request_id: String, by: Principal, approve: bool, reason: String, now: DateTime<Utc>, policy: Option<crate::org_policy::Verdict> },
     /// Nobody decided before its deadline: it is denied.
     ExpireTool { request_id: String, now: DateTime<Utc> },
 }
@@ -216,6 +219,10 @@ pub enum WorkerEvent {
         approval_key_id: String,
         chain: Vec<String>,
         at: DateTime<Utc>,
+        /// R-POLICY-1: the policy version that allowed the launch and its asking rules;
+        /// absent when no policy was loaded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<crate::org_policy::Verdict>,
     },
     WorkerLaunchRefused {
         worker_id: String,
@@ -328,6 +335,9 @@ pub enum WorkerEvent {
         tool: String,
         by: String,
         at: DateTime<Utc>,
+        /// R-POLICY-1: the policy version that allowed the decision; absent without one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<crate::org_policy::Verdict>,
     },
     WorkerToolUseRejected {
         request_id: String,
@@ -337,6 +347,9 @@ pub enum WorkerEvent {
         by: String,
         reason: String,
         at: DateTime<Utc>,
+        /// R-POLICY-1: the policy version that allowed the decision; absent without one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<crate::org_policy::Verdict>,
     },
     WorkerToolUseExpired {
         request_id: String,
@@ -469,6 +482,7 @@ impl NewWorker {
             approval_key_id: self.approval_key_id,
             chain: self.chain,
             at: self.at,
+            policy: self.policy,
         }
     }
 }
@@ -644,7 +658,7 @@ impl Worker {
                     at,
                 }])
             }
-            WorkerCommand::DecideTool { request_id, by, approve, reason, now } => {
+            WorkerCommand::DecideTool { request_id, by, approve, reason, now, policy } => {
                 let d = self.data.as_ref().ok_or(WorkerError::NotFound)?;
                 let request = self.tool_requests.get(&request_id).ok_or(WorkerError::NoToolRequest)?;
                 if !by.is_human_admin() {
@@ -661,10 +675,10 @@ impl Worker {
                 let tool = self.tool_of(&request_id);
                 let (worker_id, box_id) = (d.worker_id.clone(), d.box_id.clone());
                 Ok(vec![if approve {
-                    WorkerEvent::WorkerToolUseApproved { request_id, worker_id, box_id, tool, by: by.user_id, at: now }
+                    WorkerEvent::WorkerToolUseApproved { request_id, worker_id, box_id, tool, by: by.user_id, at: now, policy }
                 } else {
                     let reason = clip(&reason, 500);
-                    WorkerEvent::WorkerToolUseRejected { request_id, worker_id, box_id, tool, by: by.user_id, reason, at: now }
+                    WorkerEvent::WorkerToolUseRejected { request_id, worker_id, box_id, tool, by: by.user_id, reason, at: now, policy }
                 }])
             }
             WorkerCommand::ExpireTool { request_id, now } => {
@@ -793,6 +807,7 @@ mod tests {
             approval_key_id: "k1".into(),
             chain: vec!["draft/d1/2".into(), "box/b1/1".into(), "config_bundle/sha256:aa/1".into()],
             at: at(0),
+            policy: None,
         }
     }
 
@@ -999,7 +1014,7 @@ mod tests {
     }
 
     fn decide(id: &str, by: Principal, approve: bool, now: i64) -> WorkerCommand {
-        WorkerCommand::DecideTool { request_id: id.into(), by, approve, reason: "no".into(), now: at(now) }
+        WorkerCommand::DecideTool { request_id: id.into(), by, approve, reason: "no".into(), now: at(now), policy: None }
     }
 
     fn human_admin(user: &str) -> Principal {

@@ -16,6 +16,7 @@ use crate::aggregates::boxes::{BoxEvent, BoxRole};
 use crate::aggregates::bundle::BundleEvent;
 use crate::aggregates::draft::DraftEvent;
 use crate::aggregates::notification::NotificationEvent;
+use crate::aggregates::org_policy::OrgPolicyEvent;
 use crate::aggregates::pat::PatEvent;
 use crate::aggregates::security::SecurityEvent;
 use crate::aggregates::types;
@@ -38,6 +39,10 @@ pub fn detail_of(aggregate_type: &str, payload: &Value) -> String {
         types::EXECUTION_BINDING => BindingEvent::deserialize(payload).map(|e| binding(&e)),
         types::WEBHOOK => WebhookEvent::deserialize(payload).map(|e| webhook(&e)),
         types::NOTIFICATION => NotificationEvent::deserialize(payload).map(|e| notification(&e)),
+        types::ORG_POLICY => OrgPolicyEvent::deserialize(payload).map(|OrgPolicyEvent::PolicyPublished { version, digest, rules, .. }| {
+            let ids: Vec<&str> = rules.iter().map(|r| r.id.as_str()).collect();
+            format!("policy version {version} ({digest}) in force: {} rule(s): {}", rules.len(), ids.join(", "))
+        }),
         t if types::SECURITY.contains(&t) => {
             SecurityEvent::deserialize(payload).map(|SecurityEvent::SecurityViolation { kind, reason, .. }| format!("refused ({kind}): {reason}"))
         }

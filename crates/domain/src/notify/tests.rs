@@ -25,6 +25,7 @@ fn submitted(change: Option<ChangeOf>, over: bool) -> DraftEvent {
         change,
         approvals_required: 1,
         revision: None,
+        policy: None,
     }
 }
 

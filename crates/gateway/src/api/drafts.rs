@@ -123,6 +123,20 @@ pub struct DraftSummary {
     pub approvals_required: u32,
     /// A revised draft's thread; `null` for a first version.
     pub revision: Option<Revision>,
+    /// The organisation's policy version it was submitted under and the rules that asked
+    /// for more; `null` when no policy was published then.
+    pub policy: Option<DraftPolicy>,
+}
+
+/// The organisation's policy as it judged a draft at submission (kept, whatever version
+/// is published since).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DraftPolicy {
+    pub version: u64,
+    /// Its rules that asked for more approvers or the second confirmation.
+    pub rules: Vec<String>,
+    /// Whether its rules ask for the second confirmation (`confirm_over_limit: true`).
+    pub confirm: bool,
 }
 
 /// The thread of a revised draft (`POST .../revise`).

@@ -28,6 +28,7 @@ mod edits;
 mod errors;
 mod events;
 mod manifest;
+mod policies;
 mod requests;
 mod schemas;
 mod tokens;
@@ -42,6 +43,7 @@ pub use edits::*;
 pub use errors::*;
 pub use events::*;
 pub use manifest::*;
+pub use policies::*;
 pub use requests::*;
 pub(crate) use schemas::*;
 pub use tokens::*;
@@ -165,7 +167,7 @@ mod tests {
             "prohibited": [], "over_limit": true, "over_limit_ops": ["shell:exec"], "over_limit_tools": [], "warnings": ["w"], "requested_by": "agent",
             "status": status, "created_at": "2026-12-01T11:27:26.695062222Z", "network": "none", "file_access": [], "allowed_apps": [],
             "required_access": [], "decision": decision, "box_id": null, "kind": "new", "version": "1.0.0", "added": [], "removed": [],
-            "approvals": [], "approvals_required": 1, "revision": null})
+            "approvals": [], "approvals_required": 1, "revision": null, "policy": null})
     }
 
     #[test]

@@ -187,28 +187,30 @@ fn given_a_box_when_config_edited_then_changes_within_capability_apply() {
     // R-EDIT-3: a human admin or the Box's primary (an agent too, within the same limits);
     // a widening patch needs a new draft
     let h = activated();
-    let agent_admin =
-        then(&h, BoxCommand::ConfigEdit { by: ops_bot(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(2) }).expect_err("not primary");
+    let agent_admin = then(&h, BoxCommand::ConfigEdit { by: ops_bot(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(2), policy: None })
+        .expect_err("not primary");
     assert_eq!(agent_admin.code(), ErrorCode::Forbidden);
     let assigned = then(&h, BoxCommand::AssignUser { by: alice(), user_id: "ops-bot".into(), role_in_box: BoxRole::Primary, at: t(2) }).expect("assigned");
     let h = with(&h, assigned);
-    let edited = then(&h, BoxCommand::ConfigEdit { by: ops_bot(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(2) }).expect("edited");
+    let edited =
+        then(&h, BoxCommand::ConfigEdit { by: ops_bot(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(2), policy: None }).expect("edited");
     assert_eq!(edited[0].name(), "BoxConfigEdited");
     let same = with(&h, edited);
     assert_eq!(
-        then(&same, BoxCommand::ConfigEdit { by: alice(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(3) }),
+        then(&same, BoxCommand::ConfigEdit { by: alice(), patch: json!({"config_defaults": {"threshold": 5}}), at: t(3), policy: None }),
         Ok(vec![]),
         "no-op edits add no event"
     );
-    let err = then(&h, BoxCommand::ConfigEdit { by: alice(), patch: json!({"os_operations": ["shell:exec"]}), at: t(2) }).expect_err("widening");
+    let err = then(&h, BoxCommand::ConfigEdit { by: alice(), patch: json!({"os_operations": ["shell:exec"]}), at: t(2), policy: None }).expect_err("widening");
     assert_eq!(err.code().as_str(), "capability_change_requires_new_draft");
-    let agent_widening = then(&h, BoxCommand::ConfigEdit { by: ops_bot(), patch: json!({"notify": {"line": {"item": "x"}}}), at: t(2) }).expect_err("widening");
+    let agent_widening =
+        then(&h, BoxCommand::ConfigEdit { by: ops_bot(), patch: json!({"notify": {"line": {"item": "x"}}}), at: t(2), policy: None }).expect_err("widening");
     assert_eq!(agent_widening.code(), ErrorCode::CapabilityChangeRequiresNewDraft);
-    let member = then(&h, BoxCommand::ConfigEdit { by: dave(), patch: json!({"config_defaults": {}}), at: t(2) }).expect_err("member");
+    let member = then(&h, BoxCommand::ConfigEdit { by: dave(), patch: json!({"config_defaults": {}}), at: t(2), policy: None }).expect_err("member");
     assert_eq!(member.code().http_status(), 403);
-    let nobody = then(&[], BoxCommand::ConfigEdit { by: dave(), patch: json!({}), at: t(2) }).expect_err("no Box");
+    let nobody = then(&[], BoxCommand::ConfigEdit { by: dave(), patch: json!({}), at: t(2), policy: None }).expect_err("no Box");
     assert_eq!(nobody.code(), ErrorCode::Forbidden, "403 before 404");
-    let missing = then(&[], BoxCommand::ConfigEdit { by: alice(), patch: json!({}), at: t(2) }).expect_err("no Box");
+    let missing = then(&[], BoxCommand::ConfigEdit { by: alice(), patch: json!({}), at: t(2), policy: None }).expect_err("no Box");
     assert_eq!(missing.code(), ErrorCode::BoxNotFound);
 }
 

@@ -378,6 +378,7 @@ fn r_change_2_given_a_rejected_draft_when_its_requester_revises_it_then_a_new_ve
         over_limit: OverLimit::default(),
         change: None,
         approvals_required: 1,
+        policy: None,
         requested_by: by,
         at: t(3),
     };
@@ -410,10 +411,32 @@ fn r_change_3_a_revision_needs_the_approvals_its_own_version_needs() {
         over_limit: OverLimit { over_limit: true, over_limit_ops: vec!["shell:exec".into()], over_limit_tools: vec![] },
         change: None,
         approvals_required: 2,
+        policy: None,
         requested_by: agent(),
         at: t(3),
     };
     // then the new version needs two
     let events = given_when::<Draft>(vec![], command).expect("revised");
     assert!(matches!(&events[..], [DraftEvent::DraftSubmitted { approvals_required: 2, .. }]), "{events:?}");
+}
+
+#[test]
+fn r_policy_1_a_policy_asking_for_confirmation_and_two_approvals_holds_a_draft_within_the_limit() {
+    use crate::org_policy::{PolicyDecision, Verdict};
+    // given a draft within the limit whose recorded verdict asks for two approvals and the confirmation
+    let verdict = Verdict { version: 4, decision: PolicyDecision::Allow, rules: vec!["careful".into()], reason: None, approvals_required: 2, confirm: true };
+    let mut p = plan(false);
+    p.approvals_required = verdict.approvals_required;
+    p.policy = Some(verdict.clone());
+    let events = given_when::<Draft>(vec![], DraftCommand::Submit { draft_id: "d1".into(), plan: p, requested_by: agent(), at: t(0) }).expect("submitted");
+    let [DraftEvent::DraftSubmitted { policy: Some(recorded), approvals_required: 2, .. }] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(recorded, &verdict);
+    let submitted = events[0].clone();
+    // when approved without the confirmation: refused naming the rule
+    let refused = given_when::<Draft>(vec![submitted.clone()], approve(alice(), false, token_for(&submitted, "alice"))).expect_err("refused");
+    assert_eq!(refused, DraftError::ConfirmationRequiredByPolicy("careful".into()));
+    assert_eq!(refused.code(), ErrorCode::OverLimitConfirmationRequired);
+    // when approved with it: one approval of two, no token yet
+    let given = given_when::<Draft>(vec![submitted.clone()], approve(alice(), true, token_for(&submitted, "alice"))).expect("given");
+    assert!(matches!(&given[..], [DraftEvent::DraftApprovalGiven { approvals: 1, approvals_required: 2, .. }]), "{given:?}");
 }
