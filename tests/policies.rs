@@ -163,6 +163,16 @@ fn r_policy_1_rules_refuse_ask_for_more_dry_run_and_never_rewrite_the_past() {
         // when version 2 drops the two-approver rule: new drafts need one; the past stays
         let v2 = publish(sys, &sys.admin, &POLICY.replace("@approvals(\"2\")", ""), "p-2");
         assert_eq!(v2.body["version"], json!(2), "{}", v2.raw);
+        // each version is a ledger row, by whom and which rules
+        let published = eventually("both versions in the ledger", Duration::from_secs(20), || {
+            let rows = sys.get("/api/v1/audit?action=policy.publish", &sys.admin).body["rows"].as_array().cloned().unwrap_or_default();
+            if rows.len() == 2 { Ok(rows) } else { Err(format!("{rows:?}")) }
+        });
+        assert!(published.iter().all(|r| r["actor"] == json!("admin")), "{published:?}");
+        assert!(
+            published.iter().any(|r| r["detail"].as_str().is_some_and(|d| d.starts_with("policy version 2") && d.contains("no-full-network"))),
+            "{published:?}"
+        );
         let after = sys.draft(&json!({"box_type": "shell-runner-two", "purpose": "Run ls.", "os_operations": ["shell:exec"]}));
         assert_eq!(sys.get(&format!("/api/v1/boxes/box-drafts/{after}"), &sys.admin).body["approvals_required"], json!(1));
         assert_eq!(sys.get(&format!("/api/v1/boxes/box-drafts/{shell_draft}"), &sys.admin).body["approvals_required"], json!(2));
