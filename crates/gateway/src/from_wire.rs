@@ -233,6 +233,7 @@ fn history_entry(e: v1::BoxHistoryEntry) -> Result<HistoryEntry, ApiError> {
     let mut entry = HistoryEntry {
         at: time("history", e.at.as_ref())?,
         event_id: e.event_id,
+        position: e.position,
         actor: e.actor,
         kind: HistoryKind::Activated,
         draft_id: None,

@@ -77,6 +77,9 @@ pub enum HistoryKind {
 pub struct HistoryEntry {
     /// `<aggregate_type>/<id>/<sequence>` of the stored event.
     pub event_id: String,
+    /// Its position in the store: `GET /api/v1/boxes/{box_id}?at=<position>` answers the
+    /// Box as it was right after it.
+    pub position: u64,
     pub at: DateTime<Utc>,
     /// Who did it; `system` when nobody did (provisioning).
     pub actor: String,

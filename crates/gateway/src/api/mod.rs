@@ -205,14 +205,14 @@ mod tests {
         );
         same::<BoxList>(json!({"boxes": [], "next_cursor": null}));
         same::<BoxHistory>(json!({"box_id": "b", "entries": [
-            {"event_id": "box/b/1", "at": at, "actor": "admin", "kind": "activated", "draft_id": "d", "box_type": "sales", "approved_by": "admin",
+            {"event_id": "box/b/1", "position": 11, "at": at, "actor": "admin", "kind": "activated", "draft_id": "d", "box_type": "sales", "approved_by": "admin",
                 "manifest_version": "1.0.0", "manifest_digest": "sha256:00", "approval_key_id": "approval-1"},
-            {"event_id": "box/b/2", "at": at, "actor": "admin", "kind": "user_unassigned", "user_id": "u", "role_in_box": "member"},
-            {"event_id": "box/b/3", "at": at, "actor": "admin", "kind": "config_edited", "changed_keys": ["trigger_schedule"], "manifest_version": "1.0.1"},
-            {"event_id": "box/b/4", "at": at, "actor": "admin", "kind": "stopped", "state": "stopped"},
-            {"event_id": "box/b/5", "at": at, "actor": "admin", "kind": "manifest_changed", "draft_id": "c", "approved_by": "admin",
+            {"event_id": "box/b/2", "position": 12, "at": at, "actor": "admin", "kind": "user_unassigned", "user_id": "u", "role_in_box": "member"},
+            {"event_id": "box/b/3", "position": 13, "at": at, "actor": "admin", "kind": "config_edited", "changed_keys": ["trigger_schedule"], "manifest_version": "1.0.1"},
+            {"event_id": "box/b/4", "position": 14, "at": at, "actor": "admin", "kind": "stopped", "state": "stopped"},
+            {"event_id": "box/b/5", "position": 15, "at": at, "actor": "admin", "kind": "manifest_changed", "draft_id": "c", "approved_by": "admin",
                 "manifest_version": "2.0.0", "manifest_digest": "sha256:01", "approval_key_id": "approval-1", "added": ["tools: Bash"], "removed": []},
-            {"event_id": "access/b/0/1", "at": at, "actor": "system", "kind": "access_provision_failed", "index": 0, "access": "git_remote u", "reason": "down", "attempts": 5}],
+            {"event_id": "access/b/0/1", "position": 16, "at": at, "actor": "system", "kind": "access_provision_failed", "index": 0, "access": "git_remote u", "reason": "down", "attempts": 5}],
             "next_cursor": "0.12"}));
         same::<FeasibilityAnswer>(json!({"feasible": false, "available_operations": ["file:read"], "available_tools": ["Read"],
             "missing_capabilities": ["notify:email"], "required_approvals": ["x"], "summary": "s", "notes": [], "box_id": "b"}));
