@@ -4,7 +4,9 @@
 //! Boxes view without a reload (live updates), a rejection with a reason, a refusal in
 //! words, edits, a Worker launched, the audit ledger verified; an agent sees no approve or
 //! reject control; the links in announcements open their views. Webhooks: a delivery
-//! dead-lettered and one delivered, seen in the Webhooks view with their deliveries.
+//! dead-lettered and one delivered, seen in the Webhooks view with their deliveries. A Box's
+//! timeline shows the Box as it was before and after a change. The Policy view publishes a
+//! policy, lists the refusals it makes and checks a proposal.
 //! Screenshots of each view are kept under the test's output directory.
 //!
 //! Needs what `scripts/test` provides: `ATASIRA_TEST_PYTHON` (a venv with `playwright`) and
@@ -167,6 +169,80 @@ fn r_notify_1_the_dashboard_shows_webhooks_their_deliveries_and_the_dead_ones_in
         let got = [rows("webhook.register"), rows("webhook.remove"), rows("webhook.dead_letter")];
         if got == [2, 1, 1] { Ok(()) } else { Err(format!("register, remove, dead letter: {got:?}")) }
     });
+    let (code, verified) = sys.audit_verify();
+    assert_eq!((code, verified["ok"].as_bool()), (0, Some(true)), "{verified}");
+}
+
+#[test]
+fn r_hist_1_the_box_timeline_shows_the_box_as_it_was_before_and_after_a_change_in_a_browser() {
+    let _browser = BROWSER.lock().unwrap_or_else(PoisonError::into_inner);
+    let sys = System::start(Mode::Embedded);
+    let bob = sys.token("bob", "admin", "human");
+    // A Box the admin approved, off the network and reading only.
+    let first = draft(&sys, &sys.agent, &json!({"box_type": "dash-timeline", "name": "Price watch", "purpose": "Watch prices", "tools": ["Read"]}));
+    let approved = sys.approve(&first, &sys.admin, false);
+    assert_eq!(approved.status, 200, "{}", approved.raw);
+    let box_id = approved.body["box_id"].as_str().expect("box_id").to_owned();
+    // Then a change request puts it on a filtered network and adds a tool; bob approves it.
+    let changes = format!("/api/v1/boxes/{box_id}/change-requests");
+    let asked = sys.post(&changes, &sys.admin, &json!({"network": "filtered", "url_allowlist": ["prices.example"], "tools": ["Read", "Grep"]}));
+    assert_eq!(asked.status, 201, "{}", asked.raw);
+    let changed = sys.approve(asked.body["draft_id"].as_str().expect("draft_id"), &bob, true);
+    assert_eq!(changed.status, 200, "{}", changed.raw);
+    // Then the agent is assigned.
+    let assigned = sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &sys.admin, &json!({"user_id": "agent", "role_in_box": "member"}));
+    assert_eq!(assigned.status, 200, "{}", assigned.raw);
+    let now = sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.admin);
+    assert_eq!((now.body["manifest"]["network"].as_str(), now.body["approved_by"].as_str()), (Some("filtered"), Some("bob")), "{}", now.raw);
+
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    let shown = json!({"box_id": box_id, "box_type": "dash-timeline"});
+    browse(&sys, "timeline", &out, &[("ATASIRA_DASHBOARD_BOX", shown.to_string())]);
+    assert!(out.join("dashboard-timeline.png").is_file(), "no screenshot of the timeline in {}", out.display());
+}
+
+#[test]
+fn r_policy_1_an_admin_publishes_a_policy_checks_a_proposal_and_sees_its_refusals_in_a_browser() {
+    let _browser = BROWSER.lock().unwrap_or_else(PoisonError::into_inner);
+    let sys = System::start(Mode::Embedded);
+    // A Box off the network whose primary is the agent (who may request its changes).
+    let first = draft(&sys, &sys.agent, &json!({"box_type": "dash-policy-box", "purpose": "Read reports", "tools": ["Read"]}));
+    let approved = sys.approve(&first, &sys.admin, false);
+    assert_eq!(approved.status, 200, "{}", approved.raw);
+    let box_id = approved.body["box_id"].as_str().expect("box_id").to_owned();
+    let assigned = sys.post(&format!("/api/v1/boxes/{box_id}/user-assignments"), &sys.admin, &json!({"user_id": "agent", "role_in_box": "primary"}));
+    assert_eq!(assigned.status, 200, "{}", assigned.raw);
+    // A pending draft on a filtered network: a policy that keeps Boxes off the network
+    // would deny it.
+    let pending = draft(
+        &sys,
+        &sys.agent,
+        &json!({"box_type": "dash-policy-net", "purpose": "Fetch prices", "tools": ["Read"], "allow_network": true, "url_allowlist": ["prices.example"]}),
+    );
+
+    // The browser publishes version 1; the agent's change request asking for the whole
+    // network is refused beside it (from the scenario, between its steps); the browser
+    // lists the refusal and checks a stricter proposal without publishing it.
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    let seeded = json!({"pending": pending, "box": box_id});
+    browse(&sys, "policy", &out, &[("ATASIRA_DASHBOARD_DRAFTS", seeded.to_string())]);
+    assert!(out.join("dashboard-policy.png").is_file(), "no screenshot of the policy in {}", out.display());
+
+    // What the browser did is what the API holds: version 1 only, the draft still pending,
+    // the Box unchanged, one refusal on the ledger naming the rule.
+    let policy = sys.get("/api/v1/policies", &sys.admin);
+    assert_eq!(policy.status, 200, "{}", policy.raw);
+    assert_eq!((policy.body["version"].as_u64(), policy.body["published_by"].as_str()), (Some(1), Some("admin")), "{}", policy.raw);
+    assert_eq!(policy.body["rules"][0]["id"], "no-full-network", "{}", policy.raw);
+    assert_eq!(sys.get(&format!("/api/v1/boxes/box-drafts/{pending}"), &sys.admin).body["status"], "pending_approval");
+    assert_eq!(sys.get(&format!("/api/v1/boxes/{box_id}"), &sys.admin).body["manifest"]["network"], "none");
+    let violations = sys.get("/api/v1/audit?action=security_violation&limit=500", &sys.admin);
+    let refusals: Vec<&str> = violations.body["rows"]
+        .as_array()
+        .map(|rows| rows.iter().filter_map(|r| r["detail"].as_str()).filter(|d| d.starts_with("refused (policy_denied):")).collect())
+        .unwrap_or_default();
+    assert_eq!(refusals.len(), 1, "{}", violations.raw);
+    assert!(refusals[0].contains("policy version 1, rule no-full-network"), "{refusals:?}");
     let (code, verified) = sys.audit_verify();
     assert_eq!((code, verified["ok"].as_bool()), (0, Some(true)), "{verified}");
 }

@@ -2,7 +2,7 @@
 
 Run by tests/dashboard.rs, which starts atasira, seeds drafts and passes, in the
 environment:
-  ATASIRA_DASHBOARD_SCENARIO approvals (the default) or webhooks
+  ATASIRA_DASHBOARD_SCENARIO approvals (the default), webhooks, timeline or policy
   ATASIRA_DASHBOARD_URL      the gateway, e.g. http://127.0.0.1:PORT
   ATASIRA_DASHBOARD_ADMIN    an admin's token (user admin: role admin, kind human)
   ATASIRA_DASHBOARD_AGENT    an agent's token (user agent: role member, kind agent)
@@ -17,6 +17,15 @@ webhooks also reads:
   ATASIRA_DASHBOARD_WEBHOOKS JSON: {"failing": url, "ok": url}: receivers that answer
                              every delivery 500 and 204; the service gives a delivery up
                              after 2 attempts (ATASIRA_WEBHOOK_ATTEMPTS)
+timeline also reads:
+  ATASIRA_DASHBOARD_BOX      JSON: {"box_id": id, "box_type": type}: a Box the admin
+                             approved (network none, tools Read), then changed (network
+                             filtered, tools Read and Grep) with bob's approval, then
+                             assigned to the agent
+policy also reads:
+  ATASIRA_DASHBOARD_DRAFTS   JSON: {"pending": id, "box": id}: a draft pending approval
+                             whose network is filtered; a Box off the network whose
+                             primary is the agent
 
 Prints one line per step; any failed expectation ends it with a non-zero exit.
 """
@@ -26,6 +35,7 @@ import os
 import re
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -36,7 +46,7 @@ ADMIN = os.environ["ATASIRA_DASHBOARD_ADMIN"]
 SECOND_ADMIN = os.environ.get("ATASIRA_DASHBOARD_SECOND_ADMIN", "")
 AGENT = os.environ["ATASIRA_DASHBOARD_AGENT"]
 DRAFTS = json.loads(os.environ.get("ATASIRA_DASHBOARD_DRAFTS", '{"types": {}}'))
-TYPES = DRAFTS["types"]
+TYPES = DRAFTS.get("types", {})
 SCENARIO = os.environ.get("ATASIRA_DASHBOARD_SCENARIO", "approvals")
 OUT = Path(os.environ["ATASIRA_DASHBOARD_OUT"])
 CHROMIUM = os.environ.get("ATASIRA_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -67,6 +77,14 @@ def rest(method, path, token, body=None):
         req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, timeout=30) as answer:
         return json.loads(answer.read())
+
+
+def rest_status(method, path, token, body=None):
+    """One REST call beside the browser that may be refused: (status, parsed answer)."""
+    try:
+        return 200, rest(method, path, token, body)
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read() or b"null")
 
 
 def card(page, draft_id):
@@ -181,7 +199,7 @@ def approving(page):
     box_row.click()
     detail = page.locator("#box-detail")
     expect(detail.locator("h3").first).to_have_text(TYPES["over"])
-    for text in ["Assignments", "Provisioning", "History", "activated", "git remote https://git.example/sales.git"]:
+    for text in ["Assignments", "Provisioning", "Timeline", "activated", "git remote https://git.example/sales.git"]:
         expect(detail).to_contain_text(text)
     expect(detail.locator('[data-action="stop"]')).to_be_visible()
     expect(page.locator("#mentor-form")).to_be_visible()
@@ -277,7 +295,7 @@ def approving(page):
     shot(page, "agent")
     page.click('#tabs a[data-view="boxes"]')
     page.locator(f'#boxes-list button[data-box-type="{TYPES["over"]}"]').click()
-    expect(page.locator("#box-detail")).to_contain_text("History")
+    expect(page.locator("#box-detail")).to_contain_text("Timeline")
     for action in ["stop", "resume", "archive"]:
         expect(page.locator(f'[data-action="{action}"]')).to_have_count(0)
     expect(page.locator("#mentor-form")).to_have_count(0)
@@ -422,7 +440,193 @@ def webhooks(page):
     expect(page.locator("#view-webhooks")).to_be_hidden()
 
 
-SCENARIOS = {"approvals": approving, "webhooks": webhooks}
+def past_value(page, key):
+    """What the past state chosen in a Box's timeline says of `key`, then and now."""
+    dd = page.locator(f'#box-past dd[data-key="{key}"]')
+    return dd.locator(".then"), dd.locator(".now")
+
+
+def timeline(page):
+    """A Box's timeline, oldest first: the entry before a change shows the Box as it was
+    (the old network, tools, version and approver, nobody assigned), the one after it the
+    new values; the position shown is one the API answers the same for; back to now."""
+    box = json.loads(os.environ["ATASIRA_DASHBOARD_BOX"])
+    step("sign in from a link to the Box: its timeline lists its history, oldest first")
+    page.goto(f"{BASE}/#boxes/{box['box_id']}")
+    sign_in(page, ADMIN)
+    page.evaluate("window.atasiraNotReloaded = true")
+    detail = page.locator("#box-detail")
+    expect(detail.locator("h3").first).to_have_text(box["box_type"])
+    expect(page.locator("#box-info")).to_contain_text("filtered")
+    entries = page.locator("#timeline-entries button.entry")
+    expect(entries).to_have_count(3)
+    for i, kind in enumerate(["activated", "manifest_changed", "user_assigned"]):
+        expect(entries.nth(i)).to_have_attribute("data-kind", kind)
+    expect(entries.nth(1)).to_contain_text("by bob")
+    expect(entries.nth(1)).to_contain_text("network: filtered")
+    past = page.locator("#box-past")
+    expect(past).to_be_hidden()
+
+    step("the entry before the change: the Box as it was, said to be the past")
+    entries.nth(0).click()
+    expect(past).to_be_visible()
+    expect(entries.nth(0)).to_have_class(re.compile(r"\bcurrent\b"))
+    title = past.locator("h3")
+    expect(title).to_have_text(re.compile(r"^As of position \d+, \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"))
+    expect(past.locator(".badge.was")).to_have_text("PAST")
+    then, now = past_value(page, "network")
+    expect(then).to_have_text("none")
+    expect(now).to_have_text("now: filtered")
+    then, now = past_value(page, "tools")
+    expect(then).to_have_text("Read")
+    expect(now).to_have_text("now: Read, Grep")
+    then, _ = past_value(page, "version")
+    expect(then).to_have_text("1.0.0")
+    then, now = past_value(page, "approved_by")
+    expect(then).to_have_text("admin")
+    expect(now).to_have_text("now: bob")
+    then, now = past_value(page, "assignments")
+    expect(then).to_have_text("none")
+    expect(now).to_have_text("now: agent (member)")
+    then, now = past_value(page, "state")
+    expect(then).to_have_text("idle")
+    expect(now).to_have_count(0)
+    # The position shown is one the API answers the same Box for.
+    position = re.match(r"As of position (\d+)", title.text_content()).group(1)
+    was = rest("GET", f"/boxes/{box['box_id']}?at={position}", ADMIN)
+    assert (was["manifest"]["network"], was["approved_by"], was["assignments"]) == ("none", "admin", []), was
+    # The Box now is unchanged above it.
+    expect(page.locator("#box-info")).to_contain_text("bob")
+    shot(page, "timeline")
+
+    step("the entry of the change: the new network, tools, version and approver")
+    entries.nth(1).click()
+    expect(entries.nth(1)).to_have_class(re.compile(r"\bcurrent\b"))
+    expect(entries.nth(0)).not_to_have_class(re.compile(r"\bcurrent\b"))
+    then, now = past_value(page, "network")
+    expect(then).to_have_text("filtered")
+    expect(now).to_have_count(0)
+    then, _ = past_value(page, "tools")
+    expect(then).to_have_text("ReadGrep")
+    then, _ = past_value(page, "version")
+    expect(then).to_have_text("2.0.0")
+    then, _ = past_value(page, "approved_by")
+    expect(then).to_have_text("bob")
+    then, now = past_value(page, "assignments")
+    expect(then).to_have_text("none")
+    expect(now).to_have_text("now: agent (member)")
+    position = re.match(r"As of position (\d+)", title.text_content()).group(1)
+    was = rest("GET", f"/boxes/{box['box_id']}?at={position}", ADMIN)
+    assert (was["manifest"]["network"], was["approved_by"], was["assignments"]) == ("filtered", "bob", []), was
+
+    step("the newest entry: the agent assigned, as now")
+    entries.nth(2).click()
+    then, now = past_value(page, "assignments")
+    expect(then).to_have_text("agent (member)")
+    expect(now).to_have_count(0)
+
+    step("back to now")
+    past.locator('[data-action="timeline-now"]').click()
+    expect(past).to_be_hidden()
+    expect(page.locator("#timeline-entries button.entry.current")).to_have_count(0)
+    assert page.evaluate("window.atasiraNotReloaded") is True, "the page was reloaded"
+
+
+FULL_NETWORK = (
+    '@id("no-full-network")\n'
+    '@reason("Boxes may not reach the whole network")\n'
+    'forbid(principal, action, resource) when { resource.network == "full" };\n'
+)
+NO_NETWORK = (
+    FULL_NETWORK + '\n@id("no-network")\n@reason("Boxes stay off the network")\n'
+    'forbid(principal, action, resource) when { resource.network != "none" };\n'
+)
+
+
+def policy(page):
+    """Publish a policy (a text that does not parse refused in words), see its version, rule
+    and text; a change it refuses is listed under Refusals naming the rule; a Check of a
+    stricter proposal lists the pending draft it would deny; an agent sees no Policy view."""
+    seeded = json.loads(os.environ["ATASIRA_DASHBOARD_DRAFTS"])
+    pending = seeded["pending"]
+    step("sign in from a link to the Policy view: no policy yet")
+    page.goto(f"{BASE}/#policy")
+    sign_in(page, ADMIN)
+    page.evaluate("window.atasiraNotReloaded = true")
+    expect(page.locator("#view-policy")).to_be_visible()
+    expect(page.locator('#tabs a[data-view="policy"]')).to_have_class("current")
+    expect(page.locator("#policy-version")).to_have_text("none published")
+    expect(page.locator("#policy-empty")).to_be_visible()
+    expect(page.locator("#policy-refusals-count")).to_have_text("The policy has refused nothing yet.")
+
+    step("a text that does not parse is refused in words; nothing is published")
+    form = page.locator("#policy-form")
+    form.locator("#policy-proposal").fill("forbid(principal, action")
+    form.locator('[data-action="publish"]').click()
+    expect(form.locator(".form-error")).to_be_visible()
+    expect(form.locator(".form-error")).to_contain_text("parse")
+    assert rest("GET", "/policies", ADMIN)["version"] == 0
+
+    step("publish version 1: its version, publisher, rule and text")
+    form.locator("#policy-proposal").fill(FULL_NETWORK)
+    form.locator('[data-action="publish"]').click()
+    expect(page.locator("#policy-version")).to_have_text("version 1")
+    expect(form.locator(".form-error")).to_be_hidden()
+    expect(page.locator("#policy-published")).to_contain_text("published by admin")
+    rule = page.locator('#policy-rules-rows tr[data-rule="no-full-network"]')
+    expect(rule).to_be_visible()
+    expect(rule.locator("td").nth(1)).to_have_text("forbid")
+    expect(rule.locator("td.reason")).to_have_text("Boxes may not reach the whole network")
+    expect(page.locator("#policy-text")).to_contain_text('resource.network == "full"')
+    expect(form.locator("#policy-proposal")).to_have_value(FULL_NETWORK)
+    assert rest("GET", "/policies", ADMIN)["version"] == 1
+
+    step("the agent's change request for the whole network is refused, naming the rule")
+    # (A draft cannot ask for the whole network: allow_network gives a filtered one.)
+    status, refused = rest_status("POST", f"/boxes/{seeded['box']}/change-requests", AGENT, {"network": "full"})
+    assert (status, refused["error"]) == (403, "policy_denied"), (status, refused)
+    assert "rule no-full-network" in refused["message"], refused
+    row = page.locator('#policy-refusals-rows tr[data-rule="no-full-network"]')
+    expect(row).to_have_count(1)
+    expect(row.locator("td.version")).to_have_text("1")
+    expect(row.locator("td.detail")).to_have_text("Boxes may not reach the whole network")
+    expect(row).to_contain_text("agent")
+    expect(page.locator("#policy-refusals-count")).to_have_text("1 refusal, newest first.")
+
+    step("a Check of a stricter proposal lists the pending draft it would deny")
+    form.locator("#policy-proposal").fill(NO_NETWORK)
+    form.locator('[data-action="check"]').click()
+    changes = page.locator("#policy-changes")
+    expect(changes).to_be_visible()
+    affected = changes.locator(f'li[data-id="{pending}"]')
+    expect(affected).to_be_visible()
+    expect(affected).to_have_attribute("data-kind", "draft")
+    expect(affected).to_have_class("denied")
+    expect(affected.locator(".before")).to_have_text("allowed")
+    expect(affected.locator(".after")).to_have_text("denied · by no-network")
+    expect(affected.locator(".reason")).to_have_text("Boxes stay off the network")
+    expect(page.locator("#policy-changes-count")).to_contain_text("would be judged differently than under version 1")
+    expect(changes).not_to_contain_text("null")
+    shot(page, "policy")
+    assert rest("GET", "/policies", ADMIN)["version"] == 1, "a check publishes nothing"
+    # A refresh keeps the proposal being typed.
+    page.evaluate("location.hash = '#drafts'")
+    expect(page.locator("#view-drafts")).to_be_visible()
+    page.click('#tabs a[data-view="policy"]')
+    expect(form.locator("#policy-proposal")).to_have_value(NO_NETWORK)
+    assert page.evaluate("window.atasiraNotReloaded") is True, "the page was reloaded"
+
+    step("an agent sees no Policy view, even by its link")
+    page.click("#sign-out")
+    expect(page.locator("#sign-in-form")).to_be_visible()
+    sign_in(page, AGENT)
+    expect(page.locator('#tabs a[data-view="policy"]')).to_be_hidden()
+    go(page, "#policy")
+    expect(page.locator("#view-drafts")).to_be_visible()
+    expect(page.locator("#view-policy")).to_be_hidden()
+
+
+SCENARIOS = {"approvals": approving, "webhooks": webhooks, "timeline": timeline, "policy": policy}
 
 
 def main():

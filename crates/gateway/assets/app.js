@@ -9,20 +9,21 @@
 //
 // The hash names a view, or one thing in it: `#boxes/<id>`, `#workers/<id>`,
 // `#webhooks/<id>`; `#pending` and `#tool-requests` are what the links in announcements to
-// approvers (webhooks) open.
+// approvers (webhooks) open; `#policy` is the operators' policy.
 
 const TOKEN_KEY = 'atasira.token';
 const NOTICE_KEY = 'atasira.notice';
 const POLL_MS = 5000;
-const VIEWS = ['drafts', 'boxes', 'workers', 'webhooks', 'audit'];
+const VIEWS = ['drafts', 'boxes', 'workers', 'webhooks', 'policy', 'audit'];
 // Views only admins see (the API refuses the others).
-const ADMIN_VIEWS = ['webhooks', 'audit'];
+const ADMIN_VIEWS = ['webhooks', 'policy', 'audit'];
 // Other names of views in a hash.
 const VIEW_ALIASES = { pending: 'drafts', 'tool-requests': 'workers' };
 // Which views a `changed` event's topic concerns. Webhooks change with audit events
 // (registered, removed, a delivery dead-lettered); deliveries that go well are no event,
-// so the open Webhooks view is also re-read every 5 s.
-const TOPIC_VIEWS = { drafts: ['drafts'], boxes: ['boxes', 'workers'], workers: ['workers'], audit: ['audit', 'webhooks'] };
+// so the open Webhooks view is also re-read every 5 s. The Policy view lists refusals,
+// which are ledger rows, as is each version published.
+const TOPIC_VIEWS = { drafts: ['drafts'], boxes: ['boxes', 'workers'], workers: ['workers'], audit: ['audit', 'webhooks', 'policy'] };
 
 const state = {
   token: null,
@@ -31,6 +32,9 @@ const state = {
   boxes: [],
   box: null, // the Box shown in the Boxes view
   boxFormsFor: null, // the Box whose edit forms are on the page
+  boxNow: null, // the Box as it is now, beside which a past state is shown
+  boxChosen: null, // the event id of the timeline entry chosen
+  boxPast: null, // the entry chosen, and the Box as it was just after it, once read
   workersBox: null,
   worker: null,
   webhooks: [],
@@ -38,6 +42,7 @@ const state = {
   webhookState: '', // which of its deliveries: '' (all), pending, delivered or dead
   webhookRemoving: null, // the webhook whose removal waits for its confirmation
   audit: { action: '', target: '' },
+  policyEdited: false, // the proposal's text was typed in (a refresh leaves it alone)
 };
 
 const $ = (id) => document.getElementById(id);
@@ -228,7 +233,7 @@ const isHumanAdmin = () => isAdmin() && state.me.kind === 'human';
 
 // --- views and refreshing ----------------------------------------------------------------
 
-const loaders = { drafts: loadDrafts, boxes: loadBoxes, workers: loadWorkers, webhooks: loadWebhooks, audit: loadAudit };
+const loaders = { drafts: loadDrafts, boxes: loadBoxes, workers: loadWorkers, webhooks: loadWebhooks, policy: loadPolicy, audit: loadAudit };
 const stale = new Set(VIEWS);
 const running = new Map();
 const again = new Set();
@@ -473,23 +478,33 @@ function selectBox(id) {
 
 async function loadBox() {
   const id = state.box;
-  const [b, history] = await Promise.all([api('GET', `/boxes/${seg(id)}`), api('GET', `/boxes/${seg(id)}/history?limit=200`)]);
+  const [b, history] = await Promise.all([api('GET', `/boxes/${seg(id)}`), boxHistory(id)]);
   if (state.box !== id) return;
   const detail = $('box-detail');
   let info = $('box-info');
   let forms = $('box-forms');
-  // The edit forms are drawn once per Box and state, so a refresh keeps what is typed.
-  if (!info || state.boxFormsFor !== `${id}:${b.state}`) {
+  // The timeline (with the past state chosen) is drawn once per Box, the edit forms once
+  // per Box and state, so a refresh keeps what is typed and what is chosen.
+  if (!info || state.boxNow === null || state.boxNow.box_id !== id) {
     info = el('div', { id: 'box-info' });
     forms = el('div', { id: 'box-forms' });
-    detail.replaceChildren(info, forms);
+    detail.replaceChildren(info, timelineSection(), forms);
+    state.boxFormsFor = null;
+    state.boxChosen = null;
+    state.boxPast = null;
+  }
+  if (state.boxFormsFor !== `${id}:${b.state}`) {
+    forms.replaceChildren();
     state.boxFormsFor = `${id}:${b.state}`;
     renderBoxForms(forms, b);
   }
-  info.replaceChildren(...boxInfo(b, history.entries).filter(Boolean));
+  state.boxNow = b;
+  info.replaceChildren(...boxInfo(b).filter(Boolean));
+  renderTimeline(history);
+  renderPast();
 }
 
-function boxInfo(b, entries) {
+function boxInfo(b) {
   const out = [
     el('header', {}, el('h3', { text: b.box_type }), el('span', { class: `badge state-${b.state}`, text: b.state })),
     b.manifest_drift ? el('p', { class: 'error', text: 'Drift: the manifest file on disk differs from what atasira wrote (or is missing).' }) : null,
@@ -501,31 +516,153 @@ function boxInfo(b, entries) {
     el('h4', { text: 'Purpose' }), purposeBlock(b.manifest.purpose),
     el('h4', { text: 'Capabilities' }), capabilities(b.manifest),
     el('h4', { text: 'Assignments' }),
-    b.assignments.length
-      ? table(['user', 'role in Box'], b.assignments.map((a) => [a.user_id, a.role_in_box]))
-      : el('p', { class: 'muted', text: 'Nobody is assigned.' }),
+    assignmentsOf(b),
     el('h4', { text: 'Provisioning' }),
     b.provisioning.length
       ? table(['#', 'access', 'outcome', 'attempts', 'when'], b.provisioning.map((p) => [String(p.index), p.access,
         el('span', { class: p.status === 'failed' ? 'bad' : 'ok', text: p.status === 'failed' ? `failed: ${p.reason || ''}` : `provisioned ${p.detail || ''}` }),
         String(p.attempts), when(p.at)]))
       : el('p', { class: 'muted', text: 'Nothing to provision.' }),
-    el('h4', { text: 'History' }),
-    table(['when', 'who', 'what', ''], entries.slice().reverse().map((h) => [when(h.at), h.actor, h.kind.replaceAll('_', ' '), historyText(h)])),
     el('details', {}, el('summary', { text: 'Whole manifest (JSON)' }), el('pre', { text: JSON.stringify(b.manifest, null, 2) })));
   return out;
+}
+
+function assignmentsOf(b) {
+  return b.assignments.length
+    ? table(['user', 'role in Box'], b.assignments.map((a) => [a.user_id, a.role_in_box]))
+    : el('p', { class: 'muted', text: 'Nobody is assigned.' });
+}
+
+// --- a Box's timeline --------------------------------------------------------------------
+
+// The most pages of a Box's history read (200 entries each).
+const HISTORY_PAGES = 10;
+
+/** A Box's history, oldest first, following its cursor. */
+async function boxHistory(id) {
+  const items = [];
+  let cursor = null;
+  for (let i = 0; i < HISTORY_PAGES; i++) {
+    const page = await api('GET', `/boxes/${seg(id)}/history?limit=200${cursor ? `&cursor=${seg(cursor)}` : ''}`);
+    page.entries.forEach((entry) => items.push({ entry }));
+    cursor = page.next_cursor;
+    if (!cursor) return { items, more: false };
+  }
+  return { items, more: true };
+}
+
+function timelineSection() {
+  return el('section', { id: 'box-timeline', class: 'timeline' },
+    el('h4', { text: 'Timeline' }),
+    el('p', { class: 'muted', text: 'Oldest first. Choose an entry to see the Box as it was just after it.' }),
+    el('div', { class: 'timeline-split' },
+      el('div', {}, el('ol', { id: 'timeline-entries' }), el('p', { id: 'timeline-more', class: 'muted', hidden: true })),
+      el('div', { id: 'box-past', class: 'past', hidden: true })));
+}
+
+function renderTimeline({ items, more }) {
+  $('timeline-entries').replaceChildren(...items.map((item) => {
+    const h = item.entry;
+    return el('li', {}, el('button', { type: 'button', class: `row entry${h.event_id === state.boxChosen ? ' current' : ''}`,
+      dataset: { eventId: h.event_id, kind: h.kind }, title: 'Show the Box as it was just after this', onclick: () => choosePast(item) },
+    el('span', { class: 'when' }, el('time', { datetime: h.at, title: h.at, text: localTime(h.at) })),
+    el('span', { class: 'what' }, el('strong', { text: h.kind.replaceAll('_', ' ') }), el('span', { class: 'muted', text: ` by ${h.actor}` })),
+    el('span', { class: 'how muted', text: historyText(h) })));
+  }));
+  const note = $('timeline-more');
+  note.hidden = !more;
+  note.textContent = `The first ${items.length} entries; later ones are not shown.`;
 }
 
 function historyText(h) {
   const parts = [];
   if (h.manifest_version) parts.push(`version ${h.manifest_version}`);
   if (h.changed_keys) parts.push(`changed ${h.changed_keys.join(', ')}`);
+  if (h.added && h.added.length) parts.push(`added ${h.added.join(', ')}`);
+  if (h.removed && h.removed.length) parts.push(`removed ${h.removed.join(', ')}`);
   if (h.user_id) parts.push(`${h.user_id}${h.role_in_box ? ` (${h.role_in_box})` : ''}`);
   if (h.access) parts.push(h.access);
   if (h.reason) parts.push(h.reason);
   if (h.detail) parts.push(h.detail);
   if (h.approved_by) parts.push(`approved by ${h.approved_by}`);
   return parts.join(' \u00b7 ');
+}
+
+/** Reads the Box as it was just after a timeline entry (`?at=<position>`) and shows it. */
+async function choosePast(item) {
+  const id = state.box;
+  const asked = (choosePast.asked = (choosePast.asked || 0) + 1);
+  state.boxChosen = item.entry.event_id;
+  markChosen();
+  const past = $('box-past');
+  try {
+    // The Box as it was just after the entry: its own position in the store.
+    const position = item.entry.position;
+    const box = await api('GET', `/boxes/${seg(id)}?at=${position}`);
+    // A later choice (another entry, another Box, back to now) wins.
+    if (asked !== choosePast.asked || state.box !== id) return;
+    state.boxPast = { item, position, box };
+    renderPast();
+    past.scrollIntoView({ block: 'nearest' });
+  } catch (e) {
+    if (asked !== choosePast.asked) return;
+    state.boxPast = null;
+    state.boxChosen = null;
+    markChosen();
+    past.replaceChildren(el('p', { class: 'error', role: 'alert', text: e.message }));
+    past.hidden = false;
+  }
+}
+
+function backToNow() {
+  choosePast.asked = (choosePast.asked || 0) + 1;
+  state.boxChosen = null;
+  state.boxPast = null;
+  renderPast();
+  markChosen();
+  $('box-info').scrollIntoView({ block: 'nearest' });
+}
+
+function markChosen() {
+  for (const b of document.querySelectorAll('#timeline-entries button.entry')) b.classList.toggle('current', b.dataset.eventId === state.boxChosen);
+}
+
+/** The Box as it was: what it might do, who approved that, who was assigned, its state;
+ * each value that differs now says what it is now. */
+function renderPast() {
+  const past = $('box-past');
+  if (!state.boxPast) {
+    past.hidden = true;
+    past.replaceChildren();
+    return;
+  }
+  const { item, position, box: then } = state.boxPast;
+  const now = state.boxNow;
+  const h = item.entry;
+  const title = `As of position ${position}, ${localTime(h.at)}`;
+  const assigned = (b) => b.assignments.map((a) => `${a.user_id} (${a.role_in_box})`);
+  const rows = [
+    ['version', 'Version', then.manifest_version, now.manifest_version],
+    ['state', 'State', then.state, now.state],
+    ['approved_by', 'Approved by', then.approved_by, now.approved_by],
+    ['network', 'Network', then.manifest.network, now.manifest.network],
+    ['os_operations', 'OS operations', then.manifest.os_operations, now.manifest.os_operations],
+    ['tools', 'Tools', then.manifest.tools, now.manifest.tools],
+    ['url_allowlist', 'URL allowlist', then.manifest.url_allowlist, now.manifest.url_allowlist],
+    ['assignments', 'Assignments', assigned(then), assigned(now)],
+  ];
+  past.replaceChildren(
+    el('header', {},
+      el('span', { class: 'badge was', text: 'PAST' }),
+      el('h3', { text: title }),
+      el('button', { type: 'button', dataset: { action: 'timeline-now' }, text: 'Back to now', onclick: backToNow })),
+    el('p', { class: 'meta' }, 'Just after: ', el('strong', { text: h.kind.replaceAll('_', ' ') }), ` by ${h.actor} \u00b7 `, when(h.at)),
+    el('dl', { class: 'facts' }, rows.flatMap(([key, name, was, is]) => [
+      el('dt', { text: name }),
+      el('dd', { dataset: { key } }, el('span', { class: 'then' }, Array.isArray(was) ? chips(was) : was),
+        JSON.stringify(was) === JSON.stringify(is) ? null : el('span', { class: 'now', text: `now: ${Array.isArray(is) ? is.join(', ') || 'none' : is}` }))])),
+    el('details', {}, el('summary', { text: 'Whole manifest then (JSON)' }), el('pre', { text: JSON.stringify(then.manifest, null, 2) })));
+  past.hidden = false;
 }
 
 function table(heads, rows) {
@@ -978,6 +1115,134 @@ function setupWebhooks() {
   setInterval(() => { if (state.me && state.view === 'webhooks' && !document.hidden) invalidate(['webhooks']); }, POLL_MS);
 }
 
+// --- policy ------------------------------------------------------------------------------
+
+// How the ledger's detail of a refusal by the policy starts; then `policy version N, rule
+// <id>: <reason>`.
+const POLICY_DENIED = 'refused (policy_denied):';
+
+async function loadPolicy() {
+  const [p, { items, more }] = await Promise.all([api('GET', '/policies'), pages('/audit?action=security_violation&limit=500', 'rows', 10)]);
+  clearError($('policy-error'));
+  const human = isHumanAdmin();
+  $('policy-publish').hidden = !human;
+  const note = $('policy-note');
+  note.hidden = human;
+  note.textContent = 'Publishing a policy needs a human admin; this token is an agent\u2019s. Check still shows what a proposal would change.';
+  renderPolicy(p);
+  renderRefusals(items.filter((r) => (r.detail || '').startsWith(POLICY_DENIED)), more);
+}
+
+function renderPolicy(p) {
+  const version = $('policy-version');
+  version.className = `badge${p.version ? ' ok' : ''}`;
+  version.textContent = p.version ? `version ${p.version}` : 'none published';
+  $('policy-published').replaceChildren(...(p.published_by
+    ? ['published by ', el('strong', { text: p.published_by }), p.published_at ? ' \u00b7 ' : null, p.published_at ? when(p.published_at) : null].filter(Boolean)
+    : []));
+  $('policy-empty').hidden = p.version > 0;
+  $('policy-active').hidden = !(p.version > 0);
+  $('policy-digest').textContent = p.digest ? `${p.digest.slice(0, 19)}\u2026` : '';
+  $('policy-digest').title = p.digest || '';
+  $('policy-rules-rows').replaceChildren(...p.rules.map((r) => el('tr', { dataset: { rule: r.id, effect: r.effect } },
+    el('td', {}, el('code', { text: r.id })),
+    el('td', {}, el('span', { class: `badge ${r.effect === 'forbid' ? 'danger' : 'ok'}`, text: r.effect })),
+    el('td', { class: 'reason', text: r.reason || '' }),
+    el('td', { class: 'count approvals', text: r.approvals ? String(r.approvals) : '\u2014' }),
+    el('td', { class: 'confirmation', text: r.confirm ? 'asked' : '\u2014' }))));
+  $('policy-rules').hidden = p.rules.length === 0;
+  $('policy-text').textContent = p.text;
+  if (!state.policyEdited) $('policy-proposal').value = p.text;
+}
+
+/** A refusal's detail in parts: the version and rule named, and why. */
+function policyRefusal(detail) {
+  const rest = detail.slice(POLICY_DENIED.length).trim();
+  const m = /^policy version (\d+), rule ([^:]+?)(?::\s*([\s\S]*))?$/.exec(rest);
+  return m ? { version: m[1], rule: m[2].trim(), reason: m[3] || '' } : { version: '', rule: '', reason: rest };
+}
+
+function renderRefusals(rows, more) {
+  const n = rows.length;
+  $('policy-refusals-count').textContent = n === 0 ? 'The policy has refused nothing yet.'
+    : `${more ? 'Among the first rows read: ' : ''}${n} ${n === 1 ? 'refusal' : 'refusals'}, newest first.`;
+  $('policy-refusals').hidden = n === 0;
+  $('policy-refusals-rows').replaceChildren(...rows.slice().reverse().map((r) => {
+    const x = policyRefusal(r.detail);
+    return el('tr', { class: 'violation', dataset: { rule: x.rule, seq: String(r.seq) } },
+      el('td', { class: 'nowrap' }, el('time', { datetime: r.time, title: r.time, text: localTime(r.time) })),
+      el('td', { text: r.actor }),
+      el('td', {}, el('code', { text: r.target })),
+      el('td', { class: 'version', text: x.version }),
+      el('td', { class: 'rule' }, x.rule ? el('code', { text: x.rule }) : null),
+      el('td', { class: 'detail', text: x.reason }));
+  }));
+}
+
+/** One verdict of a check: allowed or denied, by which rules, with what approval. */
+function verdict(v) {
+  const parts = [v.decision === 'deny' ? 'denied' : 'allowed'];
+  if (v.rules.length) parts.push(`by ${v.rules.join(', ')}`);
+  if (v.approvals_required > 1) parts.push(`${v.approvals_required} approvals`);
+  if (v.confirm) parts.push('confirmation asked');
+  return parts.join(' \u00b7 ');
+}
+
+const CHECKED_KINDS = { draft: 'draft', change: 'change request', box: 'Box' };
+
+function showCheck(c) {
+  const n = c.changes.length;
+  const out = $('policy-changes');
+  out.replaceChildren(el('div', {},
+    el('h4', { text: 'What the proposal changes' }),
+    el('p', { id: 'policy-changes-count', class: 'muted', text: `Of the pending drafts, change requests and Boxes (${c.checked} checked), `
+      + `${n === 0 ? 'none' : n} would be judged differently than ${c.active_version ? `under version ${c.active_version}` : 'with no policy'}.` }),
+    c.truncated ? el('p', { class: 'note', text: 'More are pending than one check covers: the rest were not checked.' }) : null,
+    n ? el('ul', { class: 'policy-changes' }, c.changes.map((x) => el('li', { class: x.after.decision === 'deny' ? 'denied' : null, dataset: { id: x.id, kind: x.kind } },
+      el('p', {}, el('span', { class: 'badge', text: CHECKED_KINDS[x.kind] || x.kind }), ' ', el('strong', { text: x.box_type }), ' ', el('code', { text: x.id })),
+      el('p', { class: 'verdict' }, el('span', { class: 'before', text: verdict(x.before) }), ' \u2192 ', el('span', { class: `after ${x.after.decision}`, text: verdict(x.after) })),
+      x.after.reason ? el('p', { class: 'muted reason', text: x.after.reason }) : null))) : null));
+  out.hidden = false;
+}
+
+/** Check and Publish (built in the page; a refresh keeps what is typed). */
+function setupPolicy() {
+  const form = $('policy-form');
+  const text = $('policy-proposal');
+  const error = $('policy-form-error');
+  const busy = (on) => form.querySelectorAll('button').forEach((b) => { b.disabled = on; });
+  text.addEventListener('input', () => { state.policyEdited = true; });
+  $('policy-check').addEventListener('click', async () => {
+    clearError(error);
+    busy(true);
+    try {
+      showCheck(await api('POST', '/policies/check', { text: text.value }));
+    } catch (e) {
+      $('policy-changes').hidden = true;
+      showError(error, e);
+    } finally {
+      busy(false);
+    }
+  });
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    clearError(error);
+    busy(true);
+    try {
+      const p = await api('PUT', '/policies', { text: text.value });
+      flash(`Published policy version ${p.version}.`);
+      state.policyEdited = false;
+      $('policy-changes').hidden = true;
+      renderPolicy(p);
+      invalidate(['policy', 'drafts', 'audit']);
+    } catch (e) {
+      showError(error, e);
+    } finally {
+      busy(false);
+    }
+  });
+}
+
 // --- audit -------------------------------------------------------------------------------
 
 async function loadAudit() {
@@ -1139,6 +1404,7 @@ function start() {
   $('audit-filter').addEventListener('reset', () => setTimeout(filterAudit));
   setupLaunch();
   setupWebhooks();
+  setupPolicy();
   const notice = sessionStorage.getItem(NOTICE_KEY);
   if (notice) {
     sessionStorage.removeItem(NOTICE_KEY);
