@@ -413,7 +413,9 @@ fn r_decide_1_a_workers_credential_opens_its_own_decisions_and_nothing_else() {
     for path in [format!("/api/v1/workers/{worker_id}"), "/api/v1/boxes".to_owned()] {
         assert_eq!(sys.get(&path, &token).status, 401, "{path}");
     }
-    let a = http("POST", &url, Some(&format!("{}0", &token[..token.len() - 1])), &[], Some(call.to_string().as_bytes()));
+    // another credential: the last character changed (to one it is not)
+    let other = if token.ends_with('0') { '1' } else { '0' };
+    let a = http("POST", &url, Some(&format!("{}{other}", &token[..token.len() - 1])), &[], Some(call.to_string().as_bytes()));
     assert_eq!((a.status, a.body["error"].as_str()), (401, Some("unauthenticated")), "{}", a.raw);
     assert_eq!(http("POST", &url, None, &[], Some(call.to_string().as_bytes())).status, 401);
     // `atasira decide`, as an agent CLI's hook calls it.

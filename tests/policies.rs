@@ -159,6 +159,8 @@ fn r_policy_1_rules_refuse_ask_for_more_dry_run_and_never_rewrite_the_past() {
         assert_eq!(sys.get("/api/v1/policies", &sys.admin).body["version"], json!(1), "a check publishes nothing");
         let by_agent = sys.post("/api/v1/policies/check", &sys.agent, &json!({"text": stricter}));
         assert_eq!(by_agent.status, 403, "{}", by_agent.raw);
+        let nothing = sys.post("/api/v1/policies/check", &sys.admin, &json!({}));
+        assert_eq!((nothing.status, nothing.body["error"].clone()), (422, json!("invalid_request")), "nothing to check: {}", nothing.raw);
 
         // when version 2 drops the two-approver rule: new drafts need one; the past stays
         let v2 = publish(sys, &sys.admin, &POLICY.replace("@approvals(\"2\")", ""), "p-2");

@@ -1087,11 +1087,14 @@ pub async fn publish_policy(
     responses(
         (status = 200, description = "What would be decided", body = api::PolicyCheck),
         (status = 403, description = "`forbidden`: needs role admin", body = ErrorBody),
-        (status = 422, description = "`invalid_request`: unknown fields, wrong types, or a proposed text that does not load (as for publishing); `box_manifest_validation`: a proposed draft that is not valid", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: unknown fields, wrong types, neither `text` nor `draft`, or a proposed text that does not load (as for publishing); `box_manifest_validation`: a proposed draft that is not valid", body = ErrorBody),
     ),
     security(("pat" = [])), extensions(("x-atasira-access" = json!("admin"))))]
 pub async fn check_policy(State(state): State<AppState>, Admin(principal): Admin, body: RawBody) -> Result<Json<api::PolicyCheck>, ApiError> {
     let b: api::PolicyCheckRequest = body.parse()?;
+    if b.text.is_none() && b.draft.is_none() {
+        return Err(ApiError::new(ErrorCode::InvalidRequest, "nothing to check: give `text` (a proposed version), `draft` (a proposed draft), or both"));
+    }
     let draft = b.draft.map(from_wire::draft_request).transpose()?;
     read::<_, _>(&state, &principal, subjects::DRAFTS, v1::CheckPolicy { text: b.text.unwrap_or_default(), draft }).await
 }
