@@ -190,8 +190,13 @@ impl Service {
     async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
         let mut plan = request.plan()?;
+        // The two reads go to the database at once: the Box of this box_type, and the
+        // organisation's policy's verdict (R-POLICY-1).
+        let input = Input::draft(&principal, &plan.manifest, &plan.over_limit);
+        let (existing, verdict) =
+            tokio::join!(projection::box_of_type(&self.rt.db, plan.manifest.box_type.as_str()), self.policies.verdict(&self.rt.db, &input));
         // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
-        if let Some(box_id) = projection::box_of_type(&self.rt.db, plan.manifest.box_type.as_str()).await.map_err(Refusal::internal)? {
+        if let Some(box_id) = existing.map_err(Refusal::internal)? {
             return Err(Refusal::new(
                 ErrorCode::BoxTypeExists,
                 format!(
@@ -201,8 +206,10 @@ impl Service {
             ));
         }
         // R-POLICY-1: the organisation's rules, after the built-in ones.
-        let verdict =
-            self.policies.admit(&self.rt, SERVICE, plan.manifest.box_type.as_str(), &Input::draft(&principal, &plan.manifest, &plan.over_limit)).await?;
+        let verdict = verdict?;
+        if let Some(denied) = verdict.as_ref().filter(|v| v.denied()) {
+            return Err(atasira_platform::org_policy::refuse(&self.rt, SERVICE, &principal, plan.manifest.box_type.as_str(), denied).await);
+        }
         plan.approvals_required = self.approvals_for(&plan.over_limit, verdict.as_ref());
         plan.policy = verdict;
         // R-DRAFT-11: with an Idempotency-Key, every run of the request names the same draft.
