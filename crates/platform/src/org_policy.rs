@@ -27,6 +27,15 @@ impl Active {
     pub fn evaluate(&self, input: &Input) -> Verdict {
         self.document.evaluate(self.version, input)
     }
+
+    /// The verdict on `input`, or the refusal (recorded) when it is a denial.
+    pub async fn admit(&self, rt: &Runtime, service: &str, target: &str, input: &Input<'_>) -> Result<Verdict, Refusal> {
+        let verdict = self.evaluate(input);
+        if verdict.denied() {
+            return Err(refuse(rt, service, input.principal, target, &verdict).await);
+        }
+        Ok(verdict)
+    }
 }
 
 /// A service's view of the policy: the last version it loaded, keyed by the stream's head.
@@ -61,11 +70,12 @@ impl Policies {
         Ok(self.active(db).await?.map(|active| active.evaluate(input)))
     }
 
-    /// The verdict on `input`, or the refusal (recorded) when it is a denial.
+    /// The verdict on `input`, or the refusal (recorded) when it is a denial (`None`: no
+    /// policy).
     pub async fn admit(&self, rt: &Runtime, service: &str, target: &str, input: &Input<'_>) -> Result<Option<Verdict>, Refusal> {
-        match self.verdict(&rt.db, input).await? {
-            Some(verdict) if verdict.denied() => Err(refuse(rt, service, input.principal, target, &verdict).await),
-            verdict => Ok(verdict),
+        match self.active(&rt.db).await? {
+            Some(active) => active.admit(rt, service, target, input).await.map(Some),
+            None => Ok(None),
         }
     }
 }

@@ -319,15 +319,20 @@ impl Registry {
         if !principal.is_admin() {
             return Err(Refusal::new(ErrorCode::Forbidden, "only a human admin decides a Worker's tool call"));
         }
-        // R-POLICY-1: the organisation's rules on runtime approvals (a denial is recorded).
-        let boxed: atasira_domain::aggregates::boxes::BoxAggregate = self.rt.db.load(&found.box_id).await.map_err(Refusal::internal)?;
-        let policy = match boxed.data {
-            Some(b) => {
+        // R-POLICY-1: the organisation's rules on runtime approvals (a denial is recorded);
+        // the Box is read only when a policy is in force.
+        let active = self.policies.active(&self.rt.db).await?;
+        let boxed = match &active {
+            Some(_) => self.rt.db.load::<atasira_domain::aggregates::boxes::BoxAggregate>(&found.box_id).await.map_err(Refusal::internal)?.data,
+            None => None,
+        };
+        let policy = match (active, boxed) {
+            (Some(active), Some(b)) => {
                 let input =
                     atasira_domain::org_policy::Input::runtime_approval(&principal, &b.manifest, &found.box_id, &found.worker_id, &found.tool, r.approve);
-                self.policies.admit(&self.rt, SERVICE, &r.request_id, &input).await?
+                Some(active.admit(&self.rt, SERVICE, &r.request_id, &input).await?)
             }
-            None => None,
+            _ => None,
         };
         let command = WorkerCommand::DecideTool {
             request_id: r.request_id.clone(),

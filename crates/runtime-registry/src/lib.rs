@@ -377,18 +377,19 @@ impl Registry {
 
     /// Runs a Box command, waits for the Box view to apply it, answers the Box.
     /// R-POLICY-1: a config edit with the organisation's policy's verdict on the manifest it
-    /// would make (a denial refused and recorded). An edit the aggregate refuses or that
-    /// changes nothing is left to it to answer.
+    /// would make (a denial refused and recorded). The Box is read for it only when a policy
+    /// is in force; an edit the aggregate refuses or that changes nothing is left to it.
     async fn config_edit_policed(&self, principal: Principal, box_id: &str, patch: serde_json::Value) -> Result<BoxCommand, Refusal> {
         let mut command = BoxCommand::ConfigEdit { by: principal.clone(), patch, at: chrono::Utc::now(), policy: None };
+        let Some(active) = self.policies.active(&self.rt.db).await? else { return Ok(command) };
         let boxed: BoxAggregate = self.rt.db.load(box_id).await.map_err(Refusal::internal)?;
         if let Ok(events) = boxed.decide(command.clone())
             && let Some(BoxEvent::BoxConfigEdited { manifest, changed_keys, .. }) = events.first()
         {
             let input = atasira_domain::org_policy::Input::config_edit(&principal, manifest, box_id, changed_keys);
-            let verdict = self.policies.admit(&self.rt, SERVICE, box_id, &input).await?;
+            let verdict = active.admit(&self.rt, SERVICE, box_id, &input).await?;
             if let BoxCommand::ConfigEdit { policy, .. } = &mut command {
-                *policy = verdict;
+                *policy = Some(verdict);
             }
         }
         Ok(command)
