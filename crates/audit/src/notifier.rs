@@ -152,6 +152,13 @@ pub async fn consume(rt: Runtime, config: Arc<NotifierConfig>, wake: Arc<tokio::
 
 async fn queue_batch(db: &Db, config: &NotifierConfig, events: &[StoredEvent]) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
+    // Most batches announce nothing anyone listens to (a draft submitted while no webhook
+    // is registered): they only move the checkpoint, in one statement, instead of a
+    // transaction that holds the writer while it looks for targets event by event.
+    if queues_nothing(db, config, events).await? {
+        proj::mark_batch_processed(db, NAME, events).await?;
+        return Ok(0);
+    }
     let mut tx = db.begin_consumer().await?;
     let fresh = proj::mark_and_advance(&mut tx, NAME, events).await?;
     let mut queued = 0;
@@ -170,6 +177,49 @@ async fn queue_batch(db: &Db, config: &NotifierConfig, events: &[StoredEvent]) -
     tx.commit().await?;
     db.progressed_to(NAME, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
     Ok(queued)
+}
+
+/// Whether `events` queue no delivery and change no webhook: they hold only draft and
+/// provisioning events (what those announce follows from the event alone), and no live
+/// webhook wants what they announce, nor the NATS subject. The webhooks are read outside
+/// the batch's transaction: only this consumer writes them, from webhook events, and a
+/// batch that holds one is never judged here.
+async fn queues_nothing(db: &Db, config: &NotifierConfig, events: &[StoredEvent]) -> anyhow::Result<bool> {
+    let mut kinds = Vec::new();
+    for event in events {
+        let announcement = match event.aggregate_type.as_str() {
+            types::DRAFT => notify::of_draft(&event.decode::<DraftEvent>()?, &event.event_id),
+            types::ACCESS => notify::of_access(&event.decode::<AccessEvent>()?, &event.event_id),
+            _ => return Ok(false),
+        };
+        if let Some(a) = announcement {
+            if config.on_bus && Utc::now() - a.at < BUS_WINDOW {
+                return Ok(false);
+            }
+            kinds.push(a.kind);
+        }
+    }
+    if kinds.is_empty() {
+        return Ok(true);
+    }
+    let webhooks = live_webhooks(db.any()).await?;
+    Ok(!kinds.iter().any(|kind| webhooks.iter().any(|(_, _, wanted)| wants(wanted, kind))))
+}
+
+/// The live webhooks: id, format and the kinds each wants (none: every kind).
+async fn live_webhooks<'e>(on: impl sqlx::Executor<'e, Database = Any>) -> anyhow::Result<Vec<(String, Format, Vec<String>)>> {
+    let rows = sqlx::query("SELECT webhook_id, format, kinds_json FROM webhooks WHERE removed = 0").fetch_all(on).await?;
+    rows.iter()
+        .map(|row| {
+            let kinds: Vec<String> = serde_json::from_str(&row.try_get::<String, _>(2)?)?;
+            Ok((row.try_get(0)?, Format::parse(&row.try_get::<String, _>(1)?).unwrap_or(Format::Json), kinds))
+        })
+        .collect()
+}
+
+/// Whether a webhook that wants `wanted` (none: every kind) is sent `kind`.
+fn wants(wanted: &[String], kind: &str) -> bool {
+    wanted.is_empty() || wanted.iter().any(|k| k == kind)
 }
 
 /// What approvers are told of `event`, if anything.
@@ -323,14 +373,8 @@ async fn enqueue(tx: &mut Transaction<'static, Any>, target: &str, event_id: &st
 
 /// Queues `a` for every live webhook that wants its kind (and the NATS subject); how many.
 async fn queue(tx: &mut Transaction<'static, Any>, config: &NotifierConfig, a: &Announcement) -> anyhow::Result<usize> {
-    let rows = sqlx::query("SELECT webhook_id, format, kinds_json FROM webhooks WHERE removed = 0").fetch_all(&mut **tx).await?;
-    let mut targets: Vec<(String, Format)> = Vec::new();
-    for row in rows {
-        let kinds: Vec<String> = serde_json::from_str(&row.try_get::<String, _>(2)?)?;
-        if kinds.is_empty() || kinds.contains(&a.kind) {
-            targets.push((row.try_get(0)?, Format::parse(&row.try_get::<String, _>(1)?).unwrap_or(Format::Json)));
-        }
-    }
+    let mut targets: Vec<(String, Format)> =
+        live_webhooks(&mut **tx).await?.into_iter().filter(|(_, _, wanted)| wants(wanted, &a.kind)).map(|(id, format, _)| (id, format)).collect();
     if config.on_bus && Utc::now() - a.at < BUS_WINDOW {
         targets.push((BUS.to_owned(), Format::Json));
     }

@@ -91,6 +91,12 @@ pub async fn mark_processed(db: &Db, name: &str, event: &StoredEvent) -> anyhow:
     Ok(record(db, name, std::slice::from_ref(event), None).await? == 1)
 }
 
+/// Marks a batch of a consumer's feed as handled when none of it has an effect: one
+/// statement, like [`mark_processed`] for one event; how many were new.
+pub async fn mark_batch_processed(db: &Db, name: &str, events: &[StoredEvent]) -> anyhow::Result<usize> {
+    record(db, name, events, None).await
+}
+
 /// Records `events` as processed by consumer `name` and moves its cursor to the last of
 /// them (never back), inside the transaction that makes their effect; which of them were
 /// new (not processed before), by event id. PostgreSQL: the processed set and the cursor
