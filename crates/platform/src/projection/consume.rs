@@ -85,7 +85,7 @@ pub async fn consume_batches<F, Fut>(
         tokio::pin!(lost);
         let result: anyhow::Result<bool> = async {
             let from = cursor(&db, name).await?;
-            db.consumer_opened(name, from);
+            db.consumer_opened(name, from).await?;
             crate::metrics::global().reader_at(name, "consumer", aggregate_types, from);
             let mut feed = feeds.open(&db, name, aggregate_types, from).await?;
             // Reading again: a wait for the database is over.

@@ -24,6 +24,11 @@ struct Consumed {
     /// Where the consumer's feed opened in this process (everything after it that the
     /// consumer processed, it processed here).
     opened_at: Option<Cursor>,
+    /// PostgreSQL: the highest position stored when the feed last opened here, read after
+    /// its checkpoint. An event stored at a higher position was inserted after that, so no
+    /// earlier runner of the consumer can have processed it: if it is processed, it is
+    /// processed here.
+    horizon: Option<i64>,
     cursor: Cursor,
     recent: std::collections::HashSet<String>,
     order: std::collections::VecDeque<String>,
@@ -69,20 +74,34 @@ impl Db {
         self.progressed();
     }
 
-    /// Consumer `name` of this process opened its feed at `cursor`.
-    pub fn consumer_opened(&self, name: &str, cursor: Cursor) {
+    /// Consumer `name` of this process opened its feed at `cursor` (its checkpoint, just
+    /// read); PostgreSQL also reads the highest position stored now (see [`Consumed`]).
+    pub async fn consumer_opened(&self, name: &str, cursor: Cursor) -> anyhow::Result<()> {
+        let horizon = match self.kind() {
+            DbKind::Postgres => Some(self.count("SELECT COALESCE(MAX(global_position), 0) FROM events").await?),
+            DbKind::Sqlite => None,
+        };
         if let Ok(mut progress) = self.consumers.progress.lock() {
             let consumed = progress.entry(name.to_owned()).or_default();
             consumed.opened_at = Some(consumed.opened_at.map_or(cursor, |c| c.min(cursor)));
+            // The latest opening counts: another replica may have run it in between.
+            consumed.horizon = horizon;
         }
+        Ok(())
     }
 
-    /// SQLite, where positions are commit order: whether consumer `name` opened its feed in
-    /// this process before `position`, so that if it processed that event it did so here and
-    /// [`Db::processed_lately`] knows (while the event is among the recent ones).
+    /// Whether consumer `name` opened its feed in this process before the event stored at
+    /// `position`, so that if it processed that event it did so here and
+    /// [`Db::processed_lately`] knows (while the event is among the recent ones). SQLite:
+    /// positions are commit order; PostgreSQL: the event was inserted after the feed last
+    /// opened here.
     pub fn follows_here(&self, name: &str, position: i64) -> bool {
-        self.kind() == DbKind::Sqlite
-            && self.consumers.progress.lock().is_ok_and(|p| p.get(name).and_then(|c| c.opened_at).is_some_and(|at| at.position < position))
+        let Ok(progress) = self.consumers.progress.lock() else { return false };
+        let Some(consumed) = progress.get(name) else { return false };
+        match self.kind() {
+            DbKind::Sqlite => consumed.opened_at.is_some_and(|at| at.position < position),
+            DbKind::Postgres => consumed.horizon.is_some_and(|horizon| horizon < position),
+        }
     }
 
     /// Whether consumer `name` of this process processed `event_id` lately (`false` also
