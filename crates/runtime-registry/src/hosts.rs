@@ -54,7 +54,6 @@ impl Registry {
         // A third of the lease at most: the next heartbeat renews it in time.
         let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(r.wait_ms)).min(MAX_WAIT).min(self.config.host_lease / 3);
         let mut progress = self.rt.db.on_progress();
-        let mut remote = self.rt.db.on_remote_progress();
         let running: HashMap<&str, u32> = r.running.iter().map(|w| (w.worker_id.as_str(), w.inputs_seen)).collect();
         let lease_ms = u32::try_from(self.config.host_lease.as_millis()).unwrap_or(u32::MAX);
         loop {
@@ -66,7 +65,7 @@ impl Registry {
             }
             tokio::select! {
                 _ = progress.changed() => {}
-                _ = remote.changed() => {}
+                // What another replica's consumers did is seen on the next look.
                 () = tokio::time::sleep(Duration::from_millis(250)) => {}
                 () = tokio::time::sleep_until(deadline) => {}
             }

@@ -10,7 +10,8 @@ use crate::store::Db;
 /// `timeout`; returns the names still behind. By position: exact in SQLite, where
 /// positions are commit order; callers in cluster mode wait by event id.
 pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: Duration) -> anyhow::Result<Vec<String>> {
-    until(db, timeout, |look| async move {
+    let elsewhere = names.iter().any(|name| !db.runs_here(name));
+    until(db, timeout, elsewhere, |look| async move {
         let mut lagging = Vec::new();
         for name in names {
             let seen = db.progress_of(name).is_some_and(|c| c.position >= position);
@@ -35,7 +36,8 @@ pub async fn wait_for_events(
     position: i64,
     timeout: Duration,
 ) -> anyhow::Result<Vec<String>> {
-    until(db, timeout, |look| async move {
+    let elsewhere = projections.iter().any(|(name, _)| !db.runs_here(name));
+    until(db, timeout, elsewhere, |look| async move {
         let mut lagging = Vec::new();
         for (name, types) in projections {
             // The events precede `position`: none was processed before the feed opened.
@@ -70,8 +72,8 @@ enum Look {
     First,
     /// A consumer of this process committed: what it did is in memory.
     Rung,
-    /// A consumer of another process committed (PostgreSQL's progress notification): the
-    /// store knows what the consumers that do not run here did.
+    /// A look of a replica standing by (a consumer runs in another process), soon after
+    /// the last: the store knows what the consumers that do not run here did.
     Remote,
     /// The safety net's look, a second after the last: a consumer of another process, or
     /// an event that left the memory's window.
@@ -93,20 +95,21 @@ impl Look {
 /// or `timeout` passed; returns its last answer. The consumers a service answers for
 /// usually run in its own process, so their progress bell is the signal to look, and what
 /// they committed is in memory ([`Db::progressed_to`]), so a look after a ring asks no
-/// database. A replica standing by for them (they run in another one) looks in the store
-/// when PostgreSQL says some consumer committed.
-async fn until<F, Fut>(db: &Db, timeout: Duration, behind: F) -> anyhow::Result<Vec<String>>
+/// database. A replica standing by for some of them (`elsewhere`: they run in another
+/// one) also looks in the store soon and then less often ([`STANDBY_LOOKS`]): no
+/// notification tells it of another process's progress, since one at every consumer
+/// commit would wake every process listening to the database.
+async fn until<F, Fut>(db: &Db, timeout: Duration, elsewhere: bool, behind: F) -> anyhow::Result<Vec<String>>
 where
     F: Fn(Look) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Vec<String>>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut progress = db.on_progress();
-    let mut remote = db.on_remote_progress();
     let mut look = Look::First;
+    let mut standby = STANDBY_LOOKS;
     loop {
         progress.borrow_and_update();
-        remote.borrow_and_update();
         let lagging = behind(look).await?;
         if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
             let outcome = if lagging.is_empty() { "applied" } else { "lagging" };
@@ -114,14 +117,19 @@ where
             return Ok(lagging);
         }
         let safety_net = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+        let next_standby_look = deadline.min(tokio::time::Instant::now() + standby.take());
         // The bells live as long as `db`, so `changed` fails only when it is gone.
         look = tokio::select! {
             Ok(()) = progress.changed() => Look::Rung,
-            Ok(()) = remote.changed() => Look::Remote,
+            () = tokio::time::sleep_until(next_standby_look), if elsewhere => Look::Remote,
             () = tokio::time::sleep_until(safety_net) => Look::SafetyNet,
         };
     }
 }
+
+/// How often a replica standing by looks in the store while it waits: 2 ms after the
+/// last look, doubling up to 50 ms.
+const STANDBY_LOOKS: crate::feed::Pause = crate::feed::Pause::new(Duration::from_millis(2), Duration::from_millis(50));
 
 /// Answers a `WaitForPosition` for a service's projections (by event ids when given,
 /// by position otherwise).

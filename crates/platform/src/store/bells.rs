@@ -1,6 +1,6 @@
 //! What a process learns without asking the database: events were appended (rung after a
-//! local commit, and in PostgreSQL on every commit anywhere, by `LISTEN`), a consumer made
-//! progress (here, or in PostgreSQL anywhere).
+//! local commit, and in PostgreSQL on every commit anywhere, by `LISTEN`), a consumer of
+//! this process made progress.
 
 use std::time::Duration;
 
@@ -17,19 +17,11 @@ pub(super) struct Bells {
     /// a second time for the same events.
     listening: std::sync::atomic::AtomicBool,
     progressed: watch::Sender<u64>,
-    /// PostgreSQL: a consumer of any process committed (`LISTEN` on the progress channel),
-    /// for the waits of a process whose consumers run in another replica.
-    remote_progressed: watch::Sender<u64>,
 }
 
 impl Default for Bells {
     fn default() -> Bells {
-        Bells {
-            appended: watch::channel(Appended::default()).0,
-            listening: std::sync::atomic::AtomicBool::new(false),
-            progressed: watch::channel(0).0,
-            remote_progressed: watch::channel(0).0,
-        }
+        Bells { appended: watch::channel(Appended::default()).0, listening: std::sync::atomic::AtomicBool::new(false), progressed: watch::channel(0).0 }
     }
 }
 
@@ -96,11 +88,6 @@ impl Db {
     pub fn on_progress(&self) -> watch::Receiver<u64> {
         self.bells.progressed.subscribe()
     }
-
-    /// The remote progress bell: in PostgreSQL, a consumer of any process committed.
-    pub fn on_remote_progress(&self) -> watch::Receiver<u64> {
-        self.bells.remote_progressed.subscribe()
-    }
 }
 
 /// PostgreSQL's doorbell: `LISTEN` on the channel the events table's trigger notifies at
@@ -112,7 +99,7 @@ pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bell
     loop {
         let listener = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            listener.listen_all([APPENDED_CHANNEL, PROGRESS_CHANNEL]).await?;
+            listener.listen(APPENDED_CHANNEL).await?;
             Ok::<_, sqlx::Error>(listener)
         }
         .await;
@@ -126,7 +113,6 @@ pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bell
                     let received = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
                     let Some(s) = bells.upgrade() else { return };
                     match received {
-                        Ok(Ok(Some(n))) if n.channel() == PROGRESS_CHANNEL => s.remote_progressed.send_modify(|n| *n = n.wrapping_add(1)),
                         // The payload names the types the transaction appended.
                         Ok(Ok(Some(n))) => s.appended.send_modify(|a| match n.payload() {
                             "" => a.ring_all(),
@@ -156,8 +142,6 @@ pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bell
 
 /// The channel the events table notifies on commit (see `POSTGRES_SCHEMA`).
 const APPENDED_CHANNEL: &str = "atasira_events";
-/// The channel consumers' commits notify (see `POSTGRES_PROGRESS`).
-const PROGRESS_CHANNEL: &str = "atasira_progress";
 
 #[cfg(test)]
 mod tests {

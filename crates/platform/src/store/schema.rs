@@ -122,22 +122,14 @@ const POSTGRES_SCHEMA: &[&str] = &[
     END $$",
 ];
 
-/// PostgreSQL: every commit of a consumer (its processed set or its checkpoint) notifies
-/// the progress channel, so a replica that stands by for a consumer, and answers
-/// read-your-writes waits for it, learns of the progress without polling.
-const POSTGRES_PROGRESS: &[&str] = &[
-    "CREATE OR REPLACE FUNCTION atasira_progress_notify() RETURNS trigger LANGUAGE plpgsql AS
-        $$ BEGIN PERFORM pg_notify('atasira_progress', ''); RETURN NULL; END $$",
-    "DO $$ BEGIN
-        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'processed_notify' AND tgrelid = 'projection_processed'::regclass) THEN
-            CREATE TRIGGER processed_notify AFTER INSERT ON projection_processed
-                FOR EACH STATEMENT EXECUTE FUNCTION atasira_progress_notify();
-        END IF;
-        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'checkpoint_notify' AND tgrelid = 'projection_checkpoints'::regclass) THEN
-            CREATE TRIGGER checkpoint_notify AFTER INSERT OR UPDATE ON projection_checkpoints
-                FOR EACH STATEMENT EXECUTE FUNCTION atasira_progress_notify();
-        END IF;
-    END $$",
+/// PostgreSQL: stores prepared by an older version notified a progress channel at every
+/// commit of a consumer (for the waits of replicas standing by, which now look in the
+/// store while they wait): those triggers go, since every notification wakes every
+/// listening session of the database.
+const POSTGRES_NO_PROGRESS: &[&str] = &[
+    "DROP TRIGGER IF EXISTS processed_notify ON projection_processed",
+    "DROP TRIGGER IF EXISTS checkpoint_notify ON projection_checkpoints",
+    "DROP FUNCTION IF EXISTS atasira_progress_notify()",
 ];
 
 /// Tables every component shares the shape of: projection checkpoints and processed sets.
@@ -173,7 +165,7 @@ impl Db {
             DbKind::Sqlite => SQLITE_SCHEMA,
             DbKind::Postgres => POSTGRES_SCHEMA,
         };
-        let (progress, replay): (&[&str], &[&str]) = if self.kind() == DbKind::Postgres { (POSTGRES_PROGRESS, POSTGRES_REPLAY) } else { (&[], &[]) };
+        let (progress, replay): (&[&str], &[&str]) = if self.kind() == DbKind::Postgres { (POSTGRES_NO_PROGRESS, POSTGRES_REPLAY) } else { (&[], &[]) };
         let all: Vec<&str> = schema.iter().chain(COMMON_SCHEMA).chain(progress).chain(replay).copied().collect();
         self.ensure_tables(&all).await?;
         for table in CURSOR_COLUMNS {
