@@ -18,6 +18,7 @@ use atasira_domain::audit::{
     AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, detail_of, payload_digest,
     verify_chain,
 };
+use atasira_platform::projection::{rows_per_statement, values_list_from};
 use atasira_platform::store::{Db, DbKind, StoredEvent};
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
@@ -123,12 +124,25 @@ pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::R
 }
 
 /// Appends the rows of a batch of events (in their order), skipping the ones that are not
-/// auditable or already have a row, and advances the writer's checkpoint, all in one
-/// transaction: the head is read once and the chain sealed in memory. Returns how many rows
-/// were appended.
+/// auditable or already have a row, and advances the writer's checkpoint, under the
+/// writer's turn: the head is read once and the chain sealed in memory. PostgreSQL writes
+/// it all in one transaction, SQLite in one write after one read ([`append_alone`]).
+/// Returns how many rows were appended.
 pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
+    let appended = match db.kind() {
+        DbKind::Sqlite if events.len() <= rows_per_statement(1) => append_alone(db, keys, events).await?,
+        _ => append_in_transaction(db, keys, events).await?,
+    };
+    drop(turn);
+    db.progressed_to(NAME, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
+    Ok(appended)
+}
+
+/// [`append_batch`] in one transaction (PostgreSQL; SQLite for a large batch), under the
+/// writer's turn.
+async fn append_in_transaction(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
     // Committed like every consumer's transaction (PostgreSQL: without waiting for the WAL
     // flush), which takes a disk sync off every write's read-your-writes wait. Nothing can
     // be lost for good: a row follows from its event alone (its time is the event's), so
@@ -141,19 +155,115 @@ pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> 
     // committed); on SQLite the writer's turn keeps every other writer out. The events are
     // marked as handled for waits by event id (`projection::wait_for_events`).
     let fresh = atasira_platform::projection::mark_and_advance(&mut tx, NAME, events).await?;
-    let auditable: Vec<(&StoredEvent, &str)> =
-        events.iter().filter(|e| fresh.contains(&e.event_id)).filter_map(|e| action_of(&e.aggregate_type, &e.event_type).map(|action| (e, action))).collect();
+    let auditable: Vec<(&StoredEvent, &str)> = auditable(events.iter().filter(|e| fresh.contains(&e.event_id)));
     let appended = append_rows(&mut tx, keys, &auditable).await?;
     tx.commit().await?;
-    drop(turn);
-    db.progressed_to(NAME, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
     Ok(appended)
+}
+
+/// The events of `events` that have a ledger row, with its action.
+fn auditable<'a>(events: impl Iterator<Item = &'a StoredEvent>) -> Vec<(&'a StoredEvent, &'static str)> {
+    events.filter_map(|e| action_of(&e.aggregate_type, &e.event_type).map(|action| (e, action))).collect()
+}
+
+/// SQLite, under the writer's turn (no other writer: SQLite serves one process): one read
+/// (the writer's cursor, the ledger's head, the rows the events have already) and one
+/// write (the rows, then the cursor: two statements, each its own transaction; a crash
+/// between them leaves the cursor behind, and the batch read again finds its rows and
+/// skips them), instead of a transaction of five trips to the connection's thread, all of
+/// them holding the only writer every command and read model waits for.
+async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
+    use atasira_platform::projection::{Arg, advance_statement, bind_all};
+    let Some(last) = events.last() else { return Ok(0) };
+    let candidates = auditable(events.iter());
+    let mut sql = String::from(
+        "SELECT 'at', position, NULL FROM projection_checkpoints WHERE name = $1
+         UNION ALL SELECT 'head', seq, mac FROM (SELECT seq, mac FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1) AS head",
+    );
+    if !candidates.is_empty() {
+        let ids = (0..candidates.len()).map(|i| format!("${}", i + 2)).collect::<Vec<_>>().join(", ");
+        sql.push_str(&format!(" UNION ALL SELECT 'have', NULL, event_id FROM audit_ledger_rows WHERE event_id IN ({ids})"));
+    }
+    let mut query = sqlx::query(&sql).bind(NAME);
+    for (event, _) in &candidates {
+        query = query.bind(&event.event_id);
+    }
+    let (mut at, mut seq, mut prev_mac) = (0, 0, String::new());
+    let mut have = std::collections::HashSet::new();
+    for row in query.fetch_all(db.any()).await? {
+        match row.try_get::<String, _>(0)?.as_str() {
+            "at" => at = row.try_get::<i64, _>(1)?,
+            "head" => (seq, prev_mac) = (row.try_get::<i64, _>(1)?, row.try_get::<String, _>(2)?),
+            _ => {
+                have.insert(row.try_get::<String, _>(2)?);
+            }
+        }
+    }
+    // Positions are commit order in SQLite: a cursor at or past the batch's last event has
+    // seen all of it.
+    if at >= last.position {
+        return Ok(0);
+    }
+    let rows = seal(keys, candidates.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
+    let mut statements = Vec::new();
+    let mut args = Vec::with_capacity(rows.len() * 10 + 3);
+    for chunk in rows.chunks(rows_per_statement(10)) {
+        statements.push(format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list_from(args.len() + 1, chunk.len(), 10)));
+        for row in chunk {
+            args.extend([
+                Arg::Int(row.seq),
+                Arg::Text(canonical_time(row.time)),
+                Arg::Text(row.action.clone()),
+                Arg::Text(row.actor.clone()),
+                Arg::Text(row.target.clone()),
+                Arg::Text(row.event_id.clone()),
+                Arg::Text(row.payload_digest.clone()),
+                Arg::Text(row.key_id.clone()),
+                Arg::Text(row.mac.clone()),
+                Arg::Text(row.detail.clone()),
+            ]);
+        }
+    }
+    statements.push(advance_statement(args.len() + 1));
+    args.extend([Arg::Text(NAME.to_owned()), Arg::Int(last.tx_id), Arg::Int(last.position)]);
+    bind_all(sqlx::query(&statements.join(";\n")), &args).execute(db.any()).await?;
+    Ok(rows.len())
+}
+
+/// The rows of `events`, sealed in order after the ledger's head (`seq`, `prev_mac`).
+fn seal<'a>(
+    keys: &AuditKeys,
+    events: impl Iterator<Item = &'a (&'a StoredEvent, &'static str)>,
+    mut seq: i64,
+    mut prev_mac: String,
+) -> anyhow::Result<Vec<LedgerRow>> {
+    let mut rows = Vec::new();
+    for (event, action) in events {
+        let time = DateTime::<Utc>::from_timestamp_millis(event.recorded_at_ms)
+            .with_context(|| format!("event {} has an impossible recorded_at_ms {}", event.event_id, event.recorded_at_ms))?;
+        let (actor, target) = actor_and_target(&event.event_type, &event.aggregate_id, &event.payload);
+        seq += 1;
+        let row = UnsignedRow {
+            seq,
+            time,
+            action: (*action).to_owned(),
+            actor,
+            target,
+            event_id: event.event_id.clone(),
+            payload_digest: payload_digest(&serde_json::to_vec(&event.payload)?),
+            detail: detail_of(&event.aggregate_type, &event.payload),
+        }
+        .seal(keys, &prev_mac);
+        prev_mac = row.mac.clone();
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 /// Seals and inserts the rows of `events` after the ledger's head, skipping events that
 /// already have a row.
-async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, events: &[(&StoredEvent, &str)]) -> anyhow::Result<usize> {
-    use atasira_platform::projection::{placeholders, rows_per_statement, values_list};
+async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, events: &[(&StoredEvent, &'static str)]) -> anyhow::Result<usize> {
+    use atasira_platform::projection::{placeholders, values_list};
     if events.is_empty() {
         return Ok(0);
     }
@@ -178,26 +288,7 @@ async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event
             }
         }
     }
-    let mut rows = Vec::with_capacity(events.len());
-    for (event, action) in events.iter().filter(|(e, _)| !have.contains(&e.event_id)) {
-        let time = DateTime::<Utc>::from_timestamp_millis(event.recorded_at_ms)
-            .with_context(|| format!("event {} has an impossible recorded_at_ms {}", event.event_id, event.recorded_at_ms))?;
-        let (actor, target) = actor_and_target(&event.event_type, &event.aggregate_id, &event.payload);
-        seq += 1;
-        let row = UnsignedRow {
-            seq,
-            time,
-            action: (*action).to_owned(),
-            actor,
-            target,
-            event_id: event.event_id.clone(),
-            payload_digest: payload_digest(&serde_json::to_vec(&event.payload)?),
-            detail: detail_of(&event.aggregate_type, &event.payload),
-        }
-        .seal(keys, &prev_mac);
-        prev_mac = row.mac.clone();
-        rows.push(row);
-    }
+    let rows = seal(keys, events.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
     for chunk in rows.chunks(rows_per_statement(10)) {
         let sql = format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list(chunk.len(), 10));
         let mut query = sqlx::query(&sql);

@@ -40,6 +40,13 @@ pub fn placeholders(n: usize) -> String {
     (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
+/// The statement that moves a consumer's cursor (never back), binding its name, `tx_id`
+/// and position from `$first` on (for a consumer that writes its batch in statements of
+/// its own).
+pub fn advance_statement(first: usize) -> String {
+    upsert_cursor(&format!("VALUES (${first}, ${}, ${})", first + 1, first + 2))
+}
+
 /// The statement that moves consumer `name`'s cursor (never back) to the row `source`
 /// gives (`VALUES ($1, $2, $3)`, or a `SELECT`): name, tx_id, position.
 pub(super) fn upsert_cursor(source: &str) -> String {
