@@ -153,6 +153,30 @@ async fn postgres_mark_and_advance(
     Ok(new)
 }
 
+/// How long a SQLite consumer's cursor waits to be stored after a batch with nothing
+/// else to write.
+const STORE_CURSOR_AFTER: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Stores consumer `name`'s cursor (never back) [`STORE_CURSOR_AFTER`] from now, with
+/// whatever later cursor it reaches meanwhile; a failure only means its last events are
+/// delivered again after a restart.
+fn store_cursor_soon(db: &Db, name: &str, cursor: Cursor) {
+    if !db.cursor_to_store(name, cursor) {
+        return;
+    }
+    let (db, name) = (db.clone(), name.to_owned());
+    tokio::spawn(async move {
+        tokio::time::sleep(STORE_CURSOR_AFTER).await;
+        let Some(cursor) = db.take_cursor_to_store(&name) else { return };
+        let turn = db.write_turn().await;
+        let stored = sqlx::query(&upsert_cursor("VALUES ($1, $2, $3)")).bind(name.as_str()).bind(cursor.tx_id).bind(cursor.position).execute(db.any()).await;
+        drop(turn);
+        if let Err(e) = stored {
+            tracing::warn!(consumer = %name, error = %e, "could not store the consumer's cursor; its last events are delivered again after a restart");
+        }
+    });
+}
+
 /// One transaction for a batch: what was processed and the cursor ([`mark_and_advance`]),
 /// then the rows of the new events. Returns how many events were new. `events` follow
 /// the consumer's cursor in commit order (a feed's batch, or one event checked against the
@@ -182,15 +206,18 @@ pub(super) async fn record(db: &Db, name: &str, events: &[StoredEvent], projecti
         db.progressed_to(name, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
         return Ok(fresh.len());
     }
-    let turn = db.write_turn().await;
     if projection.is_none() {
-        // SQLite, nothing but the cursor: one statement, its own transaction (under the
-        // writer's turn like every write).
-        let fresh = sqlite_advance(&mut *db.any().acquire().await?, name, events).await?;
-        drop(turn);
+        // SQLite, nothing but the cursor: known here at once (waits read it from memory:
+        // SQLite serves one process), stored a moment later in one write for the batches
+        // of that moment, instead of taking the only writer for each. A crash before the
+        // write delivers those events again: they changed nothing, or their handlers,
+        // like every consumer's, are idempotent.
+        let fresh = db.progress_of(name).is_none_or(|at| at < last.cursor());
         db.progressed_to(name, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
-        return Ok(fresh.len());
+        store_cursor_soon(db, name, last.cursor());
+        return Ok(if fresh { events.len() } else { 0 });
     }
+    let turn = db.write_turn().await;
     let mut tx = db.begin_consumer().await?;
     let fresh = mark_and_advance(&mut tx, name, events).await?;
     if let Some(p) = projection
@@ -260,8 +287,14 @@ mod tests {
         assert!(mark_processed(db, "c", &events[0]).await.expect("mark"), "the first event is new");
         assert!(mark_processed(db, "c", &events[1]).await.expect("mark"), "the second event is new");
         assert!(!mark_processed(db, "c", &events[0]).await.expect("mark"), "an event behind the cursor is not new again");
-        // then its cursor is at the second, which tells what it processed
-        assert_eq!(cursor(db, "c").await.expect("cursor"), events[1].cursor(), "a second mark of the first did not move the cursor back");
+        // then its cursor is at the second, which tells what it processed: known here at
+        // once, and stored a moment later (one write for the marks of that moment)
+        assert_eq!(db.progress_of("c"), Some(events[1].cursor()), "a second mark of the first did not move the cursor back");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while cursor(db, "c").await.expect("cursor") != events[1].cursor() {
+            assert!(tokio::time::Instant::now() < deadline, "the cursor was never stored");
+            tokio::time::sleep(STORE_CURSOR_AFTER).await;
+        }
         for (event, done) in events.iter().zip([true, true, false]) {
             assert_eq!(processed(db, "c", &event.event_id).await.expect("processed"), done, "{}", event.event_id);
         }

@@ -15,6 +15,9 @@ pub(super) struct Consumers {
     /// What they committed, so that a read-your-writes wait looks here when the progress
     /// bell rings instead of asking the database.
     progress: std::sync::Mutex<HashMap<String, Consumed>>,
+    /// SQLite: cursors of consumers that had nothing else to write, to be stored a moment
+    /// later (see `projection::checkpoint`).
+    unstored: std::sync::Mutex<HashMap<String, Cursor>>,
 }
 
 /// One consumer's progress as this process saw it commit: its cursor and the ids of the
@@ -102,6 +105,27 @@ impl Db {
             DbKind::Sqlite => consumed.opened_at.is_some_and(|at| at.position < position),
             DbKind::Postgres => consumed.horizon.is_some_and(|horizon| horizon < position),
         }
+    }
+
+    /// SQLite: consumer `name`'s cursor is to be stored soon; whether no store of it was
+    /// pending (the caller then arranges one).
+    pub fn cursor_to_store(&self, name: &str, cursor: Cursor) -> bool {
+        let Ok(mut unstored) = self.consumers.unstored.lock() else { return false };
+        match unstored.get_mut(name) {
+            Some(pending) => {
+                *pending = (*pending).max(cursor);
+                false
+            }
+            None => {
+                unstored.insert(name.to_owned(), cursor);
+                true
+            }
+        }
+    }
+
+    /// The cursor of consumer `name` that is to be stored, taken.
+    pub fn take_cursor_to_store(&self, name: &str) -> Option<Cursor> {
+        self.consumers.unstored.lock().ok()?.remove(name)
     }
 
     /// Whether consumer `name` of this process processed `event_id` lately (`false` also
