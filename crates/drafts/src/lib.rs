@@ -190,13 +190,11 @@ impl Service {
     async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
         let mut plan = request.plan()?;
-        // The two reads go to the database at once: the Box of this box_type, and the
-        // organisation's policy's verdict (R-POLICY-1).
-        let input = Input::draft(&principal, &plan.manifest, &plan.over_limit);
-        let (existing, verdict) =
-            tokio::join!(projection::box_of_type(&self.rt.db, plan.manifest.box_type.as_str()), self.policies.verdict(&self.rt.db, &input));
+        // One read: the Box of this box_type, and the head of the organisation's policy
+        // (R-POLICY-1), whose version is loaded only when it is not the one known here.
+        let (existing, policy_head) = projection::box_of_type_and_policy_head(&self.rt.db, plan.manifest.box_type.as_str()).await.map_err(Refusal::internal)?;
         // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
-        if let Some(box_id) = existing.map_err(Refusal::internal)? {
+        if let Some(box_id) = existing {
             return Err(Refusal::new(
                 ErrorCode::BoxTypeExists,
                 format!(
@@ -206,7 +204,8 @@ impl Service {
             ));
         }
         // R-POLICY-1: the organisation's rules, after the built-in ones.
-        let verdict = verdict?;
+        let input = Input::draft(&principal, &plan.manifest, &plan.over_limit);
+        let verdict = self.policies.active_at(&self.rt.db, policy_head).await?.map(|active| active.evaluate(&input));
         if let Some(denied) = verdict.as_ref().filter(|v| v.denied()) {
             return Err(atasira_platform::org_policy::refuse(&self.rt, SERVICE, &principal, plan.manifest.box_type.as_str(), denied).await);
         }

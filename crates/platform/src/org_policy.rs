@@ -47,11 +47,17 @@ pub struct Policies {
 impl Policies {
     /// The version in force (`None`: no policy was ever published).
     pub async fn active(&self, db: &Db) -> Result<Option<Active>, Refusal> {
-        let Some(head) = db.last_event(types::ORG_POLICY, STREAM_ID).await.map_err(Refusal::internal)? else {
-            return Ok(None);
-        };
+        let head = db.last_event(types::ORG_POLICY, STREAM_ID).await.map_err(Refusal::internal)?;
+        self.active_at(db, head.map(|h| h.id)).await
+    }
+
+    /// The version in force when the policy stream's last event is `head` (its id, as
+    /// [`head_of`] makes it; `None`: no policy was ever published), read by the caller
+    /// together with what else it reads.
+    pub async fn active_at(&self, db: &Db, head: Option<String>) -> Result<Option<Active>, Refusal> {
+        let Some(head) = head else { return Ok(None) };
         if let Some((id, active)) = self.cached.lock().unwrap_or_else(PoisonError::into_inner).as_ref()
-            && *id == head.id
+            && *id == head
         {
             return Ok(Some(active.clone()));
         }
@@ -61,7 +67,7 @@ impl Policies {
         let document = PolicyDocument::parse(&current.text)
             .map_err(|e| Refusal::new(ErrorCode::ServiceUnavailable, format!("the organisation's policy version {} no longer loads: {e}", current.version)))?;
         let active = Active { version: current.version, document: Arc::new(document) };
-        *self.cached.lock().unwrap_or_else(PoisonError::into_inner) = Some((head.id, active.clone()));
+        *self.cached.lock().unwrap_or_else(PoisonError::into_inner) = Some((head, active.clone()));
         Ok(Some(active))
     }
 
@@ -79,6 +85,20 @@ impl Policies {
         }
     }
 }
+
+/// The id of the policy stream's event at `sequence` (its head, for [`Policies::active_at`]).
+pub fn head_of(sequence: i64) -> String {
+    crate::store::StoredEvent::event_id_of(types::ORG_POLICY, STREAM_ID, sequence)
+}
+
+/// A statement's scalar subquery that gives the policy stream's last sequence (NULL when it
+/// holds nothing), binding the stream's type and id at `$first` and the next.
+pub fn head_subquery(first: usize) -> String {
+    format!("(SELECT MAX(sequence) FROM events WHERE aggregate_type = ${first} AND aggregate_id = ${})", first + 1)
+}
+
+/// What [`head_subquery`] binds: the policy stream's type and id.
+pub const HEAD_STREAM: (&str, &str) = (types::ORG_POLICY, STREAM_ID);
 
 /// The refusal of a denial, recorded as a `policy_denied` security violation of `service`
 /// naming the version and the rule (at most a few a minute per caller, like every
