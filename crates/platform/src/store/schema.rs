@@ -125,12 +125,14 @@ const POSTGRES_SCHEMA: &[&str] = &[
 /// PostgreSQL: stores prepared by an older version notified a progress channel at every
 /// commit of a consumer (for the waits of replicas standing by, which now look in the
 /// store while they wait): those triggers go, since every notification wakes every
-/// listening session of the database.
-const POSTGRES_NO_PROGRESS: &[&str] = &[
-    "DROP TRIGGER IF EXISTS processed_notify ON projection_processed",
-    "DROP TRIGGER IF EXISTS checkpoint_notify ON projection_checkpoints",
-    "DROP FUNCTION IF EXISTS atasira_progress_notify()",
-];
+/// listening session of the database. Only the tables' owner may drop them; another role
+/// leaves them (they then cost only time) for the owner's `atasira db prepare`.
+const POSTGRES_NO_PROGRESS: &[&str] = &["DO $$ BEGIN
+        DROP TRIGGER IF EXISTS processed_notify ON projection_processed;
+        DROP TRIGGER IF EXISTS checkpoint_notify ON projection_checkpoints;
+        DROP FUNCTION IF EXISTS atasira_progress_notify();
+    EXCEPTION WHEN insufficient_privilege THEN NULL;
+    END $$"];
 
 /// Tables every component shares the shape of: projection checkpoints and processed sets.
 /// A checkpoint is a [`Cursor`]: `(tx_id, position)`.
