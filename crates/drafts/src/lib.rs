@@ -205,10 +205,7 @@ impl Service {
         }
         // R-POLICY-1: the organisation's rules, after the built-in ones.
         let input = Input::draft(&principal, &plan.manifest, &plan.over_limit);
-        let verdict = self.policies.active_at(&self.rt.db, policy_head).await?.map(|active| active.evaluate(&input));
-        if let Some(denied) = verdict.as_ref().filter(|v| v.denied()) {
-            return Err(atasira_platform::org_policy::refuse(&self.rt, SERVICE, &principal, plan.manifest.box_type.as_str(), denied).await);
-        }
+        let verdict = self.policies.admit_at(&self.rt, policy_head, SERVICE, plan.manifest.box_type.as_str(), &input).await?;
         plan.approvals_required = self.approvals_for(&plan.over_limit, verdict.as_ref());
         plan.policy = verdict;
         // R-DRAFT-11: with an Idempotency-Key, every run of the request names the same draft.

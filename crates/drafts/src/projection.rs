@@ -557,9 +557,9 @@ pub async fn at(db: &Db, draft_id: &str, as_of: atasira_platform::store::AsOf) -
 /// organisation's policy's head (see `atasira_platform::org_policy::Policies::active_at`)
 /// in the same statement: what a submission reads before it is decided.
 pub async fn box_of_type_and_policy_head(db: &Db, box_type: &str) -> anyhow::Result<(Option<String>, Option<String>)> {
-    use atasira_platform::org_policy::{HEAD_STREAM, head_of, head_subquery};
-    let sql = format!("SELECT (SELECT box_id FROM drafts_box_types WHERE box_type = $1), {}", head_subquery(2));
-    let row = sqlx::query(&sql).bind(box_type).bind(HEAD_STREAM.0).bind(HEAD_STREAM.1).fetch_one(db.any()).await?;
+    use atasira_platform::org_policy::{head_of, head_subquery};
+    let sql = format!("SELECT (SELECT box_id FROM drafts_box_types WHERE box_type = $1), {}", head_subquery());
+    let row = sqlx::query(&sql).bind(box_type).fetch_one(db.any()).await?;
     Ok((row.try_get::<Option<String>, _>(0)?, row.try_get::<Option<i64>, _>(1)?.map(head_of)))
 }
 

@@ -79,7 +79,14 @@ impl Policies {
     /// The verdict on `input`, or the refusal (recorded) when it is a denial (`None`: no
     /// policy).
     pub async fn admit(&self, rt: &Runtime, service: &str, target: &str, input: &Input<'_>) -> Result<Option<Verdict>, Refusal> {
-        match self.active(&rt.db).await? {
+        let head = rt.db.last_event(types::ORG_POLICY, STREAM_ID).await.map_err(Refusal::internal)?;
+        self.admit_at(rt, head.map(|h| h.id), service, target, input).await
+    }
+
+    /// [`Policies::admit`] with the policy stream's head read by the caller (see
+    /// [`Policies::active_at`]).
+    pub async fn admit_at(&self, rt: &Runtime, head: Option<String>, service: &str, target: &str, input: &Input<'_>) -> Result<Option<Verdict>, Refusal> {
+        match self.active_at(&rt.db, head).await? {
             Some(active) => active.admit(rt, service, target, input).await.map(Some),
             None => Ok(None),
         }
@@ -92,13 +99,10 @@ pub fn head_of(sequence: i64) -> String {
 }
 
 /// A statement's scalar subquery that gives the policy stream's last sequence (NULL when it
-/// holds nothing), binding the stream's type and id at `$first` and the next.
-pub fn head_subquery(first: usize) -> String {
-    format!("(SELECT MAX(sequence) FROM events WHERE aggregate_type = ${first} AND aggregate_id = ${})", first + 1)
+/// holds nothing), for [`head_of`]. The stream's type and id are our own constants.
+pub fn head_subquery() -> String {
+    format!("(SELECT MAX(sequence) FROM events WHERE aggregate_type = '{}' AND aggregate_id = '{STREAM_ID}')", types::ORG_POLICY)
 }
-
-/// What [`head_subquery`] binds: the policy stream's type and id.
-pub const HEAD_STREAM: (&str, &str) = (types::ORG_POLICY, STREAM_ID);
 
 /// The refusal of a denial, recorded as a `policy_denied` security violation of `service`
 /// naming the version and the rule (at most a few a minute per caller, like every
