@@ -209,25 +209,29 @@ async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyh
     let mut args = Vec::with_capacity(rows.len() * 10 + 3);
     for chunk in rows.chunks(rows_per_statement(10)) {
         statements.push(format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list_from(args.len() + 1, chunk.len(), 10)));
-        for row in chunk {
-            args.extend([
-                Arg::Int(row.seq),
-                Arg::Text(canonical_time(row.time)),
-                Arg::Text(row.action.clone()),
-                Arg::Text(row.actor.clone()),
-                Arg::Text(row.target.clone()),
-                Arg::Text(row.event_id.clone()),
-                Arg::Text(row.payload_digest.clone()),
-                Arg::Text(row.key_id.clone()),
-                Arg::Text(row.mac.clone()),
-                Arg::Text(row.detail.clone()),
-            ]);
-        }
+        args.extend(chunk.iter().flat_map(row_args));
     }
     statements.push(advance_statement(args.len() + 1));
     args.extend([Arg::Text(NAME.to_owned()), Arg::Int(last.tx_id), Arg::Int(last.position)]);
     bind_all(sqlx::query(&statements.join(";\n")), &args).execute(db.any()).await?;
     Ok(rows.len())
+}
+
+/// What a row's insert binds, in [`COLUMNS`] order.
+fn row_args(row: &LedgerRow) -> [atasira_platform::projection::Arg; 10] {
+    use atasira_platform::projection::Arg;
+    [
+        Arg::Int(row.seq),
+        Arg::Text(canonical_time(row.time)),
+        Arg::Text(row.action.clone()),
+        Arg::Text(row.actor.clone()),
+        Arg::Text(row.target.clone()),
+        Arg::Text(row.event_id.clone()),
+        Arg::Text(row.payload_digest.clone()),
+        Arg::Text(row.key_id.clone()),
+        Arg::Text(row.mac.clone()),
+        Arg::Text(row.detail.clone()),
+    ]
 }
 
 /// The rows of `events`, sealed in order after the ledger's head (`seq`, `prev_mac`).
@@ -263,7 +267,7 @@ fn seal<'a>(
 /// Seals and inserts the rows of `events` after the ledger's head, skipping events that
 /// already have a row.
 async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, events: &[(&StoredEvent, &'static str)]) -> anyhow::Result<usize> {
-    use atasira_platform::projection::{placeholders, values_list};
+    use atasira_platform::projection::{Arg, bind_all, placeholders, values_list};
     if events.is_empty() {
         return Ok(0);
     }
@@ -291,21 +295,8 @@ async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event
     let rows = seal(keys, events.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
     for chunk in rows.chunks(rows_per_statement(10)) {
         let sql = format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list(chunk.len(), 10));
-        let mut query = sqlx::query(&sql);
-        for row in chunk {
-            query = query
-                .bind(row.seq)
-                .bind(canonical_time(row.time))
-                .bind(&row.action)
-                .bind(&row.actor)
-                .bind(&row.target)
-                .bind(&row.event_id)
-                .bind(&row.payload_digest)
-                .bind(&row.key_id)
-                .bind(&row.mac)
-                .bind(&row.detail);
-        }
-        query.execute(&mut **tx).await?;
+        let args: Vec<Arg> = chunk.iter().flat_map(row_args).collect();
+        bind_all(sqlx::query(&sql), &args).execute(&mut **tx).await?;
     }
     Ok(rows.len())
 }
