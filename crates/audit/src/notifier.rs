@@ -187,11 +187,7 @@ async fn queue_batch(db: &Db, config: &NotifierConfig, events: &[StoredEvent]) -
 async fn queues_nothing(db: &Db, config: &NotifierConfig, events: &[StoredEvent]) -> anyhow::Result<bool> {
     let mut kinds = Vec::new();
     for event in events {
-        let announcement = match event.aggregate_type.as_str() {
-            types::DRAFT => notify::of_draft(&event.decode::<DraftEvent>()?, &event.event_id),
-            types::ACCESS => notify::of_access(&event.decode::<AccessEvent>()?, &event.event_id),
-            _ => return Ok(false),
-        };
+        let Some(announcement) = announcement_from(event)? else { return Ok(false) };
         if let Some(a) = announcement {
             if config.on_bus && Utc::now() - a.at < BUS_WINDOW {
                 return Ok(false);
@@ -222,11 +218,22 @@ fn wants(wanted: &[String], kind: &str) -> bool {
     wanted.is_empty() || wanted.iter().any(|k| k == kind)
 }
 
+/// What approvers are told of a draft or provisioning event, which follows from the event
+/// alone; `None` for an event of another type.
+fn announcement_from(event: &StoredEvent) -> anyhow::Result<Option<Option<Announcement>>> {
+    Ok(match event.aggregate_type.as_str() {
+        types::DRAFT => Some(notify::of_draft(&event.decode::<DraftEvent>()?, &event.event_id)),
+        types::ACCESS => Some(notify::of_access(&event.decode::<AccessEvent>()?, &event.event_id)),
+        _ => None,
+    })
+}
+
 /// What approvers are told of `event`, if anything.
 async fn announcement_of(tx: &mut Transaction<'static, Any>, event: &StoredEvent) -> anyhow::Result<Option<Announcement>> {
+    if let Some(announcement) = announcement_from(event)? {
+        return Ok(announcement);
+    }
     Ok(match event.aggregate_type.as_str() {
-        types::DRAFT => notify::of_draft(&event.decode::<DraftEvent>()?, &event.event_id),
-        types::ACCESS => notify::of_access(&event.decode::<AccessEvent>()?, &event.event_id),
         types::WORKER => match event.decode::<WorkerEvent>()? {
             asked @ WorkerEvent::WorkerToolUseRequested { .. } => {
                 let box_type = match first_event::<WorkerEvent>(&mut **tx, types::WORKER, &event.aggregate_id).await? {
