@@ -226,10 +226,13 @@ async fn batch_equals_one_at_a_time(db: &Db, view: &dyn Projection, table: &str,
     assert_eq!(events.len() as i64, stored, "{}: every stored event readable within 30 s", view.name());
     let ids: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
     let waits_on = [(view.name(), view.aggregate_types())];
+    // A rebuild does not read the event types the view takes nothing from.
+    let read = events.iter().filter(|e| !view.ignored_event_types().contains(&e.event_type.as_str())).count();
+    assert!(view.name() != "drafts_view" || read < events.len(), "the history holds Box events the drafts view ignores");
     let mut rebuilt = Vec::new();
     for page in PAGES {
         let applied = projection::rebuild_in_pages(db, view, *page).await.expect("rebuild");
-        assert_eq!(applied as usize, events.len(), "{}: every event applied once (pages of {page})", view.name());
+        assert_eq!(applied as usize, read, "{}: every event it reads applied once (pages of {page})", view.name());
         // R-BOX-9: a rebuild leaves the processed set empty; its cursor says every event
         // was applied, so a read-your-writes wait by event id finds them all.
         let lagging = projection::wait_for_events(db, &waits_on, &ids, 0, Duration::ZERO).await.expect("wait");

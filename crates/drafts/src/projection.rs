@@ -4,16 +4,18 @@
 //! `Projection` impl loads the row, applies the event and stores it, in the runner's
 //! transaction.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use atasira_contracts::convert::{draft_status_to_wire, timestamp};
 use atasira_contracts::v1;
 use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::boxes::BoxEvent;
+#[cfg(test)]
+use atasira_domain::aggregates::boxes::BoxRole;
 use atasira_domain::aggregates::draft::{ChangeOf, DraftEvent, DraftStatus, RevisionOf};
 use atasira_domain::aggregates::types;
 use atasira_domain::os_operation::OverLimit;
-use atasira_platform::projection::{Arg, BlindWrite, Projection, bind_all, placeholders, rows_per_statement, values_list_from};
+use atasira_platform::projection::{Arg, BlindWrite, DecodedPage, PageDecoder, Projection, bind_all, placeholders, rows_per_statement, values_list_from};
 use atasira_platform::store::{Db, EventRef, StoredEvent, TextEvent};
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
@@ -328,6 +330,10 @@ async fn load_all(tx: &mut Transaction<'static, Any>, draft_ids: &[&str]) -> any
     Ok(rows)
 }
 
+/// The Box events the view takes nothing from ([`Change::of`]): a rebuild does not read
+/// them.
+const IGNORED_BOX_EVENTS: &[&str] = &["BoxUserAssigned", "BoxUserUnassigned", "BoxManifestEdited", "BoxConfigEdited", "BoxStopped", "BoxResumed"];
+
 /// What one event does to the view, decoded.
 enum Change {
     /// A submission: the draft's row, unless it has one (a redelivery leaves it).
@@ -349,7 +355,13 @@ impl Change {
                 }
                 BoxEvent::BoxManifestChanged { box_id, draft_id, .. } => Some(Change::Activated { draft_id, box_id }),
                 BoxEvent::BoxArchived { box_type, .. } => Some(Change::BoxType { box_type, box_id: None }),
-                _ => None,
+                // IGNORED_BOX_EVENTS
+                BoxEvent::BoxUserAssigned { .. }
+                | BoxEvent::BoxUserUnassigned { .. }
+                | BoxEvent::BoxManifestEdited { .. }
+                | BoxEvent::BoxConfigEdited { .. }
+                | BoxEvent::BoxStopped { .. }
+                | BoxEvent::BoxResumed { .. } => None,
             }
             .into_iter()
             .collect());
@@ -383,6 +395,9 @@ impl Projection for DraftsView {
     }
     fn aggregate_types(&self) -> &'static [&'static str] {
         READS
+    }
+    fn ignored_event_types(&self) -> &'static [&'static str] {
+        IGNORED_BOX_EVENTS
     }
     fn tables(&self) -> &'static [&'static str] {
         TABLES
@@ -419,9 +434,13 @@ impl Projection for DraftsView {
         apply_changes(tx, changes(events.iter().map(StoredEvent::as_event))?).await
     }
 
-    /// A rebuild's page, decoded from the stored text.
-    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
-        apply_changes(tx, changes(events.iter().map(TextEvent::as_event))?).await
+    /// A rebuild's page is decoded from the stored text into its changes.
+    fn page_decoder(&self) -> PageDecoder {
+        |events| Ok(DecodedPage::new(changes(events.iter().map(TextEvent::as_event))?))
+    }
+
+    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, _: &[TextEvent], decoded: DecodedPage) -> anyhow::Result<()> {
+        apply_changes(tx, decoded.take()?).await
     }
 }
 
@@ -443,6 +462,8 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
     let stored: Vec<&str> = changes.iter().filter_map(Change::draft_id).filter(|id| !submitted.contains(id)).collect::<BTreeSet<_>>().into_iter().collect();
     let mut rows = load_all(tx, &stored).await?;
     let (mut new, mut changed) = (BTreeSet::new(), BTreeSet::new());
+    // Each box_type's Box as the batch leaves it.
+    let mut box_types = BTreeMap::new();
     for change in changes {
         match change {
             Change::Submitted(row) => {
@@ -463,23 +484,37 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
                     changed.insert(draft_id);
                 }
             }
-            Change::BoxType { box_type, box_id: Some(box_id) } => {
-                sqlx::query("INSERT INTO drafts_box_types (box_type, box_id) VALUES ($1, $2) ON CONFLICT (box_type) DO UPDATE SET box_id = excluded.box_id")
-                    .bind(box_type)
-                    .bind(box_id)
-                    .execute(&mut **tx)
-                    .await?;
-            }
-            Change::BoxType { box_type, box_id: None } => {
-                sqlx::query("DELETE FROM drafts_box_types WHERE box_type = $1").bind(box_type).execute(&mut **tx).await?;
+            Change::BoxType { box_type, box_id } => {
+                box_types.insert(box_type, box_id);
             }
         }
     }
+    save_box_types(tx, box_types).await?;
     // A draft submitted in this batch is inserted as it ends up; only stored rows are updated.
     changed.retain(|id| !new.contains(id));
     let pick = |ids: &BTreeSet<String>| ids.iter().filter_map(|id| rows.get(id)).collect::<Vec<&DraftRow>>();
     save_all(tx, &pick(&new), Stored::Insert).await?;
     save_all(tx, &pick(&changed), Stored::Update).await
+}
+
+/// Stores each box_type's Box as a batch leaves it (`None`: its Box was archived), a few
+/// box_types to a statement.
+async fn save_box_types(tx: &mut Transaction<'static, Any>, box_types: BTreeMap<String, Option<String>>) -> anyhow::Result<()> {
+    let (active, archived): (Vec<_>, Vec<_>) = box_types.into_iter().partition(|(_, box_id)| box_id.is_some());
+    for chunk in active.chunks(rows_per_statement(2)) {
+        let sql = format!(
+            "INSERT INTO drafts_box_types (box_type, box_id) VALUES {} ON CONFLICT (box_type) DO UPDATE SET box_id = excluded.box_id",
+            values_list_from(1, chunk.len(), 2)
+        );
+        let args: Vec<Arg> = chunk.iter().flat_map(|(box_type, box_id)| [Arg::Text(box_type.clone()), Arg::MaybeText(box_id.clone())]).collect();
+        bind_all(sqlx::query(&sql), &args).execute(&mut **tx).await?;
+    }
+    for chunk in archived.chunks(rows_per_statement(1)) {
+        let sql = format!("DELETE FROM drafts_box_types WHERE box_type IN ({})", placeholders(chunk.len()));
+        let args: Vec<Arg> = chunk.iter().map(|(box_type, _)| Arg::Text(box_type.clone())).collect();
+        bind_all(sqlx::query(&sql), &args).execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// Rows in submission order after position `after`, filtered by status and/or requester,
@@ -688,6 +723,40 @@ mod tests {
         let rejected =
             DraftEvent::DraftRejected { draft_id: "d1".into(), box_type: "ops-bot".into(), rejected_by: "alice".into(), reason: "no".into(), at: t(3) };
         assert!(DraftsView.blind_write(&[stored(&submitted(), 1), stored(&rejected, 2)], 1).expect("decodes").is_none());
+    }
+
+    #[test]
+    fn given_a_box_event_the_rebuild_skips_then_the_view_takes_nothing_from_it() {
+        // R-ARCH-5: a rebuild that does not read these events builds the same view.
+        let DraftEvent::DraftSubmitted { manifest, .. } = submitted() else { unreachable!() };
+        let (id, by) = (String::from("b1"), String::from("alice"));
+        let ignored = [
+            BoxEvent::BoxUserAssigned { box_id: id.clone(), user_id: by.clone(), role_in_box: BoxRole::Member, assigned_by: by.clone(), at: t(1) },
+            BoxEvent::BoxUserUnassigned { box_id: id.clone(), user_id: by.clone(), role_in_box: BoxRole::Member, unassigned_by: by.clone(), at: t(1) },
+            BoxEvent::BoxManifestEdited { box_id: id.clone(), manifest: manifest.clone(), changed_keys: vec![], edited_by: by.clone(), at: t(1) },
+            BoxEvent::BoxConfigEdited { box_id: id.clone(), manifest, changed_keys: vec![], edited_by: by.clone(), at: t(1), policy: None },
+            BoxEvent::BoxStopped { box_id: id.clone(), box_type: "ops-bot".into(), by: by.clone(), at: t(1) },
+            BoxEvent::BoxResumed { box_id: id.clone(), box_type: "ops-bot".into(), by, at: t(1) },
+        ];
+        assert_eq!(ignored.iter().map(BoxEvent::name).collect::<Vec<_>>(), IGNORED_BOX_EVENTS);
+        for event in ignored {
+            let stored = TextEvent {
+                aggregate_type: types::BOX.into(),
+                aggregate_id: "b1".into(),
+                sequence: 2,
+                position: 2,
+                tx_id: 0,
+                event_type: event.name().into(),
+                event_version: "1".into(),
+                payload: serde_json::to_string(&event).expect("json"),
+                metadata: "{}".into(),
+                recorded_at_ms: 0,
+            };
+            assert!(Change::of(stored.as_event()).expect("decodes").is_empty(), "{}", event.name());
+        }
+        for used in ["BoxActivated", "BoxManifestChanged", "BoxArchived"] {
+            assert!(!IGNORED_BOX_EVENTS.contains(&used), "{used}");
+        }
     }
 
     fn placeholder_token() -> atasira_domain::token::ApprovalToken {

@@ -10,7 +10,7 @@ use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxEvent, BoxRole, BoxState};
 use atasira_domain::aggregates::types;
-use atasira_platform::projection::{Projection, placeholders, rows_per_statement, values_list};
+use atasira_platform::projection::{DecodedPage, PageDecoder, Projection, placeholders, rows_per_statement, values_list};
 use atasira_platform::store::{Db, EventRef, StoredEvent, TextEvent};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -303,10 +303,13 @@ impl Projection for BoxesView {
         apply_changes(tx, changes).await
     }
 
-    /// A rebuild's page, decoded from the stored text.
-    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
-        let changes = events.iter().map(|e| Change::of(e.as_event())).collect::<anyhow::Result<Vec<_>>>()?;
-        apply_changes(tx, changes).await
+    /// A rebuild's page is decoded from the stored text into its changes.
+    fn page_decoder(&self) -> PageDecoder {
+        |events| Ok(DecodedPage::new(events.iter().map(|e| Change::of(e.as_event())).collect::<anyhow::Result<Vec<_>>>()?))
+    }
+
+    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, _: &[TextEvent], decoded: DecodedPage) -> anyhow::Result<()> {
+        apply_changes(tx, decoded.take()?).await
     }
 }
 

@@ -10,7 +10,7 @@ use atasira_contracts::{convert, v1};
 use atasira_domain::aggregates::types;
 use atasira_domain::aggregates::worker::WorkerEvent;
 use atasira_domain::worker::{Segment, WorkerState};
-use atasira_platform::projection::Projection;
+use atasira_platform::projection::{DecodedPage, Projection};
 use atasira_platform::store::{Db, EventRef, StoredEvent, TextEvent};
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
@@ -608,7 +608,7 @@ impl Projection for WorkersView {
     }
 
     /// A rebuild's page, decoded from the stored text.
-    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
+    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent], _: DecodedPage) -> anyhow::Result<()> {
         for event in events {
             Self::apply_event(tx, event.as_event()).await?;
         }

@@ -29,6 +29,11 @@ pub trait Projection: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// The aggregate types whose events it reads.
     fn aggregate_types(&self) -> &'static [&'static str];
+    /// Event types of its aggregate types that never change its rows: a rebuild does not
+    /// read them (the live feed still delivers them, to no effect).
+    fn ignored_event_types(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// Idempotent DDL for its tables.
     fn tables(&self) -> &'static [&'static str];
     /// The tables to empty on rebuild.
@@ -50,11 +55,19 @@ pub trait Projection: Send + Sync + 'static {
         }
         Ok(())
     }
-    /// Applies a page of a rebuild, the events as stored text ([`TextEvent`]), in order,
-    /// inside the rebuild's transaction: the same effect as [`Projection::apply_batch`] on
-    /// the same events (by default it parses them and calls it). A projection overrides it
-    /// to decode the payloads straight into its own event types.
-    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent]) -> anyhow::Result<()> {
+    /// How a rebuild decodes a page before applying it: a function of the events alone, so
+    /// that the rebuild decodes the next page while the database writes this one. By
+    /// default nothing is decoded ahead ([`DecodedPage::none`]).
+    fn page_decoder(&self) -> PageDecoder {
+        |_| Ok(DecodedPage::none())
+    }
+    /// Applies a page of a rebuild, the events as stored text ([`TextEvent`]) and what
+    /// [`Projection::page_decoder`] made of them, in order, inside the rebuild's
+    /// transaction: the same effect as [`Projection::apply_batch`] on the same events (by
+    /// default it parses them and calls it). A projection overrides it to decode the
+    /// payloads straight into its own event types.
+    async fn apply_page(&self, tx: &mut Transaction<'static, Any>, events: &[TextEvent], decoded: DecodedPage) -> anyhow::Result<()> {
+        let _ = decoded;
         let events = events.iter().cloned().map(TextEvent::into_stored).collect::<anyhow::Result<Vec<_>>>()?;
         self.apply_batch(tx, &events).await
     }
@@ -66,6 +79,30 @@ pub trait Projection: Send + Sync + 'static {
     fn blind_write(&self, events: &[StoredEvent], first: usize) -> anyhow::Result<Option<BlindWrite>> {
         let _ = (events, first);
         Ok(None)
+    }
+}
+
+/// Decodes a rebuild's page ahead of applying it ([`Projection::page_decoder`]).
+pub type PageDecoder = fn(&[TextEvent]) -> anyhow::Result<DecodedPage>;
+
+/// A rebuild's page as a projection's [`PageDecoder`] decoded it, for its
+/// [`Projection::apply_page`].
+#[derive(Debug)]
+pub struct DecodedPage(Box<dyn std::any::Any + Send>);
+
+impl DecodedPage {
+    pub fn new<T: std::any::Any + Send>(decoded: T) -> DecodedPage {
+        DecodedPage(Box::new(decoded))
+    }
+
+    /// Nothing decoded ahead.
+    pub fn none() -> DecodedPage {
+        DecodedPage::new(())
+    }
+
+    /// What the decoder made, as the type it made.
+    pub fn take<T: std::any::Any>(self) -> anyhow::Result<T> {
+        self.0.downcast::<T>().map(|t| *t).map_err(|_| anyhow::anyhow!("a rebuild's page was decoded as another type than its projection applies"))
     }
 }
 

@@ -5,11 +5,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use super::checkpoint::advance_to;
-use super::{Projection, prepare};
+use super::{DecodedPage, Projection, prepare};
 use crate::store::{Cursor, Db, DbKind, StoredEvent, TextEvent};
 
 /// Events a rebuild reads and applies at a time, one transaction each.
-pub const REBUILD_PAGE: i64 = 5000;
+pub const REBUILD_PAGE: i64 = 2500;
 
 /// Drops a projection's rows and rebuilds it from the whole event store (R-ARCH-5).
 pub async fn rebuild(db: &Db, projection: &dyn Projection) -> anyhow::Result<u64> {
@@ -32,17 +32,28 @@ pub async fn rebuild_in_pages(db: &Db, projection: &dyn Projection, page: i64) -
     sqlx::query("DELETE FROM projection_checkpoints WHERE name = $1").bind(name).execute(&mut *tx).await?;
     tx.commit().await?;
     drop(turn);
-    // The next page is read (on another thread, through the typed pool's connection) while
-    // this one is applied.
-    let types = projection.aggregate_types();
+    // The next page is read (through the typed pool's connection) and decoded (on another
+    // thread) while this one is applied.
+    let (types, skipped, decode) = (projection.aggregate_types(), projection.ignored_event_types(), projection.page_decoder());
     let read = |at: Cursor| {
         let db = db.clone();
-        tokio::spawn(async move { db.read_text(at, types, page.max(1)).await })
+        tokio::spawn(async move {
+            let mut batch = db.read_text(at, types, skipped, page.max(1)).await?;
+            // The events of skipped types only move the cursor past them.
+            let end = batch.events.last().map(TextEvent::cursor);
+            batch.events.retain(|e| !skipped.contains(&e.event_type.as_str()));
+            let decoded = tokio::task::spawn_blocking(move || {
+                let decoded = decode(&batch.events).with_context(|| format!("{name} cannot decode {}", span(&batch.events)));
+                (batch, decoded)
+            });
+            let (batch, decoded) = decoded.await.context("a rebuild's decoding stopped")?;
+            anyhow::Ok((batch, end, decoded?))
+        })
     };
     let (mut at, mut next, mut applied) = (Cursor::START, read(Cursor::START), 0);
     loop {
-        let batch = next.await.context("a rebuild's read of the store stopped")??;
-        let Some(last) = batch.events.last() else {
+        let (batch, end, decoded) = next.await.context("a rebuild's read of the store stopped")??;
+        let Some(end) = end else {
             if batch.held_back {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 next = read(at);
@@ -50,9 +61,9 @@ pub async fn rebuild_in_pages(db: &Db, projection: &dyn Projection, page: i64) -
             }
             break;
         };
-        at = last.cursor();
+        at = end;
         next = read(at);
-        let result = apply_page(db, projection, &batch.events, at).await;
+        let result = apply_page(db, projection, &batch.events, decoded, at).await;
         if result.is_err() {
             next.abort();
         }
@@ -63,7 +74,7 @@ pub async fn rebuild_in_pages(db: &Db, projection: &dyn Projection, page: i64) -
 }
 
 /// One page of a rebuild in one transaction: the projection's rows, then its checkpoint.
-async fn apply_page(db: &Db, projection: &dyn Projection, events: &[TextEvent], at: Cursor) -> anyhow::Result<()> {
+async fn apply_page(db: &Db, projection: &dyn Projection, events: &[TextEvent], decoded: DecodedPage, at: Cursor) -> anyhow::Result<()> {
     let name = projection.name();
     let turn = db.write_turn().await;
     let mut tx = db.begin_consumer().await?;
@@ -72,13 +83,16 @@ async fn apply_page(db: &Db, projection: &dyn Projection, events: &[TextEvent], 
         // statement while they were empty (a sequential scan) would stay for the rest.
         sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(&mut *tx).await?;
     }
-    projection.apply_page(&mut tx, events).await.with_context(|| {
-        let id = |e: &TextEvent| StoredEvent::event_id_of(&e.aggregate_type, &e.aggregate_id, e.sequence);
-        format!("{name} cannot apply the events from {} to {}", events.first().map(id).unwrap_or_default(), events.last().map(id).unwrap_or_default())
-    })?;
+    projection.apply_page(&mut tx, events, decoded).await.with_context(|| format!("{name} cannot apply {}", span(events)))?;
     advance_to(&mut tx, name, at).await?;
     tx.commit().await?;
     drop(turn);
     db.progressed_to(name, at, std::iter::empty());
     Ok(())
+}
+
+/// "the events from <first> to <last>", for errors.
+fn span(events: &[TextEvent]) -> String {
+    let id = |e: &TextEvent| StoredEvent::event_id_of(&e.aggregate_type, &e.aggregate_id, e.sequence);
+    format!("the events from {} to {}", events.first().map(id).unwrap_or_default(), events.last().map(id).unwrap_or_default())
 }
