@@ -287,7 +287,7 @@ impl Db {
                    FROM events WHERE rowid > $1{} ORDER BY rowid LIMIT $2",
                 unless_skipped("payload", skipped),
                 unless_skipped("metadata", skipped),
-                types_clause(aggregate_types).replace(" aggregate_type IN", " +aggregate_type IN")
+                types_clause_on("+aggregate_type", aggregate_types)
             ),
             DbKind::Postgres => {
                 let columns = PG_EVENT_COLUMNS
@@ -500,24 +500,32 @@ fn pg_after(columns: &str, aggregate_types: &[&str]) -> String {
     format!("SELECT * FROM ({}) AS by_type ORDER BY by_type.tx_id, by_type.global_position LIMIT $3", branches.join(" UNION ALL "))
 }
 
-/// ` AND aggregate_type IN (...)` (nothing when empty). Types are the aggregates' own
-/// constants, quoted anyway.
+/// ` AND aggregate_type IN (...)` (nothing when empty).
 fn types_clause(aggregate_types: &[&str]) -> String {
+    types_clause_on("aggregate_type", aggregate_types)
+}
+
+/// [`types_clause`] on the expression `column` (such as `+aggregate_type`).
+fn types_clause_on(column: &str, aggregate_types: &[&str]) -> String {
     if aggregate_types.is_empty() {
         return String::new();
     }
-    let list: Vec<String> = aggregate_types.iter().map(|t| format!("'{}'", t.replace('\'', "''"))).collect();
-    format!(" AND aggregate_type IN ({})", list.join(", "))
+    format!(" AND {}", in_list(column, aggregate_types))
 }
 
 /// `column`, or empty text for events of the `skipped` types (`column` itself when there
-/// are none). Types are the aggregates' own names, quoted anyway.
+/// are none).
 fn unless_skipped(column: &str, skipped: &[&str]) -> String {
     if skipped.is_empty() {
         return column.to_owned();
     }
-    let list: Vec<String> = skipped.iter().map(|t| format!("'{}'", t.replace('\'', "''"))).collect();
-    format!("CASE WHEN event_type IN ({}) THEN '' ELSE {column} END", list.join(", "))
+    format!("CASE WHEN {} THEN '' ELSE {column} END", in_list("event_type", skipped))
+}
+
+/// `column IN ('a', 'b')`. The values are the aggregates' own type names, quoted anyway.
+fn in_list(column: &str, values: &[&str]) -> String {
+    let list: Vec<String> = values.iter().map(|t| format!("'{}'", t.replace('\'', "''"))).collect();
+    format!("{column} IN ({})", list.join(", "))
 }
 
 /// A row of the store's event statements (the columns of [`Db::read_sql`]).
