@@ -50,17 +50,26 @@ impl Collector {
         self.receiver.at("/v1/traces").iter().flat_map(|r| decode(&r.body)).collect()
     }
 
-    /// Waits until the trace's spans come from every one of `services` (or a minute passed).
-    fn trace(&self, trace_id: &str, services: &[&str]) -> Vec<Span> {
+    /// Waits until the trace holds a span of every `(service.name, label)` in `wanted` (or a
+    /// minute passed); a span's label is the service it serves or the consumer it runs. Each
+    /// process exports in its own batches, so one span of a process says nothing of the others.
+    fn trace(&self, trace_id: &str, wanted: &[(&str, &str)]) -> Vec<Span> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let spans: Vec<Span> = self.spans().into_iter().filter(|s| s.trace_id == trace_id).collect();
-            let seen: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
-            if services.iter().all(|s| seen.contains(s)) || Instant::now() > deadline {
+            let seen: BTreeSet<(&str, &str)> = spans.iter().map(|s| (s.service.as_str(), s.label())).collect();
+            if wanted.iter().all(|w| seen.contains(w)) || Instant::now() > deadline {
                 return spans;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+impl Span {
+    /// The service a request span serves, the consumer an event span runs, or its name.
+    fn label(&self) -> &str {
+        self.attributes.get("service").or_else(|| self.attributes.get("consumer")).map_or(self.name.as_str(), String::as_str)
     }
 }
 
@@ -158,11 +167,18 @@ fn r_ops_1_one_approve_is_one_trace_across_every_process_of_a_cluster() {
     let sys = System::start_with(Mode::Cluster, &otlp_env(&collector));
     let draft = sys.draft(&provisioned("traced-cluster"));
     let trace_id = approve_traced(&sys, &draft);
-    let services = ["atasira-gateway", "atasira-approval", "atasira-runtime-registry", "atasira-provisioner", "atasira-audit"];
-    let spans = collector.trace(&trace_id, &services);
-    let seen: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
-    for service in services {
-        assert!(seen.contains(service), "no span of {service} in the approve's trace; seen {seen:?}\n{spans:#?}");
+    let wanted = [
+        ("atasira-gateway", "http"),
+        ("atasira-approval", "approval"),
+        ("atasira-runtime-registry", "runtime-registry"),
+        ("atasira-runtime-registry", "registry_activation"),
+        ("atasira-provisioner", "provisioner"),
+        ("atasira-audit", "audit_ledger"),
+    ];
+    let spans = collector.trace(&trace_id, &wanted);
+    let seen: BTreeSet<(&str, &str)> = spans.iter().map(|s| (s.service.as_str(), s.label())).collect();
+    for w in wanted {
+        assert!(seen.contains(&w), "no span of {w:?} in the approve's trace; seen {seen:?}\n{spans:#?}");
     }
     // The gateway's HTTP span is the child of the caller's span; the approval request is its
     // child, the registry's reserve and activation the approval's, the provisioner follows the
@@ -204,18 +220,9 @@ fn r_ops_1_one_approve_is_one_trace_in_embedded_mode() {
     let sys = System::start_with(Mode::Embedded, &otlp_env(&collector));
     let draft = sys.draft(&provisioned("traced-embedded"));
     let trace_id = approve_traced(&sys, &draft);
-    let deadline = Instant::now() + Duration::from_secs(60);
     let wanted = ["approval", "runtime-registry", "registry_activation", "provisioner", "audit_ledger"];
-    let spans = loop {
-        let spans = collector.trace(&trace_id, &["atasira-dev"]);
-        let named: BTreeSet<&str> =
-            spans.iter().filter_map(|s| s.attributes.get("service").or_else(|| s.attributes.get("consumer")).map(String::as_str)).collect();
-        if wanted.iter().all(|w| named.contains(w)) || Instant::now() > deadline {
-            break spans;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let named: BTreeSet<&str> = spans.iter().filter_map(|s| s.attributes.get("service").or_else(|| s.attributes.get("consumer")).map(String::as_str)).collect();
+    let spans = collector.trace(&trace_id, &wanted.map(|w| ("atasira-dev", w)));
+    let named: BTreeSet<&str> = spans.iter().map(Span::label).collect();
     for w in wanted {
         assert!(named.contains(w), "no span of {w} in the approve's trace; seen {named:?}");
     }
