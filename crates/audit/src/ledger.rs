@@ -18,7 +18,7 @@ use atasira_domain::audit::{
     AuditKeys, LedgerCheckpoint, LedgerRow, UnsignedRow, Verification, action_of, actor_and_target, canonical_time, checkpoint_mac, detail_of, payload_digest,
     verify_chain,
 };
-use atasira_platform::projection::{rows_per_statement, values_list_from};
+use atasira_platform::projection::{for_connection, for_sqlite, rows_per_statement, values_list_from};
 use atasira_platform::store::{Db, DbKind, StoredEvent};
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
@@ -184,6 +184,7 @@ async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyh
         let ids = (0..candidates.len()).map(|i| format!("${}", i + 2)).collect::<Vec<_>>().join(", ");
         sql.push_str(&format!(" UNION ALL SELECT 'have', NULL, event_id FROM audit_ledger_rows WHERE event_id IN ({ids})"));
     }
+    let sql = for_sqlite(sql);
     let mut query = sqlx::query(&sql).bind(NAME);
     for (event, _) in &candidates {
         query = query.bind(&event.event_id);
@@ -213,7 +214,7 @@ async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyh
     }
     statements.push(advance_statement(args.len() + 1));
     args.extend([Arg::Text(NAME.to_owned()), Arg::Int(last.tx_id), Arg::Int(last.position)]);
-    bind_all(sqlx::query(&statements.join(";\n")), &args).execute(db.any()).await?;
+    bind_all(sqlx::query(&for_sqlite(statements.join(";\n"))), &args).execute(db.any()).await?;
     Ok(rows.len())
 }
 
@@ -294,7 +295,7 @@ async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, event
     }
     let rows = seal(keys, events.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
     for chunk in rows.chunks(rows_per_statement(10)) {
-        let sql = format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list(chunk.len(), 10));
+        let sql = for_connection(tx, format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list(chunk.len(), 10)));
         let args: Vec<Arg> = chunk.iter().flat_map(row_args).collect();
         bind_all(sqlx::query(&sql), &args).execute(&mut **tx).await?;
     }

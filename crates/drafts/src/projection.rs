@@ -15,7 +15,9 @@ use atasira_domain::aggregates::boxes::BoxRole;
 use atasira_domain::aggregates::draft::{ChangeOf, DraftEvent, DraftStatus, RevisionOf};
 use atasira_domain::aggregates::types;
 use atasira_domain::os_operation::OverLimit;
-use atasira_platform::projection::{Arg, BlindWrite, DecodedPage, PageDecoder, Projection, bind_all, placeholders, rows_per_statement, values_list_from};
+use atasira_platform::projection::{
+    Arg, BlindWrite, DecodedPage, PageDecoder, Projection, bind_all, for_connection, placeholders, rows_per_statement, values_list_from,
+};
 use atasira_platform::store::{Db, EventRef, StoredEvent, TextEvent};
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
@@ -252,9 +254,9 @@ impl DraftRow {
 /// row is inserted; a stored one takes the row's status, decision and Box (its submission
 /// never changes). `Stored::Insert`: rows of drafts submitted in this batch, inserted
 /// unless the draft has a row already (a redelivered submission leaves it as it is).
-async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow], how: Stored) -> anyhow::Result<()> {
+async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&DraftRow], how: Stored, json: &mut HashMap<String, FixedJson>) -> anyhow::Result<()> {
     for chunk in rows.chunks(rows_per_statement(WIDTH)) {
-        let (sql, args) = (insert_rows(1, chunk.len(), how), row_args(chunk)?);
+        let (sql, args) = (for_connection(tx, insert_rows(1, chunk.len(), how)), row_args(chunk, json)?);
         bind_all(sqlx::query(&sql), &args).execute(&mut **tx).await?;
     }
     Ok(())
@@ -273,10 +275,15 @@ fn insert_rows(first: usize, rows: usize, how: Stored) -> String {
     format!("INSERT INTO draft_rows ({COLUMNS}) VALUES {} ON CONFLICT {on_conflict}", values_list_from(first, rows, WIDTH))
 }
 
-/// The column values of each of `rows`, in order.
-fn row_args(rows: &[&DraftRow]) -> anyhow::Result<Vec<Arg>> {
+/// The column values of each of `rows`, in order; what a submission fixed is taken from
+/// `json` when it holds the draft's.
+fn row_args(rows: &[&DraftRow], json: &mut HashMap<String, FixedJson>) -> anyhow::Result<Vec<Arg>> {
     let mut args = Vec::with_capacity(rows.len() * WIDTH);
     for row in rows {
+        let fixed = match json.remove(&row.draft_id) {
+            Some(fixed) => fixed,
+            None => FixedJson::of(row)?,
+        };
         args.extend([
             Arg::Text(row.draft_id.clone()),
             Arg::Text(row.box_type.clone()),
@@ -288,15 +295,37 @@ fn row_args(rows: &[&DraftRow]) -> anyhow::Result<Vec<Arg>> {
             Arg::MaybeInt(row.decided_at.map(nanos)),
             Arg::MaybeText(row.decision_reason.clone()),
             Arg::MaybeText(row.box_id.clone()),
-            Arg::Text(serde_json::to_string(&row.over_limit)?),
-            Arg::Text(serde_json::to_string(&row.warnings)?),
-            Arg::Text(serde_json::to_string(&row.manifest)?),
-            Arg::MaybeText(row.change.as_ref().map(serde_json::to_string).transpose()?),
+            Arg::Text(fixed.over_limit),
+            Arg::Text(fixed.warnings),
+            Arg::Text(fixed.manifest),
+            Arg::MaybeText(fixed.change),
             Arg::Text(serde_json::to_string(&row.approvals)?),
             Arg::MaybeText(row.revision.as_ref().map(serde_json::to_string).transpose()?),
         ]);
     }
     Ok(args)
+}
+
+/// The JSON text of what a submission fixes for good (over-limit, warnings, manifest,
+/// change). A rebuild's decoder writes it for the page it decodes ([`DraftsView::page_decoder`]),
+/// beside the database's work on the page before, so the writer only binds it.
+#[derive(Debug)]
+struct FixedJson {
+    over_limit: String,
+    warnings: String,
+    manifest: String,
+    change: Option<String>,
+}
+
+impl FixedJson {
+    fn of(row: &DraftRow) -> anyhow::Result<FixedJson> {
+        Ok(FixedJson {
+            over_limit: serde_json::to_string(&row.over_limit)?,
+            warnings: serde_json::to_string(&row.warnings)?,
+            manifest: serde_json::to_string(&row.manifest)?,
+            change: row.change.as_ref().map(serde_json::to_string).transpose()?,
+        })
+    }
 }
 
 /// How [`save_all`] stores rows.
@@ -336,8 +365,9 @@ const IGNORED_BOX_EVENTS: &[&str] = &["BoxUserAssigned", "BoxUserUnassigned", "B
 
 /// What one event does to the view, decoded.
 enum Change {
-    /// A submission: the draft's row, unless it has one (a redelivery leaves it).
-    Submitted(DraftRow),
+    /// A submission: the draft's row, unless it has one (a redelivery leaves it), and the
+    /// JSON of what it fixes when a decoder wrote it already.
+    Submitted(DraftRow, Option<FixedJson>),
     /// A later event of draft `id`.
     Later { id: String, event: DraftEvent },
     /// The draft's Box became active.
@@ -368,7 +398,7 @@ impl Change {
         }
         let parsed: DraftEvent = event.decode()?;
         Ok(vec![match DraftRow::submitted(&parsed, event.position) {
-            Some(row) => Change::Submitted(row),
+            Some(row) => Change::Submitted(row, None),
             None => Change::Later { id: event.aggregate_id.to_owned(), event: parsed },
         }])
     }
@@ -376,7 +406,7 @@ impl Change {
     /// The draft it changes, if any.
     fn draft_id(&self) -> Option<&str> {
         match self {
-            Change::Submitted(row) => Some(&row.draft_id),
+            Change::Submitted(row, _) => Some(&row.draft_id),
             Change::Later { id, .. } => Some(id),
             Change::Activated { draft_id, .. } => Some(draft_id),
             Change::BoxType { .. } => None,
@@ -415,14 +445,14 @@ impl Projection for DraftsView {
         let mut rows = Vec::with_capacity(events.len());
         for change in changes(events.iter().map(StoredEvent::as_event))? {
             match change {
-                Change::Submitted(row) => rows.push(row),
+                Change::Submitted(row, _) => rows.push(row),
                 Change::Later { .. } | Change::Activated { .. } | Change::BoxType { .. } => return Ok(None),
             }
         }
         if rows.is_empty() || rows.len() > rows_per_statement(WIDTH) {
             return Ok(None);
         }
-        let args = row_args(&rows.iter().collect::<Vec<_>>())?;
+        let args = row_args(&rows.iter().collect::<Vec<_>>(), &mut HashMap::new())?;
         Ok(Some(BlindWrite { statement: insert_rows(first, rows.len(), Stored::Insert), args }))
     }
 
@@ -434,9 +464,18 @@ impl Projection for DraftsView {
         apply_changes(tx, changes(events.iter().map(StoredEvent::as_event))?).await
     }
 
-    /// A rebuild's page is decoded from the stored text into its changes.
+    /// A rebuild's page is decoded from the stored text into its changes, with the JSON of
+    /// what its submissions fix.
     fn page_decoder(&self) -> PageDecoder {
-        |events| Ok(DecodedPage::new(changes(events.iter().map(TextEvent::as_event))?))
+        |events| {
+            let mut changes = changes(events.iter().map(TextEvent::as_event))?;
+            for change in &mut changes {
+                if let Change::Submitted(row, json @ None) = change {
+                    *json = Some(FixedJson::of(row)?);
+                }
+            }
+            Ok(DecodedPage::new(changes))
+        }
     }
 
     async fn apply_page(&self, tx: &mut Transaction<'static, Any>, _: &[TextEvent], decoded: DecodedPage) -> anyhow::Result<()> {
@@ -458,17 +497,21 @@ fn changes<'a>(events: impl Iterator<Item = EventRef<'a>>) -> anyhow::Result<Vec
 /// inserted, and left as it is should the draft have one), so a batch of submissions is
 /// one statement.
 async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>) -> anyhow::Result<()> {
-    let submitted: BTreeSet<&str> = changes.iter().filter(|c| matches!(c, Change::Submitted(_))).filter_map(Change::draft_id).collect();
+    let submitted: BTreeSet<&str> = changes.iter().filter(|c| matches!(c, Change::Submitted(..))).filter_map(Change::draft_id).collect();
     let stored: Vec<&str> = changes.iter().filter_map(Change::draft_id).filter(|id| !submitted.contains(id)).collect::<BTreeSet<_>>().into_iter().collect();
     let mut rows = load_all(tx, &stored).await?;
     let (mut new, mut changed) = (BTreeSet::new(), BTreeSet::new());
+    let mut json = HashMap::new();
     // Each box_type's Box as the batch leaves it.
     let mut box_types = BTreeMap::new();
     for change in changes {
         match change {
-            Change::Submitted(row) => {
+            Change::Submitted(row, fixed) => {
                 if !rows.contains_key(&row.draft_id) {
                     new.insert(row.draft_id.clone());
+                    if let Some(fixed) = fixed {
+                        json.insert(row.draft_id.clone(), fixed);
+                    }
                     rows.insert(row.draft_id.clone(), row);
                 }
             }
@@ -493,8 +536,8 @@ async fn apply_changes(tx: &mut Transaction<'static, Any>, changes: Vec<Change>)
     // A draft submitted in this batch is inserted as it ends up; only stored rows are updated.
     changed.retain(|id| !new.contains(id));
     let pick = |ids: &BTreeSet<String>| ids.iter().filter_map(|id| rows.get(id)).collect::<Vec<&DraftRow>>();
-    save_all(tx, &pick(&new), Stored::Insert).await?;
-    save_all(tx, &pick(&changed), Stored::Update).await
+    save_all(tx, &pick(&new), Stored::Insert, &mut json).await?;
+    save_all(tx, &pick(&changed), Stored::Update, &mut json).await
 }
 
 /// Stores each box_type's Box as a batch leaves it (`None`: its Box was archived), a few
@@ -506,6 +549,7 @@ async fn save_box_types(tx: &mut Transaction<'static, Any>, box_types: BTreeMap<
             "INSERT INTO drafts_box_types (box_type, box_id) VALUES {} ON CONFLICT (box_type) DO UPDATE SET box_id = excluded.box_id",
             values_list_from(1, chunk.len(), 2)
         );
+        let sql = for_connection(tx, sql);
         let args: Vec<Arg> = chunk.iter().flat_map(|(box_type, box_id)| [Arg::Text(box_type.clone()), Arg::MaybeText(box_id.clone())]).collect();
         bind_all(sqlx::query(&sql), &args).execute(&mut **tx).await?;
     }

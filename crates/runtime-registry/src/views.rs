@@ -10,7 +10,7 @@ use atasira_domain::BoxManifest;
 use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxEvent, BoxRole, BoxState};
 use atasira_domain::aggregates::types;
-use atasira_platform::projection::{DecodedPage, PageDecoder, Projection, placeholders, rows_per_statement, values_list};
+use atasira_platform::projection::{DecodedPage, PageDecoder, Projection, for_connection, placeholders, rows_per_statement, values_list};
 use atasira_platform::store::{Db, EventRef, StoredEvent, TextEvent};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -183,6 +183,7 @@ async fn save_all(tx: &mut Transaction<'static, Any>, rows: &[&BoxRow]) -> anyho
                approved_by = excluded.approved_by, assignments_json = excluded.assignments_json, provisioning_json = excluded.provisioning_json",
             values_list(chunk.len(), 10)
         );
+        let sql = for_connection(tx, sql);
         let mut query = sqlx::query(&sql);
         for row in chunk {
             let state = serde_json::to_value(row.state)?.as_str().unwrap_or_default().to_owned();

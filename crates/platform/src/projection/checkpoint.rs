@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use sqlx::{Any, Row, Transaction};
 
 use super::Projection;
-use super::sql::{Arg, bind_all, rows_per_statement, upsert_cursor};
+use super::sql::{Arg, bind_all, for_sqlite, rows_per_statement, upsert_cursor};
 use crate::store::{Cursor, Db, DbKind, StoredEvent};
 
 /// A statement of [`Projection::blind_write`] and its arguments, in order.
@@ -45,6 +45,7 @@ async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &d
             let Some(write) = projection.blind_write(events, 1).with_context(context)? else { return Ok(false) };
             let k = write.args.len() + 1;
             let sql = format!("{};\n{}", write.statement, upsert_cursor(&format!("VALUES (${k}, ${}, ${})", k + 1, k + 2)));
+            let sql = for_sqlite(sql);
             let args: Vec<Arg> = write.args.into_iter().chain(cursor).collect();
             let turn = db.write_turn().await;
             bind_all(sqlx::query(&sql), &args).execute(db.any()).await.with_context(context)?;
