@@ -53,7 +53,8 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 /// Every setting is a flag or the ATASIRA_* environment variable shown next to it in the
 /// command's --help. Logs go to stderr; RUST_LOG filters them (default: info).
 /// The allocator: mimalloc instead of the C library's (ADR 0012: a command allocates many
-/// small, short-lived buffers on several threads).
+/// small, short-lived buffers on several threads), for the C code linked in as well
+/// (`override`: SQLite's allocations).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
