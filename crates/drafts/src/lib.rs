@@ -211,7 +211,9 @@ impl Service {
         // R-DRAFT-11: with an Idempotency-Key, every run of the request names the same draft.
         let keyed = !env.idempotency_key.is_empty();
         let draft_id = if keyed { draft_id_for(&principal.user_id, &env.idempotency_key) } else { uuid::Uuid::new_v4().to_string() };
-        let digest = plan.manifest.digest();
+        // A re-run of a keyed request is recognised by its manifest's digest; an unkeyed one
+        // never needs it.
+        let digest = keyed.then(|| plan.manifest.digest());
         let reply = v1::SubmitDraftReply {
             draft_id: draft_id.clone(),
             box_type: plan.manifest.box_type.to_string(),
@@ -227,8 +229,10 @@ impl Service {
                 Self::written(committed, &reply)
             }
             // The stream exists: an earlier run of this request made it.
-            Err(refusal) if keyed && refusal.code == ErrorCode::Conflict => self.submitted_before(&principal, &draft_id, &digest).await,
-            Err(refusal) => Err(refusal),
+            Err(refusal) => match digest {
+                Some(digest) if refusal.code == ErrorCode::Conflict => self.submitted_before(&principal, &draft_id, &digest).await,
+                _ => Err(refusal),
+            },
         }
     }
 
