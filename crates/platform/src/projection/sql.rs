@@ -45,7 +45,7 @@ pub fn for_connection(conn: &sqlx::AnyConnection, sql: String) -> String {
     if conn.backend_name() != <sqlx::Sqlite as sqlx::Database>::NAME {
         return sql;
     }
-    anonymous(&sql).unwrap_or(sql)
+    for_sqlite(sql)
 }
 
 /// [`for_connection`] for a statement run on SQLite.

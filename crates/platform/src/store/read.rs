@@ -290,9 +290,7 @@ impl Db {
                 types_clause_on("+aggregate_type", aggregate_types)
             ),
             DbKind::Postgres => {
-                let columns = PG_EVENT_COLUMNS
-                    .replace("CAST(payload AS TEXT) AS payload", &format!("{} AS payload", unless_skipped("CAST(payload AS TEXT)", skipped)))
-                    .replace("CAST(metadata AS TEXT) AS metadata", &format!("{} AS metadata", unless_skipped("CAST(metadata AS TEXT)", skipped)));
+                let columns = pg_event_columns(&unless_skipped(PG_PAYLOAD, skipped), &unless_skipped(PG_METADATA, skipped));
                 pg_after(&columns, aggregate_types)
             }
         }
@@ -432,9 +430,18 @@ fn sqlite_after(types: &str) -> String {
 }
 
 /// The columns of a stored event as [`row_to_event`] and [`text_event`] read them, from
-/// PostgreSQL (payload and metadata as text, `tx_id` as a number).
-const PG_EVENT_COLUMNS: &str = "aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, CAST(payload AS TEXT) AS payload,
-     CAST(metadata AS TEXT) AS metadata, recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT) AS tx_id";
+/// PostgreSQL (`tx_id` as a number), payload and metadata given as text expressions
+/// ([`PG_PAYLOAD`], [`PG_METADATA`], or those blanked for skipped types).
+fn pg_event_columns(payload: &str, metadata: &str) -> String {
+    format!(
+        "aggregate_type, aggregate_id, sequence, global_position, event_type, event_version, {payload} AS payload,
+     {metadata} AS metadata, recorded_at_ms, CAST(CAST(tx_id AS TEXT) AS BIGINT) AS tx_id"
+    )
+}
+
+/// A stored event's payload and metadata as text, on PostgreSQL.
+const PG_PAYLOAD: &str = "CAST(payload AS TEXT)";
+const PG_METADATA: &str = "CAST(metadata AS TEXT)";
 
 /// ` AND aggregate_type = '<type>'` for each of `aggregate_types`, once each (none when
 /// empty): the branches of a per-type read.
@@ -449,7 +456,7 @@ fn each_type(aggregate_types: &[&str]) -> Vec<String> {
 /// committed events of these types are held back by an older transaction still in flight
 /// (the same snapshot).
 pub fn pg_read_statement(aggregate_types: &[&str]) -> String {
-    let events = pg_after(PG_EVENT_COLUMNS, aggregate_types);
+    let events = pg_after(&pg_event_columns(PG_PAYLOAD, PG_METADATA), aggregate_types);
     let held = pg_held(aggregate_types);
     format!(
         "SELECT e.aggregate_type, e.aggregate_id, e.sequence, e.global_position, e.event_type, e.event_version, e.payload, e.metadata,
