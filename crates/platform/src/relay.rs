@@ -28,6 +28,13 @@ pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
 /// The safety-net poll when the appended bell stays silent.
 const FALLBACK: Duration = Duration::from_secs(2);
 
+/// How long the relay lets commits gather after the appended bell woke it from idle, so that
+/// one pass (one read, acknowledgements awaited together) carries them: on a steady trickle
+/// of commands, a pass per command would compete with the next command for the machine
+/// (measured with `atasira bench drafts`, ADR 7). Subscribers outside atasira see an event
+/// at most this much later; nothing inside reads JetStream on a command's path.
+const LINGER: Duration = Duration::from_millis(10);
+
 /// How long the relay's stored checkpoint may stay behind what JetStream acknowledged:
 /// after a crash or a take-over, at most this much is published again, which JetStream
 /// drops as repeats (its window is minutes). Under load the checkpoint is written a few
@@ -190,6 +197,10 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
     let subject = atasira_contracts::subjects::events(service);
     let max_payload = js.client().max_payload();
     let mut dead = Vec::new();
+    // Published one after another, then acknowledged: JetStream stores them in order, and a
+    // failed acknowledgement fails the pass (the next pass publishes again from the cursor,
+    // and JetStream drops the repeats).
+    let mut acks = Vec::with_capacity(batch.events.len());
     for event in &batch.events {
         let bytes = crate::feed::encode_notification(event);
         let mut headers = async_nats::HeaderMap::new();
@@ -212,7 +223,9 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
             dead.push((event, reason));
             continue;
         }
-        let ack = js.publish_with_headers(subject.clone(), headers, bytes.into()).await.map_err(|e| anyhow::anyhow!("publish failed: {e}"))?;
+        acks.push(js.publish_with_headers(subject.clone(), headers, bytes.into()).await.map_err(|e| anyhow::anyhow!("publish failed: {e}"))?);
+    }
+    for ack in acks {
         ack.await.map_err(|e| anyhow::anyhow!("JetStream did not acknowledge: {e}"))?;
     }
     let mut cursor = from;
@@ -318,6 +331,12 @@ async fn relay(
                 save_due(&db, &name, &mut unsaved, true).await;
                 drained = Some(seen);
                 continue;
+            }
+            if !timed_out {
+                tokio::select! {
+                    () = tokio::time::sleep(LINGER) => {}
+                    _ = shutdown.changed() => {}
+                }
             }
         }
         // Marked seen before reading: a commit after this point rings again.
