@@ -125,14 +125,19 @@ pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::R
 
 /// Appends the rows of a batch of events (in their order), skipping the ones that are not
 /// auditable or already have a row, and advances the writer's checkpoint, under the
-/// writer's turn: the head is read once and the chain sealed in memory. PostgreSQL writes
-/// it all in one transaction, SQLite in one write after one read ([`append_alone`]).
-/// Returns how many rows were appended.
+/// writer's turn: the head is read once and the chain sealed in memory. Both databases
+/// write a batch in one write after one read ([`append_alone`], [`append_optimistic`]);
+/// a batch too large for that, in one transaction. Returns how many rows were appended.
 pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
+    let one_statement = events.len() <= rows_per_statement(1);
     let appended = match db.kind() {
-        DbKind::Sqlite if events.len() <= rows_per_statement(1) => append_alone(db, keys, events).await?,
+        DbKind::Sqlite if one_statement => append_alone(db, keys, events).await?,
+        DbKind::Postgres if one_statement => match append_optimistic(db, keys, events).await? {
+            Some(appended) => appended,
+            None => append_in_transaction(db, keys, events).await?,
+        },
         _ => append_in_transaction(db, keys, events).await?,
     };
     drop(turn);
@@ -218,6 +223,66 @@ async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyh
     Ok(rows.len())
 }
 
+/// How often [`append_optimistic`] reads again after another writer appended first.
+const RACES: usize = 4;
+
+/// PostgreSQL: one read (the ledger's head, the rows the events have already), then one
+/// statement that appends the sealed rows with the writer's cursor and processed set (its
+/// own transaction, committed asynchronously like every consumer's), instead of a
+/// transaction of five round trips. Two writers that read the same head (two processes
+/// that both believe they hold the writer's lease) cannot fork the chain: the second's
+/// rows take `seq`s and event ids the first took, so its statement fails whole and it
+/// reads again. `None` when it lost [`RACES`] times in a row: the caller then writes in a
+/// transaction, which waits for the others.
+async fn append_optimistic(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<Option<usize>> {
+    use atasira_platform::projection::{advance_and_mark, bind_all};
+    let candidates = auditable(events.iter());
+    for _ in 0..RACES {
+        let (head, have) = if candidates.is_empty() { (None, Default::default()) } else { head_and_rows_of(db.any(), &candidates, true).await? };
+        let (seq, prev_mac) = head.unwrap_or_default();
+        let rows = seal(keys, candidates.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
+        let (with, mut args) = advance_and_mark(NAME, events);
+        let write = match rows.len() {
+            0 => "SELECT 1".to_owned(),
+            n => format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list_from(args.len() + 1, n, 10)),
+        };
+        args.extend(rows.iter().flat_map(row_args));
+        match bind_all(sqlx::query(&format!("{with} {write}")), &args).execute(db.any()).await {
+            Ok(_) => return Ok(Some(rows.len())),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => tracing::debug!("another ledger writer appended first; reading the head again"),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+/// The ledger's head (`with_head`; `None` while the ledger is empty) and which of `events`
+/// (at most [`rows_per_statement`]`(1)`) have a row already, in one look-up.
+async fn head_and_rows_of<'e>(
+    executor: impl sqlx::Executor<'e, Database = Any>,
+    events: &[(&StoredEvent, &'static str)],
+    with_head: bool,
+) -> anyhow::Result<(Option<(i64, String)>, std::collections::HashSet<String>)> {
+    use atasira_platform::projection::placeholders;
+    let head =
+        if with_head { "SELECT * FROM (SELECT seq, mac, NULL AS event_id FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1) AS head UNION ALL " } else { "" };
+    let sql = format!("{head}SELECT NULL, NULL, event_id FROM audit_ledger_rows WHERE event_id IN ({})", placeholders(events.len()));
+    let mut query = sqlx::query(&sql);
+    for (event, _) in events {
+        query = query.bind(&event.event_id);
+    }
+    let (mut top, mut have) = (None, std::collections::HashSet::new());
+    for row in query.fetch_all(executor).await? {
+        match row.try_get::<Option<String>, _>(2)? {
+            Some(event_id) => {
+                have.insert(event_id);
+            }
+            None => top = Some((row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?)),
+        }
+    }
+    Ok((top, have))
+}
+
 /// What a row's insert binds, in [`COLUMNS`] order.
 fn row_args(row: &LedgerRow) -> [atasira_platform::projection::Arg; 10] {
     use atasira_platform::projection::Arg;
@@ -268,31 +333,20 @@ fn seal<'a>(
 /// Seals and inserts the rows of `events` after the ledger's head, skipping events that
 /// already have a row.
 async fn append_rows(tx: &mut Transaction<'static, Any>, keys: &AuditKeys, events: &[(&StoredEvent, &'static str)]) -> anyhow::Result<usize> {
-    use atasira_platform::projection::{Arg, bind_all, placeholders, values_list};
+    use atasira_platform::projection::{Arg, bind_all, values_list};
     if events.is_empty() {
         return Ok(0);
     }
     // The ledger's head comes with the first look-up of rows the events may have already
-    // (one round trip for a batch of up to 200 events).
-    let (mut seq, mut prev_mac) = (0, String::new());
+    // (one round trip per `rows_per_statement(1)` events).
+    let mut head = None;
     let mut have = std::collections::HashSet::new();
     for (i, chunk) in events.chunks(rows_per_statement(1)).enumerate() {
-        let head =
-            if i == 0 { "SELECT * FROM (SELECT seq, mac, NULL AS event_id FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1) AS head UNION ALL " } else { "" };
-        let sql = format!("{head}SELECT NULL, NULL, event_id FROM audit_ledger_rows WHERE event_id IN ({})", placeholders(chunk.len()));
-        let mut query = sqlx::query(&sql);
-        for (event, _) in chunk {
-            query = query.bind(&event.event_id);
-        }
-        for row in query.fetch_all(&mut **tx).await? {
-            match row.try_get::<Option<String>, _>(2)? {
-                Some(event_id) => {
-                    have.insert(event_id);
-                }
-                None => (seq, prev_mac) = (row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?),
-            }
-        }
+        let (top, rows) = head_and_rows_of(&mut **tx, chunk, i == 0).await?;
+        head = head.or(top);
+        have.extend(rows);
     }
+    let (seq, prev_mac) = head.unwrap_or_default();
     let rows = seal(keys, events.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
     for chunk in rows.chunks(rows_per_statement(10)) {
         let sql = for_connection(tx, format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list(chunk.len(), 10)));

@@ -23,22 +23,15 @@ pub struct BlindWrite {
 async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &dyn Projection) -> anyhow::Result<bool> {
     let Some(last) = events.last() else { return Ok(false) };
     let context = || format!("{name} cannot apply the events up to {}", last.event_id);
-    let cursor = [Arg::Text(name.to_owned()), Arg::Int(last.tx_id), Arg::Int(last.position)];
     match db.kind() {
         DbKind::Postgres => {
             if events.len() > rows_per_statement(1) {
                 return Ok(false);
             }
             let Some(write) = projection.blind_write(events, 4 + events.len()).with_context(context)? else { return Ok(false) };
-            let marks = (0..events.len()).map(|i| format!("($1, ${})", i + 4)).collect::<Vec<_>>().join(", ");
-            let sql = format!(
-                "WITH advanced AS ({}),
-                 marked AS (INSERT INTO projection_processed (name, event_id) VALUES {marks} ON CONFLICT DO NOTHING)
-                 {}",
-                upsert_cursor(&format!("SELECT $1, $2, $3 FROM {}", crate::store::ASYNC_COMMIT)),
-                write.statement
-            );
-            let args: Vec<Arg> = cursor.into_iter().chain(events.iter().map(|e| Arg::Text(e.event_id.clone()))).chain(write.args).collect();
+            let (with, args) = advance_and_mark(name, events);
+            let sql = format!("{with} {}", write.statement);
+            let args: Vec<Arg> = args.into_iter().chain(write.args).collect();
             bind_all(sqlx::query(&sql), &args).execute(db.any()).await.with_context(context)?;
         }
         DbKind::Sqlite => {
@@ -46,6 +39,7 @@ async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &d
             let k = write.args.len() + 1;
             let sql = format!("{};\n{}", write.statement, upsert_cursor(&format!("VALUES (${k}, ${}, ${})", k + 1, k + 2)));
             let sql = for_sqlite(sql);
+            let cursor = [Arg::Text(name.to_owned()), Arg::Int(last.tx_id), Arg::Int(last.position)];
             let args: Vec<Arg> = write.args.into_iter().chain(cursor).collect();
             let turn = db.write_turn().await;
             bind_all(sqlx::query(&sql), &args).execute(db.any()).await.with_context(context)?;
@@ -54,6 +48,24 @@ async fn write_blind(db: &Db, name: &str, events: &[StoredEvent], projection: &d
     }
     db.progressed_to(name, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
     Ok(true)
+}
+
+/// PostgreSQL: the `WITH` of a consumer's write of a batch in one statement (its own
+/// transaction, committed asynchronously like every consumer's): consumer `name`'s cursor
+/// moved to the last of `events` (never back) and their ids marked processed, with the
+/// arguments it binds (`$1` to `$3 + events`). The statement's own write follows it and
+/// binds from `$4 + events` on. Empty `events` are the caller's mistake.
+pub fn advance_and_mark(name: &str, events: &[StoredEvent]) -> (String, Vec<Arg>) {
+    let last = events.last().map_or(Cursor::START, StoredEvent::cursor);
+    let marks = (0..events.len()).map(|i| format!("($1, ${})", i + 4)).collect::<Vec<_>>().join(", ");
+    let with = format!(
+        "WITH advanced AS ({}),
+         marked AS (INSERT INTO projection_processed (name, event_id) VALUES {marks} ON CONFLICT DO NOTHING)",
+        upsert_cursor(&format!("SELECT $1, $2, $3 FROM {}", crate::store::ASYNC_COMMIT)),
+    );
+    let args =
+        [Arg::Text(name.to_owned()), Arg::Int(last.tx_id), Arg::Int(last.position)].into_iter().chain(events.iter().map(|e| Arg::Text(e.event_id.clone())));
+    (with, args.collect())
 }
 
 /// The stored checkpoint's position (0 before the first event). Positions are commit

@@ -17,7 +17,7 @@ use crate::store::{Db, StoredEvent, TextEvent};
 
 use checkpoint::record;
 
-pub use checkpoint::{BlindWrite, apply_one, checkpoint, cursor, mark_and_advance, mark_batch_processed, mark_processed, processed};
+pub use checkpoint::{BlindWrite, advance_and_mark, apply_one, checkpoint, cursor, mark_and_advance, mark_batch_processed, mark_processed, processed};
 pub use consume::{consume_batches, consume_selected};
 pub use rebuild::{REBUILD_PAGE, rebuild, rebuild_in_pages};
 pub use sql::{Arg, advance_statement, bind_all, for_connection, for_sqlite, placeholders, rows_per_statement, values_list, values_list_from};
