@@ -16,16 +16,31 @@ pub(super) struct Bells {
     /// appended bell by notification; a local ring after a commit would only wake readers
     /// a second time for the same events.
     listening: std::sync::atomic::AtomicBool,
+    /// PostgreSQL: the pool to `LISTEN` from, until the first reader of the appended bell
+    /// starts the listener (a process nobody in which reads the bell, such as a gateway
+    /// without live streams, is not woken by every commit of the cluster).
+    listen_from: std::sync::Mutex<Option<PgPool>>,
     progressed: watch::Sender<u64>,
 }
 
 impl Default for Bells {
     fn default() -> Bells {
-        Bells { appended: watch::channel(Appended::default()).0, listening: std::sync::atomic::AtomicBool::new(false), progressed: watch::channel(0).0 }
+        Bells {
+            appended: watch::channel(Appended::default()).0,
+            listening: std::sync::atomic::AtomicBool::new(false),
+            listen_from: std::sync::Mutex::new(None),
+            progressed: watch::channel(0).0,
+        }
     }
 }
 
 impl Bells {
+    /// PostgreSQL: the appended bell listens for the database's notifications from `pool`
+    /// once someone reads it.
+    pub(super) fn listen_later(&self, pool: PgPool) {
+        *self.listen_from.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pool);
+    }
+
     /// Rings the appended bell after a commit of this process, unless the database's
     /// notification will.
     pub(super) fn committed(&self, ring: impl FnOnce(&mut Appended)) {
@@ -76,7 +91,13 @@ impl Db {
     /// The appended bell: changes after events were committed; [`Appended::of`] says
     /// whether of the types a reader reads.
     pub fn on_append(&self) -> watch::Receiver<Appended> {
-        self.bells.appended.subscribe()
+        let receiver = self.bells.appended.subscribe();
+        // The first reader starts the listener; it rings every reader once it listens, for
+        // what was committed elsewhere before.
+        if let Some(pool) = self.bells.listen_from.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            tokio::spawn(listen_for_appends(pool, std::sync::Arc::downgrade(&self.bells)));
+        }
+        receiver
     }
 
     /// Rings the progress bell: a consumer of this process committed its checkpoint.

@@ -103,7 +103,7 @@ impl Db {
                 .await
                 .context("failed to open the Any pool")?;
             let bells = Arc::new(bells::Bells::default());
-            tokio::spawn(bells::listen_for_appends(pool.clone(), Arc::downgrade(&bells)));
+            bells.listen_later(pool.clone());
             Db::new(Typed::Postgres(pool), any, bells)
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
