@@ -237,11 +237,13 @@ const RACES: usize = 4;
 async fn append_optimistic(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<Option<usize>> {
     use atasira_platform::projection::{advance_and_mark, bind_all};
     let candidates = auditable(events.iter());
+    // The cursor and the processed set are the same on every attempt.
+    let (with, marks) = advance_and_mark(NAME, events);
     for _ in 0..RACES {
         let (head, have) = if candidates.is_empty() { (None, Default::default()) } else { head_and_rows_of(db.any(), &candidates, true).await? };
         let (seq, prev_mac) = head.unwrap_or_default();
         let rows = seal(keys, candidates.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
-        let (with, mut args) = advance_and_mark(NAME, events);
+        let mut args = marks.clone();
         let write = match rows.len() {
             0 => "SELECT 1".to_owned(),
             n => format!("INSERT INTO audit_ledger_rows ({COLUMNS}) VALUES {}", values_list_from(args.len() + 1, n, 10)),

@@ -31,7 +31,7 @@ const FALLBACK: Duration = Duration::from_secs(2);
 /// How long the relay lets commits gather after the appended bell woke it from idle, so that
 /// one pass (one read, acknowledgements awaited together) carries them: on a steady trickle
 /// of commands, a pass per command would compete with the next command for the machine
-/// (measured with `atasira bench drafts`, ADR 7). Subscribers outside atasira see an event
+/// (measured with `atasira bench drafts`, ADR 9). Subscribers outside atasira see an event
 /// at most this much later; nothing inside reads JetStream on a command's path.
 const LINGER: Duration = Duration::from_millis(10);
 
