@@ -44,6 +44,10 @@ pub struct Feed {
     bell: watch::Receiver<Appended>,
     types: Vec<&'static str>,
     cursor: Cursor,
+    /// SQLite: the position up to which the feed has looked at every event, of any type (at
+    /// least its cursor's), so that it can take what follows from what this process
+    /// appended (`Db::read_recent`) instead of reading the store.
+    covered: i64,
     fallback: Duration,
     /// The pause before reading again while an older transaction holds events back.
     held_back: Pause,
@@ -97,7 +101,16 @@ impl FeedSource {
         if let Some(unknown) = aggregate_types.iter().find(|t| atasira_contracts::subjects::owner_of(t).is_none()) {
             anyhow::bail!("feed {name}: {unknown:?} is not an aggregate type");
         }
-        Ok(Feed { db: db.clone(), bell: db.on_append(), types: aggregate_types.to_vec(), cursor, fallback: self.fallback, held_back: HELD_BACK, drained: None })
+        Ok(Feed {
+            db: db.clone(),
+            bell: db.on_append(),
+            types: aggregate_types.to_vec(),
+            cursor,
+            covered: cursor.position,
+            fallback: self.fallback,
+            held_back: HELD_BACK,
+            drained: None,
+        })
     }
 }
 
@@ -105,14 +118,32 @@ impl Feed {
     /// The next batch, or an empty one after waiting for the bell (or the fallback). A
     /// read that leaves nothing behind (shorter than a batch, nothing held back) is not
     /// followed by another: the feed waits for the bell first.
+    ///
+    /// SQLite: what this process appended is taken from memory when that provably holds
+    /// every event after the feed's place; a feed woken by its safety-net poll (another
+    /// process may have appended) reads the store.
     pub async fn next(&mut self) -> anyhow::Result<Vec<Delivery>> {
+        let mut rung = true;
         if let Some(seen) = self.drained.take() {
             // Sleeps through appends of other types.
             let types = &self.types;
-            let _ = tokio::time::timeout(self.fallback, self.bell.wait_for(|a| a.of(types) != seen)).await;
+            rung = tokio::time::timeout(self.fallback, self.bell.wait_for(|a| a.of(types) != seen)).await.is_ok();
         }
         // Marked seen before reading: a commit after this point rings again.
         let seen = self.bell.borrow_and_update().of(&self.types);
+        if rung && let Some((events, covered)) = self.db.read_recent(self.covered, &self.types, BATCH) {
+            if (events.len() as i64) < BATCH {
+                self.drained = Some(seen);
+            }
+            self.covered = covered;
+            if let Some(last) = events.last() {
+                self.cursor = last.cursor();
+            }
+            return Ok(events.into_iter().map(|event| Delivery { event }).collect());
+        }
+        // Asked before the read: every event up to it is committed, so a read that leaves
+        // nothing behind has looked at them all.
+        let recorded = self.db.recent_last();
         let batch = self.db.read(self.cursor, &self.types, BATCH).await?;
         if batch.held_back {
             if batch.events.is_empty() {
@@ -122,10 +153,12 @@ impl Feed {
             self.held_back.reset();
             if (batch.events.len() as i64) < BATCH {
                 self.drained = Some(seen);
+                self.covered = self.covered.max(recorded.unwrap_or(i64::MIN));
             }
         }
         if let Some(last) = batch.events.last() {
             self.cursor = last.cursor();
+            self.covered = self.covered.max(last.position);
         }
         Ok(batch.events.into_iter().map(|event| Delivery { event }).collect())
     }
@@ -170,5 +203,65 @@ mod tests {
         let Err(refused) = feeds.open(db, "typo", &["draft", "drafts"], Cursor::START).await else { panic!("a feed of \"drafts\" was opened") };
         assert!(refused.to_string().contains("\"drafts\" is not an aggregate type"), "{refused}");
         assert!(feeds.open(db, "fine", &["draft", "box"], Cursor::START).await.is_ok());
+    }
+
+    use crate::store::testing::submit;
+    use atasira_domain::aggregates::draft::Draft;
+    use std::collections::HashMap;
+
+    /// Every event `feed` delivers until it has `count` (within 10 s).
+    async fn take(feed: &mut Feed, count: usize) -> Vec<StoredEvent> {
+        let mut got = Vec::new();
+        let all = async {
+            while got.len() < count {
+                got.extend(feed.next().await.expect("read").into_iter().map(|d| d.event));
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), all).await.expect("the feed delivers them");
+        got
+    }
+
+    #[tokio::test]
+    async fn r_arch_6_a_feed_gets_this_process_appends_from_memory_as_a_read_gives_them() {
+        // given a feed of drafts, and drafts appended by this process (grouped and direct)
+        let store = crate::store::testing::TempDb::new().await;
+        let db = &store.db;
+        let mut feed = FeedSource::default().open(db, "view", &["draft"], Cursor::START).await.expect("open");
+        for id in ["a", "b"] {
+            db.cqrs::<Draft>().execute_new(id, submit(id), HashMap::new()).await.expect("grouped append");
+        }
+        db.cqrs::<Draft>()
+            .execute("c", submit("c"), HashMap::from([("k".to_owned(), "v".to_owned())]), crate::store::Retry::ONCE)
+            .await
+            .expect("direct append");
+        // when the feed takes them
+        assert!(db.read_recent(0, &["draft"], 10).is_some(), "what this process appended is at hand");
+        let delivered = take(&mut feed, 3).await;
+        // then they are the events a read of the store gives, field for field
+        assert_eq!(delivered, db.read(Cursor::START, &["draft"], 10).await.expect("read").events);
+        assert!(delivered.iter().all(|e| e.recorded_at_ms > 0), "the store's times, not placeholders");
+    }
+
+    #[tokio::test]
+    async fn r_arch_6_events_another_process_appends_reach_the_feed_in_order_and_none_is_skipped() {
+        // given a feed in this process, and another process on the same store
+        let store = crate::store::testing::TempDb::new().await;
+        let db = &store.db;
+        let other = Db::connect(&Db::sqlite_url(&store.dir)).await.expect("another process");
+        let feeds = FeedSource { fallback: Duration::from_millis(50) };
+        let mut feed = feeds.open(db, "view", &["draft"], Cursor::START).await.expect("open");
+        // when both append in turns, this process first and last
+        db.cqrs::<Draft>().execute_new("mine-1", submit("mine-1"), HashMap::new()).await.expect("append");
+        assert_eq!(take(&mut feed, 1).await[0].aggregate_id, "mine-1");
+        other.cqrs::<Draft>().execute_new("theirs-1", submit("theirs-1"), HashMap::new()).await.expect("append");
+        db.cqrs::<Draft>().execute_new("mine-2", submit("mine-2"), HashMap::new()).await.expect("append");
+        // then the feed gets the other process's event before this process's next one
+        let ids: Vec<String> = take(&mut feed, 2).await.into_iter().map(|e| e.aggregate_id).collect();
+        assert_eq!(ids, ["theirs-1", "mine-2"]);
+        // and an event of the other process that nothing of this process follows arrives too
+        other.cqrs::<Draft>().execute_new("theirs-2", submit("theirs-2"), HashMap::new()).await.expect("append");
+        assert_eq!(take(&mut feed, 1).await[0].aggregate_id, "theirs-2");
+        let all = db.read(Cursor::START, &["draft"], 10).await.expect("read").events;
+        assert_eq!(all.len(), 4);
     }
 }

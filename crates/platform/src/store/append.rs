@@ -18,6 +18,7 @@ use atasira_domain::{ErrorCode, Refusing};
 use cqrs_es::Aggregate;
 use sqlx::{Row, SqlitePool};
 
+use super::recent::Recent;
 use super::{ASYNC_COMMIT, Db, DbKind, StoredEvent, Typed};
 use crate::refusal::Refusal;
 
@@ -211,13 +212,21 @@ where
         };
         let stored = match (appender, &self.db.typed) {
             (Appender::Grouped(appends), _) => {
+                let events = rows.parse().map_err(|e| Failure::Store(e.into()))?;
                 let (reply, answer) = tokio::sync::oneshot::channel();
-                if appends.send(AppendJob { rows, reply }).is_err() {
+                if appends.send(AppendJob { rows, events, reply }).is_err() {
                     return Err(Failure::Store(anyhow::anyhow!("the store's appender has stopped")));
                 }
                 answer.await.unwrap_or_else(|_| Err(sqlx::Error::PoolClosed))
             }
-            (Appender::Direct { .. }, Typed::Sqlite(pool)) => insert_rows!(pool, false, &[&rows]).map(positions),
+            // The writer's turn is held (`attempt`): recorded before the next append.
+            (Appender::Direct { .. }, Typed::Sqlite(pool)) => {
+                let events = rows.parse().map_err(|e| Failure::Store(e.into()))?;
+                insert_rows!(pool, false, &[&rows]).map(|stored| {
+                    self.db.writer.recent.committed(placed(events, &stored));
+                    positions(&stored)
+                })
+            }
             // The request's principal assertion is admitted for the cluster in the same
             // statement: a replayed command stores nothing (`admission`).
             (Appender::Direct { .. }, Typed::Postgres(pool)) => match crate::admission::pending() {
@@ -229,9 +238,9 @@ where
                             return Err(Failure::Replayed);
                         }
                     }
-                    stored.map(positions)
+                    stored.map(|stored| positions(&stored))
                 }
-                None => insert_rows!(pool, true, &[&rows]).map(positions),
+                None => insert_rows!(pool, true, &[&rows]).map(|stored| positions(&stored)),
             },
         };
         let mut committed = stored.map_err(|e| match &e {
@@ -263,6 +272,8 @@ pub(super) struct Writer {
     appends: Option<tokio::sync::mpsc::UnboundedSender<AppendJob>>,
     /// What the group appender wrote so far.
     grouped: Arc<Grouped>,
+    /// SQLite: the events this process appended lately, for its feeds.
+    pub(super) recent: Arc<Recent>,
 }
 
 impl Writer {
@@ -271,12 +282,13 @@ impl Writer {
     pub(super) fn new(sqlite: Option<SqlitePool>) -> Arc<Writer> {
         let turn = sqlite.as_ref().map(|_| Arc::new(tokio::sync::Mutex::new(())));
         let grouped = Arc::new(Grouped::default());
+        let recent = Arc::new(Recent::default());
         let appends = sqlite.zip(turn.clone()).map(|(pool, turn)| {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            tokio::spawn(append_in_groups(pool, turn, rx, grouped.clone()));
+            tokio::spawn(append_in_groups(pool, turn, rx, grouped.clone(), recent.clone()));
             tx
         });
-        Arc::new(Writer { turn, appends, grouped })
+        Arc::new(Writer { turn, appends, grouped, recent })
     }
 
     async fn turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
@@ -315,6 +327,43 @@ impl AppendRows {
         }
         Ok(Some(AppendRows { aggregate_type: A::TYPE, aggregate_id: aggregate_id.to_owned(), metadata: serde_json::to_string(metadata)?, rows }))
     }
+
+    /// The events as a feed reads them back: payload and metadata parsed from the very text
+    /// stored; positions and times are the store's, filled in by [`placed`].
+    fn parse(&self) -> serde_json::Result<Vec<StoredEvent>> {
+        let metadata: serde_json::Value = serde_json::from_str(&self.metadata)?;
+        let mut events = Vec::with_capacity(self.rows.len());
+        for (sequence, event_type, event_version, payload) in &self.rows {
+            events.push(StoredEvent {
+                event_id: StoredEvent::event_id_of(self.aggregate_type, &self.aggregate_id, *sequence),
+                aggregate_type: self.aggregate_type.to_owned(),
+                aggregate_id: self.aggregate_id.clone(),
+                sequence: *sequence,
+                position: 0,
+                tx_id: 0,
+                event_type: event_type.clone(),
+                event_version: event_version.clone(),
+                payload: serde_json::from_str(payload)?,
+                metadata: metadata.clone(),
+                recorded_at_ms: 0,
+            });
+        }
+        Ok(events)
+    }
+}
+
+/// `events` (of one stream, from [`AppendRows::parse`]) with the position and time the
+/// store gave each (`stored`: rows of this statement, of any stream).
+fn placed(mut events: Vec<StoredEvent>, stored: &[StoredRow]) -> Vec<StoredEvent> {
+    for event in &mut events {
+        if let Some(row) =
+            stored.iter().find(|r| r.sequence == event.sequence && r.aggregate_id == event.aggregate_id && r.aggregate_type == event.aggregate_type)
+        {
+            event.position = row.position;
+            event.recorded_at_ms = row.recorded_at_ms;
+        }
+    }
+    events
 }
 
 /// The statement that appends `rows` rows in one go (a statement outside a transaction
@@ -327,7 +376,7 @@ fn insert_statement(rows: usize, json: bool) -> String {
     let position = if json { "global_position" } else { "rowid" };
     format!(
         "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {}
-         RETURNING aggregate_type, aggregate_id, sequence, {position}",
+         RETURNING aggregate_type, aggregate_id, sequence, {position}, recorded_at_ms",
         insert_values(rows, json)
     )
 }
@@ -352,7 +401,7 @@ fn admitted_insert_statement(rows: usize) -> String {
          INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
          SELECT v.* FROM (VALUES {}) AS v (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
          WHERE EXISTS (SELECT 1 FROM admitted)
-         RETURNING aggregate_type, aggregate_id, sequence, global_position",
+         RETURNING aggregate_type, aggregate_id, sequence, global_position, recorded_at_ms",
         tag + 1,
         insert_values(rows, true)
     )
@@ -391,22 +440,48 @@ macro_rules! insert_rows {
         query.fetch_all($pool).await.and_then(|stored| {
             stored
                 .iter()
-                .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?, r.try_get::<i64, _>(2)?, r.try_get::<i64, _>(3)?)))
+                .map(|r| {
+                    Ok(StoredRow {
+                        aggregate_type: r.try_get(0)?,
+                        aggregate_id: r.try_get(1)?,
+                        sequence: r.try_get(2)?,
+                        position: r.try_get(3)?,
+                        recorded_at_ms: r.try_get(4)?,
+                    })
+                })
                 .collect::<Result<Vec<_>, sqlx::Error>>()
         })
     }};
 }
 use insert_rows;
 
+/// One row [`insert_rows`] stored.
+#[derive(Clone)]
+struct StoredRow {
+    aggregate_type: String,
+    aggregate_id: String,
+    sequence: i64,
+    position: i64,
+    recorded_at_ms: i64,
+}
+
+impl StoredRow {
+    fn of(&self, rows: &AppendRows) -> bool {
+        self.aggregate_type == rows.aggregate_type && self.aggregate_id == rows.aggregate_id
+    }
+}
+
 /// The sequence and position of each row [`insert_rows`] stored for one stream.
-fn positions(stored: Vec<(String, String, i64, i64)>) -> Vec<(i64, i64)> {
-    stored.into_iter().map(|(_, _, sequence, position)| (sequence, position)).collect()
+fn positions(stored: &[StoredRow]) -> Vec<(i64, i64)> {
+    stored.iter().map(|r| (r.sequence, r.position)).collect()
 }
 
 /// A command's append handed to the group appender, and where its outcome goes: the
 /// sequence and position of each row.
 struct AppendJob {
     rows: AppendRows,
+    /// The same events, parsed ([`AppendRows::parse`]), recorded once stored.
+    events: Vec<StoredEvent>,
     reply: tokio::sync::oneshot::Sender<Result<Vec<(i64, i64)>, sqlx::Error>>,
 }
 
@@ -438,6 +513,7 @@ async fn append_in_groups(
     turn: Arc<tokio::sync::Mutex<()>>,
     mut jobs: tokio::sync::mpsc::UnboundedReceiver<AppendJob>,
     grouped: Arc<Grouped>,
+    recent: Arc<Recent>,
 ) {
     while let Some(first) = jobs.recv().await {
         let mut group = vec![first];
@@ -454,18 +530,29 @@ async fn append_in_groups(
         };
         match together {
             Some(stored) => {
-                drop(held);
-                grouped.wrote(1, group.len());
+                // Recorded in position order while the turn is held: no append between.
+                let mut events: Vec<StoredEvent> = Vec::new();
+                let mut replies = Vec::with_capacity(group.len());
                 for job in group {
-                    let r = &job.rows;
-                    let own = stored.iter().filter(|(t, id, _, _)| t == r.aggregate_type && *id == r.aggregate_id).map(|(_, _, s, p)| (*s, *p)).collect();
-                    let _ = job.reply.send(Ok(own));
+                    let own: Vec<StoredRow> = stored.iter().filter(|r| r.of(&job.rows)).map(StoredRow::clone).collect();
+                    events.extend(placed(job.events, &own));
+                    replies.push((job.reply, positions(&own)));
+                }
+                events.sort_unstable_by_key(|e| e.position);
+                recent.committed(events);
+                drop(held);
+                grouped.wrote(1, replies.len());
+                for (reply, own) in replies {
+                    let _ = reply.send(Ok(own));
                 }
             }
             None => {
                 grouped.wrote(group.len(), group.len());
                 for job in group {
-                    let stored = insert_rows!(&pool, false, &[&job.rows]).map(positions);
+                    let stored = insert_rows!(&pool, false, &[&job.rows]).map(|stored| {
+                        recent.committed(placed(job.events, &stored));
+                        positions(&stored)
+                    });
                     let _ = job.reply.send(stored);
                 }
                 drop(held);

@@ -17,6 +17,7 @@ pub mod append;
 pub mod bells;
 pub mod consumers;
 pub mod read;
+mod recent;
 pub mod schema;
 
 use std::path::Path;
@@ -208,7 +209,7 @@ pub(crate) mod testing {
     /// An embedded store in a fresh temporary directory, removed on drop.
     pub(crate) struct TempDb {
         pub(crate) db: Db,
-        dir: std::path::PathBuf,
+        pub(crate) dir: std::path::PathBuf,
     }
 
     impl TempDb {

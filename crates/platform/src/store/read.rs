@@ -255,6 +255,22 @@ impl Db {
         }
     }
 
+    /// SQLite: the events after position `covered` of `aggregate_types` (all when empty),
+    /// at most `limit`, from what this process appended lately, when that provably holds
+    /// every event after `covered` (see `recent.rs`); with the position up to which every
+    /// event was looked at. `None`: read the store.
+    pub fn read_recent(&self, covered: i64, aggregate_types: &[&str], limit: i64) -> Option<(Vec<StoredEvent>, i64)> {
+        let taken = self.writer.recent.after(covered, aggregate_types, usize::try_from(limit).unwrap_or(usize::MAX))?;
+        Some((taken.events, taken.covered))
+    }
+
+    /// SQLite: the greatest position this process appended and recorded for its feeds. A read
+    /// that starts after this is asked, and returns fewer events than it may, has looked at
+    /// every event up to it.
+    pub fn recent_last(&self) -> Option<i64> {
+        self.writer.recent.last()
+    }
+
     /// [`Db::read`] for a rebuild, which reads the whole store: the same events, read
     /// through the typed pool, payloads left as text ([`TextEvent`]); those of the
     /// `skipped` event types come without payload and metadata (empty text), for their
