@@ -18,7 +18,7 @@ use atasira_domain::{ErrorCode, Refusing};
 use cqrs_es::Aggregate;
 use sqlx::{Row, SqlitePool};
 
-use super::recent::Recent;
+use super::recent::{Recent, Recorded};
 use super::{ASYNC_COMMIT, Db, DbKind, StoredEvent, Typed};
 use crate::refusal::Refusal;
 
@@ -330,11 +330,11 @@ impl AppendRows {
 
     /// The events as a feed reads them back: payload and metadata parsed from the very text
     /// stored; positions and times are the store's, filled in by [`placed`].
-    fn parse(&self) -> serde_json::Result<Vec<StoredEvent>> {
+    fn parse(&self) -> serde_json::Result<Vec<Recorded>> {
         let metadata: serde_json::Value = serde_json::from_str(&self.metadata)?;
         let mut events = Vec::with_capacity(self.rows.len());
         for (sequence, event_type, event_version, payload) in &self.rows {
-            events.push(StoredEvent {
+            let event = StoredEvent {
                 event_id: StoredEvent::event_id_of(self.aggregate_type, &self.aggregate_id, *sequence),
                 aggregate_type: self.aggregate_type.to_owned(),
                 aggregate_id: self.aggregate_id.clone(),
@@ -346,7 +346,8 @@ impl AppendRows {
                 payload: serde_json::from_str(payload)?,
                 metadata: metadata.clone(),
                 recorded_at_ms: 0,
-            });
+            };
+            events.push(Recorded { event, bytes: payload.len() + self.metadata.len() });
         }
         Ok(events)
     }
@@ -354,8 +355,8 @@ impl AppendRows {
 
 /// `events` (of one stream, from [`AppendRows::parse`]) with the position and time the
 /// store gave each (`stored`: rows of this statement, of any stream).
-fn placed(mut events: Vec<StoredEvent>, stored: &[StoredRow]) -> Vec<StoredEvent> {
-    for event in &mut events {
+fn placed(mut events: Vec<Recorded>, stored: &[StoredRow]) -> Vec<Recorded> {
+    for Recorded { event, .. } in &mut events {
         if let Some(row) =
             stored.iter().find(|r| r.sequence == event.sequence && r.aggregate_id == event.aggregate_id && r.aggregate_type == event.aggregate_type)
         {
@@ -481,7 +482,7 @@ fn positions(stored: &[StoredRow]) -> Vec<(i64, i64)> {
 struct AppendJob {
     rows: AppendRows,
     /// The same events, parsed ([`AppendRows::parse`]), recorded once stored.
-    events: Vec<StoredEvent>,
+    events: Vec<Recorded>,
     reply: tokio::sync::oneshot::Sender<Result<Vec<(i64, i64)>, sqlx::Error>>,
 }
 
@@ -531,14 +532,14 @@ async fn append_in_groups(
         match together {
             Some(stored) => {
                 // Recorded in position order while the turn is held: no append between.
-                let mut events: Vec<StoredEvent> = Vec::new();
+                let mut events: Vec<Recorded> = Vec::new();
                 let mut replies = Vec::with_capacity(group.len());
                 for job in group {
                     let own: Vec<StoredRow> = stored.iter().filter(|r| r.of(&job.rows)).map(StoredRow::clone).collect();
                     events.extend(placed(job.events, &own));
                     replies.push((job.reply, positions(&own)));
                 }
-                events.sort_unstable_by_key(|e| e.position);
+                events.sort_unstable_by_key(|r| r.event.position);
                 recent.committed(events);
                 drop(held);
                 grouped.wrote(1, replies.len());

@@ -26,10 +26,26 @@ use super::StoredEvent;
 /// Events kept at most: the newest run, so a feed that fell behind further reads the store.
 const KEEP: usize = 2048;
 
+/// The text the kept events were parsed from, at most (large manifests make fewer events).
+const KEEP_BYTES: usize = 8 << 20;
+
+/// An event to record, and the size of the text it was parsed from.
+#[derive(Debug)]
+pub(super) struct Recorded {
+    pub(super) event: StoredEvent,
+    pub(super) bytes: usize,
+}
+
 /// The newest run of events this process appended, with no hole between them.
 #[derive(Debug, Default)]
 pub(super) struct Recent {
-    run: Mutex<VecDeque<Arc<StoredEvent>>>,
+    run: Mutex<Run>,
+}
+
+#[derive(Debug, Default)]
+struct Run {
+    events: VecDeque<(Arc<StoredEvent>, usize)>,
+    bytes: usize,
 }
 
 /// What [`Recent::after`] found.
@@ -43,23 +59,27 @@ pub(super) struct Taken {
 
 impl Recent {
     /// Records events just committed, in the order of their positions.
-    pub(super) fn committed(&self, events: impl IntoIterator<Item = StoredEvent>) {
+    pub(super) fn committed(&self, events: impl IntoIterator<Item = Recorded>) {
         let mut run = self.run.lock().unwrap_or_else(PoisonError::into_inner);
-        for event in events {
-            if run.back().is_some_and(|last| last.position + 1 != event.position) {
+        for Recorded { event, bytes } in events {
+            if run.events.back().is_some_and(|(last, _)| last.position + 1 != event.position) {
                 // A hole (or a position out of order): the proof starts again here.
-                run.clear();
+                run.events.clear();
+                run.bytes = 0;
             }
-            run.push_back(Arc::new(event));
-            if run.len() > KEEP {
-                run.pop_front();
+            run.events.push_back((Arc::new(event), bytes));
+            run.bytes += bytes;
+            while run.events.len() > KEEP || (run.bytes > KEEP_BYTES && run.events.len() > 1) {
+                if let Some((_, gone)) = run.events.pop_front() {
+                    run.bytes -= gone;
+                }
             }
         }
     }
 
     /// The greatest position recorded, if any.
     pub(super) fn last(&self) -> Option<i64> {
-        self.run.lock().unwrap_or_else(PoisonError::into_inner).back().map(|e| e.position)
+        self.run.lock().unwrap_or_else(PoisonError::into_inner).events.back().map(|(e, _)| e.position)
     }
 
     /// The events after position `covered` of `types` (all when empty), at most `limit`,
@@ -67,14 +87,14 @@ impl Recent {
     /// starts later, or holds nothing).
     pub(super) fn after(&self, covered: i64, types: &[&str], limit: usize) -> Option<Taken> {
         let run = self.run.lock().unwrap_or_else(PoisonError::into_inner);
-        let first = run.front()?.position;
+        let first = run.events.front()?.0.position;
         if covered + 1 < first {
             return None;
         }
-        let last = run.back().map_or(covered, |e| e.position);
+        let last = run.events.back().map_or(covered, |(e, _)| e.position);
         let skip = usize::try_from(covered + 1 - first).unwrap_or(usize::MAX);
         let mut events = Vec::new();
-        for event in run.iter().skip(skip) {
+        for (event, _) in run.events.iter().skip(skip) {
             if types.is_empty() || types.contains(&event.aggregate_type.as_str()) {
                 events.push(StoredEvent::clone(event));
                 if events.len() >= limit {
@@ -90,8 +110,12 @@ impl Recent {
 mod tests {
     use super::*;
 
-    fn event(position: i64, aggregate_type: &str) -> StoredEvent {
-        StoredEvent {
+    fn event(position: i64, aggregate_type: &str) -> Recorded {
+        sized(position, aggregate_type, 100)
+    }
+
+    fn sized(position: i64, aggregate_type: &str, bytes: usize) -> Recorded {
+        let event = StoredEvent {
             event_id: format!("{aggregate_type}/a/{position}"),
             aggregate_type: aggregate_type.into(),
             aggregate_id: "a".into(),
@@ -103,7 +127,8 @@ mod tests {
             payload: serde_json::json!({"n": position}),
             metadata: serde_json::json!({}),
             recorded_at_ms: 0,
-        }
+        };
+        Recorded { event, bytes }
     }
 
     fn positions(taken: &Taken) -> Vec<i64> {
@@ -152,6 +177,16 @@ mod tests {
         // a feed past the run's end gets nothing and stays where it is
         let taken = recent.after(9, &["draft"], 2).expect("after the run");
         assert_eq!((positions(&taken), taken.covered), (vec![], 9));
+    }
+
+    #[test]
+    fn large_events_make_the_run_shorter_but_the_newest_is_always_kept() {
+        let recent = Recent::default();
+        recent.committed((1..=5).map(|p| sized(p, "draft", KEEP_BYTES / 2)));
+        assert!(recent.after(2, &[], 10).is_none(), "only what fits is kept");
+        assert_eq!(positions(&recent.after(3, &[], 10).expect("the newest")), vec![4, 5]);
+        recent.committed([sized(6, "draft", KEEP_BYTES * 2)]);
+        assert_eq!(positions(&recent.after(5, &[], 10).expect("one too large is kept alone")), vec![6]);
     }
 
     #[test]
