@@ -10,7 +10,7 @@ use std::time::Duration;
 use prost::Message as _;
 use tokio::sync::watch;
 
-use crate::store::{Appended, Cursor, Db, StoredEvent};
+use crate::store::{Appended, Batch, Cursor, Db, StoredEvent};
 
 /// How feeds wait for events.
 #[derive(Debug, Clone)]
@@ -131,20 +131,15 @@ impl Feed {
         }
         // Marked seen before reading: a commit after this point rings again.
         let seen = self.bell.borrow_and_update().of(&self.types);
-        if rung && let Some((events, covered)) = self.db.read_recent(self.covered, &self.types, BATCH) {
-            if (events.len() as i64) < BATCH {
-                self.drained = Some(seen);
+        let (batch, looked_at) = match rung.then(|| self.db.read_recent(self.covered, &self.types, BATCH)).flatten() {
+            Some((events, covered)) => (Batch { events, held_back: false }, Some(covered)),
+            None => {
+                // Asked before the read: every event up to it is committed, so a read that
+                // leaves nothing behind has looked at them all.
+                let recorded = self.db.recent_last();
+                (self.db.read(self.cursor, &self.types, BATCH).await?, recorded)
             }
-            self.covered = covered;
-            if let Some(last) = events.last() {
-                self.cursor = last.cursor();
-            }
-            return Ok(events.into_iter().map(|event| Delivery { event }).collect());
-        }
-        // Asked before the read: every event up to it is committed, so a read that leaves
-        // nothing behind has looked at them all.
-        let recorded = self.db.recent_last();
-        let batch = self.db.read(self.cursor, &self.types, BATCH).await?;
+        };
         if batch.held_back {
             if batch.events.is_empty() {
                 tokio::time::sleep(self.held_back.take()).await;
@@ -153,7 +148,7 @@ impl Feed {
             self.held_back.reset();
             if (batch.events.len() as i64) < BATCH {
                 self.drained = Some(seen);
-                self.covered = self.covered.max(recorded.unwrap_or(i64::MIN));
+                self.covered = self.covered.max(looked_at.unwrap_or(i64::MIN));
             }
         }
         if let Some(last) = batch.events.last() {

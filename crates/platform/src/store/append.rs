@@ -354,12 +354,10 @@ impl AppendRows {
 }
 
 /// `events` (of one stream, from [`AppendRows::parse`]) with the position and time the
-/// store gave each (`stored`: rows of this statement, of any stream).
+/// store gave each (`stored`: the rows stored for that stream).
 fn placed(mut events: Vec<Recorded>, stored: &[StoredRow]) -> Vec<Recorded> {
     for Recorded { event, .. } in &mut events {
-        if let Some(row) =
-            stored.iter().find(|r| r.sequence == event.sequence && r.aggregate_id == event.aggregate_id && r.aggregate_type == event.aggregate_type)
-        {
+        if let Some(row) = stored.iter().find(|r| r.sequence == event.sequence) {
             event.position = row.position;
             event.recorded_at_ms = row.recorded_at_ms;
         }

@@ -19,7 +19,7 @@
 //! event from here as from a read.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use super::StoredEvent;
 
@@ -44,7 +44,7 @@ pub(super) struct Recent {
 
 #[derive(Debug, Default)]
 struct Run {
-    events: VecDeque<(Arc<StoredEvent>, usize)>,
+    events: VecDeque<Recorded>,
     bytes: usize,
 }
 
@@ -61,17 +61,17 @@ impl Recent {
     /// Records events just committed, in the order of their positions.
     pub(super) fn committed(&self, events: impl IntoIterator<Item = Recorded>) {
         let mut run = self.run.lock().unwrap_or_else(PoisonError::into_inner);
-        for Recorded { event, bytes } in events {
-            if run.events.back().is_some_and(|(last, _)| last.position + 1 != event.position) {
+        for recorded in events {
+            if run.events.back().is_some_and(|last| last.event.position + 1 != recorded.event.position) {
                 // A hole (or a position out of order): the proof starts again here.
                 run.events.clear();
                 run.bytes = 0;
             }
-            run.events.push_back((Arc::new(event), bytes));
-            run.bytes += bytes;
+            run.bytes += recorded.bytes;
+            run.events.push_back(recorded);
             while run.events.len() > KEEP || (run.bytes > KEEP_BYTES && run.events.len() > 1) {
-                if let Some((_, gone)) = run.events.pop_front() {
-                    run.bytes -= gone;
+                if let Some(gone) = run.events.pop_front() {
+                    run.bytes -= gone.bytes;
                 }
             }
         }
@@ -79,7 +79,7 @@ impl Recent {
 
     /// The greatest position recorded, if any.
     pub(super) fn last(&self) -> Option<i64> {
-        self.run.lock().unwrap_or_else(PoisonError::into_inner).events.back().map(|(e, _)| e.position)
+        self.run.lock().unwrap_or_else(PoisonError::into_inner).events.back().map(|r| r.event.position)
     }
 
     /// The events after position `covered` of `types` (all when empty), at most `limit`,
@@ -87,16 +87,16 @@ impl Recent {
     /// starts later, or holds nothing).
     pub(super) fn after(&self, covered: i64, types: &[&str], limit: usize) -> Option<Taken> {
         let run = self.run.lock().unwrap_or_else(PoisonError::into_inner);
-        let first = run.events.front()?.0.position;
+        let first = run.events.front()?.event.position;
         if covered + 1 < first {
             return None;
         }
-        let last = run.events.back().map_or(covered, |(e, _)| e.position);
+        let last = run.events.back().map_or(covered, |r| r.event.position);
         let skip = usize::try_from(covered + 1 - first).unwrap_or(usize::MAX);
         let mut events = Vec::new();
-        for (event, _) in run.events.iter().skip(skip) {
+        for Recorded { event, .. } in run.events.iter().skip(skip) {
             if types.is_empty() || types.contains(&event.aggregate_type.as_str()) {
-                events.push(StoredEvent::clone(event));
+                events.push(event.clone());
                 if events.len() >= limit {
                     return Some(Taken { covered: event.position, events });
                 }
