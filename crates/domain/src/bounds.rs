@@ -206,24 +206,28 @@ pub fn check(table: &[(&str, Bound)], obj: &Map<String, Value>) -> Vec<FieldErro
 }
 
 /// What is over its bound in the value of the top-level `key`. The key's own bound comes
-/// first; when it fails, nothing inside is looked at.
+/// first; when it fails, nothing inside is looked at. A key's path is written out only for
+/// what is over (a request is checked on every submission, and is nearly always within).
 pub fn check_key(table: &[(&str, Bound)], key: &str, value: &Value) -> Vec<FieldError> {
     let mut errors = Vec::new();
-    for (path, bound) in table.iter().filter(|(path, _)| top(path) == key) {
-        let mut found = Vec::new();
-        let rest: Vec<&str> = path.split('.').skip(1).collect();
-        let (name, each) = split_each(path.split('.').next().unwrap_or_default());
+    let mut at = Vec::new();
+    for (path, bound) in table.iter().filter(|(path, _)| starts_with_key(path, key)) {
+        let mut segments = path.split('.');
+        let (name, each) = split_each(segments.next().unwrap_or_default());
+        let rest: Vec<&str> = segments.collect();
+        let mut found = |at: &[Seg<'_>], v: &Value| errors.extend(over(&|| written(at), v, *bound));
+        at.clear();
+        at.push(Seg::Key(name));
         if each {
             if let Value::Array(items) = value {
                 for (i, item) in items.iter().enumerate() {
-                    values_at(item, format!("{name}[{i}]"), &rest, &mut found);
+                    at.push(Seg::Index(i));
+                    values_at(item, &rest, &mut at, &mut found);
+                    at.pop();
                 }
             }
         } else {
-            values_at(value, name.to_owned(), &rest, &mut found);
-        }
-        for (at, v) in found {
-            errors.extend(over(&at, v, *bound));
+            values_at(value, &rest, &mut at, &mut found);
         }
         if rest.is_empty() && !each && !errors.is_empty() {
             // The key itself is over: its entries are not worth reading.
@@ -238,6 +242,14 @@ fn top(path: &str) -> &str {
     path.split(['.', '[']).next().unwrap_or(path)
 }
 
+/// Whether `path` starts with the top-level `key` (`top(path) == key`, without splitting:
+/// every key of a manifest is looked up in the whole table).
+fn starts_with_key(path: &str, key: &str) -> bool {
+    let (path, key) = (path.as_bytes(), key.as_bytes());
+    // The first byte rules out most entries before a comparison of the whole key.
+    path.first() == key.first() && path.starts_with(key) && matches!(path.get(key.len()), None | Some(b'.' | b'['))
+}
+
 /// `name[]` -> (`name`, true).
 fn split_each(segment: &str) -> (&str, bool) {
     match segment.strip_suffix("[]") {
@@ -246,60 +258,118 @@ fn split_each(segment: &str) -> (&str, bool) {
     }
 }
 
-/// Every value at `segments` below `value` (which `at` names).
-fn values_at<'a>(value: &'a Value, at: String, segments: &[&str], out: &mut Vec<(String, &'a Value)>) {
+/// One step of the path to a value: a mapping's key or a list's index.
+#[derive(Debug, Clone, Copy)]
+enum Seg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// The path as errors name it: `a.b`, `a[2].b`.
+fn written(at: &[Seg<'_>]) -> String {
+    let mut out = String::new();
+    for seg in at {
+        match seg {
+            Seg::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Seg::Index(i) => {
+                out.push('[');
+                out.push_str(&i.to_string());
+                out.push(']');
+            }
+        }
+    }
+    out
+}
+
+/// Hands `found` every value at `segments` below `value` (which `at` leads to), with its
+/// path.
+fn values_at<'a>(value: &'a Value, segments: &[&'a str], at: &mut Vec<Seg<'a>>, found: &mut dyn FnMut(&[Seg<'a>], &'a Value)) {
     let Some((first, rest)) = segments.split_first() else {
-        out.push((at, value));
+        found(at, value);
         return;
     };
     let Value::Object(map) = value else { return };
     if *first == "*" {
         for (k, v) in map {
-            values_at(v, format!("{at}.{k}"), rest, out);
+            at.push(Seg::Key(k));
+            values_at(v, rest, at, found);
+            at.pop();
         }
         return;
     }
     let (name, each) = split_each(first);
     match map.get(name) {
         Some(Value::Array(items)) if each => {
+            at.push(Seg::Key(name));
             for (i, item) in items.iter().enumerate() {
-                values_at(item, format!("{at}.{name}[{i}]"), rest, out);
+                at.push(Seg::Index(i));
+                values_at(item, rest, at, found);
+                at.pop();
             }
+            at.pop();
         }
-        Some(v) if !each => values_at(v, format!("{at}.{name}"), rest, out),
+        Some(v) if !each => {
+            at.push(Seg::Key(name));
+            values_at(v, rest, at, found);
+            at.pop();
+        }
         _ => {}
     }
 }
 
-fn chars(text: &str) -> usize {
-    text.chars().count()
+/// The characters of `text`, when they are more than `max` (a text of at most `max` bytes
+/// is not counted: it has at most as many characters).
+fn chars_over(text: &str, max: usize) -> Option<usize> {
+    if text.len() <= max {
+        return None;
+    }
+    Some(text.chars().count()).filter(|n| *n > max)
 }
 
-/// The errors of one value against its bound; values of another type are left to the
-/// type checks.
-fn over(at: &str, value: &Value, bound: Bound) -> Vec<FieldError> {
+/// Bytes written, nothing kept: a value's size as compact JSON.
+struct Counted(usize);
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The errors of one value (which `at` names) against its bound; values of another type
+/// are left to the type checks.
+fn over(at: &dyn Fn() -> String, value: &Value, bound: Bound) -> Vec<FieldError> {
     let too_long = |key: String, max: usize, n: usize| FieldError::new(key, format!("is {n} characters long; at most {max} are allowed"));
     match (bound, value) {
-        (Text(max), Value::String(s)) if chars(s) > max => vec![too_long(at.to_owned(), max, chars(s))],
-        (Texts { chars: max, .. }, Value::String(s)) if chars(s) > max => vec![too_long(at.to_owned(), max, chars(s))],
+        (Text(max) | Texts { chars: max, .. }, Value::String(s)) => chars_over(s, max).map(|n| too_long(at(), max, n)).into_iter().collect(),
         (Texts { items, .. } | Entries(items), Value::Array(list)) if list.len() > items => {
-            vec![FieldError::new(at, format!("has {} entries; at most {items} are allowed", list.len()))]
+            vec![FieldError::new(at(), format!("has {} entries; at most {items} are allowed", list.len()))]
         }
         (Texts { chars: max, .. }, Value::Array(list)) => list
             .iter()
             .enumerate()
-            .filter_map(|(i, item)| item.as_str().filter(|s| chars(s) > max).map(|s| too_long(format!("{at}[{i}]"), max, chars(s))))
+            .filter_map(|(i, item)| item.as_str().and_then(|s| chars_over(s, max)).map(|n| too_long(format!("{}[{i}]", at()), max, n)))
             .collect(),
         (Keys { entries, .. }, Value::Object(map)) if map.len() > entries => {
-            vec![FieldError::new(at, format!("has {} keys; at most {entries} are allowed", map.len()))]
+            vec![FieldError::new(at(), format!("has {} keys; at most {entries} are allowed", map.len()))]
         }
-        (Keys { key_chars, .. }, Value::Object(map)) => match map.keys().map(|k| chars(k)).max() {
-            Some(n) if n > key_chars => vec![FieldError::new(at, format!("has a key {n} characters long; at most {key_chars} are allowed"))],
-            _ => vec![],
+        (Keys { key_chars, .. }, Value::Object(map)) => match map.keys().filter_map(|k| chars_over(k, key_chars)).max() {
+            Some(n) => vec![FieldError::new(at(), format!("has a key {n} characters long; at most {key_chars} are allowed"))],
+            None => vec![],
         },
         (Json(max), v) => {
-            let n = serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
-            if n > max { vec![FieldError::new(at, format!("is {n} bytes as JSON; at most {max} are allowed"))] } else { vec![] }
+            let mut counted = Counted(0);
+            let n = serde_json::to_writer(&mut counted, v).map_or(usize::MAX, |()| counted.0);
+            if n > max { vec![FieldError::new(at(), format!("is {n} bytes as JSON; at most {max} are allowed"))] } else { vec![] }
         }
         _ => vec![],
     }
@@ -314,6 +384,23 @@ mod tests {
     fn keys(table: &[(&str, Bound)], v: Value) -> Vec<String> {
         let Value::Object(obj) = v else { panic!("an object") };
         check(table, &obj).into_iter().map(|e| e.key).collect()
+    }
+
+    #[test]
+    fn a_path_starts_with_a_key_only_at_a_whole_segment() {
+        // given paths of the manifest's table, then each belongs to its top-level key only
+        for (path, key, expected) in [
+            ("tools", "tools", true),
+            ("tools", "tool", false),
+            ("tool_policies", "tools", false),
+            ("llm.provider", "llm", true),
+            ("required_access[].url", "required_access", true),
+            ("required_access[].url", "required", false),
+            ("notify.*.vault", "notify", true),
+        ] {
+            assert_eq!(starts_with_key(path, key), expected, "{path} under {key}");
+            assert_eq!(top(path) == key, expected, "{path}: the same answer as splitting it");
+        }
     }
 
     #[test]
