@@ -273,8 +273,8 @@ fn run(sys: &System, who: &str, token: &str) {
 fn finds_nothing(mode: Mode, who: &str) {
     // Each run seeds four Boxes.
     let sys = System::start_with(mode, &[("ATASIRA_MAX_BOXES", "20".to_owned()), ("ATASIRA_RATE_LIMIT", "0".to_owned())]);
-    let token = if who == "admin" { sys.admin.clone() } else { sys.agent.clone() };
-    run(&sys, who, &token);
+    let token = if who == "admin" { &sys.admin } else { &sys.agent };
+    run(&sys, who, token);
 }
 
 #[test]

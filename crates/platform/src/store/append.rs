@@ -9,6 +9,7 @@
 //! The store owns its schema (see [`super::schema`]): the rows are written here and
 //! streams loaded here, with cqrs-es's `Aggregate` trait as the aggregates' shape.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -354,15 +355,18 @@ impl AppendRows {
 }
 
 /// `events` (of one stream, from [`AppendRows::parse`]) with the position and time the
-/// store gave each (`stored`: the rows stored for that stream).
-fn placed(mut events: Vec<Recorded>, stored: &[StoredRow]) -> Vec<Recorded> {
-    for Recorded { event, .. } in &mut events {
-        if let Some(row) = stored.iter().find(|r| r.sequence == event.sequence) {
-            event.position = row.position;
-            event.recorded_at_ms = row.recorded_at_ms;
-        }
-    }
+/// store gave each (`stored`: the rows stored for that stream). An event without its row
+/// is left out: the record then has a hole there, and feeds read the store past it.
+fn placed<R: Borrow<StoredRow>>(events: Vec<Recorded>, stored: &[R]) -> Vec<Recorded> {
     events
+        .into_iter()
+        .filter_map(|mut recorded| {
+            let row = stored.iter().map(Borrow::borrow).find(|r| r.sequence == recorded.event.sequence)?;
+            recorded.event.position = row.position;
+            recorded.event.recorded_at_ms = row.recorded_at_ms;
+            Some(recorded)
+        })
+        .collect()
 }
 
 /// The statement that appends `rows` rows in one go (a statement outside a transaction
@@ -455,7 +459,6 @@ macro_rules! insert_rows {
 use insert_rows;
 
 /// One row [`insert_rows`] stored.
-#[derive(Clone)]
 struct StoredRow {
     aggregate_type: String,
     aggregate_id: String,
@@ -471,8 +474,8 @@ impl StoredRow {
 }
 
 /// The sequence and position of each row [`insert_rows`] stored for one stream.
-fn positions(stored: &[StoredRow]) -> Vec<(i64, i64)> {
-    stored.iter().map(|r| (r.sequence, r.position)).collect()
+fn positions<R: Borrow<StoredRow>>(stored: &[R]) -> Vec<(i64, i64)> {
+    stored.iter().map(Borrow::borrow).map(|r| (r.sequence, r.position)).collect()
 }
 
 /// A command's append handed to the group appender, and where its outcome goes: the
@@ -533,7 +536,7 @@ async fn append_in_groups(
                 let mut events: Vec<Recorded> = Vec::new();
                 let mut replies = Vec::with_capacity(group.len());
                 for job in group {
-                    let own: Vec<StoredRow> = stored.iter().filter(|r| r.of(&job.rows)).map(StoredRow::clone).collect();
+                    let own: Vec<&StoredRow> = stored.iter().filter(|r| r.of(&job.rows)).collect();
                     events.extend(placed(job.events, &own));
                     replies.push((job.reply, positions(&own)));
                 }
