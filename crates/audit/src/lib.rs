@@ -113,10 +113,11 @@ pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<boo
 }
 
 /// The ledger writer: a durable feed of auditable events; each batch is appended (or
-/// skipped) in one transaction with the checkpoint (R-ARCH-6).
+/// skipped) in one transaction with the checkpoint (R-ARCH-6). A read model: its feed
+/// lingers while no read-your-writes wait needs it.
 async fn write_ledger(rt: Runtime, keys: Arc<AuditKeys>, shutdown: watch::Receiver<bool>) {
     let db = rt.db.clone();
-    proj::consume_batches(rt.db.clone(), rt.feeds.clone(), NAME, AUDITABLE_TYPES, shutdown, move |events| {
+    proj::consume_batches(rt.db.clone(), rt.feeds.lingering(), NAME, AUDITABLE_TYPES, shutdown, move |events| {
         let (db, keys) = (db.clone(), keys.clone());
         async move { ledger::append_batch(&db, &keys, &events).await.map(|_| ()) }
     })

@@ -17,13 +17,29 @@ use crate::store::{Appended, Batch, Cursor, Db, StoredEvent};
 pub struct FeedSource {
     /// The safety-net poll when no bell rang (a missed notification costs at most this).
     pub fallback: Duration,
+    /// How long a feed woken by the bell lets commits gather before it reads, while no
+    /// read-your-writes wait of this process found a consumer behind lately (zero: it
+    /// reads at once). See [`FeedSource::lingering`].
+    pub linger: Duration,
 }
 
 impl Default for FeedSource {
     fn default() -> Self {
-        FeedSource { fallback: Duration::from_secs(2) }
+        FeedSource { fallback: Duration::from_secs(2), linger: Duration::ZERO }
     }
 }
+
+/// How long a read model's feed lets commits gather while nobody waits for it: one read
+/// and one write then carry them all, where a pass per command would compete with the
+/// next command for the machine (measured with `atasira bench drafts`, ADR 9, as the
+/// relay's linger). A reader that looks without waiting sees an event at most this much
+/// later.
+pub const LINGER: Duration = Duration::from_millis(10);
+
+/// A feed reads at once, without lingering, while a read-your-writes wait of its process
+/// found a consumer behind within this long: someone waits for the read models, command
+/// after command.
+pub const WANTED_LATELY: Duration = Duration::from_secs(1);
 
 /// One event handed to a consumer. Acknowledging is storing the consumer's checkpoint,
 /// which its effect does in the same transaction; `ack` is kept for the consumer loop.
@@ -49,6 +65,7 @@ pub struct Feed {
     /// appended (`Db::read_recent`) instead of reading the store.
     covered: i64,
     fallback: Duration,
+    linger: Duration,
     /// The pause before reading again while an older transaction holds events back.
     held_back: Pause,
     /// Set when the last read left nothing behind: the bell as it was before that read,
@@ -95,6 +112,14 @@ impl Pause {
 }
 
 impl FeedSource {
+    /// The same source, for read models: its feeds linger ([`LINGER`]) while no
+    /// read-your-writes wait of their process needs them, and a wait that finds one behind
+    /// ends the linger at once (`Db::wanted`).
+    #[must_use]
+    pub fn lingering(&self) -> FeedSource {
+        FeedSource { linger: LINGER, ..self.clone() }
+    }
+
     /// Opens the feed `name` for events of `aggregate_types`, starting after `cursor` (the
     /// consumer's own checkpoint).
     pub async fn open(&self, db: &Db, name: &str, aggregate_types: &'static [&'static str], cursor: Cursor) -> anyhow::Result<Feed> {
@@ -108,6 +133,7 @@ impl FeedSource {
             cursor,
             covered: cursor.position,
             fallback: self.fallback,
+            linger: self.linger,
             held_back: HELD_BACK,
             drained: None,
         })
@@ -128,6 +154,9 @@ impl Feed {
             // Sleeps through appends of other types.
             let types = &self.types;
             rung = tokio::time::timeout(self.fallback, self.bell.wait_for(|a| a.of(types) != seen)).await.is_ok();
+            if rung {
+                self.linger().await;
+            }
         }
         // Marked seen before reading: a commit after this point rings again.
         let seen = self.bell.borrow_and_update().of(&self.types);
@@ -156,6 +185,23 @@ impl Feed {
             self.covered = self.covered.max(last.position);
         }
         Ok(batch.events.into_iter().map(|event| Delivery { event }).collect())
+    }
+
+    /// Woken by the bell from a drained read: lets commits gather for the linger, unless a
+    /// read-your-writes wait of this process found a consumer behind lately or meanwhile.
+    async fn linger(&self) {
+        if self.linger.is_zero() {
+            return;
+        }
+        // Subscribed before looking, so a wait after the look ends the linger.
+        let mut wanted = self.db.on_wanted();
+        if self.db.wanted_within(WANTED_LATELY) {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(self.linger) => {}
+            _ = wanted.changed() => {}
+        }
     }
 
     /// Where the feed stands.
@@ -238,12 +284,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn r_box_9_a_read_models_feed_lets_commits_gather_until_a_wait_asks_for_it() {
+        // given a lingering feed (a minute, far longer than this test) that has read all
+        let store = crate::store::testing::TempDb::new().await;
+        let db = &store.db;
+        let feeds = FeedSource { linger: Duration::from_secs(60), ..FeedSource::default() };
+        let mut feed = feeds.open(db, "view", &["draft"], Cursor::START).await.expect("open");
+        assert!(feed.next().await.expect("read").is_empty());
+        // when two drafts are committed and nobody waits, then the feed holds back
+        for id in ["a", "b"] {
+            db.cqrs::<Draft>().execute_new(id, submit(id), HashMap::new()).await.expect("append");
+        }
+        let mut next = Box::pin(feed.next());
+        assert!(tokio::time::timeout(Duration::from_millis(300), &mut next).await.is_err(), "the feed read while nobody waited");
+        // when a read-your-writes wait starts, then it reads both at once
+        db.wanted();
+        let got = tokio::time::timeout(Duration::from_secs(10), next).await.expect("a wait ends the linger").expect("read");
+        assert_eq!(got.iter().map(|d| d.event.aggregate_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        // and while waits keep coming, the feed reads as soon as the bell rings
+        db.cqrs::<Draft>().execute_new("c", submit("c"), HashMap::new()).await.expect("append");
+        let got = tokio::time::timeout(Duration::from_secs(10), feed.next()).await.expect("no linger while wanted").expect("read");
+        assert_eq!(got.len(), 1);
+    }
+
+    #[tokio::test]
     async fn r_arch_6_events_another_process_appends_reach_the_feed_in_order_and_none_is_skipped() {
         // given a feed in this process, and another process on the same store
         let store = crate::store::testing::TempDb::new().await;
         let db = &store.db;
         let other = Db::connect(&Db::sqlite_url(&store.dir)).await.expect("another process");
-        let feeds = FeedSource { fallback: Duration::from_millis(50) };
+        let feeds = FeedSource { fallback: Duration::from_millis(50), ..FeedSource::default() };
         let mut feed = feeds.open(db, "view", &["draft"], Cursor::START).await.expect("open");
         // when both append in turns, this process first and last
         db.cqrs::<Draft>().execute_new("mine-1", submit("mine-1"), HashMap::new()).await.expect("append");

@@ -115,11 +115,12 @@ pub async fn prepare(db: &Db, projection: &dyn Projection) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Runs a projection until `shutdown` resolves, a batch per transaction.
+/// Runs a projection until `shutdown` resolves, a batch per transaction; its feed lingers
+/// while no read-your-writes wait needs it ([`FeedSource::lingering`]).
 pub async fn run(db: Db, feeds: FeedSource, projection: Arc<dyn Projection>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let (name, types) = (projection.name(), projection.aggregate_types());
     let apply_db = db.clone();
-    consume_batches(db, feeds, name, types, shutdown, move |events| {
+    consume_batches(db, feeds.lingering(), name, types, shutdown, move |events| {
         let (db, projection) = (apply_db.clone(), projection.clone());
         async move { record(&db, name, &events, Some(projection.as_ref())).await.map(|_| ()) }
     })

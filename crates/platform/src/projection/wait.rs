@@ -116,6 +116,11 @@ where
             crate::metrics::global().consistency_waits.get_or_create(&crate::metrics::WaitLabels { look: look.label(), outcome }).inc();
             return Ok(lagging);
         }
+        if look == Look::First {
+            // Read models that let events gather while nobody waits apply them now (a
+            // wait for what they already hold, such as a readiness probe, rings nothing).
+            db.wanted();
+        }
         let safety_net = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
         let next_standby_look = deadline.min(tokio::time::Instant::now() + standby.take());
         // The bells live as long as `db`, so `changed` fails only when it is gone.
@@ -144,5 +149,32 @@ pub async fn answer_wait(
         wait_for(db, &names, request.position, timeout).await
     } else {
         wait_for_events(db, projections, &request.event_ids, request.position, timeout).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use atasira_domain::aggregates::draft::Draft;
+
+    use crate::store::testing;
+
+    #[tokio::test]
+    async fn r_box_9_only_a_wait_that_finds_a_read_model_behind_asks_lingering_feeds_to_read() {
+        // given a store with one draft that no consumer named "view" has applied
+        let store = testing::TempDb::new().await;
+        let db = &store.db;
+        let position =
+            db.cqrs::<Draft>().execute_new("d1", testing::submit("d1"), std::collections::HashMap::new()).await.expect("submit").head().expect("head").position;
+        // when a wait asks for what every read model holds (a readiness probe), then no
+        // lingering feed is asked to read
+        assert!(wait_for(db, &["view"], 0, Duration::ZERO).await.expect("wait").is_empty());
+        assert!(!db.wanted_within(Duration::from_secs(60)), "a wait for nothing asked the read models to hurry");
+        // when a wait finds the read model behind, then the wanted bell rings
+        let wanted = db.on_wanted();
+        assert_eq!(wait_for(db, &["view"], position, Duration::from_millis(10)).await.expect("wait"), ["view"]);
+        assert!(db.wanted_within(Duration::from_secs(60)));
+        assert!(wanted.has_changed().expect("the bell is there"), "the wanted bell did not ring");
     }
 }
