@@ -154,7 +154,16 @@ impl PolicyDocument {
     }
 
     /// The verdict of version `version` of this policy on `input`.
+    ///
+    /// Cedar refuses a rule it evaluates with under 100 KiB of stack left (its recursion
+    /// guard), and a forbid rule that cannot be evaluated refuses: deep in a service's call
+    /// stack that would refuse a request for want of stack, not by a rule. So the
+    /// evaluation runs on a stack of its own when the caller's is running low.
     pub fn evaluate(&self, version: u64, input: &Input) -> Verdict {
+        stacker::maybe_grow(EVALUATION_STACK_LEFT, EVALUATION_STACK, || self.evaluate_here(version, input))
+    }
+
+    fn evaluate_here(&self, version: u64, input: &Input) -> Verdict {
         let refuse_input = |problem: String| Verdict {
             version,
             decision: PolicyDecision::Deny,
@@ -391,6 +400,15 @@ fn over_limit_context(over_limit: &OverLimit) -> Map<String, Value> {
         ("over_limit_tools".to_owned(), json!(over_limit.over_limit_tools)),
     ])
 }
+
+/// The stack an evaluation needs left: Cedar's own guard asks for 100 KiB at every step,
+/// and building the request and evaluating it take several hundred KiB more in a build
+/// without optimisations.
+const EVALUATION_STACK_LEFT: usize = 1024 * 1024;
+
+/// The stack an evaluation gets when the caller's has less than that left (mapped, not
+/// touched: only what it uses is memory).
+const EVALUATION_STACK: usize = 4 * 1024 * 1024;
 
 /// JSON as Cedar's entity format takes it: no nulls, no fractions (as text), whole
 /// numbers within i64, no `__`-keys (Cedar's escapes), arrays as sets.

@@ -97,6 +97,32 @@ fn given_a_forbid_rule_that_errs_when_evaluated_then_it_refuses() {
     assert!(v.refusal().contains("could not be evaluated"), "{}", v.refusal());
 }
 
+/// Calls `f` with less than `left` bytes of this thread's stack remaining.
+fn with_stack_under(left: usize, f: &mut dyn FnMut()) {
+    let mut room = [0u8; 4096];
+    std::hint::black_box(&mut room);
+    if stacker::remaining_stack().is_some_and(|r| r < left) {
+        f();
+    } else {
+        with_stack_under(left, f);
+    }
+}
+
+#[test]
+fn given_a_caller_deep_in_its_stack_when_a_rule_is_evaluated_then_the_rule_decides_not_the_stack() {
+    // given a rule that forbids full network, and a caller with under Cedar's 100 KiB left
+    let m = manifest("box_type: crawler\npurpose: p\nnetwork: full\n");
+    let document = PolicyDocument::parse(NO_FULL_NETWORK).expect("the policy loads");
+    let mut got = None;
+    let deep = std::thread::Builder::new().stack_size(1 << 20).spawn(move || {
+        with_stack_under(96 * 1024, &mut || got = Some(document.evaluate(3, &Input::draft(&agent(), &m, &OverLimit::default()))));
+        got
+    });
+    // when it is evaluated there, then the verdict is the rule's, with its reason
+    let v = deep.expect("thread").join().expect("evaluated").expect("a verdict");
+    assert_eq!(v.refusal(), "policy version 3, rule no-full-network: Boxes may not reach the whole network");
+}
+
 #[test]
 fn given_the_same_request_when_evaluated_twice_then_the_verdict_is_the_same() {
     let policy = format!("{NO_FULL_NETWORK}\n{TWO_FOR_SHELL}");
