@@ -133,12 +133,14 @@ impl Service {
             Incoming::Wait(w) => return platform_service::wait_reply(&self.rt, READ_MODELS, &w).await,
             Incoming::Request(request) => request,
         };
-        let principal = call.principal(&self.rt).await?;
+        // Checked when an arm needs it; a submission reads the store meanwhile (`submit`).
+        let principal = call.principal(&self.rt);
         match request {
             DraftsRequest::Submit(req) => self.submit(principal, req, env).await,
-            DraftsRequest::SubmitChange(req) => self.submit_change(principal, req).await,
-            DraftsRequest::Revise(req) => self.revise(principal, req).await,
+            DraftsRequest::SubmitChange(req) => self.submit_change(principal.await?, req).await,
+            DraftsRequest::Revise(req) => self.revise(principal.await?, req).await,
             DraftsRequest::ListPending(req) => {
+                let principal = principal.await?;
                 if !principal.is_admin() {
                     return Err(Refusal::new(ErrorCode::Forbidden, "listing pending drafts needs role admin"));
                 }
@@ -147,11 +149,13 @@ impl Service {
                 Ok(reply_ok(&page(&rows, next_cursor)))
             }
             DraftsRequest::ListMine(req) => {
+                let principal = principal.await?;
                 let (rows, next_cursor) =
                     projection::list(&self.rt.db, None, Some(&principal.user_id), req.limit, req.after).await.map_err(Refusal::internal)?;
                 Ok(reply_ok(&page(&rows, next_cursor)))
             }
             DraftsRequest::List(req) => {
+                let principal = principal.await?;
                 // R-DRAFT-12, R-AUTH-2: the caller's own drafts, or (admins) everyone's.
                 if !req.mine && !principal.is_admin() {
                     return Err(Refusal::new(ErrorCode::Forbidden, "listing every requester's drafts needs role admin; use mine=true for your own"));
@@ -162,20 +166,27 @@ impl Service {
                 Ok(reply_ok(&page(&rows, next_cursor)))
             }
             DraftsRequest::Withdraw(req) => {
+                let principal = principal.await?;
                 // Over NATS, publishers submit and read; withdrawing is the API's.
                 call.only_services("withdrawing a draft")?;
                 self.withdraw(principal, &req.draft_id).await
             }
             DraftsRequest::CheckPolicy(req) => {
+                let principal = principal.await?;
                 call.only_services("checking policies")?;
                 let active = self.policies.active(&self.rt.db).await?;
                 check::check(&self.rt.db, active, &principal, req).await
             }
-            DraftsRequest::Get(req) => match self.draft_as_of(&req).await? {
-                Some(row) if principal.is_admin() || row.requested_by == principal.user_id => Ok(reply_ok(&v1::DraftReply { draft: Some(row.to_wire(true)) })),
-                // Not the requester: indistinguishable from absent, so ids do not leak.
-                _ => Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id))),
-            },
+            DraftsRequest::Get(req) => {
+                let principal = principal.await?;
+                match self.draft_as_of(&req).await? {
+                    Some(row) if principal.is_admin() || row.requested_by == principal.user_id => {
+                        Ok(reply_ok(&v1::DraftReply { draft: Some(row.to_wire(true)) }))
+                    }
+                    // Not the requester: indistinguishable from absent, so ids do not leak.
+                    _ => Err(Refusal::new(ErrorCode::DraftNotFound, format!("no draft {:?} visible to you", req.draft_id))),
+                }
+            }
         }
     }
 
@@ -187,12 +198,26 @@ impl Service {
         }
     }
 
-    async fn submit(&self, principal: Principal, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
+    async fn submit(&self, principal: impl Future<Output = Result<Principal, Refusal>>, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
-        let mut plan = request.plan()?;
         // One read: the Box of this box_type, and the head of the organisation's policy
-        // (R-POLICY-1), whose version is loaded only when it is not the one known here.
-        let (existing, policy_head) = projection::box_of_type_and_policy_head(&self.rt.db, plan.manifest.box_type.as_str()).await.map_err(Refusal::internal)?;
+        // (R-POLICY-1), whose version is loaded only when it is not the one known here. It
+        // is sent first and runs in the database while this process checks the caller's
+        // assertion and plans the draft; nothing is decided before both are done, and
+        // nothing read is answered to a caller who is refused.
+        let asked = request.box_type.clone().unwrap_or_default();
+        let (read, checked) = tokio::join!(
+            biased;
+            projection::box_of_type_and_policy_head(&self.rt.db, &asked),
+            async { Ok::<_, Refusal>((principal.await?, request.plan()?)) },
+        );
+        let (principal, mut plan) = checked?;
+        let (existing, policy_head) = if plan.manifest.box_type.as_str() == asked {
+            read
+        } else {
+            projection::box_of_type_and_policy_head(&self.rt.db, plan.manifest.box_type.as_str()).await
+        }
+        .map_err(Refusal::internal)?;
         // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
         if let Some(box_id) = existing {
             return Err(Refusal::new(
