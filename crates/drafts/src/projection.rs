@@ -750,8 +750,8 @@ mod tests {
             tx_id: 0,
             event_type: event.event_type(),
             event_version: event.event_version(),
-            payload: serde_json::to_value(event).expect("json"),
-            metadata: serde_json::json!({}),
+            payload: serde_json::to_value(event).expect("json").into(),
+            metadata: serde_json::json!({}).into(),
             recorded_at_ms: 0,
         }
     }

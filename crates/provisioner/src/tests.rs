@@ -174,7 +174,7 @@ async fn given_an_activation_with_a_good_and_a_bad_remote_when_the_service_runs_
     // then: one event per entry, on access <box_id>/<index>
     let events = access_events(&db).await;
     assert_eq!(events.iter().map(|e| e.aggregate_id.as_str()).collect::<Vec<_>>(), ["b1/0", "b1/1"]);
-    let decoded: Vec<AccessEvent> = events.iter().map(|e| serde_json::from_value(e.payload.clone()).expect("access event")).collect();
+    let decoded: Vec<AccessEvent> = events.iter().map(|e| e.decode().expect("access event")).collect();
     let AccessEvent::AccessProvisioned { index: 0, attempts: 1, detail, box_type, .. } = &decoded[0] else {
         panic!("expected AccessProvisioned: {:?}", decoded[0])
     };
@@ -279,7 +279,7 @@ async fn claim(rt: &Runtime, principal: &Principal, handle: &str, box_id: &str, 
 
 async fn binding_events(db: &Db) -> Vec<(String, BindingEvent)> {
     let events = db.events_after(0, &[atasira_domain::aggregates::types::EXECUTION_BINDING], 1000).await.expect("events");
-    events.into_iter().map(|e| (e.aggregate_id.clone(), serde_json::from_value(e.payload).expect("binding event"))).collect()
+    events.into_iter().map(|e| (e.aggregate_id.clone(), e.decode().expect("binding event"))).collect()
 }
 
 fn code<T: std::fmt::Debug>(answer: Result<T, atasira_contracts::Refused>) -> ErrorCode {

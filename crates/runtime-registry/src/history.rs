@@ -7,7 +7,6 @@ use atasira_domain::aggregates::access::AccessEvent;
 use atasira_domain::aggregates::boxes::{BoxEvent, BoxState};
 use atasira_domain::aggregates::types;
 use atasira_platform::store::{Cursor, Db, StoredEvent};
-use serde::Deserialize;
 
 use v1::box_history_entry::{AccessOutcome, Activated, Changed, Edited, Kind, StateChanged, UserAssigned, UserUnassigned};
 
@@ -29,7 +28,7 @@ pub async fn page(db: &Db, box_id: &str, limit: u32, after: Cursor) -> anyhow::R
 /// One stored event of a Box (or of one of its access streams) as a history entry.
 pub fn entry(event: &StoredEvent) -> anyhow::Result<v1::BoxHistoryEntry> {
     let (actor, at, kind) = if event.aggregate_type == types::ACCESS {
-        let (index, access, provisioned, outcome, attempts, at) = match AccessEvent::deserialize(&event.payload)? {
+        let (index, access, provisioned, outcome, attempts, at) = match event.decode::<AccessEvent>()? {
             AccessEvent::AccessProvisioned { index, access, detail, attempts, at, .. } => (index, access, true, detail, attempts, at),
             AccessEvent::AccessProvisionFailed { index, access, reason, attempts, at, .. } => (index, access, false, reason, attempts, at),
         };
@@ -38,7 +37,7 @@ pub fn entry(event: &StoredEvent) -> anyhow::Result<v1::BoxHistoryEntry> {
         ("system".to_owned(), at, Kind::Access(AccessOutcome { index, access, status: status as i32, detail, reason, attempts }))
     } else {
         let state = |s: BoxState| StateChanged { state: convert::box_state_to_wire(s) as i32 };
-        match BoxEvent::deserialize(&event.payload)? {
+        match event.decode::<BoxEvent>()? {
             BoxEvent::BoxActivated { box_type, draft_id, manifest, manifest_digest, approved_by, approval_key_id, activated_at, .. } => (
                 approved_by.clone(),
                 activated_at,
@@ -103,8 +102,8 @@ mod tests {
             tx_id: 0,
             event_type: String::new(),
             event_version: "1".into(),
-            payload,
-            metadata: serde_json::json!({}),
+            payload: payload.into(),
+            metadata: serde_json::json!({}).into(),
             recorded_at_ms: 0,
         }
     }

@@ -332,7 +332,7 @@ impl AppendRows {
     /// The events as a feed reads them back: payload and metadata parsed from the very text
     /// stored; positions and times are the store's, filled in by [`placed`].
     fn parse(&self) -> serde_json::Result<Vec<Recorded>> {
-        let metadata: serde_json::Value = serde_json::from_str(&self.metadata)?;
+        let metadata: Arc<serde_json::Value> = Arc::new(serde_json::from_str(&self.metadata)?);
         let mut events = Vec::with_capacity(self.rows.len());
         for (sequence, event_type, event_version, payload) in &self.rows {
             let event = StoredEvent {
@@ -344,7 +344,7 @@ impl AppendRows {
                 tx_id: 0,
                 event_type: event_type.clone(),
                 event_version: event_version.clone(),
-                payload: serde_json::from_str(payload)?,
+                payload: Arc::new(serde_json::from_str(payload)?),
                 metadata: metadata.clone(),
                 recorded_at_ms: 0,
             };

@@ -1,6 +1,8 @@
 //! Reading the store: events in commit order after a cursor (the gap-safe read every
 //! consumer and relay uses), a stream, a Box's history, counts and heads.
 
+use std::sync::Arc;
+
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -30,8 +32,10 @@ pub struct StoredEvent {
     pub tx_id: i64,
     pub event_type: String,
     pub event_version: String,
-    pub payload: serde_json::Value,
-    pub metadata: serde_json::Value,
+    /// Shared, not copied, by the consumers a batch reaches: several feeds of a process take
+    /// the same event (embedded mode hands them what it appended, `recent.rs`).
+    pub payload: Arc<serde_json::Value>,
+    pub metadata: Arc<serde_json::Value>,
     pub recorded_at_ms: i64,
 }
 
@@ -52,7 +56,7 @@ impl StoredEvent {
 
     /// The payload as the aggregate's own event type (read in place, not copied).
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
-        T::deserialize(&self.payload)
+        T::deserialize(&*self.payload)
     }
 }
 
@@ -88,8 +92,8 @@ impl TextEvent {
     pub fn into_stored(self) -> anyhow::Result<StoredEvent> {
         Ok(StoredEvent {
             event_id: StoredEvent::event_id_of(&self.aggregate_type, &self.aggregate_id, self.sequence),
-            payload: serde_json::from_str(&self.payload)?,
-            metadata: serde_json::from_str(&self.metadata)?,
+            payload: Arc::new(serde_json::from_str(&self.payload)?),
+            metadata: Arc::new(serde_json::from_str(&self.metadata)?),
             aggregate_type: self.aggregate_type,
             aggregate_id: self.aggregate_id,
             sequence: self.sequence,

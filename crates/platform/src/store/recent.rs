@@ -124,8 +124,8 @@ mod tests {
             tx_id: 0,
             event_type: "E".into(),
             event_version: "1".into(),
-            payload: serde_json::json!({"n": position}),
-            metadata: serde_json::json!({}),
+            payload: serde_json::json!({"n": position}).into(),
+            metadata: serde_json::json!({}).into(),
             recorded_at_ms: 0,
         };
         Recorded { event, bytes }
