@@ -212,12 +212,10 @@ impl Service {
             async { Ok::<_, Refusal>((principal.await?, request.plan()?)) },
         );
         let (principal, mut plan) = checked?;
-        let (existing, policy_head) = if plan.manifest.box_type.as_str() == asked {
-            read
-        } else {
-            projection::box_of_type_and_policy_head(&self.rt.db, plan.manifest.box_type.as_str()).await
-        }
-        .map_err(Refusal::internal)?;
+        // A plan keeps the box_type as asked (parsing checks it, rewrites nothing), so the
+        // read was of the draft's own box_type.
+        debug_assert_eq!(plan.manifest.box_type.as_str(), asked);
+        let (existing, policy_head) = read.map_err(Refusal::internal)?;
         // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
         if let Some(box_id) = existing {
             return Err(Refusal::new(

@@ -29,10 +29,10 @@ impl Default for FeedSource {
     }
 }
 
-/// How long a read model's feed lets commits gather while nobody waits for it: one read
-/// and one write then carry them all, where a pass per command would compete with the
-/// next command for the machine (measured with `atasira bench drafts`, ADR 9, as the
-/// relay's linger). A reader that looks without waiting sees an event at most this much
+/// How long a read model's feed (and the relay, always) lets commits gather while nobody
+/// waits for it: one read and one write then carry them all, where a pass per command
+/// would compete with the next command for the machine (measured with `atasira bench
+/// drafts`, ADR 9). A reader that looks without waiting sees an event at most this much
 /// later.
 pub const LINGER: Duration = Duration::from_millis(10);
 

@@ -29,11 +29,10 @@ pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
 const FALLBACK: Duration = Duration::from_secs(2);
 
 /// How long the relay lets commits gather after the appended bell woke it from idle, so that
-/// one pass (one read, acknowledgements awaited together) carries them: on a steady trickle
-/// of commands, a pass per command would compete with the next command for the machine
-/// (measured with `atasira bench drafts`, ADR 9). Subscribers outside atasira see an event
-/// at most this much later; nothing inside reads JetStream on a command's path.
-const LINGER: Duration = Duration::from_millis(10);
+/// one pass (one read, acknowledgements awaited together) carries them: the read models'
+/// linger ([`crate::feed::LINGER`]), always, since nothing inside reads JetStream on a
+/// command's path. Subscribers outside atasira see an event at most this much later.
+const LINGER: Duration = crate::feed::LINGER;
 
 /// How long the relay's stored checkpoint may stay behind what JetStream acknowledged:
 /// after a crash or a take-over, at most this much is published again, which JetStream

@@ -21,19 +21,10 @@ pub(super) struct Bells {
     /// without live streams, is not woken by every commit of the cluster).
     listen_from: std::sync::Mutex<Option<PgPool>>,
     progressed: watch::Sender<u64>,
-    /// Rung when a read-your-writes wait here finds a consumer behind: consumers that let
-    /// events gather while nobody waits (a read model's feed lingers) apply them now.
-    wanted: watch::Sender<u64>,
-    /// When a wait last found one behind, in milliseconds after `BELLS_EPOCH` (0: never).
-    wanted_at_ms: std::sync::atomic::AtomicU64,
-}
-
-/// The clock `Bells::wanted_at_ms` counts from.
-static BELLS_EPOCH: std::sync::LazyLock<std::time::Instant> = std::sync::LazyLock::new(std::time::Instant::now);
-
-fn since_epoch_ms() -> u64 {
-    // 1 at the epoch itself, so that 0 stays "never".
-    u64::try_from(BELLS_EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX).saturating_add(1)
+    /// Rung, with the time, when a read-your-writes wait here finds a consumer behind:
+    /// consumers that let events gather while nobody waits (a read model's feed lingers)
+    /// apply them now.
+    wanted: watch::Sender<Option<std::time::Instant>>,
 }
 
 impl Default for Bells {
@@ -43,8 +34,7 @@ impl Default for Bells {
             listening: std::sync::atomic::AtomicBool::new(false),
             listen_from: std::sync::Mutex::new(None),
             progressed: watch::channel(0).0,
-            wanted: watch::channel(0).0,
-            wanted_at_ms: std::sync::atomic::AtomicU64::new(0),
+            wanted: watch::channel(None).0,
         }
     }
 }
@@ -128,19 +118,17 @@ impl Db {
     /// Rings the wanted bell: a read-your-writes wait found a consumer of this process
     /// behind.
     pub fn wanted(&self) {
-        self.bells.wanted_at_ms.store(since_epoch_ms(), std::sync::atomic::Ordering::Relaxed);
-        self.bells.wanted.send_modify(|n| *n = n.wrapping_add(1));
+        self.bells.wanted.send_replace(Some(std::time::Instant::now()));
     }
 
     /// The wanted bell (a lingering feed listens to it).
-    pub fn on_wanted(&self) -> watch::Receiver<u64> {
+    pub fn on_wanted(&self) -> watch::Receiver<Option<std::time::Instant>> {
         self.bells.wanted.subscribe()
     }
 
     /// Whether a wait found a consumer of this process behind within `within`.
     pub fn wanted_within(&self, within: Duration) -> bool {
-        let at = self.bells.wanted_at_ms.load(std::sync::atomic::Ordering::Relaxed);
-        at != 0 && since_epoch_ms().saturating_sub(at) <= u64::try_from(within.as_millis()).unwrap_or(u64::MAX)
+        self.bells.wanted.borrow().is_some_and(|at| at.elapsed() <= within)
     }
 }
 
