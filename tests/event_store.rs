@@ -313,3 +313,31 @@ fn reads_cut_short_on_postgresql_leave_the_next_read_whole() {
         }
     });
 }
+
+#[test]
+fn commands_on_postgresql_keep_their_connection_and_one_cut_short_leaves_the_next_whole() {
+    // R-ARCH-4: a command's append gives its connection back to the store's kept ones, not
+    // to the pool (which tests each returned connection with a round trip of its own); a
+    // command cut short mid-statement must not leave a kept connection half-way through a
+    // reply.
+    let database = Database::create();
+    runtime().block_on(async {
+        let db = Db::connect(&database.url).await.expect("connect");
+        assert_eq!(db.kept_connections(), 0);
+        for i in 0..20 {
+            let id = format!("k{i}");
+            db.cqrs::<Draft>().execute_new(&id, submit(&id), HashMap::new()).await.expect("submit");
+            assert_eq!(db.kept_connections(), 1, "one after command {i}: commands one after another share it");
+        }
+        for micros in [0, 1, 10, 50, 100, 200, 300, 500, 800, 1200, 2000] {
+            let cut = format!("cut{micros}");
+            let _ = tokio::time::timeout(std::time::Duration::from_micros(micros), db.cqrs::<Draft>().execute_new(&cut, submit(&cut), HashMap::new())).await;
+            assert!(db.kept_connections() <= 1);
+            let next = format!("next{micros}");
+            let receipt = db.cqrs::<Draft>().execute_new(&next, submit(&next), HashMap::new()).await.expect("a command after one cut short");
+            assert_eq!(receipt.events.len(), 1, "after a command cut short at {micros} µs");
+            let loaded: Draft = db.load(&next).await.expect("load");
+            assert!(loaded.data.is_some(), "the command after one cut short at {micros} µs is stored whole");
+        }
+    });
+}

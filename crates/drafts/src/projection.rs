@@ -638,7 +638,10 @@ pub async fn at(db: &Db, draft_id: &str, as_of: atasira_platform::store::AsOf) -
 pub async fn box_of_type_and_policy_head(db: &Db, box_type: &str) -> anyhow::Result<(Option<String>, Option<String>)> {
     use atasira_platform::org_policy::{head_of, head_subquery};
     let sql = format!("SELECT (SELECT box_id FROM drafts_box_types WHERE box_type = $1), {}", head_subquery());
-    let row = sqlx::query(&sql).bind(box_type).fetch_one(db.any()).await?;
+    // Every submission makes this read: on a kept connection.
+    let mut conn = db.held().await?;
+    let row = sqlx::query(&sql).bind(box_type).fetch_one(&mut *conn).await?;
+    conn.keep();
     Ok((row.try_get::<Option<String>, _>(0)?, row.try_get::<Option<i64>, _>(1)?.map(head_of)))
 }
 

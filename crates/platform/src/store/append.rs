@@ -230,19 +230,24 @@ where
             }
             // The request's principal assertion is admitted for the cluster in the same
             // statement: a replayed command stores nothing (`admission`).
-            (Appender::Direct { .. }, Typed::Postgres(pool)) => match crate::admission::pending() {
-                Some((tag, expires_at_ms)) => {
-                    let stored = insert_rows!(pool, &rows, admitting & tag, expires_at_ms);
-                    if let Ok(stored) = &stored {
-                        crate::admission::settle(!stored.is_empty());
-                        if stored.is_empty() {
-                            return Err(Failure::Replayed);
-                        }
-                    }
-                    stored.map(|stored| positions(&stored))
+            (Appender::Direct { .. }, Typed::Postgres(pool)) => {
+                let mut conn = self.db.kept_pg.take(pool).await.map_err(|e| Failure::Store(e.into()))?;
+                let admitting = crate::admission::pending();
+                let stored = match admitting {
+                    Some((tag, expires_at_ms)) => insert_rows!(&mut *conn, &rows, admitting & tag, expires_at_ms),
+                    None => insert_rows!(&mut *conn, true, &[&rows]),
+                };
+                if stored.is_ok() {
+                    conn.keep();
                 }
-                None => insert_rows!(pool, true, &[&rows]).map(|stored| positions(&stored)),
-            },
+                if let (Ok(stored), Some(_)) = (&stored, admitting) {
+                    crate::admission::settle(!stored.is_empty());
+                    if stored.is_empty() {
+                        return Err(Failure::Replayed);
+                    }
+                }
+                stored.map(|stored| positions(&stored))
+            }
         };
         let mut committed = stored.map_err(|e| match &e {
             sqlx::Error::Database(d) if d.is_unique_violation() => Failure::Conflict,
@@ -627,7 +632,12 @@ impl Db {
         let sql = format!("SELECT sequence, {position}, CAST(payload AS TEXT) FROM events WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence");
         let rows: Vec<(i64, i64, String)> = match &self.typed {
             Typed::Sqlite(pool) => sqlx::query_as(&sql).bind(A::TYPE).bind(aggregate_id).fetch_all(pool).await?,
-            Typed::Postgres(pool) => sqlx::query_as(&sql).bind(A::TYPE).bind(aggregate_id).fetch_all(pool).await?,
+            Typed::Postgres(pool) => {
+                let mut conn = self.kept_pg.take(pool).await?;
+                let rows = sqlx::query_as(&sql).bind(A::TYPE).bind(aggregate_id).fetch_all(&mut *conn).await?;
+                conn.keep();
+                rows
+            }
         };
         let mut aggregate = A::default();
         for (sequence, _, payload) in &rows {

@@ -16,6 +16,7 @@
 pub mod append;
 pub mod bells;
 pub mod consumers;
+mod kept;
 pub mod read;
 mod recent;
 pub mod schema;
@@ -35,6 +36,7 @@ pub use crate::cursor::Cursor;
 pub use append::{Cqrs, EventAt, Receipt, Retry};
 pub use bells::Appended;
 pub use consumers::ASYNC_COMMIT;
+pub use kept::Held;
 pub use read::{AsOf, Batch, EventRef, StoredEvent, TextBatch, TextEvent, pg_read_statement};
 
 /// Which backend a [`Db`] talks to.
@@ -60,6 +62,10 @@ pub struct Db {
     consumers: Arc<consumers::Consumers>,
     /// The connection [`Db::read`] keeps between reads (see there).
     reader: Arc<tokio::sync::Mutex<Option<sqlx::pool::PoolConnection<sqlx::Any>>>>,
+    /// PostgreSQL: connections kept between hot statements ([`kept`]): of the typed pool
+    /// for commands' appends and loads, of the `Any` pool for [`Db::held`].
+    kept_pg: Arc<kept::Kept<sqlx::Postgres>>,
+    kept_any: Arc<kept::Kept<sqlx::Any>>,
 }
 
 impl std::fmt::Debug for Db {
@@ -72,13 +78,33 @@ impl std::fmt::Debug for Db {
 /// others, or a new one while the database is away) before it fails.
 const PG_ACQUIRE: Duration = Duration::from_secs(5);
 
+/// Connections of each PostgreSQL pool (of [`PG_POOL`]) kept between hot statements
+/// ([`kept`]): half, so the pool's own users always find the other half circulating.
+const PG_POOL: u32 = 8;
+const PG_KEPT: usize = PG_POOL as usize / 2;
+
 impl Db {
     fn new(typed: Typed, any: AnyPool, bells: Arc<bells::Bells>) -> Db {
         let writer = append::Writer::new(match &typed {
             Typed::Sqlite(pool) => Some(pool.clone()),
             Typed::Postgres(_) => None,
         });
-        Db { typed, any, bells, writer, consumers: Arc::default(), reader: Arc::default() }
+        // SQLite keeps none: its typed pool is the one writer connection, and its
+        // connections answer the pool's test in this process.
+        let kept = match &typed {
+            Typed::Sqlite(_) => 0,
+            Typed::Postgres(_) => PG_KEPT,
+        };
+        Db {
+            typed,
+            any,
+            bells,
+            writer,
+            consumers: Arc::default(),
+            reader: Arc::default(),
+            kept_pg: Arc::new(kept::Kept::new(kept)),
+            kept_any: Arc::new(kept::Kept::new(kept)),
+        }
     }
 
     /// Connects to `postgres://...` or `sqlite://...`, creating what the event store needs.
@@ -90,14 +116,14 @@ impl Db {
             // database is away, a request waits at most PG_ACQUIRE for a connection, then
             // fails (503 to its caller) instead of hanging.
             let pool = PgPoolOptions::new()
-                .max_connections(8)
+                .max_connections(PG_POOL)
                 .test_before_acquire(false)
                 .acquire_timeout(PG_ACQUIRE)
                 .connect(url)
                 .await
                 .with_context(|| format!("failed to connect to {}", redact(url)))?;
             let any = AnyPoolOptions::new()
-                .max_connections(8)
+                .max_connections(PG_POOL)
                 .test_before_acquire(false)
                 .acquire_timeout(PG_ACQUIRE)
                 .connect(url)
@@ -163,6 +189,19 @@ impl Db {
     /// The pool for this project's own SQL.
     pub fn any(&self) -> &AnyPool {
         &self.any
+    }
+
+    /// A connection of the `Any` pool for a hot statement (one each request makes): give it
+    /// back with [`Held::keep`] once the statement ran to its end, and the next statement
+    /// takes it without the pool's test of a returned connection (a round trip, see
+    /// [`kept`]); dropped instead, it goes back to the pool.
+    pub async fn held(&self) -> Result<Held<'_, sqlx::Any>, sqlx::Error> {
+        self.kept_any.take(&self.any).await
+    }
+
+    /// How many connections wait kept for the next hot statement ([`kept`]).
+    pub fn kept_connections(&self) -> usize {
+        self.kept_pg.len() + self.kept_any.len()
     }
 
     /// Asks the database a trivial question (readiness, `/readyz`).
