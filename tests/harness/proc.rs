@@ -36,11 +36,41 @@ pub fn free_port() -> u16 {
     free_ports(1)[0]
 }
 
-/// `n` different free TCP ports on loopback: all bound at once, then released (one at a
-/// time, the system may hand out the same port twice).
+/// Where [`free_ports`] looks: below Linux's default range of ephemeral ports
+/// (32768-60999), from which the system picks the local port of every outgoing connection
+/// and of every `bind` to port 0. A port picked from that range was once taken that way
+/// between this check and the test's process binding it (a probe port, so the process
+/// could not start).
+const FREE_PORTS: std::ops::Range<u16> = 10_000..32_768;
+
+/// `n` different free TCP ports on loopback, at random in [`FREE_PORTS`]: all bound at once,
+/// then released (one at a time, the same port could come twice).
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("free port")).collect();
+    let mut held: Vec<TcpListener> = Vec::with_capacity(n);
+    for _ in 0..10_000 {
+        if held.len() == n {
+            break;
+        }
+        let port = FREE_PORTS.start + (random() % u64::from(FREE_PORTS.end - FREE_PORTS.start)) as u16;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(listener);
+        }
+    }
+    // Not enough free there: whatever the system hands out.
+    while held.len() < n {
+        held.push(TcpListener::bind("127.0.0.1:0").expect("free port"));
+    }
     held.iter().map(|l| l.local_addr().expect("bound").port()).collect()
+}
+
+/// A random number, different in every call and every test process (std's hasher keys).
+fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    hasher.finish()
 }
 
 /// A child process whose output lines are kept; killed on drop.
