@@ -5,7 +5,8 @@
 //! competes with the command's next step for the cores. A statement that ran to its end
 //! leaves its connection ready for the next one, so the hot statements (a command's append
 //! and load, a submission's read) give theirs back here instead ([`Held::keep`]), newest
-//! first, so the same few backends stay warm.
+//! first, so the same few backends stay warm; so do the reads of a process's feeds and
+//! relays (`Db::read`, one connection, in SQLite too).
 //!
 //! A connection whose statement failed or was cut short (its caller stopped) is not kept:
 //! dropped, it goes back to the pool, whose test brings it back to a known state or closes

@@ -60,8 +60,8 @@ pub struct Db {
     bells: Arc<bells::Bells>,
     writer: Arc<append::Writer>,
     consumers: Arc<consumers::Consumers>,
-    /// The connection [`Db::read`] keeps between reads (see there).
-    reader: Arc<tokio::sync::Mutex<Option<sqlx::pool::PoolConnection<sqlx::Any>>>>,
+    /// The connection [`Db::read`] keeps between reads (see there), in both backends.
+    reads: Arc<kept::Kept<sqlx::Any>>,
     /// PostgreSQL: connections kept between hot statements ([`kept`]): of the typed pool
     /// for commands' appends and loads, of the `Any` pool for [`Db::held`].
     kept_pg: Arc<kept::Kept<sqlx::Postgres>>,
@@ -101,7 +101,7 @@ impl Db {
             bells,
             writer,
             consumers: Arc::default(),
-            reader: Arc::default(),
+            reads: Arc::new(kept::Kept::new(1)),
             kept_pg: Arc::new(kept::Kept::new(kept)),
             kept_any: Arc::new(kept::Kept::new(kept)),
         }

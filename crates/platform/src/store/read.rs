@@ -213,16 +213,12 @@ impl Db {
     /// size of the store.
     pub async fn read(&self, after: Cursor, aggregate_types: &[&str], limit: i64) -> anyhow::Result<Batch> {
         let types = types_clause(aggregate_types);
-        // The process's feeds and relays read on one connection, kept between reads: a
-        // connection going back to the pool is tested with a round trip of its own (sqlx),
-        // which every read (one per commit, at low load) would pay for. Taken out while
-        // in use, so a read cut short (its caller stopped) returns it to the pool, which
-        // brings it back to a known state, instead of leaving it here mid-statement.
-        let mut kept = self.reader.lock().await;
-        let mut conn = match kept.take() {
-            Some(conn) => conn,
-            None => self.any.acquire().await?,
-        };
+        // The process's feeds and relays read on a connection kept between reads (`kept`):
+        // one going back to the pool is tested with a round trip of its own, which every
+        // read (one per commit, at low load) would pay for. A read cut short (its caller
+        // stopped) or failed gives it to the pool instead, which brings it back to a known
+        // state.
+        let mut conn = self.reads.take(&self.any).await?;
         let read = match self.kind() {
             DbKind::Sqlite => {
                 let sql = format!(
@@ -234,10 +230,8 @@ impl Db {
             }
             DbKind::Postgres => sqlx::query(&pg_read_statement(aggregate_types)).bind(after.tx_id).bind(after.position).bind(limit).fetch_all(&mut *conn).await,
         };
-        // A failed read's connection goes back to the pool (which tests it) instead.
         let rows = read?;
-        *kept = Some(conn);
-        drop(kept);
+        conn.keep();
         match self.kind() {
             DbKind::Sqlite => {
                 let events = rows.iter().map(row_to_event).collect::<anyhow::Result<Vec<_>>>()?;
