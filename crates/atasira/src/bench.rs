@@ -111,29 +111,94 @@ where
 /// Runs `count` requests with `concurrency` in flight and prints the figures; a run that
 /// lasts says how far it got every few seconds (on stderr).
 async fn measure(label: &str, concurrency: usize, count: usize, op: &Op) -> anyhow::Result<Figures> {
-    let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
-    let progress = tokio::spawn({
-        let (done, label) = (done.clone(), label.to_owned());
-        async move {
-            let mut every = tokio::time::interval(Duration::from_secs(5));
-            every.tick().await;
-            loop {
-                every.tick().await;
-                eprintln!("  ... {label}: {} of {count}", done.load(Ordering::Relaxed));
+    let progress = report_progress(label, count, &done);
+    let block = run_block(op, concurrency, 0..count, &done).await;
+    progress.abort();
+    let block = block.map_err(|e| e.context(format!("{label} failed")))?;
+    let figures = Figures { label: label.to_owned(), concurrency, count, elapsed: block.elapsed, latencies: block.latencies, cpu: block.cpu };
+    figures.print();
+    Ok(figures)
+}
+
+/// Runs `count` requests of each of two ops with `concurrency` in flight, in `rounds`
+/// alternating blocks (A B, then B A, ...), and prints the figures of each: a slow or fast
+/// phase of the host then falls on both alike, so their ratio is the ops' own. After each
+/// block it waits a moment, so that work the block left behind (a relay's pass) is not
+/// measured in the next; that work's CPU counts for the block's op.
+async fn measure_interleaved(concurrency: usize, count: usize, rounds: usize, a: (&str, &Op), b: (&str, &Op)) -> anyhow::Result<(Figures, Figures)> {
+    const SETTLE: Duration = Duration::from_millis(50);
+    let rounds = rounds.clamp(1, count.max(1));
+    let done = Arc::new(AtomicUsize::new(0));
+    let progress = report_progress(&format!("{} / {}", a.0, b.0), 2 * count, &done);
+    let mut figures = [a, b].map(|(label, _)| Figures {
+        label: label.to_owned(),
+        concurrency,
+        count,
+        elapsed: Duration::ZERO,
+        latencies: Vec::with_capacity(count),
+        cpu: Duration::ZERO,
+    });
+    let result: anyhow::Result<()> = async {
+        for round in 0..rounds {
+            let indices = count * round / rounds..count * (round + 1) / rounds;
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for which in order {
+                let (label, op) = [a, b][which];
+                let block = run_block(op, concurrency, indices.clone(), &done).await.map_err(|e| e.context(format!("{label} failed")))?;
+                // What the block left behind is its op's CPU, not its time.
+                let cpu = process_cpu();
+                tokio::time::sleep(SETTLE).await;
+                let f = &mut figures[which];
+                f.elapsed += block.elapsed;
+                f.cpu += block.cpu + process_cpu().saturating_sub(cpu);
+                f.latencies.extend(block.latencies);
             }
         }
-    });
+        Ok(())
+    }
+    .await;
+    progress.abort();
+    result?;
+    let [fa, fb] = figures;
+    fa.print();
+    fb.print();
+    Ok((fa, fb))
+}
+
+/// Prints how far a run got every few seconds (on stderr), until aborted.
+fn report_progress(label: &str, count: usize, done: &Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
+    let (done, label) = (done.clone(), label.to_owned());
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        every.tick().await;
+        loop {
+            every.tick().await;
+            eprintln!("  ... {label}: {} of {count}", done.load(Ordering::Relaxed));
+        }
+    })
+}
+
+/// What one block of requests took.
+struct Block {
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    cpu: Duration,
+}
+
+/// Runs the requests of `indices` with `concurrency` in flight, counting each in `done`.
+async fn run_block(op: &Op, concurrency: usize, indices: std::ops::Range<usize>, done: &Arc<AtomicUsize>) -> anyhow::Result<Block> {
+    let next = Arc::new(AtomicUsize::new(indices.start));
     let cpu0 = process_cpu();
     let start = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
-        let (op, next, done) = (op.clone(), next.clone(), done.clone());
+        let (op, next, done, end) = (op.clone(), next.clone(), done.clone(), indices.end);
         workers.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= count {
+                if i >= end {
                     return Ok::<_, anyhow::Error>(lat);
                 }
                 let t = Instant::now();
@@ -143,7 +208,7 @@ async fn measure(label: &str, concurrency: usize, count: usize, op: &Op) -> anyh
             }
         }));
     }
-    let mut latencies = Vec::with_capacity(count);
+    let mut latencies = Vec::with_capacity(indices.len());
     let mut failed = None;
     for w in workers {
         match w.await? {
@@ -151,14 +216,10 @@ async fn measure(label: &str, concurrency: usize, count: usize, op: &Op) -> anyh
             Err(e) => failed = failed.or(Some(e)),
         }
     }
-    progress.abort();
     if let Some(e) = failed {
-        return Err(e.context(format!("{label} failed")));
+        return Err(e);
     }
-    let elapsed = start.elapsed();
-    let figures = Figures { label: label.to_owned(), concurrency, count, elapsed, latencies, cpu: process_cpu().saturating_sub(cpu0) };
-    figures.print();
-    Ok(figures)
+    Ok(Block { elapsed: start.elapsed(), latencies, cpu: process_cpu().saturating_sub(cpu0) })
 }
 
 /// A fresh directory under the system's temporary directory, removed by [`TempDir`]'s drop.
@@ -201,6 +262,37 @@ mod tests {
     #[test]
     fn thousands_groups_digits() {
         assert_eq!((thousands(0.0), thousands(999.4), thousands(1000.0), thousands(1234567.0)), ("0".into(), "999".into(), "1,000".into(), "1,234,567".into()));
+    }
+
+    #[tokio::test]
+    async fn interleaved_runs_each_request_once_in_alternating_blocks() {
+        // given two ops that record which of them ran which request
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recording = |which: char| {
+            let seen = seen.clone();
+            op(move |i| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock().expect("seen").push((which, i));
+                    Ok(())
+                }
+            })
+        };
+        let (a, b) = (recording('a'), recording('b'));
+        // when 10 requests of each run in 4 rounds, one at a time
+        let (fa, fb) = measure_interleaved(1, 10, 4, ("a", &a), ("b", &b)).await.expect("measured");
+        // then each op ran every request once, and the blocks alternate a b, b a, a b, b a
+        assert_eq!((fa.latencies.len(), fb.latencies.len()), (10, 10));
+        let seen = seen.lock().expect("seen").clone();
+        for which in ['a', 'b'] {
+            let mut ran: Vec<usize> = seen.iter().filter(|(w, _)| *w == which).map(|(_, i)| *i).collect();
+            ran.sort_unstable();
+            assert_eq!(ran, (0..10).collect::<Vec<_>>());
+        }
+        let mut blocks: Vec<char> = seen.iter().map(|(w, _)| *w).collect();
+        blocks.dedup();
+        // (a b b a a b b a, each op's two blocks in a row counted once)
+        assert_eq!(blocks.into_iter().collect::<String>(), "ababa");
     }
 
     #[test]

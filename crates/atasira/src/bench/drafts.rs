@@ -3,7 +3,7 @@
 //! 1. a floor (a raw NATS request-reply whose responder runs one PostgreSQL transaction:
 //!    insert a ~650-byte JSON event and upsert one projection row) and the drafts command
 //!    path (NATS request -> assertion check -> validation -> event committed -> reply), at
-//!    c=1 and c=N;
+//!    c=1 and c=N, in alternating blocks;
 //! 2. REST submit with read-your-writes in cluster mode: the gateway's router and the
 //!    services whose read models a submit waits for (drafts, runtime-registry, audit), each
 //!    as `atasira serve` runs it (its own database role and pool, NATS connection and, with
@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::processes::Roles;
-use super::{Figures, Op, TempDir, measure, op};
+use super::{Figures, Op, TempDir, measure, measure_interleaved, op};
 use crate::keys::{KeyKind, KeySetting};
 use crate::nats_config;
 use crate::services::{self, Embedded, NatsAuth, Settings};
@@ -358,10 +358,12 @@ async fn cluster(o: &ClusterOptions, concurrency: usize, count: usize) -> anyhow
     // Warm-up, so connection pools and caches are not measured.
     measure("warm-up (floor)", concurrency, concurrency * 4, &floor_op).await?;
     measure("warm-up (drafts)", concurrency, concurrency * 4, &drafts_op).await?;
-    let floor_1 = measure("floor: NATS + 1 PG transaction", 1, small, &floor_op).await?;
-    let drafts_1 = measure("drafts: submit command path", 1, small, &drafts_op).await?;
-    let floor_n = measure("floor: NATS + 1 PG transaction", concurrency, count, &floor_op).await?;
-    let drafts_n = measure("drafts: submit command path", concurrency, count, &drafts_op).await?;
+    // Floor and command in alternating blocks, so that the host's slower and faster
+    // moments fall on both alike.
+    let base = ("floor: NATS + 1 PG transaction", &floor_op);
+    let command = ("drafts: submit command path", &drafts_op);
+    let (floor_1, drafts_1) = measure_interleaved(1, small, 10, base, command).await?;
+    let (floor_n, drafts_n) = measure_interleaved(concurrency, count, 4, base, command).await?;
 
     println!();
     println!("-- cluster: REST submit with read-your-writes (gateway; drafts, runtime-registry and audit each with its own connections)");
@@ -482,6 +484,11 @@ pub async fn drafts(o: DraftsOptions) -> anyhow::Result<()> {
             "drafts command p50 at c=1 / floor p50 at c=1".into(),
             format!("{:.2} x", c.drafts_1.p50_ms() / c.floor_1.p50_ms()),
             &format!("target <= 1.5 x   ({:.2} ms / {:.2} ms)", c.drafts_1.p50_ms(), c.floor_1.p50_ms()),
+        );
+        row(
+            "drafts command p50 at c=1 - floor p50 at c=1".into(),
+            format!("{:.0} µs", (c.drafts_1.p50_ms() - c.floor_1.p50_ms()) * 1e3),
+            "(what the command adds to the floor)",
         );
         row(
             format!("drafts command throughput at {cn} / floor"),
