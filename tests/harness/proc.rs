@@ -51,7 +51,7 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         if held.len() == n {
             break;
         }
-        let port = FREE_PORTS.start + (random() % u64::from(FREE_PORTS.end - FREE_PORTS.start)) as u16;
+        let port = FREE_PORTS.start + (uuid::Uuid::new_v4().as_u128() % u128::from(FREE_PORTS.end - FREE_PORTS.start)) as u16;
         if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
             held.push(listener);
         }
@@ -61,16 +61,6 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         held.push(TcpListener::bind("127.0.0.1:0").expect("free port"));
     }
     held.iter().map(|l| l.local_addr().expect("bound").port()).collect()
-}
-
-/// A random number, different in every call and every test process (std's hasher keys).
-fn random() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    hasher.write_u32(std::process::id());
-    hasher.finish()
 }
 
 /// A child process whose output lines are kept; killed on drop.
