@@ -314,12 +314,16 @@ fn cluster_services_run_under_a_role_that_cannot_rewrite_history() {
 
 /// An insert of one event as `aggregate_type`/`event_type`, rolled back if it is taken.
 fn try_append(sys: &System, url: &str, aggregate_type: &str, event_type: &str) -> Result<(), String> {
-    let insert = format!(
+    sys.database().run_as(url, &["BEGIN", &append_statement(aggregate_type, event_type), "ROLLBACK"])
+}
+
+/// The statement that appends one event of a fresh stream as `aggregate_type`/`event_type`.
+fn append_statement(aggregate_type: &str, event_type: &str) -> String {
+    format!(
         "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) \
          VALUES ('{aggregate_type}', 'forged-{}', 1, '{event_type}', '1', '{{}}', '{{}}')",
         uuid::Uuid::new_v4().simple()
-    );
-    sys.database().run_as(url, &["BEGIN", &insert, "ROLLBACK"])
+    )
 }
 
 #[test]
@@ -365,14 +369,17 @@ fn each_process_role_appends_only_its_own_events_and_can_switch_nothing_off() {
         assert_eq!(try_append(&sys, &url, t, e), Ok(()), "{identity} appends its own {e}");
         for (t, e, owner) in foreign.iter().filter(|(_, _, owner)| owner != identity) {
             let err = try_append(&sys, &url, t, e).expect_err(&format!("{identity} appended {e}"));
-            assert!(err.contains("may not append"), "{identity} {e} (owner {owner}): {err}");
+            assert!(err.contains("violates row-level security policy"), "{identity} {e} (owner {owner}): {err}");
         }
         // and none can write tokens but the gateway, or rewrite or switch anything off
         let token_row = "INSERT INTO gateway_tokens (token_hash, user_id, role, kind, created_at_ms) VALUES ('x', 'mallory', 'admin', 'human', 0)";
         let token = sys.database().run_as(&url, &["BEGIN", token_row, "ROLLBACK"]);
         assert_eq!(token.is_ok(), *identity == "gateway", "{identity} writing a token row: {token:?}");
         for statement in [
-            "ALTER TABLE events DISABLE TRIGGER events_writer_check",
+            "ALTER TABLE events DISABLE ROW LEVEL SECURITY",
+            "DROP POLICY events_appended_by_their_writers ON events",
+            "ALTER POLICY events_appended_by_their_writers ON events WITH CHECK (true)",
+            "CREATE POLICY mine ON events FOR INSERT WITH CHECK (true)",
             "ALTER TABLE events DISABLE TRIGGER USER",
             "DROP TRIGGER events_append_only ON events",
             "DELETE FROM event_writers",
@@ -386,6 +393,11 @@ fn each_process_role_appends_only_its_own_events_and_can_switch_nothing_off() {
             let err = sys.database().run_as(&url, &[statement]).expect_err(&format!("{identity}: {statement}"));
             assert!(err.contains("must be owner") || err.contains("permission denied") || err.contains("append-only"), "{identity}: {err}");
         }
+        // a session without row-level security appends nothing, not even its own events
+        let (t, e) = owns(identity);
+        let unguarded =
+            sys.database().run_as(&url, &["SET row_security = off", &append_statement(t, e)]).expect_err(&format!("{identity} without row security"));
+        assert!(unguarded.contains("row-level security"), "{identity}: {unguarded}");
     }
     // and the legitimate flow went on: the ledger verifies
     assert_eq!(sys.audit_verify().0, 0);

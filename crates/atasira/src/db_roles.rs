@@ -2,9 +2,9 @@
 //! with a generated password and only the rights its own code uses. A role may append
 //! events only of its own aggregate types (and, on the draft stream that drafts and
 //! approval share, only its own event types): the `event_writers` rows this writes, which
-//! the events table's insert trigger enforces. No role owns a table, so none can alter,
-//! disable or drop a trigger, and none may update or delete anything but its own read
-//! models and its consumers' progress.
+//! the events table's row-level security policy enforces. No role owns a table, so none
+//! can alter, disable or drop a policy or a trigger, and none may update or delete anything
+//! but its own read models and its consumers' progress.
 
 use std::path::{Path, PathBuf};
 

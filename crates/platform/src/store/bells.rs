@@ -132,8 +132,8 @@ impl Db {
     }
 }
 
-/// PostgreSQL's doorbell: `LISTEN` on the channel the events table's trigger notifies at
-/// every commit that appended events, ringing the appended bell; reconnects after a
+/// PostgreSQL's doorbell: `LISTEN` on the channel every append statement notifies (at the
+/// commit of a transaction that appended events), ringing the appended bell; reconnects after a
 /// failure (ringing once, since a notification may have been missed). While it listens,
 /// this process's own commits ring by notification only (see `Bells::listening`); while
 /// it does not, they ring locally. Ends with the `Db`.
@@ -155,7 +155,8 @@ pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bell
                     let received = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
                     let Some(s) = bells.upgrade() else { return };
                     match received {
-                        // The payload names the types the transaction appended.
+                        // The payload names a type the transaction appended (a store's
+                        // older trigger named several, comma-separated).
                         Ok(Ok(Some(n))) => s.appended.send_modify(|a| match n.payload() {
                             "" => a.ring_all(),
                             types => types.split(',').for_each(|t| a.ring(t)),
@@ -182,8 +183,8 @@ pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bell
     }
 }
 
-/// The channel the events table notifies on commit (see `POSTGRES_SCHEMA`).
-const APPENDED_CHANNEL: &str = "atasira_events";
+/// The channel an append statement notifies on commit (see `store::append`).
+pub(super) const APPENDED_CHANNEL: &str = "atasira_events";
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! The one database: the shared event store (R-ARCH-1) plus each component's own tables.
 //! This module owns the events schema and every statement on it:
 //!
-//! - [`schema`]: the tables and triggers of both databases;
+//! - [`schema`]: the tables, triggers and policies of both databases;
 //! - [`append`]: commands (load a stream, decide, append, retry) and what they did;
 //! - [`read`]: events in commit order, streams, histories, heads;
 //! - [`bells`]: what a process learns without asking (appended, progressed);
