@@ -132,11 +132,11 @@ impl Db {
     }
 }
 
-/// PostgreSQL's doorbell: `LISTEN` on the channel every append statement notifies (at the
-/// commit of a transaction that appended events), ringing the appended bell; reconnects after a
-/// failure (ringing once, since a notification may have been missed). While it listens,
-/// this process's own commits ring by notification only (see `Bells::listening`); while
-/// it does not, they ring locally. Ends with the `Db`.
+/// PostgreSQL's doorbell: `LISTEN` on the channel every append statement notifies (at
+/// the commit of a transaction that appended events), ringing the appended bell;
+/// reconnects after a failure (ringing once, since a notification may have been missed).
+/// While it listens, this process's own commits ring by notification only (see
+/// `Bells::listening`); while it does not, they ring locally. Ends with the `Db`.
 pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bells>) {
     loop {
         let listener = async {
