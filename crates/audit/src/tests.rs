@@ -13,7 +13,7 @@ use atasira_domain::aggregates::audit_ledger::{AuditLedger, LEDGER_ID};
 use atasira_domain::aggregates::draft::{Draft, DraftCommand};
 use atasira_domain::aggregates::security::{ApprovalSecurity, SecurityCommand};
 use atasira_domain::assertion::AssertionSigner;
-use atasira_domain::audit::{AuditKey, AuditKeys, LedgerRow, Verification, payload_digest};
+use atasira_domain::audit::{AuditKey, AuditKeys, LedgerRow, Verification, export, payload_digest};
 use atasira_domain::draft_request::BoxDraftCreateRequest;
 use atasira_domain::token::ApprovalSigner;
 use atasira_domain::{Kind, Principal, Role};
@@ -107,6 +107,30 @@ async fn two_rows(dir: &TempDir) -> (Db, AuditKeys) {
     approve(&db, "d1").await;
     apply_pending(&db, &ks).await.expect("apply");
     (db, ks)
+}
+
+#[tokio::test]
+async fn r_audit_2_a_checkpoint_digests_its_rows_a_page_at_a_time_as_if_all_at_once() {
+    // given a ledger of seven rows (four drafts, three of them approved)
+    let dir = TempDir::new();
+    let db = db(&dir).await;
+    let ks = keys();
+    for id in ["d1", "d2", "d3", "d4"] {
+        submit(&db, id).await;
+    }
+    for id in ["d1", "d2", "d3"] {
+        approve(&db, id).await;
+    }
+    assert_eq!(apply_pending(&db, &ks).await.expect("apply"), 7);
+    // when the rows a checkpoint covers are digested in pages of one, three and all
+    let all = ledger::rows_between(&db, 0, 7).await.expect("rows");
+    let at_once = export::rows_digest(all.iter().map(export::row_digest).collect::<Vec<_>>().iter().map(String::as_str));
+    for page in [1, 3, 7, 1_000] {
+        // then every paging gives the digest of all the rows at once, and of a later range too
+        assert_eq!(ledger::digest_of_rows(&db, 0, 7, page).await.expect("digest"), at_once, "pages of {page}");
+        let tail = export::rows_digest(all[2..].iter().map(export::row_digest).collect::<Vec<_>>().iter().map(String::as_str));
+        assert_eq!(ledger::digest_of_rows(&db, 2, 7, page).await.expect("digest"), tail, "the rows after 2, pages of {page}");
+    }
 }
 
 #[tokio::test]

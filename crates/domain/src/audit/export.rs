@@ -40,12 +40,27 @@ pub fn row_digest(row: &LedgerRow) -> String {
 
 /// The digest a signed checkpoint covers: SHA-256 over its rows' digests, one per line.
 pub fn rows_digest<'a>(digests: impl IntoIterator<Item = &'a str>) -> String {
-    let mut hash = Sha256::new();
+    let mut hash = RowsDigest::default();
     for d in digests {
-        hash.update(d.as_bytes());
-        hash.update(b"\n");
+        hash.push(d);
     }
-    hex::encode(hash.finalize())
+    hash.finish()
+}
+
+/// [`rows_digest`] taken one row digest at a time, so that its rows need not be held at
+/// once.
+#[derive(Debug, Default, Clone)]
+pub struct RowsDigest(Sha256);
+
+impl RowsDigest {
+    pub fn push(&mut self, row_digest: &str) {
+        self.0.update(row_digest.as_bytes());
+        self.0.update(b"\n");
+    }
+
+    pub fn finish(self) -> String {
+        hex::encode(self.0.finalize())
+    }
 }
 
 /// The bytes a checkpoint's signature covers.
