@@ -148,50 +148,6 @@ fn a_transaction_that_started_first_but_took_a_later_position_is_not_skipped() {
 }
 
 #[test]
-fn a_commit_reaches_a_reader_in_another_process_by_the_doorbell_and_its_own_process_once() {
-    // R-ARCH-6, R-BOX-9: the append statement notifies nothing; each process tells the
-    // others of its commits after them (one notification for commits close together). A
-    // feed in another process that no poll wakes within the test gets every event, and the
-    // writer's own process hears each of its commits once (its own notifications skipped).
-    let database = Database::create();
-    runtime().block_on(async {
-        let ten_s = std::time::Duration::from_secs(10);
-        let writer = Db::connect(&database.url).await.expect("connect");
-        let reader = Db::connect(&database.url).await.expect("another process");
-        let third = sqlx::PgPool::connect(&database.url).await.expect("a third process");
-        // given both listening (a listener rings every reader once when it is in place)
-        let (mut own, mut theirs) = (writer.on_append(), reader.on_append());
-        tokio::time::timeout(ten_s, own.changed()).await.expect("the writer listens").expect("bell");
-        tokio::time::timeout(ten_s, theirs.changed()).await.expect("the reader listens").expect("bell");
-        let feeds = FeedSource { fallback: std::time::Duration::from_secs(600), ..FeedSource::default() };
-        let mut feed = feeds.open(&reader, "doorbell", &["draft"], Cursor::START).await.expect("feed");
-        assert!(feed.next().await.expect("read").is_empty());
-        let seen = *own.borrow_and_update();
-        let (before, boxes) = (seen.of(&["draft"]), seen.of(&["box"]));
-        // when the writer commits twenty drafts one after another
-        for i in 0..20 {
-            let id = format!("rung{i}");
-            writer.cqrs::<Draft>().execute_new(&id, submit(&id), HashMap::new()).await.expect("submit");
-        }
-        // then the other process's feed, woken only by bells, reads them all
-        let mut seen = Vec::new();
-        tokio::time::timeout(ten_s, async {
-            while seen.len() < 20 {
-                seen.extend(feed.next().await.expect("next").into_iter().map(|d| d.event.aggregate_id));
-            }
-        })
-        .await
-        .expect("the doorbell woke the other process's feed");
-        assert_eq!(seen, (0..20).map(|i| format!("rung{i}")).collect::<Vec<_>>());
-        // and once a third process's doorbell (naming Boxes, rung after the writer's first
-        // one) has reached the writer, the writer's bell rang once per commit of its own
-        sqlx::query("SELECT pg_notify('atasira_events', 'box')").execute(&third).await.expect("notify");
-        tokio::time::timeout(ten_s, own.wait_for(|a| a.of(&["box"]) != boxes)).await.expect("the third process's doorbell reached the writer").expect("bell");
-        assert_eq!(own.borrow().of(&["draft"]), before.wrapping_add(20), "the writer heard its own commits a second time");
-    });
-}
-
-#[test]
 fn a_two_event_command_interleaved_with_concurrent_appends_skips_nothing() {
     // R-ARCH-6: namespace-like two-event transactions interleave with single-event appends
     // of other aggregates, with pauses inside transactions, while a feed reads; every event

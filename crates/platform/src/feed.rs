@@ -2,9 +2,8 @@
 //! reads the event store after its consumer's cursor, in commit order, with the gap-safe
 //! read the relay uses (`Db::read`). A consumer never applies an event it was sent: NATS
 //! (the relay's public feed) is not read at all, and what wakes a feed is a bell that
-//! carries no event: the appended bell of its `Db`, rung after local commits, in
-//! PostgreSQL by `LISTEN` for the other processes' doorbells, and by a read-your-writes
-//! wait that finds a consumer behind. A slow poll is only a safety net.
+//! carries no event: the appended bell of its `Db`, rung after local commits and, in
+//! PostgreSQL, by `LISTEN` on every commit anywhere. A slow poll is only a safety net.
 
 use std::time::Duration;
 
@@ -299,7 +298,7 @@ mod tests {
         let mut next = Box::pin(feed.next());
         assert!(tokio::time::timeout(Duration::from_millis(300), &mut next).await.is_err(), "the feed read while nobody waited");
         // when a read-your-writes wait starts, then it reads both at once
-        db.wanted(&["draft"]);
+        db.wanted();
         let got = tokio::time::timeout(Duration::from_secs(10), next).await.expect("a wait ends the linger").expect("read");
         assert_eq!(got.iter().map(|d| d.event.aggregate_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         // and while waits keep coming, the feed reads as soon as the bell rings

@@ -11,7 +11,7 @@ use crate::store::Db;
 /// positions are commit order; callers in cluster mode wait by event id.
 pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: Duration) -> anyhow::Result<Vec<String>> {
     let elsewhere = names.iter().any(|name| !db.runs_here(name));
-    until(db, timeout, elsewhere, &[], |look| async move {
+    until(db, timeout, elsewhere, |look| async move {
         let mut lagging = Vec::new();
         for name in names {
             let seen = db.progress_of(name).is_some_and(|c| c.position >= position);
@@ -37,10 +37,7 @@ pub async fn wait_for_events(
     timeout: Duration,
 ) -> anyhow::Result<Vec<String>> {
     let elsewhere = projections.iter().any(|(name, _)| !db.runs_here(name));
-    let mut awaited: Vec<&str> = event_ids.iter().map(|id| id.split('/').next().unwrap_or_default()).collect();
-    awaited.sort_unstable();
-    awaited.dedup();
-    until(db, timeout, elsewhere, &awaited, |look| async move {
+    until(db, timeout, elsewhere, |look| async move {
         let mut lagging = Vec::new();
         for (name, types) in projections {
             // The events precede `position`: none was processed before the feed opened.
@@ -95,15 +92,14 @@ impl Look {
 }
 
 /// Asks `behind` again each time a consumer made progress, until it says nothing is behind
-/// or `timeout` passed; returns its last answer. A first answer that finds a consumer
-/// behind rings the wanted bell for the events' `aggregate_types` (every type when empty). The consumers a service answers for
+/// or `timeout` passed; returns its last answer. The consumers a service answers for
 /// usually run in its own process, so their progress bell is the signal to look, and what
 /// they committed is in memory ([`Db::progressed_to`]), so a look after a ring asks no
 /// database. A replica standing by for some of them (`elsewhere`: they run in another
 /// one) also looks in the store soon and then less often ([`STANDBY_LOOKS`]): no
 /// notification tells it of another process's progress, since one at every consumer
 /// commit would wake every process listening to the database.
-async fn until<F, Fut>(db: &Db, timeout: Duration, elsewhere: bool, aggregate_types: &[&str], behind: F) -> anyhow::Result<Vec<String>>
+async fn until<F, Fut>(db: &Db, timeout: Duration, elsewhere: bool, behind: F) -> anyhow::Result<Vec<String>>
 where
     F: Fn(Look) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Vec<String>>>,
@@ -121,10 +117,9 @@ where
             return Ok(lagging);
         }
         if look == Look::First {
-            // Read models that let events gather while nobody waits apply them now, and
-            // feeds that have not heard of the events yet read (a wait for what they
-            // already hold, such as a readiness probe, rings nothing).
-            db.wanted(aggregate_types);
+            // Read models that let events gather while nobody waits apply them now (a
+            // wait for what they already hold, such as a readiness probe, rings nothing).
+            db.wanted();
         }
         let safety_net = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
         let next_standby_look = deadline.min(tokio::time::Instant::now() + standby.take());
@@ -172,37 +167,14 @@ mod tests {
         let db = &store.db;
         let position =
             db.cqrs::<Draft>().execute_new("d1", testing::submit("d1"), std::collections::HashMap::new()).await.expect("submit").head().expect("head").position;
-        let mut appended = db.on_append();
-        appended.borrow_and_update();
         // when a wait asks for what every read model holds (a readiness probe), then no
         // lingering feed is asked to read
         assert!(wait_for(db, &["view"], 0, Duration::ZERO).await.expect("wait").is_empty());
         assert!(!db.wanted_within(Duration::from_secs(60)), "a wait for nothing asked the read models to hurry");
-        assert!(!appended.has_changed().expect("the bell is there"), "a wait for nothing woke the feeds");
-        // when a wait finds the read model behind, then the wanted bell rings, and the
-        // appended bell too (a feed that has not heard of the write yet reads now)
+        // when a wait finds the read model behind, then the wanted bell rings
         let wanted = db.on_wanted();
         assert_eq!(wait_for(db, &["view"], position, Duration::from_millis(10)).await.expect("wait"), ["view"]);
         assert!(db.wanted_within(Duration::from_secs(60)));
         assert!(wanted.has_changed().expect("the bell is there"), "the wanted bell did not ring");
-        assert!(appended.has_changed().expect("the bell is there"), "the feeds were not woken");
-    }
-
-    #[tokio::test]
-    async fn r_box_9_a_wait_for_events_wakes_only_the_feeds_of_their_types() {
-        // given a store with one draft that no consumer named "view" has applied
-        let store = testing::TempDb::new().await;
-        let db = &store.db;
-        let receipt = db.cqrs::<Draft>().execute_new("d1", testing::submit("d1"), std::collections::HashMap::new()).await.expect("submit");
-        let (ids, position) = (vec![receipt.head().expect("head").id], receipt.head().expect("head").position);
-        let mut appended = db.on_append();
-        let seen = *appended.borrow_and_update();
-        let (drafts, boxes) = (seen.of(&["draft"]), seen.of(&["box"]));
-        // when a wait for the draft's event finds the read model behind
-        let lagging = wait_for_events(db, &[("view", &["draft"])], &ids, position, Duration::from_millis(10)).await.expect("wait");
-        assert_eq!(lagging, ["view"]);
-        // then feeds of drafts are woken, and feeds of Boxes sleep on
-        assert_ne!(appended.borrow().of(&["draft"]), drafts);
-        assert_eq!(appended.borrow().of(&["box"]), boxes);
     }
 }

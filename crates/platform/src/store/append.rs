@@ -187,7 +187,7 @@ where
             if let Some(service) = A::TYPE.strip_suffix("_security") {
                 metrics.security_violations.get_or_create(&crate::metrics::ServiceLabel { service: service.replace('_', "-") }).inc();
             }
-            self.db.bells.committed(A::TYPE);
+            self.db.bells.committed(|a| a.ring(A::TYPE));
         }
         result
     }
@@ -377,17 +377,24 @@ fn placed<R: Borrow<StoredRow>>(events: Vec<Recorded>, stored: &[R]) -> Vec<Reco
 /// The statement that appends `rows` rows in one go (a statement outside a transaction
 /// block is its own atomic transaction: all rows or none), returning each row's stream,
 /// sequence and position (PostgreSQL's `global_position`, SQLite's rowid); `json` casts
-/// the payload and metadata for PostgreSQL's `json` columns. A sequence another writer
-/// took first fails the statement: the optimistic-concurrency conflict, as in postgres-es
-/// and sqlite-es. It notifies nothing: the other processes hear of the commit from the
-/// doorbell, after it (`bells`).
+/// the payload and metadata for PostgreSQL's `json` columns and rings the doorbell
+/// ([`doorbell`]). A sequence another writer took first fails the statement: the
+/// optimistic-concurrency conflict, as in postgres-es and sqlite-es.
 fn insert_statement(rows: usize, json: bool) -> String {
-    let position = if json { "global_position" } else { "rowid" };
+    let (position, doorbell) = if json { ("global_position", doorbell()) } else { ("rowid", String::new()) };
     format!(
         "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {}
-         RETURNING aggregate_type, aggregate_id, sequence, {position}, recorded_at_ms",
+         RETURNING aggregate_type, aggregate_id, sequence, {position}, recorded_at_ms{doorbell}",
         insert_values(rows, json)
     )
+}
+
+/// PostgreSQL's doorbell, rung by the statement that appends: a notification on the
+/// channel every process listens to (`bells`), naming the aggregate type of each row. It
+/// is delivered at commit, once per type (PostgreSQL folds a transaction's repeats), and
+/// not at all for a statement that stored nothing. An extra column of the returned rows.
+fn doorbell() -> String {
+    format!(", pg_notify('{}', aggregate_type)", super::bells::APPENDED_CHANNEL)
 }
 
 /// The VALUES of [`insert_statement`]: seven parameters per row, from `$1`.
@@ -410,9 +417,10 @@ fn admitted_insert_statement(rows: usize) -> String {
          INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
          SELECT v.* FROM (VALUES {}) AS v (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
          WHERE EXISTS (SELECT 1 FROM admitted)
-         RETURNING aggregate_type, aggregate_id, sequence, global_position, recorded_at_ms",
+         RETURNING aggregate_type, aggregate_id, sequence, global_position, recorded_at_ms{}",
         tag + 1,
         insert_values(rows, true),
+        doorbell()
     )
 }
 

@@ -1,30 +1,25 @@
 //! What a process learns without asking the database: events were appended (rung after a
-//! local commit, and in PostgreSQL after every commit anywhere, by `LISTEN`), a consumer of
+//! local commit, and in PostgreSQL on every commit anywhere, by `LISTEN`), a consumer of
 //! this process made progress, a reader of this process waits for a consumer that is behind.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use sqlx::{Connection as _, PgConnection, PgPool};
-use tokio::sync::{mpsc, watch};
+use sqlx::PgPool;
+use tokio::sync::watch;
 
 use super::Db;
 
 /// The bells of one process.
 pub(super) struct Bells {
     pub(super) appended: watch::Sender<Appended>,
+    /// PostgreSQL: `LISTEN` is in place, so every commit (this process's too) rings the
+    /// appended bell by notification; a local ring after a commit would only wake readers
+    /// a second time for the same events.
+    listening: std::sync::atomic::AtomicBool,
     /// PostgreSQL: the pool to `LISTEN` from, until the first reader of the appended bell
     /// starts the listener (a process nobody in which reads the bell, such as a gateway
     /// without live streams, is not woken by every commit of the cluster).
     listen_from: std::sync::Mutex<Option<PgPool>>,
-    /// PostgreSQL: tells the other processes of this process's commits, after them
-    /// ([`ring_the_doorbell`]).
-    doorbell: Option<mpsc::UnboundedSender<&'static str>>,
-    /// The database backend the doorbell notifies from (0 before it connects): what it
-    /// notifies was rung in this process already.
-    doorbell_backend: Arc<AtomicU32>,
     progressed: watch::Sender<u64>,
     /// Rung, with the time, when a read-your-writes wait here finds a consumer behind:
     /// consumers that let events gather while nobody waits (a read model's feed lingers)
@@ -36,9 +31,8 @@ impl Default for Bells {
     fn default() -> Bells {
         Bells {
             appended: watch::channel(Appended::default()).0,
+            listening: std::sync::atomic::AtomicBool::new(false),
             listen_from: std::sync::Mutex::new(None),
-            doorbell: None,
-            doorbell_backend: Arc::default(),
             progressed: watch::channel(0).0,
             wanted: watch::channel(None).0,
         }
@@ -46,23 +40,17 @@ impl Default for Bells {
 }
 
 impl Bells {
-    /// PostgreSQL's bells: the appended bell listens for the database's notifications from
-    /// `pool` once someone reads it, and the doorbell tells the other processes of this
-    /// one's commits.
-    pub(super) fn postgres(pool: PgPool) -> Bells {
-        let (doorbell, commits) = mpsc::unbounded_channel();
-        let doorbell_backend = Arc::<AtomicU32>::default();
-        tokio::spawn(ring_the_doorbell(pool.clone(), commits, doorbell_backend.clone()));
-        Bells { listen_from: std::sync::Mutex::new(Some(pool)), doorbell: Some(doorbell), doorbell_backend, ..Bells::default() }
+    /// PostgreSQL: the appended bell listens for the database's notifications from `pool`
+    /// once someone reads it.
+    pub(super) fn listen_later(&self, pool: PgPool) {
+        *self.listen_from.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pool);
     }
 
-    /// Rings the appended bell after a commit of this process that appended
-    /// `aggregate_type`, and (PostgreSQL) the doorbell.
-    pub(super) fn committed(&self, aggregate_type: &'static str) {
-        self.appended.send_modify(|a| a.ring(aggregate_type));
-        if let Some(doorbell) = &self.doorbell {
-            // Fails only once the doorbell has stopped with the runtime.
-            let _ = doorbell.send(aggregate_type);
+    /// Rings the appended bell after a commit of this process, unless the database's
+    /// notification will.
+    pub(super) fn committed(&self, ring: impl FnOnce(&mut Appended)) {
+        if !self.listening.load(std::sync::atomic::Ordering::Acquire) {
+            self.appended.send_modify(ring);
         }
     }
 }
@@ -128,16 +116,9 @@ impl Db {
     }
 
     /// Rings the wanted bell: a read-your-writes wait found a consumer of this process
-    /// behind, waiting for events of `aggregate_types` (every type when empty). The wait
-    /// follows their commit, so it rings the appended bell for them too: a feed that has
-    /// not heard of them yet (another process's doorbell may ring a little later) reads
-    /// now.
-    pub fn wanted(&self, aggregate_types: &[&str]) {
+    /// behind.
+    pub fn wanted(&self) {
         self.bells.wanted.send_replace(Some(std::time::Instant::now()));
-        self.bells.appended.send_modify(|a| match aggregate_types {
-            [] => a.ring_all(),
-            types => types.iter().for_each(|t| a.ring(t)),
-        });
     }
 
     /// The wanted bell (a lingering feed listens to it).
@@ -151,10 +132,11 @@ impl Db {
     }
 }
 
-/// PostgreSQL: `LISTEN` on the channel every process's doorbell notifies after its
-/// commits, ringing the appended bell; this process's own notifications are skipped (its
-/// commits rang already). Reconnects after a failure (ringing once, since a notification
-/// may have been missed). Ends with the `Db`.
+/// PostgreSQL's doorbell: `LISTEN` on the channel every append statement notifies (at
+/// the commit of a transaction that appended events), ringing the appended bell;
+/// reconnects after a failure (ringing once, since a notification may have been missed).
+/// While it listens, this process's own commits ring by notification only (see
+/// `Bells::listening`); while it does not, they ring locally. Ends with the `Db`.
 pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bells>) {
     loop {
         let listener = async {
@@ -166,15 +148,15 @@ pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bell
         match listener {
             Ok(mut listener) => {
                 let Some(s) = bells.upgrade() else { return };
+                s.listening.store(true, std::sync::atomic::Ordering::Release);
                 s.appended.send_modify(Appended::ring_all);
                 drop(s);
                 loop {
                     let received = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
                     let Some(s) = bells.upgrade() else { return };
                     match received {
-                        Ok(Ok(Some(n))) if n.process_id() == s.doorbell_backend.load(Ordering::Acquire) => {}
-                        // The payload names the types appended, comma-separated (a store's
-                        // older trigger, or an older version's append, named one or none).
+                        // The payload names a type the transaction appended (a store's
+                        // older trigger named several, comma-separated).
                         Ok(Ok(Some(n))) => s.appended.send_modify(|a| match n.payload() {
                             "" => a.ring_all(),
                             types => types.split(',').for_each(|t| a.ring(t)),
@@ -183,6 +165,7 @@ pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bell
                         // notified meanwhile is lost, so every reader looks.
                         Ok(Ok(None)) => s.appended.send_modify(Appended::ring_all),
                         Ok(Err(e)) => {
+                            s.listening.store(false, std::sync::atomic::Ordering::Release);
                             s.appended.send_modify(Appended::ring_all);
                             tracing::warn!(error = %e, "lost the database's event notifications; reconnecting");
                             break;
@@ -200,52 +183,7 @@ pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bell
     }
 }
 
-/// How close together a process's doorbell rings at most. The first commit after a quiet
-/// spell is told at once; commits within this of the last ring are told together, one
-/// notification for them all, at its end. Every notification wakes every process that
-/// listens, and when it was part of the append, it cost each command's commit about
-/// 45 µs on a 2-core host (ADR 9). A read-your-writes wait does not wait for it
-/// ([`Db::wanted`]); a reader that nobody waits for may see an event this much later.
-const DOORBELL_SPACING: Duration = Duration::from_millis(5);
-
-/// PostgreSQL: tells the other processes of this process's commits, each after it
-/// completed, so a process woken by the notification reads the events. A notification
-/// names the aggregate types appended, comma-separated; its own transaction does not wait
-/// for the WAL flush (it stores nothing). Notified from a connection of its own, whose
-/// backend this process's listener skips. Ends when the `Db` is gone.
-async fn ring_the_doorbell(pool: PgPool, mut commits: mpsc::UnboundedReceiver<&'static str>, backend: Arc<AtomicU32>) {
-    let sql = format!("SELECT pg_notify($1, $2) FROM {}", super::consumers::ASYNC_COMMIT);
-    let mut conn: Option<PgConnection> = None;
-    let mut last: Option<tokio::time::Instant> = None;
-    while let Some(first) = commits.recv().await {
-        if let Some(last) = last {
-            tokio::time::sleep_until(last + DOORBELL_SPACING).await;
-        }
-        let mut types = BTreeSet::from([first]);
-        while let Ok(more) = commits.try_recv() {
-            types.insert(more);
-        }
-        last = Some(tokio::time::Instant::now());
-        let payload = types.into_iter().collect::<Vec<_>>().join(",");
-        let rung = async {
-            if conn.is_none() {
-                let mut fresh = PgConnection::connect_with(&pool.connect_options()).await?;
-                let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut fresh).await?;
-                backend.store(u32::try_from(pid).unwrap_or_default(), Ordering::Release);
-                conn = Some(fresh);
-            }
-            let Some(c) = conn.as_mut() else { return Ok(()) };
-            sqlx::query(&sql).bind(APPENDED_CHANNEL).bind(&payload).execute(c).await.map(drop)
-        }
-        .await;
-        if let Err(e) = rung {
-            conn = None;
-            tracing::warn!(error = %e, "cannot tell the other processes of this one's commits; they find them at their next periodic look");
-        }
-    }
-}
-
-/// The channel every process's doorbell notifies.
+/// The channel an append statement notifies on commit (see `store::append`).
 pub(super) const APPENDED_CHANNEL: &str = "atasira_events";
 
 #[cfg(test)]

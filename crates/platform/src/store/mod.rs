@@ -129,7 +129,8 @@ impl Db {
                 .connect(url)
                 .await
                 .context("failed to open the Any pool")?;
-            let bells = Arc::new(bells::Bells::postgres(pool.clone()));
+            let bells = Arc::new(bells::Bells::default());
+            bells.listen_later(pool.clone());
             Db::new(Typed::Postgres(pool), any, bells)
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?

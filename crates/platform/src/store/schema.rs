@@ -103,8 +103,8 @@ const POSTGRES_SCHEMA: &[&str] = &[
     // A reader of some aggregate types finds its events in commit order per type, whatever
     // the planner believes about how the types are spread (see `pg_after`).
     "CREATE INDEX IF NOT EXISTS events_type_commit_order ON events (aggregate_type, tx_id, global_position)",
-    // No trigger runs on an insert: each process rings its doorbell after its commits
-    // (`store::bells`). Stores prepared by an older version had an insert trigger for the
+    // The doorbell is rung by the append statement itself (`store::append`), so no trigger
+    // runs on an insert. Stores prepared by an older version had an insert trigger for the
     // writers' check and a statement trigger for the doorbell: dropped once the policies
     // above hold (only the owner may; another role leaves them, which then cost only time).
     "DO $$ BEGIN
