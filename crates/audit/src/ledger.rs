@@ -461,7 +461,6 @@ pub async fn signed_checkpoints(db: &Db) -> anyhow::Result<Vec<CheckpointProof>>
     Ok(recorded_checkpoints(db).await?.into_iter().filter_map(|(checkpoint, signed)| signed.map(|signed| CheckpointProof { checkpoint, signed })).collect())
 }
 
-/// The rows with `after < seq <= upto`, in seq order.
 /// Rows a checkpoint reads at a time: after a busy minute its signature covers a hundred
 /// thousand rows or more, which held at once took the audit process's memory up by as
 /// many kilobytes (`atasira bench soak`).
@@ -482,6 +481,7 @@ pub(crate) async fn digest_of_rows(db: &Db, after: i64, upto: i64, page: i64) ->
     Ok(digest.finish())
 }
 
+/// The rows with `after < seq <= upto`, in seq order.
 pub async fn rows_between(db: &Db, after: i64, upto: i64) -> anyhow::Result<Vec<LedgerRow>> {
     let stored = sqlx::query(&format!("SELECT {COLUMNS} FROM audit_ledger_rows WHERE seq > $1 AND seq <= $2 ORDER BY seq"))
         .bind(after)
