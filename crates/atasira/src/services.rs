@@ -173,7 +173,7 @@ impl Embedded {
             tokio::spawn(atasira_drafts::run(rt.clone(), drafts_config(settings), rx.clone())),
             tokio::spawn(atasira_approval::run(approval_rt, approval_config(signer, retired), rx.clone())),
             tokio::spawn(atasira_runtime_registry::run(registry_rt, registry_config(settings), rx.clone())),
-            tokio::spawn(atasira_audit::run(rt.clone(), audit_config(audit, settings, false), rx.clone())),
+            tokio::spawn(atasira_audit::run(rt.clone(), audit_config(Arc::new(audit), settings, false), rx.clone())),
             tokio::spawn(atasira_provisioner::run(rt.clone(), provisioner_config(settings), rx.clone())),
         ];
         wait_ready(rt.bus.as_ref(), atasira_contracts::subjects::SERVICES).await?;
@@ -252,9 +252,10 @@ pub fn registry_config(s: &Settings) -> atasira_runtime_registry::RegistryConfig
     }
 }
 
-/// The audit service's settings; `on_bus`: announcements also go out on NATS.
-fn audit_config(keys: AuditKeys, s: &Settings, on_bus: bool) -> atasira_audit::AuditConfig {
-    atasira_audit::AuditConfig { notifier: atasira_audit::NotifierConfig { on_bus, ..s.notifier.clone() }, ..atasira_audit::AuditConfig::new(Arc::new(keys)) }
+/// The audit service's settings; `on_bus`: announcements also go out on NATS (as
+/// `atasira serve audit` sends them).
+pub(crate) fn audit_config(keys: Arc<AuditKeys>, s: &Settings, on_bus: bool) -> atasira_audit::AuditConfig {
+    atasira_audit::AuditConfig { notifier: atasira_audit::NotifierConfig { on_bus, ..s.notifier.clone() }, ..atasira_audit::AuditConfig::new(keys) }
 }
 
 /// What `atasira serve` can run.
@@ -501,7 +502,7 @@ pub async fn serve(
             let relay = relay_for(atasira_audit::SERVICE, atasira_audit::AGGREGATE_TYPES);
             // Holds every notification on the public event feed to the store.
             let sentinel = tokio::spawn(atasira_platform::sentinel::run(rt.clone(), events.clone(), rx.clone()));
-            atasira_audit::run(rt, audit_config(setting.audit_keys()?, &settings, true), rx).await?;
+            atasira_audit::run(rt, audit_config(Arc::new(setting.audit_keys()?), &settings, true), rx).await?;
             let _ = relay.await;
             let _ = sentinel.await;
             Ok(())

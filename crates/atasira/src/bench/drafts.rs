@@ -192,7 +192,7 @@ impl<'a> Cluster<'a> {
                 vec![
                     relay(atasira_audit::SERVICE, atasira_audit::AGGREGATE_TYPES),
                     sentinel,
-                    tokio::spawn(atasira_audit::run(rt.clone(), atasira_audit::AuditConfig::new(self.audit.clone()), rx.clone())),
+                    tokio::spawn(atasira_audit::run(rt.clone(), services::audit_config(self.audit.clone(), &self.settings, true), rx.clone())),
                 ]
             }
             subjects::APPROVAL => {
