@@ -190,6 +190,69 @@ fn a_service_with_another_services_credentials_cannot_serve_or_forge_its_subject
 }
 
 #[test]
+fn a_process_rings_the_others_on_its_own_doorbell_and_its_commands_notify_nothing_in_the_database() {
+    // R-ARCH-6, R-BOX-9, R-ARCH-10 (ADR 9): in cluster mode a command's commit rings the
+    // other processes over NATS, on a doorbell only its own identity may ring; the append
+    // notifies nothing in the database, where a notification made the commit signal every
+    // listening session.
+    use atasira_domain::aggregates::draft::{Draft, DraftCommand};
+    use atasira_domain::aggregates::types;
+    use atasira_platform::store::Db;
+    use sqlx::Connection as _;
+    let (dir, nats) = authenticated_nats();
+    let creds = dir.0.join("nats");
+    let database = atasira_tests::harness::Database::create();
+    runtime().block_on(async {
+        let (drafts, mut errors) = connect_as(&nats, &creds, subjects::DRAFTS).await;
+        let (registry, _) = connect_as(&nats, &creds, subjects::RUNTIME_REGISTRY).await;
+        let (writer, reader) = (Db::connect(&database.url).await.expect("connect"), Db::connect(&database.url).await.expect("connect"));
+        writer.ring_over_nats(drafts.clone(), subjects::DRAFTS);
+        reader.ring_over_nats(registry, subjects::RUNTIME_REGISTRY);
+        let mut told = sqlx::postgres::PgListener::connect(&database.url).await.expect("a listener");
+        told.listen("atasira_events").await.expect("listens");
+        let mut bell = reader.on_append();
+        let mut n = 0;
+        let mut submit = async || {
+            n += 1;
+            let id = format!("rung-{n}");
+            let request = atasira_domain::draft_request::BoxDraftCreateRequest::from_value(json!({"box_type": id, "purpose": "p"}));
+            let plan = request.and_then(|r| r.plan()).expect("plan");
+            let requested_by = atasira_domain::Principal::new("agent", atasira_domain::Role::Member, atasira_domain::Kind::Agent);
+            let command = DraftCommand::Submit { draft_id: id.clone(), plan, requested_by, at: chrono::Utc::now() };
+            writer.cqrs::<Draft>().execute_new(&id, command, Default::default()).await.expect("submitted");
+        };
+        // The reader hears the writer's doorbell once its subscription is live on the server.
+        let seen = bell.borrow_and_update().of(&[types::DRAFT]);
+        for attempt in 0.. {
+            assert!(attempt < 300, "the reader never heard the writer's doorbell");
+            submit().await;
+            if tokio::time::timeout(Duration::from_millis(100), bell.wait_for(|a| a.of(&[types::DRAFT]) != seen)).await.is_ok() {
+                break;
+            }
+        }
+        // Then every command rings it, by the doorbell alone.
+        for i in 0..20 {
+            let seen = bell.borrow_and_update().of(&[types::DRAFT]);
+            submit().await;
+            let rung = tokio::time::timeout(ARRIVES, bell.wait_for(|a| a.of(&[types::DRAFT]) != seen)).await;
+            assert!(rung.is_ok(), "command {i} did not ring the reader");
+        }
+        assert_eq!(no_error(&drafts, &mut errors).await, Ok(()), "a process rings its own doorbell");
+        // The database was told nothing: the first notification the listener gets is a
+        // marker sent after every command.
+        sqlx::query("SELECT pg_notify('atasira_events', 'marker')")
+            .execute(&mut sqlx::PgConnection::connect(&database.url).await.expect("connect"))
+            .await
+            .expect("notify");
+        let first = tokio::time::timeout(ARRIVES, told.recv()).await.expect("the marker arrives").expect("listening");
+        assert_eq!(first.payload(), "marker", "an append notified the database");
+        // Nobody rings as another process.
+        drafts.publish(subjects::doorbell(subjects::APPROVAL), "1 draft".into()).await.expect("sent");
+        assert_refused(violation(&mut errors).await, "Publish", "atasira.bell.approval");
+    });
+}
+
+#[test]
 fn a_request_cannot_make_a_service_answer_on_another_services_subject() {
     // R-ARCH-10: a reply subject is chosen by whoever sends the request; a service answers
     // only into its callers' inboxes, so "replying" on approval's request subject to the

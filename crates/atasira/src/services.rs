@@ -426,6 +426,8 @@ pub async fn serve(
         NatsAuth::Insecure { .. } => None,
     };
     let client = connect_nats(nats_url, identity, &nats_auth, true).await?;
+    // Its commits ring the other processes over NATS (ADR 9).
+    db.ring_over_nats(client.clone(), identity);
     let events = relay::EventsStream::new(async_nats::jetstream::new(client.clone()));
     let rt = Runtime {
         db: db.clone(),

@@ -27,6 +27,15 @@ pub fn events(service: &str) -> String {
     format!("atasira.box.{service}.events")
 }
 
+/// Where a process's store connection tells the others that it appended events (the
+/// doorbell: the aggregate types, never an event; a woken process reads the store).
+pub fn doorbell(identity: &str) -> String {
+    format!("atasira.bell.{identity}")
+}
+
+/// Every process's doorbell: what each process listens to.
+pub const DOORBELLS: &str = "atasira.bell.*";
+
 /// The NATS account atasira's processes and NATS publishers share (`atasira nats-config`).
 pub const ACCOUNT: &str = "ATASIRA";
 
@@ -259,8 +268,9 @@ pub struct Permissions {
 }
 
 /// The permissions of a process identity (R-ARCH-10), derived from `ROUTES`: it publishes
-/// its own requests, its own events (services relay them) and the JetStream API calls its
-/// code makes (`jetstream_grants`); it listens on its own subjects, the services API and its own inbox.
+/// its own requests, its own events (services relay them), its own doorbell and the
+/// JetStream API calls its code makes (`jetstream_grants`); it listens on its own
+/// subjects, every doorbell, the services API and its own inbox.
 ///
 /// It answers requests by publishing into its callers' inboxes: those of the processes
 /// routed to it, and those of NATS publishers (every process answers an admin's services
@@ -297,6 +307,8 @@ pub fn permissions(identity: &str) -> Permissions {
         publish.push(events(identity));
         publish.extend(jetstream_grants(identity));
     }
+    publish.push(doorbell(identity));
+    subscribe.push(DOORBELLS.to_owned());
     subscribe.push(SERVICES_API.to_owned());
     subscribe.push(format!("{}.>", inbox_prefix(identity)));
     if identity == GATEWAY {

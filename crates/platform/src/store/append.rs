@@ -187,7 +187,7 @@ where
             if let Some(service) = A::TYPE.strip_suffix("_security") {
                 metrics.security_violations.get_or_create(&crate::metrics::ServiceLabel { service: service.replace('_', "-") }).inc();
             }
-            self.db.bells.committed(|a| a.ring(A::TYPE));
+            self.db.bells.committed(A::TYPE);
         }
         result
     }
@@ -223,7 +223,7 @@ where
             // The writer's turn is held (`attempt`): recorded before the next append.
             (Appender::Direct { .. }, Typed::Sqlite(pool)) => {
                 let events = rows.parse().map_err(|e| Failure::Store(e.into()))?;
-                insert_rows!(pool, false, &[&rows]).map(|stored| {
+                insert_rows!(pool, Dialect::Sqlite, &[&rows]).map(|stored| {
                     self.db.writer.recent.committed(placed(events, &stored));
                     positions(&stored)
                 })
@@ -233,9 +233,10 @@ where
             (Appender::Direct { .. }, Typed::Postgres(pool)) => {
                 let mut conn = self.db.kept_pg.take(pool).await.map_err(|e| Failure::Store(e.into()))?;
                 let admitting = crate::admission::pending();
+                let notify = self.db.bells.notifies();
                 let stored = match admitting {
-                    Some((tag, expires_at_ms)) => insert_rows!(&mut *conn, &rows, admitting & tag, expires_at_ms),
-                    None => insert_rows!(&mut *conn, true, &[&rows]),
+                    Some((tag, expires_at_ms)) => insert_rows!(&mut *conn, &rows, notify, admitting & tag, expires_at_ms),
+                    None => insert_rows!(&mut *conn, Dialect::Postgres { notify }, &[&rows]),
                 };
                 if stored.is_ok() {
                     conn.keep();
@@ -376,25 +377,38 @@ fn placed<R: Borrow<StoredRow>>(events: Vec<Recorded>, stored: &[R]) -> Vec<Reco
 
 /// The statement that appends `rows` rows in one go (a statement outside a transaction
 /// block is its own atomic transaction: all rows or none), returning each row's stream,
-/// sequence and position (PostgreSQL's `global_position`, SQLite's rowid); `json` casts
-/// the payload and metadata for PostgreSQL's `json` columns and rings the doorbell
-/// ([`doorbell`]). A sequence another writer took first fails the statement: the
-/// optimistic-concurrency conflict, as in postgres-es and sqlite-es.
-fn insert_statement(rows: usize, json: bool) -> String {
-    let (position, doorbell) = if json { ("global_position", doorbell()) } else { ("rowid", String::new()) };
+/// sequence and position (PostgreSQL's `global_position`, SQLite's rowid). PostgreSQL's
+/// casts the payload and metadata for its `json` columns and may notify ([`notification`]).
+/// A sequence another writer took first fails the statement: the optimistic-concurrency
+/// conflict, as in postgres-es and sqlite-es.
+fn insert_statement(rows: usize, dialect: Dialect) -> String {
+    let (position, json, notify) = match dialect {
+        Dialect::Sqlite => ("rowid", false, false),
+        Dialect::Postgres { notify } => ("global_position", true, notify),
+    };
     format!(
         "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) VALUES {}
-         RETURNING aggregate_type, aggregate_id, sequence, {position}, recorded_at_ms{doorbell}",
-        insert_values(rows, json)
+         RETURNING aggregate_type, aggregate_id, sequence, {position}, recorded_at_ms{}",
+        insert_values(rows, json),
+        notification(notify)
     )
 }
 
-/// PostgreSQL's doorbell, rung by the statement that appends: a notification on the
-/// channel every process listens to (`bells`), naming the aggregate type of each row. It
-/// is delivered at commit, once per type (PostgreSQL folds a transaction's repeats), and
-/// not at all for a statement that stored nothing. An extra column of the returned rows.
-fn doorbell() -> String {
-    format!(", pg_notify('{}', aggregate_type)", super::bells::APPENDED_CHANNEL)
+/// How an append statement is written: for SQLite, or for PostgreSQL, whose statement
+/// notifies at commit unless the process rings a doorbell of its own (`Db::ring_over_nats`).
+#[derive(Clone, Copy)]
+enum Dialect {
+    Sqlite,
+    Postgres { notify: bool },
+}
+
+/// PostgreSQL's notification by the statement that appends (`notify`: for a process
+/// without a doorbell of its own, such as the command line): on the channel every process
+/// listens to (`bells`), naming the aggregate type of each row. It is delivered at commit,
+/// once per type (PostgreSQL folds a transaction's repeats), and not at all for a
+/// statement that stored nothing. An extra column of the returned rows.
+fn notification(notify: bool) -> String {
+    if notify { format!(", pg_notify('{}', aggregate_type)", super::bells::APPENDED_CHANNEL) } else { String::new() }
 }
 
 /// The VALUES of [`insert_statement`]: seven parameters per row, from `$1`.
@@ -410,7 +424,7 @@ fn insert_values(rows: usize, json: bool) -> String {
 /// [`insert_statement`] for PostgreSQL that also admits a principal assertion for the
 /// cluster (its tag and expiry are the last two parameters): the rows are stored only if
 /// the tag is new, so a replayed command stores nothing and returns no rows.
-fn admitted_insert_statement(rows: usize) -> String {
+fn admitted_insert_statement(rows: usize, notify: bool) -> String {
     let tag = 7 * rows + 1;
     format!(
         "WITH admitted AS (INSERT INTO assertion_replay (tag, expires_at_ms) VALUES (${tag}, ${}) ON CONFLICT (tag) DO NOTHING RETURNING tag)
@@ -420,22 +434,22 @@ fn admitted_insert_statement(rows: usize) -> String {
          RETURNING aggregate_type, aggregate_id, sequence, global_position, recorded_at_ms{}",
         tag + 1,
         insert_values(rows, true),
-        doorbell()
+        notification(notify)
     )
 }
 
-/// Runs [`insert_statement`] for `appends` on `$pool` (`$json`: PostgreSQL's casts): the
-/// stream, sequence and position of every row stored.
+/// Runs [`insert_statement`] for `appends` on `$pool` (in `$dialect`): the stream,
+/// sequence and position of every row stored.
 macro_rules! insert_rows {
-    ($pool:expr, $json:expr, $appends:expr) => {{
+    ($pool:expr, $dialect:expr, $appends:expr) => {{
         let appends: &[&AppendRows] = $appends;
-        let sql = insert_statement(appends.iter().map(|a| a.rows.len()).sum(), $json);
+        let sql = insert_statement(appends.iter().map(|a| a.rows.len()).sum(), $dialect);
         insert_rows!(@run $pool, &sql, appends)
     }};
     // PostgreSQL: one append that also admits an assertion ([`admitted_insert_statement`]).
-    ($pool:expr, $append:expr, admitting $tag:expr, $expires_at_ms:expr) => {{
+    ($pool:expr, $append:expr, $notify:expr, admitting $tag:expr, $expires_at_ms:expr) => {{
         let appends: &[&AppendRows] = &[$append];
-        let sql = admitted_insert_statement(appends[0].rows.len());
+        let sql = admitted_insert_statement(appends[0].rows.len(), $notify);
         insert_rows!(@run $pool, &sql, appends, hex::encode($tag), $expires_at_ms)
     }};
     (@run $pool:expr, $sql:expr, $appends:expr $(, $extra:expr)*) => {{
@@ -542,7 +556,7 @@ async fn append_in_groups(
         }
         let together = match group.len() {
             1 => None,
-            _ => insert_rows!(&pool, false, &group.iter().map(|j| &j.rows).collect::<Vec<_>>()).ok(),
+            _ => insert_rows!(&pool, Dialect::Sqlite, &group.iter().map(|j| &j.rows).collect::<Vec<_>>()).ok(),
         };
         match together {
             Some(stored) => {
@@ -565,7 +579,7 @@ async fn append_in_groups(
             None => {
                 grouped.wrote(group.len(), group.len());
                 for job in group {
-                    let stored = insert_rows!(&pool, false, &[&job.rows]).map(|stored| {
+                    let stored = insert_rows!(&pool, Dialect::Sqlite, &[&job.rows]).map(|stored| {
                         recent.committed(placed(job.events, &stored));
                         positions(&stored)
                     });
