@@ -13,9 +13,9 @@ use super::Db;
 /// The bells of one process.
 pub(super) struct Bells {
     pub(super) appended: watch::Sender<Appended>,
-    /// PostgreSQL: `LISTEN` is in place, so every commit (this process's too) rings the
-    /// appended bell by notification; a local ring after a commit would only wake readers
-    /// a second time for the same events.
+    /// PostgreSQL: `LISTEN` is in place, so every commit that notifies (this process's
+    /// too, unless it has a doorbell) rings the appended bell by notification; a local ring
+    /// after such a commit would only wake readers a second time for the same events.
     listening: std::sync::atomic::AtomicBool,
     /// PostgreSQL: the pool to `LISTEN` from, until the first reader of the appended bell
     /// starts the listener (a process nobody in which reads the bell, such as a gateway
@@ -57,14 +57,13 @@ impl Bells {
     /// Rings the appended bell after a commit of this process that appended
     /// `aggregate_type`, unless the database's notification will, and the doorbell.
     pub(super) fn committed(&self, aggregate_type: &'static str) {
-        match self.doorbell.get() {
-            Some(doorbell) => {
-                self.appended.send_modify(|a| a.ring(aggregate_type));
-                // Fails only once the doorbell has stopped with the runtime.
-                let _ = doorbell.send(aggregate_type);
-            }
-            None if !self.listening.load(std::sync::atomic::Ordering::Acquire) => self.appended.send_modify(|a| a.ring(aggregate_type)),
-            None => {}
+        let doorbell = self.doorbell.get();
+        if doorbell.is_some() || !self.listening.load(std::sync::atomic::Ordering::Acquire) {
+            self.appended.send_modify(|a| a.ring(aggregate_type));
+        }
+        if let Some(doorbell) = doorbell {
+            // Fails only once the doorbell has stopped with the runtime.
+            let _ = doorbell.send(aggregate_type);
         }
     }
 
@@ -149,14 +148,12 @@ impl Db {
     pub fn wanted_within(&self, within: Duration) -> bool {
         self.bells.wanted.borrow().is_some_and(|at| at.elapsed() <= within)
     }
-}
 
-impl Db {
     /// Cluster mode (PostgreSQL): this process's commits ring the other processes over NATS,
     /// on its own doorbell subject (`identity`'s, the only one its credentials may publish
     /// on), and their doorbells ring its appended bell. Its appends then notify nothing in
     /// the database: a notification at commit made PostgreSQL signal every listening
-    /// session inside the command's commit, about 45-60 µs of each command on a 2-core host
+    /// session inside the command's commit, about 45-65 µs of each command on a 2-core host
     /// (ADR 9). A ring names aggregate types, never an event: a woken reader reads the store,
     /// so a forged ring costs a read and changes nothing. A ring lost with the connection
     /// leaves a reader to its periodic look. `LISTEN` stays, for the appends of processes
@@ -221,11 +218,13 @@ async fn hear_the_doorbells(client: async_nats::Client, instance: u64, bells: st
     }
 }
 
-/// PostgreSQL's doorbell: `LISTEN` on the channel every append statement notifies (at
-/// the commit of a transaction that appended events), ringing the appended bell;
+/// PostgreSQL's notifications: `LISTEN` on the channel the append statements of processes
+/// without a doorbell notify (at the commit of a transaction that appended events),
+/// ringing the appended bell;
 /// reconnects after a failure (ringing once, since a notification may have been missed).
-/// While it listens, this process's own commits ring by notification only (see
-/// `Bells::listening`); while it does not, they ring locally. Ends with the `Db`.
+/// While it listens, this process's own commits ring by notification only, unless it has
+/// a doorbell (see `Bells::committed`); while it does not, they ring locally. Ends with
+/// the `Db`.
 pub(super) async fn listen_for_appends(pool: PgPool, bells: std::sync::Weak<Bells>) {
     loop {
         let listener = async {
