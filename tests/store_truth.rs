@@ -196,6 +196,38 @@ fn an_event_a_projection_cannot_apply_stops_only_that_projection_visibly() {
 }
 
 #[test]
+fn what_a_crash_of_the_nats_host_lost_from_the_stream_is_published_again() {
+    // R-ARCH-6: nats-server writes the events stream to disk every second, not after each
+    // message. The relay stores its checkpoint only past events JetStream acknowledged
+    // seconds ago, and reads it again when its NATS connection is made again; so what a
+    // crash of the NATS host took from the stream (here: all of it) is published again.
+    let mut sys = System::start(Mode::Cluster);
+    for attempt in 0..3 {
+        // given an event on the feed that the relay's stored checkpoint has not passed yet
+        let id = sys.draft(&draft_body(&format!("lost-{attempt}")));
+        let event_id = format!("draft/{id}/1");
+        assert_eq!(runtime().block_on(once_on_the_feed(&sys, &event_id)).len(), 1, "{event_id} was published");
+        let position = sys.sql_i64(&format!("SELECT global_position FROM events WHERE aggregate_type = 'draft' AND aggregate_id = '{id}'"));
+        let stored = sys.sql_i64("SELECT COALESCE(MAX(position), 0) FROM relay_checkpoints WHERE name = 'relay-drafts'");
+        if stored >= position {
+            // Seconds went by since JetStream acknowledged it (a slow machine): again.
+            eprintln!("attempt {attempt}: the relay's checkpoint ({stored}) already passed {event_id} ({position})");
+            continue;
+        }
+        // when the NATS host crashes and its store is lost, and the operator sets the
+        // stream up again
+        sys.nats().lose_store();
+        sys.nats().up();
+        sys.nats().set_up();
+        // then the event is on the new stream, once
+        let feed = runtime().block_on(once_on_the_feed(&sys, &event_id));
+        assert_eq!(feed.len(), 1, "{event_id} on the stream after the crash: {feed:?}");
+        return;
+    }
+    panic!("the relay's stored checkpoint passed every event moments after JetStream acknowledged it");
+}
+
+#[test]
 fn the_relay_stores_its_checkpoint_once_it_is_idle_and_a_restart_publishes_nothing_twice() {
     // R-ARCH-6: the relay stores its cursor at most every 250 ms while busy, and once it
     // goes idle, so the stored checkpoint reaches the last relayed event.

@@ -74,7 +74,9 @@ pub fn reporting_server_errors(options: async_nats::ConnectOptions) -> (async_na
 pub struct Nats {
     nodes: Vec<NatsNode>,
     /// JetStream's store (kept across `down`/`up`, removed on drop).
-    _store: TempDir,
+    store: TempDir,
+    /// Where `atasira nats-config` wrote the configuration and credentials.
+    creds_dir: PathBuf,
 }
 
 #[derive(Debug)]
@@ -124,20 +126,33 @@ impl Nats {
             .enumerate()
             .map(|(i, port)| NatsNode { port: *port, monitor: free.next().filter(|_| nodes > 1), conf: conf(i + 1), proc: None })
             .collect();
-        let mut nats = Nats { nodes, _store: store_dir };
+        let mut nats = Nats { nodes, store: store_dir, creds_dir: creds_dir.to_path_buf() };
         nats.up();
-        // The operator creates the events stream and the sentinel's consumer (no process
-        // of the cluster may).
-        let creds = creds_dir.join(format!("{}.creds", atasira_contracts::subjects::OPERATOR));
-        let replicas = nats.nodes.len().min(3).to_string();
+        nats.set_up();
+        nats
+    }
+
+    /// `atasira nats-setup`: the operator creates the events stream and the sentinel's
+    /// consumer (no process of the cluster may).
+    pub fn set_up(&self) {
+        let creds = self.creds_dir.join(format!("{}.creds", atasira_contracts::subjects::OPERATOR));
+        let replicas = self.nodes.len().min(3).to_string();
         let set_up = Command::new(atasira_bin())
-            .args(["nats-setup", "--nats-url", &nats.urls(), "--stream-replicas", &replicas, "--timeout", "30"])
+            .args(["nats-setup", "--nats-url", &self.urls(), "--stream-replicas", &replicas, "--timeout", "30"])
             .arg("--nats-creds")
             .arg(&creds)
             .output_within(SUBPROCESS_LIMIT)
             .expect("atasira nats-setup runs");
         assert!(set_up.status.success(), "atasira nats-setup failed: {}", String::from_utf8_lossy(&set_up.stderr));
-        nats
+    }
+
+    /// SIGKILLs every node and deletes JetStream's store: what a crash of the host does to
+    /// what the servers had not written to disk yet, at its worst. `up` and `set_up` again
+    /// give an empty events stream.
+    pub fn lose_store(&mut self) {
+        self.down();
+        std::fs::remove_dir_all(&self.store.0).expect("JetStream's store deleted");
+        std::fs::create_dir_all(&self.store.0).expect("JetStream's store made again");
     }
 
     /// The (first) server's client URL (TLS).

@@ -221,9 +221,14 @@ pub fn render_conf(keys: &PublicKeys, port: u16, store_dir: &Path, node: Option<
         let _ = writeln!(conf, "}}");
         let _ = writeln!(conf);
     }
+    let _ = writeln!(conf, "# The stream is written to disk every second; the outbox relay publishes again what a");
+    let _ = writeln!(conf, "# crash of this host could lose (it stores its checkpoint only past what is on disk).");
     let _ = writeln!(conf, "jetstream {{");
     let _ = writeln!(conf, "  store_dir: {store}");
-    let _ = writeln!(conf, "  sync_interval: always");
+    // Written to disk every second, not after every message: the outbox relay stores
+    // its checkpoint only past what is on disk by then, and publishes again after a
+    // reconnect, so a crash of this host loses no event from the stream.
+    let _ = writeln!(conf, "  sync_interval: \"{}s\"", atasira_platform::relay::JETSTREAM_SYNC_INTERVAL.as_secs());
     let _ = writeln!(conf, "}}");
     let _ = writeln!(conf);
     let _ = writeln!(conf, "accounts {{");
@@ -551,7 +556,7 @@ mod tests {
         assert!(conf.contains(&format!("xkey: \"{}\"", keys.callout_xkey)), "the callout's requests are encrypted: {conf}");
         assert!(conf.contains("port: 4333"));
         assert!(conf.contains("store_dir: \"/var/lib/nats\""));
-        assert!(conf.contains("sync_interval: always"));
+        assert!(conf.contains("sync_interval: \"1s\""), "the relay counts on a sync every second: {conf}");
         assert_eq!(conf.matches("\"$JS.API.>\"").count(), 1, "the operator's alone: {conf}");
         assert!(conf.contains("\"$JS.API.STREAM.INFO.ATASIRA_EVENTS\""), "{conf}");
         assert!(conf.contains("\"$SYS.REQ.USER.AUTH\""));

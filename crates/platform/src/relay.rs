@@ -1,8 +1,9 @@
 //! The outbox relay (R-ARCH-6): publishes a service's committed events to JetStream, the
 //! public event feed for subscribers outside atasira, in commit order (the gap-safe read
 //! every consumer uses), and advances its checkpoint only after JetStream acknowledged
-//! (storing it at most every `SAVE_EVERY`). It resumes from the checkpoint after a crash;
-//! JetStream drops repeats inside its window.
+//! (storing it at most every `SAVE_EVERY`, and only past what the NATS host has on disk:
+//! `SYNCED_AFTER`). It resumes from the checkpoint after a crash, and after its NATS
+//! connection was made again; JetStream drops repeats inside its window.
 //!
 //! `Nats-Msg-Id` is the event id plus a digest of the stored event: repeats of the same
 //! stored event share it, while a message forged with a real event's id (an id is
@@ -34,11 +35,25 @@ const FALLBACK: Duration = Duration::from_secs(2);
 /// command's path. Subscribers outside atasira see an event at most this much later.
 const LINGER: Duration = crate::feed::LINGER;
 
-/// How long the relay's stored checkpoint may stay behind what JetStream acknowledged:
-/// after a crash or a take-over, at most this much is published again, which JetStream
-/// drops as repeats (its window is minutes). Under load the checkpoint is written a few
-/// times a second, not once per command.
+/// How often the relay stores its checkpoint at most while busy: after a crash or a
+/// take-over, what was published since is published again, which JetStream drops as
+/// repeats (its window is minutes). Under load the checkpoint is written a few times a
+/// second, not once per command.
 const SAVE_EVERY: Duration = Duration::from_millis(250);
+
+/// How often nats-server writes the events stream to disk: the `sync_interval` of the
+/// configuration `atasira nats-config` writes. A message JetStream acknowledged is in the
+/// server's memory at once and on its disk at the next sync, so a crash of the NATS host
+/// (not of nats-server alone) can lose what was acknowledged within this long.
+pub const JETSTREAM_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long after JetStream acknowledged an event the relay counts on it being on the NATS
+/// host's disk: past the server's next sync, with room. The stored checkpoint never passes
+/// an event acknowledged more recently, and the relay reads it again whenever its NATS
+/// connection was made again (a restarted server may have lost the end of the stream); so
+/// whatever a crash of the NATS host lost is published again, and what it kept is dropped
+/// as a repeat. Far inside JetStream's duplicate window (two minutes).
+pub const SYNCED_AFTER: Duration = Duration::from_secs(3 * JETSTREAM_SYNC_INTERVAL.as_secs());
 
 /// The public events stream on JetStream, as a service sees it: created and configured by
 /// the operator (`atasira nats-setup`, see [`events_stream_config`]); a service only looks
@@ -121,18 +136,35 @@ async fn checkpoint(db: &Db, name: &str) -> anyhow::Result<Cursor> {
     })
 }
 
-/// Stores the checkpoint (and the dead letters of the batch) without waiting for the WAL
-/// flush (PostgreSQL `synchronous_commit = off`): a checkpoint lost in a database crash
-/// only means events are published again, which JetStream drops by `Nats-Msg-Id`. This
-/// saves one fsync per relayed batch on the command path's disk.
-async fn save(db: &Db, name: &str, at: Cursor, dead: &[(&StoredEvent, String)]) -> anyhow::Result<()> {
+/// Stores the checkpoint without waiting for the WAL flush (PostgreSQL
+/// `synchronous_commit = off`): a checkpoint lost in a database crash only means events
+/// are published again, which JetStream drops by `Nats-Msg-Id`. This saves one fsync per
+/// stored checkpoint on the command path's disk.
+async fn save(db: &Db, name: &str, at: Cursor) -> anyhow::Result<()> {
     const UPSERT: &str = "ON CONFLICT (name) DO UPDATE SET tx_id = excluded.tx_id, position = excluded.position";
-    if db.kind() == DbKind::Postgres && dead.is_empty() {
+    if db.kind() == DbKind::Postgres {
         // One statement, its own transaction, which asks for the asynchronous commit itself.
         let sql = format!("INSERT INTO relay_checkpoints (name, tx_id, position) SELECT $1, $2, $3 FROM {} {UPSERT}", crate::store::ASYNC_COMMIT);
         sqlx::query(&sql).bind(name).bind(at.tx_id).bind(at.position).execute(db.any()).await?;
         return Ok(());
     }
+    let turn = db.write_turn().await;
+    let mut tx = db.begin_consumer().await?;
+    sqlx::query(&format!("INSERT INTO relay_checkpoints (name, tx_id, position) VALUES ($1, $2, $3) {UPSERT}"))
+        .bind(name)
+        .bind(at.tx_id)
+        .bind(at.position)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    drop(turn);
+    Ok(())
+}
+
+/// Records the events of a batch the bus cannot carry, at once; the checkpoint passes them
+/// as it passes every acknowledged event. Recorded again (to no effect) when the relay
+/// publishes the batch again.
+async fn record_dead(db: &Db, name: &str, dead: &[(&StoredEvent, String)]) -> anyhow::Result<()> {
     let turn = db.write_turn().await;
     let mut tx = db.begin_consumer().await?;
     for (event, reason) in dead {
@@ -145,12 +177,6 @@ async fn save(db: &Db, name: &str, at: Cursor, dead: &[(&StoredEvent, String)]) 
             .execute(&mut *tx)
             .await?;
     }
-    sqlx::query(&format!("INSERT INTO relay_checkpoints (name, tx_id, position) VALUES ($1, $2, $3) {UPSERT}"))
-        .bind(name)
-        .bind(at.tx_id)
-        .bind(at.position)
-        .execute(&mut *tx)
-        .await?;
     tx.commit().await?;
     drop(turn);
     Ok(())
@@ -178,8 +204,7 @@ pub struct Relayed {
     /// The pass read everything committed so far (a short batch, nothing held back): the
     /// next waits for the appended bell.
     pub drained: bool,
-    /// Where the relay stands after the pass (JetStream has everything up to it; the
-    /// stored checkpoint too when the pass had dead letters).
+    /// Where the relay stands after the pass (JetStream has everything up to it).
     pub cursor: Cursor,
 }
 
@@ -231,10 +256,9 @@ pub async fn relay_once(db: &Db, js: &jetstream::Context, service: &str, aggrega
     if let Some(last) = batch.events.last() {
         cursor = last.cursor();
     }
-    // A dead letter is recorded at once, with the checkpoint past it; otherwise the
-    // caller saves the checkpoint when it is due (`SAVE_EVERY`).
+    // A dead letter is recorded at once; the caller stores the checkpoint when it is due.
     if !dead.is_empty() {
-        save(db, &name, cursor, &dead).await?;
+        record_dead(db, &name, &dead).await?;
     }
     Ok(Relayed {
         published: batch.events.len() - dead.len(),
@@ -270,23 +294,74 @@ pub async fn run(
     }
 }
 
-/// A cursor JetStream acknowledged that the stored checkpoint does not say yet, and since
-/// when it has been behind.
-#[derive(Debug, Clone, Copy)]
-struct Unsaved {
-    cursor: Cursor,
-    since: tokio::time::Instant,
+/// What JetStream acknowledged that the stored checkpoint does not say yet: the cursor
+/// after each pass with when it was acknowledged, oldest first (passes acknowledged close
+/// together are kept as one, under the later time).
+/// All under one NATS connection: a pass acknowledged by a server the relay has since
+/// reconnected to may be lost, so it is never stored.
+#[derive(Debug, Default)]
+struct Acked {
+    passes: std::collections::VecDeque<(Cursor, tokio::time::Instant)>,
+    saved_at: Option<tokio::time::Instant>,
+    /// The connection count (`Statistics::connects`) the passes were acknowledged under.
+    connects: u64,
 }
 
-/// Stores the relay's checkpoint when it is due (`force`: now) and clears `unsaved`; a
-/// failure only means events after the stored checkpoint are published again one day.
-async fn save_due(db: &Db, name: &str, unsaved: &mut Option<Unsaved>, force: bool) {
-    let Some(u) = *unsaved else { return };
-    if !force && u.since.elapsed() < SAVE_EVERY {
+/// Passes acknowledged within this long of each other are kept as one.
+const COALESCE: Duration = Duration::from_millis(100);
+
+impl Acked {
+    /// A pass acknowledged by `now`, published under connection count `connects` (read
+    /// before it was published).
+    fn push(&mut self, cursor: Cursor, now: tokio::time::Instant, connects: u64) {
+        if connects != self.connects {
+            self.passes.clear();
+            self.connects = connects;
+        }
+        match self.passes.back_mut() {
+            Some(back) if back.0 == cursor => {}
+            // Later, never earlier: the pass counts as acknowledged when the newest was.
+            Some(back) if now.saturating_duration_since(back.1) < COALESCE => *back = (cursor, now),
+            _ => self.passes.push_back((cursor, now)),
+        }
+    }
+
+    /// The newest cursor on the NATS host's disk by `now` ([`SYNCED_AFTER`]), taken off
+    /// with those before it; none, and nothing kept, when the connection was made again
+    /// since (count `connects` now).
+    fn take_synced(&mut self, now: tokio::time::Instant, connects: u64) -> Option<Cursor> {
+        if connects != self.connects {
+            self.passes.clear();
+            return None;
+        }
+        let mut synced = None;
+        while let Some(&(cursor, at)) = self.passes.front() {
+            if now.saturating_duration_since(at) < SYNCED_AFTER {
+                break;
+            }
+            synced = Some(cursor);
+            self.passes.pop_front();
+        }
+        synced
+    }
+
+    /// When everything acknowledged so far is on the NATS host's disk.
+    fn all_synced_at(&self) -> Option<tokio::time::Instant> {
+        self.passes.back().map(|&(_, at)| at + SYNCED_AFTER)
+    }
+}
+
+/// Stores the newest checkpoint that is on the NATS host's disk, when one is due (`force`:
+/// whatever [`SAVE_EVERY`] says); a failure only means events after the stored checkpoint
+/// are published again one day.
+async fn save_due(db: &Db, name: &str, acked: &mut Acked, connects: &async_nats::Statistics, force: bool) {
+    let now = tokio::time::Instant::now();
+    if !force && acked.saved_at.is_some_and(|at| now.saturating_duration_since(at) < SAVE_EVERY) {
         return;
     }
-    *unsaved = None;
-    if let Err(e) = save(db, name, u.cursor, &[]).await {
+    let Some(cursor) = acked.take_synced(now, connects.connects.load(Ordering::Relaxed)) else { return };
+    acked.saved_at = Some(now);
+    if let Err(e) = save(db, name, cursor).await {
         tracing::warn!(relay = %name, error = %e, "could not store the relay's checkpoint; events after the stored one are published again after a restart, and JetStream drops the repeats");
     }
 }
@@ -305,29 +380,30 @@ async fn relay(
     let mut bell = db.on_append();
     let mut at: Option<Cursor> = None;
     let mut drained: Option<u64> = None;
-    // What JetStream acknowledged but the stored checkpoint does not say yet, and since when.
-    let mut unsaved: Option<Unsaved> = None;
+    // The connections made so far: a new one may be to a server that restarted.
+    let statistics = js.client().statistics();
+    let mut connects = statistics.connects.load(Ordering::Relaxed);
+    let mut acked = Acked { connects, ..Acked::default() };
     loop {
         if *shutdown.borrow() {
-            save_due(&db, &name, &mut unsaved, true).await;
+            save_due(&db, &name, &mut acked, &statistics, true).await;
             return;
         }
         if let Some(seen) = drained.take() {
-            // Idle: the checkpoint is stored once it is due, then the relay sleeps.
-            let wake = match unsaved {
-                Some(u) => (u.since + SAVE_EVERY).saturating_duration_since(tokio::time::Instant::now()),
-                None => FALLBACK,
-            };
+            // Idle: the checkpoint is stored once what was acknowledged is on the NATS
+            // host's disk, then the relay sleeps.
+            let now = tokio::time::Instant::now();
+            let wake = acked.all_synced_at().map_or(FALLBACK, |at| at.saturating_duration_since(now));
             let woke = tokio::select! {
                 r = tokio::time::timeout(wake, bell.wait_for(|a| a.of(aggregate_types) != seen)) => Some(r.is_err()),
                 _ = shutdown.changed() => None,
             };
             let Some(timed_out) = woke else {
-                save_due(&db, &name, &mut unsaved, true).await;
+                save_due(&db, &name, &mut acked, &statistics, true).await;
                 return;
             };
-            if timed_out && unsaved.is_some() {
-                save_due(&db, &name, &mut unsaved, true).await;
+            if timed_out && !acked.passes.is_empty() {
+                save_due(&db, &name, &mut acked, &statistics, true).await;
                 drained = Some(seen);
                 continue;
             }
@@ -337,6 +413,16 @@ async fn relay(
                     _ = shutdown.changed() => {}
                 }
             }
+        }
+        // A restarted NATS server may have lost what it acknowledged last: from the stored
+        // checkpoint again, which is behind all of that (repeats are dropped).
+        let now_connects = statistics.connects.load(Ordering::Relaxed);
+        if now_connects != connects {
+            connects = now_connects;
+            if at.is_some() {
+                tracing::info!(service, "NATS connection made again; publishing again from the stored checkpoint");
+            }
+            at = None;
         }
         // Marked seen before reading: a commit after this point rings again.
         let seen = bell.borrow_and_update().of(aggregate_types);
@@ -354,14 +440,10 @@ async fn relay(
         .await;
         let wait = match result {
             Ok(r) => {
-                if r.dead > 0 {
-                    // Stored with the dead letters.
-                    unsaved = None;
-                } else if at != Some(r.cursor) {
-                    let since = unsaved.map_or_else(tokio::time::Instant::now, |u| u.since);
-                    unsaved = Some(Unsaved { cursor: r.cursor, since });
+                if at != Some(r.cursor) {
+                    acked.push(r.cursor, tokio::time::Instant::now(), connects);
                 }
-                save_due(&db, &name, &mut unsaved, false).await;
+                save_due(&db, &name, &mut acked, &statistics, false).await;
                 at = Some(r.cursor);
                 crate::metrics::global().reader_at(&name, "relay", aggregate_types, r.cursor);
                 if r.drained {
@@ -374,9 +456,10 @@ async fn relay(
                 tokio::time::sleep(Duration::from_millis(2))
             }
             Err(e) => {
-                // What was acknowledged stays acknowledged: store it before reading the
-                // checkpoint again.
-                save_due(&db, &name, &mut unsaved, true).await;
+                // What is on the NATS host's disk stays there: store it, then read the
+                // checkpoint again (what came after is published again).
+                save_due(&db, &name, &mut acked, &statistics, true).await;
+                acked.passes.clear();
                 at = None;
                 tracing::warn!(service, error = %e, "relay failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500))
@@ -386,5 +469,69 @@ async fn relay(
             _ = wait => {}
             _ = shutdown.changed() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    fn at(position: i64) -> Cursor {
+        Cursor { tx_id: position, position }
+    }
+
+    #[test]
+    fn r_arch_6_the_checkpoint_passes_only_what_jetstream_acknowledged_before_its_last_sync() {
+        // given passes acknowledged at 0 s, 0.5 s and 2 s
+        let t0 = Instant::now();
+        let mut acked = Acked::default();
+        acked.push(at(1), t0, 0);
+        acked.push(at(2), t0 + Duration::from_millis(500), 0);
+        acked.push(at(3), t0 + Duration::from_secs(2), 0);
+        // when the relay looks before the first is surely on disk: nothing to store
+        assert_eq!(acked.take_synced(t0 + SYNCED_AFTER - Duration::from_millis(1), 0), None);
+        // then, later, only the passes acknowledged at least SYNCED_AFTER ago, the newest of them
+        assert_eq!(acked.take_synced(t0 + SYNCED_AFTER + Duration::from_millis(600), 0), Some(at(2)));
+        assert_eq!(acked.all_synced_at(), Some(t0 + Duration::from_secs(2) + SYNCED_AFTER));
+        assert_eq!(acked.take_synced(t0 + Duration::from_secs(2) + SYNCED_AFTER, 0), Some(at(3)));
+        assert_eq!(acked.all_synced_at(), None);
+    }
+
+    #[test]
+    fn r_arch_6_passes_acknowledged_close_together_count_from_the_later_one() {
+        // given a pass, and another 50 ms later
+        let t0 = Instant::now();
+        let mut acked = Acked::default();
+        acked.push(at(1), t0, 0);
+        acked.push(at(2), t0 + Duration::from_millis(50), 0);
+        // then they are one, acknowledged at the later time: the earlier is not stored sooner
+        // than the later could be
+        assert_eq!(acked.passes.len(), 1);
+        assert_eq!(acked.take_synced(t0 + SYNCED_AFTER, 0), None);
+        assert_eq!(acked.take_synced(t0 + SYNCED_AFTER + Duration::from_millis(50), 0), Some(at(2)));
+    }
+
+    #[test]
+    fn r_arch_6_nothing_acknowledged_before_a_reconnect_is_stored() {
+        // given a pass acknowledged under the first connection
+        let t0 = Instant::now();
+        let mut acked = Acked { connects: 1, ..Acked::default() };
+        acked.push(at(1), t0, 1);
+        // when the connection was made again (the server may have restarted and lost it)
+        // then it is never stored, however long ago it was acknowledged
+        assert_eq!(acked.take_synced(t0 + SYNCED_AFTER * 2, 2), None);
+        assert!(acked.passes.is_empty());
+        // and a pass published before the reconnect but counted after it is dropped too
+        acked.push(at(2), t0, 1);
+        acked.push(at(3), t0 + Duration::from_secs(1), 2);
+        assert_eq!(acked.take_synced(t0 + SYNCED_AFTER * 2, 2), Some(at(3)));
+    }
+
+    #[test]
+    fn r_arch_6_the_stream_is_on_disk_well_inside_jetstreams_duplicate_window() {
+        // A repeat published after a reconnect is dropped only inside the window.
+        assert!(SYNCED_AFTER > JETSTREAM_SYNC_INTERVAL);
+        assert!(SYNCED_AFTER * 10 < events_stream_config(1).duplicate_window);
     }
 }
