@@ -297,6 +297,7 @@ pub async fn run(
 /// What JetStream acknowledged that the stored checkpoint does not say yet: the cursor
 /// after each pass with when it was acknowledged, oldest first (passes acknowledged close
 /// together are kept as one, under the later time).
+///
 /// All under one NATS connection: a pass acknowledged by a server the relay has since
 /// reconnected to may be lost, so it is never stored.
 #[derive(Debug, Default)]
@@ -354,12 +355,12 @@ impl Acked {
 /// Stores the newest checkpoint that is on the NATS host's disk, when one is due (`force`:
 /// whatever [`SAVE_EVERY`] says); a failure only means events after the stored checkpoint
 /// are published again one day.
-async fn save_due(db: &Db, name: &str, acked: &mut Acked, connects: &async_nats::Statistics, force: bool) {
+async fn save_due(db: &Db, name: &str, acked: &mut Acked, statistics: &async_nats::Statistics, force: bool) {
     let now = tokio::time::Instant::now();
     if !force && acked.saved_at.is_some_and(|at| now.saturating_duration_since(at) < SAVE_EVERY) {
         return;
     }
-    let Some(cursor) = acked.take_synced(now, connects.connects.load(Ordering::Relaxed)) else { return };
+    let Some(cursor) = acked.take_synced(now, statistics.connects.load(Ordering::Relaxed)) else { return };
     acked.saved_at = Some(now);
     if let Err(e) = save(db, name, cursor).await {
         tracing::warn!(relay = %name, error = %e, "could not store the relay's checkpoint; events after the stored one are published again after a restart, and JetStream drops the repeats");
