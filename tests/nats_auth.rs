@@ -195,9 +195,9 @@ fn a_process_rings_the_others_on_its_own_doorbell_and_its_commands_notify_nothin
     // other processes over NATS, on a doorbell only its own identity may ring; the append
     // notifies nothing in the database, where a notification made the commit signal every
     // listening session.
-    use atasira_domain::aggregates::draft::{Draft, DraftCommand};
     use atasira_domain::aggregates::types;
     use atasira_platform::store::Db;
+    use atasira_platform::store::bells::DOORBELL_GAP;
     use sqlx::Connection as _;
     let (dir, nats) = authenticated_nats();
     let creds = dir.0.join("nats");
@@ -206,20 +206,15 @@ fn a_process_rings_the_others_on_its_own_doorbell_and_its_commands_notify_nothin
         let (drafts, mut errors) = connect_as(&nats, &creds, subjects::DRAFTS).await;
         let (registry, _) = connect_as(&nats, &creds, subjects::RUNTIME_REGISTRY).await;
         let (writer, reader) = (Db::connect(&database.url).await.expect("connect"), Db::connect(&database.url).await.expect("connect"));
-        writer.ring_over_nats(drafts.clone(), subjects::DRAFTS);
-        reader.ring_over_nats(registry, subjects::RUNTIME_REGISTRY);
+        writer.ring_over_nats(drafts.clone(), subjects::DRAFTS, DOORBELL_GAP);
+        reader.ring_over_nats(registry, subjects::RUNTIME_REGISTRY, DOORBELL_GAP);
         let mut told = sqlx::postgres::PgListener::connect(&database.url).await.expect("a listener");
         told.listen("atasira_events").await.expect("listens");
         let mut bell = reader.on_append();
         let mut n = 0;
         let mut submit = async || {
             n += 1;
-            let id = format!("rung-{n}");
-            let request = atasira_domain::draft_request::BoxDraftCreateRequest::from_value(json!({"box_type": id, "purpose": "p"}));
-            let plan = request.and_then(|r| r.plan()).expect("plan");
-            let requested_by = atasira_domain::Principal::new("agent", atasira_domain::Role::Member, atasira_domain::Kind::Agent);
-            let command = DraftCommand::Submit { draft_id: id.clone(), plan, requested_by, at: chrono::Utc::now() };
-            writer.cqrs::<Draft>().execute_new(&id, command, Default::default()).await.expect("submitted");
+            submit_draft(&writer, &format!("rung-{n}")).await;
         };
         // The reader hears the writer's doorbell once its subscription is live on the server.
         let seen = bell.borrow_and_update().of(&[types::DRAFT]);
@@ -249,6 +244,80 @@ fn a_process_rings_the_others_on_its_own_doorbell_and_its_commands_notify_nothin
         // Nobody rings as another process.
         drafts.publish(subjects::doorbell(subjects::APPROVAL), "1 draft".into()).await.expect("sent");
         assert_refused(violation(&mut errors).await, "Publish", "atasira.bell.approval");
+    });
+}
+
+/// Submits draft `id` in `db`: its event's id and position.
+async fn submit_draft(db: &atasira_platform::store::Db, id: &str) -> (String, i64) {
+    use atasira_domain::aggregates::draft::{Draft, DraftCommand};
+    let request = atasira_domain::draft_request::BoxDraftCreateRequest::from_value(json!({"box_type": id, "purpose": "p"}));
+    let plan = request.and_then(|r| r.plan()).expect("plan");
+    let requested_by = atasira_domain::Principal::new("agent", atasira_domain::Role::Member, atasira_domain::Kind::Agent);
+    let command = DraftCommand::Submit { draft_id: id.to_owned(), plan, requested_by, at: chrono::Utc::now() };
+    let head = db.cqrs::<Draft>().execute_new(id, command, Default::default()).await.expect("submitted").head().expect("appended");
+    (head.id, head.position)
+}
+
+#[test]
+fn commits_in_a_row_ring_the_doorbell_together_and_a_read_your_writes_wait_does_not_wait_for_it() {
+    // R-ARCH-6, R-BOX-9 (ADR 9): a process rings its doorbell at most once a gap, the
+    // commits of the gap together; a read-your-writes wait in another process rings the
+    // consumers it waits for itself, so it is not kept waiting by a ring held back.
+    use atasira_domain::aggregates::types;
+    use atasira_platform::feed::FeedSource;
+    use atasira_platform::projection;
+    use atasira_platform::store::Db;
+    const GAP: Duration = Duration::from_millis(500);
+    let (dir, nats) = authenticated_nats();
+    let creds = dir.0.join("nats");
+    let database = atasira_tests::harness::Database::create();
+    runtime().block_on(async {
+        let (drafts, _) = connect_as(&nats, &creds, subjects::DRAFTS).await;
+        let (registry, _) = connect_as(&nats, &creds, subjects::RUNTIME_REGISTRY).await;
+        let (writer, reader) = (Db::connect(&database.url).await.expect("connect"), Db::connect(&database.url).await.expect("connect"));
+        writer.ring_over_nats(drafts.clone(), subjects::DRAFTS, GAP);
+        reader.ring_over_nats(registry.clone(), subjects::RUNTIME_REGISTRY, GAP);
+        let mut rings = registry.subscribe(subjects::doorbell(subjects::DRAFTS)).await.expect("subscribed");
+        registry.flush().await.expect("the subscription is in place");
+
+        // when twenty drafts are committed one after another
+        let started = std::time::Instant::now();
+        let mut last = None;
+        for i in 0..20 {
+            last = Some(submit_draft(&writer, &format!("row-{i}")).await);
+        }
+        let took = started.elapsed();
+        // then the doorbell rang for them at most once a gap (rather than twenty times)
+        let mut rung = 0;
+        while let Ok(Some(ring)) = tokio::time::timeout(GAP * 4, rings.next()).await {
+            let text = String::from_utf8_lossy(&ring.payload).into_owned();
+            assert!(text.ends_with(&format!(" {}", types::DRAFT)), "a ring names what was committed: {text:?}");
+            rung += 1;
+        }
+        let most = 2 + usize::try_from(took.as_millis() / GAP.as_millis()).expect("small");
+        assert!((1..=most).contains(&rung), "{rung} rings for twenty commits in {took:?}; at most {most} expected");
+
+        // given a read model in the reader's process that reads only when rung (its
+        // periodic look an hour away), caught up with the twenty
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let feeds = FeedSource { fallback: Duration::from_secs(3600), linger: Duration::ZERO };
+        let view = atasira_drafts::DraftsView;
+        let waits_on = [(projection::Projection::name(&view), projection::Projection::aggregate_types(&view))];
+        projection::prepare(&reader, &view).await.expect("the view's tables");
+        let consumer = tokio::spawn(projection::run(reader.clone(), feeds, std::sync::Arc::new(view), shutdown));
+        let (id, position) = last.expect("committed");
+        assert!(projection::wait_for_events(&reader, &waits_on, &[id], position, ARRIVES).await.expect("wait").is_empty(), "the view caught up");
+        // when a writer whose doorbell waits an hour between rings commits twice
+        let slow = Db::connect(&database.url).await.expect("connect");
+        slow.ring_over_nats(drafts, subjects::DRAFTS, Duration::from_secs(3600));
+        let (first, at) = submit_draft(&slow, "rung-at-once").await;
+        assert!(projection::wait_for_events(&reader, &waits_on, &[first], at, ARRIVES).await.expect("wait").is_empty(), "the first commit rang");
+        let (second, at) = submit_draft(&slow, "ring-held-back").await;
+        // then a wait for the second, whose ring is held back, still sees it applied
+        let lagging = projection::wait_for_events(&reader, &waits_on, &[second], at, ARRIVES).await.expect("wait");
+        assert!(lagging.is_empty(), "the wait was left to the held-back doorbell: {lagging:?} behind");
+        let _ = stop.send(true);
+        consumer.await.expect("the consumer stopped");
     });
 }
 

@@ -427,7 +427,7 @@ pub async fn serve(
     };
     let client = connect_nats(nats_url, identity, &nats_auth, true).await?;
     // Its commits ring the other processes over NATS (ADR 9).
-    db.ring_over_nats(client.clone(), identity);
+    db.ring_over_nats(client.clone(), identity, atasira_platform::store::bells::DOORBELL_GAP);
     let events = relay::EventsStream::new(async_nats::jetstream::new(client.clone()));
     let rt = Runtime {
         db: db.clone(),

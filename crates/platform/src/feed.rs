@@ -298,7 +298,7 @@ mod tests {
         let mut next = Box::pin(feed.next());
         assert!(tokio::time::timeout(Duration::from_millis(300), &mut next).await.is_err(), "the feed read while nobody waited");
         // when a read-your-writes wait starts, then it reads both at once
-        db.wanted();
+        db.wanted(&[]);
         let got = tokio::time::timeout(Duration::from_secs(10), next).await.expect("a wait ends the linger").expect("read");
         assert_eq!(got.iter().map(|d| d.event.aggregate_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         // and while waits keep coming, the feed reads as soon as the bell rings

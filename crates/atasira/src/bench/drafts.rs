@@ -146,7 +146,7 @@ impl<'a> Cluster<'a> {
         let db = Db::connect(&self.roles.url(identity)?).await?;
         let client = connect(&self.options.nats_url, self.options.creds_dir.as_deref(), identity).await?;
         let js = async_nats::jetstream::new(client.clone());
-        db.ring_over_nats(client.clone(), identity);
+        db.ring_over_nats(client.clone(), identity, atasira_platform::store::bells::DOORBELL_GAP);
         let rt = Runtime {
             db: db.clone(),
             bus: Arc::new(NatsBus::new(client)),

@@ -11,7 +11,7 @@ use crate::store::Db;
 /// positions are commit order; callers in cluster mode wait by event id.
 pub async fn wait_for(db: &Db, names: &[&'static str], position: i64, timeout: Duration) -> anyhow::Result<Vec<String>> {
     let elsewhere = names.iter().any(|name| !db.runs_here(name));
-    until(db, timeout, elsewhere, |look| async move {
+    until(db, timeout, elsewhere, &[], |look| async move {
         let mut lagging = Vec::new();
         for name in names {
             let seen = db.progress_of(name).is_some_and(|c| c.position >= position);
@@ -37,7 +37,10 @@ pub async fn wait_for_events(
     timeout: Duration,
 ) -> anyhow::Result<Vec<String>> {
     let elsewhere = projections.iter().any(|(name, _)| !db.runs_here(name));
-    until(db, timeout, elsewhere, |look| async move {
+    let mut types: Vec<&str> = event_ids.iter().map(|id| id.split('/').next().unwrap_or_default()).collect();
+    types.sort_unstable();
+    types.dedup();
+    until(db, timeout, elsewhere, &types, |look| async move {
         let mut lagging = Vec::new();
         for (name, types) in projections {
             // The events precede `position`: none was processed before the feed opened.
@@ -92,14 +95,15 @@ impl Look {
 }
 
 /// Asks `behind` again each time a consumer made progress, until it says nothing is behind
-/// or `timeout` passed; returns its last answer. The consumers a service answers for
-/// usually run in its own process, so their progress bell is the signal to look, and what
-/// they committed is in memory ([`Db::progressed_to`]), so a look after a ring asks no
-/// database. A replica standing by for some of them (`elsewhere`: they run in another
+/// or `timeout` passed; returns its last answer. A first look that finds one behind rings
+/// the consumers of `aggregate_types` (the events waited for; all when empty) to read now
+/// ([`Db::wanted`]). The consumers a service answers for usually run in its own process,
+/// so their progress bell is the signal to look, and what they committed is in memory
+/// ([`Db::progressed_to`]), so a look after a ring asks no database. A replica standing by for some of them (`elsewhere`: they run in another
 /// one) also looks in the store soon and then less often ([`STANDBY_LOOKS`]): no
 /// notification tells it of another process's progress, since one at every consumer
 /// commit would wake every process listening to the database.
-async fn until<F, Fut>(db: &Db, timeout: Duration, elsewhere: bool, behind: F) -> anyhow::Result<Vec<String>>
+async fn until<F, Fut>(db: &Db, timeout: Duration, elsewhere: bool, aggregate_types: &[&str], behind: F) -> anyhow::Result<Vec<String>>
 where
     F: Fn(Look) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Vec<String>>>,
@@ -119,7 +123,7 @@ where
         if look == Look::First {
             // Read models that let events gather while nobody waits apply them now (a
             // wait for what they already hold, such as a readiness probe, rings nothing).
-            db.wanted();
+            db.wanted(aggregate_types);
         }
         let safety_net = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
         let next_standby_look = deadline.min(tokio::time::Instant::now() + standby.take());

@@ -31,6 +31,9 @@ pub(super) struct Bells {
     doorbell: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<&'static str>>,
     /// Names this `Db` on the doorbells, so it skips its own rings (it rang at the commit).
     instance: u64,
+    /// The aggregate types this process committed, a bit per slot of [`Appended`]: their
+    /// commits rang here at once, whatever the doorbells do.
+    committed_here: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Bells {
@@ -43,6 +46,7 @@ impl Default for Bells {
             wanted: watch::channel(None).0,
             doorbell: std::sync::OnceLock::new(),
             instance: uuid::Uuid::new_v4().as_u64_pair().0,
+            committed_here: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -57,6 +61,7 @@ impl Bells {
     /// Rings the appended bell after a commit of this process that appended
     /// `aggregate_type`, unless the database's notification will, and the doorbell.
     pub(super) fn committed(&self, aggregate_type: &'static str) {
+        self.committed_here.fetch_or(1 << Appended::slot(aggregate_type), std::sync::atomic::Ordering::Relaxed);
         let doorbell = self.doorbell.get();
         if doorbell.is_some() || !self.listening.load(std::sync::atomic::Ordering::Acquire) {
             self.appended.send_modify(|a| a.ring(aggregate_type));
@@ -80,6 +85,8 @@ impl Bells {
 pub struct Appended([u64; APPENDED_SLOTS]);
 
 const APPENDED_SLOTS: usize = atasira_domain::aggregates::types::ALL.len() + 1;
+// A bit per slot in `Bells::committed_here`.
+const _: () = assert!(APPENDED_SLOTS <= 64);
 
 impl Appended {
     fn slot(aggregate_type: &str) -> usize {
@@ -133,10 +140,26 @@ impl Db {
         self.bells.progressed.subscribe()
     }
 
-    /// Rings the wanted bell: a read-your-writes wait found a consumer of this process
-    /// behind.
-    pub fn wanted(&self) {
+    /// A read-your-writes wait found a consumer of this process behind on events of
+    /// `aggregate_types` (every type when empty): rings the wanted bell, so lingering feeds
+    /// read now; in cluster mode also the appended bell for the types this process did not
+    /// commit itself, since the doorbell of the process that did rings at most every
+    /// [`DOORBELL_GAP`] and may not have rung yet. A forged wait costs a read.
+    pub fn wanted(&self, aggregate_types: &[&str]) {
         self.bells.wanted.send_replace(Some(std::time::Instant::now()));
+        if self.bells.doorbell.get().is_none() {
+            // Every commit rang this process already: its own, or by notification.
+            return;
+        }
+        if aggregate_types.is_empty() {
+            self.bells.appended.send_modify(Appended::ring_all);
+            return;
+        }
+        let here = self.bells.committed_here.load(std::sync::atomic::Ordering::Relaxed);
+        let mut others = aggregate_types.iter().filter(|t| here & (1 << Appended::slot(t)) == 0).peekable();
+        if others.peek().is_some() {
+            self.bells.appended.send_modify(|a| others.for_each(|t| a.ring(t)));
+        }
     }
 
     /// The wanted bell (a lingering feed listens to it).
@@ -151,14 +174,15 @@ impl Db {
 
     /// Cluster mode (PostgreSQL): this process's commits ring the other processes over NATS,
     /// on its own doorbell subject (`identity`'s, the only one its credentials may publish
-    /// on), and their doorbells ring its appended bell. Its appends then notify nothing in
+    /// on), at most once every `gap` ([`DOORBELL_GAP`]; the commits of the gap ring
+    /// together), and their doorbells ring its appended bell. Its appends then notify nothing in
     /// the database: a notification at commit made PostgreSQL signal every listening
     /// session inside the command's commit, about 45-65 µs of each command on a 2-core host
     /// (ADR 9). A ring names aggregate types, never an event: a woken reader reads the store,
     /// so a forged ring costs a read and changes nothing. A ring lost with the connection
     /// leaves a reader to its periodic look. `LISTEN` stays, for the appends of processes
     /// without a doorbell (the command line). Ends with the `Db`.
-    pub fn ring_over_nats(&self, client: async_nats::Client, identity: &str) {
+    pub fn ring_over_nats(&self, client: async_nats::Client, identity: &str, gap: Duration) {
         if self.kind() != super::DbKind::Postgres {
             return;
         }
@@ -167,15 +191,29 @@ impl Db {
             return;
         }
         let instance = self.bells.instance;
-        tokio::spawn(ring_the_doorbell(client.clone(), atasira_contracts::subjects::doorbell(identity), instance, commits));
+        tokio::spawn(ring_the_doorbell(client.clone(), atasira_contracts::subjects::doorbell(identity), instance, gap, commits));
         tokio::spawn(hear_the_doorbells(client, instance, std::sync::Arc::downgrade(&self.bells)));
     }
 }
 
-/// Publishes this process's commits on its doorbell: the types of the commits that came
-/// while the last ring was sent go together, comma-separated, after this `Db`'s instance.
-/// Ends when the `Db` is gone.
-async fn ring_the_doorbell(client: async_nats::Client, subject: String, instance: u64, mut commits: tokio::sync::mpsc::UnboundedReceiver<&'static str>) {
+/// How often a process rings its doorbell at most. A commit after a quiet moment rings at
+/// once; the commits that follow within the gap ring together when it ends. A ring cost
+/// every process a message to read and the committing one about 110-190 µs of a command at
+/// c=1 on a 2-core host (ADR 9); a read-your-writes wait does not wait for the gap, it rings
+/// the consumers it waits for itself (`Db::wanted`), and a read model's feed lingers longer
+/// than this anyway.
+pub const DOORBELL_GAP: Duration = Duration::from_millis(5);
+
+/// Publishes this process's commits on its doorbell, at most once every `gap`: the types of
+/// the commits since the last ring go together, comma-separated, after this `Db`'s
+/// instance. Ends when the `Db` is gone.
+async fn ring_the_doorbell(
+    client: async_nats::Client,
+    subject: String,
+    instance: u64,
+    gap: Duration,
+    mut commits: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+) {
     while let Some(first) = commits.recv().await {
         let mut types = vec![first];
         while let Ok(more) = commits.try_recv() {
@@ -187,6 +225,7 @@ async fn ring_the_doorbell(client: async_nats::Client, subject: String, instance
         if let Err(e) = client.publish(subject.clone(), ring.into()).await {
             tracing::warn!(error = %e, "cannot tell the other processes of this one's commits; they find them at their next periodic look");
         }
+        tokio::time::sleep(gap).await;
     }
 }
 
