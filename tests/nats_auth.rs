@@ -261,8 +261,10 @@ async fn submit_draft(db: &atasira_platform::store::Db, id: &str) -> (String, i6
 #[test]
 fn commits_in_a_row_ring_the_doorbell_together_and_a_read_your_writes_wait_does_not_wait_for_it() {
     // R-ARCH-6, R-BOX-9 (ADR 9): a process rings its doorbell at most once a gap, the
-    // commits of the gap together; a read-your-writes wait in another process rings the
-    // consumers it waits for itself, so it is not kept waiting by a ring held back.
+    // commits of the gap together, while nobody waits for its read models; a
+    // read-your-writes wait in another process rings the consumers it waits for itself, so
+    // it is not kept waiting by a ring held back, and waits in its own process make every
+    // commit ring at once.
     use atasira_domain::aggregates::types;
     use atasira_platform::feed::FeedSource;
     use atasira_platform::projection;
@@ -316,6 +318,17 @@ fn commits_in_a_row_ring_the_doorbell_together_and_a_read_your_writes_wait_does_
         // then a wait for the second, whose ring is held back, still sees it applied
         let lagging = projection::wait_for_events(&reader, &waits_on, &[second], at, ARRIVES).await.expect("wait");
         assert!(lagging.is_empty(), "the wait was left to the held-back doorbell: {lagging:?} behind");
+        // when a wait in the writer's own process wants its read models, then the ring held
+        // back goes out, and while such waits come every commit rings at once
+        while tokio::time::timeout(Duration::from_millis(200), rings.next()).await.is_ok() {}
+        slow.wanted(&[]);
+        let ring = tokio::time::timeout(ARRIVES, rings.next()).await.expect("the held-back ring went out when a wait came");
+        assert!(ring.is_some());
+        for i in 0..3 {
+            submit_draft(&slow, &format!("waited-for-{i}")).await;
+            let ring = tokio::time::timeout(ARRIVES, rings.next()).await;
+            assert!(ring.is_ok(), "commit {i} did not ring at once while waits come");
+        }
         let _ = stop.send(true);
         consumer.await.expect("the consumer stopped");
     });

@@ -191,27 +191,33 @@ impl Db {
             return;
         }
         let instance = self.bells.instance;
-        tokio::spawn(ring_the_doorbell(client.clone(), atasira_contracts::subjects::doorbell(identity), instance, gap, commits));
+        let subject = atasira_contracts::subjects::doorbell(identity);
+        tokio::spawn(ring_the_doorbell(client.clone(), subject, instance, gap, self.bells.wanted.subscribe(), commits));
         tokio::spawn(hear_the_doorbells(client, instance, std::sync::Arc::downgrade(&self.bells)));
     }
 }
 
-/// How often a process rings its doorbell at most. A commit after a quiet moment rings at
-/// once; the commits that follow within the gap ring together when it ends. A ring cost
-/// every process a message to read and the committing one about 110-190 µs of a command at
-/// c=1 on a 2-core host (ADR 9); a read-your-writes wait does not wait for the gap, it rings
-/// the consumers it waits for itself (`Db::wanted`), and a read model's feed lingers longer
-/// than this anyway.
+/// How often a process rings its doorbell at most while nobody waits for read models here.
+/// A commit after a quiet moment rings at once; the commits that follow within the gap
+/// ring together when it ends. A ring cost every process a message to read and the
+/// committing one about 110-190 µs of a command at c=1 on a 2-core host (ADR 9). While a
+/// read-your-writes wait of this process found a consumer behind lately
+/// ([`crate::feed::WANTED_LATELY`]) or finds one during the gap, commits are being waited
+/// for: they ring at once.
+/// A wait elsewhere does not wait for the gap either: it rings the consumers it waits for
+/// itself (`Db::wanted`). A read model's feed lingers longer than the gap anyway.
 pub const DOORBELL_GAP: Duration = Duration::from_millis(5);
 
-/// Publishes this process's commits on its doorbell, at most once every `gap`: the types of
-/// the commits since the last ring go together, comma-separated, after this `Db`'s
-/// instance. Ends when the `Db` is gone.
+/// Publishes this process's commits on its doorbell, at most once every `gap` while no wait
+/// of this process wants its read models (`wanted`, its wanted bell): the types of the
+/// commits since the last ring go together, comma-separated, after this `Db`'s instance.
+/// Ends when the `Db` is gone.
 async fn ring_the_doorbell(
     client: async_nats::Client,
     subject: String,
     instance: u64,
     gap: Duration,
+    mut wanted: watch::Receiver<Option<std::time::Instant>>,
     mut commits: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
 ) {
     while let Some(first) = commits.recv().await {
@@ -225,7 +231,14 @@ async fn ring_the_doorbell(
         if let Err(e) = client.publish(subject.clone(), ring.into()).await {
             tracing::warn!(error = %e, "cannot tell the other processes of this one's commits; they find them at their next periodic look");
         }
-        tokio::time::sleep(gap).await;
+        if wanted.borrow_and_update().is_some_and(|at| at.elapsed() <= crate::feed::WANTED_LATELY) {
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(gap) => {}
+            // Gone with the `Db` (then the commits end too), or a wait wants what was held.
+            _ = wanted.changed() => {}
+        }
     }
 }
 
