@@ -36,10 +36,7 @@ impl Default for FeedSource {
 /// later.
 pub const LINGER: Duration = Duration::from_millis(10);
 
-/// A feed reads at once, without lingering, while a read-your-writes wait of its process
-/// found a consumer behind within this long: someone waits for the read models, command
-/// after command.
-pub const WANTED_LATELY: Duration = Duration::from_secs(1);
+pub use crate::store::bells::WANTED_LATELY;
 
 /// One event handed to a consumer. Acknowledging is storing the consumer's checkpoint,
 /// which its effect does in the same transaction; `ack` is kept for the consumer loop.

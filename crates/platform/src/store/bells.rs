@@ -175,8 +175,8 @@ impl Db {
     /// Cluster mode (PostgreSQL): this process's commits ring the other processes over NATS,
     /// on its own doorbell subject (`identity`'s, the only one its credentials may publish
     /// on), at most once every `gap` ([`DOORBELL_GAP`]; the commits of the gap ring
-    /// together), and their doorbells ring its appended bell. Its appends then notify nothing in
-    /// the database: a notification at commit made PostgreSQL signal every listening
+    /// together), and their doorbells ring its appended bell. Its appends then notify
+    /// nothing in the database: a notification at commit made PostgreSQL signal every listening
     /// session inside the command's commit, about 45-65 µs of each command on a 2-core host
     /// (ADR 9). A ring names aggregate types, never an event: a woken reader reads the store,
     /// so a forged ring costs a read and changes nothing. A ring lost with the connection
@@ -197,15 +197,20 @@ impl Db {
     }
 }
 
+/// A feed reads at once, without lingering, and a process's commits ring its doorbell at
+/// once, while a read-your-writes wait of the process found a consumer behind within this
+/// long: someone waits for the read models, command after command.
+pub const WANTED_LATELY: Duration = Duration::from_secs(1);
+
 /// How often a process rings its doorbell at most while nobody waits for read models here.
 /// A commit after a quiet moment rings at once; the commits that follow within the gap
 /// ring together when it ends. A ring cost every process a message to read and the
 /// committing one about 110-190 µs of a command at c=1 on a 2-core host (ADR 9). While a
 /// read-your-writes wait of this process found a consumer behind lately
-/// ([`crate::feed::WANTED_LATELY`]) or finds one during the gap, commits are being waited
-/// for: they ring at once.
-/// A wait elsewhere does not wait for the gap either: it rings the consumers it waits for
-/// itself (`Db::wanted`). A read model's feed lingers longer than the gap anyway.
+/// ([`WANTED_LATELY`]) or finds one during the gap, commits are being waited for: they
+/// ring at once. A wait elsewhere does not wait for the gap either: it rings the consumers
+/// it waits for itself (`Db::wanted`). A read model's feed lingers longer than the gap
+/// anyway.
 pub const DOORBELL_GAP: Duration = Duration::from_millis(5);
 
 /// Publishes this process's commits on its doorbell, at most once every `gap` while no wait
@@ -231,7 +236,7 @@ async fn ring_the_doorbell(
         if let Err(e) = client.publish(subject.clone(), ring.into()).await {
             tracing::warn!(error = %e, "cannot tell the other processes of this one's commits; they find them at their next periodic look");
         }
-        if wanted.borrow_and_update().is_some_and(|at| at.elapsed() <= crate::feed::WANTED_LATELY) {
+        if wanted.borrow_and_update().is_some_and(|at| at.elapsed() <= WANTED_LATELY) {
             continue;
         }
         tokio::select! {
