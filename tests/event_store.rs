@@ -341,3 +341,52 @@ fn commands_on_postgresql_keep_their_connection_and_one_cut_short_leaves_the_nex
         }
     });
 }
+
+#[test]
+fn a_command_appended_if_a_condition_holds_tells_an_unmet_condition_from_a_replay_on_postgresql() {
+    // R-ARCH-4, R-ARCH-13: the condition is checked in the statement that appends and admits
+    // the request's assertion; when it does not hold nothing is stored and the assertion is
+    // not admitted (a retry carries it again), which a replay is not mistaken for.
+    use atasira_platform::admission::{self, State};
+    use atasira_platform::store::Precondition;
+    let database = Database::create();
+    runtime().block_on(async {
+        let db = Db::connect(&database.url).await.expect("connect");
+        let cqrs = db.cqrs::<Draft>();
+        let absent = |id: &str| Precondition {
+            condition: "NOT EXISTS (SELECT 1 FROM events WHERE aggregate_type = 'draft' AND aggregate_id = {0}) AND CAST({1} AS bigint) = 7".into(),
+            params: vec![id.to_owned(), "7".into()],
+        };
+        cqrs.execute_new("other", submit("other"), HashMap::new()).await.expect("submit");
+        let tag = [7u8; 32];
+        let expires = chrono::Utc::now().timestamp_millis() + 60_000;
+        let with_assertion = |id: &'static str, condition: Precondition| {
+            let cqrs = db.cqrs::<Draft>();
+            admission::scope(async move {
+                assert!(admission::defer(tag, expires));
+                cqrs.execute_new_if(id, submit(id), HashMap::new(), &condition).await
+            })
+        };
+        // when the condition does not hold: nothing stored, the assertion still pending
+        let (unmet, state) = with_assertion("c1", absent("other")).await;
+        assert!(matches!(unmet, Ok(None)), "{unmet:?}");
+        assert!(matches!(state, State::Pending { .. }), "{state:?}");
+        assert!(db.stream("draft", "c1").await.expect("read").is_empty());
+        // when it holds: stored and admitted in one statement
+        let (met, state) = with_assertion("c1", absent("none")).await;
+        assert_eq!(met.expect("met").map(|r| r.events.len()), Some(1));
+        assert_eq!(state, State::Admitted);
+        // when the same assertion comes again on a condition that holds: a replay, nothing stored
+        let (replayed, state) = with_assertion("c2", absent("none")).await;
+        assert!(matches!(&replayed, Err(r) if r.code == atasira_domain::ErrorCode::Unauthenticated), "{replayed:?}");
+        assert_eq!(state, State::Replayed);
+        assert!(db.stream("draft", "c2").await.expect("read").is_empty());
+        // and on one that does not: told as the condition, still nothing stored
+        let (unmet, _) = with_assertion("c2", absent("c1")).await;
+        assert!(matches!(unmet, Ok(None)), "{unmet:?}");
+        // and a stream that exists after all conflicts, the condition holding or not
+        let taken = cqrs.execute_new_if("c1", submit("c1"), HashMap::new(), &absent("none")).await;
+        assert!(matches!(&taken, Err(r) if r.code == atasira_domain::ErrorCode::Conflict), "{taken:?}");
+        assert_eq!(db.count("SELECT COUNT(*) FROM events WHERE aggregate_type = 'draft'").await.expect("count"), 2);
+    });
+}

@@ -23,7 +23,7 @@ use atasira_domain::org_policy::{Input, Verdict};
 use atasira_domain::os_operation::OverLimit;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
-use atasira_platform::org_policy::Policies;
+use atasira_platform::org_policy::{self, Policies, head_of};
 use atasira_platform::projection::{self as proj, Projection};
 use atasira_platform::refusal::Refusal;
 use atasira_platform::service::{self as platform_service, Call};
@@ -44,6 +44,46 @@ struct Service {
     over_limit_approvals: u32,
     /// R-POLICY-1: the organisation's policy, evaluated on every submission.
     policies: Policies,
+    /// The policy's head this process read last, which its submissions assume.
+    policy_seen: PolicySeen,
+}
+
+/// How often a submission is decided at most: what it assumed did not hold, or its verdict
+/// is checked against a fresh read, and then something changed again meanwhile.
+const SUBMIT_ATTEMPTS: usize = 4;
+
+/// The last sequence of the organisation's policy stream that this process read, which its
+/// submissions assume until an append finds it changed (see `Service::submit`). Only where
+/// the append checks what was assumed in its own statement (PostgreSQL); in embedded mode
+/// every submission reads first, and its append joins the others' in one commit.
+#[derive(Debug)]
+struct PolicySeen {
+    guarded: bool,
+    /// `UNKNOWN` until the first read; 0 when no policy was published.
+    sequence: std::sync::atomic::AtomicI64,
+}
+
+impl PolicySeen {
+    const UNKNOWN: i64 = -1;
+
+    fn new(guarded: bool) -> PolicySeen {
+        PolicySeen { guarded, sequence: std::sync::atomic::AtomicI64::new(Self::UNKNOWN) }
+    }
+
+    /// What a submission may assume of the policy's head (`Some(None)`: no policy), or
+    /// `None`: it reads first.
+    fn assumed(&self) -> Option<Option<i64>> {
+        match self.sequence.load(std::sync::atomic::Ordering::Relaxed) {
+            _ if !self.guarded => None,
+            Self::UNKNOWN => None,
+            0 => Some(None),
+            sequence => Some(Some(sequence)),
+        }
+    }
+
+    fn saw(&self, head: Option<i64>) {
+        self.sequence.store(head.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Settings of the drafts service.
@@ -85,6 +125,7 @@ pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch
         rt: rt.clone(),
         over_limit_approvals: config.over_limit_approvals.max(1),
         policies: Policies::default(),
+        policy_seen: PolicySeen::new(rt.db.kind() == atasira_platform::store::DbKind::Postgres),
     });
     let endpoint = {
         let service = service.clone();
@@ -200,37 +241,30 @@ impl Service {
 
     async fn submit(&self, principal: impl Future<Output = Result<Principal, Refusal>>, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
-        // One read: the Box of this box_type, and the head of the organisation's policy
-        // (R-POLICY-1), whose version is loaded only when it is not the one known here. It
-        // is sent first and runs in the database while this process checks the caller's
-        // assertion and plans the draft; nothing is decided before both are done, and
-        // nothing read is answered to a caller who is refused.
+        // In cluster mode a submission is decided by the policy this process last read, no
+        // Box of its box_type assumed, and its append holds only if both are still so (one
+        // statement, no read before it). The first time, in embedded mode, and when what was
+        // assumed no longer holds, it reads first: the Box of this box_type and the head of
+        // the organisation's policy (R-CHANGE-1, R-POLICY-1), in one statement sent first,
+        // which runs in the database while this process checks the caller's assertion and
+        // plans the draft. Nothing read is answered to a caller who is refused.
         let asked = request.box_type.clone().unwrap_or_default();
-        let (read, checked) = tokio::join!(
+        let assumed = self.policy_seen.assumed();
+        let (looked, checked) = tokio::join!(
             biased;
-            projection::box_of_type_and_policy_head(&self.rt.db, &asked),
+            async {
+                match assumed {
+                    Some(_) => Ok(None),
+                    None => self.look(&asked).await.map(Some),
+                }
+            },
             async { Ok::<_, Refusal>((principal.await?, request.plan()?)) },
         );
-        let (principal, mut plan) = checked?;
+        let (principal, plan) = checked?;
         // A plan keeps the box_type as asked (parsing checks it, rewrites nothing), so the
         // read was of the draft's own box_type.
         debug_assert_eq!(plan.manifest.box_type.as_str(), asked);
-        let (existing, policy_head) = read.map_err(Refusal::internal)?;
-        // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
-        if let Some(box_id) = existing {
-            return Err(Refusal::new(
-                ErrorCode::BoxTypeExists,
-                format!(
-                    "box_type {:?} has a Box ({box_id}); to change what it may do, request a change: POST /api/v1/boxes/{box_id}/change-requests",
-                    plan.manifest.box_type.as_str()
-                ),
-            ));
-        }
-        // R-POLICY-1: the organisation's rules, after the built-in ones.
-        let input = Input::draft(&principal, &plan.manifest, &plan.over_limit);
-        let verdict = self.policies.admit_at(&self.rt, policy_head, SERVICE, plan.manifest.box_type.as_str(), &input).await?;
-        plan.approvals_required = self.approvals_for(&plan.over_limit, verdict.as_ref());
-        plan.policy = verdict;
+        let mut looked = looked?;
         // R-DRAFT-11: with an Idempotency-Key, every run of the request names the same draft.
         let keyed = !env.idempotency_key.is_empty();
         let draft_id = if keyed { draft_id_for(&principal.user_id, &env.idempotency_key) } else { uuid::Uuid::new_v4().to_string() };
@@ -245,18 +279,63 @@ impl Service {
             warnings: plan.warnings.clone(),
         };
         let metadata = HashMap::from([("correlation_id".to_owned(), env.correlation_id.clone()), ("principal".to_owned(), principal.user_id.clone())]);
-        let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal.clone(), at: chrono::Utc::now() };
-        match self.cqrs.execute_new(&draft_id, command, metadata).await {
-            Ok(committed) => {
-                atasira_platform::failpoint("drafts-after-commit");
-                Self::written(committed, &reply)
+        for _ in 0..SUBMIT_ATTEMPTS {
+            let (existing, policy) = looked.clone().unwrap_or((None, assumed.flatten()));
+            // R-CHANGE-1: a box_type with a Box changes through a change request of that Box.
+            if let Some(box_id) = existing {
+                return Err(Refusal::new(
+                    ErrorCode::BoxTypeExists,
+                    format!("box_type {asked:?} has a Box ({box_id}); to change what it may do, request a change: POST /api/v1/boxes/{box_id}/change-requests"),
+                ));
             }
-            // The stream exists: an earlier run of this request made it.
-            Err(refusal) => match digest {
-                Some(digest) if refusal.code == ErrorCode::Conflict => self.submitted_before(&principal, &draft_id, &digest).await,
-                _ => Err(refusal),
-            },
+            // R-POLICY-1: the organisation's rules, after the built-in ones.
+            let input = Input::draft(&principal, &plan.manifest, &plan.over_limit);
+            let verdict = self.policies.active_at(&self.rt.db, policy.map(head_of)).await?.map(|active| active.evaluate(&input));
+            if let Some(denial) = verdict.as_ref().filter(|v| v.denied()) {
+                // A refusal is made by the policy the store holds, never by an assumed one.
+                if looked.is_none() {
+                    looked = Some(self.look(&asked).await?);
+                    continue;
+                }
+                return Err(org_policy::refuse(&self.rt, SERVICE, &principal, &asked, denial).await);
+            }
+            let mut plan = plan.clone();
+            plan.approvals_required = self.approvals_for(&plan.over_limit, verdict.as_ref());
+            plan.policy = verdict;
+            let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal.clone(), at: chrono::Utc::now() };
+            atasira_platform::failpoint_delay("drafts.submit.before_append").await;
+            let appended = if self.policy_seen.guarded {
+                self.cqrs.execute_new_if(&draft_id, command, metadata.clone(), &projection::as_assumed(&asked, policy)).await
+            } else {
+                self.cqrs.execute_new(&draft_id, command, metadata.clone()).await.map(Some)
+            };
+            match appended {
+                Ok(Some(committed)) => {
+                    atasira_platform::failpoint("drafts-after-commit");
+                    return Self::written(committed, &reply);
+                }
+                // A Box of this box_type, or a new version of the policy, came meanwhile:
+                // decided again by what the store holds now.
+                Ok(None) => looked = Some(self.look(&asked).await?),
+                // The stream exists: an earlier run of this request made it.
+                Err(refusal) => {
+                    return match &digest {
+                        Some(digest) if refusal.code == ErrorCode::Conflict => self.submitted_before(&principal, &draft_id, digest).await,
+                        _ => Err(refusal),
+                    };
+                }
+            }
         }
+        Err(Refusal::new(ErrorCode::Busy, "the organisation's policy or the Boxes changed while this draft was decided; retry"))
+    }
+
+    /// What a submission reads before it is decided (see `submit`): the Box of `box_type`,
+    /// and the last sequence of the organisation's policy stream, which later submissions
+    /// of this process assume.
+    async fn look(&self, box_type: &str) -> Result<(Option<String>, Option<i64>), Refusal> {
+        let looked = projection::box_of_type_and_policy_head(&self.rt.db, box_type).await.map_err(Refusal::internal)?;
+        self.policy_seen.saw(looked.1);
+        Ok(looked)
     }
 
     /// R-CHANGE-1: a change request of an active or stopped Box, by an admin or the Box's

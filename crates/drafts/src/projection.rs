@@ -15,10 +15,11 @@ use atasira_domain::aggregates::boxes::BoxRole;
 use atasira_domain::aggregates::draft::{ChangeOf, DraftEvent, DraftStatus, RevisionOf};
 use atasira_domain::aggregates::types;
 use atasira_domain::os_operation::OverLimit;
+use atasira_platform::org_policy::head_subquery;
 use atasira_platform::projection::{
     Arg, BlindWrite, DecodedPage, PageDecoder, Projection, bind_all, for_connection, placeholders, rows_per_statement, values_list_from,
 };
-use atasira_platform::store::{Db, EventRef, StoredEvent, TextEvent};
+use atasira_platform::store::{Db, EventRef, Precondition, StoredEvent, TextEvent};
 use chrono::{DateTime, Utc};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
@@ -633,16 +634,26 @@ pub async fn at(db: &Db, draft_id: &str, as_of: atasira_platform::store::AsOf) -
 }
 
 /// R-CHANGE-1: the Box of `box_type` that is not archived, if the view knows one; with the
-/// organisation's policy's head (see `atasira_platform::org_policy::Policies::active_at`)
-/// in the same statement: what a submission reads before it is decided.
-pub async fn box_of_type_and_policy_head(db: &Db, box_type: &str) -> anyhow::Result<(Option<String>, Option<String>)> {
-    use atasira_platform::org_policy::{head_of, head_subquery};
+/// last sequence of the organisation's policy stream (`None`: no policy was published; see
+/// `atasira_platform::org_policy::head_of`) in the same statement: what a submission reads
+/// before it is decided, when it reads first.
+pub async fn box_of_type_and_policy_head(db: &Db, box_type: &str) -> anyhow::Result<(Option<String>, Option<i64>)> {
     let sql = format!("SELECT (SELECT box_id FROM drafts_box_types WHERE box_type = $1), {}", head_subquery());
-    // Every submission makes this read: on a kept connection.
+    // Every submission that reads first makes this read: on a kept connection.
     let mut conn = db.held().await?;
     let row = sqlx::query(&sql).bind(box_type).fetch_one(&mut *conn).await?;
     conn.keep();
-    Ok((row.try_get::<Option<String>, _>(0)?, row.try_get::<Option<i64>, _>(1)?.map(head_of)))
+    Ok((row.try_get::<Option<String>, _>(0)?, row.try_get::<Option<i64>, _>(1)?))
+}
+
+/// What a submission decided without reading first assumed, as the condition of its append
+/// (R-CHANGE-1, R-POLICY-1): the view knows no Box of `box_type`, and the organisation's
+/// policy stream's last sequence is `policy` (`None`: no policy was published).
+pub fn as_assumed(box_type: &str, policy: Option<i64>) -> Precondition {
+    Precondition {
+        condition: format!("NOT EXISTS (SELECT 1 FROM drafts_box_types WHERE box_type = {{0}}) AND COALESCE({}, 0) = CAST({{1}} AS bigint)", head_subquery()),
+        params: vec![box_type.to_owned(), policy.unwrap_or(0).to_string()],
+    }
 }
 
 /// R-CHANGE-1: how many change requests the view holds for `box_id`, and its pending one.

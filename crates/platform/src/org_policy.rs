@@ -80,13 +80,7 @@ impl Policies {
     /// policy).
     pub async fn admit(&self, rt: &Runtime, service: &str, target: &str, input: &Input<'_>) -> Result<Option<Verdict>, Refusal> {
         let head = rt.db.last_event(types::ORG_POLICY, STREAM_ID).await.map_err(Refusal::internal)?;
-        self.admit_at(rt, head.map(|h| h.id), service, target, input).await
-    }
-
-    /// [`Policies::admit`] with the policy stream's head read by the caller (see
-    /// [`Policies::active_at`]).
-    pub async fn admit_at(&self, rt: &Runtime, head: Option<String>, service: &str, target: &str, input: &Input<'_>) -> Result<Option<Verdict>, Refusal> {
-        match self.active_at(&rt.db, head).await? {
+        match self.active_at(&rt.db, head.map(|h| h.id)).await? {
             Some(active) => active.admit(rt, service, target, input).await.map(Some),
             None => Ok(None),
         }

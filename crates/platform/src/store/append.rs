@@ -81,6 +81,25 @@ impl Receipt {
     }
 }
 
+/// A condition the store checks in the statement that appends a new stream's events: a
+/// boolean SQL expression over the store's tables, its parameters written `{0}`, `{1}`, ...
+/// (bound as text: cast them in the expression). The events are stored, and the request's
+/// principal assertion admitted, only if it holds. Saves the command a read before it
+/// decides (the drafts service's: is there a Box of this box_type, and is the policy the
+/// one it decided by).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Precondition {
+    pub condition: String,
+    pub params: Vec<String>,
+}
+
+impl Precondition {
+    /// The condition with its parameters numbered from `$first`.
+    fn sql(&self, first: usize) -> String {
+        (0..self.params.len()).rev().fold(self.condition.clone(), |sql, i| sql.replace(&format!("{{{i}}}"), &format!("${}", first + i)))
+    }
+}
+
 /// Why one attempt of a command failed.
 enum Failure<E> {
     /// The aggregate refused.
@@ -89,6 +108,8 @@ enum Failure<E> {
     Conflict,
     /// The request's principal assertion was admitted before (PostgreSQL): nothing stored.
     Replayed,
+    /// The append's [`Precondition`] did not hold: nothing stored, nothing admitted.
+    Unmet,
     Store(anyhow::Error),
 }
 
@@ -116,7 +137,7 @@ where
     {
         let mut delay = retry.backoff;
         for attempt in 1..=retry.attempts.max(1) {
-            match self.attempt(aggregate_id, command.clone(), metadata.clone(), false).await {
+            match self.attempt(aggregate_id, command.clone(), metadata.clone(), false, None).await {
                 Ok(receipt) => return Ok(receipt),
                 Err(Failure::Conflict) if attempt < retry.attempts => {
                     if !delay.is_zero() {
@@ -139,7 +160,25 @@ where
     /// derived from an idempotency key), which holds no events yet: nothing is loaded. Should
     /// the stream exist after all, the append conflicts: answered `conflict`, not retried.
     pub async fn execute_new(&self, aggregate_id: &str, command: A::Command, metadata: HashMap<String, String>) -> Result<Receipt, Refusal> {
-        self.attempt(aggregate_id, command, metadata, true).await.map_err(|f| Self::refusal(aggregate_id, f))
+        self.attempt(aggregate_id, command, metadata, true, None).await.map_err(|f| Self::refusal(aggregate_id, f))
+    }
+
+    /// [`Cqrs::execute_new`], whose events are stored only if `precondition` holds:
+    /// `Ok(None)` when it did not (nothing stored, the request's assertion not admitted).
+    /// PostgreSQL checks it in the statement that appends; SQLite, whose commands this
+    /// process appends one at a time, just before, in the writer's turn.
+    pub async fn execute_new_if(
+        &self,
+        aggregate_id: &str,
+        command: A::Command,
+        metadata: HashMap<String, String>,
+        precondition: &Precondition,
+    ) -> Result<Option<Receipt>, Refusal> {
+        match self.attempt(aggregate_id, command, metadata, true, Some(precondition)).await {
+            Ok(receipt) => Ok(Some(receipt)),
+            Err(Failure::Unmet) => Ok(None),
+            Err(f) => Err(Self::refusal(aggregate_id, f)),
+        }
     }
 
     fn refusal(aggregate_id: &str, failure: Failure<A::Error>) -> Refusal {
@@ -147,6 +186,7 @@ where
             Failure::Refused(e) => e.into(),
             Failure::Conflict => Refusal::new(ErrorCode::Conflict, "a concurrent change to the same thing was recorded first; retry"),
             Failure::Replayed => Refusal::replayed(),
+            Failure::Unmet => Refusal::internal("an append's precondition was not checked by its caller"),
             Failure::Store(e) => Refusal::store(crate::failure::is_transient(&e), format!("{} {aggregate_id}: {e:#}", A::TYPE)),
         }
     }
@@ -157,6 +197,7 @@ where
         command: A::Command,
         metadata: HashMap<String, String>,
         new_stream: bool,
+        precondition: Option<&Precondition>,
     ) -> Result<Receipt, Failure<A::Error>> {
         // The command's trace context travels with its events to every consumer (R-OPS-1).
         let mut metadata = metadata;
@@ -165,15 +206,15 @@ where
         });
         let started = std::time::Instant::now();
         let writer = &self.db.writer;
-        let result = match (&writer.appends, new_stream) {
+        let result = match (&writer.appends, new_stream, precondition) {
             // SQLite, a stream with nothing to load: the appender takes the writer's turn
             // for this append and the others waiting.
-            (Some(appends), true) => self.decide_and_append(aggregate_id, command, &metadata, Appender::Grouped(appends)).await,
+            (Some(appends), true, None) => self.decide_and_append(aggregate_id, command, &metadata, Appender::Grouped(appends)).await,
             // Otherwise the load and the append hold the turn (SQLite), so commands of this
             // process on one stream never conflict.
             _ => {
                 let turn = writer.turn().await;
-                let result = self.decide_and_append(aggregate_id, command, &metadata, Appender::Direct { new_stream }).await;
+                let result = self.decide_and_append(aggregate_id, command, &metadata, Appender::Direct { new_stream, precondition }).await;
                 drop(turn);
                 result
             }
@@ -199,9 +240,9 @@ where
         metadata: &HashMap<String, String>,
         appender: Appender<'_>,
     ) -> Result<Receipt, Failure<A::Error>> {
-        let new_stream = match appender {
-            Appender::Direct { new_stream } => new_stream,
-            Appender::Grouped(_) => true,
+        let (new_stream, precondition) = match appender {
+            Appender::Direct { new_stream, precondition } => (new_stream, precondition),
+            Appender::Grouped(_) => (true, None),
         };
         let (mut aggregate, sequence, head) =
             if new_stream { (A::default(), 0, None) } else { self.db.load_stream::<A>(aggregate_id).await.map_err(Failure::Store)? };
@@ -222,6 +263,11 @@ where
             }
             // The writer's turn is held (`attempt`): recorded before the next append.
             (Appender::Direct { .. }, Typed::Sqlite(pool)) => {
+                if let Some(precondition) = precondition
+                    && !holds(pool, precondition).await.map_err(|e| Failure::Store(e.into()))?
+                {
+                    return Err(Failure::Unmet);
+                }
                 let events = rows.parse().map_err(|e| Failure::Store(e.into()))?;
                 insert_rows!(pool, Dialect::Sqlite, &[&rows]).map(|stored| {
                     self.db.writer.recent.committed(placed(events, &stored));
@@ -229,25 +275,35 @@ where
                 })
             }
             // The request's principal assertion is admitted for the cluster in the same
-            // statement: a replayed command stores nothing (`admission`).
+            // statement: a replayed command stores nothing (`admission`); so is the
+            // precondition checked.
             (Appender::Direct { .. }, Typed::Postgres(pool)) => {
                 let mut conn = self.db.kept_pg.take(pool).await.map_err(|e| Failure::Store(e.into()))?;
                 let admitting = crate::admission::pending();
                 let notify = self.db.bells.notifies();
-                let stored = match admitting {
-                    Some((tag, expires_at_ms)) => insert_rows!(&mut *conn, &rows, notify, admitting & tag, expires_at_ms),
-                    None => insert_rows!(&mut *conn, Dialect::Postgres { notify }, &[&rows]),
+                let appended = match (precondition, admitting) {
+                    (Some(precondition), _) => guarded_insert(&mut conn, &rows, notify, admitting, precondition).await,
+                    (None, Some((tag, expires_at_ms))) => insert_rows!(&mut *conn, &rows, notify, admitting & tag, expires_at_ms)
+                        .map(|stored| if stored.is_empty() { Outcome::Replayed } else { Outcome::Stored(stored) }),
+                    (None, None) => insert_rows!(&mut *conn, Dialect::Postgres { notify }, &[&rows]).map(Outcome::Stored),
                 };
-                if stored.is_ok() {
+                if appended.is_ok() {
                     conn.keep();
                 }
-                if let (Ok(stored), Some(_)) = (&stored, admitting) {
-                    crate::admission::settle(!stored.is_empty());
-                    if stored.is_empty() {
+                match appended {
+                    Ok(Outcome::Unmet) => return Err(Failure::Unmet),
+                    Ok(Outcome::Replayed) => {
+                        crate::admission::settle(false);
                         return Err(Failure::Replayed);
                     }
+                    Ok(Outcome::Stored(stored)) => {
+                        if admitting.is_some() {
+                            crate::admission::settle(true);
+                        }
+                        Ok(positions(&stored))
+                    }
+                    Err(e) => Err(e),
                 }
-                stored.map(|stored| positions(&stored))
             }
         };
         let mut committed = stored.map_err(|e| match &e {
@@ -261,11 +317,21 @@ where
     }
 }
 
+/// SQLite: whether `precondition` holds now.
+async fn holds(pool: &SqlitePool, precondition: &Precondition) -> Result<bool, sqlx::Error> {
+    let sql = format!("SELECT COALESCE(({}), 0)", precondition.sql(1));
+    let mut query = sqlx::query(&sql);
+    for param in &precondition.params {
+        query = query.bind(param.as_str());
+    }
+    query.fetch_one(pool).await?.try_get::<bool, _>(0)
+}
+
 /// How a command's events reach the store.
 enum Appender<'a> {
     /// Appended by the command itself; `new_stream`: the stream holds nothing yet, so
-    /// nothing is loaded.
-    Direct { new_stream: bool },
+    /// nothing is loaded; stored only if the `precondition` holds.
+    Direct { new_stream: bool, precondition: Option<&'a Precondition> },
     /// SQLite, a new stream: handed to the group appender ([`append_in_groups`]).
     Grouped(&'a tokio::sync::mpsc::UnboundedSender<AppendJob>),
 }
@@ -438,6 +504,88 @@ fn admitted_insert_statement(rows: usize, notify: bool) -> String {
     )
 }
 
+/// What an append statement on PostgreSQL did.
+enum Outcome {
+    Stored(Vec<StoredRow>),
+    /// Its precondition did not hold ([`guarded_insert`]): nothing stored, nothing admitted.
+    Unmet,
+    /// The assertion it carried was admitted before: nothing stored.
+    Replayed,
+}
+
+/// PostgreSQL: appends `rows` in one statement only if `precondition` holds (and, when
+/// `admitting`, the assertion's tag is new, admitted in the same statement). The statement
+/// always returns a row, which says whether the precondition held, so a failed condition is
+/// told from a replay.
+async fn guarded_insert(
+    conn: &mut sqlx::PgConnection,
+    rows: &AppendRows,
+    notify: bool,
+    admitting: Option<([u8; 32], i64)>,
+    precondition: &Precondition,
+) -> Result<Outcome, sqlx::Error> {
+    let mut next = 7 * rows.rows.len() + 1;
+    let admission = admitting.map(|_| {
+        let (tag, expires) = (next, next + 1);
+        next += 2;
+        format!(
+            "admitted AS (INSERT INTO assertion_replay (tag, expires_at_ms) SELECT ${tag}, ${expires} WHERE (SELECT ok FROM guard)
+               ON CONFLICT (tag) DO NOTHING RETURNING tag),"
+        )
+    });
+    let allowed = if admission.is_some() { "EXISTS (SELECT 1 FROM admitted)" } else { "(SELECT ok FROM guard)" };
+    let sql = format!(
+        "WITH guard AS (SELECT COALESCE(({}), false) AS ok), {}
+         stored AS (INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
+           SELECT v.* FROM (VALUES {}) AS v (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata)
+           WHERE {allowed}
+           RETURNING aggregate_type, aggregate_id, sequence, global_position, recorded_at_ms{})
+         SELECT s.*, g.ok AS guard_ok FROM guard g LEFT JOIN stored s ON true",
+        precondition.sql(next),
+        admission.unwrap_or_default(),
+        insert_values(rows.rows.len(), true),
+        notification(notify)
+    );
+    let mut query = bind_rows(sqlx::query(&sql), &[rows]);
+    if let Some((tag, expires_at_ms)) = admitting {
+        query = query.bind(hex::encode(tag)).bind(expires_at_ms);
+    }
+    for param in &precondition.params {
+        query = query.bind(param.as_str());
+    }
+    let returned = query.fetch_all(&mut *conn).await?;
+    let Some(first) = returned.first() else { return Err(sqlx::Error::RowNotFound) };
+    if first.try_get::<Option<i64>, _>(2)?.is_none() {
+        return Ok(if first.try_get::<bool, _>("guard_ok")? { Outcome::Replayed } else { Outcome::Unmet });
+    }
+    Ok(Outcome::Stored(returned.iter().map(StoredRow::read).collect::<Result<_, _>>()?))
+}
+
+/// Binds the seven parameters of each row of `appends`, in order.
+fn bind_rows<'q, DB>(
+    mut query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
+    appends: &[&'q AppendRows],
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    for a in appends {
+        for (sequence, event_type, version, payload) in &a.rows {
+            query = query
+                .bind(a.aggregate_type)
+                .bind(a.aggregate_id.as_str())
+                .bind(*sequence)
+                .bind(event_type.as_str())
+                .bind(version.as_str())
+                .bind(payload.as_str())
+                .bind(a.metadata.as_str());
+        }
+    }
+    query
+}
+
 /// Runs [`insert_statement`] for `appends` on `$pool` (in `$dialect`): the stream,
 /// sequence and position of every row stored.
 macro_rules! insert_rows {
@@ -454,34 +602,9 @@ macro_rules! insert_rows {
     }};
     (@run $pool:expr, $sql:expr, $appends:expr $(, $extra:expr)*) => {{
         let appends: &[&AppendRows] = $appends;
-        let mut query = sqlx::query($sql);
-        for a in appends {
-            for (sequence, event_type, version, payload) in &a.rows {
-                query = query
-                    .bind(a.aggregate_type)
-                    .bind(a.aggregate_id.as_str())
-                    .bind(*sequence)
-                    .bind(event_type.as_str())
-                    .bind(version.as_str())
-                    .bind(payload.as_str())
-                    .bind(a.metadata.as_str());
-            }
-        }
-        $(query = query.bind($extra);)*
-        query.fetch_all($pool).await.and_then(|stored| {
-            stored
-                .iter()
-                .map(|r| {
-                    Ok(StoredRow {
-                        aggregate_type: r.try_get(0)?,
-                        aggregate_id: r.try_get(1)?,
-                        sequence: r.try_get(2)?,
-                        position: r.try_get(3)?,
-                        recorded_at_ms: r.try_get(4)?,
-                    })
-                })
-                .collect::<Result<Vec<_>, sqlx::Error>>()
-        })
+        let query = bind_rows(sqlx::query($sql), appends);
+        $(let query = query.bind($extra);)*
+        query.fetch_all($pool).await.and_then(|stored| stored.iter().map(StoredRow::read).collect::<Result<Vec<_>, sqlx::Error>>())
     }};
 }
 use insert_rows;
@@ -496,6 +619,22 @@ struct StoredRow {
 }
 
 impl StoredRow {
+    /// The row as an append statement returns it: stream, sequence, position, time.
+    fn read<'r, R: Row>(r: &'r R) -> Result<StoredRow, sqlx::Error>
+    where
+        usize: sqlx::ColumnIndex<R>,
+        String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(StoredRow {
+            aggregate_type: r.try_get(0)?,
+            aggregate_id: r.try_get(1)?,
+            sequence: r.try_get(2)?,
+            position: r.try_get(3)?,
+            recorded_at_ms: r.try_get(4)?,
+        })
+    }
+
     fn of(&self, rows: &AppendRows) -> bool {
         self.aggregate_type == rows.aggregate_type && self.aggregate_id == rows.aggregate_id
     }
@@ -723,6 +862,29 @@ mod tests {
         assert_eq!(head, submitted.head);
         // and a stream that holds nothing has no head
         assert_eq!(db.load_with_head::<Draft>("none").await.expect("load").1, None);
+    }
+
+    #[tokio::test]
+    async fn a_command_appended_if_a_condition_holds_stores_nothing_when_it_does_not() {
+        use atasira_domain::aggregates::draft::Draft;
+        // given the embedded store, and a condition that no draft stream of a given id exists
+        let store = testing::TempDb::new().await;
+        let db = &store.db;
+        let cqrs = db.cqrs::<Draft>();
+        let absent = |id: &str| Precondition {
+            condition: "NOT EXISTS (SELECT 1 FROM events WHERE aggregate_type = 'draft' AND aggregate_id = {0}) AND CAST({1} AS bigint) = 7".into(),
+            params: vec![id.to_owned(), "7".into()],
+        };
+        cqrs.execute_new("other", testing::submit("other"), HashMap::new()).await.expect("submit");
+        // when a draft is submitted on condition that "other" is absent: nothing is stored
+        let unmet = cqrs.execute_new_if("c1", testing::submit("c1"), HashMap::new(), &absent("other")).await;
+        assert!(matches!(unmet, Ok(None)), "{unmet:?}");
+        assert!(db.stream(types::DRAFT, "c1").await.expect("read").is_empty());
+        // when on condition that "none" is absent: stored, and the receipt names it
+        let met = cqrs.execute_new_if("c1", testing::submit("c1"), HashMap::new(), &absent("none")).await.expect("met");
+        assert_eq!(met.map(|r| r.head), Some(db.first_event(types::DRAFT, "c1").await.expect("read")));
+        // and the condition's placeholders are numbered after each other, not confused
+        assert_eq!(absent("x").sql(3), "NOT EXISTS (SELECT 1 FROM events WHERE aggregate_type = 'draft' AND aggregate_id = $3) AND CAST($4 AS bigint) = 7");
     }
 
     /// Submits each of `ids` at once while the test holds the writer's turn, then lets

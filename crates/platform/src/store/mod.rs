@@ -33,7 +33,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{AnyPool, PgPool, Row as _, SqlitePool};
 
 pub use crate::cursor::Cursor;
-pub use append::{Cqrs, EventAt, Receipt, Retry};
+pub use append::{Cqrs, EventAt, Precondition, Receipt, Retry};
 pub use bells::Appended;
 pub use consumers::ASYNC_COMMIT;
 pub use kept::Held;
