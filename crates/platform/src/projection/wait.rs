@@ -99,10 +99,11 @@ impl Look {
 /// the consumers of `aggregate_types` (the events waited for; all when empty) to read now
 /// ([`Db::wanted`]). The consumers a service answers for usually run in its own process,
 /// so their progress bell is the signal to look, and what they committed is in memory
-/// ([`Db::progressed_to`]), so a look after a ring asks no database. A replica standing by for some of them (`elsewhere`: they run in another
-/// one) also looks in the store soon and then less often ([`STANDBY_LOOKS`]): no
-/// notification tells it of another process's progress, since one at every consumer
-/// commit would wake every process listening to the database.
+/// ([`Db::progressed_to`]), so a look after a ring asks no database. A replica standing
+/// by for some of them (`elsewhere`: they run in another one) also looks in the store soon
+/// and then less often ([`STANDBY_LOOKS`]): no notification tells it of another process's
+/// progress, since one at every consumer commit would wake every process listening to the
+/// database.
 async fn until<F, Fut>(db: &Db, timeout: Duration, elsewhere: bool, aggregate_types: &[&str], behind: F) -> anyhow::Result<Vec<String>>
 where
     F: Fn(Look) -> Fut,
