@@ -243,11 +243,12 @@ impl Service {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
         // In cluster mode a submission is decided by the policy this process last read, no
         // Box of its box_type assumed, and its append holds only if both are still so (one
-        // statement, no read before it). The first time, in embedded mode, and when what was
-        // assumed no longer holds, it reads first: the Box of this box_type and the head of
-        // the organisation's policy (R-CHANGE-1, R-POLICY-1), in one statement sent first,
-        // which runs in the database while this process checks the caller's assertion and
-        // plans the draft. Nothing read is answered to a caller who is refused.
+        // statement, no read before it). It reads the Box of this box_type and the head of
+        // the organisation's policy (R-CHANGE-1, R-POLICY-1) the first time and in embedded
+        // mode (sent first, running in the database while this process checks the caller's
+        // assertion and plans the draft), when what was assumed no longer holds, and before
+        // a denial by an assumed policy is answered. Nothing read is answered to a caller
+        // who is refused.
         let asked = request.box_type.clone().unwrap_or_default();
         let assumed = self.policy_seen.assumed();
         let (looked, checked) = tokio::join!(
