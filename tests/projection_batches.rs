@@ -285,6 +285,18 @@ async fn check(db: &Db) {
     assert_eq!((provisioning.as_array().map(Vec::len), &provisioning[0]["provisioned"]), (Some(1), &json!(true)), "the later outcome replaced the failure");
     assert_eq!(json(get("X", "manifest_json"))["purpose"], json!("an edited purpose"));
     assert_eq!(get("Y", "box_type").as_deref(), Some("orphan"), "the first activation's row");
+
+    // R-ARCH-5: both rebuilt at once, as `atasira projections rebuild` does: the same rows,
+    // each view's count in the order asked, each told as it ends.
+    let views: [&dyn Projection; 2] = [&atasira_drafts::DraftsView, &atasira_runtime_registry::BoxesView];
+    let told = std::sync::Mutex::new(Vec::new());
+    let applied = projection::rebuild_all(db, &views, |name, applied| told.lock().expect("told").push((name.to_owned(), applied))).await.expect("rebuild both");
+    let mut told = told.into_inner().expect("told");
+    told.sort();
+    assert_eq!(told, vec![("drafts_view".to_owned(), applied[0]), ("registry_boxes".to_owned(), applied[1])], "each view told once, with its count");
+    assert!(applied.iter().all(|n| *n > 0), "both views applied events: {applied:?}");
+    assert_eq!(rows(db, "draft_rows", DRAFT_COLUMNS).await, drafts, "the drafts view rebuilt beside the Box view");
+    assert_eq!(rows(db, "box_rows", BOX_COLUMNS).await, boxes, "the Box view rebuilt beside the drafts view");
 }
 
 #[test]

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 use atasira_domain::{Kind, Principal, Role};
-use atasira_platform::{auth, projection};
+use atasira_platform::auth;
+use atasira_platform::projection::{self, Projection};
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 
@@ -297,12 +298,12 @@ pub async fn projections(cmd: ProjectionsCommand) -> anyhow::Result<std::process
                 trigger_in_flight: 0,
                 listener: None,
             };
-            let mut rebuilt = Vec::new();
-            for p in atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)) {
-                eprintln!("rebuilding {} ...", p.name());
-                let applied = projection::rebuild(&db, p.as_ref()).await?;
-                rebuilt.push(json!({"projection": p.name(), "events_applied": applied}));
-            }
+            let all: Vec<_> = atasira_drafts::projections().into_iter().chain(atasira_runtime_registry::projections(&registry)).collect();
+            let all: Vec<&dyn Projection> = all.iter().map(AsRef::as_ref).collect();
+            let names: Vec<&str> = all.iter().map(|p| p.name()).collect();
+            eprintln!("rebuilding {} ...", names.join(", "));
+            let applied = projection::rebuild_all(&db, &all, |name, applied| eprintln!("rebuilt {name}: {applied} events applied")).await?;
+            let rebuilt: Vec<_> = names.iter().zip(applied).map(|(name, applied)| json!({"projection": name, "events_applied": applied})).collect();
             let ledger = atasira_audit::check_complete(&db).await?;
             println!("{}", json!({"rebuilt": rebuilt, "audit_ledger": ledger}));
             let count = |key: &str| ledger[key].as_array().map_or(0, Vec::len);

@@ -19,7 +19,7 @@ use checkpoint::record;
 
 pub use checkpoint::{BlindWrite, advance_and_mark, apply_one, checkpoint, cursor, mark_and_advance, mark_batch_processed, mark_processed, processed};
 pub use consume::{consume_batches, consume_selected};
-pub use rebuild::{REBUILD_PAGE, rebuild, rebuild_in_pages};
+pub use rebuild::{REBUILD_PAGE, rebuild, rebuild_all, rebuild_in_pages};
 pub use sql::{Arg, advance_statement, bind_all, for_connection, for_sqlite, placeholders, rows_per_statement, values_list, values_list_from};
 pub use wait::{answer_wait, wait_for, wait_for_events};
 

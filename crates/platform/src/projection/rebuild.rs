@@ -16,6 +16,20 @@ pub async fn rebuild(db: &Db, projection: &dyn Projection) -> anyhow::Result<u64
     rebuild_in_pages(db, projection, REBUILD_PAGE).await
 }
 
+/// Rebuilds every one of `projections` at once (R-ARCH-5): they share no table, so one's
+/// page is read and decoded while another's is written (in SQLite their writes still take
+/// turns, [`Db::write_turn`]). `done` is told of each as it ends, with the events it
+/// applied; the events each applied, in the order of `projections`. The first failure
+/// ends them all.
+pub async fn rebuild_all(db: &Db, projections: &[&dyn Projection], done: impl Fn(&str, u64)) -> anyhow::Result<Vec<u64>> {
+    let each = projections.iter().map(|projection| async {
+        let applied = rebuild(db, *projection).await?;
+        done(projection.name(), applied);
+        anyhow::Ok(applied)
+    });
+    futures::future::try_join_all(each).await
+}
+
 /// [`rebuild`], `page` events a transaction: the projection applies each page in memory
 /// ([`Projection::apply_page`]) and the checkpoint moves to its last event. The processed
 /// set stays empty: after a rebuild the cursor alone says what was applied (every event
