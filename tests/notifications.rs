@@ -264,3 +264,37 @@ fn r_notify_1_a_box_notifies_only_its_recipients_and_each_delivery_and_refusal_i
         drop(sys);
     }
 }
+
+#[test]
+fn r_box_9_a_draft_does_not_wait_for_its_announcement_but_a_new_webhook_waits_for_the_webhook_list() {
+    // R-BOX-9, R-NOTIFY-1: the notifier is a read model of webhook events only (the webhook
+    // list is its table); what it queues for a draft is sent after the write returns anyway.
+    use atasira_tests::harness::Hold;
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        let hold = Hold::new("notifier.batch");
+        let sys = System::start_with(mode, &[hold.setting(), ("ATASIRA_CONSISTENCY_WAIT", "2".to_owned())]);
+        // given the notifier held at its next batch
+        hold.arm();
+        // when a draft is submitted
+        let submitted =
+            sys.post("/api/v1/boxes/box-drafts", &sys.agent, &json!({"box_type": "held-notice", "purpose": "Summarise the week.", "tools": ["Read"]}));
+        // then it answers with every read model it affects applied, its announcement not queued yet
+        assert_eq!(submitted.status, 201, "{mode:?}: {}", submitted.raw);
+        assert_eq!(submitted.header("x-atasira-lagging"), None, "{mode:?}: a draft does not wait for the notifier");
+        hold.wait_reached(Duration::from_secs(30));
+        // when a webhook is registered while the notifier is still held
+        let registered = sys.post("/api/v1/webhooks", &sys.admin, &json!({"url": "http://127.0.0.1:9/hook"}));
+        // then its write waits for the webhook list, and says that it is behind
+        assert_eq!(registered.status, 201, "{mode:?}: {}", registered.raw);
+        assert!(
+            registered.header("x-atasira-lagging").is_some_and(|l| l.split(',').any(|s| s == "notifier")),
+            "{mode:?}: a new webhook waits for the notifier's webhook list: {:?}",
+            registered.headers
+        );
+        hold.release();
+        eventually("the webhook is listed", Duration::from_secs(30), || {
+            let listed = sys.get("/api/v1/webhooks", &sys.admin);
+            if listed.body["webhooks"].as_array().map(Vec::len) == Some(1) { Ok(()) } else { Err(listed.raw) }
+        });
+    }
+}

@@ -48,8 +48,11 @@ pub const AGGREGATE_TYPES: &[&str] = &[
 /// R-AUDIT-2: "every minute".
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 
-/// The read models a `WaitForPosition` waits for, with the aggregate types they read.
-const READ_MODELS: &[(&str, &[&str])] = &[(NAME, AUDITABLE_TYPES), (notifier::NAME, notifier::READS)];
+/// The read models a `WaitForPosition` waits for, with the aggregate types a write waits
+/// for them on. The notifier is a read model only for webhook events (the webhook list is
+/// its table); what it queues for other events is sent after the write returns anyway, so
+/// a draft's submission or decision does not wait for its announcement to be queued.
+const READ_MODELS: &[(&str, &[&str])] = &[(NAME, AUDITABLE_TYPES), (notifier::NAME, &[atasira_domain::aggregates::types::WEBHOOK])];
 
 /// Settings of the audit service.
 #[derive(Debug, Clone)]

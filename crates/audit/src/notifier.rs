@@ -140,6 +140,7 @@ pub async fn consume(rt: Runtime, config: Arc<NotifierConfig>, wake: Arc<tokio::
     proj::consume_batches(rt.db.clone(), rt.feeds.clone(), NAME, READS, shutdown, move |events| {
         let (db, config, wake) = (db.clone(), config.clone(), wake.clone());
         async move {
+            atasira_platform::failpoint_delay("notifier.batch").await;
             let queued = queue_batch(&db, &config, &events).await?;
             if queued > 0 {
                 wake.notify_one();
