@@ -99,6 +99,50 @@ fn concurrent_ledger_writers_on_postgres_append_one_chain_and_tampering_is_named
     });
 }
 
+/// A writer that knows the head it left seals its next batch after it without reading it;
+/// when someone appended since, or an event has its row already, its write fails whole on
+/// the unique keys and it reads the head, so the chain never forks.
+async fn a_known_head_never_forks_the_chain(db: &Db) {
+    use atasira_audit::{KnownHead, append_batch, append_batch_after};
+    let ks = keys();
+    atasira_audit::prepare(db).await.expect("prepare");
+    for id in ["k1", "k2", "k3"] {
+        submit(db, id).await;
+    }
+    visible(db, 3).await;
+    let events = db.events_after(0, &["draft"], 10).await.expect("events");
+    // given a writer that appended k1's submission and knows the head it left
+    let known = KnownHead::default();
+    assert_eq!(append_batch_after(db, &ks, &events[..1], &known).await.expect("first"), 1);
+    assert_eq!(known.seq(), Some(1));
+    // when another writer appends k2's, and the first appends k3's after the head it knows
+    assert_eq!(append_batch(db, &ks, &events[1..2]).await.expect("another writer"), 1);
+    assert_eq!(append_batch_after(db, &ks, &events[2..3], &known).await.expect("after a moved head"), 1);
+    assert_eq!(known.seq(), Some(3));
+    // and k2's is delivered to it again
+    assert_eq!(append_batch_after(db, &ks, &events[1..2], &known).await.expect("a redelivery"), 0);
+    // then one chain, one row per event, in the order they were appended
+    let (rows, _) = atasira_audit::page(db, atasira_audit::Filter::default(), 0, 0).await.expect("page");
+    let mut targets: Vec<(i64, String)> = rows.iter().map(|r| (r.seq, r.target.clone())).collect();
+    targets.sort();
+    assert_eq!(targets, vec![(1, "k1".to_owned()), (2, "k2".to_owned()), (3, "k3".to_owned())]);
+    assert_eq!(atasira_audit::verify(db, &ks).await.expect("verify"), Verification::Ok { rows: 3 });
+}
+
+#[test]
+fn a_ledger_writer_that_knows_the_head_never_forks_the_chain_on_postgresql() {
+    // R-AUDIT-1, R-AUDIT-2 (cluster store)
+    let database = Database::create();
+    runtime().block_on(async { a_known_head_never_forks_the_chain(&Db::connect(&database.url).await.expect("connect")).await });
+}
+
+#[test]
+fn a_ledger_writer_that_knows_the_head_never_forks_the_chain_on_sqlite() {
+    // R-AUDIT-1, R-AUDIT-2 (embedded store)
+    let dir = atasira_tests::harness::TempDir::new("atasira-known-head");
+    runtime().block_on(async { a_known_head_never_forks_the_chain(&Db::connect(&Db::sqlite_url(&dir.0)).await.expect("connect")).await });
+}
+
 /// The ledger's first rows: the harness issues the admin's and the agent's tokens
 /// (`token.issue`, R-AUDIT-1), so the rows of a test start at seq 3.
 const TOKEN_ROWS: usize = 2;

@@ -123,22 +123,70 @@ pub async fn append(db: &Db, keys: &AuditKeys, event: &StoredEvent) -> anyhow::R
     Ok(append_batch(db, keys, std::slice::from_ref(event)).await? == 1)
 }
 
+/// The ledger's head (seq, mac) as the writer that keeps it left it: that writer's next
+/// batch is sealed after it without reading it first. It is only ever a guess: a row that
+/// anyone appended since holds the seq the batch's first row takes (seqs follow each
+/// other from 1, and rows are never removed), and a redelivered event already has its
+/// row, so the batch's write fails whole on the unique key, and it is written again after
+/// a read of the head. Empty at first, and after any failure.
+#[derive(Debug, Default)]
+pub struct KnownHead(std::sync::Mutex<Option<(i64, String)>>);
+
+impl KnownHead {
+    /// The seq of the head it knows, if any.
+    pub fn seq(&self) -> Option<i64> {
+        self.get().map(|(seq, _)| seq)
+    }
+
+    fn get(&self) -> Option<(i64, String)> {
+        self.0.lock().ok().and_then(|h| h.clone())
+    }
+
+    /// After a write that appended `rows` (sealed after `head`) or nothing.
+    fn set(&self, head: Option<(i64, String)>, rows: &[LedgerRow]) {
+        if let Ok(mut known) = self.0.lock() {
+            *known = rows.last().map(|r| (r.seq, r.mac.clone())).or(head);
+        }
+    }
+
+    fn forget(&self) {
+        if let Ok(mut known) = self.0.lock() {
+            *known = None;
+        }
+    }
+}
+
 /// Appends the rows of a batch of events (in their order), skipping the ones that are not
 /// auditable or already have a row, and advances the writer's checkpoint, under the
 /// writer's turn: the head is read once and the chain sealed in memory. Both databases
 /// write a batch in one write after one read ([`append_alone`], [`append_optimistic`]);
 /// a batch too large for that, in one transaction. Returns how many rows were appended.
 pub async fn append_batch(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
+    append_batch_after(db, keys, events, &KnownHead::default()).await
+}
+
+/// [`append_batch`] by the writer that keeps `known`: with a known head, the batch is
+/// written without reading first (one write instead of a read and a write).
+pub async fn append_batch_after(db: &Db, keys: &AuditKeys, events: &[StoredEvent], known: &KnownHead) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     let turn = db.write_turn().await;
     let one_statement = events.len() <= rows_per_statement(1);
-    let appended = match db.kind() {
-        DbKind::Sqlite if one_statement => append_alone(db, keys, events).await?,
-        DbKind::Postgres if one_statement => match append_optimistic(db, keys, events).await? {
-            Some(appended) => appended,
-            None => append_in_transaction(db, keys, events).await?,
-        },
-        _ => append_in_transaction(db, keys, events).await?,
+    let alone = match db.kind() {
+        DbKind::Sqlite if one_statement => Some(append_alone(db, keys, events, known).await),
+        DbKind::Postgres if one_statement => append_optimistic(db, keys, events, known).await.transpose(),
+        _ => None,
+    };
+    let appended = match alone {
+        Some(Ok(appended)) => appended,
+        // Lost every race (PostgreSQL), too large a batch, or a failure: what the head is
+        // now is not known here.
+        other => {
+            known.forget();
+            match other {
+                Some(Err(e)) => return Err(e),
+                _ => append_in_transaction(db, keys, events).await?,
+            }
+        }
     };
     drop(turn);
     db.progressed_to(NAME, last.cursor(), events.iter().map(|e| e.event_id.as_str()));
@@ -177,10 +225,20 @@ fn auditable<'a>(events: impl Iterator<Item = &'a StoredEvent>) -> Vec<(&'a Stor
 /// between them leaves the cursor behind, and the batch read again finds its rows and
 /// skips them), instead of a transaction of five trips to the connection's thread, all of
 /// them holding the only writer every command and read model waits for.
-async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<usize> {
-    use atasira_platform::projection::{Arg, advance_statement, bind_all};
+async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent], known: &KnownHead) -> anyhow::Result<usize> {
     let Some(last) = events.last() else { return Ok(0) };
     let candidates = auditable(events.iter());
+    if let Some((seq, prev_mac)) = known.get().filter(|_| !candidates.is_empty()) {
+        let rows = seal(keys, candidates.iter(), seq, prev_mac)?;
+        match write_alone(db, &rows, last).await {
+            Ok(()) => {
+                known.set(None, &rows);
+                return Ok(rows.len());
+            }
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => tracing::debug!("the ledger's head moved, or an event has its row; reading them"),
+            Err(e) => return Err(e.into()),
+        }
+    }
     let mut sql = String::from(
         "SELECT 'at', position, NULL FROM projection_checkpoints WHERE name = $1
          UNION ALL SELECT 'head', seq, mac FROM (SELECT seq, mac FROM audit_ledger_rows ORDER BY seq DESC LIMIT 1) AS head",
@@ -210,7 +268,17 @@ async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyh
     if at >= last.position {
         return Ok(0);
     }
+    let head = (seq > 0).then(|| (seq, prev_mac.clone()));
     let rows = seal(keys, candidates.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
+    write_alone(db, &rows, last).await?;
+    known.set(head, &rows);
+    Ok(rows.len())
+}
+
+/// SQLite: `rows`, then the writer's cursor at `last` (two statements, each its own
+/// transaction, see [`append_alone`]).
+async fn write_alone(db: &Db, rows: &[LedgerRow], last: &StoredEvent) -> Result<(), sqlx::Error> {
+    use atasira_platform::projection::{Arg, advance_statement, bind_all};
     let mut statements = Vec::new();
     let mut args = Vec::with_capacity(rows.len() * 10 + 3);
     for chunk in rows.chunks(rows_per_statement(10)) {
@@ -220,7 +288,7 @@ async fn append_alone(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyh
     statements.push(advance_statement(args.len() + 1));
     args.extend([Arg::Text(NAME.to_owned()), Arg::Int(last.tx_id), Arg::Int(last.position)]);
     bind_all(sqlx::query(&for_sqlite(statements.join(";\n"))), &args).execute(db.any()).await?;
-    Ok(rows.len())
+    Ok(())
 }
 
 /// How often [`append_optimistic`] reads again after another writer appended first.
@@ -234,14 +302,20 @@ const RACES: usize = 4;
 /// rows take `seq`s and event ids the first took, so its statement fails whole and it
 /// reads again. `None` when it lost [`RACES`] times in a row: the caller then writes in a
 /// transaction, which waits for the others.
-async fn append_optimistic(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) -> anyhow::Result<Option<usize>> {
+async fn append_optimistic(db: &Db, keys: &AuditKeys, events: &[StoredEvent], known: &KnownHead) -> anyhow::Result<Option<usize>> {
     use atasira_platform::projection::{advance_and_mark, bind_all};
     let candidates = auditable(events.iter());
     // The cursor and the processed set are the same on every attempt.
     let (with, marks) = advance_and_mark(NAME, events);
-    for _ in 0..RACES {
-        let (head, have) = if candidates.is_empty() { (None, Default::default()) } else { head_and_rows_of(db.any(), &candidates, true).await? };
-        let (seq, prev_mac) = head.unwrap_or_default();
+    // The first attempt trusts the head this writer left, if it knows it.
+    let mut guess = known.get();
+    for _ in 0..RACES + usize::from(guess.is_some()) {
+        let (head, have) = match guess.take() {
+            _ if candidates.is_empty() => (None, Default::default()),
+            Some(head) => (Some(head), Default::default()),
+            None => head_and_rows_of(db.any(), &candidates, true).await?,
+        };
+        let (seq, prev_mac) = head.clone().unwrap_or_default();
         let rows = seal(keys, candidates.iter().filter(|(e, _)| !have.contains(&e.event_id)), seq, prev_mac)?;
         let mut args = marks.clone();
         let write = match rows.len() {
@@ -250,8 +324,13 @@ async fn append_optimistic(db: &Db, keys: &AuditKeys, events: &[StoredEvent]) ->
         };
         args.extend(rows.iter().flat_map(row_args));
         match bind_all(sqlx::query(&format!("{with} {write}")), &args).execute(db.any()).await {
-            Ok(_) => return Ok(Some(rows.len())),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => tracing::debug!("another ledger writer appended first; reading the head again"),
+            Ok(_) => {
+                known.set(head, &rows);
+                return Ok(Some(rows.len()));
+            }
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                tracing::debug!("another ledger writer appended first, or an event has its row; reading the head again")
+            }
             Err(e) => return Err(e.into()),
         }
     }

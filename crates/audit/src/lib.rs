@@ -24,8 +24,8 @@ use atasira_platform::service::{self as platform_service, Call};
 use tokio::sync::watch;
 
 pub use ledger::{
-    AUDITABLE_TYPES, Filter, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX, POSTGRES_LEDGER_TRIGGERS, SQLITE_LEDGER_TRIGGERS, append, apply_pending,
-    check_complete, checkpoint, checkpoints, head, latest_checkpoint, page, verify,
+    AUDITABLE_TYPES, Filter, KnownHead, LEDGER_SCHEMA, NAME, PAGE_DEFAULT, PAGE_MAX, POSTGRES_LEDGER_TRIGGERS, SQLITE_LEDGER_TRIGGERS, append, append_batch,
+    append_batch_after, apply_pending, check_complete, checkpoint, checkpoints, head, latest_checkpoint, page, verify,
 };
 pub use notifier::NotifierConfig;
 
@@ -120,9 +120,11 @@ pub async fn run(rt: Runtime, config: AuditConfig, shutdown: watch::Receiver<boo
 /// lingers while no read-your-writes wait needs it.
 async fn write_ledger(rt: Runtime, keys: Arc<AuditKeys>, shutdown: watch::Receiver<bool>) {
     let db = rt.db.clone();
+    // The head this writer left: its next batch needs no read first.
+    let known = Arc::new(ledger::KnownHead::default());
     proj::consume_batches(rt.db.clone(), rt.feeds.lingering(), NAME, AUDITABLE_TYPES, shutdown, move |events| {
-        let (db, keys) = (db.clone(), keys.clone());
-        async move { ledger::append_batch(&db, &keys, &events).await.map(|_| ()) }
+        let (db, keys, known) = (db.clone(), keys.clone(), known.clone());
+        async move { ledger::append_batch_after(&db, &keys, &events, &known).await.map(|_| ()) }
     })
     .await
 }
