@@ -121,6 +121,7 @@ async fn a_known_head_never_forks_the_chain(db: &Db) {
     assert_eq!(known.seq(), Some(3));
     // and k2's is delivered to it again
     assert_eq!(append_batch_after(db, &ks, &events[1..2], &known).await.expect("a redelivery"), 0);
+    assert_eq!(known.seq(), Some(3), "a redelivery leaves the head it knows");
     // then one chain, one row per event, in the order they were appended
     let (rows, _) = atasira_audit::page(db, atasira_audit::Filter::default(), 0, 0).await.expect("page");
     let mut targets: Vec<(i64, String)> = rows.iter().map(|r| (r.seq, r.target.clone())).collect();

@@ -311,7 +311,8 @@ async fn append_optimistic(db: &Db, keys: &AuditKeys, events: &[StoredEvent], kn
     let mut guess = known.get();
     for _ in 0..RACES + usize::from(guess.is_some()) {
         let (head, have) = match guess.take() {
-            _ if candidates.is_empty() => (None, Default::default()),
+            // Nothing to seal: the head stays what it was.
+            head if candidates.is_empty() => (head, Default::default()),
             Some(head) => (Some(head), Default::default()),
             None => head_and_rows_of(db.any(), &candidates, true).await?,
         };
