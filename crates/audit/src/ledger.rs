@@ -176,16 +176,17 @@ pub async fn append_batch_after(db: &Db, keys: &AuditKeys, events: &[StoredEvent
         DbKind::Postgres if one_statement => append_optimistic(db, keys, events, known).await.transpose(),
         _ => None,
     };
+    // After a failure, lost races (PostgreSQL) or a batch too large for one write, what the
+    // head is now is not known here.
     let appended = match alone {
         Some(Ok(appended)) => appended,
-        // Lost every race (PostgreSQL), too large a batch, or a failure: what the head is
-        // now is not known here.
-        other => {
+        Some(Err(e)) => {
             known.forget();
-            match other {
-                Some(Err(e)) => return Err(e),
-                _ => append_in_transaction(db, keys, events).await?,
-            }
+            return Err(e);
+        }
+        None => {
+            known.forget();
+            append_in_transaction(db, keys, events).await?
         }
     };
     drop(turn);
