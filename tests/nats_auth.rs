@@ -302,9 +302,9 @@ fn commits_in_a_row_ring_the_doorbell_together_and_a_read_your_writes_wait_does_
         // given a read model in the reader's process that reads only when rung (its
         // periodic look an hour away), caught up with the twenty
         let (stop, shutdown) = tokio::sync::watch::channel(false);
-        let feeds = FeedSource { fallback: Duration::from_secs(3600), linger: Duration::ZERO };
+        let feeds = FeedSource { fallback: Duration::from_secs(3600), ..FeedSource::default() };
         let view = atasira_drafts::DraftsView;
-        let waits_on = [(projection::Projection::name(&view), projection::Projection::aggregate_types(&view))];
+        let waits_on = [projection::ReadModel::new(projection::Projection::name(&view), projection::Projection::aggregate_types(&view))];
         projection::prepare(&reader, &view).await.expect("the view's tables");
         let consumer = tokio::spawn(projection::run(reader.clone(), feeds, std::sync::Arc::new(view), shutdown));
         let (id, position) = last.expect("committed");

@@ -225,7 +225,7 @@ async fn batch_equals_one_at_a_time(db: &Db, view: &dyn Projection, table: &str,
     }
     assert_eq!(events.len() as i64, stored, "{}: every stored event readable within 30 s", view.name());
     let ids: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
-    let waits_on = [(view.name(), view.aggregate_types())];
+    let waits_on = [projection::ReadModel::new(view.name(), view.aggregate_types())];
     // A rebuild does not read the event types the view takes nothing from.
     let read = events.iter().filter(|e| !view.ignored_event_types().contains(&e.event_type.as_str())).count();
     assert!(view.name() != "drafts_view" || read < events.len(), "the history holds Box events the drafts view ignores");

@@ -18,7 +18,7 @@ use atasira_contracts::{Reply, convert, reply_ok, subjects, v1};
 use atasira_domain::audit::AuditKeys;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
-use atasira_platform::projection as proj;
+use atasira_platform::projection::{self as proj, ReadModel};
 use atasira_platform::refusal::Refusal;
 use atasira_platform::service::{self as platform_service, Call};
 use tokio::sync::watch;
@@ -52,7 +52,7 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 /// for them on. The notifier is a read model only for webhook events (the webhook list is
 /// its table); what it queues for other events is sent after the write returns anyway, so
 /// a draft's submission or decision does not wait for its announcement to be queued.
-const READ_MODELS: &[(&str, &[&str])] = &[(NAME, AUDITABLE_TYPES), (notifier::NAME, &[atasira_domain::aggregates::types::WEBHOOK])];
+const READ_MODELS: &[ReadModel] = &[ReadModel::new(NAME, AUDITABLE_TYPES), ReadModel::new(notifier::NAME, &[atasira_domain::aggregates::types::WEBHOOK])];
 
 /// Settings of the audit service.
 #[derive(Debug, Clone)]

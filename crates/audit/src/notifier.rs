@@ -137,7 +137,7 @@ pub fn secret_of(keys: &AuditKeys, key_id: &str, webhook_id: &str) -> Option<Str
 /// The consumer: queues the deliveries of each batch of events, with its checkpoint.
 pub async fn consume(rt: Runtime, config: Arc<NotifierConfig>, wake: Arc<tokio::sync::Notify>, shutdown: watch::Receiver<bool>) {
     let db = rt.db.clone();
-    proj::consume_batches(rt.db.clone(), rt.feeds.clone(), NAME, READS, shutdown, move |events| {
+    proj::consume_batches(rt.db.clone(), rt.feeds.lingering_unless_waited_for(&[types::WEBHOOK]), NAME, READS, shutdown, move |events| {
         let (db, config, wake) = (db.clone(), config.clone(), wake.clone());
         async move {
             atasira_platform::failpoint_delay("notifier.batch").await;

@@ -24,7 +24,7 @@ use atasira_domain::os_operation::OverLimit;
 use atasira_domain::{ErrorCode, Principal};
 use atasira_platform::Runtime;
 use atasira_platform::org_policy::{self, Policies, head_of};
-use atasira_platform::projection::{self as proj, Projection};
+use atasira_platform::projection::{self as proj, Projection, ReadModel};
 use atasira_platform::refusal::Refusal;
 use atasira_platform::service::{self as platform_service, Call};
 use atasira_platform::store::Receipt;
@@ -105,7 +105,7 @@ impl Default for DraftsConfig {
 }
 
 /// The projections this service answers read-your-writes waits for, with what they read.
-const READ_MODELS: &[(&str, &[&str])] = &[(projection::NAME, projection::READS)];
+const READ_MODELS: &[ReadModel] = &[ReadModel::new(projection::NAME, projection::READS)];
 
 /// Starts the service: projection runner, expiry sweep and bus endpoint. Returns when
 /// `shutdown` flips.

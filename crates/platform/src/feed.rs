@@ -18,14 +18,16 @@ pub struct FeedSource {
     /// The safety-net poll when no bell rang (a missed notification costs at most this).
     pub fallback: Duration,
     /// How long a feed woken by the bell lets commits gather before it reads, while no
-    /// read-your-writes wait of this process found a consumer behind lately (zero: it
-    /// reads at once). See [`FeedSource::lingering`].
+    /// read-your-writes wait reached this process lately for events it is read for (zero:
+    /// it reads at once). See [`FeedSource::lingering`].
     pub linger: Duration,
+    /// The aggregate types whose waits end a linger; `None`: every type the feed reads.
+    pub waited_for: Option<&'static [&'static str]>,
 }
 
 impl Default for FeedSource {
     fn default() -> Self {
-        FeedSource { fallback: Duration::from_secs(2), linger: Duration::ZERO }
+        FeedSource { fallback: Duration::from_secs(2), linger: Duration::ZERO, waited_for: None }
     }
 }
 
@@ -63,6 +65,7 @@ pub struct Feed {
     covered: i64,
     fallback: Duration,
     linger: Duration,
+    waited_for: Option<&'static [&'static str]>,
     /// The pause before reading again while an older transaction holds events back.
     held_back: Pause,
     /// Set when the last read left nothing behind: the bell as it was before that read,
@@ -114,7 +117,16 @@ impl FeedSource {
     /// ends the linger at once (`Db::wanted`).
     #[must_use]
     pub fn lingering(&self) -> FeedSource {
-        FeedSource { linger: LINGER, ..self.clone() }
+        FeedSource { linger: LINGER, waited_for: None, ..self.clone() }
+    }
+
+    /// Like [`FeedSource::lingering`], for a consumer that is a read model only for events
+    /// of `aggregate_types` and reads others too (the notifier: its webhook list): only a
+    /// wait for those ends its linger, so its work on the others stays out of the way of
+    /// the writes being waited for.
+    #[must_use]
+    pub fn lingering_unless_waited_for(&self, aggregate_types: &'static [&'static str]) -> FeedSource {
+        FeedSource { linger: LINGER, waited_for: Some(aggregate_types), ..self.clone() }
     }
 
     /// Opens the feed `name` for events of `aggregate_types`, starting after `cursor` (the
@@ -131,6 +143,7 @@ impl FeedSource {
             covered: cursor.position,
             fallback: self.fallback,
             linger: self.linger,
+            waited_for: self.waited_for,
             held_back: HELD_BACK,
             drained: None,
         })
@@ -185,19 +198,29 @@ impl Feed {
     }
 
     /// Woken by the bell from a drained read: lets commits gather for the linger, unless a
-    /// read-your-writes wait of this process found a consumer behind lately or meanwhile.
+    /// read-your-writes wait for events it is read for reached this process lately or
+    /// meanwhile.
     async fn linger(&self) {
         if self.linger.is_zero() {
             return;
         }
-        // Subscribed before looking, so a wait after the look ends the linger.
+        let waited_for = self.waited_for.unwrap_or(&self.types);
+        // Looked at as subscribed, so a wait after the look ends the linger.
         let mut wanted = self.db.on_wanted();
-        if self.db.wanted_within(WANTED_LATELY) {
+        if wanted.borrow_and_update().within(waited_for, WANTED_LATELY) {
             return;
         }
-        tokio::select! {
-            () = tokio::time::sleep(self.linger) => {}
-            _ = wanted.changed() => {}
+        let end = tokio::time::sleep(self.linger);
+        tokio::pin!(end);
+        loop {
+            tokio::select! {
+                () = &mut end => return,
+                changed = wanted.changed() => {
+                    if changed.is_err() || wanted.borrow_and_update().within(waited_for, WANTED_LATELY) {
+                        return;
+                    }
+                }
+            }
         }
     }
 
@@ -301,6 +324,27 @@ mod tests {
         // and while waits keep coming, the feed reads as soon as the bell rings
         db.cqrs::<Draft>().execute_new("c", submit("c"), HashMap::new()).await.expect("append");
         let got = tokio::time::timeout(Duration::from_secs(10), feed.next()).await.expect("no linger while wanted").expect("read");
+        assert_eq!(got.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn r_box_9_a_feed_read_for_some_types_lingers_through_waits_for_the_others() {
+        // given a feed of draft and webhook events that is waited for only on webhooks (the
+        // notifier), lingering a minute, that has read all
+        let store = crate::store::testing::TempDb::new().await;
+        let db = &store.db;
+        let feeds = FeedSource { linger: Duration::from_secs(60), waited_for: Some(&["webhook"]), ..FeedSource::default() };
+        let mut feed = feeds.open(db, "notifier", &["draft", "webhook"], Cursor::START).await.expect("open");
+        assert!(feed.next().await.expect("read").is_empty());
+        // when a draft is committed and a wait asks for draft events, then the feed still
+        // holds back
+        db.cqrs::<Draft>().execute_new("a", submit("a"), HashMap::new()).await.expect("append");
+        let mut next = Box::pin(feed.next());
+        db.wanted(&["draft"]);
+        assert!(tokio::time::timeout(Duration::from_millis(300), &mut next).await.is_err(), "a wait for drafts ended the linger");
+        // when a wait asks for webhook events, then it reads at once
+        db.waited_on(&["webhook"]);
+        let got = tokio::time::timeout(Duration::from_secs(10), next).await.expect("a wait for webhooks ends the linger").expect("read");
         assert_eq!(got.len(), 1);
     }
 

@@ -393,13 +393,9 @@ pub async fn refuse_recorded(rt: &Runtime, service: &str, refusal: Refusal, comm
     }
 }
 
-/// The answer to a read-your-writes wait: which of `read_models` (name, aggregate types
-/// read) are still behind once the wait ends.
-pub async fn wait_reply(
-    rt: &Runtime,
-    read_models: &[(&'static str, &'static [&'static str])],
-    wait: &atasira_contracts::v1::WaitForPosition,
-) -> Result<Reply, Refusal> {
+/// The answer to a read-your-writes wait: which of `read_models` are still behind once the
+/// wait ends.
+pub async fn wait_reply(rt: &Runtime, read_models: &[crate::projection::ReadModel], wait: &atasira_contracts::v1::WaitForPosition) -> Result<Reply, Refusal> {
     let lagging = crate::projection::answer_wait(&rt.db, read_models, wait).await.map_err(Refusal::internal)?;
     let stalled = rt.db.stalled_consumers().into_iter().map(|(consumer, error)| atasira_contracts::v1::StalledConsumer { consumer, error }).collect();
     Ok(atasira_contracts::reply_ok(&atasira_contracts::v1::WaitForPositionReply { lagging, stalled }))

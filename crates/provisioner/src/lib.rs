@@ -30,7 +30,7 @@ use atasira_domain::aggregates::access::{Access, AccessCommand};
 use atasira_domain::aggregates::boxes::BoxEvent;
 use atasira_domain::manifest::RequiredAccess;
 use atasira_platform::Runtime;
-use atasira_platform::projection as proj;
+use atasira_platform::projection::{self as proj, ReadModel};
 use atasira_platform::refusal::Refusal;
 use atasira_platform::service::{self as platform_service, Call};
 use atasira_platform::store::{Cqrs, Retry, StoredEvent};
@@ -51,7 +51,7 @@ const CHECKPOINT: &str = "provisioner";
 /// What the feed reads.
 const READS: &[&str] = &["box"];
 /// The checkpoints `WaitForPosition` waits for, with the aggregate types they read.
-const READ_MODELS: &[(&str, &[&str])] = &[(CHECKPOINT, READS)];
+const READ_MODELS: &[ReadModel] = &[ReadModel::new(CHECKPOINT, READS)];
 
 /// Retry policy of one `required_access` entry (R-PROV-1: 5 attempts, 1 s doubling to
 /// 30 s).

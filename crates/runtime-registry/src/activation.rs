@@ -25,13 +25,24 @@ use crate::Registry;
 
 pub const NAME: &str = "registry_activation";
 
+/// What activation reads.
+pub const READS: &[&str] = &[types::DRAFT];
+
+/// A read-your-writes wait does not wait for activation to pass over a submission: a
+/// draft stream's first event is its submission and no later one is (`Draft::decide`
+/// submits only a draft that has none), and a submission needs nothing from activation.
+pub fn passes_over(event_id: &str) -> bool {
+    event_id.rsplit('/').next() == Some("1")
+}
+
 /// Runs until shutdown: for each draft event, act (idempotently), then mark it processed
-/// (checkpoint) and ack.
+/// (checkpoint) and ack. Its feed lingers while no wait asks for a decision, so that the
+/// submissions it passes over gather out of the way of the writes being waited for.
 pub async fn run(registry: Arc<Registry>, shutdown: tokio::sync::watch::Receiver<bool>) {
-    let (db, feeds) = (registry.rt.db.clone(), registry.rt.feeds.clone());
+    let (db, feeds) = (registry.rt.db.clone(), registry.rt.feeds.lingering());
     // A submitted draft needs nothing from activation: only decisions are acted on.
     let acts_on = |event: &StoredEvent| event.event_type != DraftEvent::SUBMITTED;
-    proj::consume_selected(db, feeds, NAME, &[types::DRAFT], shutdown, acts_on, move |event| {
+    proj::consume_selected(db, feeds, NAME, READS, shutdown, acts_on, move |event| {
         let registry = registry.clone();
         async move {
             handle(&registry, &event).await?;
@@ -187,4 +198,21 @@ async fn record_violation(registry: &Registry, violation: Violation, actor: &str
         .await
         .map(|_| ())
         .map_err(|e| anyhow::anyhow!("cannot record the violation: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn r_box_9_a_wait_passes_over_a_drafts_submission_and_nothing_else() {
+        // given a draft's submission, its first event
+        let submission = atasira_platform::store::StoredEvent::event_id_of(types::DRAFT, "d1", 1);
+        // then a wait does not wait for activation on it, and does on every later event
+        assert!(passes_over(&submission));
+        for sequence in [2, 10, 11, 21, 101] {
+            let later = atasira_platform::store::StoredEvent::event_id_of(types::DRAFT, "d1", sequence);
+            assert!(!passes_over(&later), "{later} passed over");
+        }
+    }
 }

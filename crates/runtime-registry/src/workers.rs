@@ -431,9 +431,15 @@ impl Registry {
     /// The Worker with its transcript, once the catalog shows it.
     async fn answer(&self, created: Created, by_us: bool) -> Result<Reply, Refusal> {
         let (row, entry) = WorkerRow::created(&created.event, created.position).ok_or_else(|| Refusal::internal("not a creation"))?;
-        proj::wait_for_events(&self.rt.db, &[(WORKERS, WORKERS_READS)], std::slice::from_ref(&created.event_id), created.position, Duration::from_secs(5))
-            .await
-            .map_err(Refusal::internal)?;
+        proj::wait_for_events(
+            &self.rt.db,
+            &[proj::ReadModel::new(WORKERS, WORKERS_READS)],
+            std::slice::from_ref(&created.event_id),
+            created.position,
+            Duration::from_secs(5),
+        )
+        .await
+        .map_err(Refusal::internal)?;
         let reply = v1::WorkerReply { worker: Some(with_life(row.to_wire(&[entry]), None)), created: by_us };
         Ok(reply_written(&reply, created.position, vec![created.event_id]))
     }

@@ -21,7 +21,7 @@ pub use checkpoint::{BlindWrite, advance_and_mark, apply_one, checkpoint, cursor
 pub use consume::{consume_batches, consume_selected};
 pub use rebuild::{REBUILD_PAGE, rebuild, rebuild_all, rebuild_in_pages};
 pub use sql::{Arg, advance_statement, bind_all, for_connection, for_sqlite, placeholders, rows_per_statement, values_list, values_list_from};
-pub use wait::{answer_wait, wait_for, wait_for_events};
+pub use wait::{ReadModel, answer_wait, wait_for, wait_for_events};
 
 #[async_trait::async_trait]
 pub trait Projection: Send + Sync + 'static {

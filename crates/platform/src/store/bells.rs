@@ -22,10 +22,10 @@ pub(super) struct Bells {
     /// without live streams, is not woken by every commit of the cluster).
     listen_from: std::sync::Mutex<Option<PgPool>>,
     progressed: watch::Sender<u64>,
-    /// Rung, with the time, when a read-your-writes wait here finds a consumer behind:
-    /// consumers that let events gather while nobody waits (a read model's feed lingers)
-    /// apply them now.
-    wanted: watch::Sender<Option<std::time::Instant>>,
+    /// Rung when a read-your-writes wait for a write reaches this process, with the time,
+    /// per aggregate type of the events waited for: consumers that let events gather
+    /// while nobody waits for them (a read model's feed lingers) apply them now.
+    wanted: watch::Sender<Wanted>,
     /// Cluster mode: tells the other processes of this one's commits over NATS
     /// ([`Db::ring_over_nats`]); its appends then notify nothing in the database.
     doorbell: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<&'static str>>,
@@ -43,7 +43,7 @@ impl Default for Bells {
             listening: std::sync::atomic::AtomicBool::new(false),
             listen_from: std::sync::Mutex::new(None),
             progressed: watch::channel(0).0,
-            wanted: watch::channel(None).0,
+            wanted: watch::channel(Wanted::default()).0,
             doorbell: std::sync::OnceLock::new(),
             instance: uuid::Uuid::new_v4().as_u64_pair().0,
             committed_here: std::sync::atomic::AtomicU64::new(0),
@@ -117,6 +117,33 @@ impl Appended {
     }
 }
 
+/// When read-your-writes waits last asked this process for events of each aggregate type
+/// (slots as in [`Appended`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wanted([Option<std::time::Instant>; APPENDED_SLOTS]);
+
+impl Wanted {
+    /// Marks events of `aggregate_types` (every type when empty) as waited for now.
+    fn mark(&mut self, aggregate_types: &[&str]) {
+        let now = Some(std::time::Instant::now());
+        if aggregate_types.is_empty() {
+            self.0 = [now; APPENDED_SLOTS];
+        } else {
+            aggregate_types.iter().for_each(|t| self.0[Appended::slot(t)] = now);
+        }
+    }
+
+    /// Whether a wait asked for events of one of `aggregate_types` (any type when empty)
+    /// within `within`.
+    pub fn within(&self, aggregate_types: &[&str], within: Duration) -> bool {
+        let recent = |slot: usize| self.0[slot].is_some_and(|at| at.elapsed() <= within);
+        if aggregate_types.is_empty() {
+            return (0..APPENDED_SLOTS).any(recent);
+        }
+        aggregate_types.iter().any(|t| recent(Appended::slot(t)))
+    }
+}
+
 impl Db {
     /// The appended bell: changes after events were committed; [`Appended::of`] says
     /// whether of the types a reader reads.
@@ -146,7 +173,7 @@ impl Db {
     /// commit itself, since the doorbell of the process that did rings at most every
     /// [`DOORBELL_GAP`] and may not have rung yet. A forged wait costs a read.
     pub fn wanted(&self, aggregate_types: &[&str]) {
-        self.bells.wanted.send_replace(Some(std::time::Instant::now()));
+        self.waited_on(aggregate_types);
         if self.bells.doorbell.get().is_none() {
             // Every commit rang this process already: its own, or by notification.
             return;
@@ -162,14 +189,24 @@ impl Db {
         }
     }
 
+    /// A read-your-writes wait for events of `aggregate_types` (every type when empty)
+    /// reached this process: rings the wanted bell, so lingering feeds of those types read
+    /// at once for [`WANTED_LATELY`] and, in cluster mode, this process's commits ring its
+    /// doorbell at once (someone waits for read models, command after command), whether
+    /// or not its own read models are behind.
+    pub fn waited_on(&self, aggregate_types: &[&str]) {
+        self.bells.wanted.send_modify(|w| w.mark(aggregate_types));
+    }
+
     /// The wanted bell (a lingering feed listens to it).
-    pub fn on_wanted(&self) -> watch::Receiver<Option<std::time::Instant>> {
+    pub fn on_wanted(&self) -> watch::Receiver<Wanted> {
         self.bells.wanted.subscribe()
     }
 
-    /// Whether a wait found a consumer of this process behind within `within`.
-    pub fn wanted_within(&self, within: Duration) -> bool {
-        self.bells.wanted.borrow().is_some_and(|at| at.elapsed() <= within)
+    /// Whether a wait asked this process for events of `aggregate_types` (any type when
+    /// empty) within `within`.
+    pub fn wanted_within(&self, aggregate_types: &[&str], within: Duration) -> bool {
+        self.bells.wanted.borrow().within(aggregate_types, within)
     }
 
     /// Cluster mode (PostgreSQL): this process's commits ring the other processes over NATS,
@@ -222,7 +259,7 @@ async fn ring_the_doorbell(
     subject: String,
     instance: u64,
     gap: Duration,
-    mut wanted: watch::Receiver<Option<std::time::Instant>>,
+    mut wanted: watch::Receiver<Wanted>,
     mut commits: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
 ) {
     while let Some(first) = commits.recv().await {
@@ -236,7 +273,7 @@ async fn ring_the_doorbell(
         if let Err(e) = client.publish(subject.clone(), ring.into()).await {
             tracing::warn!(error = %e, "cannot tell the other processes of this one's commits; they find them at their next periodic look");
         }
-        if wanted.borrow_and_update().is_some_and(|at| at.elapsed() <= WANTED_LATELY) {
+        if wanted.borrow_and_update().within(&[], WANTED_LATELY) {
             continue;
         }
         tokio::select! {

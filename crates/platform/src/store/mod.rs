@@ -34,7 +34,7 @@ use sqlx::{AnyPool, PgPool, Row as _, SqlitePool};
 
 pub use crate::cursor::Cursor;
 pub use append::{Cqrs, EventAt, Precondition, Receipt, Retry};
-pub use bells::Appended;
+pub use bells::{Appended, Wanted};
 pub use consumers::ASYNC_COMMIT;
 pub use kept::Held;
 pub use read::{AsOf, Batch, EventRef, StoredEvent, TextBatch, TextEvent, pg_read_statement};
