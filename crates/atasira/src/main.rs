@@ -723,7 +723,8 @@ enum BenchCommand {
     /// How cost grows with the store: seeds a fresh PostgreSQL database with drafts to
     /// --small events, starts the five services and the gateway as processes, measures REST
     /// submit with read-your-writes and the first page of pending drafts at c=1; then seeds
-    /// to --large events, starts them again and measures the same; prints the ratios.
+    /// to --large events, starts them again and measures the same; prints the ratios, and
+    /// that of a floor (GET /healthz) which shows how much the host changed speed meanwhile.
     Scale {
         #[command(flatten)]
         cluster: BenchClusterArgs,
