@@ -28,7 +28,7 @@ use atasira_platform::refusal::Refusal;
 use atasira_platform::service as platform_service;
 use atasira_platform::store::{EventAt, Retry};
 
-use crate::workers_view::{self, WORKERS, WORKERS_READS};
+use crate::workers_view;
 use crate::{Registry, SERVICE};
 
 /// The longest a heartbeat waits for news.
@@ -342,7 +342,7 @@ impl Registry {
             policy,
         };
         let at = self.workers.execute(&found.worker_id, command, HashMap::new(), Retry::ONCE).await?.head()?;
-        proj::wait_for_events(&self.rt.db, &[proj::ReadModel::new(WORKERS, WORKERS_READS)], std::slice::from_ref(&at.id), at.position, Duration::from_secs(5))
+        proj::wait_for_events(&self.rt.db, &[workers_view::READ_MODEL], std::slice::from_ref(&at.id), at.position, Duration::from_secs(5))
             .await
             .map_err(Refusal::internal)?;
         let view = workers_view::tool_request(&self.rt.db, &r.request_id).await.map_err(Refusal::internal)?.unwrap_or(found);
@@ -440,7 +440,7 @@ impl Registry {
 
     /// The Worker once the catalog shows `at`.
     async fn worker_answer(&self, principal: &Principal, worker_id: &str, at: EventAt) -> Result<Reply, Refusal> {
-        proj::wait_for_events(&self.rt.db, &[proj::ReadModel::new(WORKERS, WORKERS_READS)], std::slice::from_ref(&at.id), at.position, Duration::from_secs(5))
+        proj::wait_for_events(&self.rt.db, &[workers_view::READ_MODEL], std::slice::from_ref(&at.id), at.position, Duration::from_secs(5))
             .await
             .map_err(Refusal::internal)?;
         let view = self.worker_view(principal, worker_id).await?;

@@ -83,9 +83,9 @@ pub(crate) struct Registry {
 /// The projections read-your-writes waits for, with what they read.
 const READ_MODELS: &[ReadModel] = &[
     ReadModel::new(activation::NAME, activation::READS).passing_over(activation::passes_over),
-    ReadModel::new(views::BOXES, views::BOXES_READS),
+    views::BOXES_READ_MODEL,
     ReadModel::new(views::MANIFESTS, views::MANIFESTS_READS),
-    ReadModel::new(workers_view::WORKERS, workers_view::WORKERS_READS),
+    workers_view::READ_MODEL,
 ];
 
 /// The registry's projections (for `atasira projections rebuild`).
@@ -425,7 +425,7 @@ impl Registry {
 
     async fn box_command_with(&self, box_id: &str, command: BoxCommand, metadata: HashMap<String, String>) -> Result<Reply, Refusal> {
         let EventAt { id: event_id, position } = self.boxes.execute(box_id, command, metadata, Retry::ONCE).await?.head()?;
-        proj::wait_for_events(&self.rt.db, &[ReadModel::new(views::BOXES, views::BOXES_READS)], std::slice::from_ref(&event_id), 0, Duration::from_secs(5))
+        proj::wait_for_events(&self.rt.db, &[views::BOXES_READ_MODEL], std::slice::from_ref(&event_id), 0, Duration::from_secs(5))
             .await
             .map_err(Refusal::internal)?;
         let view = self.view(box_id).await?;

@@ -20,6 +20,8 @@ use sqlx::{Any, Row, Transaction};
 
 pub const BOXES: &str = "registry_boxes";
 pub const BOXES_READS: &[&str] = &[types::BOX, types::ACCESS];
+/// The Box list as a read-your-writes wait waits for it.
+pub const BOXES_READ_MODEL: atasira_platform::projection::ReadModel = atasira_platform::projection::ReadModel::new(BOXES, BOXES_READS);
 pub const MANIFESTS: &str = "registry_manifests";
 pub const MANIFESTS_READS: &[&str] = &[types::BOX];
 

@@ -26,7 +26,7 @@ use atasira_platform::projection as proj;
 use atasira_platform::refusal::Refusal;
 use atasira_platform::store::{Db, EventAt, Retry, StoredEvent};
 
-use crate::workers_view::{self, WORKERS, WORKERS_READS, WorkerRow};
+use crate::workers_view::{self, WorkerRow};
 use crate::{Registry, views};
 
 /// The refusals of a launch that are recorded on the launch's Worker stream
@@ -431,15 +431,9 @@ impl Registry {
     /// The Worker with its transcript, once the catalog shows it.
     async fn answer(&self, created: Created, by_us: bool) -> Result<Reply, Refusal> {
         let (row, entry) = WorkerRow::created(&created.event, created.position).ok_or_else(|| Refusal::internal("not a creation"))?;
-        proj::wait_for_events(
-            &self.rt.db,
-            &[proj::ReadModel::new(WORKERS, WORKERS_READS)],
-            std::slice::from_ref(&created.event_id),
-            created.position,
-            Duration::from_secs(5),
-        )
-        .await
-        .map_err(Refusal::internal)?;
+        proj::wait_for_events(&self.rt.db, &[workers_view::READ_MODEL], std::slice::from_ref(&created.event_id), created.position, Duration::from_secs(5))
+            .await
+            .map_err(Refusal::internal)?;
         let reply = v1::WorkerReply { worker: Some(with_life(row.to_wire(&[entry]), None)), created: by_us };
         Ok(reply_written(&reply, created.position, vec![created.event_id]))
     }

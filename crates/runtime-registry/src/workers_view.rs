@@ -18,6 +18,8 @@ use sqlx::{Any, Row, Transaction};
 
 pub const WORKERS: &str = "registry_workers";
 pub const WORKERS_READS: &[&str] = &[types::WORKER];
+/// The Worker catalog as a read-your-writes wait waits for it.
+pub const READ_MODEL: atasira_platform::projection::ReadModel = atasira_platform::projection::ReadModel::new(WORKERS, WORKERS_READS);
 
 /// A Worker's catalog entry.
 #[derive(Debug, Clone, PartialEq)]

@@ -31,9 +31,13 @@ impl ReadModel {
 
     /// Whether a wait for the event `event_id` waits for this consumer.
     pub fn waits_for(&self, event_id: &str) -> bool {
-        let aggregate_type = event_id.split('/').next().unwrap_or_default();
-        self.reads.contains(&aggregate_type) && !(self.passes_over)(event_id)
+        self.reads.contains(&aggregate_type_of(event_id)) && !(self.passes_over)(event_id)
     }
+}
+
+/// The aggregate type an event id names (`<type>/<id>/<sequence>`).
+fn aggregate_type_of(event_id: &str) -> &str {
+    event_id.split('/').next().unwrap_or_default()
 }
 
 /// R-BOX-9: waits until every projection in `names` has applied `position`, at most
@@ -70,7 +74,7 @@ pub async fn wait_for_events(db: &Db, read_models: &[ReadModel], event_ids: &[St
         .map(|model| (model, event_ids.iter().map(String::as_str).filter(|id| model.waits_for(id)).collect::<Vec<_>>()))
         .filter(|(_, ids)| !ids.is_empty())
         .collect();
-    let mut types: Vec<&str> = waited.iter().flat_map(|(_, ids)| ids.iter().map(|id| id.split('/').next().unwrap_or_default())).collect();
+    let mut types: Vec<&str> = waited.iter().flat_map(|(_, ids)| ids.iter().map(|id| aggregate_type_of(id))).collect();
     types.sort_unstable();
     types.dedup();
     if types.is_empty() {
@@ -134,9 +138,9 @@ impl Look {
 }
 
 /// Asks `behind` again each time a consumer made progress, until it says nothing is behind
-/// or `timeout` passed; returns its last answer. A first look that finds one behind rings
-/// the consumers of `aggregate_types` (the events waited for; all when empty) to read now
-/// ([`Db::wanted`]). The consumers a service answers for usually run in its own process,
+/// or `timeout` passed; returns its last answer. The caller marked `aggregate_types` (the
+/// events waited for; all when empty) waited for ([`Db::waited_on`]); a first look that
+/// finds one behind also rings their consumers to read now ([`Db::hurry`]). The consumers a service answers for usually run in its own process,
 /// so their progress bell is the signal to look, and what they committed is in memory
 /// ([`Db::progressed_to`]), so a look after a ring asks no database. A replica standing
 /// by for some of them (`elsewhere`: they run in another one) also looks in the store soon
@@ -161,9 +165,9 @@ where
             return Ok(lagging);
         }
         if look == Look::First {
-            // Read models that let events gather while nobody waits apply them now (a
-            // wait for what they already hold, such as a readiness probe, rings nothing).
-            db.wanted(aggregate_types);
+            // Consumers of what another process committed read now, not at its next
+            // doorbell (a wait for what they already hold rings nothing).
+            db.hurry(aggregate_types);
         }
         let safety_net = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
         let next_standby_look = deadline.min(tokio::time::Instant::now() + standby.take());

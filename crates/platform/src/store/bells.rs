@@ -136,7 +136,8 @@ impl Wanted {
     /// Whether a wait asked for events of one of `aggregate_types` (any type when empty)
     /// within `within`.
     pub fn within(&self, aggregate_types: &[&str], within: Duration) -> bool {
-        let recent = |slot: usize| self.0[slot].is_some_and(|at| at.elapsed() <= within);
+        let now = std::time::Instant::now();
+        let recent = |slot: usize| self.0[slot].is_some_and(|at| now.saturating_duration_since(at) <= within);
         if aggregate_types.is_empty() {
             return (0..APPENDED_SLOTS).any(recent);
         }
@@ -168,12 +169,18 @@ impl Db {
     }
 
     /// A read-your-writes wait found a consumer of this process behind on events of
-    /// `aggregate_types` (every type when empty): rings the wanted bell, so lingering feeds
-    /// read now; in cluster mode also the appended bell for the types this process did not
-    /// commit itself, since the doorbell of the process that did rings at most every
-    /// [`DOORBELL_GAP`] and may not have rung yet. A forged wait costs a read.
+    /// `aggregate_types` (every type when empty): [`Db::waited_on`] and [`Db::hurry`].
     pub fn wanted(&self, aggregate_types: &[&str]) {
         self.waited_on(aggregate_types);
+        self.hurry(aggregate_types);
+    }
+
+    /// A wait that marked its types ([`Db::waited_on`]) found a consumer behind: in cluster
+    /// mode, rings the appended bell for the types of `aggregate_types` (every type when
+    /// empty) this process did not commit itself, since the doorbell of the process that
+    /// did rings at most every [`DOORBELL_GAP`] and may not have rung yet. A forged wait
+    /// costs a read.
+    pub fn hurry(&self, aggregate_types: &[&str]) {
         if self.bells.doorbell.get().is_none() {
             // Every commit rang this process already: its own, or by notification.
             return;
