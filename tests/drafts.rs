@@ -417,56 +417,58 @@ fn the_gateway_issues_an_assertion_for_a_pat_bound_to_one_request() {
 
 #[test]
 fn a_submission_decided_on_what_it_assumed_is_decided_again_when_a_box_or_a_policy_came_meanwhile() {
-    // R-CHANGE-1, R-POLICY-1: in cluster mode a submission is decided without reading first
+    // R-CHANGE-1, R-POLICY-1: in both modes a submission is decided without reading first
     // (no Box of its box_type assumed, the policy its process read last) and its append holds
     // only if both are still so. The test holds submissions after their decision and before
     // their append, and meanwhile activates a Box of the box_type, or publishes a policy
     // that forbids it: the submission is then refused as if it had come after.
     use atasira_tests::harness::Hold;
-    let hold = Hold::new("drafts.submit.before_append");
-    let sys = System::start_with(Mode::Cluster, &[hold.setting()]);
-    let publish = |text: &str, key: &str| {
-        let body = json!({"text": text}).to_string();
-        let a = http("PUT", &sys.url("/api/v1/policies"), Some(&sys.admin), &[("Idempotency-Key", key)], Some(body.as_bytes()));
-        assert_eq!(a.status, 200, "{}", a.raw);
-    };
-    let submit_held_while = |box_type: &str, meanwhile: &dyn Fn()| {
-        hold.arm();
-        std::thread::scope(|s| {
-            let submitted = s.spawn(|| sys.post("/api/v1/boxes/box-drafts", &sys.agent, &draft(box_type)));
-            hold.wait_reached(Duration::from_secs(30));
-            meanwhile();
-            hold.release();
-            submitted.join().expect("thread")
-        })
-    };
-    // given a drafts process that has read the store once (no policy), and a pending draft
-    sys.draft(&draft("warm-up"));
-    let first = sys.draft(&draft("raced"));
+    for mode in [Mode::Embedded, Mode::Cluster] {
+        let hold = Hold::new("drafts.submit.before_append");
+        let sys = System::start_with(mode, &[hold.setting()]);
+        let publish = |text: &str, key: &str| {
+            let body = json!({"text": text}).to_string();
+            let a = http("PUT", &sys.url("/api/v1/policies"), Some(&sys.admin), &[("Idempotency-Key", key)], Some(body.as_bytes()));
+            assert_eq!(a.status, 200, "{}", a.raw);
+        };
+        let submit_held_while = |box_type: &str, meanwhile: &dyn Fn()| {
+            hold.arm();
+            std::thread::scope(|s| {
+                let submitted = s.spawn(|| sys.post("/api/v1/boxes/box-drafts", &sys.agent, &draft(box_type)));
+                hold.wait_reached(Duration::from_secs(30));
+                meanwhile();
+                hold.release();
+                submitted.join().expect("thread")
+            })
+        };
+        // given a drafts process that has read the store once (no policy), and a pending draft
+        sys.draft(&draft("warm-up"));
+        let first = sys.draft(&draft("raced"));
 
-    // when another draft of that box_type is held while the first one's Box is activated
-    let second = submit_held_while("raced", &|| {
-        assert_eq!(sys.approve(&first, &sys.admin, false).status, 200);
-        eventually("the drafts view knows the Box", Duration::from_secs(20), || {
-            let d = sys.get(&format!("/api/v1/boxes/box-drafts/{first}"), &sys.admin);
-            if d.body["box_id"].as_str().is_some_and(|b| !b.is_empty()) { Ok(()) } else { Err(d.raw) }
+        // when another draft of that box_type is held while the first one's Box is activated
+        let second = submit_held_while("raced", &|| {
+            assert_eq!(sys.approve(&first, &sys.admin, false).status, 200);
+            eventually("the drafts view knows the Box", Duration::from_secs(20), || {
+                let d = sys.get(&format!("/api/v1/boxes/box-drafts/{first}"), &sys.admin);
+                if d.body["box_id"].as_str().is_some_and(|b| !b.is_empty()) { Ok(()) } else { Err(d.raw) }
+            });
         });
-    });
-    // then it is refused: the box_type has a Box
-    assert_eq!((second.status, second.body["error"].as_str()), (409, Some("box_type_exists")), "{}", second.raw);
+        // then it is refused: the box_type has a Box
+        assert_eq!((second.status, second.body["error"].as_str()), (409, Some("box_type_exists")), "{mode:?}: {}", second.raw);
 
-    // when a draft is held while a policy that forbids its box_type is published
-    let forbid = r#"forbid(principal, action == Action::"draft", resource) when { resource.box_type == "frowned-upon" };"#;
-    let third = submit_held_while("frowned-upon", &|| publish(forbid, "policy-1"));
-    // then the policy refuses it
-    assert_eq!((third.status, third.body["error"].as_str()), (403, Some("policy_denied")), "{}", third.raw);
+        // when a draft is held while a policy that forbids its box_type is published
+        let forbid = r#"forbid(principal, action == Action::"draft", resource) when { resource.box_type == "frowned-upon" };"#;
+        let third = submit_held_while("frowned-upon", &|| publish(forbid, "policy-1"));
+        // then the policy refuses it
+        assert_eq!((third.status, third.body["error"].as_str()), (403, Some("policy_denied")), "{mode:?}: {}", third.raw);
 
-    // when a version that no longer forbids it is published: the box_type is drafted again,
-    // although the process last read the version that forbade it
-    publish(r#"forbid(principal, action == Action::"draft", resource) when { resource.box_type == "other" };"#, "policy-2");
-    let fourth = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &draft("frowned-upon"));
-    assert_eq!(fourth.status, 201, "{}", fourth.raw);
-    // and nothing of the refused submissions is pending
-    let pending: Vec<String> = sys.pending().iter().filter_map(|d| d["box_type"].as_str().map(str::to_owned)).collect();
-    assert_eq!(pending, ["warm-up", "frowned-upon"], "{pending:?}");
+        // when a version that no longer forbids it is published: the box_type is drafted again,
+        // although the process last read the version that forbade it
+        publish(r#"forbid(principal, action == Action::"draft", resource) when { resource.box_type == "other" };"#, "policy-2");
+        let fourth = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &draft("frowned-upon"));
+        assert_eq!(fourth.status, 201, "{}", fourth.raw);
+        // and nothing of the refused submissions is pending
+        let pending: Vec<String> = sys.pending().iter().filter_map(|d| d["box_type"].as_str().map(str::to_owned)).collect();
+        assert_eq!(pending, ["warm-up", "frowned-upon"], "{pending:?}");
+    }
 }

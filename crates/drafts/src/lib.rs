@@ -53,12 +53,10 @@ struct Service {
 const SUBMIT_ATTEMPTS: usize = 4;
 
 /// The last sequence of the organisation's policy stream that this process read, which its
-/// submissions assume until an append finds it changed (see `Service::submit`). Only where
-/// the append checks what was assumed in its own statement (PostgreSQL); in embedded mode
-/// every submission reads first, and its append joins the others' in one commit.
+/// submissions assume until an append finds it changed (see `Service::submit`): the append
+/// checks what was assumed in its own statement.
 #[derive(Debug)]
 struct PolicySeen {
-    guarded: bool,
     /// `UNKNOWN` until the first read; 0 when no policy was published.
     sequence: std::sync::atomic::AtomicI64,
 }
@@ -66,15 +64,14 @@ struct PolicySeen {
 impl PolicySeen {
     const UNKNOWN: i64 = -1;
 
-    fn new(guarded: bool) -> PolicySeen {
-        PolicySeen { guarded, sequence: std::sync::atomic::AtomicI64::new(Self::UNKNOWN) }
+    fn new() -> PolicySeen {
+        PolicySeen { sequence: std::sync::atomic::AtomicI64::new(Self::UNKNOWN) }
     }
 
     /// What a submission may assume of the policy's head (`Some(None)`: no policy), or
     /// `None`: it reads first.
     fn assumed(&self) -> Option<Option<i64>> {
         match self.sequence.load(std::sync::atomic::Ordering::Relaxed) {
-            _ if !self.guarded => None,
             Self::UNKNOWN => None,
             0 => Some(None),
             sequence => Some(Some(sequence)),
@@ -125,7 +122,7 @@ pub async fn run(rt: Runtime, config: DraftsConfig, shutdown: tokio::sync::watch
         rt: rt.clone(),
         over_limit_approvals: config.over_limit_approvals.max(1),
         policies: Policies::default(),
-        policy_seen: PolicySeen::new(rt.db.kind() == atasira_platform::store::DbKind::Postgres),
+        policy_seen: PolicySeen::new(),
     });
     let endpoint = {
         let service = service.clone();
@@ -241,14 +238,13 @@ impl Service {
 
     async fn submit(&self, principal: impl Future<Output = Result<Principal, Refusal>>, req: v1::SubmitDraft, env: &Envelope) -> Result<Reply, Refusal> {
         let request = BoxDraftCreateRequest::from(req.request.unwrap_or_default());
-        // In cluster mode a submission is decided by the policy this process last read, no
-        // Box of its box_type assumed, and its append holds only if both are still so (one
-        // statement, no read before it). It reads the Box of this box_type and the head of
-        // the organisation's policy (R-CHANGE-1, R-POLICY-1) the first time and in embedded
-        // mode (sent first, running in the database while this process checks the caller's
-        // assertion and plans the draft), when what was assumed no longer holds, and before
-        // a denial by an assumed policy is answered. Nothing read is answered to a caller
-        // who is refused.
+        // A submission is decided by the policy this process last read, no Box of its
+        // box_type assumed, and its append holds only if both are still so (in the statement
+        // that appends, no read before it). It reads the Box of this box_type and the head
+        // of the organisation's policy (R-CHANGE-1, R-POLICY-1) the first time (sent first,
+        // running in the database while this process checks the caller's assertion and
+        // plans the draft), when what was assumed no longer holds, and before a denial by an
+        // assumed policy is answered. Nothing read is answered to a caller who is refused.
         let asked = request.box_type.clone().unwrap_or_default();
         let assumed = self.policy_seen.assumed();
         let (looked, checked) = tokio::join!(
@@ -305,12 +301,7 @@ impl Service {
             plan.policy = verdict;
             let command = DraftCommand::Submit { draft_id: draft_id.clone(), plan, requested_by: principal.clone(), at: chrono::Utc::now() };
             atasira_platform::failpoint_delay("drafts.submit.before_append").await;
-            let appended = if self.policy_seen.guarded {
-                self.cqrs.execute_new_if(&draft_id, command, metadata.clone(), &projection::as_assumed(&asked, policy)).await
-            } else {
-                self.cqrs.execute_new(&draft_id, command, metadata.clone()).await.map(Some)
-            };
-            match appended {
+            match self.cqrs.execute_new_if(&draft_id, command, metadata.clone(), &projection::as_assumed(&asked, policy)).await {
                 Ok(Some(committed)) => {
                     atasira_platform::failpoint("drafts-after-commit");
                     return Self::written(committed, &reply);

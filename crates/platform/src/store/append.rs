@@ -165,8 +165,8 @@ where
 
     /// [`Cqrs::execute_new`], whose events are stored only if `precondition` holds:
     /// `Ok(None)` when it did not (nothing stored, the request's assertion not admitted).
-    /// PostgreSQL checks it in the statement that appends; SQLite, whose commands this
-    /// process appends one at a time, just before, in the writer's turn.
+    /// The store checks it in the statement that appends: PostgreSQL's for this command,
+    /// SQLite's for the group it is appended with ([`append_in_groups`]).
     pub async fn execute_new_if(
         &self,
         aggregate_id: &str,
@@ -206,10 +206,10 @@ where
         });
         let started = std::time::Instant::now();
         let writer = &self.db.writer;
-        let result = match (&writer.appends, new_stream, precondition) {
+        let result = match (&writer.appends, new_stream) {
             // SQLite, a stream with nothing to load: the appender takes the writer's turn
             // for this append and the others waiting.
-            (Some(appends), true, None) => self.decide_and_append(aggregate_id, command, &metadata, Appender::Grouped(appends)).await,
+            (Some(appends), true) => self.decide_and_append(aggregate_id, command, &metadata, Appender::Grouped { appends, precondition }).await,
             // Otherwise the load and the append hold the turn (SQLite), so commands of this
             // process on one stream never conflict.
             _ => {
@@ -240,9 +240,9 @@ where
         metadata: &HashMap<String, String>,
         appender: Appender<'_>,
     ) -> Result<Receipt, Failure<A::Error>> {
-        let (new_stream, precondition) = match appender {
-            Appender::Direct { new_stream, precondition } => (new_stream, precondition),
-            Appender::Grouped(_) => (true, None),
+        let new_stream = match appender {
+            Appender::Direct { new_stream, .. } => new_stream,
+            Appender::Grouped { .. } => true,
         };
         let (mut aggregate, sequence, head) =
             if new_stream { (A::default(), 0, None) } else { self.db.load_stream::<A>(aggregate_id).await.map_err(Failure::Store)? };
@@ -253,20 +253,23 @@ where
             return Ok(Receipt { events: Vec::new(), head });
         };
         let stored = match (appender, &self.db.typed) {
-            (Appender::Grouped(appends), _) => {
+            (Appender::Grouped { appends, precondition }, _) => {
                 let events = rows.parse().map_err(|e| Failure::Store(e.into()))?;
                 let (reply, answer) = tokio::sync::oneshot::channel();
-                if appends.send(AppendJob { rows, events, reply }).is_err() {
+                if appends.send(AppendJob { rows, events, precondition: precondition.cloned(), reply }).is_err() {
                     return Err(Failure::Store(anyhow::anyhow!("the store's appender has stopped")));
                 }
-                answer.await.unwrap_or_else(|_| Err(sqlx::Error::PoolClosed))
+                match answer.await.unwrap_or_else(|_| Err(sqlx::Error::PoolClosed)) {
+                    // A statement stores a command's rows all or none: none, its condition did not hold.
+                    Ok(stored) if stored.is_empty() && precondition.is_some() => return Err(Failure::Unmet),
+                    stored => stored,
+                }
             }
             // The writer's turn is held (`attempt`): recorded before the next append.
-            (Appender::Direct { .. }, Typed::Sqlite(pool)) => {
-                if let Some(precondition) = precondition
-                    && !holds(pool, precondition).await.map_err(|e| Failure::Store(e.into()))?
-                {
-                    return Err(Failure::Unmet);
+            (Appender::Direct { precondition, .. }, Typed::Sqlite(pool)) => {
+                // A condition comes only with a new stream, which goes to the group appender.
+                if precondition.is_some() {
+                    return Err(Failure::Store(anyhow::anyhow!("SQLite checks an append's condition only for a new stream")));
                 }
                 let events = rows.parse().map_err(|e| Failure::Store(e.into()))?;
                 insert_rows!(pool, Dialect::Sqlite, &[&rows]).map(|stored| {
@@ -277,7 +280,7 @@ where
             // The request's principal assertion is admitted for the cluster in the same
             // statement: a replayed command stores nothing (`admission`); so is the
             // precondition checked.
-            (Appender::Direct { .. }, Typed::Postgres(pool)) => {
+            (Appender::Direct { precondition, .. }, Typed::Postgres(pool)) => {
                 let mut conn = self.db.kept_pg.take(pool).await.map_err(|e| Failure::Store(e.into()))?;
                 let admitting = crate::admission::pending();
                 let notify = self.db.bells.notifies();
@@ -317,23 +320,14 @@ where
     }
 }
 
-/// SQLite: whether `precondition` holds now.
-async fn holds(pool: &SqlitePool, precondition: &Precondition) -> Result<bool, sqlx::Error> {
-    let sql = format!("SELECT COALESCE(({}), 0)", precondition.sql(1));
-    let mut query = sqlx::query(&sql);
-    for param in &precondition.params {
-        query = query.bind(param.as_str());
-    }
-    query.fetch_one(pool).await?.try_get::<bool, _>(0)
-}
-
 /// How a command's events reach the store.
 enum Appender<'a> {
     /// Appended by the command itself; `new_stream`: the stream holds nothing yet, so
-    /// nothing is loaded; stored only if the `precondition` holds.
+    /// nothing is loaded; stored only if the `precondition` holds (PostgreSQL).
     Direct { new_stream: bool, precondition: Option<&'a Precondition> },
-    /// SQLite, a new stream: handed to the group appender ([`append_in_groups`]).
-    Grouped(&'a tokio::sync::mpsc::UnboundedSender<AppendJob>),
+    /// SQLite, a new stream: handed to the group appender ([`append_in_groups`]), stored
+    /// only if the `precondition` holds.
+    Grouped { appends: &'a tokio::sync::mpsc::UnboundedSender<AppendJob>, precondition: Option<&'a Precondition> },
 }
 
 /// Who writes commands' events in this process: SQLite allows one writer at a time, so
@@ -479,9 +473,14 @@ fn notification(notify: bool) -> String {
 
 /// The VALUES of [`insert_statement`]: seven parameters per row, from `$1`.
 fn insert_values(rows: usize, json: bool) -> String {
+    values_from(1, rows, json)
+}
+
+/// The VALUES of `rows` rows, seven parameters each, from `$first`.
+fn values_from(first: usize, rows: usize, json: bool) -> String {
     let (open, close) = if json { ("CAST(", " AS json)") } else { ("", "") };
     let values: Vec<String> = (0..rows)
-        .map(|i| 1 + 7 * i)
+        .map(|i| first + 7 * i)
         .map(|k| format!("(${k}, ${}, ${}, ${}, ${}, {open}${}{close}, {open}${}{close})", k + 1, k + 2, k + 3, k + 4, k + 5, k + 6))
         .collect();
     values.join(", ")
@@ -646,12 +645,61 @@ fn positions<R: Borrow<StoredRow>>(stored: &[R]) -> Vec<(i64, i64)> {
 }
 
 /// A command's append handed to the group appender, and where its outcome goes: the
-/// sequence and position of each row.
+/// sequence and position of each row (none: its precondition did not hold).
 struct AppendJob {
     rows: AppendRows,
     /// The same events, parsed ([`AppendRows::parse`]), recorded once stored.
     events: Vec<Recorded>,
+    /// Its rows are stored only if this holds.
+    precondition: Option<Precondition>,
     reply: tokio::sync::oneshot::Sender<Result<Vec<(i64, i64)>, sqlx::Error>>,
+}
+
+/// SQLite: appends the jobs' rows in one statement (one transaction), each job's only if its
+/// precondition holds (checked on the store as it was before the statement), and returns
+/// the stream, sequence and position of every row stored. Rows of jobs without a condition
+/// are one `VALUES` list; each job with one is a `SELECT` of its own rows `WHERE` it holds,
+/// joined by `UNION ALL`, so a job whose condition fails gets no rows back.
+async fn append_jobs(pool: &SqlitePool, jobs: &[&AppendJob]) -> Result<Vec<StoredRow>, sqlx::Error> {
+    let rows: Vec<&AppendRows> = jobs.iter().map(|j| &j.rows).collect();
+    if jobs.iter().all(|j| j.precondition.is_none()) {
+        return insert_rows!(pool, Dialect::Sqlite, &rows);
+    }
+    let sql = guarded_group_statement(jobs);
+    let mut query = bind_rows(sqlx::query(&sql), &rows);
+    for param in jobs.iter().filter_map(|j| j.precondition.as_ref()).flat_map(|p| &p.params) {
+        query = query.bind(param.as_str());
+    }
+    query.fetch_all(pool).await?.iter().map(StoredRow::read).collect()
+}
+
+/// The statement of [`append_jobs`] when a job has a precondition: every job's rows take
+/// their parameters in job order ([`bind_rows`]), the conditions' parameters come after.
+fn guarded_group_statement(jobs: &[&AppendJob]) -> String {
+    let mut next_row = 1;
+    let mut next_param = 1 + 7 * jobs.iter().map(|j| j.rows.rows.len()).sum::<usize>();
+    let (mut plain, mut selects) = (Vec::new(), Vec::new());
+    for job in jobs {
+        let values = values_from(next_row, job.rows.rows.len(), false);
+        next_row += 7 * job.rows.rows.len();
+        match &job.precondition {
+            None => plain.push(values),
+            Some(p) => {
+                selects.push(format!("SELECT * FROM (VALUES {values}) WHERE COALESCE(({}), 0)", p.sql(next_param)));
+                next_param += p.params.len();
+            }
+        }
+    }
+    // After the guarded ones: a command decided on an assumption gets a position before
+    // what it could not have seen.
+    if !plain.is_empty() {
+        selects.push(format!("SELECT * FROM (VALUES {})", plain.join(", ")));
+    }
+    format!(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) {}
+         RETURNING aggregate_type, aggregate_id, sequence, rowid, recorded_at_ms",
+        selects.join(" UNION ALL ")
+    )
 }
 
 /// What SQLite's group appender wrote: commits, and the appends they held.
@@ -674,7 +722,8 @@ const APPEND_GROUP: usize = 32;
 
 /// SQLite's group commit: takes the writer's turn for the appends waiting, and writes them
 /// in one statement (one trip to the connection's thread, one transaction), instead of a
-/// turn and a trip each. Should that statement fail (a stream another command took first,
+/// turn and a trip each; an append with a precondition is stored only if it holds
+/// ([`append_jobs`]). Should that statement fail (a stream another command took first,
 /// or anything else), every append of the group is written alone, so each learns its own
 /// outcome. Runs until the store's handles are gone.
 async fn append_in_groups(
@@ -695,7 +744,7 @@ async fn append_in_groups(
         }
         let together = match group.len() {
             1 => None,
-            _ => insert_rows!(&pool, Dialect::Sqlite, &group.iter().map(|j| &j.rows).collect::<Vec<_>>()).ok(),
+            _ => append_jobs(&pool, &group.iter().collect::<Vec<_>>()).await.ok(),
         };
         match together {
             Some(stored) => {
@@ -718,7 +767,7 @@ async fn append_in_groups(
             None => {
                 grouped.wrote(group.len(), group.len());
                 for job in group {
-                    let stored = insert_rows!(&pool, Dialect::Sqlite, &[&job.rows]).map(|stored| {
+                    let stored = append_jobs(&pool, &[&job]).await.map(|stored| {
                         recent.committed(placed(job.events, &stored));
                         positions(&stored)
                     });
@@ -890,13 +939,27 @@ mod tests {
     /// Submits each of `ids` at once while the test holds the writer's turn, then lets
     /// the writer go; each submission's outcome, in the order of `ids`.
     async fn submit_while_the_writer_is_busy(db: &Db, ids: &[&str]) -> Vec<Result<Receipt, Refusal>> {
+        let submissions = ids.iter().map(|id| (*id, None)).collect::<Vec<_>>();
+        let outcomes = submit_if_while_the_writer_is_busy(db, &submissions).await;
+        outcomes.into_iter().map(|o| o.map(|r| r.expect("an append without a condition is stored or refused"))).collect()
+    }
+
+    /// [`submit_while_the_writer_is_busy`], each submission appended only if its condition
+    /// (if any) holds.
+    async fn submit_if_while_the_writer_is_busy(db: &Db, submissions: &[(&str, Option<Precondition>)]) -> Vec<Result<Option<Receipt>, Refusal>> {
         use atasira_domain::aggregates::draft::Draft;
         let turn = db.write_turn().await;
-        let tasks: Vec<_> = ids
+        let tasks: Vec<_> = submissions
             .iter()
-            .map(|id| {
-                let (db, id) = (db.clone(), (*id).to_owned());
-                tokio::spawn(async move { db.cqrs::<Draft>().execute_new(&id, testing::submit(&id), HashMap::new()).await })
+            .map(|(id, condition)| {
+                let (db, id, condition) = (db.clone(), (*id).to_owned(), condition.clone());
+                tokio::spawn(async move {
+                    let cqrs = db.cqrs::<Draft>();
+                    match condition {
+                        Some(condition) => cqrs.execute_new_if(&id, testing::submit(&id), HashMap::new(), &condition).await,
+                        None => cqrs.execute_new(&id, testing::submit(&id), HashMap::new()).await.map(Some),
+                    }
+                })
             })
             .collect();
         // Every submission reaches the appender while the writer is busy.
@@ -933,5 +996,41 @@ mod tests {
             }
         }
         assert_eq!(db.count("SELECT COUNT(*) FROM events WHERE aggregate_type = 'draft'").await.expect("count"), 23);
+    }
+
+    #[tokio::test]
+    async fn r_arch_4_embedded_commands_appended_together_are_each_stored_only_if_their_condition_holds() {
+        // given the embedded store holding the draft "taken", and a condition that a draft
+        // stream of some id is absent
+        let store = testing::TempDb::new().await;
+        let db = &store.db;
+        db.cqrs::<atasira_domain::aggregates::draft::Draft>().execute_new("taken", testing::submit("taken"), HashMap::new()).await.expect("submit");
+        let absent = |id: &str| {
+            Some(Precondition {
+                condition: "NOT EXISTS (SELECT 1 FROM events WHERE aggregate_type = 'draft' AND aggregate_id = {0})".into(),
+                params: vec![id.to_owned()],
+            })
+        };
+        let (commits, appends) = db.appends_per_commit();
+        // when submissions with and without conditions wait for the writer together
+        let submissions = [("u1", None), ("c1", absent("taken")), ("c2", absent("none")), ("c3", absent("u1")), ("u2", None), ("c4", absent("taken"))];
+        let outcomes = submit_if_while_the_writer_is_busy(db, &submissions).await;
+        // then they are written in one commit: those whose condition held, and those with none
+        assert_eq!(db.appends_per_commit(), (commits + 1, appends + 6), "one group");
+        let stored: Vec<bool> = outcomes.iter().map(|o| o.as_ref().expect("no refusal").is_some()).collect();
+        // (a condition sees the store as it was before the group: "u1" was not there yet)
+        assert_eq!(stored, [true, false, true, true, true, false]);
+        for ((id, _), outcome) in submissions.iter().zip(&outcomes) {
+            let head = db.first_event(types::DRAFT, id).await.expect("read");
+            assert_eq!(outcome.as_ref().ok().and_then(Option::as_ref).map(|r| r.head.clone()), head.map(Some), "{id}: told what the store holds");
+        }
+        // when a group fails as a whole (a stream taken twice in it), each append is written alone,
+        // its condition still checked
+        let submissions = [("d1", absent("taken")), ("d2", None), ("d2", None), ("d3", absent("none"))];
+        let outcomes = submit_if_while_the_writer_is_busy(db, &submissions).await;
+        assert!(matches!(outcomes[0], Ok(None)), "{:?}", outcomes[0]);
+        assert_eq!(outcomes[1..3].iter().filter(|o| matches!(o, Err(r) if r.code == ErrorCode::Conflict)).count(), 1, "{outcomes:?}");
+        assert!(matches!(outcomes[3], Ok(Some(_))), "{:?}", outcomes[3]);
+        assert_eq!(db.count("SELECT COUNT(*) FROM events WHERE aggregate_type = 'draft'").await.expect("count"), 7);
     }
 }
