@@ -19,6 +19,7 @@
 
 mod decisions;
 mod drafts;
+mod http;
 mod idle;
 mod processes;
 mod rebuild;

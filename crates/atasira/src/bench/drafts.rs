@@ -31,6 +31,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::http::Http;
 use super::processes::Roles;
 use super::{Figures, Op, TempDir, measure, measure_interleaved, op};
 use crate::keys::{KeyKind, KeySetting};
@@ -244,48 +245,35 @@ pub(super) async fn catch_up(bus: &dyn Bus, db: &Db, services: &[&str]) -> anyho
 }
 
 /// REST submit (`POST /api/v1/boxes/box-drafts`) with read-your-writes: a 201 that is not
-/// lagging, from a blocking thread (ureq) with keep-alive connections.
+/// lagging, over keep-alive connections.
 pub(super) fn rest_submit(addr: std::net::SocketAddr, pat: String, tag: &'static str) -> Op {
-    let agent = ureq::AgentBuilder::new().max_idle_connections_per_host(256).timeout(TIMEOUT).build();
-    let url = format!("http://{addr}/api/v1/boxes/box-drafts");
-    let authorization = format!("Bearer {pat}");
+    let http = Http::new(addr, &pat, TIMEOUT);
     op(move |i: usize| {
-        let (agent, url, authorization) = (agent.clone(), url.clone(), authorization.clone());
+        let http = http.clone();
         async move {
-            tokio::task::spawn_blocking(move || {
-                let body = json!({"box_type": format!("{tag}-{}", i % 1000), "purpose": "Weekly sales report.", "tools": ["Read"]}).to_string();
-                match agent.post(&url).set("Authorization", &authorization).set("Content-Type", "application/json").send_string(&body) {
-                    Ok(resp) if resp.status() == 201 && resp.header("x-atasira-lagging").is_none() => {
-                        // Read the body, so the connection goes back to the pool.
-                        let _ = resp.into_string();
-                        Ok(())
-                    }
-                    Ok(resp) => anyhow::bail!("REST answered {} (lagging: {:?})", resp.status(), resp.header("x-atasira-lagging")),
-                    Err(e) => anyhow::bail!("REST failed: {e}"),
-                }
-            })
-            .await?
+            let body = json!({"box_type": format!("{tag}-{}", i % 1000), "purpose": "Weekly sales report.", "tools": ["Read"]}).to_string();
+            let answer = http.post_json("/api/v1/boxes/box-drafts", body).await?;
+            let lagging = answer.headers.get("x-atasira-lagging");
+            anyhow::ensure!(
+                answer.status == 201 && lagging.is_none(),
+                "REST answered {} (lagging: {lagging:?}): {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            );
+            Ok(())
         }
     })
 }
 
-/// `GET path` answered 200, from a blocking thread (ureq) with keep-alive connections.
+/// `GET path` answered 200, over keep-alive connections.
 pub(super) fn rest_get(addr: std::net::SocketAddr, pat: String, path: &'static str) -> Op {
-    let agent = ureq::AgentBuilder::new().max_idle_connections_per_host(256).timeout(TIMEOUT).build();
-    let url = format!("http://{addr}{path}");
-    let authorization = format!("Bearer {pat}");
+    let http = Http::new(addr, &pat, TIMEOUT);
     op(move |_| {
-        let (agent, url, authorization) = (agent.clone(), url.clone(), authorization.clone());
+        let http = http.clone();
         async move {
-            tokio::task::spawn_blocking(move || match agent.get(&url).set("Authorization", &authorization).call() {
-                Ok(resp) if resp.status() == 200 => {
-                    let _ = resp.into_string();
-                    Ok(())
-                }
-                Ok(resp) => anyhow::bail!("GET {url} answered {}", resp.status()),
-                Err(e) => anyhow::bail!("GET {url} failed: {e}"),
-            })
-            .await?
+            let answer = http.get(path).await?;
+            anyhow::ensure!(answer.status == 200, "GET {path} answered {}: {}", answer.status, String::from_utf8_lossy(&answer.body));
+            Ok(())
         }
     })
 }
