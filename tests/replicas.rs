@@ -47,7 +47,11 @@ fn a_second_replica_stands_by_and_takes_over_the_consumers_when_the_first_dies()
     let audit = sys.kill_oldest("serve audit");
     assert!(!drafts.is_empty() && !audit.is_empty());
     for i in 0..4 {
-        acknowledged.push(sys.draft(&json!({"box_type": format!("replica-after-{i}"), "purpose": "after the kill"})));
+        let a = sys.post("/api/v1/boxes/box-drafts", &sys.agent, &json!({"box_type": format!("replica-after-{i}"), "purpose": "after the kill"}));
+        // On failure, what the survivors said, for whoever reads the failure.
+        let said = |name: &str| sys.stderr_of(name).join("\n");
+        assert_eq!(a.status, 201, "{}\nsurvivors:\n{}\n{}\ngateway:\n{}", a.raw, said("serve drafts"), said("serve audit"), said("serve gateway"));
+        acknowledged.push(a.body["draft_id"].as_str().expect("draft_id").to_owned());
     }
     eventually("the survivor taking over", TAKEOVER, || {
         let took_over = sys.stderr_of("serve drafts")[0].contains("took over") && sys.stderr_of("serve audit")[0].contains("took over");
