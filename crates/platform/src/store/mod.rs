@@ -138,7 +138,9 @@ impl Db {
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(Duration::from_secs(10))
-                .foreign_keys(true);
+                .foreign_keys(true)
+                // No checkpoint in a commit: see `checkpoint_in_background`.
+                .pragma("wal_autocheckpoint", "0");
             // One connection for commands: they write one at a time anyway (the writer's
             // turn), and a connection keeps its page cache only while no other connection
             // writes, so rotating through several would read the store afresh on each.
@@ -160,13 +162,16 @@ impl Db {
                     Box::pin(async move {
                         sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
                         sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;
                         Ok(())
                     })
                 })
                 .connect(url)
                 .await
                 .context("failed to open the Any pool")?;
-            Db::new(Typed::Sqlite(pool), any, Arc::default())
+            let bells = Arc::new(bells::Bells::default());
+            tokio::spawn(checkpoint_in_background(any.clone(), bells.appended.subscribe()));
+            Db::new(Typed::Sqlite(pool), any, bells)
         } else {
             anyhow::bail!("unsupported database URL {:?}: use postgres://... or sqlite://...", redact(url));
         };
@@ -239,6 +244,28 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// How long SQLite's checkpointer lets commits gather after one before it moves them into
+/// the database file.
+const CHECKPOINT_AFTER: Duration = Duration::from_millis(100);
+
+/// SQLite: moves the write-ahead log's pages into the database file (a passive checkpoint:
+/// it waits for no reader or writer) on a connection of the `Any` pool, `CHECKPOINT_AFTER`
+/// a commit of this process, and not while nothing is committed. SQLite's own automatic
+/// checkpoint (off on every connection of this store) runs inside the commit that crosses
+/// its threshold, on the writer's connection, with two disk syncs: every command and
+/// consumer queued behind the only writer waited for them. Ends when the store's handles
+/// are gone (the bell's sender with them); the last connection to close checkpoints the
+/// rest, as SQLite does.
+async fn checkpoint_in_background(pool: AnyPool, mut appended: tokio::sync::watch::Receiver<bells::Appended>) {
+    while appended.changed().await.is_ok() {
+        tokio::time::sleep(CHECKPOINT_AFTER).await;
+        appended.borrow_and_update();
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&pool).await {
+            tracing::warn!(error = %e, "could not checkpoint the store's write-ahead log; retrying after the next commit");
+        }
+    }
+}
+
 /// What the platform's unit tests share: a store in a directory of its own, and a draft
 /// submission to put an event in it.
 #[cfg(test)]
@@ -273,5 +300,30 @@ pub(crate) mod testing {
             .expect("plan");
         let agent = atasira_domain::Principal::new("agent-1", atasira_domain::Role::Member, atasira_domain::Kind::Agent);
         atasira_domain::aggregates::draft::DraftCommand::Submit { draft_id: id.into(), plan, requested_by: agent, at: chrono::Utc::now() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn r_arch_7_sqlite_moves_committed_pages_into_the_database_file_in_the_background() {
+        use atasira_domain::aggregates::draft::Draft;
+        // given the embedded store, just opened (what it wrote so far is in its log)
+        let store = testing::TempDb::new().await;
+        let file = store.dir.join("atasira.db");
+        let opened = std::fs::metadata(&file).expect("the database file").len();
+        // when commands commit
+        for i in 0..20 {
+            let id = format!("c{i}");
+            store.db.cqrs::<Draft>().execute_new(&id, testing::submit(&id), std::collections::HashMap::new()).await.expect("submit");
+        }
+        // then soon the database file holds their pages, while every connection stays open
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::metadata(&file).expect("the database file").len() <= opened {
+            assert!(std::time::Instant::now() < deadline, "nothing was checkpointed into the database file");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
